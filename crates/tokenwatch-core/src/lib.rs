@@ -1,0 +1,7 @@
+// tokenwatch-core: the data model and the aggregation stage of the pipeline
+// (sources → normalise → **aggregate** → store/export). No I/O lives here.
+
+pub mod aggregate;
+pub mod model;
+pub mod sketch;
+pub mod window;

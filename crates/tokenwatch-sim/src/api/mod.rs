@@ -1,0 +1,157 @@
+// HTTP surface of the simulator: shared state, the router, and the small
+// informational endpoints (/v1/models, /metrics, fallback 404).
+
+mod admin;
+mod completions;
+mod error;
+mod openai;
+mod sse;
+
+pub use error::ApiError;
+pub use openai::Endpoint;
+pub use sse::ChunkCtx;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::{delete, get, post};
+use serde_json::{Value, json};
+
+use crate::engine::EngineHandle;
+use crate::fault::FaultBoard;
+use crate::metrics::{MetricsInput, render_metrics};
+
+/// State shared by all handlers.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engines: Vec<EngineHandle>,
+    board: Arc<FaultBoard>,
+    hostname: String,
+    gpu_name: String,
+    started_unix: u64,
+}
+
+impl AppState {
+    pub fn new(
+        engines: Vec<EngineHandle>,
+        board: Arc<FaultBoard>,
+        hostname: String,
+        gpu_name: String,
+    ) -> Self {
+        let started_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        AppState {
+            inner: Arc::new(Inner {
+                engines,
+                board,
+                hostname,
+                gpu_name,
+                started_unix,
+            }),
+        }
+    }
+
+    pub fn engines(&self) -> &[EngineHandle] {
+        &self.inner.engines
+    }
+
+    pub fn board(&self) -> &FaultBoard {
+        &self.inner.board
+    }
+
+    pub fn hostname(&self) -> &str {
+        &self.inner.hostname
+    }
+
+    /// The engine for `model`; without a model, the first served one (as vLLM does).
+    pub fn engine(&self, model: Option<&str>) -> Result<&EngineHandle, ApiError> {
+        let engines = &self.inner.engines;
+        match model {
+            None => engines
+                .first()
+                .ok_or_else(|| ApiError::not_found("no model is served")),
+            Some(m) => engines.iter().find(|e| e.model() == m).ok_or_else(|| {
+                let served: Vec<&str> = engines.iter().map(|e| e.model()).collect();
+                ApiError::not_found(format!(
+                    "The model `{m}` does not exist. Served models: {}",
+                    served.join(", ")
+                ))
+            }),
+        }
+    }
+
+    pub fn faults_changed(&self) {
+        self.inner
+            .engines
+            .iter()
+            .for_each(EngineHandle::faults_changed);
+    }
+}
+
+/// All routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(completions::chat))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "" }))
+        .route(
+            "/admin/faults",
+            get(admin::list_faults).post(admin::enable_fault),
+        )
+        .route("/admin/faults/{name}", delete(admin::disable_fault))
+        .route("/admin/state", get(admin::state))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .with_state(state)
+}
+
+async fn models(State(app): State<AppState>) -> axum::Json<Value> {
+    let data: Vec<Value> = app
+        .engines()
+        .iter()
+        .map(|e| {
+            json!({
+                "id": e.model(),
+                "object": "model",
+                "created": app.inner.started_unix,
+                "owned_by": "vllm",
+                "root": e.model(),
+                "parent": null,
+                "max_model_len": e.config().max_model_len,
+                "permission": [],
+            })
+        })
+        .collect();
+    axum::Json(json!({ "object": "list", "data": data }))
+}
+
+async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+    let snapshots: Vec<_> = app
+        .engines()
+        .iter()
+        .map(|e| (e.config(), e.stats()))
+        .collect();
+    let input = MetricsInput {
+        engines: snapshots,
+        hostname: app.hostname(),
+        gpu_name: &app.inner.gpu_name,
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        render_metrics(&input),
+    )
+}

@@ -1,0 +1,119 @@
+// tokenwatch-store: the embedded store behind the `Store` trait (spec section 9) — the trait,
+// its query/option/report types and the SQLite implementation re-exported from `sqlite`.
+
+mod codec;
+mod error;
+mod schema;
+mod sqlite;
+
+pub use error::StoreError;
+pub use sqlite::SqliteStore;
+
+use serde::Serialize;
+use std::time::Duration;
+use tokenwatch_core::model::{ContextBucket, LatencyMetric, RequestRecord, SeriesLabels};
+
+/// Name of the database file created inside the data directory.
+pub const DB_FILE_NAME: &str = "tokenwatch.db";
+
+/// The storage tiers tokenwatch keeps: raw request records and per-minute sketch roll-ups.
+pub trait Store: Send + Sync + 'static {
+    /// Durably append records; when this returns Ok they survive kill -9 of the process.
+    /// One transaction per call: either the whole batch is stored or none of it.
+    fn insert_records(&self, records: &[RequestRecord]) -> Result<(), StoreError>;
+    /// Insert or replace roll-ups: a re-emitted (labels, bucket, metric, minute) replaces the old row.
+    fn insert_rollups(&self, rows: &[RollupRow]) -> Result<(), StoreError>;
+    /// Newest first (by arrival, then insertion order). See [`RecordQuery`] for the filters.
+    fn query_records(&self, q: &RecordQuery) -> Result<Vec<RequestRecord>, StoreError>;
+    /// Roll-ups whose minute starts in `[from_unix_ms, to_unix_ms)`, oldest minute first.
+    fn query_rollups(&self, q: &RollupQuery) -> Result<Vec<RollupRow>, StoreError>;
+    /// Deletes raw records older than the raw retention and roll-ups older than the roll-up retention.
+    fn apply_retention(&self, now_unix_ms: i64) -> Result<RetentionReport, StoreError>;
+    /// Row counts and on-disk size.
+    fn stats(&self) -> Result<StoreStats, StoreError>;
+}
+
+/// A storage-level roll-up: one minute of one latency sketch for one series and context bucket.
+/// `sketch` is the opaque serialised sketch (`LatencySketch::to_bytes`); `count` its sample count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RollupRow {
+    pub labels: SeriesLabels,
+    pub bucket: ContextBucket,
+    pub metric: LatencyMetric,
+    pub minute_start_unix_ms: i64,
+    pub count: u64,
+    pub sketch: Vec<u8>,
+}
+
+/// Filters for [`Store::query_records`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordQuery {
+    /// Exact `model_id`.
+    pub model: Option<String>,
+    /// Only records with `arrival_unix_ms >= since_unix_ms`.
+    pub since_unix_ms: Option<i64>,
+    /// Maximum number of rows returned (0 returns none).
+    pub limit: usize,
+}
+
+impl Default for RecordQuery {
+    /// No filter, the 100 newest records.
+    fn default() -> Self {
+        RecordQuery {
+            model: None,
+            since_unix_ms: None,
+            limit: 100,
+        }
+    }
+}
+
+/// Filters for [`Store::query_rollups`]; the minute range is half-open: `[from, to)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RollupQuery {
+    /// Exact `model_id`; None for every model.
+    pub model: Option<String>,
+    /// One metric; None for every metric.
+    pub metric: Option<LatencyMetric>,
+    /// Inclusive lower bound on `minute_start_unix_ms`.
+    pub from_unix_ms: i64,
+    /// Exclusive upper bound on `minute_start_unix_ms`.
+    pub to_unix_ms: i64,
+}
+
+/// How the store is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// How long raw request records are kept (default 7 days).
+    pub raw_retention: Duration,
+    /// How long per-minute roll-ups are kept (default 90 days).
+    pub rollup_retention: Duration,
+    /// false: WAL + synchronous=NORMAL (a commit survives a process crash / kill -9);
+    /// true: synchronous=FULL (a commit also survives power loss, at an fsync per commit).
+    pub fsync: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            raw_retention: Duration::from_secs(7 * 24 * 3600),
+            rollup_retention: Duration::from_secs(90 * 24 * 3600),
+            fsync: false,
+        }
+    }
+}
+
+/// What [`Store::apply_retention`] deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct RetentionReport {
+    pub records_deleted: u64,
+    pub rollups_deleted: u64,
+}
+
+/// Row counts and size on disk of the store.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct StoreStats {
+    pub records: u64,
+    pub rollups: u64,
+    /// Size of the database file plus its write-ahead log, bytes.
+    pub file_bytes: u64,
+}

@@ -1,0 +1,204 @@
+// The database schema as a numbered list of migrations, each applied once and recorded in
+// `schema_migrations`; `migrate` is idempotent and refuses a database from a newer build.
+
+use crate::StoreError;
+use rusqlite::{Connection, TransactionBehavior};
+use std::path::Path;
+
+pub(crate) struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// Append-only: never edit an applied migration, add a new one.
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "request records",
+        sql: "
+        CREATE TABLE records (
+            id                 INTEGER PRIMARY KEY,
+            request_id         TEXT    NOT NULL,
+            trace_id           TEXT    NOT NULL,
+            model_id           TEXT    NOT NULL,
+            runtime            TEXT    NOT NULL,
+            instance           TEXT    NOT NULL,
+            tenant             TEXT    NOT NULL,
+            ab_group           TEXT    NOT NULL,
+            model_version      TEXT    NOT NULL,
+            prompt_version     TEXT    NOT NULL,
+            endpoint           TEXT    NOT NULL,
+            stream             INTEGER NOT NULL,
+            arrival_unix_ms    INTEGER NOT NULL,
+            upstream_headers_s REAL,
+            first_token_s      REAL,
+            end_s              REAL,
+            queue_s            REAL,
+            chunk_offsets_us   BLOB    NOT NULL,
+            gap_count          INTEGER NOT NULL,
+            gap_mean_s         REAL,
+            gap_max_s          REAL,
+            prompt_tokens      INTEGER,
+            output_tokens      INTEGER,
+            tokens_from_usage  INTEGER NOT NULL,
+            finish_reason      TEXT    NOT NULL,
+            status             INTEGER NOT NULL,
+            error_class        TEXT
+        );
+        CREATE INDEX records_model_arrival ON records (model_id, arrival_unix_ms);
+        CREATE INDEX records_arrival ON records (arrival_unix_ms);
+        CREATE INDEX records_request_id ON records (request_id);
+        CREATE INDEX records_trace_id ON records (trace_id);
+        ",
+    },
+    Migration {
+        version: 2,
+        name: "per-minute sketch roll-ups",
+        sql: "
+        CREATE TABLE rollups (
+            model_id             TEXT    NOT NULL,
+            runtime              TEXT    NOT NULL,
+            instance             TEXT    NOT NULL,
+            tenant               TEXT    NOT NULL,
+            ab_group             TEXT    NOT NULL,
+            model_version        TEXT    NOT NULL,
+            bucket               TEXT    NOT NULL,
+            metric               TEXT    NOT NULL,
+            minute_start_unix_ms INTEGER NOT NULL,
+            count                INTEGER NOT NULL,
+            sketch               BLOB    NOT NULL,
+            PRIMARY KEY (model_id, runtime, instance, tenant, ab_group, model_version,
+                         bucket, metric, minute_start_unix_ms)
+        ) WITHOUT ROWID;
+        CREATE INDEX rollups_metric_minute ON rollups (metric, minute_start_unix_ms);
+        CREATE INDEX rollups_minute ON rollups (minute_start_unix_ms);
+        ",
+    },
+];
+
+/// The highest schema version this build knows.
+pub(crate) fn latest_version() -> i64 {
+    MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// Applies every migration not yet recorded, each in its own IMMEDIATE transaction (so two
+/// processes opening the same file at once cannot both apply one).
+pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let sqlite = |op: &'static str| {
+        move |source| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            op,
+            source,
+        }
+    };
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+            version         INTEGER PRIMARY KEY,
+            name            TEXT    NOT NULL,
+            applied_unix_ms INTEGER NOT NULL
+        );",
+    )
+    .map_err(sqlite("creating schema_migrations"))?;
+
+    let found: i64 = conn
+        .query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sqlite("reading schema version"))?;
+    if found > latest_version() {
+        return Err(StoreError::SchemaTooNew {
+            path: path.to_path_buf(),
+            found,
+            known: latest_version(),
+        });
+    }
+
+    for m in MIGRATIONS {
+        let fail = |source| StoreError::Migration {
+            path: path.to_path_buf(),
+            version: m.version,
+            name: m.name,
+            source,
+        };
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(fail)?;
+        let applied: bool = tx
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = ?1)",
+                [m.version],
+                |r| r.get(0),
+            )
+            .map_err(fail)?;
+        if applied {
+            continue; // tx rolls back on drop: nothing was written
+        }
+        tx.execute_batch(m.sql).map_err(fail)?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name, applied_unix_ms) VALUES (?1, ?2, ?3)",
+            rusqlite::params![m.version, m.name, now_unix_ms()],
+        )
+        .map_err(fail)?;
+        tx.commit().map_err(fail)?;
+        tracing::info!(path = %path.display(), version = m.version, name = m.name, "applied migration");
+    }
+    Ok(())
+}
+
+fn now_unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn applied(conn: &Connection) -> Vec<i64> {
+        let mut st = conn
+            .prepare("SELECT version FROM schema_migrations ORDER BY version")
+            .unwrap();
+        st.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn versions_are_unique_and_increasing() {
+        for w in MIGRATIONS.windows(2) {
+            assert!(w[0].version < w[1].version);
+        }
+        assert_eq!(MIGRATIONS[0].version, 1);
+    }
+
+    #[test]
+    fn migrate_twice_applies_each_once() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let p = Path::new(":memory:");
+        migrate(&mut conn, p).unwrap();
+        migrate(&mut conn, p).unwrap();
+        let want: Vec<i64> = MIGRATIONS.iter().map(|m| m.version).collect();
+        assert_eq!(applied(&conn), want);
+    }
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let p = Path::new("x.db");
+        migrate(&mut conn, p).unwrap();
+        conn.execute(
+            "INSERT INTO schema_migrations VALUES (?1, 'future', 0)",
+            [latest_version() + 1],
+        )
+        .unwrap();
+        let err = migrate(&mut conn, p).unwrap_err();
+        assert!(matches!(err, StoreError::SchemaTooNew { .. }), "{err}");
+        assert!(err.to_string().contains("x.db"));
+    }
+}

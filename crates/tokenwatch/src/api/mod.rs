@@ -1,0 +1,126 @@
+// The HTTP API on the API port: `/api/v1/*` JSON queries, `/metrics`, `/healthz`, `/readyz`.
+// Every query parameter is checked; unknown names or values get a 400 that says what is allowed.
+
+mod params;
+
+use crate::export::prometheus::Metrics;
+use crate::pipeline::now_unix_ms;
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use params::{ParamError, Params};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use tokenwatch_core::aggregate::{Aggregator, LatencyQuery};
+use tokenwatch_core::model::{GroupLabel, LatencyMetric};
+use tokenwatch_core::sketch::RELATIVE_ACCURACY;
+use tokenwatch_core::window::Window;
+use tokenwatch_store::{RecordQuery, Store};
+
+pub struct ApiState {
+    pub aggregator: Arc<Mutex<Aggregator>>,
+    pub store: Arc<dyn Store>,
+    pub metrics: Arc<Metrics>,
+    /// Names of components and whether each is ready, for `/readyz`.
+    pub components: Vec<(String, String)>,
+}
+
+pub fn router(state: Arc<ApiState>) -> axum::Router {
+    axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/api/v1/latency", get(latency))
+        .route("/api/v1/requests", get(requests))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+impl IntoResponse for ParamError {
+    fn into_response(self) -> Response {
+        (StatusCode::BAD_REQUEST, Json(json!({ "error": self.to_string() }))).into_response()
+    }
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    let msg = format!(
+        "no such endpoint {}; available: /api/v1/latency, /api/v1/requests, /metrics, /healthz, /readyz",
+        uri.path()
+    );
+    (StatusCode::NOT_FOUND, Json(json!({ "error": msg }))).into_response()
+}
+
+async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
+    ([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], st.metrics.encode()).into_response()
+}
+
+async fn readyz(State(st): State<Arc<ApiState>>) -> Response {
+    let store = match st.store.stats() {
+        Ok(_) => "ok".to_string(),
+        Err(e) => format!("error: {e}"),
+    };
+    let ready = store == "ok";
+    let mut components: serde_json::Map<String, serde_json::Value> =
+        st.components.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    components.insert("store".into(), json!(store));
+    let code = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, Json(json!({ "ready": ready, "components": components }))).into_response()
+}
+
+async fn latency(State(st): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Result<Response, ParamError> {
+    let p = Params::parse(q.as_deref(), &["model", "metric", "window", "by"])?;
+    let model = p.get("model").map(str::to_string);
+    let metric = p.parse_with("metric", LatencyMetric::parse, "ttft, itl, e2e, queue")?.unwrap_or(LatencyMetric::Ttft);
+    let window = p.parse_with("window", Window::parse, "1m, 5m, 1h")?.unwrap_or(Window::M5);
+    let by = p.parse_with(
+        "by",
+        GroupLabel::parse,
+        "model_id, runtime, instance, tenant, ab_group, model_version, context_bucket",
+    )?;
+    let query = LatencyQuery { model: model.clone(), metric, window, by };
+    let groups = {
+        let agg = st.aggregator.lock().unwrap_or_else(|p| p.into_inner());
+        let total = agg.query(&LatencyQuery { by: None, ..query.clone() }, now_unix_ms());
+        let grouped = by.map(|_| agg.query(&query, now_unix_ms()));
+        (total, grouped)
+    };
+    let (total, grouped) = groups;
+    let summary = total.into_iter().next().map(|g| g.summary);
+    let mut body = json!({
+        "model": model,
+        "metric": metric.name(),
+        "window": window.name(),
+        "unit": "seconds",
+        "relative_error": RELATIVE_ACCURACY,
+    });
+    if let (Some(obj), Some(s)) = (body.as_object_mut(), summary) {
+        if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(&s) {
+            obj.extend(fields);
+        }
+    }
+    if let (Some(obj), Some(groups), Some(by)) = (body.as_object_mut(), grouped, by) {
+        obj.insert("by".into(), json!(by.name()));
+        obj.insert("groups".into(), json!(groups));
+    }
+    Ok(Json(body).into_response())
+}
+
+async fn requests(State(st): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Result<Response, ParamError> {
+    let p = Params::parse(q.as_deref(), &["model", "limit", "since"])?;
+    let limit = p.parse_with("limit", |s| s.parse::<usize>().ok().filter(|n| (1..=10_000).contains(n)), "an integer from 1 to 10000")?.unwrap_or(100);
+    let since = p.parse_with(
+        "since",
+        |s| chrono::DateTime::parse_from_rfc3339(s).ok().map(|t| t.timestamp_millis()),
+        "an RFC 3339 timestamp such as 2026-12-02T10:00:00Z",
+    )?;
+    let query = RecordQuery { model: p.get("model").map(str::to_string), since_unix_ms: since, limit };
+    let store = st.store.clone();
+    let result = tokio::task::spawn_blocking(move || store.query_records(&query)).await;
+    match result {
+        Ok(Ok(records)) => Ok(Json(json!({ "count": records.len(), "requests": records })).into_response()),
+        Ok(Err(e)) => Ok((StatusCode::INTERNAL_SERVER_ERROR, Json(json!({ "error": e.to_string() }))).into_response()),
+        Err(e) => Ok((StatusCode::INTERNAL_SERVER_ERROR, Json(json!({ "error": e.to_string() }))).into_response()),
+    }
+}

@@ -1,0 +1,145 @@
+// `tokenwatch run`: wires the pipeline from configuration — store, aggregator, exporters,
+// the proxy source and the API — and shuts it down in order, flushing what was accepted.
+
+use crate::api::{ApiState, router as api_router};
+use crate::config::Config;
+use crate::export::prometheus::{Metrics, MetricsSink};
+use crate::pipeline::{Pipeline, PipelineConfig, RecordSink, StoreSink};
+use crate::sources::proxy::{self, ProxyState, UpstreamRouter};
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokenwatch_core::aggregate::{Aggregator, AggregatorConfig};
+use tokenwatch_store::{SqliteStore, Store, StoreOptions};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How long in-flight streams get to finish once shutdown starts.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+
+pub struct RunningApp {
+    pub api_addr: SocketAddr,
+    pub proxy_addr: Option<SocketAddr>,
+    shutdown: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+    pipeline: Pipeline,
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} ({what})"))
+}
+
+fn serve(listener: TcpListener, app: axum::Router, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let graceful = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        });
+        if let Err(e) = graceful.await {
+            tracing::error!(error = %e, "server stopped with an error");
+        }
+    })
+}
+
+impl RunningApp {
+    /// Open the store, start the pipeline, bind and serve. Returns once everything listens.
+    pub async fn start(cfg: Config) -> anyhow::Result<RunningApp> {
+        let store_opts = StoreOptions {
+            raw_retention: cfg.store.raw_retention.0,
+            rollup_retention: cfg.store.rollup_retention.0,
+            fsync: cfg.store.fsync,
+        };
+        let data_dir = cfg.data_dir.clone();
+        let store: Arc<dyn Store> = Arc::new(
+            tokio::task::spawn_blocking(move || SqliteStore::open(&data_dir, store_opts))
+                .await?
+                .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?,
+        );
+        let metrics = Arc::new(Metrics::new());
+        let aggregator = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig {
+            idle_series_after_ms: cfg.aggregation.idle_series_after.0.as_millis() as i64,
+            max_series: cfg.aggregation.max_series,
+        })));
+        let sinks: Vec<Box<dyn RecordSink>> = vec![
+            Box::new(StoreSink::new(store.clone(), metrics.clone())),
+            Box::new(MetricsSink(metrics.clone())),
+        ];
+        let (pipeline, queue) = Pipeline::start(
+            PipelineConfig {
+                queue_capacity: cfg.telemetry.queue_capacity,
+                batch_max: cfg.telemetry.batch_max,
+                flush_interval: cfg.telemetry.flush_interval.0,
+                maintenance_interval: Duration::from_secs(600),
+            },
+            aggregator.clone(),
+            sinks,
+            metrics.clone(),
+        );
+
+        let (shutdown, stop) = watch::channel(false);
+        let mut servers = Vec::new();
+        let mut components = vec![("pipeline".to_string(), "ok".to_string())];
+
+        let routes = UpstreamRouter::new(&cfg.proxy.upstreams).map_err(anyhow::Error::msg)?;
+        let proxy_addr = if routes.is_empty() {
+            components.push(("proxy".into(), "disabled (no upstream configured)".into()));
+            drop(queue);
+            None
+        } else {
+            let salt = if cfg.proxy.tenant_salt.is_empty() {
+                proxy::identity::load_or_create_salt(&cfg.data_dir)
+                    .with_context(|| format!("creating the tenant salt in {}", cfg.data_dir.display()))?
+            } else {
+                cfg.proxy.tenant_salt.clone().into_bytes()
+            };
+            let listener = bind(cfg.proxy.listen, "proxy.listen / --proxy-listen").await?;
+            let addr = listener.local_addr()?;
+            for r in routes.routes() {
+                tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
+            }
+            let state = Arc::new(ProxyState::new(&cfg.proxy, routes, queue, salt));
+            servers.push(serve(listener, proxy::router(state), stop.clone()));
+            components.push(("proxy".into(), "ok".into()));
+            Some(addr)
+        };
+
+        let listener = bind(cfg.listen, "listen / --listen").await?;
+        let api_addr = listener.local_addr()?;
+        let api = Arc::new(ApiState { aggregator, store, metrics, components });
+        servers.push(serve(listener, api_router(api), stop));
+        Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline })
+    }
+
+    /// Stop accepting, give in-flight streams a grace period, then flush the pipeline.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for s in self.servers {
+            let abort = s.abort_handle();
+            if tokio::time::timeout(DRAIN_GRACE, s).await.is_err() {
+                abort.abort();
+            }
+        }
+        let pipeline = self.pipeline;
+        let _ = tokio::task::spawn_blocking(move || pipeline.join()).await;
+    }
+}
+
+/// Resolve on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}

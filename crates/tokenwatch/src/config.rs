@@ -1,0 +1,308 @@
+// Configuration: the `tokenwatch.yaml` schema with its defaults, loading with key-path errors,
+// and validation. Every number of the spec that tokenwatch uses is a value here.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read { file: String, source: std::io::Error },
+    #[error("{file}: {message}")]
+    Parse { file: String, message: String },
+    #[error("{file}: {path}: {message}")]
+    Invalid { file: String, path: String, message: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// API, `/metrics` and health endpoints.
+    pub listen: SocketAddr,
+    /// The one data directory (embedded store, tenant salt).
+    pub data_dir: PathBuf,
+    pub proxy: ProxyConfig,
+    pub telemetry: TelemetryConfig,
+    pub store: StoreConfig,
+    pub aggregation: AggregationConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            data_dir: PathBuf::from("./tokenwatch-data"),
+            proxy: ProxyConfig::default(),
+            telemetry: TelemetryConfig::default(),
+            store: StoreConfig::default(),
+            aggregation: AggregationConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    pub listen: SocketAddr,
+    /// Upstreams in routing order: the first whose `models` contains the request's model wins;
+    /// an upstream with `models: ["*"]` (or no models) is the default route.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Header carrying the tenant. Without it the tenant is a salted hash of the API key.
+    pub tenant_header: String,
+    pub ab_group_header: String,
+    pub model_version_header: String,
+    pub prompt_version_header: String,
+    /// Salt for hashing API keys into tenant ids; generated and kept in the data dir when empty.
+    pub tenant_salt: String,
+    pub connect_timeout: HumanDuration,
+    /// Time allowed for the upstream's response headers.
+    pub response_timeout: HumanDuration,
+    /// Longest silence allowed between two chunks of a response body.
+    pub idle_timeout: HumanDuration,
+    pub max_request_body_bytes: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            upstreams: Vec::new(),
+            tenant_header: "x-tenant-id".into(),
+            ab_group_header: "x-ab-group".into(),
+            model_version_header: "x-model-version".into(),
+            prompt_version_header: "x-prompt-version".into(),
+            tenant_salt: String::new(),
+            connect_timeout: HumanDuration(Duration::from_secs(5)),
+            response_timeout: HumanDuration(Duration::from_secs(300)),
+            idle_timeout: HumanDuration(Duration::from_secs(120)),
+            max_request_body_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Base URL, `http://host:port` (plain HTTP; TLS upstreams are not supported yet).
+    pub url: String,
+    /// Models routed here; `["*"]` or empty means any model.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Runtime label (`vllm`, `tgi`, `sglang`, `triton`, `sim`, `openai`…).
+    #[serde(default = "default_runtime")]
+    pub runtime: String,
+    /// Instance label; defaults to the URL's `host:port`.
+    #[serde(default)]
+    pub instance: Option<String>,
+}
+
+fn default_runtime() -> String {
+    "openai".into()
+}
+
+impl UpstreamConfig {
+    pub fn serves_any_model(&self) -> bool {
+        self.models.is_empty() || self.models.iter().any(|m| m == "*")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// Bounded queue between the sources and the pipeline; when full, records are dropped and counted.
+    pub queue_capacity: usize,
+    /// Most records written to the store in one transaction.
+    pub batch_max: usize,
+    /// Longest a record waits in the pipeline before it is flushed.
+    pub flush_interval: HumanDuration,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            queue_capacity: 65_536,
+            batch_max: 1024,
+            flush_interval: HumanDuration(Duration::from_millis(100)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub raw_retention: HumanDuration,
+    pub rollup_retention: HumanDuration,
+    /// fsync every commit (survives power loss); off: WAL commits survive a process crash.
+    pub fsync: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            raw_retention: HumanDuration(Duration::from_secs(7 * 86_400)),
+            rollup_retention: HumanDuration(Duration::from_secs(90 * 86_400)),
+            fsync: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AggregationConfig {
+    /// Series with no data for this long are dropped from memory (their roll-ups stay stored).
+    pub idle_series_after: HumanDuration,
+    /// Upper bound on in-memory series; new series beyond it are refused and counted.
+    pub max_series: usize,
+}
+
+impl Default for AggregationConfig {
+    fn default() -> Self {
+        AggregationConfig { idle_series_after: HumanDuration(Duration::from_secs(7200)), max_series: 50_000 }
+    }
+}
+
+/// A duration written as `250ms`, `5s`, `10m`, `2h` or `7d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl HumanDuration {
+    pub fn parse(s: &str) -> Result<HumanDuration, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?}: expected a whole number followed by ms, s, m, h or d"))?;
+        let ms = match unit {
+            "ms" => Some(n),
+            "s" => n.checked_mul(1000),
+            "m" => n.checked_mul(60_000),
+            "h" => n.checked_mul(3_600_000),
+            "d" => n.checked_mul(86_400_000),
+            _ => {
+                return Err(format!("invalid duration {s:?}: unit must be one of ms, s, m, h, d"));
+            }
+        };
+        ms.map(|ms| HumanDuration(Duration::from_millis(ms)))
+            .ok_or_else(|| format!("duration {s:?} is too large"))
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        HumanDuration::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Config {
+    /// Read and validate a configuration file; errors name the file and the key path.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { file: file.clone(), source })?;
+        Config::from_yaml(&text, &file)
+    }
+
+    pub fn from_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            serde_saphyr::from_str(text)
+                .map_err(|e| ConfigError::Parse { file: file.to_string(), message: e.to_string() })?
+        };
+        cfg.validate(file)?;
+        Ok(cfg)
+    }
+
+    /// Checks that serde cannot express.
+    pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let invalid = |path: String, message: String| ConfigError::Invalid { file: file.to_string(), path, message };
+        for (i, u) in self.proxy.upstreams.iter().enumerate() {
+            parse_upstream_url(&u.url)
+                .map_err(|m| invalid(format!("proxy.upstreams[{i}].url"), m))?;
+        }
+        if self.telemetry.queue_capacity == 0 {
+            return Err(invalid("telemetry.queue_capacity".into(), "must be at least 1".into()));
+        }
+        if self.telemetry.batch_max == 0 {
+            return Err(invalid("telemetry.batch_max".into(), "must be at least 1".into()));
+        }
+        if self.aggregation.max_series == 0 {
+            return Err(invalid("aggregation.max_series".into(), "must be at least 1".into()));
+        }
+        for (key, value) in [
+            ("proxy.tenant_header", &self.proxy.tenant_header),
+            ("proxy.ab_group_header", &self.proxy.ab_group_header),
+            ("proxy.model_version_header", &self.proxy.model_version_header),
+            ("proxy.prompt_version_header", &self.proxy.prompt_version_header),
+        ] {
+            if http::HeaderName::from_bytes(value.as_bytes()).is_err() {
+                return Err(invalid(key.into(), format!("{value:?} is not a valid HTTP header name")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parse `http://host:port[/base]` into an authority and a base path; https is refused with a reason.
+pub fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, String), String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err(format!("{url:?}: https upstreams are not supported yet; use http://")),
+        _ => return Err(format!("{url:?}: expected http://host:port")),
+    }
+    let authority = uri.authority().cloned().ok_or_else(|| format!("{url:?}: missing host"))?;
+    let base = uri.path().trim_end_matches('/').to_string();
+    Ok((authority, base))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = Config::from_yaml("", "t.yaml").unwrap();
+        assert_eq!(c.listen.port(), 9464);
+        assert_eq!(c.proxy.listen.port(), 8080);
+        assert_eq!(c.store.raw_retention.0, Duration::from_secs(7 * 86_400));
+    }
+
+    #[test]
+    fn full_file_parses() {
+        let y = "listen: 127.0.0.1:9999\ndata_dir: /tmp/x\nproxy:\n  upstreams:\n    - url: http://127.0.0.1:8000\n      models: [a, b]\n      runtime: vllm\n    - url: http://127.0.0.1:8001\n  idle_timeout: 30s\nstore:\n  raw_retention: 2d\n";
+        let c = Config::from_yaml(y, "t.yaml").unwrap();
+        assert_eq!(c.proxy.upstreams.len(), 2);
+        assert_eq!(c.proxy.upstreams[0].runtime, "vllm");
+        assert!(c.proxy.upstreams[1].serves_any_model());
+        assert_eq!(c.proxy.idle_timeout.0, Duration::from_secs(30));
+        assert_eq!(c.store.raw_retention.0, Duration::from_secs(2 * 86_400));
+    }
+
+    #[test]
+    fn unknown_key_names_file_and_key() {
+        let err = Config::from_yaml("proxy:\n  listn: 1.2.3.4:5\n", "bad.yaml").unwrap_err().to_string();
+        assert!(err.contains("bad.yaml"), "{err}");
+        assert!(err.contains("listn"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_and_url_are_explained() {
+        let err = Config::from_yaml("store:\n  raw_retention: 7 weeks\n", "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("unit must be one of") || err.contains("invalid duration"), "{err}");
+        let err = Config::from_yaml("proxy:\n  upstreams:\n    - url: ftp://x\n", "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("proxy.upstreams[0].url"), "{err}");
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(HumanDuration::parse("250ms").unwrap().0, Duration::from_millis(250));
+        assert_eq!(HumanDuration::parse("2h").unwrap().0, Duration::from_secs(7200));
+        assert!(HumanDuration::parse("5").is_err());
+        assert!(HumanDuration::parse("x5s").is_err());
+        assert!(HumanDuration::parse("99999999999999999999d").is_err());
+    }
+}

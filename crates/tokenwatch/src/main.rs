@@ -1,0 +1,146 @@
+// The `tokenwatch` binary: command-line parsing and dispatch to `run`, `sim`, `demo` and
+// `check-config`. Errors reach the user here, through anyhow, with their full context.
+
+mod api;
+mod app;
+mod config;
+mod demo;
+mod export;
+mod pipeline;
+mod sources;
+mod traffic;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use config::{Config, UpstreamConfig};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "tokenwatch", version, about = "Token-level observability and alerting for LLM inference fleets")]
+struct Cli {
+    /// Log filter (RUST_LOG syntax), e.g. `info` or `tokenwatch=debug`.
+    #[arg(long, global = true, env = "TOKENWATCH_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run tokenwatch: the streaming proxy (when an upstream is set), the pipeline and the API.
+    Run(RunArgs),
+    /// Run the simulated OpenAI-compatible inference server.
+    Sim(tokenwatch_sim::SimArgs),
+    /// Start a simulated fleet, the proxy in front of it and traffic, on embedded defaults.
+    Demo(demo::DemoArgs),
+    /// Validate a configuration file without starting anything.
+    CheckConfig {
+        /// The YAML file to check.
+        file: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Configuration file (YAML); flags below override it.
+    #[arg(short, long)]
+    config: Option<PathBuf>,
+    /// API, /metrics and health endpoints [default: 127.0.0.1:9464]
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Proxy listener [default: 127.0.0.1:8080]
+    #[arg(long)]
+    proxy_listen: Option<SocketAddr>,
+    /// Default upstream, e.g. http://127.0.0.1:8000 (added after the configured routes).
+    #[arg(long)]
+    upstream: Option<String>,
+    /// Runtime label of --upstream (vllm, tgi, sglang, triton, sim, openai).
+    #[arg(long, default_value = "openai")]
+    upstream_runtime: String,
+    /// Data directory [default: ./tokenwatch-data]
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+impl RunArgs {
+    fn into_config(self) -> anyhow::Result<Config> {
+        let mut cfg = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        if let Some(l) = self.listen {
+            cfg.listen = l;
+        }
+        if let Some(l) = self.proxy_listen {
+            cfg.proxy.listen = l;
+        }
+        if let Some(d) = self.data_dir {
+            cfg.data_dir = d;
+        }
+        if let Some(url) = self.upstream {
+            cfg.proxy.upstreams.push(UpstreamConfig {
+                url,
+                models: vec!["*".into()],
+                runtime: self.upstream_runtime,
+                instance: None,
+            });
+        }
+        cfg.validate("command line").map_err(anyhow::Error::from)?;
+        Ok(cfg)
+    }
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    let result = match cli.command {
+        Command::CheckConfig { file } => check_config(&file),
+        command => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")
+            .and_then(|rt| rt.block_on(run_async(command))),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tokenwatch: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
+    let cfg = Config::load(file)?;
+    println!(
+        "{}: OK ({} upstream route(s), API on {}, proxy on {})",
+        file.display(),
+        cfg.proxy.upstreams.len(),
+        cfg.listen,
+        cfg.proxy.listen
+    );
+    Ok(())
+}
+
+async fn run_async(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run(args) => {
+            let cfg = args.into_config()?;
+            let app = app::RunningApp::start(cfg).await?;
+            tracing::info!(api = %app.api_addr, proxy = ?app.proxy_addr, "tokenwatch running");
+            app::shutdown_signal().await;
+            tracing::info!("shutting down");
+            app.shutdown().await;
+            Ok(())
+        }
+        Command::Sim(args) => tokenwatch_sim::run(args).await.map_err(anyhow::Error::from),
+        Command::Demo(args) => demo::run(args).await,
+        Command::CheckConfig { .. } => unreachable!("handled before the runtime starts"),
+    }
+}

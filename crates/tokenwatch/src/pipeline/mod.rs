@@ -1,0 +1,184 @@
+// The pipeline between sources and everything downstream: a bounded telemetry queue that
+// never blocks a request, and one thread that aggregates, stores and exports each batch.
+
+mod store_sink;
+
+pub use store_sink::StoreSink;
+
+use crate::export::prometheus::Metrics;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokenwatch_core::aggregate::{Aggregator, Rollup};
+use tokenwatch_core::model::RequestRecord;
+use tokio::sync::mpsc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    #[error("{sink}: {message}")]
+    Failed { sink: &'static str, message: String },
+}
+
+/// A destination for finished request records (store, exporters). A new sink is one new file
+/// implementing this trait, added to the list in `app.rs`.
+pub trait RecordSink: Send {
+    fn name(&self) -> &'static str;
+    fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError>;
+    /// Per-minute sketch roll-ups completed by the aggregator.
+    fn consume_rollups(&mut self, _rollups: &[Rollup]) -> Result<(), SinkError> {
+        Ok(())
+    }
+    /// Housekeeping at most every `maintenance_interval` (retention, for example).
+    fn maintain(&mut self, _now_unix_ms: i64) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+/// The sources' side of the telemetry queue: `submit` never waits; when the queue is full
+/// the record is dropped and counted, and the request it describes is unaffected.
+#[derive(Clone)]
+pub struct TelemetryQueue {
+    tx: mpsc::Sender<RequestRecord>,
+    metrics: Arc<Metrics>,
+}
+
+impl TelemetryQueue {
+    pub fn submit(&self, record: RequestRecord) {
+        match self.tx.try_send(record) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) | Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.metrics.dropped_records.inc();
+            }
+        }
+    }
+
+}
+
+pub struct PipelineConfig {
+    pub queue_capacity: usize,
+    pub batch_max: usize,
+    pub flush_interval: Duration,
+    pub maintenance_interval: Duration,
+}
+
+/// Handle to the running pipeline thread.
+pub struct Pipeline {
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pipeline {
+    /// Start the pipeline thread. It runs until every `TelemetryQueue` clone is dropped,
+    /// then flushes what is left and returns.
+    pub fn start(
+        cfg: PipelineConfig,
+        aggregator: Arc<Mutex<Aggregator>>,
+        sinks: Vec<Box<dyn RecordSink>>,
+        metrics: Arc<Metrics>,
+    ) -> (Pipeline, TelemetryQueue) {
+        let (tx, rx) = mpsc::channel(cfg.queue_capacity);
+        metrics.queue_capacity.set(cfg.queue_capacity as i64);
+        let queue = TelemetryQueue { tx, metrics: metrics.clone() };
+        let handle = tokio::runtime::Handle::current();
+        let worker = Worker { cfg, aggregator, sinks, metrics, rx, handle };
+        let thread = std::thread::Builder::new()
+            .name("tokenwatch-pipeline".into())
+            .spawn(move || worker.run())
+            .expect("spawning the pipeline thread");
+        (Pipeline { thread: Some(thread) }, queue)
+    }
+
+    /// Wait for the pipeline to drain (after all queue handles are dropped).
+    pub fn join(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Worker {
+    cfg: PipelineConfig,
+    aggregator: Arc<Mutex<Aggregator>>,
+    sinks: Vec<Box<dyn RecordSink>>,
+    metrics: Arc<Metrics>,
+    rx: mpsc::Receiver<RequestRecord>,
+    handle: tokio::runtime::Handle,
+}
+
+pub fn now_unix_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut batch = Vec::with_capacity(self.cfg.batch_max);
+        let mut last_maintenance = std::time::Instant::now();
+        loop {
+            let flush = self.cfg.flush_interval;
+            let max = self.cfg.batch_max;
+            let received = self.handle.block_on(async {
+                tokio::time::timeout(flush, self.rx.recv_many(&mut batch, max)).await
+            });
+            let closed = matches!(received, Ok(0));
+            self.metrics.queue_depth.set(self.rx.len() as i64);
+            if !batch.is_empty() {
+                self.process(&batch);
+                batch.clear();
+            }
+            self.roll_up(now_unix_ms());
+            if last_maintenance.elapsed() >= self.cfg.maintenance_interval {
+                last_maintenance = std::time::Instant::now();
+                self.maintain(now_unix_ms());
+            }
+            if closed {
+                tracing::info!("telemetry queue closed; pipeline drained");
+                return;
+            }
+        }
+    }
+
+    fn process(&mut self, batch: &[RequestRecord]) {
+        {
+            let mut agg = self.aggregator.lock().unwrap_or_else(|p| p.into_inner());
+            for r in batch {
+                agg.observe(r);
+            }
+            self.metrics.aggregator_series.set(agg.series_count() as i64);
+            self.metrics.aggregator_refused_series.set(agg.refused_series() as i64);
+        }
+        self.metrics.pipeline_records.inc_by(batch.len() as u64);
+        for sink in &mut self.sinks {
+            if let Err(e) = sink.consume(batch) {
+                tracing::warn!(sink = sink.name(), error = %e, "sink failed on a batch");
+            }
+        }
+    }
+
+    fn roll_up(&mut self, now: i64) {
+        let rollups = {
+            let mut agg = self.aggregator.lock().unwrap_or_else(|p| p.into_inner());
+            agg.drain_rollups(now)
+        };
+        if rollups.is_empty() {
+            return;
+        }
+        for sink in &mut self.sinks {
+            if let Err(e) = sink.consume_rollups(&rollups) {
+                tracing::warn!(sink = sink.name(), error = %e, "sink failed on roll-ups");
+            }
+        }
+    }
+
+    fn maintain(&mut self, now: i64) {
+        {
+            let mut agg = self.aggregator.lock().unwrap_or_else(|p| p.into_inner());
+            let evicted = agg.evict_idle(now);
+            if evicted > 0 {
+                tracing::debug!(evicted, "idle series evicted");
+            }
+        }
+        for sink in &mut self.sinks {
+            if let Err(e) = sink.maintain(now) {
+                tracing::warn!(sink = sink.name(), error = %e, "sink maintenance failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,283 @@
+// The streaming proxy source (spec 1.1): forwards requests to OpenAI-compatible upstreams,
+// streams responses back untouched, and records one `RequestRecord` per LLM request.
+
+pub mod identity;
+mod route;
+pub mod sse;
+mod tap;
+
+pub use route::Router as UpstreamRouter;
+
+use crate::config::ProxyConfig;
+use crate::pipeline::{TelemetryQueue, now_unix_ms};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use identity::TraceParent;
+use std::sync::Arc;
+use std::time::Duration;
+use tap::{InFlight, TapBody};
+use tokenwatch_core::model::{ErrorClass, RequestRecord, SeriesLabels};
+use tokio::time::Instant;
+
+pub const UNKNOWN_MODEL: &str = "unknown";
+const REQUEST_ID: &str = "x-request-id";
+const TRACEPARENT: &str = "traceparent";
+
+pub struct ProxyState {
+    client: Client<HttpConnector, Full<Bytes>>,
+    routes: UpstreamRouter,
+    queue: TelemetryQueue,
+    salt: Vec<u8>,
+    tenant_header: String,
+    ab_group_header: String,
+    model_version_header: String,
+    prompt_version_header: String,
+    response_timeout: Duration,
+    idle_timeout: Duration,
+    max_body: usize,
+}
+
+impl ProxyState {
+    pub fn new(cfg: &ProxyConfig, routes: UpstreamRouter, queue: TelemetryQueue, salt: Vec<u8>) -> ProxyState {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(cfg.connect_timeout.0));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .build(connector);
+        ProxyState {
+            client,
+            routes,
+            queue,
+            salt,
+            tenant_header: cfg.tenant_header.to_ascii_lowercase(),
+            ab_group_header: cfg.ab_group_header.to_ascii_lowercase(),
+            model_version_header: cfg.model_version_header.to_ascii_lowercase(),
+            prompt_version_header: cfg.prompt_version_header.to_ascii_lowercase(),
+            response_timeout: cfg.response_timeout.0,
+            idle_timeout: cfg.idle_timeout.0,
+            max_body: cfg.max_request_body_bytes,
+        }
+    }
+}
+
+pub fn router(state: Arc<ProxyState>) -> axum::Router {
+    axum::Router::new().fallback(handle).with_state(state)
+}
+
+/// Endpoints whose requests become records; everything else is passed through untouched.
+fn is_llm_endpoint(path: &str) -> bool {
+    matches!(path, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings")
+}
+
+#[derive(serde::Deserialize, Default)]
+struct Peek {
+    model: Option<String>,
+    #[serde(default)]
+    stream: bool,
+}
+
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authenticate",
+    "proxy-authorization",
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in listed {
+        headers.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        headers.remove(n);
+    }
+}
+
+/// An OpenAI-shaped JSON error, for failures where the upstream gave no answer.
+fn error_response(status: StatusCode, class: &str, message: &str, request_id: &str) -> Response {
+    let body = serde_json::json!({
+        "error": { "message": message, "type": class, "code": status.as_u16(), "request_id": request_id }
+    });
+    let mut resp = Response::new(Body::from(body.to_string()));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        h.insert(REQUEST_ID, v);
+    }
+    resp
+}
+
+fn valid_request_id(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(REQUEST_ID)?.to_str().ok()?.trim();
+    (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic())).then(|| v.to_string())
+}
+
+async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
+    let started = Instant::now();
+    let arrival_unix_ms = now_unix_ms();
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
+    let llm = parts.method == http::Method::POST && is_llm_endpoint(&path);
+    let request_id = valid_request_id(&parts.headers).unwrap_or_else(identity::new_request_id);
+
+    let body = match axum::body::to_bytes(Body::new(body), st.max_body).await {
+        Ok(b) => b,
+        Err(e) => {
+            let msg = format!("could not read the request body (limit {} bytes, proxy.max_request_body_bytes): {e}", st.max_body);
+            return error_response(StatusCode::PAYLOAD_TOO_LARGE, "bad_request", &msg, &request_id);
+        }
+    };
+    let peek: Peek = if llm { serde_json::from_slice(&body).unwrap_or_default() } else { Peek::default() };
+
+    let trace = match parts.headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceParent::parse) {
+        Some(tp) => tp,
+        None => {
+            let tp = TraceParent::generate();
+            if let Ok(v) = HeaderValue::from_str(&tp.header_value()) {
+                parts.headers.insert(TRACEPARENT, v);
+            }
+            tp
+        }
+    };
+
+    let mut record = RequestRecord {
+        request_id: request_id.clone(),
+        trace_id: trace.trace_id.clone(),
+        labels: SeriesLabels {
+            model_id: peek.model.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| UNKNOWN_MODEL.into()),
+            runtime: String::new(),
+            instance: String::new(),
+            tenant: identity::tenant_of(&parts.headers, &st.tenant_header, &st.salt),
+            ab_group: identity::header_label(&parts.headers, &st.ab_group_header),
+            model_version: identity::header_label(&parts.headers, &st.model_version_header),
+        },
+        prompt_version: identity::header_label(&parts.headers, &st.prompt_version_header),
+        endpoint: path.clone(),
+        stream: peek.stream,
+        arrival_unix_ms,
+        ..Default::default()
+    };
+
+    let Some(route) = st.routes.route(peek.model.as_deref()) else {
+        let msg = format!("no upstream is configured for model {:?} (proxy.upstreams)", record.labels.model_id);
+        if llm {
+            record.status = 502;
+            InFlight { record, started, queue: st.queue.clone() }.submit(Some(ErrorClass::NoRoute));
+        }
+        return error_response(StatusCode::BAD_GATEWAY, "no_route", &msg, &request_id);
+    };
+    record.labels.runtime = route.runtime.clone();
+    record.labels.instance = route.instance.clone();
+
+    let uri = match route.uri_for(&parts.uri) {
+        Ok(u) => u,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, "bad_request", &e, &request_id),
+    };
+    let mut headers = std::mem::take(&mut parts.headers);
+    strip_hop_by_hop(&mut headers);
+    headers.remove(http::header::HOST);
+    headers.remove(http::header::CONTENT_LENGTH);
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        headers.insert(REQUEST_ID, v);
+    }
+    let mut upstream_req = http::Request::new(Full::new(body));
+    *upstream_req.method_mut() = parts.method.clone();
+    *upstream_req.uri_mut() = uri;
+    *upstream_req.headers_mut() = headers;
+
+    let outcome = tokio::time::timeout(st.response_timeout, st.client.request(upstream_req)).await;
+    let upstream = match outcome {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) => {
+            let (class, what) = if e.is_connect() {
+                (ErrorClass::UpstreamConnect, "could not connect to")
+            } else {
+                (ErrorClass::UpstreamReset, "lost the connection to")
+            };
+            let cause = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_else(|| e.to_string());
+            let msg = format!("tokenwatch {what} upstream {} before it answered: {cause}", route.instance);
+            return fail(&st, llm, record, started, class, &msg, &request_id);
+        }
+        Err(_) => {
+            let msg = format!(
+                "upstream {} sent no response headers within {:?} (proxy.response_timeout)",
+                route.instance, st.response_timeout
+            );
+            return fail(&st, llm, record, started, ErrorClass::UpstreamTimeout, &msg, &request_id);
+        }
+    };
+
+    let (mut up_parts, up_body) = upstream.into_parts();
+    strip_hop_by_hop(&mut up_parts.headers);
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        up_parts.headers.insert(REQUEST_ID, v);
+    }
+    if !llm {
+        return Response::from_parts(up_parts, Body::new(up_body));
+    }
+
+    let status = up_parts.status;
+    record.status = status.as_u16();
+    record.upstream_headers_s = Some(started.elapsed().as_secs_f64());
+    record.queue_s = up_parts
+        .headers
+        .get("x-queue-time")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .map(|ms| ms / 1000.0);
+    if status.is_server_error() {
+        record.error_class = Some(ErrorClass::Upstream5xx);
+    } else if status.is_client_error() {
+        record.error_class = Some(ErrorClass::Upstream4xx);
+    }
+    let content_type = up_parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let event_stream = content_type.starts_with("text/event-stream");
+    let json = content_type.starts_with("application/json");
+    let flight = InFlight { record, started, queue: st.queue.clone() };
+    let tapped = TapBody::new(up_body, flight, event_stream, json, st.idle_timeout);
+    Response::from_parts(up_parts, Body::new(tapped))
+}
+
+fn fail(
+    st: &ProxyState,
+    llm: bool,
+    mut record: RequestRecord,
+    started: Instant,
+    class: ErrorClass,
+    msg: &str,
+    request_id: &str,
+) -> Response {
+    tracing::debug!(request_id, class = class.name(), "{msg}");
+    if llm {
+        record.status = 502;
+        InFlight { record, started, queue: st.queue.clone() }.submit(Some(class));
+    }
+    error_response(StatusCode::BAD_GATEWAY, class.name(), msg, request_id)
+}

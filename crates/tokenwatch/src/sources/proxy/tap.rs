@@ -1,0 +1,223 @@
+// The response-body tap: forwards each upstream frame to the client untouched while timing
+// first token and every content chunk; finalises the request record when the body ends.
+
+use super::sse::{SseObserver, observe_json_body};
+use crate::pipeline::TelemetryQueue;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokenwatch_core::model::{ErrorClass, GapSummary, RequestRecord};
+use tokio::time::{Instant, Sleep};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Most chunk arrival times kept per request; later chunks still count in the summary.
+pub const MAX_CHUNK_OFFSETS: usize = 16_384;
+/// Most bytes of a non-streaming JSON body copied to read its `usage`.
+const MAX_JSON_COPY: usize = 4 * 1024 * 1024;
+
+/// A request whose record is still being filled in; submitted exactly once.
+pub struct InFlight {
+    pub record: RequestRecord,
+    pub started: Instant,
+    pub queue: TelemetryQueue,
+}
+
+impl InFlight {
+    /// Close the record (end time, gaps) and hand it to the telemetry queue.
+    pub fn submit(mut self, error: Option<ErrorClass>) {
+        let r = &mut self.record;
+        r.end_s = self.started.elapsed().as_secs_f64();
+        if r.error_class.is_none() {
+            r.error_class = error;
+        }
+        let gaps: Vec<f64> = r.gaps_s().collect();
+        if !gaps.is_empty() {
+            let sum: f64 = gaps.iter().sum();
+            r.gaps = GapSummary {
+                count: gaps.len() as u32,
+                mean_s: sum / gaps.len() as f64,
+                max_s: gaps.iter().copied().fold(0.0, f64::max),
+            };
+        }
+        self.queue.submit(self.record);
+    }
+}
+
+enum Mode {
+    Sse(SseObserver),
+    Json(Vec<u8>),
+    Opaque,
+}
+
+pub struct TapBody {
+    inner: Incoming,
+    flight: Option<InFlight>,
+    mode: Mode,
+    expect_done: bool,
+    idle: Duration,
+    idle_timer: Pin<Box<Sleep>>,
+}
+
+impl TapBody {
+    /// `event_stream`: the upstream answered `text/event-stream`; `json`: `application/json`.
+    pub fn new(inner: Incoming, flight: InFlight, event_stream: bool, json: bool, idle: Duration) -> TapBody {
+        let mode = if event_stream {
+            Mode::Sse(SseObserver::new())
+        } else if json {
+            Mode::Json(Vec::new())
+        } else {
+            Mode::Opaque
+        };
+        let expect_done = event_stream && flight.record.status < 400;
+        TapBody {
+            inner,
+            flight: Some(flight),
+            mode,
+            expect_done,
+            idle,
+            idle_timer: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    fn observe(&mut self, data: &Bytes) {
+        let Some(flight) = self.flight.as_mut() else { return };
+        match &mut self.mode {
+            Mode::Sse(sse) => {
+                let fed = sse.feed(data);
+                if fed.content_events > 0 {
+                    let at = flight.started.elapsed();
+                    let r = &mut flight.record;
+                    if r.first_token_s.is_none() {
+                        r.first_token_s = Some(at.as_secs_f64());
+                    }
+                    let us = u32::try_from(at.as_micros()).unwrap_or(u32::MAX);
+                    for _ in 0..fed.content_events {
+                        if r.chunk_offsets_us.len() < MAX_CHUNK_OFFSETS {
+                            r.chunk_offsets_us.push(us);
+                        }
+                    }
+                }
+            }
+            Mode::Json(buf) => {
+                if buf.len() + data.len() <= MAX_JSON_COPY {
+                    buf.extend_from_slice(data);
+                }
+            }
+            Mode::Opaque => {}
+        }
+    }
+
+    fn finish(&mut self, error: Option<ErrorClass>) {
+        let Some(mut flight) = self.flight.take() else { return };
+        let mut error = error;
+        let r = &mut flight.record;
+        match &mut self.mode {
+            Mode::Sse(sse) => {
+                sse.finish();
+                if sse.completion_tokens.is_some() {
+                    r.output_tokens = sse.completion_tokens;
+                    r.prompt_tokens = sse.prompt_tokens;
+                    r.tokens_from_usage = true;
+                } else {
+                    r.output_tokens = Some(u64::from(sse.content_events));
+                    r.prompt_tokens = sse.prompt_tokens;
+                }
+                r.finish_reason = sse.finish_reason.take().unwrap_or_default();
+                if r.labels.model_id == super::UNKNOWN_MODEL {
+                    if let Some(m) = sse.model.take() {
+                        r.labels.model_id = m;
+                    }
+                }
+                if error.is_none() {
+                    if sse.error_event {
+                        error = Some(ErrorClass::Upstream5xx);
+                    } else if let Some(why) = &sse.malformed {
+                        tracing::debug!(request_id = %r.request_id, %why, "malformed event stream");
+                        error = Some(ErrorClass::MalformedSse);
+                    } else if self.expect_done && !sse.done {
+                        tracing::debug!(request_id = %r.request_id, "event stream ended without [DONE]");
+                        error = Some(ErrorClass::MalformedSse);
+                    }
+                }
+            }
+            Mode::Json(buf) => {
+                if let Some((p, c, finish, model)) = observe_json_body(buf) {
+                    r.prompt_tokens = p;
+                    r.output_tokens = c;
+                    r.tokens_from_usage = c.is_some();
+                    r.finish_reason = finish.unwrap_or_default();
+                    if r.labels.model_id == super::UNKNOWN_MODEL {
+                        if let Some(m) = model {
+                            r.labels.model_id = m;
+                        }
+                    }
+                }
+            }
+            Mode::Opaque => {}
+        }
+        flight.submit(error);
+    }
+}
+
+impl Body for TapBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.observe(data);
+                }
+                let deadline = Instant::now() + this.idle;
+                this.idle_timer.as_mut().reset(deadline);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                let class = if e.is_timeout() { ErrorClass::UpstreamTimeout } else { ErrorClass::UpstreamReset };
+                this.finish(Some(class));
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(None) => {
+                this.finish(None);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if this.flight.is_some() && this.idle_timer.as_mut().poll(cx).is_ready() {
+                    this.finish(Some(ErrorClass::UpstreamTimeout));
+                    return Poll::Ready(Some(Err(format!(
+                        "upstream sent nothing for {:?} (proxy.idle_timeout)",
+                        this.idle
+                    )
+                    .into())));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TapBody {
+    fn drop(&mut self) {
+        if self.flight.is_some() {
+            // An empty body may be dropped without being polled; anything else ending here
+            // means the client went away first.
+            let class = if self.inner.is_end_stream() { None } else { Some(ErrorClass::ClientCancelled) };
+            self.finish(class);
+        }
+    }
+}

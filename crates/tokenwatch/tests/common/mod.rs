@@ -1,0 +1,198 @@
+// Helpers for integration tests: start the real `tokenwatch` binary on free loopback ports,
+// talk HTTP to it, find the external tools the tests need (and fail loudly if missing).
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tokenwatch");
+
+pub fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().unwrap()
+}
+
+/// A child process killed (SIGKILL) when dropped, so no test leaves a server behind.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+    log: PathBuf,
+}
+
+impl Proc {
+    pub fn start(name: &str, args: &[&str], log_dir: &Path) -> Proc {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).expect("create log file");
+        let err = out.try_clone().unwrap();
+        let child = Command::new(BIN)
+            .args(args)
+            .env("TOKENWATCH_LOG", "info")
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {BIN} {args:?}: {e}"));
+        Proc { child, name: name.into(), log }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                self.kill9();
+                panic!("{} did not stop on SIGTERM; log:\n{}", self.name, self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+pub async fn send(method: &str, url: &str, body: Option<&str>, headers: &[(&str, &str)]) -> Result<Reply, String> {
+    let mut b = http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    if body.is_some() {
+        b = b.header("content-type", "application/json");
+    }
+    let req = b.body(Full::new(Bytes::from(body.unwrap_or("").to_string()))).map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(30), client().request(req))
+        .await
+        .map_err(|_| format!("{url}: timed out"))?
+        .map_err(|e| format!("{url}: {e}"))?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.map_err(|e| format!("{url}: body: {e}"))?.to_bytes();
+    Ok(Reply { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() })
+}
+
+pub async fn get(url: &str) -> Reply {
+    send("GET", url, None, &[]).await.unwrap_or_else(|e| panic!("GET {e}"))
+}
+
+/// Poll until `url` answers 200 or the deadline passes.
+pub async fn wait_ready(url: &str, proc_: &Proc) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(r) = send("GET", url, None, &[]).await {
+            if r.status == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{url} never became ready; {} log:\n{}", proc_.name, proc_.log());
+}
+
+/// Read one sample's value from Prometheus text (exact series text before the value).
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().split(' ').next()?.parse().ok()))
+}
+
+/// A started simulator + tokenwatch pair on free ports.
+pub struct Stack {
+    pub sim: Proc,
+    pub tw: Proc,
+    pub sim_addr: SocketAddr,
+    pub api: SocketAddr,
+    pub proxy: SocketAddr,
+    pub dir: tempfile::TempDir,
+}
+
+impl Stack {
+    pub async fn start(sim_args: &[&str], tw_extra: &[&str]) -> Stack {
+        let dir = tempfile::tempdir().unwrap();
+        let sim_addr = free_addr();
+        let mut args = vec!["sim", "--listen"];
+        let sa = sim_addr.to_string();
+        args.push(&sa);
+        args.extend_from_slice(sim_args);
+        let sim = Proc::start("sim", &args, dir.path());
+        wait_ready(&format!("http://{sim_addr}/v1/models"), &sim).await;
+        let (api, proxy) = (free_addr(), free_addr());
+        let tw = start_tokenwatch(dir.path(), api, proxy, &format!("http://{sim_addr}"), tw_extra);
+        wait_ready(&format!("http://{api}/readyz"), &tw).await;
+        Stack { sim, tw, sim_addr, api, proxy, dir }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn restart_tokenwatch(&mut self) {
+        self.tw = start_tokenwatch(self.dir.path(), self.api, self.proxy, &format!("http://{}", self.sim_addr), &[]);
+    }
+}
+
+pub fn start_tokenwatch(dir: &Path, api: SocketAddr, proxy: SocketAddr, upstream: &str, extra: &[&str]) -> Proc {
+    let data = dir.join("data");
+    let (a, p) = (api.to_string(), proxy.to_string());
+    let data = data.to_string_lossy().into_owned();
+    let mut args = vec![
+        "run", "--listen", &a, "--proxy-listen", &p, "--upstream", upstream, "--upstream-runtime", "sim", "--data-dir", &data,
+    ];
+    args.extend_from_slice(extra);
+    Proc::start("tokenwatch", &args, dir)
+}
+
+/// The Python interpreter of the test virtualenv holding the `openai` client.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("TOKENWATCH_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv-test/bin/python")));
+    assert!(
+        p.exists(),
+        "the test Python with the `openai` package is missing at {} — run the README's test command (scripts/test.sh), which installs it",
+        p.display()
+    );
+    p
+}
+
+pub fn promtool() -> PathBuf {
+    let found = std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("promtool")).find(|p| p.exists()));
+    found.expect("promtool is not installed — run the README's test command (scripts/test.sh), which installs Debian's `prometheus` package")
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The test command (README): installs what the tests need when missing, then runs every test.
+# It fails loudly when something cannot be installed; no test is skipped for a missing tool.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "==> installing Debian packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}" >/dev/null 2>&1 \
+    || { $SUDO apt-get update >/dev/null && $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}"; }
+fi
+command -v promtool >/dev/null || { echo "error: promtool still missing after installing prometheus" >&2; exit 1; }
+
+VENV=.venv-test
+if ! "$VENV/bin/python" -c 'import openai' >/dev/null 2>&1; then
+  echo "==> creating $VENV with the openai client"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check openai
+fi
+"$VENV/bin/python" -c 'import openai; print("openai", openai.__version__)'
+export TOKENWATCH_TEST_PYTHON="$PWD/$VENV/bin/python"
+
+echo "==> cargo test"
+cargo test --workspace --locked -- --test-threads=4
