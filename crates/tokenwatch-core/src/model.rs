@@ -55,7 +55,7 @@ impl GroupLabel {
     }
 
     /// The value of this label for a series in a given context bucket.
-    pub fn value_of<'a>(self, labels: &'a SeriesLabels, bucket: ContextBucket) -> &'a str {
+    pub fn value_of(self, labels: &SeriesLabels, bucket: ContextBucket) -> &str {
         match self {
             GroupLabel::ModelId => &labels.model_id,
             GroupLabel::Runtime => &labels.runtime,

@@ -1,11 +1,12 @@
 // tokenwatch-sim: an OpenAI-compatible simulated LLM inference server (continuous
 // batching, KV cache, vLLM /metrics, dcgm GPU series, switchable faults).
-//
-// Entry points: `serve` (on a given listener, until a shutdown future resolves) and
-// `run` (binds `--listen`, serves until Ctrl-C). Module map:
-// - `args`: command-line options; `fault`: fault specs and the active-fault board;
-// - `engine`: per-model batcher and its tokio task; `metrics`: stats and Prometheus text;
-// - `gpu`: simulated GPU readings; `vocab`: token text; `api`: HTTP routes.
+
+//! Entry points: [`serve`] (on a given listener, until a shutdown future resolves) and
+//! [`run`] (binds `--listen`, serves until Ctrl-C).
+//!
+//! Modules: `args` (command-line options), `fault` (fault specs and the active-fault
+//! board), `engine` (per-model batcher and its tokio task), `metrics` (stats and
+//! Prometheus text), `gpu` (simulated GPU readings), `vocab` (token text), `api` (routes).
 
 pub mod api;
 mod args;

@@ -209,8 +209,17 @@ impl Config {
         let cfg: Config = if text.trim().is_empty() {
             Config::default()
         } else {
-            serde_saphyr::from_str(text)
-                .map_err(|e| ConfigError::Parse { file: file.to_string(), message: e.to_string() })?
+            let mut key_path = String::new();
+            serde_saphyr::with_deserializer_from_str(text, |de| {
+                serde_path_to_error::deserialize(de).map_err(|e| {
+                    key_path = e.path().to_string();
+                    e.into_inner()
+                })
+            })
+            .map_err(|e| {
+                let at = if key_path.is_empty() || key_path == "." { String::new() } else { format!("key {key_path}: ") };
+                ConfigError::Parse { file: file.to_string(), message: format!("{at}{e}") }
+            })?
         };
         cfg.validate(file)?;
         Ok(cfg)
@@ -287,6 +296,12 @@ mod tests {
         let err = Config::from_yaml("proxy:\n  listn: 1.2.3.4:5\n", "bad.yaml").unwrap_err().to_string();
         assert!(err.contains("bad.yaml"), "{err}");
         assert!(err.contains("listn"), "{err}");
+        let err = Config::from_yaml("proxy:\n  upstreams:\n    - url: http://127.0.0.1:1\n      modles: [a]\n", "bad.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("key proxy.upstreams[0]") && err.contains("modles"), "{err}");
+        let err = Config::from_yaml("store:\n  fsync: maybe\n", "bad.yaml").unwrap_err().to_string();
+        assert!(err.contains("key store.fsync"), "{err}");
     }
 
     #[test]

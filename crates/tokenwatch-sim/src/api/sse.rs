@@ -153,8 +153,8 @@ impl ChunkCtx {
 mod tests {
     use super::*;
 
-    const CHAT_SAMPLE: &str = include_str!("../../tests/data/vllm-cpu-sse-chat.txt");
-    const COMPLETION_SAMPLE: &str = include_str!("../../tests/data/vllm-cpu-sse.txt");
+    const CHAT_SAMPLE: &str = include_str!("../../../../fixtures/vllm-cpu-sse-chat.txt");
+    const COMPLETION_SAMPLE: &str = include_str!("../../../../fixtures/vllm-cpu-sse.txt");
 
     fn ctx(endpoint: Endpoint) -> ChunkCtx {
         ChunkCtx {

@@ -147,7 +147,13 @@ impl EngineCore {
             let Some(head) = self.waiting.front() else {
                 break;
             };
-            let need = self.cfg.blocks_for(head.context_len());
+            // Room for the context plus the token the prefill produces.
+            let need = self.cfg.blocks_for(head.context_len() + 1);
+            if self.running.is_empty() {
+                // A leak degrades the engine but never deadlocks it: with nothing running,
+                // enough leaked blocks come back for the head of the queue to run alone.
+                self.kv.unleak_until_free(need);
+            }
             if !self.kv.try_alloc(need) {
                 break; // head-of-line blocking, as in vLLM's FCFS scheduler
             }

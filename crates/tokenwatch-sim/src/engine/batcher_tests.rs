@@ -335,3 +335,31 @@ fn prompt_longer_than_context_is_rejected() {
         [SeqEvent::Rejected { status: 400, .. }]
     ));
 }
+
+#[test]
+fn full_leak_degrades_but_never_deadlocks() {
+    let cfg = EngineConfig {
+        kv_blocks: 32,
+        block_size: 4,
+        ..config()
+    };
+    let mut core = core_with(cfg, &["kv_leak:blocks=1000"]);
+    let now = Instant::now();
+    let mut rxs: Vec<_> = (0..6)
+        .map(|_| submit(&mut core, 8, Some(30), now))
+        .collect();
+    run_idle(&mut core, now);
+    assert_eq!(core.waiting(), 0);
+    for rx in &mut rxs {
+        assert!(matches!(
+            drain(rx).last(),
+            Some(SeqEvent::Done {
+                completion_tokens: 30,
+                ..
+            })
+        ));
+    }
+    let st = stats(&core);
+    assert!(st.preemptions > 0);
+    assert!(st.kv_usage() > 0.9, "usage {}", st.kv_usage());
+}

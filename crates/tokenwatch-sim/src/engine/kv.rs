@@ -63,6 +63,12 @@ impl KvCache {
         self.leaked = 0;
     }
 
+    /// Give back just enough leaked blocks that `n` blocks are free (liveness valve).
+    pub fn unleak_until_free(&mut self, n: u32) {
+        let missing = n.saturating_sub(self.free());
+        self.leaked -= missing.min(self.leaked);
+    }
+
     /// Leading prompt blocks already in the prefix cache; remembers the rest.
     pub fn match_prefix(&mut self, block_hashes: &[u64]) -> u32 {
         let hits = block_hashes

@@ -95,10 +95,10 @@ async fn latency(State(st): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Resu
         "unit": "seconds",
         "relative_error": RELATIVE_ACCURACY,
     });
-    if let (Some(obj), Some(s)) = (body.as_object_mut(), summary) {
-        if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(&s) {
-            obj.extend(fields);
-        }
+    if let (Some(obj), Some(Ok(serde_json::Value::Object(fields)))) =
+        (body.as_object_mut(), summary.map(|s| serde_json::to_value(&s)))
+    {
+        obj.extend(fields);
     }
     if let (Some(obj), Some(groups), Some(by)) = (body.as_object_mut(), grouped, by) {
         obj.insert("by".into(), json!(by.name()));

@@ -244,7 +244,7 @@ mod tests {
 
     #[test]
     fn exposition_contains_genai_names_and_observations() {
-        let m = Metrics::new();
+        let m = std::sync::Arc::new(Metrics::new());
         let rec = RequestRecord {
             labels: SeriesLabels { model_id: "m1".into(), runtime: "vllm".into(), ..Default::default() },
             first_token_s: Some(0.2),
@@ -256,9 +256,7 @@ mod tests {
         };
         let mut failed = rec.clone();
         failed.error_class = Some(ErrorClass::UpstreamConnect);
-        MetricsSink(std::sync::Arc::new(Metrics::new())).consume(&[rec.clone()]).unwrap();
-        m.observe(&rec);
-        m.observe(&failed);
+        MetricsSink(m.clone()).consume(&[rec, failed]).unwrap();
         let text = m.encode();
         assert!(text.contains("# TYPE gen_ai_server_time_to_first_token_seconds histogram"), "{text}");
         assert!(text.contains("gen_ai_server_time_to_first_token_seconds_count{model_id=\"m1\""), "{text}");

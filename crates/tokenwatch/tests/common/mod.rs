@@ -117,10 +117,8 @@ pub async fn get(url: &str) -> Reply {
 pub async fn wait_ready(url: &str, proc_: &Proc) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        if let Ok(r) = send("GET", url, None, &[]).await {
-            if r.status == 200 {
-                return;
-            }
+        if let Ok(Reply { status: 200, .. }) = send("GET", url, None, &[]).await {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -55,12 +55,9 @@ impl Router {
     }
 
     pub fn route(&self, model: Option<&str>) -> Option<&Route> {
-        if let Some(m) = model {
-            if let Some(r) = self.routes.iter().find(|r| r.models.iter().any(|x| x == m)) {
-                return Some(r);
-            }
-        }
-        self.routes.iter().find(|r| r.any_model)
+        model
+            .and_then(|m| self.routes.iter().find(|r| r.models.iter().any(|x| x == m)))
+            .or_else(|| self.routes.iter().find(|r| r.any_model))
     }
 }
 
