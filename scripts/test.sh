@@ -16,12 +16,13 @@ fi
 command -v promtool >/dev/null || { echo "error: promtool still missing after installing prometheus" >&2; exit 1; }
 
 VENV=.venv-test
-if ! "$VENV/bin/python" -c 'import openai' >/dev/null 2>&1; then
-  echo "==> creating $VENV with the openai client"
+PY_PACKAGES=(openai opentelemetry-sdk opentelemetry-exporter-otlp)
+if ! "$VENV/bin/python" -c 'import openai, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc, opentelemetry.exporter.otlp.proto.http' >/dev/null 2>&1; then
+  echo "==> creating $VENV with: ${PY_PACKAGES[*]}"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check openai
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
-"$VENV/bin/python" -c 'import openai; print("openai", openai.__version__)'
+"$VENV/bin/python" -c 'import openai, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc; print("openai", openai.__version__)'
 export TOKENWATCH_TEST_PYTHON="$PWD/$VENV/bin/python"
 
 echo "==> cargo test"

@@ -2,6 +2,9 @@
 // (sources → normalise → **aggregate** → store/export). No I/O lives here.
 
 pub mod aggregate;
+pub mod exposition;
+pub mod histogram;
 pub mod model;
+pub mod signals;
 pub mod sketch;
 pub mod window;

@@ -6,6 +6,8 @@ use crate::config::Config;
 use crate::export::prometheus::{Metrics, MetricsSink};
 use crate::pipeline::{Pipeline, PipelineConfig, RecordSink, StoreSink};
 use crate::sources::proxy::{self, ProxyState, UpstreamRouter};
+use crate::sources::{self as sources_mod, Components, SourceContext};
+use tokenwatch_core::signals::{SharedSignals, SignalBoard};
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -79,11 +81,31 @@ impl RunningApp {
 
         let (shutdown, stop) = watch::channel(false);
         let mut servers = Vec::new();
-        let mut components = vec![("pipeline".to_string(), "ok".to_string())];
+        let components = Components::default();
+        components.set("pipeline", "ok");
+        let signals: SharedSignals =
+            Arc::new(std::sync::RwLock::new(SignalBoard::new(cfg.signals.history_points, cfg.signals.max_series)));
+
+        let mut source_routes = Vec::new();
+        for source in sources_mod::from_config(&cfg)? {
+            let name = source.name();
+            let ctx = SourceContext {
+                signals: signals.clone(),
+                queue: queue.clone(),
+                store: store.clone(),
+                metrics: metrics.clone(),
+                components: components.clone(),
+                shutdown: stop.clone(),
+            };
+            let handle = source.start(ctx).await.with_context(|| format!("starting the {name} source"))?;
+            servers.extend(handle.tasks);
+            source_routes.extend(handle.routes);
+        }
+        servers.push(spawn_signal_eviction(signals.clone(), cfg.signals.stale_after.0, stop.clone()));
 
         let routes = UpstreamRouter::new(&cfg.proxy.upstreams).map_err(anyhow::Error::msg)?;
         let proxy_addr = if routes.is_empty() {
-            components.push(("proxy".into(), "disabled (no upstream configured)".into()));
+            components.set("proxy", "disabled: no upstream configured (collector-only mode)");
             drop(queue);
             None
         } else {
@@ -100,14 +122,18 @@ impl RunningApp {
             }
             let state = Arc::new(ProxyState::new(&cfg.proxy, routes, queue, salt));
             servers.push(serve(listener, proxy::router(state), stop.clone()));
-            components.push(("proxy".into(), "ok".into()));
+            components.set("proxy", "ok");
             Some(addr)
         };
 
         let listener = bind(cfg.listen, "listen / --listen").await?;
         let api_addr = listener.local_addr()?;
-        let api = Arc::new(ApiState { aggregator, store, metrics, components });
-        servers.push(serve(listener, api_router(api), stop));
+        let api = Arc::new(ApiState { aggregator, store, metrics, components, signals });
+        let mut app = api_router(api);
+        for routes in source_routes {
+            app = app.merge(routes);
+        }
+        servers.push(serve(listener, app, stop));
         Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline })
     }
 
@@ -123,6 +149,23 @@ impl RunningApp {
         let pipeline = self.pipeline;
         let _ = tokio::task::spawn_blocking(move || pipeline.join()).await;
     }
+}
+
+/// Drop signal series that stopped receiving points, once a minute.
+fn spawn_signal_eviction(signals: SharedSignals, stale_after: Duration, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let now = crate::pipeline::now_unix_ms();
+                    let mut board = signals.write().unwrap_or_else(|p| p.into_inner());
+                    board.evict_older_than(now, stale_after.as_millis() as i64);
+                }
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    })
 }
 
 /// Resolve on Ctrl-C or SIGTERM.

@@ -27,6 +27,26 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     pub store: StoreConfig,
     pub aggregation: AggregationConfig,
+    pub scrape: crate::sources::scrape::ScrapeConfig,
+    pub otlp: crate::sources::otlp::OtlpConfig,
+    pub gpu: crate::sources::gpu::GpuConfig,
+    pub signals: SignalsConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SignalsConfig {
+    /// Points of history kept per signal series (for detectors and charts).
+    pub history_points: usize,
+    pub max_series: usize,
+    /// Series with no new point for this long are dropped.
+    pub stale_after: HumanDuration,
+}
+
+impl Default for SignalsConfig {
+    fn default() -> Self {
+        SignalsConfig { history_points: 720, max_series: 100_000, stale_after: HumanDuration(Duration::from_secs(3600)) }
+    }
 }
 
 impl Default for Config {
@@ -38,6 +58,10 @@ impl Default for Config {
             telemetry: TelemetryConfig::default(),
             store: StoreConfig::default(),
             aggregation: AggregationConfig::default(),
+            scrape: Default::default(),
+            otlp: Default::default(),
+            gpu: Default::default(),
+            signals: SignalsConfig::default(),
         }
     }
 }

@@ -1,18 +1,10 @@
 // The `tokenwatch` binary: command-line parsing and dispatch to `run`, `sim`, `demo` and
 // `check-config`. Errors reach the user here, through anyhow, with their full context.
 
-mod api;
-mod app;
-mod config;
-mod demo;
-mod export;
-mod pipeline;
-mod sources;
-mod traffic;
-
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use config::{Config, UpstreamConfig};
+use tokenwatch::config::{Config, UpstreamConfig};
+use tokenwatch::{app, demo};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -61,6 +53,18 @@ struct RunArgs {
     /// Data directory [default: ./tokenwatch-data]
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Scrape this Prometheus/OpenMetrics endpoint (repeatable), e.g. http://127.0.0.1:8000/metrics
+    #[arg(long = "scrape", value_name = "URL")]
+    scrape: Vec<String>,
+    /// OTLP/gRPC listener [default: 127.0.0.1:4317]
+    #[arg(long)]
+    otlp_grpc_listen: Option<SocketAddr>,
+    /// OTLP/HTTP listener [default: 127.0.0.1:4318]
+    #[arg(long)]
+    otlp_http_listen: Option<SocketAddr>,
+    /// Do not start the OTLP receiver.
+    #[arg(long)]
+    no_otlp: bool,
 }
 
 impl RunArgs {
@@ -77,6 +81,24 @@ impl RunArgs {
         }
         if let Some(d) = self.data_dir {
             cfg.data_dir = d;
+        }
+        for url in self.scrape {
+            cfg.scrape.targets.push(tokenwatch::sources::scrape::ScrapeTarget {
+                url,
+                runtime: None,
+                interval: None,
+                timeout: None,
+                labels: Default::default(),
+            });
+        }
+        if let Some(l) = self.otlp_grpc_listen {
+            cfg.otlp.grpc_listen = l;
+        }
+        if let Some(l) = self.otlp_http_listen {
+            cfg.otlp.http_listen = l;
+        }
+        if self.no_otlp {
+            cfg.otlp.enabled = false;
         }
         if let Some(url) = self.upstream {
             cfg.proxy.upstreams.push(UpstreamConfig {

@@ -94,7 +94,10 @@ async fn upstream_failures_reach_the_client_and_are_recorded() {
     let (api, proxy) = (free_addr(), free_addr());
     let tw = Proc::start(
         "tokenwatch",
-        &["run", "-c", cfg_path.to_str().unwrap(), "--listen", &api.to_string(), "--proxy-listen", &proxy.to_string()],
+        &[
+            "run", "-c", cfg_path.to_str().unwrap(), "--listen", &api.to_string(), "--proxy-listen", &proxy.to_string(),
+            "--otlp-grpc-listen", &free_addr().to_string(), "--otlp-http-listen", &free_addr().to_string(),
+        ],
         dir.path(),
     );
     wait_ready(&format!("http://{api}/readyz"), &tw).await;

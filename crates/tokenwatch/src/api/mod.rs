@@ -5,6 +5,8 @@ mod params;
 
 use crate::export::prometheus::Metrics;
 use crate::pipeline::now_unix_ms;
+use crate::sources::Components;
+use tokenwatch_core::signals::SharedSignals;
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::{StatusCode, header};
@@ -23,8 +25,9 @@ pub struct ApiState {
     pub aggregator: Arc<Mutex<Aggregator>>,
     pub store: Arc<dyn Store>,
     pub metrics: Arc<Metrics>,
-    /// Names of components and whether each is ready, for `/readyz`.
-    pub components: Vec<(String, String)>,
+    /// Components and whether each is ready, for `/readyz`.
+    pub components: Components,
+    pub signals: SharedSignals,
 }
 
 pub fn router(state: Arc<ApiState>) -> axum::Router {
@@ -63,7 +66,7 @@ async fn readyz(State(st): State<Arc<ApiState>>) -> Response {
     };
     let ready = store == "ok";
     let mut components: serde_json::Map<String, serde_json::Value> =
-        st.components.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+        st.components.snapshot().into_iter().map(|(k, v)| (k, json!(v))).collect();
     components.insert("store".into(), json!(store));
     let code = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, Json(json!({ "ready": ready, "components": components }))).into_response()

@@ -62,7 +62,7 @@ fn duration_hist() -> Histogram {
 
 /// Every metric tokenwatch exposes, and the registry that encodes them.
 pub struct Metrics {
-    registry: Registry,
+    registry: std::sync::RwLock<Registry>,
     pub ttft: HistFamily<RequestLabels>,
     pub tpot: HistFamily<RequestLabels>,
     pub duration: HistFamily<OutcomeLabels>,
@@ -154,7 +154,7 @@ impl Metrics {
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").into() }).set(1);
 
         Metrics {
-            registry,
+            registry: std::sync::RwLock::new(registry),
             ttft,
             tpot,
             duration,
@@ -173,10 +173,23 @@ impl Metrics {
         }
     }
 
+    /// Register a further metric (a source's own health, for example). Names must be unique.
+    pub fn register(&self, name: &str, help: &str, metric: impl prometheus_client::registry::Metric) {
+        let mut r = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        r.register(name, help, metric);
+    }
+
+    /// Register a collector that produces its metrics at encode time.
+    pub fn register_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        let mut r = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        r.register_collector(collector);
+    }
+
     /// Prometheus text exposition format 0.0.4.
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(16 * 1024);
-        if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry) {
+        let registry = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {
             tracing::error!(error = %e, "encoding /metrics failed");
         }
         out

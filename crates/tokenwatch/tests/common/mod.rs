@@ -168,9 +168,11 @@ impl Stack {
 pub fn start_tokenwatch(dir: &Path, api: SocketAddr, proxy: SocketAddr, upstream: &str, extra: &[&str]) -> Proc {
     let data = dir.join("data");
     let (a, p) = (api.to_string(), proxy.to_string());
+    let (og, oh) = (free_addr().to_string(), free_addr().to_string());
     let data = data.to_string_lossy().into_owned();
     let mut args = vec![
         "run", "--listen", &a, "--proxy-listen", &p, "--upstream", upstream, "--upstream-runtime", "sim", "--data-dir", &data,
+        "--otlp-grpc-listen", &og, "--otlp-http-listen", &oh,
     ];
     args.extend_from_slice(extra);
     Proc::start("tokenwatch", &args, dir)

@@ -1,0 +1,135 @@
+// Quantiles from cumulative-bucket histograms (Prometheus/OTLP explicit buckets), computed
+// over a window from bucket deltas, with counter resets handled and the bucket error stated.
+
+/// Increase of a cumulative counter between two readings; a decrease means the counter was
+/// reset (process restart), and the new reading is then the whole increase.
+pub fn counter_delta(previous: f64, current: f64) -> f64 {
+    if !previous.is_finite() || !current.is_finite() {
+        return 0.0;
+    }
+    if current >= previous { current - previous } else { current.max(0.0) }
+}
+
+/// A cumulative histogram reading: upper bounds (ascending, the last may be +Inf) with the
+/// cumulative count of observations ≤ each bound, plus sum and count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CumulativeHistogram {
+    pub bounds: Vec<f64>,
+    pub cumulative: Vec<f64>,
+    pub sum: f64,
+    pub count: f64,
+}
+
+/// A quantile estimated from buckets: the value (linear interpolation inside the bucket, as
+/// PromQL's `histogram_quantile`) and the bucket it fell in, whose width bounds the error.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketQuantile {
+    pub value: f64,
+    pub bucket_lower: f64,
+    pub bucket_upper: f64,
+}
+
+impl BucketQuantile {
+    /// Largest possible absolute error: the distance to the farther bucket edge.
+    pub fn max_abs_error(&self) -> f64 {
+        if self.bucket_upper.is_infinite() {
+            return f64::INFINITY;
+        }
+        (self.value - self.bucket_lower).max(self.bucket_upper - self.value)
+    }
+}
+
+impl CumulativeHistogram {
+    /// Observations between `earlier` and `self`, bucket by bucket. When the bucket layout
+    /// changed, or any bucket went down (a reset), `self` alone is the window.
+    pub fn delta_since(&self, earlier: &CumulativeHistogram) -> CumulativeHistogram {
+        let same_layout = earlier.bounds == self.bounds;
+        let reset = !same_layout
+            || self.count < earlier.count
+            || self.cumulative.iter().zip(&earlier.cumulative).any(|(now, before)| now < before);
+        if reset {
+            return self.clone();
+        }
+        CumulativeHistogram {
+            bounds: self.bounds.clone(),
+            cumulative: self.cumulative.iter().zip(&earlier.cumulative).map(|(a, b)| a - b).collect(),
+            sum: (self.sum - earlier.sum).max(0.0),
+            count: self.count - earlier.count,
+        }
+    }
+
+    /// The q-quantile (0 < q < 1). None when empty or malformed. When it falls in the +Inf
+    /// bucket the largest finite bound is returned (as PromQL does) and the error is unbounded.
+    pub fn quantile(&self, q: f64) -> Option<BucketQuantile> {
+        if !(0.0..=1.0).contains(&q) || self.bounds.len() != self.cumulative.len() || self.bounds.is_empty() {
+            return None;
+        }
+        let total = *self.cumulative.last()?;
+        if !(total > 0.0) {
+            return None;
+        }
+        let rank = q * total;
+        let idx = self.cumulative.iter().position(|c| *c >= rank)?;
+        let upper = self.bounds[idx];
+        let lower = if idx == 0 { 0.0_f64.min(upper) } else { self.bounds[idx - 1] };
+        if upper.is_infinite() {
+            return Some(BucketQuantile { value: lower, bucket_lower: lower, bucket_upper: upper });
+        }
+        let below = if idx == 0 { 0.0 } else { self.cumulative[idx - 1] };
+        let in_bucket = self.cumulative[idx] - below;
+        let value = if in_bucket > 0.0 { lower + (upper - lower) * ((rank - below) / in_bucket) } else { upper };
+        Some(BucketQuantile { value, bucket_lower: lower, bucket_upper: upper })
+    }
+
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0.0).then(|| self.sum / self.count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(cum: &[f64], sum: f64) -> CumulativeHistogram {
+        CumulativeHistogram {
+            bounds: vec![0.1, 0.5, 1.0, f64::INFINITY],
+            cumulative: cum.to_vec(),
+            sum,
+            count: *cum.last().unwrap(),
+        }
+    }
+
+    #[test]
+    fn quantile_interpolates_like_promql() {
+        let x = h(&[10.0, 60.0, 100.0, 100.0], 40.0);
+        let p50 = x.quantile(0.5).unwrap();
+        assert!((p50.value - 0.42).abs() < 1e-9, "{p50:?}");
+        assert_eq!((p50.bucket_lower, p50.bucket_upper), (0.1, 0.5));
+        assert!(p50.max_abs_error() <= 0.4);
+        assert_eq!(x.quantile(1.0).unwrap().bucket_upper, 1.0);
+        assert_eq!(x.mean(), Some(0.4));
+    }
+
+    #[test]
+    fn inf_bucket_and_empty() {
+        let x = h(&[0.0, 0.0, 0.0, 5.0], 50.0);
+        let q = x.quantile(0.99).unwrap();
+        assert_eq!(q.value, 1.0);
+        assert!(q.max_abs_error().is_infinite());
+        assert!(h(&[0.0, 0.0, 0.0, 0.0], 0.0).quantile(0.5).is_none());
+    }
+
+    #[test]
+    fn deltas_and_resets() {
+        let a = h(&[10.0, 20.0, 30.0, 30.0], 10.0);
+        let b = h(&[10.0, 25.0, 40.0, 40.0], 16.0);
+        let d = b.delta_since(&a);
+        assert_eq!(d.cumulative, vec![0.0, 5.0, 10.0, 10.0]);
+        assert_eq!(d.count, 10.0);
+        let restarted = h(&[1.0, 1.0, 1.0, 1.0], 0.05);
+        assert_eq!(restarted.delta_since(&b), restarted);
+        assert_eq!(counter_delta(10.0, 15.0), 5.0);
+        assert_eq!(counter_delta(10.0, 3.0), 3.0);
+        assert_eq!(counter_delta(f64::NAN, 3.0), 0.0);
+    }
+}

@@ -1,0 +1,11 @@
+// tokenwatch as a library: every pipeline stage of the binary, so benchmarks, fuzz targets and
+// tests can reach them. Data flows sources → normalise → aggregate → store/export → API.
+
+pub mod api;
+pub mod app;
+pub mod config;
+pub mod demo;
+pub mod export;
+pub mod pipeline;
+pub mod sources;
+pub mod traffic;
