@@ -5,9 +5,11 @@ mod codec;
 mod error;
 mod schema;
 mod sqlite;
+mod telemetry;
 
 pub use error::StoreError;
 pub use sqlite::SqliteStore;
+pub use telemetry::{LogQuery, LogRow, SpanQuery, SpanRow};
 
 use serde::Serialize;
 use std::time::Duration;
@@ -31,6 +33,15 @@ pub trait Store: Send + Sync + 'static {
     fn apply_retention(&self, now_unix_ms: i64) -> Result<RetentionReport, StoreError>;
     /// Row counts and on-disk size.
     fn stats(&self) -> Result<StoreStats, StoreError>;
+    /// Store OTLP spans in one transaction. A span already stored (same trace and span id) is
+    /// left as is, so a retried export does not duplicate it.
+    fn insert_spans(&self, spans: &[SpanRow]) -> Result<(), StoreError>;
+    /// Spans of one trace and/or starting in a time range, oldest start first.
+    fn query_spans(&self, q: &SpanQuery) -> Result<Vec<SpanRow>, StoreError>;
+    /// Store OTLP log records in one transaction.
+    fn insert_logs(&self, logs: &[LogRow]) -> Result<(), StoreError>;
+    /// Log records of one trace and/or in a time range, oldest first.
+    fn query_logs(&self, q: &LogQuery) -> Result<Vec<LogRow>, StoreError>;
 }
 
 /// A storage-level roll-up: one minute of one latency sketch for one series and context bucket.

@@ -75,6 +75,48 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         CREATE INDEX rollups_minute ON rollups (minute_start_unix_ms);
         ",
     },
+    Migration {
+        version: 3,
+        name: "OTLP spans",
+        sql: "
+        CREATE TABLE spans (
+            id              INTEGER PRIMARY KEY,
+            trace_id        TEXT    NOT NULL,
+            span_id         TEXT    NOT NULL,
+            parent_span_id  TEXT    NOT NULL,
+            name            TEXT    NOT NULL,
+            kind            INTEGER NOT NULL,
+            start_unix_nano INTEGER NOT NULL,
+            end_unix_nano   INTEGER NOT NULL,
+            status_code     INTEGER NOT NULL,
+            status_message  TEXT    NOT NULL,
+            service_name    TEXT    NOT NULL,
+            attributes      TEXT    NOT NULL,
+            events_count    INTEGER NOT NULL,
+            UNIQUE (trace_id, span_id)
+        );
+        CREATE INDEX spans_start ON spans (start_unix_nano);
+        ",
+    },
+    Migration {
+        version: 4,
+        name: "OTLP log records",
+        sql: "
+        CREATE TABLE logs (
+            id              INTEGER PRIMARY KEY,
+            time_unix_nano  INTEGER NOT NULL,
+            severity_number INTEGER NOT NULL,
+            severity_text   TEXT    NOT NULL,
+            body            TEXT    NOT NULL,
+            trace_id        TEXT    NOT NULL,
+            span_id         TEXT    NOT NULL,
+            service_name    TEXT    NOT NULL,
+            attributes      TEXT    NOT NULL
+        );
+        CREATE INDEX logs_time ON logs (time_unix_nano);
+        CREATE INDEX logs_trace_id ON logs (trace_id);
+        ",
+    },
 ];
 
 /// The highest schema version this build knows.

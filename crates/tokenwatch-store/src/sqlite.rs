@@ -2,6 +2,7 @@
 // (one transaction per batch) and a separate query-only read connection.
 
 use crate::codec::{self, RECORD_COLUMNS, ROLLUP_COLUMNS};
+use crate::telemetry::{self, LogQuery, LogRow, SpanQuery, SpanRow};
 use crate::{
     DB_FILE_NAME, RecordQuery, RetentionReport, RollupQuery, RollupRow, Store, StoreError,
     StoreOptions, StoreStats, schema,
@@ -296,12 +297,37 @@ impl Store for SqliteStore {
             rollup_cutoff,
             "retention of rollups",
         )?;
+        // Spans and log records follow the raw-record retention.
+        self.delete_chunked(telemetry::RETENTION_SPANS, raw_cutoff, "retention of spans")?;
+        self.delete_chunked(telemetry::RETENTION_LOGS, raw_cutoff, "retention of logs")?;
         let report = RetentionReport {
             records_deleted,
             rollups_deleted,
         };
         tracing::debug!(path = %self.path.display(), ?report, "applied retention");
         Ok(report)
+    }
+
+    fn insert_spans(&self, spans: &[SpanRow]) -> Result<(), StoreError> {
+        if spans.is_empty() {
+            return Ok(());
+        }
+        telemetry::insert_spans(&mut lock(&self.write), spans).map_err(self.err("insert_spans"))
+    }
+
+    fn query_spans(&self, q: &SpanQuery) -> Result<Vec<SpanRow>, StoreError> {
+        telemetry::query_spans(&lock(&self.read), q).map_err(self.err("query_spans"))
+    }
+
+    fn insert_logs(&self, logs: &[LogRow]) -> Result<(), StoreError> {
+        if logs.is_empty() {
+            return Ok(());
+        }
+        telemetry::insert_logs(&mut lock(&self.write), logs).map_err(self.err("insert_logs"))
+    }
+
+    fn query_logs(&self, q: &LogQuery) -> Result<Vec<LogRow>, StoreError> {
+        telemetry::query_logs(&lock(&self.read), q).map_err(self.err("query_logs"))
     }
 
     fn stats(&self) -> Result<StoreStats, StoreError> {

@@ -1,6 +1,6 @@
 // Proxy overhead benchmark (spec 12): one run drives the same streaming workload directly against
 // an in-process vLLM-shaped upstream and through the real `tokenwatch run` proxy, and reports both.
-//
+
 // Run: `cargo bench -p tokenwatch --bench proxy`. Knobs (environment variables, defaults in brackets):
 //   TW_BENCH_RATES [500,2000]   target streaming requests/s, one direct + one proxied run each
 //   TW_BENCH_SECS [10]          measured seconds per run (after TW_BENCH_WARMUP_SECS [1] of warm-up)
@@ -8,6 +8,7 @@
 //   TW_BENCH_FIRST_MS [2]       upstream delay before the first content chunk
 //   TW_BENCH_GAP_MS [1]         upstream delay between content chunks
 //   TW_BENCH_HOLD_STREAMS [1000] streams held open through the proxy for the memory measurement
+//   TW_BENCH_MAX_INFLIGHT [2000] streams open at once; a send due beyond it is skipped and counted
 //   TW_BENCH_CLIENT_THREADS [1], TW_BENCH_UPSTREAM_THREADS [1]  tokio workers of the load client / upstream
 //   TW_BENCH_OUT [<workspace>/target/bench-proxy.md]
 //
@@ -53,6 +54,7 @@ struct Settings {
     first: Duration,
     gap: Duration,
     hold_streams: usize,
+    max_inflight: usize,
     client_threads: usize,
     upstream_threads: usize,
     out: std::path::PathBuf,
@@ -86,6 +88,7 @@ impl Settings {
             first: Duration::from_micros((env_or("TW_BENCH_FIRST_MS", 2.0) * 1000.0) as u64),
             gap: Duration::from_micros((env_or("TW_BENCH_GAP_MS", 1.0) * 1000.0) as u64),
             hold_streams: env_or("TW_BENCH_HOLD_STREAMS", 1000),
+            max_inflight: env_or("TW_BENCH_MAX_INFLIGHT", 2000),
             client_threads: env_or("TW_BENCH_CLIENT_THREADS", 1),
             upstream_threads: env_or("TW_BENCH_UPSTREAM_THREADS", 1),
             out,
@@ -316,6 +319,9 @@ fn start_tokenwatch(upstream: SocketAddr, data_dir: &std::path::Path) -> (ChildG
             &format!("http://{upstream}"),
             "--upstream-runtime",
             "vllm",
+            // Only the proxy is under test; fixed default OTLP ports would also collide with
+            // other tokenwatch processes on the box.
+            "--no-otlp",
             "--data-dir",
         ])
         .arg(data_dir.join("data"))
@@ -349,6 +355,19 @@ fn cpu_ticks(pid: &str) -> u64 {
 
 const TICKS_PER_S: f64 = 100.0;
 
+static FIRST_CONNECT_ERROR: OnceLock<String> = OnceLock::new();
+
+fn load_avg() -> String {
+    std::fs::read_to_string("/proc/loadavg").map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+}
+
+fn open_files_limit() -> String {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("Max open files")).map(|l| l.split_whitespace().nth(3).unwrap_or("?").to_string()))
+        .unwrap_or_else(|| "?".into())
+}
+
 // ---------------------------------------------------------------- client
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -356,7 +375,7 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 fn client() -> HttpClient {
     let mut c = HttpConnector::new();
     c.set_nodelay(true);
-    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(300)).pool_max_idle_per_host(100_000).build(c)
+    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(300)).pool_max_idle_per_host(2048).build(c)
 }
 
 async fn get_text(c: &HttpClient, url: &str) -> Result<(u16, String), String> {
@@ -391,7 +410,10 @@ async fn one_stream(c: &HttpClient, uri: &Uri, hold_ms: Option<u64>, opened: Opt
     let t0 = Instant::now();
     let resp = match tokio::time::timeout(Duration::from_secs(30), c.request(req)).await {
         Err(_) => return Err("timeout (headers)"),
-        Ok(Err(e)) if e.is_connect() => return Err("connect"),
+        Ok(Err(e)) if e.is_connect() => {
+            let _ = FIRST_CONNECT_ERROR.set(format!("{e:?}"));
+            return Err("connect");
+        }
         Ok(Err(_)) => return Err("request"),
         Ok(Ok(r)) => r,
     };
@@ -461,7 +483,6 @@ struct Stats {
 }
 
 struct RunResult {
-    label: String,
     target_rate: u32,
     issued: u64,
     issue_window_s: f64,
@@ -483,7 +504,7 @@ fn pct(sorted: &[u64], p: f64) -> f64 {
 }
 
 /// Open-loop load: request i is sent at start + i/rate whatever the earlier ones are doing.
-async fn load(c: &HttpClient, uri: Uri, s: &Settings, rate: u32, label: &str, tw_pid: Option<u32>) -> RunResult {
+async fn load(c: &HttpClient, uri: Uri, s: &Settings, rate: u32, tw_pid: Option<u32>) -> RunResult {
     let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
     let warm_n = (s.warmup_secs * f64::from(rate)).round() as u64;
     let total = warm_n + (s.secs * f64::from(rate)).round() as u64;
@@ -526,6 +547,12 @@ async fn load(c: &HttpClient, uri: Uri, s: &Settings, rate: u32, label: &str, tw
         if measured {
             lags.push(tokio::time::Instant::now().saturating_duration_since(due).as_nanos() as u64);
         }
+        if inflight.load(Ordering::Relaxed) >= s.max_inflight {
+            if measured {
+                *stats.lock().unwrap().errors.entry("skipped: client at max in-flight").or_default() += 1;
+            }
+            continue;
+        }
         let (c, uri, stats, inflight) = (c.clone(), uri.clone(), stats.clone(), inflight.clone());
         let k = s.chunks;
         inflight.fetch_add(1, Ordering::Relaxed);
@@ -563,15 +590,14 @@ async fn load(c: &HttpClient, uri: Uri, s: &Settings, rate: u32, label: &str, tw
     }
     let measured_start = measured_start.unwrap_or(issue_end);
     let issue_window_s = issue_end.duration_since(measured_start).as_secs_f64();
-    let cpu_tw_s = tw_pid.map(|_| (cpu1_at_issue_end.0 - cpu0.0) as f64 / TICKS_PER_S);
-    let cpu_self_s = (cpu1_at_issue_end.1 - cpu0.1) as f64 / TICKS_PER_S;
+    let cpu_tw_s = tw_pid.map(|_| cpu1_at_issue_end.0.saturating_sub(cpu0.0) as f64 / TICKS_PER_S);
+    let cpu_self_s = cpu1_at_issue_end.1.saturating_sub(cpu0.1) as f64 / TICKS_PER_S;
     let mut stats = Arc::try_unwrap(stats).ok().expect("all tasks joined").into_inner().unwrap();
     stats.ttft.sort_unstable();
     stats.gaps.sort_unstable();
     stats.delivery.sort_unstable();
     lags.sort_unstable();
     RunResult {
-        label: label.into(),
         target_rate: rate,
         issued: total - warm_n,
         issue_window_s,
@@ -677,7 +703,7 @@ fn compare_table(out: &mut String, d: &RunResult, p: &RunResult) {
     }
     let (ad, ap) = (achieved(d), achieved(p));
     let _ = writeln!(out, "| achieved ok streams/s | {ad:.0} | {ap:.0} | | {} | 2,000 req/s |", ratio(ap, ad));
-    let _ = writeln!(out, "| streams measured ok / issued | {} / {} | {} / {} | | | |", d.stats.ok, d.issued, p.stats.ok, p.issued);
+    let _ = writeln!(out, "| streams ok / scheduled | {} / {} | {} / {} | | | |", d.stats.ok, d.issued, p.stats.ok, p.issued);
     let _ = writeln!(out, "| errors | {} | {} | | | |", errors_text(&d.stats), errors_text(&p.stats));
     let _ = writeln!(out, "| content chunks timed | {} | {} | | | |", d.stats.delivery.len(), p.stats.delivery.len());
     let _ = writeln!(out, "| client send lag behind schedule p99 (ms) | {} | {} | | | |", ms(d.lag_p99_ms), ms(p.lag_p99_ms));
@@ -696,12 +722,13 @@ fn compare_table(out: &mut String, d: &RunResult, p: &RunResult) {
         );
     }
     if let Some((before, max, open_at_max, mean_open)) = p.mem {
-        let per = if open_at_max > 0 { (max.saturating_sub(before)) as f64 / open_at_max as f64 } else { f64::NAN };
+        // An upper bound: RSS also grows with the pipeline, the store and the sketches.
+        let per = if mean_open >= 1.0 { (max.saturating_sub(before)) as f64 / mean_open } else { f64::NAN };
         let _ = writeln!(
             out,
             "| tokenwatch RSS before → max during load (KiB); open streams at max, mean | — | {before} → {max}; {open_at_max}, {mean_open:.1} | | | |"
         );
-        let _ = writeln!(out, "| RSS growth per open stream during load (KiB) | — | {} | | | ≤ 16 KiB |", if per.is_nan() { "n/a".into() } else { format!("{per:.1}") });
+        let _ = writeln!(out, "| RSS growth during load ÷ mean open streams (KiB, upper bound) | — | {} | | | ≤ 16 KiB |", if per.is_nan() { "n/a".into() } else { format!("{per:.1}") });
     }
     let _ = writeln!(out);
 }
@@ -725,6 +752,8 @@ fn machine() -> String {
 fn main() {
     let s = Settings::from_env();
     let _ = epoch();
+    let load_at_start = load_avg();
+    let machine_desc = machine();
     eprintln!("proxy bench: {s:?}");
     let upstream = start_upstream(&s);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -772,9 +801,9 @@ fn main() {
         let mut runs = Vec::new();
         for &rate in &s.rates {
             eprintln!("{rate} req/s direct...");
-            let d = load(&c, direct_uri.clone(), &s, rate, "direct", None).await;
+            let d = load(&c, direct_uri.clone(), &s, rate, None).await;
             eprintln!("{rate} req/s through the proxy...");
-            let p = load(&c, proxy_uri.clone(), &s, rate, "proxied", Some(pid)).await;
+            let p = load(&c, proxy_uri.clone(), &s, rate, Some(pid)).await;
             runs.push((d, p));
         }
 
@@ -793,7 +822,14 @@ fn main() {
         let mut out = String::new();
         let date = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC");
         let _ = writeln!(out, "## Proxy overhead — {date}\n");
-        let _ = writeln!(out, "Machine: {}. Command: `cargo bench -p tokenwatch --bench proxy`.\n", machine());
+        let _ = writeln!(
+            out,
+            "Machine: {}. Load average (1/5/15 min) at start: {load_at_start}, at end: {}. Open-files limit: {}. \
+             Command: `cargo bench -p tokenwatch --bench proxy`.\n",
+            machine_desc,
+            load_avg(),
+            open_files_limit()
+        );
         let _ = writeln!(
             out,
             "Workload: open-loop streaming `POST /v1/chat/completions`, {} content chunks per stream (vLLM-shaped \
@@ -827,10 +863,13 @@ fn main() {
             let v = metric_sum(&metrics, name).map(|v| format!("{v:.0}")).unwrap_or_else(|| "not found".into());
             let _ = writeln!(out, "| `{name}` | {v} |");
         }
+        if let Some(e) = FIRST_CONNECT_ERROR.get() {
+            let _ = writeln!(out, "\nFirst client connect error seen: `{e}`\n");
+        }
         let proxied_total: u64 = runs.iter().map(|(_, p)| p.stats.ok + p.stats.errors.values().sum::<u64>()).sum();
         let _ = writeln!(
             out,
-            "\nMeasured proxied streams: {proxied_total} (plus warm-up, sanity and hold streams). Newest stored record \
+            "\nProxied streams scheduled in the measured windows: {proxied_total} (plus warm-up, sanity and hold streams). Newest stored record \
              has {} per-chunk arrival offsets (expected {}).\n",
             offsets_in_record.map(|n| n.to_string()).unwrap_or_else(|| "unknown".into()),
             s.chunks

@@ -9,6 +9,7 @@ use crate::sources::proxy::{self, ProxyState, UpstreamRouter};
 use crate::sources::{self as sources_mod, Components, SourceContext};
 use tokenwatch_core::signals::{SharedSignals, SignalBoard};
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,6 +35,13 @@ async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
 }
 
 fn serve(listener: TcpListener, app: axum::Router, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    // axum::serve leaves Nagle's algorithm on: each small SSE chunk would then wait for the
+    // client's (delayed) ACK of the previous one, adding up to ~40 ms per token on the proxy.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
+        }
+    });
     tokio::spawn(async move {
         let graceful = axum::serve(listener, app).with_graceful_shutdown(async move {
             let _ = stop.wait_for(|s| *s).await;

@@ -256,6 +256,7 @@ impl Config {
             parse_upstream_url(&u.url)
                 .map_err(|m| invalid(format!("proxy.upstreams[{i}].url"), m))?;
         }
+        self.scrape.static_targets().map_err(|(path, message)| invalid(path, message))?;
         if self.telemetry.queue_capacity == 0 {
             return Err(invalid("telemetry.queue_capacity".into(), "must be at least 1".into()));
         }
@@ -265,6 +266,7 @@ impl Config {
         if self.aggregation.max_series == 0 {
             return Err(invalid("aggregation.max_series".into(), "must be at least 1".into()));
         }
+        self.gpu.validate().map_err(|(path, message)| invalid(path, message))?;
         for (key, value) in [
             ("proxy.tenant_header", &self.proxy.tenant_header),
             ("proxy.ab_group_header", &self.proxy.ab_group_header),

@@ -20,6 +20,12 @@ pub struct DemoArgs {
     /// Proxy listener (point your own OpenAI client here too).
     #[arg(long, default_value = "127.0.0.1:8080")]
     proxy_listen: SocketAddr,
+    /// OTLP/gRPC listener (send your own OpenTelemetry data here too).
+    #[arg(long, default_value = "127.0.0.1:4317")]
+    otlp_grpc_listen: SocketAddr,
+    /// OTLP/HTTP listener.
+    #[arg(long, default_value = "127.0.0.1:4318")]
+    otlp_http_listen: SocketAddr,
     /// Data directory [default: a fresh directory under the system temp dir]
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -104,6 +110,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| std::env::temp_dir().join(format!("tokenwatch-demo-{}", std::process::id())));
     let mut cfg = Config { listen: args.listen, data_dir: data_dir.clone(), ..Config::default() };
     cfg.proxy.listen = args.proxy_listen;
+    cfg.otlp.grpc_listen = args.otlp_grpc_listen;
+    cfg.otlp.http_listen = args.otlp_http_listen;
     cfg.proxy.upstreams = sims
         .iter()
         .map(|s| UpstreamConfig {
@@ -111,6 +119,18 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             models: vec![s.model.clone()],
             runtime: "sim".into(),
             instance: Some(format!("sim-{}", s.addr.port())),
+        })
+        .collect();
+    // Also scrape each simulator's vLLM-style /metrics, so runtime-side signals (KV cache,
+    // queue, GPU memory following the leak) show up next to what the proxy measures.
+    cfg.scrape.targets = sims
+        .iter()
+        .map(|s| crate::sources::scrape::ScrapeTarget {
+            url: format!("http://{}/metrics", s.addr),
+            runtime: Some("vllm".into()),
+            interval: Some(crate::config::HumanDuration(Duration::from_secs(2))),
+            timeout: None,
+            labels: [("instance".to_string(), format!("sim-{}", s.addr.port()))].into_iter().collect(),
         })
         .collect();
     let app = RunningApp::start(cfg).await?;
@@ -124,6 +144,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("  latency:    http://{api}/api/v1/latency?model={first}&metric=ttft&window=1m");
     println!("  by tenant:  http://{api}/api/v1/latency?model={first}&metric=itl&window=5m&by=tenant");
     println!("  requests:   http://{api}/api/v1/requests?model={first}&limit=10");
+    println!("  signals:    http://{api}/api/v1/signals?model={first}  (KV cache, queue, GPU memory, scraped)");
+    println!("  targets:    http://{api}/api/v1/targets");
     println!("  data dir:   {}", data_dir.display());
     println!("\n  fault {:?} switches on for {first} in {:?}. Ctrl-C stops.\n", args.fault, args.fault_after);
 

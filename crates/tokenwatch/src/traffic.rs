@@ -28,8 +28,10 @@ pub struct TrafficConfig {
 }
 
 fn prompt(rng: &mut StdRng) -> String {
-    // Log-uniform prompt length from ~16 to ~6000 tokens so every context bucket gets traffic.
-    let tokens = (16f64 * (375f64).powf(rng.random::<f64>())) as usize;
+    // Prompt length from ~16 to ~6000 tokens, most of them short (median ~70), so every
+    // context bucket gets traffic while a healthy simulator stays well below KV-cache capacity.
+    let u: f64 = rng.random();
+    let tokens = (16f64 * (375f64).powf(u * u)) as usize;
     let words = tokens.max(4);
     (0..words).map(|_| WORDS[rng.random_range(0..WORDS.len())]).collect::<Vec<_>>().join(" ")
 }

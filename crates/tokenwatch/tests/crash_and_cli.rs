@@ -106,7 +106,8 @@ async fn demo_runs_traffic_switches_a_fault_and_stops_cleanly() {
         "demo",
         &[
             "demo", "--listen", &api.to_string(), "--proxy-listen", &proxy.to_string(), "--data-dir", data.to_str().unwrap(),
-            "--fault-after", "2s", "--rps", "20",
+            "--fault-after", "2s", "--rps", "20", "--otlp-grpc-listen", &free_addr().to_string(),
+            "--otlp-http-listen", &free_addr().to_string(),
         ],
         dir.path(),
     );

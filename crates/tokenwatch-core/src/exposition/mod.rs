@@ -3,6 +3,14 @@
 
 use std::borrow::Cow;
 
+mod parse;
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+pub use parse::parse;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetricType {
     Counter,
@@ -43,7 +51,10 @@ pub struct Sample<'a> {
 
 impl<'a> Sample<'a> {
     pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels.iter().find(|l| l.name == name).map(|l| l.value.as_ref())
+        self.labels
+            .iter()
+            .find(|l| l.name == name)
+            .map(|l| l.value.as_ref())
     }
 }
 
@@ -60,6 +71,46 @@ pub struct MetricFamily<'a> {
     pub samples: Vec<Sample<'a>>,
 }
 
+impl<'a> MetricFamily<'a> {
+    /// What a sample's name adds to the family name: `""`, `"_bucket"`, `"_total"`, ….
+    pub fn suffix_of<'s>(&self, sample: &Sample<'s>) -> &'s str {
+        sample.name.strip_prefix(self.name).unwrap_or("")
+    }
+
+    /// The samples whose name is the family name plus `suffix` (`""` for the bare name).
+    pub fn samples_with_suffix<'s>(
+        &'s self,
+        suffix: &'s str,
+    ) -> impl Iterator<Item = &'s Sample<'a>> + 's {
+        self.samples.iter().filter(move |s| {
+            s.name.len() == self.name.len() + suffix.len()
+                && s.name.starts_with(self.name)
+                && s.name.ends_with(suffix)
+        })
+    }
+}
+
+impl MetricType {
+    /// The OpenMetrics spelling (`unknown` for Prometheus text's `untyped`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricType::Counter => "counter",
+            MetricType::Gauge => "gauge",
+            MetricType::Histogram => "histogram",
+            MetricType::GaugeHistogram => "gaugehistogram",
+            MetricType::Summary => "summary",
+            MetricType::Info => "info",
+            MetricType::StateSet => "stateset",
+            MetricType::Unknown => "unknown",
+        }
+    }
+
+    /// Series-name suffixes that join a family of this type (besides the bare name).
+    pub fn suffixes(self) -> &'static [&'static str] {
+        parse::suffixes(self)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     PrometheusText,
@@ -69,7 +120,11 @@ pub enum Format {
 impl Format {
     /// From an HTTP `Content-Type`: `application/openmetrics-text` → OpenMetrics, else text.
     pub fn from_content_type(content_type: &str) -> Format {
-        if content_type.trim_start().to_ascii_lowercase().starts_with("application/openmetrics-text") {
+        if content_type
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("application/openmetrics-text")
+        {
             Format::OpenMetrics
         } else {
             Format::PrometheusText

@@ -37,6 +37,7 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/readyz", get(readyz))
         .route("/api/v1/latency", get(latency))
         .route("/api/v1/requests", get(requests))
+        .route("/api/v1/signals", get(signals))
         .fallback(not_found)
         .with_state(state)
 }
@@ -49,7 +50,7 @@ impl IntoResponse for ParamError {
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     let msg = format!(
-        "no such endpoint {}; available: /api/v1/latency, /api/v1/requests, /metrics, /healthz, /readyz",
+        "no such endpoint {}; available: /api/v1/latency, /api/v1/requests, /api/v1/signals, /api/v1/targets, /api/v1/gpus, /metrics, /healthz, /readyz",
         uri.path()
     );
     (StatusCode::NOT_FOUND, Json(json!({ "error": msg }))).into_response()
@@ -108,6 +109,17 @@ async fn latency(State(st): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Resu
         obj.insert("groups".into(), json!(groups));
     }
     Ok(Json(body).into_response())
+}
+
+/// Latest value of every normalised signal of a model (or of all models), with its source.
+async fn signals(State(st): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Result<Response, ParamError> {
+    let p = Params::parse(q.as_deref(), &["model"])?;
+    let model = p.get("model");
+    let points = {
+        let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
+        board.latest(model)
+    };
+    Ok(Json(json!({ "model": model, "count": points.len(), "signals": points })).into_response())
 }
 
 async fn requests(State(st): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Result<Response, ParamError> {

@@ -51,6 +51,23 @@ impl TelemetryQueue {
         }
     }
 
+    /// Queue all of `records` or none of them (false, no drop counted) when the queue lacks
+    /// room for all: for sources that can answer "retry later" (OTLP's 429).
+    pub fn try_submit_all(&self, records: Vec<RequestRecord>) -> bool {
+        if records.is_empty() {
+            return true;
+        }
+        match self.tx.try_reserve_many(records.len()) {
+            Ok(permits) => {
+                for (permit, record) in permits.zip(records) {
+                    permit.send(record);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
 }
 
 pub struct PipelineConfig {

@@ -1,11 +1,40 @@
 // Scrape source: pulls Prometheus/OpenMetrics endpoints of inference runtimes and GPU
 // exporters on an interval and maps what it reads onto normalised signals.
 
+pub mod file_sd;
+pub mod mapping;
+pub mod rules;
+pub mod status;
+pub mod tables;
+pub mod target;
+
 use crate::config::{Config, HumanDuration};
+use crate::sources::{Source, SourceContext, SourceHandle, StartFuture};
+pub use rules::MappingRule;
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+use target::{Shared, TargetSpec};
+use tokio::task::JoinHandle;
 
+/// The `scrape:` section.
+///
+/// ```yaml
+/// scrape:
+///   interval: 5s            # default per target; at least 1s
+///   timeout: 3s             # capped at the target's interval
+///   targets:
+///     - url: http://127.0.0.1:8000/metrics
+///       runtime: vllm       # optional: detected from metric names otherwise
+///       interval: 1s
+///       labels: {instance: vllm-0}
+///     - url: http://127.0.0.1:9400/metrics
+///       labels: {model_id: llama-3-8b}   # tie this GPU exporter to a model
+///   file_sd: [/etc/tokenwatch/targets.json]   # Prometheus file_sd format, JSON or YAML
+///   mappings: []            # extra rules, see `rules::MappingRule`
+/// ```
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScrapeConfig {
@@ -14,6 +43,16 @@ pub struct ScrapeConfig {
     /// Default time allowed for one scrape.
     pub timeout: HumanDuration,
     pub targets: Vec<ScrapeTarget>,
+    /// Files listing targets as Prometheus `file_sd` does; re-read when they change.
+    pub file_sd: Vec<PathBuf>,
+    /// How often the file_sd files are checked for changes.
+    pub file_sd_refresh: HumanDuration,
+    /// Largest response body accepted from a target.
+    pub max_body_bytes: usize,
+    /// Window over which runtime-side latency percentiles are computed (from bucket deltas).
+    pub latency_window: HumanDuration,
+    /// User mapping rules, applied before (and winning over) the built-in tables.
+    pub mappings: Vec<MappingRule>,
 }
 
 impl Default for ScrapeConfig {
@@ -22,6 +61,11 @@ impl Default for ScrapeConfig {
             interval: HumanDuration(Duration::from_secs(5)),
             timeout: HumanDuration(Duration::from_secs(3)),
             targets: Vec::new(),
+            file_sd: Vec::new(),
+            file_sd_refresh: HumanDuration(Duration::from_secs(5)),
+            max_body_bytes: 32 * 1024 * 1024,
+            latency_window: HumanDuration(Duration::from_secs(60)),
+            mappings: Vec::new(),
         }
     }
 }
@@ -38,11 +82,285 @@ pub struct ScrapeTarget {
     pub interval: Option<HumanDuration>,
     #[serde(default)]
     pub timeout: Option<HumanDuration>,
-    /// Extra labels attached to everything read from this target.
+    /// Extra labels attached to everything read from this target. `instance` replaces the
+    /// instance (else host:port); `model_id` is the model of series that carry none (GPUs, TGI).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
 }
 
-pub fn from_config(_cfg: &Config) -> anyhow::Result<Vec<Box<dyn super::Source>>> {
-    Ok(Vec::new())
+impl ScrapeConfig {
+    /// The static targets, checked; errors name the key (`scrape.targets[1].interval`).
+    pub fn static_targets(&self) -> Result<Vec<TargetSpec>, (String, String)> {
+        if self.interval.0 < target::MIN_INTERVAL {
+            return Err((
+                "scrape.interval".into(),
+                format!("{:?} is too short: at least 1s", self.interval.0),
+            ));
+        }
+        if self.timeout.0.is_zero() {
+            return Err(("scrape.timeout".into(), "must be more than 0".into()));
+        }
+        if self.max_body_bytes == 0 {
+            return Err(("scrape.max_body_bytes".into(), "must be at least 1".into()));
+        }
+        if self.latency_window.0 < Duration::from_secs(1) {
+            return Err(("scrape.latency_window".into(), "must be at least 1s".into()));
+        }
+        if self.file_sd_refresh.0 < Duration::from_millis(100) {
+            return Err((
+                "scrape.file_sd_refresh".into(),
+                "must be at least 100ms".into(),
+            ));
+        }
+        for (i, r) in self.mappings.iter().enumerate() {
+            r.check()
+                .map_err(|m| (format!("scrape.mappings[{i}]"), m))?;
+        }
+        let mut out: Vec<TargetSpec> = Vec::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            let spec = TargetSpec::new(
+                &t.url,
+                t.runtime.clone(),
+                t.interval.map_or(self.interval.0, |d| d.0),
+                t.timeout.map_or(self.timeout.0, |d| d.0),
+                t.labels.clone(),
+                "static".into(),
+            )
+            .map_err(|e| {
+                let key = match e {
+                    target::SpecError::Interval(_) => "interval",
+                    target::SpecError::Timeout => "timeout",
+                    _ => "url",
+                };
+                (format!("scrape.targets[{i}].{key}"), e.to_string())
+            })?;
+            if out.iter().any(|o| o.url == spec.url) {
+                return Err((
+                    format!("scrape.targets[{i}].url"),
+                    format!("{:?} is listed twice", spec.url),
+                ));
+            }
+            out.push(spec);
+        }
+        Ok(out)
+    }
+}
+
+pub fn from_config(cfg: &Config) -> anyhow::Result<Vec<Box<dyn Source>>> {
+    let sc = &cfg.scrape;
+    if sc.targets.is_empty() && sc.file_sd.is_empty() {
+        return Ok(Vec::new());
+    }
+    let targets = sc
+        .static_targets()
+        .map_err(|(key, msg)| anyhow::anyhow!("configuration {key}: {msg}"))?;
+    Ok(vec![Box::new(ScrapeSource {
+        cfg: sc.clone(),
+        targets,
+    })])
+}
+
+pub struct ScrapeSource {
+    cfg: ScrapeConfig,
+    targets: Vec<TargetSpec>,
+}
+
+impl Source for ScrapeSource {
+    fn name(&self) -> &'static str {
+        "scrape"
+    }
+
+    fn start(self: Box<Self>, ctx: SourceContext) -> StartFuture {
+        Box::pin(async move {
+            let ScrapeSource { cfg, targets } = *self;
+            let mut rules = cfg.mappings.clone();
+            rules.extend(tables::builtin());
+            let health = status::Health::default();
+            health.register(&ctx.metrics);
+            let registry = status::Registry::default();
+            let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            connector.set_connect_timeout(Some(cfg.timeout.0));
+            connector.set_nodelay(true);
+            let client =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .build(connector);
+            let shared = Shared {
+                client,
+                rules: Arc::new(rules::RuleSet::new(rules)),
+                registry: registry.clone(),
+                health,
+                signals: ctx.signals.clone(),
+                window: cfg.latency_window.0,
+                max_body: cfg.max_body_bytes,
+                shutdown: ctx.shutdown.clone(),
+            };
+            let defaults = file_sd::Defaults {
+                interval: cfg.interval.0,
+                timeout: cfg.timeout.0,
+            };
+            let files = cfg
+                .file_sd
+                .iter()
+                .cloned()
+                .map(file_sd::WatchedFile::new)
+                .collect();
+            ctx.components.set("scrape", "ok");
+            let manager = tokio::spawn(manage(
+                targets,
+                files,
+                defaults,
+                cfg.file_sd_refresh.0,
+                shared,
+            ));
+            Ok(SourceHandle {
+                tasks: vec![manager],
+                routes: Some(status::routes(registry)),
+            })
+        })
+    }
+}
+
+/// Keep one task per target: static targets plus whatever the file_sd files list now.
+async fn manage(
+    static_targets: Vec<TargetSpec>,
+    mut files: Vec<file_sd::WatchedFile>,
+    defaults: file_sd::Defaults,
+    refresh: Duration,
+    shared: Shared,
+) {
+    let mut running: BTreeMap<String, (TargetSpec, JoinHandle<()>)> = BTreeMap::new();
+    let mut shutdown = shared.shutdown.clone();
+    let mut first = true;
+    loop {
+        let mut changed = first;
+        for f in &mut files {
+            changed |= f.refresh(defaults);
+        }
+        if changed {
+            let mut desired: BTreeMap<String, TargetSpec> = BTreeMap::new();
+            for spec in static_targets
+                .iter()
+                .chain(files.iter().flat_map(|f| f.targets.iter()))
+            {
+                desired
+                    .entry(spec.url.clone())
+                    .or_insert_with(|| spec.clone());
+            }
+            reconcile(&mut running, desired, &shared);
+        }
+        if !files.is_empty() {
+            shared.registry.set_files(
+                files
+                    .iter()
+                    .map(|f| status::FileSdStatus {
+                        path: f.path.display().to_string(),
+                        targets: f.targets.len(),
+                        last_error: f.last_error.clone(),
+                        last_loaded: f.loaded_at.map(status::rfc3339),
+                    })
+                    .collect(),
+            );
+        }
+        first = false;
+        let wait = if files.is_empty() {
+            Duration::from_secs(3600)
+        } else {
+            refresh
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
+            break;
+        }
+    }
+    for (_, (_, handle)) in running {
+        let abort = handle.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(1), handle)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
+    }
+}
+
+fn reconcile(
+    running: &mut BTreeMap<String, (TargetSpec, JoinHandle<()>)>,
+    desired: BTreeMap<String, TargetSpec>,
+    shared: &Shared,
+) {
+    running.retain(|url, (spec, handle)| {
+        let keep = desired.get(url).is_some_and(|d| *d == *spec);
+        if !keep {
+            handle.abort();
+            shared.registry.remove(url, &shared.health);
+            tracing::info!(target_url = %url, "scrape target removed");
+        }
+        keep
+    });
+    for (url, spec) in desired {
+        if running.contains_key(&url) {
+            continue;
+        }
+        tracing::info!(target_url = %url, origin = %spec.origin, interval_s = spec.interval.as_secs_f64(), "scrape target added");
+        shared.registry.add(&spec, &shared.health);
+        let handle = tokio::spawn(target::run(spec.clone(), shared.clone()));
+        running.insert(url, (spec, handle));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_errors_name_the_key() {
+        let err = Config::from_yaml(
+            "scrape:\n  targets:\n    - url: http://127.0.0.1:1/metrics\n      interval: 500ms\n",
+            "c.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("c.yaml")
+                && err.contains("scrape.targets[0].interval")
+                && err.contains("at least 1s"),
+            "{err}"
+        );
+        let err = Config::from_yaml(
+            "scrape:\n  interval: 1s\n  targets:\n    - url: ftp://x\n",
+            "c.yaml",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("scrape.targets[0].url"), "{err}");
+        let err = Config::from_yaml(
+            "scrape:\n  mappings:\n    - {metric: x, signal: y, kind: counter_ratio}\n",
+            "c.yaml",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("scrape.mappings[0]: kind counter_ratio needs a denominator"),
+            "{err}"
+        );
+        let mut c = Config::default();
+        c.scrape.targets.push(ScrapeTarget {
+            url: "http://h:1/m".into(),
+            runtime: None,
+            interval: Some(HumanDuration(Duration::from_millis(200))),
+            timeout: None,
+            labels: BTreeMap::new(),
+        });
+        assert!(
+            from_config(&c)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+                .contains("scrape.targets[0].interval")
+        );
+        assert!(from_config(&Config::default()).unwrap().is_empty());
+    }
 }

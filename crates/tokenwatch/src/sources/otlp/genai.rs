@@ -1,0 +1,346 @@
+// Traces in: every span becomes a stored `SpanRow` (ids intact), and spans following the OTel
+// GenAI conventions also become `RequestRecord`s; spans with invalid ids are rejected and counted.
+
+use super::attrs::{self, as_f64, as_str, as_u64, first_str, value_of};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
+use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
+use tokenwatch_core::model::{ErrorClass, RequestRecord, SeriesLabels};
+use tokenwatch_store::SpanRow;
+
+/// What one export request of spans turns into.
+#[derive(Debug, Default)]
+pub struct TraceBatch {
+    pub records: Vec<RequestRecord>,
+    pub spans: Vec<SpanRow>,
+    /// Spans refused (invalid ids); they are neither stored nor turned into records.
+    pub rejected: u64,
+    /// Why the first refused span was refused.
+    pub first_error: Option<String>,
+    /// Spans accepted.
+    pub accepted: u64,
+}
+
+/// Labels and facts shared by every span of one resource.
+#[derive(Default)]
+struct ResourceInfo<'a> {
+    service_name: &'a str,
+    service_instance: Option<&'a Value>,
+    tenant: Option<&'a Value>,
+    ab_group: Option<&'a Value>,
+    model_version: Option<&'a Value>,
+}
+
+impl<'a> ResourceInfo<'a> {
+    fn of(attrs: &'a [KeyValue]) -> ResourceInfo<'a> {
+        let mut r = ResourceInfo::default();
+        for kv in attrs {
+            let v = value_of(kv);
+            match kv.key.as_str() {
+                "service.name" => {
+                    if let Some(Value::StringValue(s)) = v {
+                        r.service_name = s;
+                    }
+                }
+                "service.instance.id" => r.service_instance = v,
+                "tenant.id" | "tokenwatch.tenant" => r.tenant = r.tenant.or(v),
+                "tokenwatch.ab_group" => r.ab_group = v,
+                "gen_ai.request.model_version" | "tokenwatch.model_version" => r.model_version = r.model_version.or(v),
+                _ => {}
+            }
+        }
+        r
+    }
+}
+
+/// The GenAI attributes of one span, read in one pass.
+#[derive(Default)]
+struct GenAi<'a> {
+    operation: Option<&'a Value>,
+    request_model: Option<&'a Value>,
+    response_model: Option<&'a Value>,
+    provider: Option<&'a Value>,
+    system: Option<&'a Value>,
+    input_tokens: Option<&'a Value>,
+    output_tokens: Option<&'a Value>,
+    finish_reasons: Option<&'a Value>,
+    time_to_first_chunk: Option<&'a Value>,
+    server_address: Option<&'a Value>,
+    server_port: Option<&'a Value>,
+    error_type: Option<&'a Value>,
+    http_status: Option<&'a Value>,
+    route: Option<&'a Value>,
+    stream: Option<&'a Value>,
+    tenant: Option<&'a Value>,
+    ab_group: Option<&'a Value>,
+    model_version: Option<&'a Value>,
+}
+
+impl<'a> GenAi<'a> {
+    fn of(attrs: &'a [KeyValue]) -> GenAi<'a> {
+        let mut g = GenAi::default();
+        for kv in attrs {
+            let v = value_of(kv);
+            let slot = match kv.key.as_str() {
+                "gen_ai.operation.name" => &mut g.operation,
+                "gen_ai.request.model" => &mut g.request_model,
+                "gen_ai.response.model" => &mut g.response_model,
+                "gen_ai.provider.name" => &mut g.provider,
+                "gen_ai.system" => &mut g.system,
+                "gen_ai.usage.input_tokens" => &mut g.input_tokens,
+                // Deprecated names: used only when the current ones are absent.
+                "gen_ai.usage.prompt_tokens" if g.input_tokens.is_none() => &mut g.input_tokens,
+                "gen_ai.usage.output_tokens" => &mut g.output_tokens,
+                "gen_ai.usage.completion_tokens" if g.output_tokens.is_none() => &mut g.output_tokens,
+                "gen_ai.response.finish_reasons" => &mut g.finish_reasons,
+                "gen_ai.response.time_to_first_chunk" => &mut g.time_to_first_chunk,
+                "server.address" => &mut g.server_address,
+                "server.port" => &mut g.server_port,
+                "error.type" => &mut g.error_type,
+                "http.response.status_code" => &mut g.http_status,
+                "http.route" | "url.path" => &mut g.route,
+                "gen_ai.request.stream" => &mut g.stream,
+                "tenant.id" | "tokenwatch.tenant" => &mut g.tenant,
+                "tokenwatch.ab_group" => &mut g.ab_group,
+                "gen_ai.request.model_version" | "tokenwatch.model_version" => &mut g.model_version,
+                _ => continue,
+            };
+            *slot = v;
+        }
+        g
+    }
+
+    fn is_genai(&self) -> bool {
+        self.operation.is_some()
+            || self.request_model.is_some()
+            || self.response_model.is_some()
+            || self.provider.is_some()
+            || self.system.is_some()
+    }
+}
+
+fn text(v: Option<&Value>) -> Option<String> {
+    v.and_then(as_str).map(|s| s.into_owned())
+}
+
+/// Map one export request. `want_rows` false skips building the stored span rows (benchmarks).
+pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatch {
+    let mut out = TraceBatch::default();
+    for rs in &req.resource_spans {
+        let res_attrs = rs.resource.as_ref().map(|r| r.attributes.as_slice()).unwrap_or(&[]);
+        let res = ResourceInfo::of(res_attrs);
+        for ss in &rs.scope_spans {
+            for span in &ss.spans {
+                match map_span(span, &res, want_rows) {
+                    Ok((record, row)) => {
+                        out.accepted += 1;
+                        out.records.extend(record);
+                        out.spans.extend(row);
+                    }
+                    Err(e) => {
+                        out.rejected += 1;
+                        if out.first_error.is_none() {
+                            out.first_error = Some(format!("span {:?}: {e}", span.name));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+type Mapped = (Option<RequestRecord>, Option<SpanRow>);
+
+fn map_span(span: &Span, res: &ResourceInfo<'_>, want_rows: bool) -> Result<Mapped, attrs::IdError> {
+    let trace_id = attrs::trace_id(&span.trace_id)?;
+    let span_id = attrs::span_id(&span.span_id)?;
+    let parent = attrs::parent_span_id(&span.parent_span_id)?;
+    let g = GenAi::of(&span.attributes);
+    let record = g.is_genai().then(|| record_of(span, &g, res, &trace_id, &span_id));
+    let row = want_rows.then(|| {
+        let status = span.status.as_ref();
+        SpanRow {
+            trace_id,
+            span_id,
+            parent_span_id: parent,
+            name: span.name.clone(),
+            kind: span.kind,
+            start_unix_nano: nanos(span.start_time_unix_nano),
+            end_unix_nano: nanos(span.end_time_unix_nano),
+            status_code: status.map(|s| s.code).unwrap_or(0),
+            status_message: status.map(|s| s.message.clone()).unwrap_or_default(),
+            service_name: res.service_name.to_string(),
+            attributes_json: attrs::to_json_object(&span.attributes),
+            events_count: u32::try_from(span.events.len()).unwrap_or(u32::MAX),
+        }
+    });
+    Ok((record, row))
+}
+
+fn nanos(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The request record of a GenAI span (see the module comment of `mod.rs` for the mapping).
+fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str, span_id: &str) -> RequestRecord {
+    let model_id = text(g.response_model).or_else(|| text(g.request_model)).unwrap_or_else(|| "unknown".into());
+    let runtime = text(g.provider)
+        .or_else(|| text(g.system))
+        .or_else(|| (!res.service_name.is_empty()).then(|| res.service_name.to_string()))
+        .unwrap_or_else(|| "otlp".into());
+    let instance = match (text(g.server_address), text(g.server_port)) {
+        (Some(a), Some(p)) => format!("{a}:{p}"),
+        (Some(a), None) => a,
+        _ => text(res.service_instance).unwrap_or_default(),
+    };
+    let labels = SeriesLabels {
+        model_id,
+        runtime,
+        instance,
+        tenant: text(g.tenant.or(res.tenant)).unwrap_or_default(),
+        ab_group: text(g.ab_group.or(res.ab_group)).unwrap_or_default(),
+        model_version: text(g.model_version.or(res.model_version)).unwrap_or_default(),
+    };
+    let start = span.start_time_unix_nano;
+    let end_s = span.end_time_unix_nano.saturating_sub(start) as f64 / 1e9;
+    let first_token_s = g.time_to_first_chunk.and_then(as_f64).filter(|t| *t >= 0.0);
+    let prompt_tokens = g.input_tokens.and_then(as_u64);
+    let output_tokens = g.output_tokens.and_then(as_u64);
+    let span_error = span.status.as_ref().is_some_and(|s| s.code == StatusCode::Error as i32);
+    let http_status =
+        g.http_status.and_then(as_u64).and_then(|s| u16::try_from(s).ok()).filter(|s| (100..600).contains(s));
+    let (status, error_class) = match http_status {
+        Some(s) if s >= 500 => (s, Some(ErrorClass::Upstream5xx)),
+        Some(s) if s >= 400 => (s, Some(ErrorClass::Upstream4xx)),
+        _ if span_error || g.error_type.is_some() => (500, Some(ErrorClass::Upstream5xx)),
+        Some(s) => (s, None),
+        None => (200, None),
+    };
+    RequestRecord {
+        request_id: span_id.to_string(),
+        trace_id: trace_id.to_string(),
+        labels,
+        prompt_version: String::new(),
+        endpoint: text(g.route).or_else(|| text(g.operation)).unwrap_or_default(),
+        stream: match g.stream {
+            Some(Value::BoolValue(b)) => *b,
+            _ => first_token_s.is_some(),
+        },
+        arrival_unix_ms: nanos(start / 1_000_000),
+        upstream_headers_s: None,
+        first_token_s,
+        end_s,
+        queue_s: None,
+        chunk_offsets_us: Vec::new(),
+        gaps: Default::default(),
+        tokens_from_usage: prompt_tokens.is_some() || output_tokens.is_some(),
+        prompt_tokens,
+        output_tokens,
+        finish_reason: g.finish_reasons.and_then(first_str).map(|s| s.into_owned()).unwrap_or_default(),
+        status,
+        error_class,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Status};
+
+    fn kv(k: &str, v: Value) -> KeyValue {
+        KeyValue { key: k.into(), value: Some(AnyValue { value: Some(v) }), ..Default::default() }
+    }
+    fn s(v: &str) -> Value {
+        Value::StringValue(v.into())
+    }
+
+    fn genai_span() -> Span {
+        Span {
+            trace_id: vec![0xab; 16],
+            span_id: vec![0x01; 8],
+            parent_span_id: vec![0x02; 8],
+            name: "chat llama".into(),
+            kind: 3,
+            start_time_unix_nano: 1_700_000_000_123_000_000,
+            end_time_unix_nano: 1_700_000_002_123_000_000,
+            attributes: vec![
+                kv("gen_ai.operation.name", s("chat")),
+                kv("gen_ai.request.model", s("llama-req")),
+                kv("gen_ai.response.model", s("llama-resp")),
+                kv("gen_ai.provider.name", s("vllm")),
+                kv("gen_ai.usage.prompt_tokens", Value::IntValue(99)),
+                kv("gen_ai.usage.input_tokens", Value::IntValue(100)),
+                kv("gen_ai.usage.completion_tokens", Value::IntValue(20)),
+                kv(
+                    "gen_ai.response.finish_reasons",
+                    Value::ArrayValue(ArrayValue { values: vec![AnyValue { value: Some(s("stop")) }] }),
+                ),
+                kv("gen_ai.response.time_to_first_chunk", Value::DoubleValue(0.25)),
+                kv("server.address", s("gpu-1")),
+                kv("server.port", Value::IntValue(8000)),
+                kv("tokenwatch.ab_group", s("b")),
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn request(spans: Vec<Span>) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: vec![kv("service.name", s("chat-app")), kv("tenant.id", s("acme"))],
+                    ..Default::default()
+                }),
+                scope_spans: vec![ScopeSpans { spans, ..Default::default() }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn genai_span_becomes_a_record() {
+        let b = map_traces(&request(vec![genai_span()]), true);
+        assert_eq!((b.accepted, b.rejected), (1, 0));
+        let r = &b.records[0];
+        assert_eq!(r.labels.model_id, "llama-resp");
+        assert_eq!(r.labels.runtime, "vllm");
+        assert_eq!(r.labels.instance, "gpu-1:8000");
+        assert_eq!(r.labels.tenant, "acme");
+        assert_eq!(r.labels.ab_group, "b");
+        assert_eq!(r.request_id, "0101010101010101");
+        assert_eq!(r.trace_id, "ab".repeat(16));
+        assert_eq!(r.arrival_unix_ms, 1_700_000_000_123);
+        assert!((r.end_s - 2.0).abs() < 1e-9);
+        assert_eq!(r.first_token_s, Some(0.25));
+        assert!(r.stream);
+        assert_eq!((r.prompt_tokens, r.output_tokens, r.tokens_from_usage), (Some(100), Some(20), true));
+        assert_eq!(r.finish_reason, "stop");
+        assert_eq!((r.status, r.error_class), (200, None));
+        assert_eq!(r.endpoint, "chat");
+        let row = &b.spans[0];
+        assert_eq!(row.parent_span_id, "0202020202020202");
+        assert_eq!(row.service_name, "chat-app");
+        assert!(row.attributes_json.contains(r#""gen_ai.usage.input_tokens":100"#));
+    }
+
+    #[test]
+    fn error_status_non_genai_and_invalid_ids() {
+        let mut err = genai_span();
+        err.status = Some(Status { code: StatusCode::Error as i32, message: "boom".into() });
+        err.attributes.retain(|kv| !kv.key.starts_with("gen_ai.response") && kv.key != "gen_ai.provider.name");
+        let plain = Span { trace_id: vec![1; 16], span_id: vec![2; 8], name: "db".into(), ..Default::default() };
+        let bad = Span { trace_id: vec![1; 15], span_id: vec![2; 8], name: "bad".into(), ..Default::default() };
+        let b = map_traces(&request(vec![err, plain, bad]), true);
+        assert_eq!((b.accepted, b.rejected, b.records.len(), b.spans.len()), (2, 1, 1, 2));
+        assert!(b.first_error.as_deref().unwrap().contains("trace_id must be 16 bytes"), "{:?}", b.first_error);
+        let r = &b.records[0];
+        assert_eq!((r.status, r.error_class), (500, Some(ErrorClass::Upstream5xx)));
+        assert_eq!(r.labels.model_id, "llama-req");
+        assert_eq!(r.labels.runtime, "chat-app");
+        assert_eq!(b.spans[0].status_message, "boom");
+        assert_eq!(b.spans[1].parent_span_id, "");
+    }
+}

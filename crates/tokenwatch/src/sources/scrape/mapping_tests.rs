@@ -1,0 +1,495 @@
+// Known-answer tests of the runtime mapping: per runtime, rates over elapsed time, counter
+// resets, ratios, windowed histogram quantiles from bucket deltas, GPU memory derivation.
+
+use super::*;
+use crate::sources::scrape::rules::MappingRule;
+use crate::sources::scrape::tables::builtin;
+use std::borrow::Cow;
+use tokenwatch_core::exposition::{Label, MetricType};
+
+type S<'a> = (&'a str, Vec<(&'a str, &'a str)>, f64);
+
+fn fam<'a>(name: &'a str, typ: MetricType, samples: Vec<S<'a>>) -> MetricFamily<'a> {
+    MetricFamily {
+        name,
+        typ,
+        help: None,
+        unit: None,
+        samples: samples
+            .into_iter()
+            .map(|(n, labels, value)| Sample {
+                name: n,
+                labels: labels
+                    .into_iter()
+                    .map(|(k, v)| Label {
+                        name: k,
+                        value: Cow::Borrowed(v),
+                    })
+                    .collect(),
+                value,
+                timestamp_ms: None,
+                exemplar: None,
+            })
+            .collect(),
+    }
+}
+
+fn mapper(labels: &[(&str, &str)]) -> Mapper {
+    let target = TargetIdentity {
+        instance: "127.0.0.1:8000".into(),
+        runtime: None,
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    Mapper::new(
+        Arc::new(RuleSet::new(builtin())),
+        target,
+        Duration::from_secs(60),
+    )
+}
+
+fn find<'a>(out: &'a MapOutput, signal: &str, model: &str) -> Option<&'a SignalPoint> {
+    out.points
+        .iter()
+        .find(|p| p.signal == signal && p.model_id == model)
+}
+
+fn value(out: &MapOutput, signal: &str, model: &str) -> f64 {
+    find(out, signal, model)
+        .unwrap_or_else(|| panic!("no {signal} for {model:?} in {:#?}", out.points))
+        .value
+}
+
+const M: (&str, &str) = ("model_name", "tinyllama");
+const E: (&str, &str) = ("engine", "0");
+
+fn vllm_scrape<'a>(
+    kv: f64,
+    prompt: f64,
+    hits: f64,
+    queries: f64,
+    ttft: [f64; 4],
+) -> Vec<MetricFamily<'a>> {
+    let les = ["0.1", "0.5", "1.0", "+Inf"];
+    let mut buckets: Vec<S<'a>> = les
+        .iter()
+        .zip(ttft)
+        .map(|(le, c)| {
+            (
+                "vllm:time_to_first_token_seconds_bucket",
+                vec![E, ("le", *le), M],
+                c,
+            )
+        })
+        .collect();
+    buckets.push((
+        "vllm:time_to_first_token_seconds_count",
+        vec![E, M],
+        ttft[3],
+    ));
+    buckets.push((
+        "vllm:time_to_first_token_seconds_sum",
+        vec![E, M],
+        ttft[3] * 0.4,
+    ));
+    vec![
+        fam(
+            "vllm:kv_cache_usage_perc",
+            MetricType::Gauge,
+            vec![("vllm:kv_cache_usage_perc", vec![E, M], kv)],
+        ),
+        fam(
+            "vllm:num_requests_running",
+            MetricType::Gauge,
+            vec![
+                ("vllm:num_requests_running", vec![E, M], 3.0),
+                ("vllm:num_requests_running", vec![("engine", "1"), M], 2.0),
+            ],
+        ),
+        fam(
+            "vllm:num_requests_waiting",
+            MetricType::Gauge,
+            vec![("vllm:num_requests_waiting", vec![E, M], 7.0)],
+        ),
+        fam(
+            "vllm:prompt_tokens",
+            MetricType::Counter,
+            vec![
+                ("vllm:prompt_tokens_total", vec![E, M], prompt),
+                ("vllm:prompt_tokens_created", vec![E, M], 1.7e9),
+            ],
+        ),
+        fam(
+            "vllm:prefix_cache_hits",
+            MetricType::Counter,
+            vec![("vllm:prefix_cache_hits_total", vec![E, M], hits)],
+        ),
+        fam(
+            "vllm:prefix_cache_queries",
+            MetricType::Counter,
+            vec![("vllm:prefix_cache_queries_total", vec![E, M], queries)],
+        ),
+        fam(
+            "vllm:time_to_first_token_seconds",
+            MetricType::Histogram,
+            buckets,
+        ),
+    ]
+}
+
+#[test]
+fn vllm_gauges_rates_ratios_and_quantiles() {
+    let mut m = mapper(&[]);
+    let t0 = Instant::now();
+    let first = m.map(
+        &vllm_scrape(0.25, 100.0, 10.0, 100.0, [10.0, 20.0, 30.0, 30.0]),
+        t0,
+        1_000,
+    );
+    assert_eq!(first.runtime, "vllm");
+    assert!(first.detected);
+    assert_eq!(value(&first, names::KV_CACHE_USAGE, "tinyllama"), 0.25);
+    assert_eq!(
+        value(&first, names::REQUESTS_RUNNING, "tinyllama"),
+        5.0,
+        "two engines are summed"
+    );
+    assert_eq!(value(&first, names::REQUESTS_WAITING, "tinyllama"), 7.0);
+    assert!(
+        find(&first, names::PROMPT_TOKENS_PER_SECOND, "tinyllama").is_none(),
+        "no rate before two readings"
+    );
+    assert!(find(&first, "ttft_p50_seconds", "tinyllama").is_none());
+    let p = find(&first, names::KV_CACHE_USAGE, "tinyllama").unwrap();
+    assert_eq!(
+        (p.source.as_str(), p.runtime.as_str(), p.instance.as_str()),
+        ("scrape:vllm", "vllm", "127.0.0.1:8000")
+    );
+    assert_eq!(p.device_id, "");
+
+    let second = m.map(
+        &vllm_scrape(0.5, 300.0, 40.0, 200.0, [10.0, 25.0, 40.0, 40.0]),
+        t0 + Duration::from_secs(4),
+        5_000,
+    );
+    assert_eq!(
+        value(&second, names::PROMPT_TOKENS_PER_SECOND, "tinyllama"),
+        50.0,
+        "200 tokens over 4 s"
+    );
+    assert!(
+        (value(&second, names::PREFIX_CACHE_HIT_RATE, "tinyllama") - 0.3).abs() < 1e-12,
+        "30 hits / 100 queries"
+    );
+    // Bucket deltas [0, 5, 10, 10] over bounds [0.1, 0.5, 1.0, +Inf].
+    let p50 = find(&second, "ttft_p50_seconds", "tinyllama").unwrap();
+    assert!((p50.value - 0.5).abs() < 1e-12, "{p50:?}");
+    assert_eq!(p50.notes["bucket_lower"], "0.1");
+    assert_eq!(p50.notes["bucket_upper"], "0.5");
+    assert_eq!(p50.notes["max_abs_error"], "0.4");
+    assert_eq!(p50.notes["observations"], "10");
+    assert!((value(&second, "ttft_p90_seconds", "tinyllama") - 0.9).abs() < 1e-12);
+    assert!((value(&second, "ttft_mean_seconds", "tinyllama") - 0.4).abs() < 1e-9);
+
+    // The runtime restarted: counters went down. The new reading is the whole increase.
+    let third = m.map(
+        &vllm_scrape(0.1, 20.0, 1.0, 2.0, [1.0, 1.0, 1.0, 1.0]),
+        t0 + Duration::from_secs(6),
+        7_000,
+    );
+    assert_eq!(
+        value(&third, names::PROMPT_TOKENS_PER_SECOND, "tinyllama"),
+        10.0,
+        "20 tokens since the reset over 2 s"
+    );
+    assert_eq!(
+        value(&third, names::PREFIX_CACHE_HIT_RATE, "tinyllama"),
+        0.5
+    );
+    assert!(
+        value(&third, "ttft_p99_seconds", "tinyllama") <= 0.1,
+        "reset histogram is its own window"
+    );
+}
+
+#[test]
+fn histogram_window_uses_the_reading_from_a_window_ago() {
+    let mut m = mapper(&[]);
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    m.map(
+        &vllm_scrape(0.0, 0.0, 0.0, 0.0, [0.0, 0.0, 0.0, 0.0]),
+        at(0),
+        0,
+    );
+    m.map(
+        &vllm_scrape(0.0, 0.0, 0.0, 0.0, [100.0, 100.0, 100.0, 100.0]),
+        at(30),
+        0,
+    );
+    // 100 fast observations at t≤30, then 10 slow ones.
+    let out = m.map(
+        &vllm_scrape(0.0, 0.0, 0.0, 0.0, [100.0, 100.0, 110.0, 110.0]),
+        at(70),
+        0,
+    );
+    assert_eq!(
+        find(&out, "ttft_p50_seconds", "tinyllama").unwrap().notes["window_s"],
+        "70"
+    );
+    let out = m.map(
+        &vllm_scrape(0.0, 0.0, 0.0, 0.0, [100.0, 100.0, 110.0, 110.0]),
+        at(100),
+        0,
+    );
+    let p50 = find(&out, "ttft_p50_seconds", "tinyllama").unwrap();
+    assert_eq!(p50.notes["window_s"], "70", "base is the reading at t=30");
+    assert!(
+        p50.value > 0.5,
+        "only the 10 slow observations are in the window: {p50:?}"
+    );
+}
+
+#[test]
+fn dcgm_memory_utilisation_and_device_labels() {
+    let gpu = vec![
+        ("gpu", "0"),
+        ("UUID", "GPU-5b4e"),
+        ("pci_bus_id", "00000000:00:07.0"),
+        ("modelName", "NVIDIA L40S"),
+        ("Hostname", "gpu1"),
+    ];
+    let fams = vec![
+        fam(
+            "DCGM_FI_DEV_FB_FREE",
+            MetricType::Gauge,
+            vec![("DCGM_FI_DEV_FB_FREE", gpu.clone(), 45459.0)],
+        ),
+        fam(
+            "DCGM_FI_DEV_FB_USED",
+            MetricType::Gauge,
+            vec![("DCGM_FI_DEV_FB_USED", gpu.clone(), 1000.0)],
+        ),
+        fam(
+            "DCGM_FI_DEV_FB_RESERVED",
+            MetricType::Gauge,
+            vec![("DCGM_FI_DEV_FB_RESERVED", gpu.clone(), 608.0)],
+        ),
+        fam(
+            "DCGM_FI_DEV_GPU_UTIL",
+            MetricType::Gauge,
+            vec![("DCGM_FI_DEV_GPU_UTIL", gpu.clone(), 37.0)],
+        ),
+        fam(
+            "DCGM_FI_DEV_POWER_USAGE",
+            MetricType::Gauge,
+            vec![("DCGM_FI_DEV_POWER_USAGE", gpu.clone(), 35.686)],
+        ),
+        fam(
+            "DCGM_FI_DEV_GPU_TEMP",
+            MetricType::Gauge,
+            vec![("DCGM_FI_DEV_GPU_TEMP", gpu, 32.0)],
+        ),
+    ];
+    let out = mapper(&[]).map(&fams, Instant::now(), 1);
+    assert_eq!(out.runtime, "dcgm");
+    const MIB: f64 = 1048576.0;
+    assert_eq!(value(&out, names::GPU_MEMORY_USED_BYTES, ""), 1000.0 * MIB);
+    assert_eq!(
+        value(&out, names::GPU_MEMORY_TOTAL_BYTES, ""),
+        (1000.0 + 45459.0 + 608.0) * MIB
+    );
+    assert!((value(&out, names::GPU_MEMORY_USED_RATIO, "") - 1000.0 / 47067.0).abs() < 1e-12);
+    assert!((value(&out, names::GPU_UTILIZATION, "") - 0.37).abs() < 1e-12);
+    assert_eq!(value(&out, names::GPU_TEMPERATURE_CELSIUS, ""), 32.0);
+    let p = find(&out, names::GPU_POWER_WATTS, "").unwrap();
+    assert_eq!(
+        (p.device_id.as_str(), p.instance.as_str(), p.source.as_str()),
+        ("GPU-5b4e", "gpu1", "scrape:dcgm")
+    );
+    assert_eq!(p.notes["pci_bus_id"], "00000000:00:07.0");
+
+    // A target label ties the exporter's GPUs to a model.
+    let fams = vec![fam(
+        "DCGM_FI_DEV_GPU_UTIL",
+        MetricType::Gauge,
+        vec![("DCGM_FI_DEV_GPU_UTIL", vec![("UUID", "G")], 50.0)],
+    )];
+    let out = mapper(&[("model_id", "llama")]).map(&fams, Instant::now(), 1);
+    let p = find(&out, names::GPU_UTILIZATION, "llama").unwrap();
+    assert_eq!(
+        p.instance, "127.0.0.1:8000",
+        "no Hostname label: the target's host:port"
+    );
+}
+
+#[test]
+fn gpu_series_next_to_a_single_model_belong_to_it() {
+    let fams = vec![
+        fam(
+            "vllm:num_requests_running",
+            MetricType::Gauge,
+            vec![(
+                "vllm:num_requests_running",
+                vec![E, ("model_name", "sim")],
+                1.0,
+            )],
+        ),
+        fam(
+            "DCGM_FI_DEV_FB_USED",
+            MetricType::Gauge,
+            vec![("DCGM_FI_DEV_FB_USED", vec![("UUID", "G")], 10.0)],
+        ),
+    ];
+    let out = mapper(&[]).map(&fams, Instant::now(), 1);
+    assert_eq!(out.runtime, "vllm");
+    assert_eq!(
+        find(&out, names::GPU_MEMORY_USED_BYTES, "sim")
+            .unwrap()
+            .runtime,
+        "dcgm"
+    );
+}
+
+#[test]
+fn sglang_tgi_and_triton() {
+    let ml = ("model_name", "qwen");
+    let fams = vec![
+        fam(
+            "sglang:token_usage",
+            MetricType::Gauge,
+            vec![("sglang:token_usage", vec![ml], 0.6)],
+        ),
+        fam(
+            "sglang:cache_hit_rate",
+            MetricType::Gauge,
+            vec![("sglang:cache_hit_rate", vec![ml], 0.2)],
+        ),
+        fam(
+            "sglang:spec_accept_rate",
+            MetricType::Gauge,
+            vec![("sglang:spec_accept_rate", vec![ml], 0.7)],
+        ),
+        fam(
+            "sglang:num_queue_reqs",
+            MetricType::Gauge,
+            vec![("sglang:num_queue_reqs", vec![ml], 4.0)],
+        ),
+    ];
+    let out = mapper(&[]).map(&fams, Instant::now(), 1);
+    assert_eq!(out.runtime, "sglang");
+    assert_eq!(value(&out, names::KV_CACHE_USAGE, "qwen"), 0.6);
+    assert_eq!(value(&out, names::PREFIX_CACHE_HIT_RATE, "qwen"), 0.2);
+    assert_eq!(value(&out, names::SPEC_DECODE_ACCEPTANCE_RATE, "qwen"), 0.7);
+    assert_eq!(value(&out, names::REQUESTS_WAITING, "qwen"), 4.0);
+
+    let fams = vec![fam(
+        "tgi_queue_size",
+        MetricType::Gauge,
+        vec![("tgi_queue_size", vec![], 2.0)],
+    )];
+    let mut m = mapper(&[("model_id", "bloom"), ("instance", "tgi-0")]);
+    let out = m.map(&fams, Instant::now(), 1);
+    let p = find(&out, names::REQUESTS_WAITING, "bloom").unwrap();
+    assert_eq!((p.runtime.as_str(), p.instance.as_str()), ("tgi", "tgi-0"));
+
+    let fams = vec![
+        fam(
+            "nv_trt_llm_kv_cache_block_metrics",
+            MetricType::Gauge,
+            vec![
+                (
+                    "nv_trt_llm_kv_cache_block_metrics",
+                    vec![("kv_cache_block_type", "used"), ("model", "ens")],
+                    90.0,
+                ),
+                (
+                    "nv_trt_llm_kv_cache_block_metrics",
+                    vec![("kv_cache_block_type", "fraction"), ("model", "ens")],
+                    0.9,
+                ),
+            ],
+        ),
+        fam(
+            "nv_gpu_memory_used_bytes",
+            MetricType::Gauge,
+            vec![("nv_gpu_memory_used_bytes", vec![("gpu_uuid", "G1")], 4e9)],
+        ),
+        fam(
+            "nv_gpu_memory_total_bytes",
+            MetricType::Gauge,
+            vec![("nv_gpu_memory_total_bytes", vec![("gpu_uuid", "G1")], 8e9)],
+        ),
+    ];
+    let out = mapper(&[]).map(&fams, Instant::now(), 1);
+    assert_eq!(out.runtime, "triton");
+    assert_eq!(
+        value(&out, names::KV_CACHE_USAGE, "ens"),
+        0.9,
+        "only the fraction series"
+    );
+    let ratio = out
+        .points
+        .iter()
+        .find(|p| p.signal == names::GPU_MEMORY_USED_RATIO)
+        .unwrap();
+    assert_eq!((ratio.value, ratio.device_id.as_str()), (0.5, "G1"));
+}
+
+#[test]
+fn itl_falls_back_to_the_old_name_and_user_rules_win() {
+    let h = |name: &'static str, c: f64| {
+        let b: &'static str = Box::leak(format!("{name}_bucket").into_boxed_str());
+        fam(
+            name,
+            MetricType::Histogram,
+            vec![
+                (b, vec![("le", "0.05"), M], c),
+                (b, vec![("le", "+Inf"), M], c),
+            ],
+        )
+    };
+    let mut m = mapper(&[]);
+    let t0 = Instant::now();
+    m.map(&[h("vllm:time_per_output_token_seconds", 0.0)], t0, 0);
+    let out = m.map(
+        &[h("vllm:time_per_output_token_seconds", 10.0)],
+        t0 + Duration::from_secs(1),
+        0,
+    );
+    assert!(value(&out, "itl_p50_seconds", "tinyllama") <= 0.05);
+
+    let mut user = MappingRule::new("my_kv", names::KV_CACHE_USAGE, RuleKind::Gauge);
+    user.scale = 0.01;
+    let mut rules = vec![user];
+    rules.extend(builtin());
+    let target = TargetIdentity {
+        instance: "x:1".into(),
+        runtime: Some("custom".into()),
+        labels: BTreeMap::new(),
+    };
+    let mut m = Mapper::new(
+        Arc::new(RuleSet::new(rules)),
+        target,
+        Duration::from_secs(60),
+    );
+    let fams = vec![
+        fam("my_kv", MetricType::Gauge, vec![("my_kv", vec![M], 40.0)]),
+        fam(
+            "vllm:kv_cache_usage_perc",
+            MetricType::Gauge,
+            vec![("vllm:kv_cache_usage_perc", vec![M], 0.9)],
+        ),
+    ];
+    let out = m.map(&fams, Instant::now(), 0);
+    assert_eq!((out.runtime.as_str(), out.detected), ("custom", false));
+    let kv: Vec<_> = out
+        .points
+        .iter()
+        .filter(|p| p.signal == names::KV_CACHE_USAGE)
+        .collect();
+    assert_eq!(kv.len(), 1);
+    assert_eq!((kv[0].value, kv[0].source.as_str()), (0.4, "scrape:custom"));
+}

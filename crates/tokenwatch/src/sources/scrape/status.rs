@@ -1,0 +1,276 @@
+// Target health as Prometheus keeps it: the `tokenwatch_scrape_*` series in `/metrics` and
+// the per-target status behind `GET /api/v1/targets`.
+
+use super::target::TargetSpec;
+use axum::extract::State;
+use axum::response::{IntoResponse, Json};
+use axum::routing::get;
+use chrono::{DateTime, SecondsFormat, Utc};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::Serialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpLabels {
+    pub target: String,
+    pub runtime: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabel {
+    pub target: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub target: String,
+    pub reason: String,
+}
+
+/// The scrape health series, registered in tokenwatch's `/metrics`.
+#[derive(Clone, Default)]
+pub struct Health {
+    pub up: Family<UpLabels, Gauge>,
+    pub duration: Family<TargetLabel, Gauge<f64, AtomicU64>>,
+    pub samples: Family<TargetLabel, Gauge>,
+    pub failures: Family<FailureLabels, Counter>,
+}
+
+impl Health {
+    pub fn register(&self, metrics: &crate::export::prometheus::Metrics) {
+        metrics.register(
+            "tokenwatch_scrape_up",
+            "1 when the last scrape of the target succeeded, else 0",
+            self.up.clone(),
+        );
+        metrics.register(
+            "tokenwatch_scrape_duration_seconds",
+            "Duration of the last scrape of the target",
+            self.duration.clone(),
+        );
+        metrics.register(
+            "tokenwatch_scrape_samples_scraped",
+            "Samples the last successful scrape of the target returned",
+            self.samples.clone(),
+        );
+        // prometheus-client appends `_total` to counters.
+        metrics.register(
+            "tokenwatch_scrape_failures",
+            "Failed scrapes, by reason",
+            self.failures.clone(),
+        );
+    }
+}
+
+/// Result of one scrape.
+#[derive(Debug)]
+pub enum Outcome {
+    Up {
+        runtime: String,
+        detected: bool,
+        samples: usize,
+    },
+    Down {
+        reason: &'static str,
+        error: String,
+    },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetStatus {
+    pub url: String,
+    pub instance: String,
+    pub runtime: String,
+    /// `configured`, `detected`, or `unknown` before the first successful scrape.
+    pub runtime_from: &'static str,
+    pub labels: BTreeMap<String, String>,
+    pub origin: String,
+    /// `up`, `down` or `unknown` (not scraped yet).
+    pub health: &'static str,
+    pub last_error: Option<String>,
+    pub last_scrape: Option<String>,
+    pub last_scrape_duration_s: Option<f64>,
+    pub samples: usize,
+    pub interval_s: f64,
+    pub timeout_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FileSdStatus {
+    pub path: String,
+    pub targets: usize,
+    pub last_error: Option<String>,
+    pub last_loaded: Option<String>,
+}
+
+#[derive(Default)]
+struct Inner {
+    targets: BTreeMap<String, TargetStatus>,
+    files: Vec<FileSdStatus>,
+}
+
+/// Status of every active target. Locked only for short, synchronous updates and reads.
+#[derive(Clone, Default)]
+pub struct Registry(Arc<Mutex<Inner>>);
+
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn add(&self, spec: &TargetSpec, health: &Health) {
+        let runtime = spec.runtime.clone().unwrap_or_default();
+        let status = TargetStatus {
+            url: spec.url.clone(),
+            instance: spec.instance(),
+            runtime_from: if spec.runtime.is_some() {
+                "configured"
+            } else {
+                "unknown"
+            },
+            runtime: runtime.clone(),
+            labels: spec.labels.clone(),
+            origin: spec.origin.clone(),
+            health: "unknown",
+            last_error: None,
+            last_scrape: None,
+            last_scrape_duration_s: None,
+            samples: 0,
+            interval_s: spec.interval.as_secs_f64(),
+            timeout_s: spec.timeout.as_secs_f64(),
+        };
+        self.lock().targets.insert(spec.url.clone(), status);
+        health
+            .up
+            .get_or_create(&UpLabels {
+                target: spec.url.clone(),
+                runtime,
+            })
+            .set(0);
+    }
+
+    /// Forget a target and its health series (it left discovery).
+    pub fn remove(&self, url: &str, health: &Health) {
+        let Some(st) = self.lock().targets.remove(url) else {
+            return;
+        };
+        health.up.remove(&UpLabels {
+            target: url.into(),
+            runtime: st.runtime,
+        });
+        let t = TargetLabel { target: url.into() };
+        health.duration.remove(&t);
+        health.samples.remove(&t);
+        for reason in [
+            "connect",
+            "timeout",
+            "http_status",
+            "body_too_large",
+            "body",
+            "parse",
+        ] {
+            health.failures.remove(&FailureLabels {
+                target: url.into(),
+                reason: reason.into(),
+            });
+        }
+    }
+
+    pub fn record(&self, url: &str, health: &Health, outcome: Outcome, duration: Duration) {
+        let mut inner = self.lock();
+        // A target removed while its last scrape was finishing: leave no series behind.
+        let Some(st) = inner.targets.get_mut(url) else {
+            return;
+        };
+        let t = TargetLabel { target: url.into() };
+        health
+            .duration
+            .get_or_create(&t)
+            .set(duration.as_secs_f64());
+        st.last_scrape = Some(rfc3339(Utc::now()));
+        st.last_scrape_duration_s = Some(duration.as_secs_f64());
+        match outcome {
+            Outcome::Up {
+                runtime,
+                detected,
+                samples,
+            } => {
+                if runtime != st.runtime {
+                    health.up.remove(&UpLabels {
+                        target: url.into(),
+                        runtime: st.runtime.clone(),
+                    });
+                    st.runtime = runtime;
+                }
+                if detected {
+                    st.runtime_from = "detected";
+                }
+                st.health = "up";
+                st.last_error = None;
+                st.samples = samples;
+                health.samples.get_or_create(&t).set(samples as i64);
+                health
+                    .up
+                    .get_or_create(&UpLabels {
+                        target: url.into(),
+                        runtime: st.runtime.clone(),
+                    })
+                    .set(1);
+            }
+            Outcome::Down { reason, error } => {
+                st.health = "down";
+                st.last_error = Some(error);
+                health
+                    .up
+                    .get_or_create(&UpLabels {
+                        target: url.into(),
+                        runtime: st.runtime.clone(),
+                    })
+                    .set(0);
+                health
+                    .failures
+                    .get_or_create(&FailureLabels {
+                        target: url.into(),
+                        reason: reason.into(),
+                    })
+                    .inc();
+            }
+        }
+    }
+
+    pub fn set_files(&self, files: Vec<FileSdStatus>) {
+        self.lock().files = files;
+    }
+
+    pub fn snapshot(&self) -> (Vec<TargetStatus>, Vec<FileSdStatus>) {
+        let inner = self.lock();
+        (
+            inner.targets.values().cloned().collect(),
+            inner.files.clone(),
+        )
+    }
+}
+
+/// `GET /api/v1/targets`: every target with its health, as Prometheus's targets page.
+pub fn routes(registry: Registry) -> axum::Router {
+    axum::Router::new()
+        .route("/api/v1/targets", get(targets))
+        .with_state(registry)
+}
+
+async fn targets(State(registry): State<Registry>) -> impl IntoResponse {
+    let (targets, files) = registry.snapshot();
+    let up = targets.iter().filter(|t| t.health == "up").count();
+    Json(json!({ "count": targets.len(), "up": up, "targets": targets, "file_sd": files }))
+}

@@ -1,0 +1,186 @@
+// The real OpenTelemetry Python SDK exports GenAI spans and metrics to a collector-only
+// `tokenwatch run` over gRPC and over HTTP/protobuf; records, latency, signals and spans appear.
+
+mod common;
+
+use common::{Proc, free_addr, get, python, wait_ready};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tokenwatch_store::{SpanQuery, SqliteStore, Store, StoreOptions};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/otel_export.py");
+const SPANS: usize = 4;
+
+struct Collector {
+    tw: Proc,
+    api: SocketAddr,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+/// `tokenwatch run` without an upstream: collector-only, OTLP on free ports.
+async fn start_collector() -> Collector {
+    let dir = tempfile::tempdir().unwrap();
+    let (api, grpc, http) = (free_addr(), free_addr(), free_addr());
+    let data = dir.path().join("data").to_string_lossy().into_owned();
+    let (a, g, h) = (api.to_string(), grpc.to_string(), http.to_string());
+    let args = ["run", "--listen", &a, "--data-dir", &data, "--otlp-grpc-listen", &g, "--otlp-http-listen", &h];
+    let tw = Proc::start("tokenwatch", &args, dir.path());
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    Collector { tw, api, grpc, http, dir }
+}
+
+/// Run the exporter script; returns what it reports having sent.
+fn export(transport: &str, endpoint: &str, model: &str) -> serde_json::Value {
+    let out = std::process::Command::new(python())
+        .args([
+            SCRIPT,
+            "--transport",
+            transport,
+            "--endpoint",
+            endpoint,
+            "--model",
+            model,
+            "--spans",
+            &SPANS.to_string(),
+        ])
+        .output()
+        .expect("running the OpenTelemetry exporter script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "exporter script failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("script output not JSON ({e}): {stdout}"))
+}
+
+/// Poll `url` until `ok` accepts its JSON, or fail with the last answer and the log.
+async fn poll(url: &str, tw: &Proc, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = get(url).await.json();
+        if ok(&v) {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("{url} never matched; last answer: {v}\nlog:\n{}", tw.log());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn check_model(c: &Collector, model: &str, sent: &serde_json::Value, transport: &str) {
+    // Request records: one per GenAI span (the error span included), with token counts.
+    let url = format!("http://{}/api/v1/requests?model={model}", c.api);
+    let v = poll(&url, &c.tw, |v| v["count"] == SPANS + 1).await;
+    let reqs = v["requests"].as_array().unwrap();
+    let ok: Vec<_> = reqs.iter().filter(|r| r["status"] == 200).collect();
+    assert_eq!(ok.len(), SPANS, "{v}");
+    let mut inputs: Vec<u64> = ok.iter().map(|r| r["prompt_tokens"].as_u64().unwrap()).collect();
+    inputs.sort();
+    assert_eq!(inputs, (0..SPANS as u64).map(|i| 100 + i).collect::<Vec<_>>());
+    for r in &ok {
+        assert_eq!(r["trace_id"], sent["trace_id"]);
+        assert_eq!(r["runtime"], "vllm");
+        assert_eq!(r["instance"], "gpu-node-1:8000");
+        assert_eq!(r["tenant"], "acme");
+        assert_eq!(r["finish_reason"], "stop");
+        assert!(r["output_tokens"].as_u64().unwrap() >= 20);
+        assert!(sent["span_ids"].as_array().unwrap().contains(&r["request_id"]), "{r}");
+    }
+    let err = reqs.iter().find(|r| r["status"] == 500).expect("the error span's record");
+    assert_eq!(err["error_class"], "upstream_5xx");
+    assert_eq!(err["request_id"], sent["error_span_id"]);
+
+    // Latency from the spans' time_to_first_chunk (0.05, 0.10, 0.15, 0.20 s).
+    let url = format!("http://{}/api/v1/latency?model={model}&metric=ttft", c.api);
+    let v = poll(&url, &c.tw, |v| v["count"] == SPANS).await;
+    let p50 = v["p50"].as_f64().unwrap();
+    assert!((0.09..=0.16).contains(&p50), "ttft p50 {p50}: {v}");
+
+    // Signals from the histograms: the second cumulative export's interval (0.13..0.23 s).
+    let url = format!("http://{}/api/v1/signals?model={model}", c.api);
+    let v = poll(&url, &c.tw, |v| {
+        v["signals"].as_array().is_some_and(|s| s.iter().any(|p| p["signal"] == "ttft_p99_seconds"))
+    })
+    .await;
+    let signal = |name: &str| {
+        v["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["signal"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name}: {v}"))
+    };
+    for q in ["p50", "p90", "p95", "p99"] {
+        let p = signal(&format!("ttft_{q}_seconds"));
+        let x = p["value"].as_f64().unwrap();
+        assert!((0.1..=0.3).contains(&x), "ttft_{q} {x}: {p}");
+        assert_eq!(p["source"], "otlp");
+        assert!(p["notes"]["bucket_error_seconds"].is_string(), "{p}");
+    }
+    assert!((signal("e2e_p50_seconds")["value"].as_f64().unwrap() - 1.5).abs() < 0.5);
+    assert!(signal("itl_p50_seconds")["value"].as_f64().unwrap() <= 0.025);
+    assert!(signal("prompt_tokens_per_second")["value"].as_f64().unwrap() > 0.0);
+    assert!(signal("output_tokens_per_second")["value"].as_f64().unwrap() > 0.0);
+
+    // Every span stored with its ids intact (parent included), by trace id.
+    let store = SqliteStore::open(&c.dir.path().join("data"), StoreOptions::default()).unwrap();
+    let trace = sent["trace_id"].as_str().unwrap();
+    let spans = store.query_spans(&SpanQuery { trace_id: Some(trace.into()), ..Default::default() }).unwrap();
+    assert_eq!(spans.len(), SPANS + 2, "{spans:?}");
+    let parent = sent["parent_span_id"].as_str().unwrap();
+    let root = spans.iter().find(|s| s.span_id == parent).expect("root span stored");
+    assert_eq!(root.parent_span_id, "");
+    assert!(spans.iter().filter(|s| s.span_id != parent).all(|s| s.parent_span_id == parent));
+    assert!(spans.iter().all(|s| s.service_name == "otel-test-app"));
+
+    let metrics = get(&format!("http://{}/metrics", c.api)).await.body;
+    let received = format!("tokenwatch_otlp_received_total{{signal=\"traces\",transport=\"{transport}\"}}");
+    assert!(
+        common::metric_value(&metrics, &received).is_some_and(|n| n >= (SPANS + 2) as f64),
+        "{received} missing:\n{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_exports_genai_spans_and_metrics_over_grpc_and_http() {
+    let mut c = start_collector().await;
+    let grpc_sent = export("grpc", &c.grpc.to_string(), "otel-grpc-model");
+    check_model(&c, "otel-grpc-model", &grpc_sent, "grpc").await;
+    let http_sent = export("http", &format!("http://{}", c.http), "otel-http-model");
+    check_model(&c, "otel-http-model", &http_sent, "http").await;
+    let status = c.tw.terminate();
+    assert!(status.success(), "tokenwatch exited with {status}; log:\n{}", c.tw.log());
+    assert!(!Path::new(&c.dir.path().join("data")).join("missing").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_partial_success_gzip_and_undecodable_bytes() {
+    let mut c = start_collector().await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/otlp_grpc_raw.py");
+    let out = std::process::Command::new(python())
+        .args([script, "--endpoint", &c.grpc.to_string()])
+        .output()
+        .expect("running the raw gRPC script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(v["rejected_spans"], 1, "{v}");
+    assert!(v["error_message"].as_str().unwrap().contains("trace_id must be 16 bytes"), "{v}");
+    assert_eq!(v["gzip_rejected_spans"], 1, "{v}");
+    // tonic answers undecodable messages itself (INTERNAL, naming the decode failure).
+    assert!(v["garbage"]["details"].as_str().unwrap().contains("failed to decode Protobuf message"), "{v}");
+    let url = format!("http://{}/api/v1/requests?model=raw-grpc-gzip", c.api);
+    let r = poll(&url, &c.tw, |v| v["count"] == 1).await;
+    assert_eq!(r["requests"][0]["trace_id"], "ab".repeat(16));
+    assert_eq!(get(&format!("http://{}/healthz", c.api)).await.status, 200);
+    let status = c.tw.terminate();
+    assert!(status.success(), "tokenwatch exited with {status}; log:\n{}", c.tw.log());
+}
