@@ -51,6 +51,11 @@ impl TelemetryQueue {
         }
     }
 
+    /// The queue's capacity (`telemetry.queue_capacity`).
+    pub fn capacity(&self) -> usize {
+        self.tx.max_capacity()
+    }
+
     /// Queue all of `records` or none of them (false, no drop counted) when the queue lacks
     /// room for all: for sources that can answer "retry later" (OTLP's 429).
     pub fn try_submit_all(&self, records: Vec<RequestRecord>) -> bool {

@@ -17,7 +17,7 @@ use tokenwatch_core::signals::SharedSignals;
 use tokenwatch_store::Store;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Records queued per all-or-nothing reservation (kept well under any queue capacity).
+/// Records queued per all-or-nothing reservation (at most the queue's capacity).
 const QUEUE_CHUNK: usize = 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -156,8 +156,9 @@ impl Ingest {
         let mut records = batch.records;
         let mut dropped = 0u64;
         let mut first = true;
+        let chunk = QUEUE_CHUNK.min(self.queue.capacity()).max(1);
         while !records.is_empty() {
-            let rest = records.split_off(records.len().min(QUEUE_CHUNK));
+            let rest = records.split_off(records.len().min(chunk));
             let n = records.len() as u64;
             if !self.queue.try_submit_all(std::mem::replace(&mut records, rest)) {
                 if first {
