@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+[ -x /usr/bin/prometheus-alertmanager ] || need_apt+=(prometheus-alertmanager)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -14,6 +15,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     || { $SUDO apt-get update >/dev/null && $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}"; }
 fi
 command -v promtool >/dev/null || { echo "error: promtool still missing after installing prometheus" >&2; exit 1; }
+[ -x /usr/bin/prometheus-alertmanager ] || { echo "error: /usr/bin/prometheus-alertmanager still missing after installing prometheus-alertmanager" >&2; exit 1; }
 
 VENV=.venv-test
 PY_PACKAGES=(openai opentelemetry-sdk opentelemetry-exporter-otlp)

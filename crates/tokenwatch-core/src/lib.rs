@@ -2,6 +2,7 @@
 // (sources → normalise → **aggregate** → store/export). No I/O lives here.
 
 pub mod aggregate;
+pub mod alert;
 pub mod exposition;
 pub mod histogram;
 pub mod model;

@@ -71,10 +71,24 @@ impl RunningApp {
             idle_series_after_ms: cfg.aggregation.idle_series_after.0.as_millis() as i64,
             max_series: cfg.aggregation.max_series,
         })));
-        let sinks: Vec<Box<dyn RecordSink>> = vec![
+        let (shutdown, stop) = watch::channel(false);
+        let signals: SharedSignals =
+            Arc::new(std::sync::RwLock::new(SignalBoard::new(cfg.signals.history_points, cfg.signals.max_series)));
+        let alerting = crate::alerting::engine::start_from_config(
+            &cfg,
+            signals.clone(),
+            store.clone(),
+            aggregator.clone(),
+            metrics.clone(),
+            stop.clone(),
+        )?;
+        let mut sinks: Vec<Box<dyn RecordSink>> = vec![
             Box::new(StoreSink::new(store.clone(), metrics.clone())),
             Box::new(MetricsSink(metrics.clone())),
         ];
+        if let Some(sink) = alerting.sink {
+            sinks.push(Box::new(sink));
+        }
         let (pipeline, queue) = Pipeline::start(
             PipelineConfig {
                 queue_capacity: cfg.telemetry.queue_capacity,
@@ -87,12 +101,9 @@ impl RunningApp {
             metrics.clone(),
         );
 
-        let (shutdown, stop) = watch::channel(false);
-        let mut servers = Vec::new();
+        let mut servers = alerting.tasks;
         let components = Components::default();
         components.set("pipeline", "ok");
-        let signals: SharedSignals =
-            Arc::new(std::sync::RwLock::new(SignalBoard::new(cfg.signals.history_points, cfg.signals.max_series)));
 
         let mut source_routes = Vec::new();
         for source in sources_mod::from_config(&cfg)? {
@@ -141,6 +152,7 @@ impl RunningApp {
         for routes in source_routes {
             app = app.merge(routes);
         }
+        app = app.merge(alerting.routes);
         servers.push(serve(listener, app, stop));
         Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline })
     }

@@ -31,6 +31,7 @@ pub struct Config {
     pub otlp: crate::sources::otlp::OtlpConfig,
     pub gpu: crate::sources::gpu::GpuConfig,
     pub signals: SignalsConfig,
+    pub alerting: crate::alerting::rules::AlertingConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -62,6 +63,7 @@ impl Default for Config {
             otlp: Default::default(),
             gpu: Default::default(),
             signals: SignalsConfig::default(),
+            alerting: Default::default(),
         }
     }
 }
@@ -267,6 +269,8 @@ impl Config {
             return Err(invalid("aggregation.max_series".into(), "must be at least 1".into()));
         }
         self.gpu.validate().map_err(|(path, message)| invalid(path, message))?;
+        crate::alerting::rules::compile(&self.alerting).map_err(|(path, message)| invalid(path, message))?;
+        self.alerting.delivery.validate().map_err(|e| invalid("alerting.delivery".into(), e.to_string()))?;
         for (key, value) in [
             ("proxy.tenant_header", &self.proxy.tenant_header),
             ("proxy.ab_group_header", &self.proxy.ab_group_header),

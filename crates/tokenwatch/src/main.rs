@@ -1,5 +1,9 @@
-// The `tokenwatch` binary: command-line parsing and dispatch to `run`, `sim`, `demo` and
+// The `tokenwatch` binary: command-line parsing and dispatch to `run`, `sim`, `demo`, `rules` and
 // `check-config`. Errors reach the user here, through anyhow, with their full context.
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -31,6 +35,31 @@ enum Command {
         /// The YAML file to check.
         file: PathBuf,
     },
+    /// Alerting rules for other systems.
+    Rules {
+        #[command(subcommand)]
+        command: RulesCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum RulesCommand {
+    /// Write the threshold rules PromQL can express, e.g. as a Prometheus alerting rules file.
+    Export {
+        #[arg(long, value_enum, default_value = "prometheus")]
+        format: RulesFormat,
+        /// Configuration file whose rules are exported [default: the built-in rules].
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Output file [default: standard output].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RulesFormat {
+    Prometheus,
 }
 
 #[derive(clap::Args)]
@@ -65,6 +94,9 @@ struct RunArgs {
     /// Do not start the OTLP receiver.
     #[arg(long)]
     no_otlp: bool,
+    /// Send alerts to this Alertmanager (API v2), e.g. http://127.0.0.1:9093 (repeatable).
+    #[arg(long = "alertmanager", value_name = "URL")]
+    alertmanager: Vec<String>,
 }
 
 impl RunArgs {
@@ -100,6 +132,7 @@ impl RunArgs {
         if self.no_otlp {
             cfg.otlp.enabled = false;
         }
+        cfg.alerting.delivery.alertmanagers.extend(self.alertmanager);
         if let Some(url) = self.upstream {
             cfg.proxy.upstreams.push(UpstreamConfig {
                 url,
@@ -123,6 +156,7 @@ fn main() -> std::process::ExitCode {
     init_logging(&cli.log);
     let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
+        Command::Rules { command } => rules_command(command),
         command => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -150,6 +184,21 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn rules_command(command: RulesCommand) -> anyhow::Result<()> {
+    let RulesCommand::Export { format: RulesFormat::Prometheus, config, output } = command;
+    if let Some(path) = &config {
+        Config::load(path)?;
+    }
+    // The configured rules map onto export specs here once the configuration has them.
+    let specs = tokenwatch::alerting::promexport::default_export_specs();
+    let text = tokenwatch::alerting::promexport::export_prometheus_rules(&specs);
+    match output {
+        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
 async fn run_async(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => {
@@ -163,6 +212,6 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
         }
         Command::Sim(args) => tokenwatch_sim::run(args).await.map_err(anyhow::Error::from),
         Command::Demo(args) => demo::run(args).await,
-        Command::CheckConfig { .. } => unreachable!("handled before the runtime starts"),
+        Command::CheckConfig { .. } | Command::Rules { .. } => unreachable!("handled before the runtime starts"),
     }
 }

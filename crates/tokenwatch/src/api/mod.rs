@@ -1,7 +1,7 @@
 // The HTTP API on the API port: `/api/v1/*` JSON queries, `/metrics`, `/healthz`, `/readyz`.
 // Every query parameter is checked; unknown names or values get a 400 that says what is allowed.
 
-mod params;
+pub(crate) mod params;
 
 use crate::export::prometheus::Metrics;
 use crate::pipeline::now_unix_ms;

@@ -38,7 +38,11 @@ impl Proc {
             .stderr(Stdio::from(err))
             .spawn()
             .unwrap_or_else(|e| panic!("starting {BIN} {args:?}: {e}"));
-        Proc { child, name: name.into(), log }
+        Proc {
+            child,
+            name: name.into(),
+            log,
+        }
     }
 
     pub fn log(&self) -> String {
@@ -52,7 +56,10 @@ impl Proc {
 
     /// SIGTERM and wait for a clean exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             if let Ok(Some(s)) = self.child.try_wait() {
@@ -60,7 +67,11 @@ impl Proc {
             }
             if Instant::now() > deadline {
                 self.kill9();
-                panic!("{} did not stop on SIGTERM; log:\n{}", self.name, self.log());
+                panic!(
+                    "{} did not stop on SIGTERM; log:\n{}",
+                    self.name,
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -90,7 +101,12 @@ impl Reply {
     }
 }
 
-pub async fn send(method: &str, url: &str, body: Option<&str>, headers: &[(&str, &str)]) -> Result<Reply, String> {
+pub async fn send(
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
     let mut b = http::Request::builder().method(method).uri(url);
     for (k, v) in headers {
         b = b.header(*k, *v);
@@ -98,19 +114,32 @@ pub async fn send(method: &str, url: &str, body: Option<&str>, headers: &[(&str,
     if body.is_some() {
         b = b.header("content-type", "application/json");
     }
-    let req = b.body(Full::new(Bytes::from(body.unwrap_or("").to_string()))).map_err(|e| e.to_string())?;
+    let req = b
+        .body(Full::new(Bytes::from(body.unwrap_or("").to_string())))
+        .map_err(|e| e.to_string())?;
     let resp = tokio::time::timeout(Duration::from_secs(30), client().request(req))
         .await
         .map_err(|_| format!("{url}: timed out"))?
         .map_err(|e| format!("{url}: {e}"))?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.map_err(|e| format!("{url}: body: {e}"))?.to_bytes();
-    Ok(Reply { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() })
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("{url}: body: {e}"))?
+        .to_bytes();
+    Ok(Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    })
 }
 
 pub async fn get(url: &str) -> Reply {
-    send("GET", url, None, &[]).await.unwrap_or_else(|e| panic!("GET {e}"))
+    send("GET", url, None, &[])
+        .await
+        .unwrap_or_else(|e| panic!("GET {e}"))
 }
 
 /// Poll until `url` answers 200 or the deadline passes.
@@ -122,12 +151,19 @@ pub async fn wait_ready(url: &str, proc_: &Proc) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("{url} never became ready; {} log:\n{}", proc_.name, proc_.log());
+    panic!(
+        "{url} never became ready; {} log:\n{}",
+        proc_.name,
+        proc_.log()
+    );
 }
 
 /// Read one sample's value from Prometheus text (exact series text before the value).
 pub fn metric_value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().split(' ').next()?.parse().ok()))
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.trim().split(' ').next()?.parse().ok())
+    })
 }
 
 /// A started simulator + tokenwatch pair on free ports.
@@ -151,9 +187,22 @@ impl Stack {
         let sim = Proc::start("sim", &args, dir.path());
         wait_ready(&format!("http://{sim_addr}/v1/models"), &sim).await;
         let (api, proxy) = (free_addr(), free_addr());
-        let tw = start_tokenwatch(dir.path(), api, proxy, &format!("http://{sim_addr}"), tw_extra);
+        let tw = start_tokenwatch(
+            dir.path(),
+            api,
+            proxy,
+            &format!("http://{sim_addr}"),
+            tw_extra,
+        );
         wait_ready(&format!("http://{api}/readyz"), &tw).await;
-        Stack { sim, tw, sim_addr, api, proxy, dir }
+        Stack {
+            sim,
+            tw,
+            sim_addr,
+            api,
+            proxy,
+            dir,
+        }
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -161,18 +210,43 @@ impl Stack {
     }
 
     pub fn restart_tokenwatch(&mut self) {
-        self.tw = start_tokenwatch(self.dir.path(), self.api, self.proxy, &format!("http://{}", self.sim_addr), &[]);
+        self.tw = start_tokenwatch(
+            self.dir.path(),
+            self.api,
+            self.proxy,
+            &format!("http://{}", self.sim_addr),
+            &[],
+        );
     }
 }
 
-pub fn start_tokenwatch(dir: &Path, api: SocketAddr, proxy: SocketAddr, upstream: &str, extra: &[&str]) -> Proc {
+pub fn start_tokenwatch(
+    dir: &Path,
+    api: SocketAddr,
+    proxy: SocketAddr,
+    upstream: &str,
+    extra: &[&str],
+) -> Proc {
     let data = dir.join("data");
     let (a, p) = (api.to_string(), proxy.to_string());
     let (og, oh) = (free_addr().to_string(), free_addr().to_string());
     let data = data.to_string_lossy().into_owned();
     let mut args = vec![
-        "run", "--listen", &a, "--proxy-listen", &p, "--upstream", upstream, "--upstream-runtime", "sim", "--data-dir", &data,
-        "--otlp-grpc-listen", &og, "--otlp-http-listen", &oh,
+        "run",
+        "--listen",
+        &a,
+        "--proxy-listen",
+        &p,
+        "--upstream",
+        upstream,
+        "--upstream-runtime",
+        "sim",
+        "--data-dir",
+        &data,
+        "--otlp-grpc-listen",
+        &og,
+        "--otlp-http-listen",
+        &oh,
     ];
     args.extend_from_slice(extra);
     Proc::start("tokenwatch", &args, dir)
@@ -182,7 +256,12 @@ pub fn start_tokenwatch(dir: &Path, api: SocketAddr, proxy: SocketAddr, upstream
 pub fn python() -> PathBuf {
     let p = std::env::var_os("TOKENWATCH_TEST_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv-test/bin/python")));
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../.venv-test/bin/python"
+            ))
+        });
     assert!(
         p.exists(),
         "the test Python with the `openai` package is missing at {} — run the README's test command (scripts/test.sh), which installs it",
@@ -192,7 +271,10 @@ pub fn python() -> PathBuf {
 }
 
 pub fn promtool() -> PathBuf {
-    let found = std::env::var_os("PATH")
-        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("promtool")).find(|p| p.exists()));
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("promtool"))
+            .find(|p| p.exists())
+    });
     found.expect("promtool is not installed — run the README's test command (scripts/test.sh), which installs Debian's `prometheus` package")
 }

@@ -1,0 +1,490 @@
+// One rule's evaluation: reads its inputs (record windows, signal histories, spans), runs the
+// tokenwatch-detect detector, and returns the anomaly events found (none = condition absent).
+
+use super::inputs::{self, Inputs, Rec, quantile, values};
+use crate::alerting::rules::{DetectorKind, Rule};
+use std::collections::{BTreeMap, HashMap};
+use tokenwatch_core::alert::AnomalyEvent;
+use tokenwatch_core::signals::{SignalBoard, names};
+use tokenwatch_detect as det;
+
+/// Fewest requests in a window before a windowed detector without its own minimum may fire.
+pub const MIN_WINDOW_SAMPLES: usize = 20;
+
+/// What one evaluation sees.
+pub struct EvalCtx<'a> {
+    pub inputs: &'a Inputs,
+    pub board: &'a SignalBoard,
+    /// Records ingested since the previous evaluation (per-request detectors).
+    pub new_records: &'a [Rec],
+    /// Recent spans: (root trace id, reports CUDA OOM).
+    pub spans: &'a [(String, bool)],
+    pub now: i64,
+}
+
+/// Per-rule detector state (stateful detectors, periodic detectors' last result).
+#[derive(Default)]
+pub struct RuleState {
+    length: HashMap<String, det::LengthOutlier>,
+    kl: HashMap<String, det::KlDrift>,
+    decay: HashMap<String, det::PromptVersionDecay>,
+    last_period_ms: Option<i64>,
+    held: Vec<AnomalyEvent>,
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn latency_signal_name(metric: &str) -> String {
+    match metric {
+        "itl" => "itl_p99_seconds".into(),
+        m => names::latency_signal(m, "p99"),
+    }
+}
+
+pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEvent> {
+    let now = cx.now;
+    let w = rule.window_ms;
+    let mut out = Vec::new();
+    let det_name = rule.detector.as_str();
+    match &rule.kind {
+        DetectorKind::LatencySpike(p) => {
+            for m in cx.inputs.models() {
+                let cur = values(cx.inputs.window(&m, now - w, now), &rule.signal);
+                let prev = values(cx.inputs.window(&m, now - 2 * w, now - w), &rule.signal);
+                let (cn, pn) = (cur.len() as u64, prev.len() as u64);
+                let (Some(c), Some(pv)) = (quantile(cur, 0.99), quantile(prev, 0.99)) else {
+                    continue;
+                };
+                if let Some(f) = det::latency_spike(c, cn, pv, pn, p) {
+                    let f = f.with("window_s", w as f64 / 1000.0);
+                    out.push(f.into_event(
+                        det_name,
+                        &latency_signal_name(&rule.signal),
+                        labels(&[("model_id", &m)]),
+                        now,
+                    ));
+                }
+            }
+        }
+        DetectorKind::AbsoluteLatency(p) => {
+            for m in cx.inputs.models() {
+                let cur = values(cx.inputs.window(&m, now - w, now), &rule.signal);
+                let n = cur.len() as u64;
+                let Some(c) = quantile(cur, 0.99) else {
+                    continue;
+                };
+                if let Some(f) = det::absolute_latency(c, n, p) {
+                    let f = f.with("window_s", w as f64 / 1000.0);
+                    out.push(f.into_event(
+                        det_name,
+                        &latency_signal_name(&rule.signal),
+                        labels(&[("model_id", &m)]),
+                        now,
+                    ));
+                }
+            }
+        }
+        DetectorKind::ContextAware(p) => {
+            for m in cx.inputs.models() {
+                let win: Vec<&Rec> = cx
+                    .inputs
+                    .window(&m, now - w, now)
+                    .filter(|r| r.ok)
+                    .collect();
+                let lat = values(win.iter().copied(), &rule.signal);
+                if lat.len() < MIN_WINDOW_SAMPLES {
+                    continue;
+                }
+                let prompt =
+                    quantile(values(win.iter().copied(), "prompt_tokens"), 0.5).unwrap_or(0.0);
+                let kv = inputs::latest(cx.board, &m, names::KV_CACHE_USAGE, None).unwrap_or(0.0);
+                let Some(p99) = quantile(lat, 0.99) else {
+                    continue;
+                };
+                if let Some(f) = det::context_aware_threshold(p99, prompt, kv, p) {
+                    out.push(f.into_event(
+                        det_name,
+                        &latency_signal_name(&rule.signal),
+                        labels(&[("model_id", &m)]),
+                        now,
+                    ));
+                }
+            }
+        }
+        DetectorKind::GpuLeak(p) => {
+            for s in inputs::signal_series(cx.board, names::GPU_MEMORY_USED_BYTES, now - w) {
+                let util = inputs::history(
+                    cx.board,
+                    &s.model,
+                    names::GPU_UTILIZATION,
+                    &s.instance,
+                    &s.device,
+                    now - w,
+                );
+                let total = inputs::history(
+                    cx.board,
+                    &s.model,
+                    names::GPU_MEMORY_TOTAL_BYTES,
+                    &s.instance,
+                    &s.device,
+                    now - w,
+                )
+                .last()
+                .map(|(_, v)| *v)
+                .unwrap_or(0.0);
+                if let Some(f) = det::gpu_memory_leak(&s.history, &util, total, p) {
+                    let l = labels(&[
+                        ("model_id", &s.model),
+                        ("instance", &s.instance),
+                        ("device_id", &s.device),
+                    ]);
+                    out.push(f.into_event(det_name, names::GPU_MEMORY_USED_BYTES, l, now));
+                }
+            }
+        }
+        DetectorKind::KvPressure(p) => {
+            for s in inputs::signal_series(cx.board, names::KV_CACHE_USAGE, now - w) {
+                let pre = inputs::history(
+                    cx.board,
+                    &s.model,
+                    names::PREEMPTIONS_PER_SECOND,
+                    &s.instance,
+                    &s.device,
+                    now - w,
+                );
+                let wait = inputs::history(
+                    cx.board,
+                    &s.model,
+                    names::REQUESTS_WAITING,
+                    &s.instance,
+                    &s.device,
+                    now - w,
+                );
+                if let Some(f) = det::kv_cache_pressure(&s.history, &pre, &wait, p) {
+                    let l = labels(&[("model_id", &s.model), ("instance", &s.instance)]);
+                    out.push(f.into_event(det_name, names::KV_CACHE_USAGE, l, now));
+                }
+            }
+        }
+        DetectorKind::LengthOutlier(p) => {
+            for r in cx.new_records.iter().filter(|r| r.ok) {
+                let Some(len) = r.output_tokens else { continue };
+                let d = st
+                    .length
+                    .entry(r.model.clone())
+                    .or_insert_with(|| det::LengthOutlier::new(p.clone()));
+                if let Some(f) = d.observe(len as f64) {
+                    // Semantic drift is not computed yet, so the joint grade is at most medium.
+                    let grade = match det::joint_grade(false, true) {
+                        det::JointGrade::High => "high",
+                        det::JointGrade::Medium => "medium",
+                        det::JointGrade::Normal => "normal",
+                    };
+                    let f = f
+                        .with("value", len as f64)
+                        .with("joint_grade", grade)
+                        .with("request_id", r.request_id.clone());
+                    let l = labels(&[("model_id", &r.model), ("instance", &r.instance)]);
+                    out.push(f.into_event(det_name, "output_tokens", l, r.at_ms));
+                }
+            }
+        }
+        DetectorKind::KsDrift(p) => {
+            for m in cx.inputs.models() {
+                let cur = values(cx.inputs.window(&m, now - w, now), &rule.signal);
+                let reference = values(cx.inputs.window(&m, now - 7 * w, now - w), &rule.signal);
+                if let Some(f) = det::ks_drift(&reference, &cur, p) {
+                    out.push(f.into_event(
+                        det_name,
+                        &rule.signal,
+                        labels(&[("model_id", &m)]),
+                        now,
+                    ));
+                }
+            }
+        }
+        DetectorKind::KlDrift(p) => {
+            if periodic(st, now, w) {
+                let mut held = Vec::new();
+                for m in cx.inputs.models() {
+                    let dist = |from: i64, to: i64| -> BTreeMap<String, f64> {
+                        let mut d = BTreeMap::new();
+                        for r in cx
+                            .inputs
+                            .window(&m, from, to)
+                            .filter(|r| r.ok && !r.finish_reason.is_empty())
+                        {
+                            *d.entry(r.finish_reason.clone()).or_insert(0.0) += 1.0;
+                        }
+                        d
+                    };
+                    let (base, cur) = (dist(now - 7 * w, now - w), dist(now - w, now));
+                    if base.values().sum::<f64>() < MIN_WINDOW_SAMPLES as f64
+                        || cur.values().sum::<f64>() < MIN_WINDOW_SAMPLES as f64
+                    {
+                        continue;
+                    }
+                    let d = st
+                        .kl
+                        .entry(m.clone())
+                        .or_insert_with(|| det::KlDrift::new(p.clone()));
+                    if let Some(f) = d.evaluate(&base, &cur) {
+                        held.push(f.into_event(
+                            det_name,
+                            "finish_reason",
+                            labels(&[("model_id", &m)]),
+                            now,
+                        ));
+                    }
+                }
+                st.held = held;
+            }
+            out.extend(st.held.iter().cloned());
+        }
+        DetectorKind::SloBurn(p) => {
+            for m in cx.inputs.models() {
+                let bw = det::BurnWindows {
+                    h1: cx.inputs.counts(&m, now, 3_600_000),
+                    m5: cx.inputs.counts(&m, now, 300_000),
+                    h6: cx.inputs.counts(&m, now, 6 * 3_600_000),
+                    m30: cx.inputs.counts(&m, now, 1_800_000),
+                };
+                if let Some(f) = det::slo_burn(&bw, p) {
+                    out.push(f.into_event(
+                        det_name,
+                        "success_ratio",
+                        labels(&[("model_id", &m)]),
+                        now,
+                    ));
+                }
+            }
+        }
+        DetectorKind::BatchJitter(p) => {
+            for m in cx.inputs.models() {
+                let (mut lat, mut batch) = (Vec::new(), Vec::new());
+                let mut running: HashMap<String, Vec<(i64, f64)>> = HashMap::new();
+                for r in cx.inputs.window(&m, now - w, now).filter(|r| r.ok) {
+                    let Some(itl) = r.itl else { continue };
+                    let h = running.entry(r.instance.clone()).or_insert_with(|| {
+                        inputs::history(
+                            cx.board,
+                            &m,
+                            names::REQUESTS_RUNNING,
+                            &r.instance,
+                            "",
+                            now - 2 * w,
+                        )
+                    });
+                    let Some((_, b)) = h.iter().min_by_key(|(t, _)| (t - r.at_ms).abs()) else {
+                        continue;
+                    };
+                    lat.push(itl);
+                    batch.push(*b);
+                }
+                if let Some(f) = det::batch_jitter(&lat, &batch, p) {
+                    out.push(f.into_event(
+                        det_name,
+                        "itl_seconds",
+                        labels(&[("model_id", &m)]),
+                        now,
+                    ));
+                }
+            }
+        }
+        DetectorKind::TripleSignal(p) => {
+            for s in inputs::signal_series(cx.board, names::PREFIX_CACHE_HIT_RATE, now - w) {
+                let Some((_, hit)) = s.history.last().copied() else {
+                    continue;
+                };
+                let util = inputs::latest(
+                    cx.board,
+                    &s.model,
+                    names::GPU_UTILIZATION,
+                    Some(&s.instance),
+                )
+                .or_else(|| inputs::latest(cx.board, &s.model, names::GPU_UTILIZATION, None));
+                let acc = inputs::latest(
+                    cx.board,
+                    &s.model,
+                    names::SPEC_DECODE_ACCEPTANCE_RATE,
+                    Some(&s.instance),
+                );
+                let (Some(util), Some(acc)) = (util, acc) else {
+                    continue;
+                };
+                if let Some(f) = det::triple_signal_health(util, hit, acc, p) {
+                    let l = labels(&[("model_id", &s.model), ("instance", &s.instance)]);
+                    out.push(f.into_event(det_name, names::PREFIX_CACHE_HIT_RATE, l, now));
+                }
+            }
+        }
+        DetectorKind::AbRegression(p, share_b) => {
+            for m in cx.inputs.models() {
+                let win: Vec<&Rec> = cx.inputs.window(&m, now - w, now).collect();
+                let mut groups: Vec<&str> = win
+                    .iter()
+                    .map(|r| r.ab_group.as_str())
+                    .filter(|g| !g.is_empty())
+                    .collect();
+                groups.sort();
+                groups.dedup();
+                if groups.len() != 2 {
+                    continue;
+                }
+                let arm = |g: &str| {
+                    let rs: Vec<&Rec> = win.iter().copied().filter(|r| r.ab_group == g).collect();
+                    det::ArmStats {
+                        requests: rs.len() as u64,
+                        p99_s: quantile(values(rs.iter().copied(), &rule.signal), 0.99)
+                            .unwrap_or(0.0),
+                        quality: None,
+                        toxicity: None,
+                    }
+                };
+                if let Some(f) = det::ab_regression(&arm(groups[0]), &arm(groups[1]), *share_b, p) {
+                    let f = f.with("arm_a", groups[0]).with("arm_b", groups[1]);
+                    out.push(f.into_event(
+                        det_name,
+                        &rule.signal,
+                        labels(&[("model_id", &m)]),
+                        now,
+                    ));
+                }
+            }
+        }
+        DetectorKind::PromptDecay(p) => {
+            if periodic(st, now, w) {
+                let mut held = Vec::new();
+                for m in cx.inputs.models() {
+                    let mut per: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+                    for r in cx
+                        .inputs
+                        .window(&m, now - w, now)
+                        .filter(|r| !r.prompt_version.is_empty())
+                    {
+                        let e = per.entry(r.prompt_version.clone()).or_default();
+                        e.0 += u64::from(r.ok);
+                        e.1 += 1;
+                    }
+                    let d = st
+                        .decay
+                        .entry(m.clone())
+                        .or_insert_with(|| det::PromptVersionDecay::new(p.clone()));
+                    for (v, (ok, n)) in per {
+                        if (n as usize) < MIN_WINDOW_SAMPLES {
+                            continue;
+                        }
+                        if let Some(f) = d.observe_period(&v, ok as f64 / n as f64) {
+                            held.push(f.into_event(
+                                det_name,
+                                "success_ratio",
+                                labels(&[("model_id", &m), ("prompt_version", &v)]),
+                                now,
+                            ));
+                        }
+                    }
+                }
+                st.held = held;
+            }
+            out.extend(st.held.iter().cloned());
+        }
+        DetectorKind::Topology(p) => {
+            let mut seen = std::collections::HashSet::new();
+            let mut gpus = Vec::new();
+            for s in inputs::signal_series(cx.board, names::GPU_UTILIZATION, now - 30_000) {
+                let (Some(bus), Some((_, u))) = (s.notes.get("pci_bus_id"), s.history.last())
+                else {
+                    continue;
+                };
+                let id = if s.device.is_empty() {
+                    bus.clone()
+                } else {
+                    s.device.clone()
+                };
+                if seen.insert(format!("{}/{id}", s.instance)) {
+                    gpus.push(det::GpuUtilReading {
+                        device_id: id,
+                        pci_switch: format!("{}/{}", s.instance, det::pci_switch_of(bus)),
+                        sm_utilization: *u,
+                    });
+                }
+            }
+            for (switch, devices) in det::topology_convergence(&gpus, p.min_gpus, p.utilization) {
+                let f = det::Finding::new(devices.len() as f64 / p.min_gpus.max(1) as f64, format!(
+                    "{} GPUs behind PCIe switch {switch} are above {:.0}% utilisation; treat them as one saturated group",
+                    devices.len(),
+                    p.utilization * 100.0
+                ))
+                .with("devices", devices.clone());
+                out.push(f.into_event(
+                    det_name,
+                    names::GPU_UTILIZATION,
+                    labels(&[("pci_switch", &switch)]),
+                    now,
+                ));
+            }
+        }
+        DetectorKind::CallChain(p) => {
+            let traces = det::call_chain_convergence(cx.spans, p.min_spans);
+            if !traces.is_empty() {
+                let f = det::Finding::new(1.0, format!(
+                    "{} trace(s) with at least {} spans reporting CUDA out-of-memory: one failure spreading along the call chain",
+                    traces.len(),
+                    p.min_spans
+                ))
+                .with("trace_ids", traces);
+                out.push(f.into_event(det_name, "span_status", BTreeMap::new(), now));
+            }
+        }
+        DetectorKind::Threshold(p) => {
+            for s in inputs::signal_series(cx.board, &rule.signal, now - w) {
+                let Some((_, v)) = s.history.last().copied() else {
+                    continue;
+                };
+                let hit = match p.op.as_str() {
+                    ">" => v > p.value,
+                    ">=" => v >= p.value,
+                    "<" => v < p.value,
+                    _ => v <= p.value,
+                };
+                if hit {
+                    let score = if p.value != 0.0 {
+                        (v / p.value).abs()
+                    } else {
+                        1.0
+                    };
+                    let f = det::Finding::new(
+                        score,
+                        format!("{} is {v} ({} {})", rule.signal, p.op, p.value),
+                    )
+                    .with("value", v)
+                    .with("threshold", p.value);
+                    let l = labels(&[
+                        ("model_id", &s.model),
+                        ("instance", &s.instance),
+                        ("device_id", &s.device),
+                    ]);
+                    out.push(f.into_event(det_name, &rule.signal, l, now));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// True once per period (the first call, then every `period_ms`).
+fn periodic(st: &mut RuleState, now: i64, period_ms: i64) -> bool {
+    match st.last_period_ms {
+        Some(t) if now - t < period_ms => false,
+        _ => {
+            st.last_period_ms = Some(now);
+            true
+        }
+    }
+}

@@ -1,0 +1,322 @@
+// What the alert engine evaluates: compact copies of request records (fed by `AlertSink`, a
+// pipeline RecordSink that never blocks), per-model record windows, SLO counters, signal reads.
+
+use crate::pipeline::{RecordSink, SinkError};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokenwatch_core::model::RequestRecord;
+use tokenwatch_core::signals::SignalBoard;
+use tokio::sync::{Notify, mpsc};
+
+/// The fields of a request record the detectors use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rec {
+    pub model: String,
+    pub instance: String,
+    pub ab_group: String,
+    pub prompt_version: String,
+    pub trace_id: String,
+    pub request_id: String,
+    /// When the record became known: arrival + end.
+    pub at_ms: i64,
+    pub ttft: Option<f64>,
+    pub e2e: f64,
+    pub itl: Option<f64>,
+    pub queue: Option<f64>,
+    pub headers: Option<f64>,
+    pub prompt_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub ok: bool,
+    pub finish_reason: String,
+}
+
+impl Rec {
+    pub fn from_record(r: &RequestRecord) -> Rec {
+        Rec {
+            model: r.labels.model_id.clone(),
+            instance: r.labels.instance.clone(),
+            ab_group: r.labels.ab_group.clone(),
+            prompt_version: r.prompt_version.clone(),
+            trace_id: r.trace_id.clone(),
+            request_id: r.request_id.clone(),
+            at_ms: r.arrival_unix_ms + (r.end_s.max(0.0) * 1000.0) as i64,
+            ttft: r.first_token_s,
+            e2e: r.end_s,
+            itl: r.time_per_output_token_s(),
+            queue: r.queue_s,
+            headers: r.upstream_headers_s,
+            prompt_tokens: r.prompt_tokens,
+            output_tokens: r.output_tokens,
+            ok: r.is_success(),
+            finish_reason: r.finish_reason.clone(),
+        }
+    }
+
+    /// A per-request value by name (`ttft`, `e2e`, `itl`, `queue`, `output_tokens`, `prompt_tokens`).
+    pub fn value(&self, name: &str) -> Option<f64> {
+        match name {
+            "ttft" => self.ttft,
+            "e2e" => Some(self.e2e),
+            "itl" => self.itl,
+            "queue" => self.queue,
+            "output_tokens" => self.output_tokens.map(|v| v as f64),
+            "prompt_tokens" => self.prompt_tokens.map(|v| v as f64),
+            _ => None,
+        }
+        .filter(|v| v.is_finite())
+    }
+}
+
+/// Forwards each batch to the engine through a bounded channel and wakes it; a full channel
+/// drops records (counted), so the pipeline never waits on alerting.
+pub struct AlertSink {
+    pub(crate) tx: mpsc::Sender<Rec>,
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) dropped: Arc<AtomicU64>,
+}
+
+impl RecordSink for AlertSink {
+    fn name(&self) -> &'static str {
+        "alerting"
+    }
+
+    fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError> {
+        for r in batch {
+            if self.tx.try_send(Rec::from_record(r)).is_err() {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.wake.notify_one();
+        Ok(())
+    }
+}
+
+const SLO_BUCKET_MS: i64 = 10_000;
+const SLO_RETENTION_MS: i64 = 6 * 3_600_000;
+
+/// Per-model recent records and SLO counters.
+pub struct Inputs {
+    records: HashMap<String, VecDeque<Rec>>,
+    /// (bucket start, bad, total) per model, 10 s buckets over 6 h.
+    slo: HashMap<String, VecDeque<(i64, u64, u64)>>,
+    retention_ms: i64,
+    cap_per_model: usize,
+}
+
+impl Inputs {
+    pub fn new(retention_ms: i64, cap_per_model: usize) -> Inputs {
+        Inputs {
+            records: HashMap::new(),
+            slo: HashMap::new(),
+            retention_ms,
+            cap_per_model: cap_per_model.max(1),
+        }
+    }
+
+    pub fn ingest(&mut self, r: Rec) {
+        let b = self.slo.entry(r.model.clone()).or_default();
+        let bucket = r.at_ms - r.at_ms.rem_euclid(SLO_BUCKET_MS);
+        match b.back_mut() {
+            Some(last) if last.0 == bucket => {
+                last.1 += u64::from(!r.ok);
+                last.2 += 1;
+            }
+            Some(last) if last.0 > bucket => {
+                // Out of order (a long request finishing late): count it in the newest bucket.
+                last.1 += u64::from(!r.ok);
+                last.2 += 1;
+            }
+            _ => b.push_back((bucket, u64::from(!r.ok), 1)),
+        }
+        let q = self.records.entry(r.model.clone()).or_default();
+        if q.len() >= self.cap_per_model {
+            q.pop_front();
+        }
+        q.push_back(r);
+    }
+
+    pub fn prune(&mut self, now: i64) {
+        let keep = self.retention_ms;
+        for q in self.records.values_mut() {
+            while q.front().is_some_and(|r| now - r.at_ms > keep) {
+                q.pop_front();
+            }
+        }
+        self.records.retain(|_, q| !q.is_empty());
+        for b in self.slo.values_mut() {
+            while b
+                .front()
+                .is_some_and(|(t, _, _)| now - t > SLO_RETENTION_MS)
+            {
+                b.pop_front();
+            }
+        }
+        self.slo.retain(|_, b| !b.is_empty());
+    }
+
+    pub fn models(&self) -> Vec<String> {
+        let mut m: Vec<String> = self
+            .records
+            .keys()
+            .chain(self.slo.keys())
+            .cloned()
+            .collect();
+        m.sort();
+        m.dedup();
+        m
+    }
+
+    /// Records of `model` known in `(from, to]`.
+    pub fn window(&self, model: &str, from: i64, to: i64) -> impl Iterator<Item = &Rec> {
+        self.records
+            .get(model)
+            .into_iter()
+            .flatten()
+            .filter(move |r| r.at_ms > from && r.at_ms <= to)
+    }
+
+    /// (bad, total) of `model` over the last `span_ms`.
+    pub fn counts(&self, model: &str, now: i64, span_ms: i64) -> (u64, u64) {
+        self.slo
+            .get(model)
+            .into_iter()
+            .flatten()
+            .filter(|(t, _, _)| *t + SLO_BUCKET_MS > now - span_ms)
+            .fold((0, 0), |(b, n), (_, bad, tot)| (b + bad, n + tot))
+    }
+}
+
+/// Values of `name` in the window, successful requests only.
+pub fn values<'a>(recs: impl Iterator<Item = &'a Rec>, name: &str) -> Vec<f64> {
+    recs.filter(|r| r.ok)
+        .filter_map(|r| r.value(name))
+        .collect()
+}
+
+/// Nearest-rank quantile of unsorted values (None when empty).
+pub fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    Some(v[rank - 1])
+}
+
+/// One signal series on the board: labels and recent history.
+pub struct SignalSeries {
+    pub model: String,
+    pub instance: String,
+    pub device: String,
+    pub notes: BTreeMap<String, String>,
+    pub history: Vec<(i64, f64)>,
+}
+
+/// Every series of `signal` (all models, instances, devices) with its history since `since_ms`.
+pub fn signal_series(board: &SignalBoard, signal: &str, since_ms: i64) -> Vec<SignalSeries> {
+    board
+        .latest(None)
+        .into_iter()
+        .filter(|p| p.signal == signal)
+        .map(|p| {
+            let history: Vec<(i64, f64)> = board
+                .history(&p.model_id, signal, &p.instance, &p.device_id)
+                .into_iter()
+                .filter(|(t, _)| *t >= since_ms)
+                .collect();
+            SignalSeries {
+                model: p.model_id,
+                instance: p.instance,
+                device: p.device_id,
+                notes: p.notes,
+                history,
+            }
+        })
+        .collect()
+}
+
+/// History of one (model, instance, device) series since `since_ms`.
+pub fn history(
+    board: &SignalBoard,
+    model: &str,
+    signal: &str,
+    instance: &str,
+    device: &str,
+    since_ms: i64,
+) -> Vec<(i64, f64)> {
+    board
+        .history(model, signal, instance, device)
+        .into_iter()
+        .filter(|(t, _)| *t >= since_ms)
+        .collect()
+}
+
+/// Latest value of `signal` for a model on an instance (any device; the highest when several).
+pub fn latest(
+    board: &SignalBoard,
+    model: &str,
+    signal: &str,
+    instance: Option<&str>,
+) -> Option<f64> {
+    board
+        .latest(Some(model))
+        .into_iter()
+        .filter(|p| p.signal == signal && instance.is_none_or(|i| p.instance == i))
+        .map(|p| p.value)
+        .reduce(f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(model: &str, at: i64, ttft: f64, ok: bool) -> Rec {
+        Rec {
+            model: model.into(),
+            instance: "i".into(),
+            ab_group: String::new(),
+            prompt_version: String::new(),
+            trace_id: String::new(),
+            request_id: String::new(),
+            at_ms: at,
+            ttft: Some(ttft),
+            e2e: ttft * 2.0,
+            itl: None,
+            queue: None,
+            headers: None,
+            prompt_tokens: None,
+            output_tokens: Some(10),
+            ok,
+            finish_reason: "stop".into(),
+        }
+    }
+
+    #[test]
+    fn windows_counts_and_pruning() {
+        let mut i = Inputs::new(60_000, 1000);
+        for t in 0..100 {
+            i.ingest(rec("m", t * 1000, t as f64, t % 10 != 0));
+        }
+        assert_eq!(i.window("m", 89_000, 99_000).count(), 10);
+        assert_eq!(values(i.window("m", 89_000, 99_000), "ttft").len(), 9);
+        let (bad, total) = i.counts("m", 99_000, 20_000);
+        assert!(total >= 20 && bad >= 2, "{bad}/{total}");
+        i.prune(100_000);
+        assert!(i.window("m", 0, 39_000).next().is_none());
+        assert_eq!(i.models(), vec!["m".to_string()]);
+    }
+
+    #[test]
+    fn cap_and_quantile() {
+        let mut i = Inputs::new(1_000_000, 5);
+        for t in 0..10 {
+            i.ingest(rec("m", t, 1.0, true));
+        }
+        assert_eq!(i.window("m", -1, 100).count(), 5);
+        assert_eq!(quantile(vec![], 0.99), None);
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(v.clone(), 0.99), Some(99.0));
+        assert_eq!(quantile(v, 0.5), Some(50.0));
+    }
+}

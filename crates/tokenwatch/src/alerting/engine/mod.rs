@@ -1,0 +1,657 @@
+// The alert engine: one task, woken by arriving records (and a short tick for scraped signals),
+// that evaluates every rule, drives alert lifecycles, enriches, snapshots, notifies and publishes.
+
+pub mod enrich;
+pub mod eval;
+pub mod inputs;
+pub mod lifecycle;
+pub mod noise;
+
+pub use inputs::AlertSink;
+
+use crate::alerting::deliver::Notifier;
+use crate::alerting::rules::{
+    AlertingConfig, DetectorKind, InhibitRule, Rule, default_inhibit_rules, render,
+};
+use crate::alerting::snapshot::{SnapshotContext, snapshot_dir, write_snapshot};
+use crate::export::prometheus::Metrics;
+use crate::pipeline::now_unix_ms;
+use enrich::EventHistory;
+use lifecycle::{Timing, Tracked, Transition, fingerprint, group_labels};
+use noise::{AlertMetrics, Firing, Incidents};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokenwatch_core::alert::{Alert, AlertState, AnomalyEvent};
+use tokenwatch_core::signals::SharedSignals;
+use tokenwatch_detect as det;
+use tokenwatch_store::{SpanQuery, Store};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// Records waiting for the engine; beyond this the sink drops (and counts) them.
+const RECORD_QUEUE: usize = 65_536;
+/// Records kept per model for windowed detectors.
+const RECORDS_PER_MODEL: usize = 200_000;
+/// Shortest time between two evaluations.
+const MIN_EVAL_GAP: Duration = Duration::from_millis(50);
+const SPAN_POLL_MS: i64 = 5_000;
+const MAX_RESOLVED: usize = 1_000;
+
+/// Alerts as the API sees them: active (pending, firing) and recently resolved.
+#[derive(Default)]
+pub struct AlertBook {
+    inner: Mutex<BookInner>,
+}
+
+#[derive(Default)]
+struct BookInner {
+    active: Vec<Alert>,
+    resolved: Vec<Alert>,
+}
+
+impl AlertBook {
+    /// Active alerts (newest first), then resolved ones (newest first).
+    pub fn list(&self) -> Vec<Alert> {
+        let b = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        b.active.iter().chain(b.resolved.iter()).cloned().collect()
+    }
+
+    /// By alert id, or by fingerprint (its current or latest activation).
+    pub fn get(&self, id: &str) -> Option<Alert> {
+        let b = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let all = || b.active.iter().chain(b.resolved.iter());
+        all()
+            .find(|a| a.id == id)
+            .or_else(|| all().find(|a| a.fingerprint == id))
+            .cloned()
+    }
+
+    fn publish(&self, active: Vec<Alert>, resolved: Vec<Alert>) {
+        let mut b = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        b.active = active;
+        b.resolved = resolved;
+    }
+}
+
+/// What the engine needs from the rest of the process.
+pub struct EngineDeps {
+    pub signals: SharedSignals,
+    pub store: Arc<dyn Store>,
+    pub metrics: Arc<Metrics>,
+    pub notifier: Option<Notifier>,
+    /// Set when snapshots are enabled.
+    pub snapshot: Option<SnapshotContext>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+pub struct Started {
+    pub book: Arc<AlertBook>,
+    /// Register in the pipeline's sink list.
+    pub sink: AlertSink,
+    pub task: JoinHandle<()>,
+}
+
+/// The causal graph: the spec's defaults (unless replaced) with configured edges added or replacing.
+pub fn causal_graph(cfg: &AlertingConfig) -> det::CausalGraph {
+    let mut g = if cfg.causal_graph.replace_defaults {
+        det::CausalGraph { edges: Vec::new() }
+    } else {
+        det::CausalGraph::default()
+    };
+    for e in &cfg.causal_graph.edges {
+        g.edges
+            .retain(|x| !(x.cause == e.cause && x.effect == e.effect));
+        g.edges.push(det::CausalEdge {
+            cause: e.cause.clone(),
+            effect: e.effect.clone(),
+            confidence: e.confidence,
+            delay_ms: e.delay.0.as_millis() as i64,
+        });
+    }
+    g
+}
+
+/// Start the engine task.
+pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Started {
+    let (tx, rx) = mpsc::channel(RECORD_QUEUE);
+    let wake = Arc::new(Notify::new());
+    let dropped = Arc::new(AtomicU64::new(0));
+    let sink = AlertSink {
+        tx,
+        wake: wake.clone(),
+        dropped: dropped.clone(),
+    };
+    let book = Arc::new(AlertBook::default());
+    let retention = rules
+        .iter()
+        .map(|r| match r.kind {
+            DetectorKind::KsDrift(_) | DetectorKind::KlDrift(_) => 7 * r.window_ms,
+            _ => 2 * r.window_ms,
+        })
+        .max()
+        .unwrap_or(120_000)
+        .clamp(120_000, 3_600_000);
+    let (snap_tx, snap_rx) = mpsc::channel(256);
+    let engine = Engine {
+        states: rules.iter().map(|_| eval::RuleState::default()).collect(),
+        rules,
+        tracked: HashMap::new(),
+        resolved: VecDeque::new(),
+        inputs: inputs::Inputs::new(retention, RECORDS_PER_MODEL),
+        history: EventHistory::new(cfg.event_lookback.0.as_millis() as i64),
+        incidents: Incidents::new(cfg.incident_window.0.as_millis() as i64),
+        metrics: AlertMetrics::register(&deps.metrics),
+        inhibit: cfg
+            .inhibit_rules
+            .clone()
+            .unwrap_or_else(default_inhibit_rules),
+        graph: causal_graph(cfg),
+        resolve_after_ms: cfg.resolve_after.0.as_millis() as i64,
+        clean_evaluations: cfg.resolve_clean_evaluations,
+        keep_resolved_ms: cfg.keep_resolved.0.as_millis() as i64,
+        book: book.clone(),
+        signals: deps.signals,
+        store: deps.store,
+        notifier: deps.notifier,
+        snapshot: deps.snapshot.map(Arc::new),
+        snap_tx,
+        spans: Vec::new(),
+        last_span_poll: i64::MIN,
+        dropped,
+        dropped_seen: 0,
+    };
+    let interval = cfg.evaluation_interval.0.max(Duration::from_millis(10));
+    let task = tokio::spawn(engine.run(rx, snap_rx, wake, interval, deps.shutdown));
+    Started { book, sink, task }
+}
+
+struct Engine {
+    rules: Vec<Rule>,
+    states: Vec<eval::RuleState>,
+    tracked: HashMap<String, Tracked>,
+    resolved: VecDeque<Alert>,
+    inputs: inputs::Inputs,
+    history: EventHistory,
+    incidents: Incidents,
+    metrics: AlertMetrics,
+    inhibit: Vec<InhibitRule>,
+    graph: det::CausalGraph,
+    resolve_after_ms: i64,
+    clean_evaluations: u32,
+    keep_resolved_ms: i64,
+    book: Arc<AlertBook>,
+    signals: SharedSignals,
+    store: Arc<dyn Store>,
+    notifier: Option<Notifier>,
+    snapshot: Option<Arc<SnapshotContext>>,
+    snap_tx: mpsc::Sender<(String, String)>,
+    spans: Vec<(String, bool)>,
+    last_span_poll: i64,
+    dropped: Arc<AtomicU64>,
+    dropped_seen: u64,
+}
+
+impl Engine {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<inputs::Rec>,
+        mut snap_rx: mpsc::Receiver<(String, String)>,
+        wake: Arc<Notify>,
+        interval: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut last: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(interval) => {}
+                Some((id, path)) = snap_rx.recv() => { self.attach_snapshot(&id, path); continue; }
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            if let Some(since) = last.map(|l| l.elapsed())
+                && since < MIN_EVAL_GAP
+            {
+                tokio::time::sleep(MIN_EVAL_GAP - since).await;
+            }
+            last = Some(tokio::time::Instant::now());
+            let mut new_records = Vec::new();
+            while let Ok(r) = rx.try_recv() {
+                new_records.push(r);
+            }
+            self.poll_spans().await;
+            self.step(new_records, now_unix_ms());
+        }
+    }
+
+    async fn poll_spans(&mut self) {
+        let Some(pattern) = self.rules.iter().find_map(|r| match &r.kind {
+            DetectorKind::CallChain(p) => Some(p.pattern.to_lowercase()),
+            _ => None,
+        }) else {
+            return;
+        };
+        let now = now_unix_ms();
+        if now.saturating_sub(self.last_span_poll) < SPAN_POLL_MS {
+            return;
+        }
+        self.last_span_poll = now;
+        let store = self.store.clone();
+        let q = SpanQuery {
+            from_unix_nano: Some((now - 30_000) * 1_000_000),
+            limit: 5_000,
+            ..SpanQuery::default()
+        };
+        if let Ok(Ok(spans)) = tokio::task::spawn_blocking(move || store.query_spans(&q)).await {
+            self.spans = spans
+                .into_iter()
+                .map(|s| {
+                    let oom = s.status_message.to_lowercase().contains(&pattern)
+                        || s.attributes_json.to_lowercase().contains(&pattern);
+                    (s.trace_id, oom)
+                })
+                .collect();
+        }
+    }
+
+    /// One evaluation of every rule at `now`.
+    fn step(&mut self, new_records: Vec<inputs::Rec>, now: i64) {
+        for r in &new_records {
+            self.inputs.ingest(r.clone());
+        }
+        self.inputs.prune(now);
+        self.history.prune(now);
+        let dropped = self.dropped.load(Ordering::Relaxed);
+        self.metrics
+            .dropped_records
+            .inc_by(dropped - self.dropped_seen);
+        self.dropped_seen = dropped;
+
+        let mut per_rule: Vec<Vec<AnomalyEvent>> = Vec::with_capacity(self.rules.len());
+        {
+            let board = self.signals.read().unwrap_or_else(|p| p.into_inner());
+            let cx = eval::EvalCtx {
+                inputs: &self.inputs,
+                board: &board,
+                new_records: &new_records,
+                spans: &self.spans,
+                now,
+            };
+            for (rule, st) in self.rules.iter().zip(self.states.iter_mut()) {
+                per_rule.push(eval::evaluate(rule, st, &cx));
+            }
+        }
+        self.metrics.evaluations.inc();
+        let mut transitions = Vec::new();
+        for (i, events) in per_rule.into_iter().enumerate() {
+            for e in &events {
+                self.history.record(e);
+            }
+            self.apply(i, events, now, &mut transitions);
+        }
+        for (fp, t) in transitions {
+            self.on_transition(&fp, t, now);
+        }
+        for t in self.tracked.values() {
+            self.incidents.touch(&t.alert, now);
+        }
+        for n in self.incidents.close_idle(now) {
+            self.metrics.per_incident.observe(n as f64);
+        }
+        self.metrics
+            .open_incidents
+            .set(self.incidents.open_count() as i64);
+        let keep = self.keep_resolved_ms;
+        while self
+            .resolved
+            .back()
+            .is_some_and(|a| now - a.resolved_at_unix_ms.unwrap_or(now) > keep)
+            || self.resolved.len() > MAX_RESOLVED
+        {
+            self.resolved.pop_back();
+        }
+        self.publish();
+    }
+
+    /// Group a rule's events by its labels and step each of its alerts.
+    fn apply(
+        &mut self,
+        i: usize,
+        events: Vec<AnomalyEvent>,
+        now: i64,
+        out: &mut Vec<(String, Transition)>,
+    ) {
+        let rule = &self.rules[i];
+        let mut groups: BTreeMap<String, (BTreeMap<String, String>, AnomalyEvent)> =
+            BTreeMap::new();
+        for e in events {
+            let gl = group_labels(&e, &rule.group_by);
+            let fp = fingerprint(&rule.name, &gl);
+            match groups.get(&fp) {
+                Some((_, best)) if best.score >= e.score => {}
+                _ => {
+                    groups.insert(fp, (gl, e));
+                }
+            }
+        }
+        let timing = Timing {
+            for_ms: rule.for_ms,
+            resolve_after_ms: rule.resolve_after_ms.unwrap_or(self.resolve_after_ms),
+            clean_evaluations: self.clean_evaluations,
+        };
+        for (fp, t) in self.tracked.iter_mut().filter(|(_, t)| t.rule_index == i) {
+            if !groups.contains_key(fp)
+                && let Some(tr) = t.step(None, now, &timing)
+            {
+                out.push((fp.clone(), tr));
+            }
+        }
+        for (fp, (gl, e)) in groups {
+            if let Some(t) = self.tracked.get_mut(&fp) {
+                if let Some(tr) = t.step(Some(&e), now, &timing) {
+                    out.push((fp, tr));
+                }
+                continue;
+            }
+            let mut t = Tracked::new(
+                &rule.name,
+                i,
+                rule.severity,
+                rule.grade.clone(),
+                gl,
+                &e,
+                now,
+            );
+            out.push((fp.clone(), Transition::Pending));
+            if let Some(tr) = t.step(Some(&e), now, &timing) {
+                out.push((fp.clone(), tr));
+            }
+            self.tracked.insert(fp, t);
+        }
+    }
+
+    fn on_transition(&mut self, fp: &str, tr: Transition, now: i64) {
+        match tr {
+            Transition::Dropped => {
+                self.tracked.remove(fp);
+            }
+            Transition::Pending => {
+                if let Some(t) = self.tracked.get_mut(fp) {
+                    let rule = &self.rules[t.rule_index];
+                    fill_annotations(rule, &mut t.alert);
+                    self.notify(fp);
+                }
+            }
+            Transition::Fired => {
+                self.enrich(fp, now);
+                if let Some(t) = self.tracked.get(fp) {
+                    tracing::warn!(rule = %t.alert.rule, labels = ?t.alert.labels, summary = %t.alert.annotations.get("summary").cloned().unwrap_or_default(), "alert firing");
+                    if let Some(ctx) = &self.snapshot {
+                        let (ctx, alert, tx) = (ctx.clone(), t.alert.clone(), self.snap_tx.clone());
+                        tokio::spawn(async move {
+                            let a = alert.clone();
+                            let res = tokio::task::spawn_blocking(move || {
+                                write_snapshot(&snapshot_dir(&ctx.data_dir), &a, &ctx)
+                            })
+                            .await;
+                            match res {
+                                Ok(Ok(path)) => {
+                                    let _ = tx.send((alert.id, path.display().to_string())).await;
+                                }
+                                Ok(Err(e)) => {
+                                    tracing::warn!(alert = %alert.id, error = %e, "snapshot failed")
+                                }
+                                Err(e) => {
+                                    tracing::warn!(alert = %alert.id, error = %e, "snapshot task failed")
+                                }
+                            }
+                        });
+                    }
+                }
+                self.notify(fp);
+            }
+            Transition::Resolved => {
+                if let Some(mut t) = self.tracked.remove(fp) {
+                    let rule = &self.rules[t.rule_index];
+                    fill_annotations(rule, &mut t.alert);
+                    tracing::info!(rule = %t.alert.rule, labels = ?t.alert.labels, "alert resolved");
+                    if !t.alert.annotations.contains_key("inhibited_by")
+                        && let Some(n) = &self.notifier
+                    {
+                        n.notify(&t.alert);
+                    }
+                    self.resolved.push_front(t.alert);
+                }
+            }
+        }
+    }
+
+    fn notify(&self, fp: &str) {
+        if let (Some(n), Some(t)) = (&self.notifier, self.tracked.get(fp))
+            && !t.alert.annotations.contains_key("inhibited_by")
+        {
+            n.notify(&t.alert);
+        }
+    }
+
+    /// Root cause, latency breakdown, eviction ranking, incident and inhibition of a firing alert.
+    fn enrich(&mut self, fp: &str, now: i64) {
+        let Some(t) = self.tracked.get(fp) else {
+            return;
+        };
+        let rule = &self.rules[t.rule_index];
+        let mut alert = t.alert.clone();
+        let model = alert.labels.get("model_id").cloned().unwrap_or_default();
+        // The effect is the onset of the condition (when it first held), so delays compare onsets.
+        let effect = alert.last_event.clone().map(|mut e| {
+            e.at_unix_ms = e.at_unix_ms.min(alert.active_at_unix_ms);
+            e
+        });
+        if let Some(effect) = &effect {
+            alert.root_cause = enrich::root_cause(&self.graph, effect, &self.history);
+        }
+        let latency_symptom = matches!(
+            rule.kind,
+            DetectorKind::LatencySpike(_)
+                | DetectorKind::AbsoluteLatency(_)
+                | DetectorKind::ContextAware(_)
+                | DetectorKind::BatchJitter(_)
+        );
+        if latency_symptom && !model.is_empty() {
+            let recs: Vec<&inputs::Rec> = self
+                .inputs
+                .window(&model, now - rule.window_ms, now)
+                .collect();
+            if let Some((text, json)) = enrich::latency_breakdown(&recs) {
+                alert.annotations.insert("latency_breakdown".into(), text);
+                alert
+                    .annotations
+                    .insert("latency_breakdown_json".into(), json.to_string());
+            }
+        }
+        let gpu_memory = matches!(
+            rule.kind,
+            DetectorKind::GpuLeak(_) | DetectorKind::KvPressure(_)
+        ) || (matches!(rule.kind, DetectorKind::Threshold(_))
+            && rule.signal.starts_with("gpu_memory"));
+        if gpu_memory && !model.is_empty() {
+            let board = self.signals.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(rank) = enrich::eviction(&board, &self.inputs, &model, now, 60_000)
+                && let Some((worst, _)) = rank.first()
+            {
+                alert
+                    .annotations
+                    .insert("eviction_candidate".into(), worst.clone());
+                alert.annotations.insert(
+                    "eviction_ranking".into(),
+                    serde_json::json!(rank).to_string(),
+                );
+            }
+        }
+        if let Some(c) = alert.root_cause.first() {
+            alert.annotations.insert(
+                "root_cause".into(),
+                format!(
+                    "{} (rank {:.2}, path {})",
+                    c.summary,
+                    c.rank,
+                    c.path.join(" → ")
+                ),
+            );
+        }
+        let firing: Vec<Firing> = self
+            .tracked
+            .iter()
+            .filter(|(f, _)| f.as_str() != fp)
+            .map(|(_, t)| Firing {
+                rule: &self.rules[t.rule_index].name,
+                detector: &self.rules[t.rule_index].detector,
+                alert: &t.alert,
+            })
+            .collect();
+        if let Some(by) = noise::inhibitor(
+            &self.inhibit,
+            &rule.name,
+            &rule.detector,
+            &alert.labels,
+            &firing,
+        ) {
+            alert
+                .annotations
+                .insert("inhibited_by".into(), format!("{} ({})", by.rule, by.id));
+        }
+        drop(firing);
+        alert.incident_id = Some(self.incidents.assign(&alert, now));
+        fill_annotations(rule, &mut alert);
+        if let Some(t) = self.tracked.get_mut(fp) {
+            t.alert = alert;
+        }
+    }
+
+    fn attach_snapshot(&mut self, id: &str, path: String) {
+        let fp = self
+            .tracked
+            .iter()
+            .find(|(_, t)| t.alert.id == id)
+            .map(|(f, _)| f.clone());
+        if let Some(fp) = fp {
+            if let Some(t) = self.tracked.get_mut(&fp) {
+                t.alert.snapshot = Some(path);
+            }
+            self.notify(&fp);
+        } else if let Some(a) = self.resolved.iter_mut().find(|a| a.id == id) {
+            a.snapshot = Some(path);
+        }
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        for t in self.tracked.values_mut() {
+            if t.alert.state == AlertState::Firing {
+                let rule = &self.rules[t.rule_index];
+                fill_annotations(rule, &mut t.alert);
+            }
+        }
+        let mut active: Vec<Alert> = self.tracked.values().map(|t| t.alert.clone()).collect();
+        active.sort_by(|a, b| {
+            b.active_at_unix_ms
+                .cmp(&a.active_at_unix_ms)
+                .then(a.id.cmp(&b.id))
+        });
+        let resolved: Vec<Alert> = self.resolved.iter().cloned().collect();
+        self.metrics
+            .set_alerts(active.iter().chain(resolved.iter()));
+        self.book.publish(active, resolved);
+    }
+}
+
+/// Summary and description from the rule's templates and the latest event.
+fn fill_annotations(rule: &Rule, alert: &mut Alert) {
+    let ev = alert.last_event.as_ref();
+    alert.annotations.insert(
+        "summary".into(),
+        render(&rule.summary, rule, &alert.labels, ev),
+    );
+    alert.annotations.insert(
+        "description".into(),
+        render(&rule.description, rule, &alert.labels, ev),
+    );
+    if let Some(e) = ev {
+        alert
+            .annotations
+            .insert("detector_summary".into(), e.summary.clone());
+    }
+}
+
+/// What `app.rs` wires in: the record sink (when alerting is enabled), the API routes, the tasks.
+pub struct AlertingHandle {
+    pub sink: Option<AlertSink>,
+    pub routes: axum::Router,
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+/// The effective configuration for snapshots, secrets (tenant salt, receiver headers) redacted.
+fn redacted_config(cfg: &crate::config::Config) -> serde_json::Value {
+    let mut c = cfg.clone();
+    if !c.proxy.tenant_salt.is_empty() {
+        c.proxy.tenant_salt = "<redacted>".into();
+    }
+    for w in &mut c.alerting.delivery.webhooks {
+        for v in w.headers.values_mut() {
+            *v = "<redacted>".into();
+        }
+    }
+    serde_json::json!({ "format": "rust-debug", "config": format!("{c:#?}") })
+}
+
+/// Compile the rules, start the notifier and the engine (when `alerting.enabled`).
+pub fn start_from_config(
+    cfg: &crate::config::Config,
+    signals: SharedSignals,
+    store: Arc<dyn Store>,
+    aggregator: Arc<Mutex<tokenwatch_core::aggregate::Aggregator>>,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<AlertingHandle> {
+    let a = &cfg.alerting;
+    if !a.enabled {
+        let book = Arc::new(AlertBook::default());
+        return Ok(AlertingHandle {
+            sink: None,
+            routes: crate::alerting::api::router(book),
+            tasks: Vec::new(),
+        });
+    }
+    let rules = crate::alerting::rules::compile(a)
+        .map_err(|(path, msg)| anyhow::anyhow!("{path}: {msg}"))?;
+    let mut delivery = a.delivery.clone();
+    delivery.resolve_external_url(cfg.listen);
+    let (notifier, mut tasks) = Notifier::start(delivery, metrics.clone(), shutdown.clone());
+    let snapshot = a.snapshots.then(|| SnapshotContext {
+        signals: signals.clone(),
+        store: store.clone(),
+        aggregator,
+        config_json: redacted_config(cfg),
+        data_dir: cfg.data_dir.clone(),
+    });
+    tracing::info!(rules = rules.len(), receivers = ?notifier.receiver_names(), "alerting enabled");
+    let started = start(
+        a,
+        rules,
+        EngineDeps {
+            signals,
+            store,
+            metrics,
+            notifier: Some(notifier),
+            snapshot,
+            shutdown,
+        },
+    );
+    tasks.push(started.task);
+    Ok(AlertingHandle {
+        sink: Some(started.sink),
+        routes: crate::alerting::api::router(started.book),
+        tasks,
+    })
+}

@@ -1,0 +1,262 @@
+// Noise reduction around the lifecycle: inhibition (a firing cause marks its symptoms, which are
+// kept but not delivered), incidents (alerts of one model close in time), and alert metrics.
+
+use crate::alerting::rules::InhibitRule;
+use crate::export::prometheus::Metrics;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use tokenwatch_core::alert::{Alert, AlertState};
+
+/// A firing alert as inhibition sees it.
+pub struct Firing<'a> {
+    pub rule: &'a str,
+    pub detector: &'a str,
+    pub alert: &'a Alert,
+}
+
+/// The first firing alert that inhibits an alert of `rule`/`detector` with `labels`.
+pub fn inhibitor<'a>(
+    rules: &[InhibitRule],
+    rule: &str,
+    detector: &str,
+    labels: &BTreeMap<String, String>,
+    firing: &[Firing<'a>],
+) -> Option<&'a Alert> {
+    let names = |list: &[String], r: &str, d: &str| list.iter().any(|n| n == r || n == d);
+    for ir in rules.iter().filter(|ir| names(&ir.target, rule, detector)) {
+        for f in firing {
+            if f.alert.state != AlertState::Firing
+                || !names(&ir.source, f.rule, f.detector)
+                || f.rule == rule
+            {
+                continue;
+            }
+            if ir
+                .equal
+                .iter()
+                .all(|k| labels.get(k) == f.alert.labels.get(k))
+            {
+                return Some(f.alert);
+            }
+        }
+    }
+    None
+}
+
+struct Incident {
+    id: String,
+    last_activity_ms: i64,
+    alerts: HashSet<String>,
+}
+
+/// Alerts of one model (the `model_id` label; others share the "" key) that become active while
+/// an incident of that model is open, or within `window_ms` of its last activity, join it.
+pub struct Incidents {
+    open: HashMap<String, Incident>,
+    window_ms: i64,
+    seq: u64,
+}
+
+impl Incidents {
+    pub fn new(window_ms: i64) -> Incidents {
+        Incidents {
+            open: HashMap::new(),
+            window_ms,
+            seq: 0,
+        }
+    }
+
+    fn key(labels: &BTreeMap<String, String>) -> String {
+        labels.get("model_id").cloned().unwrap_or_default()
+    }
+
+    /// The incident id for a newly firing alert.
+    pub fn assign(&mut self, alert: &Alert, now: i64) -> String {
+        let key = Self::key(&alert.labels);
+        let window = self.window_ms;
+        if let Some(inc) = self
+            .open
+            .get_mut(&key)
+            .filter(|i| now - i.last_activity_ms <= window)
+        {
+            inc.alerts.insert(alert.fingerprint.clone());
+            inc.last_activity_ms = now;
+            return inc.id.clone();
+        }
+        self.seq += 1;
+        let id = format!("inc-{now}-{}", self.seq);
+        self.open.insert(
+            key,
+            Incident {
+                id: id.clone(),
+                last_activity_ms: now,
+                alerts: HashSet::from([alert.fingerprint.clone()]),
+            },
+        );
+        id
+    }
+
+    /// Keep an incident open while one of its alerts is still active.
+    pub fn touch(&mut self, alert: &Alert, now: i64) {
+        if let Some(inc) = self.open.get_mut(&Self::key(&alert.labels))
+            && alert.incident_id.as_deref() == Some(inc.id.as_str())
+        {
+            inc.last_activity_ms = now;
+        }
+    }
+
+    /// Close incidents idle for longer than the window; returns each closed one's alert count.
+    pub fn close_idle(&mut self, now: i64) -> Vec<usize> {
+        let window = self.window_ms;
+        let mut closed = Vec::new();
+        self.open.retain(|_, i| {
+            let keep = now - i.last_activity_ms <= window;
+            if !keep {
+                closed.push(i.alerts.len());
+            }
+            keep
+        });
+        closed
+    }
+
+    pub fn open_count(&self) -> usize {
+        self.open.len()
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AlertLabels {
+    pub rule: String,
+    pub severity: String,
+    pub state: String,
+}
+
+/// The engine's metrics in `/metrics`.
+pub struct AlertMetrics {
+    pub alerts: Family<AlertLabels, Gauge>,
+    pub per_incident: Histogram,
+    pub open_incidents: Gauge,
+    pub evaluations: Counter,
+    pub dropped_records: Counter,
+}
+
+impl AlertMetrics {
+    pub fn register(m: &Metrics) -> AlertMetrics {
+        let a = AlertMetrics {
+            alerts: Family::default(),
+            per_incident: Histogram::new([1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0]),
+            open_incidents: Gauge::default(),
+            evaluations: Counter::default(),
+            dropped_records: Counter::default(),
+        };
+        m.register(
+            "tokenwatch_alerts",
+            "Alerts by rule, severity and state (pending, firing, recently resolved)",
+            a.alerts.clone(),
+        );
+        m.register(
+            "tokenwatch_alerts_per_incident",
+            "Alerts raised per closed incident",
+            a.per_incident.clone(),
+        );
+        m.register(
+            "tokenwatch_alert_incidents_open",
+            "Incidents with recent alert activity",
+            a.open_incidents.clone(),
+        );
+        m.register(
+            "tokenwatch_alert_evaluations",
+            "Rule-set evaluations run",
+            a.evaluations.clone(),
+        );
+        m.register(
+            "tokenwatch_alerting_dropped_records",
+            "Request records the alert engine could not take (its queue was full)",
+            a.dropped_records.clone(),
+        );
+        a
+    }
+
+    /// Set the gauge family from the current alerts.
+    pub fn set_alerts<'a>(&self, alerts: impl Iterator<Item = &'a Alert>) {
+        let mut counts: HashMap<AlertLabels, i64> = HashMap::new();
+        for a in alerts {
+            let l = AlertLabels {
+                rule: a.rule.clone(),
+                severity: a.severity.name().into(),
+                state: a.state.name().into(),
+            };
+            *counts.entry(l).or_default() += 1;
+        }
+        self.alerts.clear();
+        for (l, n) in counts {
+            self.alerts.get_or_create(&l).set(n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alerting::engine::lifecycle::Tracked;
+    use tokenwatch_core::alert::{AnomalyEvent, Severity};
+
+    fn alert(rule: &str, model: &str, state: AlertState) -> Alert {
+        let e = AnomalyEvent {
+            detector: rule.into(),
+            signal: "s".into(),
+            labels: BTreeMap::new(),
+            score: 1.0,
+            at_unix_ms: 0,
+            evidence: BTreeMap::new(),
+            summary: String::new(),
+        };
+        let labels = BTreeMap::from([("model_id".to_string(), model.to_string())]);
+        let mut t = Tracked::new(rule, 0, Severity::Warning, None, labels, &e, 0);
+        t.alert.state = state;
+        t.alert
+    }
+
+    #[test]
+    fn cause_inhibits_symptom_on_same_model_only() {
+        let rules = crate::alerting::rules::default_inhibit_rules();
+        let leak = alert("gpu_memory_leak", "m", AlertState::Firing);
+        let firing = [Firing {
+            rule: "gpu_memory_leak",
+            detector: "gpu_memory_leak",
+            alert: &leak,
+        }];
+        let same = BTreeMap::from([("model_id".to_string(), "m".to_string())]);
+        let other = BTreeMap::from([("model_id".to_string(), "x".to_string())]);
+        assert!(inhibitor(&rules, "latency_spike", "latency_spike", &same, &firing).is_some());
+        assert!(inhibitor(&rules, "latency_spike", "latency_spike", &other, &firing).is_none());
+        assert!(inhibitor(&rules, "slo_burn", "slo_burn", &same, &firing).is_none());
+        let resolved = alert("gpu_memory_leak", "m", AlertState::Resolved);
+        let firing = [Firing {
+            rule: "gpu_memory_leak",
+            detector: "gpu_memory_leak",
+            alert: &resolved,
+        }];
+        assert!(inhibitor(&rules, "latency_spike", "latency_spike", &same, &firing).is_none());
+    }
+
+    #[test]
+    fn incidents_group_by_model_and_close_when_idle() {
+        let mut inc = Incidents::new(1000);
+        let a = alert("r1", "m", AlertState::Firing);
+        let b = alert("r2", "m", AlertState::Firing);
+        let c = alert("r1", "x", AlertState::Firing);
+        let ia = inc.assign(&a, 0);
+        assert_eq!(inc.assign(&b, 500), ia);
+        assert_ne!(inc.assign(&c, 600), ia);
+        assert_eq!(inc.open_count(), 2);
+        let mut closed = inc.close_idle(1550);
+        closed.sort();
+        assert_eq!(closed, vec![2]);
+        assert_ne!(inc.assign(&a, 5000), ia);
+    }
+}

@@ -1,0 +1,9 @@
+// Alerting: rules, alert lifecycle and evaluation (engine), and what happens once an alert
+// exists — delivery to Alertmanager and webhooks, snapshots, Prometheus rules export.
+
+pub mod api;
+pub mod deliver;
+pub mod engine;
+pub mod promexport;
+pub mod rules;
+pub mod snapshot;

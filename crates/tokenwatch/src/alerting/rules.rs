@@ -1,0 +1,914 @@
+// Alerting rules: the `alerting:` configuration section, the default rule set covering spec
+// section 4, rule compilation with key-path errors (`alerting.rules[3].params`), and templates.
+
+use crate::config::HumanDuration;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokenwatch_core::alert::{AnomalyEvent, Severity};
+use tokenwatch_detect as det;
+
+/// The `alerting:` section.
+///
+/// ```yaml
+/// alerting:
+///   default_rules: true          # the shipped rule set (see DEFAULT_RULES_YAML)
+///   overrides:                   # change a default (or configured) rule by name
+///     latency_spike: {for: 30s, window: 30s, params: {ratio: 3}}
+///   rules:                       # more rules; a rule named like a default one replaces it
+///     - name: kv_full
+///       detector: threshold
+///       signal: kv_cache_usage
+///       params: {op: ">", value: 0.98}
+///       for: 1m
+///       severity: critical
+///   inhibit_rules:               # omitted: cause alerts inhibit latency symptoms (see below)
+///     - {source: [gpu_memory_leak], target: [latency_spike], equal: [model_id]}
+///   causal_graph: {replace_defaults: false, edges: [{cause: a, effect: b, confidence: 0.8, delay: 2s}]}
+///   delivery: {alertmanagers: [http://127.0.0.1:9093]}
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertingConfig {
+    /// Evaluate rules at all.
+    pub enabled: bool,
+    /// Use the shipped rule set (`DEFAULT_RULES_YAML`).
+    pub default_rules: bool,
+    pub rules: Vec<RuleConfig>,
+    /// Per-rule-name changes to default or configured rules.
+    pub overrides: BTreeMap<String, RuleOverride>,
+    pub delivery: crate::alerting::deliver::DeliveryConfig,
+    pub causal_graph: CausalGraphConfig,
+    /// `None`: the default inhibition (a firing cause alert inhibits latency alerts of its model).
+    pub inhibit_rules: Option<Vec<InhibitRule>>,
+    /// A firing alert resolves after its condition was absent this long …
+    pub resolve_after: HumanDuration,
+    /// … and for at least this many consecutive evaluations.
+    pub resolve_clean_evaluations: u32,
+    /// Longest time between two evaluations when no data arrives (data wakes the engine earlier).
+    pub evaluation_interval: HumanDuration,
+    /// Resolved alerts stay visible in the API this long.
+    pub keep_resolved: HumanDuration,
+    /// Alerts of one model that become active within this time of an open incident join it.
+    pub incident_window: HumanDuration,
+    /// Anomaly events are kept this long for root-cause ranking.
+    pub event_lookback: HumanDuration,
+    /// Write a snapshot archive when an alert fires.
+    pub snapshots: bool,
+}
+
+impl Default for AlertingConfig {
+    fn default() -> Self {
+        AlertingConfig {
+            enabled: true,
+            default_rules: true,
+            rules: Vec::new(),
+            overrides: BTreeMap::new(),
+            delivery: Default::default(),
+            causal_graph: CausalGraphConfig::default(),
+            inhibit_rules: None,
+            resolve_after: HumanDuration(Duration::from_secs(30)),
+            resolve_clean_evaluations: 3,
+            evaluation_interval: HumanDuration(Duration::from_millis(250)),
+            keep_resolved: HumanDuration(Duration::from_secs(3600)),
+            incident_window: HumanDuration(Duration::from_secs(300)),
+            event_lookback: HumanDuration(Duration::from_secs(600)),
+            snapshots: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    pub name: String,
+    /// One of `DETECTORS`.
+    pub detector: String,
+    /// Watched signal where the detector takes one (latency metric, drift series, threshold signal).
+    #[serde(default)]
+    pub signal: Option<String>,
+    /// Labels that make one alert; default `[model_id]`.
+    #[serde(default)]
+    pub group_by: Option<Vec<String>>,
+    /// How long the condition must hold before the alert fires (default 0s).
+    #[serde(default, rename = "for")]
+    pub for_: Option<HumanDuration>,
+    /// Evaluation window of windowed detectors (latency, drift, jitter, A/B, prompt decay).
+    #[serde(default)]
+    pub window: Option<HumanDuration>,
+    /// Overrides `alerting.resolve_after` for this rule (a suppression window).
+    #[serde(default)]
+    pub resolve_after: Option<HumanDuration>,
+    #[serde(default = "default_severity")]
+    pub severity: Severity,
+    /// `L1` or `L2` (spec section 5).
+    #[serde(default)]
+    pub grade: Option<String>,
+    /// Detector parameters; unknown keys are refused.
+    #[serde(default)]
+    pub params: serde_json::Value,
+    #[serde(default)]
+    pub summary: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+fn default_severity() -> Severity {
+    Severity::Warning
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuleOverride {
+    /// `false` removes the rule.
+    pub enabled: Option<bool>,
+    #[serde(rename = "for")]
+    pub for_: Option<HumanDuration>,
+    pub window: Option<HumanDuration>,
+    pub resolve_after: Option<HumanDuration>,
+    pub severity: Option<Severity>,
+    pub group_by: Option<Vec<String>>,
+    /// Merged key by key into the rule's params.
+    pub params: serde_json::Map<String, serde_json::Value>,
+    pub summary: Option<String>,
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CausalGraphConfig {
+    /// Start from an empty graph instead of the spec's default edges.
+    pub replace_defaults: bool,
+    pub edges: Vec<CausalEdgeConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CausalEdgeConfig {
+    pub cause: String,
+    pub effect: String,
+    pub confidence: f64,
+    pub delay: HumanDuration,
+}
+
+/// While an alert of a `source` rule (rule name or detector) fires, alerts of `target` rules
+/// whose `equal` labels match are kept but marked `inhibited_by` and not delivered.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InhibitRule {
+    pub source: Vec<String>,
+    pub target: Vec<String>,
+    #[serde(default = "default_equal")]
+    pub equal: Vec<String>,
+}
+
+fn default_equal() -> Vec<String> {
+    vec!["model_id".into()]
+}
+
+pub fn default_inhibit_rules() -> Vec<InhibitRule> {
+    vec![InhibitRule {
+        source: vec!["gpu_memory_leak".into(), "kv_cache_pressure".into()],
+        target: vec![
+            "absolute_latency".into(),
+            "latency_spike".into(),
+            "context_aware_threshold".into(),
+        ],
+        equal: default_equal(),
+    }]
+}
+
+/// Local parameters of the engine-level detectors (the others take tokenwatch-detect's structs).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThresholdParams {
+    /// `>`, `>=`, `<` or `<=`.
+    pub op: String,
+    pub value: f64,
+}
+
+impl Default for ThresholdParams {
+    fn default() -> Self {
+        ThresholdParams {
+            op: ">".into(),
+            value: 0.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopologyParams {
+    pub min_gpus: usize,
+    pub utilization: f64,
+}
+
+impl Default for TopologyParams {
+    fn default() -> Self {
+        TopologyParams {
+            min_gpus: 3,
+            utilization: 0.85,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CallChainParams {
+    pub min_spans: usize,
+    /// Case-insensitive text of a span's status message (or attributes) meaning CUDA OOM.
+    pub pattern: String,
+}
+
+impl Default for CallChainParams {
+    fn default() -> Self {
+        CallChainParams {
+            min_spans: 5,
+            pattern: "out of memory".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct AbParams {
+    /// Share of traffic meant for arm B (0..1).
+    pub target_share_b: f64,
+    #[serde(flatten)]
+    pub detect: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for AbParams {
+    fn default() -> Self {
+        AbParams {
+            target_share_b: 0.5,
+            detect: Default::default(),
+        }
+    }
+}
+
+/// Detector names a rule may use.
+pub const DETECTORS: &[&str] = &[
+    "latency_spike",
+    "absolute_latency",
+    "context_aware_threshold",
+    "gpu_memory_leak",
+    "kv_cache_pressure",
+    "output_length_outlier",
+    "ks_drift",
+    "kl_drift",
+    "slo_burn",
+    "batch_jitter",
+    "triple_signal_health",
+    "ab_regression",
+    "prompt_version_decay",
+    "topology_convergence",
+    "call_chain_convergence",
+    "threshold",
+];
+
+/// Latency metrics a latency rule may watch (from request records).
+pub const LATENCY_SIGNALS: &[&str] = &["ttft", "e2e", "itl", "queue"];
+/// Per-request series a drift rule may compare.
+pub const DRIFT_SIGNALS: &[&str] = &["output_tokens", "prompt_tokens", "ttft", "e2e"];
+
+/// A detector with its parsed parameters.
+#[derive(Debug, Clone)]
+pub enum DetectorKind {
+    LatencySpike(det::LatencySpikeParams),
+    AbsoluteLatency(det::AbsoluteLatencyParams),
+    ContextAware(det::ContextThresholdParams),
+    GpuLeak(det::GpuLeakParams),
+    KvPressure(det::KvPressureParams),
+    LengthOutlier(det::LengthOutlierParams),
+    KsDrift(det::KsDriftParams),
+    KlDrift(det::KlDriftParams),
+    SloBurn(det::SloBurnParams),
+    BatchJitter(det::BatchJitterParams),
+    TripleSignal(det::TripleSignalParams),
+    AbRegression(det::AbRegressionParams, f64),
+    PromptDecay(det::PromptDecayParams),
+    Topology(TopologyParams),
+    CallChain(CallChainParams),
+    Threshold(ThresholdParams),
+}
+
+/// A compiled rule.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub name: String,
+    pub detector: String,
+    pub kind: DetectorKind,
+    pub signal: String,
+    pub group_by: Vec<String>,
+    pub for_ms: i64,
+    pub window_ms: i64,
+    pub resolve_after_ms: Option<i64>,
+    pub severity: Severity,
+    pub grade: Option<String>,
+    pub summary: String,
+    pub description: String,
+}
+
+/// The shipped rule set (spec sections 4 and 5). `for`s follow the spec's "sustained
+/// conditions for paging alerts"; detectors with their own sustain (leak steps, burn windows)
+/// fire at once.
+pub const DEFAULT_RULES_YAML: &str = r#"
+- name: gpu_memory_leak
+  detector: gpu_memory_leak
+  group_by: [model_id, instance, device_id]
+  severity: critical
+  summary: "GPU memory leak on {{ labels.instance }} {{ labels.device_id }} ({{ labels.model_id }})"
+  description: "{{ summary }} Growth {{ evidence.growth_bytes_per_s }} B/s, exhaustion in {{ evidence.time_to_exhaustion_s }} s."
+- name: kv_cache_pressure
+  detector: kv_cache_pressure
+  group_by: [model_id, instance]
+  for: 15s
+  severity: warning
+  summary: "KV-cache pressure on {{ labels.instance }} ({{ labels.model_id }})"
+- name: absolute_latency
+  detector: absolute_latency
+  signal: ttft
+  grade: L1
+  for: 1m
+  severity: warning
+  summary: "L1: P99 TTFT of {{ labels.model_id }} above 2 s — run a health check"
+- name: latency_spike
+  detector: latency_spike
+  signal: ttft
+  grade: L2
+  for: 2m
+  severity: critical
+  summary: "L2: P99 TTFT spike on {{ labels.model_id }} — diagnose the inference path"
+- name: context_aware_threshold
+  detector: context_aware_threshold
+  signal: ttft
+  for: 2m
+  severity: warning
+  summary: "P99 TTFT of {{ labels.model_id }} above its context-aware threshold"
+- name: output_length_outlier
+  detector: output_length_outlier
+  severity: warning
+  summary: "Output length outliers on {{ labels.model_id }}"
+- name: slo_burn
+  detector: slo_burn
+  severity: critical
+  summary: "Error budget of {{ labels.model_id }} burning fast"
+- name: batch_jitter
+  detector: batch_jitter
+  for: 2m
+  severity: warning
+  summary: "Batch jitter on {{ labels.model_id }}"
+- name: triple_signal_health
+  detector: triple_signal_health
+  group_by: [model_id, instance]
+  for: 2m
+  severity: warning
+  summary: "Inference health degraded on {{ labels.instance }} ({{ labels.model_id }})"
+- name: output_length_drift
+  detector: ks_drift
+  signal: output_tokens
+  window: 5m
+  for: 5m
+  severity: info
+  summary: "Output length distribution of {{ labels.model_id }} drifted"
+- name: finish_reason_drift
+  detector: kl_drift
+  signal: finish_reason
+  window: 5m
+  severity: info
+  summary: "Finish-reason mix of {{ labels.model_id }} drifted"
+- name: ab_regression
+  detector: ab_regression
+  window: 5m
+  severity: warning
+  summary: "A/B regression on {{ labels.model_id }}"
+- name: prompt_version_decay
+  detector: prompt_version_decay
+  group_by: [model_id, prompt_version]
+  window: 5m
+  severity: warning
+  summary: "Prompt version {{ labels.prompt_version }} of {{ labels.model_id }} decaying"
+- name: gpu_switch_saturation
+  detector: topology_convergence
+  group_by: [pci_switch]
+  resolve_after: 2m
+  severity: warning
+  summary: "GPUs behind PCIe switch {{ labels.pci_switch }} saturated"
+- name: cuda_oom_call_chain
+  detector: call_chain_convergence
+  group_by: []
+  resolve_after: 30s
+  severity: critical
+  summary: "CUDA out-of-memory across one call chain"
+"#;
+
+pub fn default_rule_configs() -> Vec<RuleConfig> {
+    // The embedded YAML is checked by a unit test; a failure here is a build defect.
+    serde_saphyr::from_str(DEFAULT_RULES_YAML).unwrap_or_default()
+}
+
+/// A configuration error: key path and message.
+pub type RuleError = (String, String);
+
+/// Default rules (when enabled), then configured ones (replacing same-named defaults), then overrides.
+pub fn compile(cfg: &AlertingConfig) -> Result<Vec<Rule>, RuleError> {
+    let mut entries: Vec<(String, RuleConfig)> = Vec::new();
+    if cfg.default_rules {
+        for r in default_rule_configs() {
+            entries.push((format!("alerting.default_rules({})", r.name), r));
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, r) in cfg.rules.iter().enumerate() {
+        let path = format!("alerting.rules[{i}]");
+        if r.name.trim().is_empty() {
+            return Err((format!("{path}.name"), "must not be empty".into()));
+        }
+        if !seen.insert(r.name.clone()) {
+            return Err((
+                format!("{path}.name"),
+                format!("rule name {:?} is used twice", r.name),
+            ));
+        }
+        entries.retain(|(_, d)| d.name != r.name);
+        entries.push((path, r.clone()));
+    }
+    for (name, o) in &cfg.overrides {
+        let path = format!("alerting.overrides.{name}");
+        let Some(pos) = entries.iter().position(|(_, r)| &r.name == name) else {
+            let names: Vec<&str> = entries.iter().map(|(_, r)| r.name.as_str()).collect();
+            return Err((
+                path,
+                format!("no rule named {name:?}; rules: {}", names.join(", ")),
+            ));
+        };
+        if o.enabled == Some(false) {
+            entries.remove(pos);
+            continue;
+        }
+        entries[pos].0 = path;
+        let r = &mut entries[pos].1;
+        if let Some(f) = o.for_ {
+            r.for_ = Some(f);
+        }
+        if let Some(w) = o.window {
+            r.window = Some(w);
+        }
+        if let Some(w) = o.resolve_after {
+            r.resolve_after = Some(w);
+        }
+        if let Some(s) = o.severity {
+            r.severity = s;
+        }
+        if let Some(g) = &o.group_by {
+            r.group_by = Some(g.clone());
+        }
+        if let Some(s) = &o.summary {
+            r.summary = Some(s.clone());
+        }
+        if let Some(s) = &o.description {
+            r.description = Some(s.clone());
+        }
+        if !o.params.is_empty() {
+            let mut merged = match &r.params {
+                serde_json::Value::Object(m) => m.clone(),
+                _ => serde_json::Map::new(),
+            };
+            merged.extend(o.params.clone());
+            r.params = serde_json::Value::Object(merged);
+        }
+    }
+    entries
+        .iter()
+        .map(|(path, r)| compile_rule(path, r))
+        .collect()
+}
+
+fn params<P: DeserializeOwned + Default>(
+    path: &str,
+    v: &serde_json::Value,
+) -> Result<P, RuleError> {
+    if v.is_null() {
+        return Ok(P::default());
+    }
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let at = e.path().to_string();
+        let key = if at.is_empty() || at == "." {
+            format!("{path}.params")
+        } else {
+            format!("{path}.params.{at}")
+        };
+        (key, e.into_inner().to_string())
+    })
+}
+
+fn validated<P: DeserializeOwned + Default + det::Validate>(
+    path: &str,
+    v: &serde_json::Value,
+) -> Result<P, RuleError> {
+    let p: P = params(path, v)?;
+    p.validate()
+        .map_err(|e| (format!("{path}.params.{}", e.field), e.reason))?;
+    Ok(p)
+}
+
+fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
+    let pv = &r.params;
+    let signal_in = |allowed: &[&str], default: &str| -> Result<String, RuleError> {
+        let s = r.signal.clone().unwrap_or_else(|| default.to_string());
+        if allowed.contains(&s.as_str()) {
+            Ok(s)
+        } else {
+            Err((
+                format!("{path}.signal"),
+                format!(
+                    "{s:?} is not watched by {}; allowed: {}",
+                    r.detector,
+                    allowed.join(", ")
+                ),
+            ))
+        }
+    };
+    let (kind, signal, window_s) = match r.detector.as_str() {
+        "latency_spike" => (
+            DetectorKind::LatencySpike(validated(path, pv)?),
+            signal_in(LATENCY_SIGNALS, "ttft")?,
+            60,
+        ),
+        "absolute_latency" => (
+            DetectorKind::AbsoluteLatency(validated(path, pv)?),
+            signal_in(LATENCY_SIGNALS, "ttft")?,
+            60,
+        ),
+        "context_aware_threshold" => (
+            DetectorKind::ContextAware(validated(path, pv)?),
+            signal_in(&["ttft", "e2e"], "ttft")?,
+            60,
+        ),
+        "gpu_memory_leak" => (
+            DetectorKind::GpuLeak(validated(path, pv)?),
+            signal_in(&["gpu_memory_used_bytes"], "gpu_memory_used_bytes")?,
+            120,
+        ),
+        "kv_cache_pressure" => (
+            DetectorKind::KvPressure(validated(path, pv)?),
+            signal_in(&["kv_cache_usage"], "kv_cache_usage")?,
+            60,
+        ),
+        "output_length_outlier" => (
+            DetectorKind::LengthOutlier(validated(path, pv)?),
+            signal_in(&["output_tokens"], "output_tokens")?,
+            60,
+        ),
+        "ks_drift" => (
+            DetectorKind::KsDrift(validated(path, pv)?),
+            signal_in(DRIFT_SIGNALS, "output_tokens")?,
+            300,
+        ),
+        "kl_drift" => (
+            DetectorKind::KlDrift(validated(path, pv)?),
+            signal_in(&["finish_reason"], "finish_reason")?,
+            300,
+        ),
+        "slo_burn" => (
+            DetectorKind::SloBurn(validated(path, pv)?),
+            signal_in(&["success_ratio"], "success_ratio")?,
+            60,
+        ),
+        "batch_jitter" => (
+            DetectorKind::BatchJitter(validated(path, pv)?),
+            signal_in(&["itl"], "itl")?,
+            60,
+        ),
+        "triple_signal_health" => (
+            DetectorKind::TripleSignal(validated(path, pv)?),
+            signal_in(&["gpu_utilization"], "gpu_utilization")?,
+            60,
+        ),
+        "ab_regression" => {
+            let ab: AbParams = params(path, pv)?;
+            if !(0.0..=1.0).contains(&ab.target_share_b) {
+                return Err((
+                    format!("{path}.params.target_share_b"),
+                    "must be between 0 and 1".into(),
+                ));
+            }
+            let p = validated(path, &serde_json::Value::Object(ab.detect))?;
+            (
+                DetectorKind::AbRegression(p, ab.target_share_b),
+                signal_in(&["ttft", "e2e"], "ttft")?,
+                300,
+            )
+        }
+        "prompt_version_decay" => (
+            DetectorKind::PromptDecay(validated(path, pv)?),
+            signal_in(&["success_ratio"], "success_ratio")?,
+            300,
+        ),
+        "topology_convergence" => {
+            let p: TopologyParams = params(path, pv)?;
+            if p.min_gpus < 1 || !(0.0..=1.0).contains(&p.utilization) {
+                return Err((
+                    format!("{path}.params"),
+                    "min_gpus must be ≥ 1 and utilization within 0..1".into(),
+                ));
+            }
+            (
+                DetectorKind::Topology(p),
+                signal_in(&["gpu_utilization"], "gpu_utilization")?,
+                60,
+            )
+        }
+        "call_chain_convergence" => {
+            let p: CallChainParams = params(path, pv)?;
+            if p.min_spans < 1 || p.pattern.is_empty() {
+                return Err((
+                    format!("{path}.params"),
+                    "min_spans must be ≥ 1 and pattern non-empty".into(),
+                ));
+            }
+            (DetectorKind::CallChain(p), "span_status".to_string(), 30)
+        }
+        "threshold" => {
+            let p: ThresholdParams = params(path, pv)?;
+            if !matches!(p.op.as_str(), ">" | ">=" | "<" | "<=") {
+                return Err((
+                    format!("{path}.params.op"),
+                    format!("{:?}: expected >, >=, < or <=", p.op),
+                ));
+            }
+            let Some(s) = r.signal.clone().filter(|s| !s.is_empty()) else {
+                return Err((
+                    format!("{path}.signal"),
+                    "a threshold rule needs the signal it compares".into(),
+                ));
+            };
+            (DetectorKind::Threshold(p), s, 60)
+        }
+        other => {
+            let hint = match other {
+                "semantic_drift" | "drift_vote" => {
+                    " (needs embeddings on request records, not computed yet)"
+                }
+                "cache_pollution" => " (needs prefix-cache key accesses, not collected yet)",
+                _ => "",
+            };
+            return Err((
+                format!("{path}.detector"),
+                format!(
+                    "unknown detector {other:?}{hint}; allowed: {}",
+                    DETECTORS.join(", ")
+                ),
+            ));
+        }
+    };
+    let group_by = r
+        .group_by
+        .clone()
+        .unwrap_or_else(|| vec!["model_id".into()]);
+    for (j, l) in group_by.iter().enumerate() {
+        if l.is_empty()
+            || !l
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err((
+                format!("{path}.group_by[{j}]"),
+                format!("{l:?} is not a label name (lowercase, digits, _)"),
+            ));
+        }
+    }
+    if let Some(g) = &r.grade
+        && g != "L1"
+        && g != "L2"
+    {
+        return Err((format!("{path}.grade"), format!("{g:?}: expected L1 or L2")));
+    }
+    let summary = r
+        .summary
+        .clone()
+        .unwrap_or_else(|| format!("{} on {{{{ labels.model_id }}}}", r.name));
+    let description = r
+        .description
+        .clone()
+        .unwrap_or_else(|| "{{ summary }}".to_string());
+    check_template(&summary).map_err(|m| (format!("{path}.summary"), m))?;
+    check_template(&description).map_err(|m| (format!("{path}.description"), m))?;
+    let window_ms = r
+        .window
+        .map(|w| w.0.as_millis() as i64)
+        .unwrap_or(window_s * 1000);
+    if window_ms < 1000 {
+        return Err((format!("{path}.window"), "must be at least 1s".into()));
+    }
+    Ok(Rule {
+        name: r.name.clone(),
+        detector: r.detector.clone(),
+        kind,
+        signal,
+        group_by,
+        for_ms: r.for_.map(|f| f.0.as_millis() as i64).unwrap_or(0),
+        window_ms,
+        resolve_after_ms: r.resolve_after.map(|d| d.0.as_millis() as i64),
+        severity: r.severity,
+        grade: r.grade.clone(),
+        summary,
+        description,
+    })
+}
+
+/// Placeholders: `{{ labels.X }}`, `{{ value }}`, `{{ evidence.X }}`, `{{ summary }}`, `{{ rule }}`, `{{ severity }}`.
+fn placeholders(tpl: &str) -> Result<Vec<(usize, usize, String)>, String> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(start) = tpl[at..].find("{{").map(|i| i + at) {
+        let Some(end) = tpl[start..].find("}}").map(|i| i + start) else {
+            return Err(format!("unclosed {{{{ at byte {start}"));
+        };
+        out.push((start, end + 2, tpl[start + 2..end].trim().to_string()));
+        at = end + 2;
+    }
+    Ok(out)
+}
+
+fn check_template(tpl: &str) -> Result<(), String> {
+    for (_, _, key) in placeholders(tpl)? {
+        let ok = matches!(key.as_str(), "value" | "summary" | "rule" | "severity")
+            || key.strip_prefix("labels.").is_some_and(|k| !k.is_empty())
+            || key.strip_prefix("evidence.").is_some_and(|k| !k.is_empty());
+        if !ok {
+            return Err(format!(
+                "unknown placeholder {{{{ {key} }}}}; allowed: labels.<name>, value, evidence.<key>, summary, rule, severity"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Fill a template from the alert's labels and latest event. Missing keys become empty.
+pub fn render(
+    tpl: &str,
+    rule: &Rule,
+    labels: &BTreeMap<String, String>,
+    event: Option<&AnomalyEvent>,
+) -> String {
+    let Ok(slots) = placeholders(tpl) else {
+        return tpl.to_string();
+    };
+    let mut out = String::with_capacity(tpl.len());
+    let mut last = 0;
+    for (start, end, key) in slots {
+        out.push_str(&tpl[last..start]);
+        last = end;
+        let value = match key.as_str() {
+            "summary" => event.map(|e| e.summary.clone()).unwrap_or_default(),
+            "rule" => rule.name.clone(),
+            "severity" => rule.severity.name().to_string(),
+            "value" => event
+                .map(|e| {
+                    e.evidence
+                        .get("value")
+                        .map(json_text)
+                        .unwrap_or_else(|| format!("{:.3}", e.score))
+                })
+                .unwrap_or_default(),
+            k => {
+                if let Some(l) = k.strip_prefix("labels.") {
+                    labels.get(l).cloned().unwrap_or_default()
+                } else if let Some(ev) = k.strip_prefix("evidence.") {
+                    event
+                        .and_then(|e| e.evidence.get(ev))
+                        .map(json_text)
+                        .unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            }
+        };
+        out.push_str(&value);
+    }
+    out.push_str(&tpl[last..]);
+    out
+}
+
+fn json_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() != 0.0 => format!("{f:.3}"),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(yaml: &str) -> AlertingConfig {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn default_rules_parse_and_compile() {
+        assert!(!default_rule_configs().is_empty());
+        let rules = compile(&AlertingConfig::default()).unwrap();
+        let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
+        for n in [
+            "gpu_memory_leak",
+            "kv_cache_pressure",
+            "absolute_latency",
+            "latency_spike",
+            "slo_burn",
+            "output_length_outlier",
+        ] {
+            assert!(names.contains(&n), "{n} missing from {names:?}");
+        }
+        let spike = rules.iter().find(|r| r.name == "latency_spike").unwrap();
+        assert_eq!(
+            (spike.for_ms, spike.grade.as_deref(), spike.severity),
+            (120_000, Some("L2"), Severity::Critical)
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key_path() {
+        let c = cfg(
+            "default_rules: false\nrules:\n  - {name: a, detector: latency_spike}\n  - {name: b, detector: nope}\n",
+        );
+        let (path, msg) = compile(&c).unwrap_err();
+        assert_eq!(path, "alerting.rules[1].detector");
+        assert!(msg.contains("allowed"), "{msg}");
+        let c = cfg(
+            "default_rules: false\nrules:\n  - {name: a, detector: latency_spike, params: {ratioo: 3}}\n",
+        );
+        let (path, msg) = compile(&c).unwrap_err();
+        assert!(path.starts_with("alerting.rules[0].params"), "{path}");
+        assert!(msg.contains("ratioo"), "{msg}");
+        let c = cfg(
+            "default_rules: false\nrules:\n  - {name: a, detector: absolute_latency, summary: '{{ nope }}'}\n",
+        );
+        assert_eq!(compile(&c).unwrap_err().0, "alerting.rules[0].summary");
+        let c = cfg("overrides:\n  nope: {for: 1s}\n");
+        assert_eq!(compile(&c).unwrap_err().0, "alerting.overrides.nope");
+    }
+
+    #[test]
+    fn check_config_reports_rule_errors_with_the_file_and_path() {
+        let y = "alerting:\n  rules:\n    - {name: a, detector: slo_burn}\n    - {name: b, detector: absolute_latency, params: {threshold_s: -1}}\n";
+        let err = crate::config::Config::from_yaml(y, "tw.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("tw.yaml") && err.contains("alerting.rules[1].params.threshold_s"),
+            "{err}"
+        );
+        let err = crate::config::Config::from_yaml(
+            "alerting:\n  rules:\n    - {name: a, detectr: x}\n",
+            "tw.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("alerting.rules[0]") && err.contains("detectr"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn overrides_merge_params_and_replace_fields() {
+        let c = cfg(
+            "overrides:\n  latency_spike: {for: 3s, window: 5s, params: {min_samples: 10}}\n  batch_jitter: {enabled: false}\n",
+        );
+        let rules = compile(&c).unwrap();
+        let r = rules.iter().find(|r| r.name == "latency_spike").unwrap();
+        assert_eq!((r.for_ms, r.window_ms), (3000, 5000));
+        match &r.kind {
+            DetectorKind::LatencySpike(p) => assert_eq!((p.min_samples, p.ratio), (10, 2.5)),
+            k => panic!("{k:?}"),
+        }
+        assert!(!rules.iter().any(|r| r.name == "batch_jitter"));
+    }
+
+    #[test]
+    fn templates_fill_labels_value_and_evidence() {
+        let rule = compile(&AlertingConfig::default()).unwrap().remove(0);
+        let mut labels = BTreeMap::new();
+        labels.insert("model_id".to_string(), "m1".to_string());
+        let mut ev = det::Finding::new(2.0, "it leaks")
+            .with("value", 3.25)
+            .with("rate", 7)
+            .into_event("d", "s", labels.clone(), 0);
+        ev.evidence.insert("text".into(), serde_json::json!("x"));
+        let s = render(
+            "{{ labels.model_id }} {{value}} {{ evidence.rate }} {{ evidence.text }} {{ summary }} {{ evidence.none }}.",
+            &rule,
+            &labels,
+            Some(&ev),
+        );
+        assert_eq!(s, "m1 3.250 7 x it leaks .");
+    }
+}

@@ -1,0 +1,514 @@
+// Alert delivery against real receivers: the Notifier (in-process, through the library) sends to a
+// real Alertmanager 0.25 (Debian `prometheus-alertmanager`) and to in-test webhook servers.
+
+mod common;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokenwatch::alerting::deliver::{DeliveryConfig, Notifier, WebhookConfig};
+use tokenwatch::config::HumanDuration;
+use tokenwatch::export::prometheus::Metrics;
+use tokenwatch_core::alert::{Alert, AlertState, CauseCandidate, Severity};
+use tokio::sync::watch;
+
+const ALERTMANAGER: &str = "/usr/bin/prometheus-alertmanager";
+
+/// A real Alertmanager on a free loopback port, killed when dropped.
+struct Alertmanager {
+    child: Child,
+    url: String,
+    log: PathBuf,
+}
+
+impl Alertmanager {
+    async fn start(dir: &Path, webhook: &str) -> Alertmanager {
+        assert!(
+            Path::new(ALERTMANAGER).exists(),
+            "{ALERTMANAGER} is missing — run the README's test command (scripts/test.sh), which installs Debian's `prometheus-alertmanager`"
+        );
+        let cfg = dir.join("alertmanager.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "route:\n  receiver: hook\n  group_by: ['alertname']\n  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n\
+                 receivers:\n  - name: hook\n    webhook_configs:\n      - url: '{webhook}'\n        send_resolved: true\n"
+            ),
+        )
+        .unwrap();
+        let addr = common::free_addr();
+        let log = dir.join("alertmanager.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(ALERTMANAGER)
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!("--storage.path={}", dir.join("am-data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            // Empty: no gossip listener (it would bind 0.0.0.0:9094).
+            .arg("--cluster.listen-address=")
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {ALERTMANAGER}: {e}"));
+        let am = Alertmanager {
+            child,
+            url: format!("http://{addr}"),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = common::send("GET", &format!("{}/-/ready", am.url), None, &[]).await
+                && r.status == 200
+            {
+                return am;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Alertmanager never became ready; log:\n{}",
+                am.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Every alert Alertmanager lists, resolved ones included if it lists them.
+    async fn alerts(&self) -> Vec<serde_json::Value> {
+        let url = format!(
+            "{}/api/v2/alerts?active=true&silenced=true&inhibited=true&unprocessed=true",
+            self.url
+        );
+        let r = common::get(&url).await;
+        assert_eq!(r.status, 200, "{url}: {}", r.body);
+        r.json().as_array().cloned().unwrap_or_default()
+    }
+}
+
+impl Drop for Alertmanager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A webhook endpoint recording what it receives; answers 500 to the first `fail_first` requests.
+#[derive(Clone, Default)]
+struct Hook {
+    received: Arc<Mutex<Vec<(HeaderMap, serde_json::Value)>>>,
+    requests: Arc<AtomicUsize>,
+    fail_first: usize,
+}
+
+impl Hook {
+    async fn serve(fail_first: usize) -> (Hook, String) {
+        let hook = Hook {
+            fail_first,
+            ..Default::default()
+        };
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(receive))
+            .with_state(hook.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (hook, format!("http://{addr}/hook"))
+    }
+
+    fn bodies(&self) -> Vec<serde_json::Value> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, b)| b.clone())
+            .collect()
+    }
+
+    async fn wait_for(
+        &self,
+        what: &str,
+        within: Duration,
+        pred: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + within;
+        loop {
+            let b = self.bodies();
+            if pred(&b) {
+                return b;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not received within {within:?}; got {b:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn receive(State(h): State<Hook>, headers: HeaderMap, body: axum::body::Bytes) -> StatusCode {
+    if h.requests.fetch_add(1, Ordering::SeqCst) < h.fail_first {
+        return StatusCode::INTERNAL_SERVER_ERROR;
+    }
+    let v = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    h.received.lock().unwrap().push((headers, v));
+    StatusCode::OK
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn alert(id: &str, state: AlertState) -> Alert {
+    let now = now_ms();
+    Alert {
+        id: id.into(),
+        fingerprint: format!("fp-{id}"),
+        rule: "ttft_p99_spike".into(),
+        labels: BTreeMap::from([
+            ("model_id".into(), "m1".into()),
+            ("instance".into(), "10.0.0.7:8000".into()),
+        ]),
+        annotations: BTreeMap::from([(
+            "summary".into(),
+            "TTFT P99 of m1 is 3.1x the previous minute".into(),
+        )]),
+        severity: Severity::Critical,
+        grade: Some("L2".into()),
+        state,
+        active_at_unix_ms: now - 120_000,
+        fired_at_unix_ms: (state != AlertState::Pending).then_some(now - 60_000),
+        resolved_at_unix_ms: (state == AlertState::Resolved).then_some(now - 1_000),
+        last_event: None,
+        root_cause: vec![CauseCandidate {
+            detector: "gpu_memory_leak".into(),
+            signal: "gpu_memory_used_bytes".into(),
+            labels: BTreeMap::new(),
+            confidence: 0.8,
+            expected_delay_ms: 30_000,
+            observed_delay_ms: 28_000,
+            alignment: 0.95,
+            rank: 0.76,
+            path: vec![
+                "gpu_memory_leak".into(),
+                "kv_cache_pressure".into(),
+                "latency_spike".into(),
+            ],
+            summary: "GPU-0 grows 512 MiB/min while idle".into(),
+        }],
+        incident_id: Some("inc-1".into()),
+        snapshot: Some("/data/snapshots/al-1.json.gz".into()),
+    }
+}
+
+fn counter(metrics: &Metrics, receiver: &str, outcome: &str) -> f64 {
+    let series = format!(
+        "tokenwatch_alert_notifications_total{{receiver=\"{receiver}\",outcome=\"{outcome}\"}}"
+    );
+    common::metric_value(&metrics.encode(), &series).unwrap_or(0.0)
+}
+
+fn find<'a>(alerts: &'a [serde_json::Value], id: &str) -> Option<&'a serde_json::Value> {
+    alerts
+        .iter()
+        .find(|a| a["annotations"]["tokenwatch_alert_id"] == id)
+}
+
+fn parse_time(v: &serde_json::Value) -> chrono::DateTime<chrono::FixedOffset> {
+    chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{v}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alertmanager_receives_resends_and_resolves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (am_hook, am_hook_url) = Hook::serve(0).await;
+    let am = Alertmanager::start(dir.path(), &am_hook_url).await;
+    let metrics = Arc::new(Metrics::new());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let cfg = DeliveryConfig {
+        alertmanagers: vec![am.url.clone()],
+        resend_interval: HumanDuration(Duration::from_secs(1)),
+        external_url: "http://127.0.0.1:9464".into(),
+        ..Default::default()
+    };
+    cfg.validate().unwrap();
+    let (notifier, tasks) = Notifier::start(cfg, metrics.clone(), stop_rx);
+    let receiver = notifier.receiver_names()[0].clone();
+    assert_eq!(
+        receiver,
+        format!("alertmanager:{}", am.url.trim_start_matches("http://"))
+    );
+
+    // Firing: listed by Alertmanager, active, with our labels and annotations.
+    let firing = alert("al-1", AlertState::Firing);
+    notifier.notify(&firing);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listed = loop {
+        if let Some(a) = find(&am.alerts().await, "al-1") {
+            break a.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "alert never listed by Alertmanager; its log:\n{}",
+            am.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(listed["status"]["state"], "active", "{listed:#}");
+    let labels = &listed["labels"];
+    assert_eq!(labels["alertname"], "ttft_p99_spike");
+    assert_eq!(labels["severity"], "critical");
+    assert_eq!(labels["grade"], "L2");
+    assert_eq!(labels["model_id"], "m1");
+    assert_eq!(labels["instance"], "10.0.0.7:8000");
+    let ann = &listed["annotations"];
+    assert_eq!(ann["summary"], "TTFT P99 of m1 is 3.1x the previous minute");
+    assert_eq!(
+        ann["root_cause"],
+        "gpu_memory_leak → kv_cache_pressure → latency_spike (rank 0.76): GPU-0 grows 512 MiB/min while idle"
+    );
+    assert_eq!(
+        ann["snapshot"],
+        "http://127.0.0.1:9464/api/v1/alerts/al-1/snapshot"
+    );
+    assert_eq!(
+        listed["generatorURL"],
+        "http://127.0.0.1:9464/api/v1/alerts/al-1"
+    );
+    assert_eq!(
+        parse_time(&listed["startsAt"]).timestamp_millis(),
+        firing.fired_at_unix_ms.unwrap()
+    );
+    let first_ends = parse_time(&listed["endsAt"]);
+    let ttl = first_ends.timestamp_millis() - now_ms();
+    assert!(
+        (1_000..=4_500).contains(&ttl),
+        "endsAt = now + 4 × resend interval, got +{ttl} ms"
+    );
+
+    // Alertmanager routes it on to its own receiver.
+    am_hook
+        .wait_for(
+            "Alertmanager's firing notification",
+            Duration::from_secs(10),
+            |b| {
+                b.iter().any(|n| {
+                    n["status"] == "firing"
+                        && n["alerts"][0]["labels"]["alertname"] == "ttft_p99_spike"
+                })
+            },
+        )
+        .await;
+
+    // While firing, the alert is re-sent: Alertmanager's endsAt moves forward.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let again = find(&am.alerts().await, "al-1")
+        .cloned()
+        .expect("still listed while firing");
+    assert_eq!(again["status"]["state"], "active");
+    assert!(
+        parse_time(&again["endsAt"]) > first_ends,
+        "re-send moved endsAt: {} -> {}",
+        first_ends,
+        again["endsAt"]
+    );
+    assert!(
+        counter(&metrics, &receiver, "sent") >= 2.0,
+        "{}",
+        metrics.encode()
+    );
+
+    // Resolved: Alertmanager no longer lists it as an alert (0.25 leaves resolved alerts out of
+    // GET /api/v2/alerts) and tells its receiver it is resolved.
+    let resolved = alert("al-1", AlertState::Resolved);
+    notifier.notify(&resolved);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match find(&am.alerts().await, "al-1") {
+            None => break,
+            Some(a) => assert!(
+                Instant::now() < deadline,
+                "still listed after resolving: {a:#}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let notes = am_hook
+        .wait_for(
+            "Alertmanager's resolved notification",
+            Duration::from_secs(10),
+            |b| b.iter().any(|n| n["status"] == "resolved"),
+        )
+        .await;
+    let note = notes.iter().find(|n| n["status"] == "resolved").unwrap();
+    let ends = parse_time(&note["alerts"][0]["endsAt"]).timestamp_millis();
+    assert_eq!(
+        ends,
+        resolved.resolved_at_unix_ms.unwrap(),
+        "endsAt is our resolution time: {note:#}"
+    );
+
+    // Resolved alerts are not re-sent.
+    let sent = counter(&metrics, &receiver, "sent");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        counter(&metrics, &receiver, "sent"),
+        sent,
+        "nothing re-sent after resolution"
+    );
+    assert_eq!(counter(&metrics, &receiver, "failed"), 0.0);
+    assert_eq!(counter(&metrics, &receiver, "dropped"), 0.0);
+
+    stop_tx.send(true).unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .expect("delivery task ends on shutdown")
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_get_documented_body_with_retries_and_isolation() {
+    let (flaky, flaky_url) = Hook::serve(2).await;
+    // A receiver that accepts connections and never answers, and one that refuses them.
+    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let slow_url = format!("http://{}/hook", black_hole.local_addr().unwrap());
+    let dead: SocketAddr = common::free_addr();
+    let metrics = Arc::new(Metrics::new());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let cfg = DeliveryConfig {
+        webhooks: vec![
+            WebhookConfig {
+                url: slow_url,
+                headers: BTreeMap::new(),
+            },
+            WebhookConfig {
+                url: format!("http://{dead}/hook"),
+                headers: BTreeMap::new(),
+            },
+            WebhookConfig {
+                url: flaky_url,
+                headers: BTreeMap::from([("Authorization".into(), "Bearer s3cret".into())]),
+            },
+        ],
+        queue_capacity: 1,
+        max_retries: 3,
+        initial_backoff: HumanDuration(Duration::from_millis(50)),
+        timeout: HumanDuration(Duration::from_secs(20)),
+        external_url: "http://127.0.0.1:9464".into(),
+        ..Default::default()
+    };
+    cfg.validate().unwrap();
+    let (notifier, tasks) = Notifier::start(cfg, metrics.clone(), stop_rx);
+    let names = notifier.receiver_names();
+    let (slow, dead_name, flaky_name) = (&names[0], &names[1], &names[2]);
+
+    // Firing: the flaky receiver answers 500 twice, then gets the documented body — long before
+    // the silent receiver's 20 s timeout, so that one blocks nobody.
+    let started = Instant::now();
+    notifier.notify(&alert("al-2", AlertState::Firing));
+    let got = flaky
+        .wait_for("firing webhook", Duration::from_secs(10), |b| !b.is_empty())
+        .await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(
+        flaky.requests.load(Ordering::SeqCst),
+        3,
+        "two 500s, then success"
+    );
+    let body = &got[0];
+    assert_eq!(body["version"], "1");
+    assert_eq!(body["status"], "firing");
+    assert_eq!(body["alert"]["id"], "al-2");
+    assert_eq!(body["alert"]["state"], "firing");
+    assert_eq!(body["alert"]["rule"], "ttft_p99_spike");
+    assert_eq!(body["alert"]["root_cause"][0]["path"][0], "gpu_memory_leak");
+    let sent_at = parse_time(&body["sent_at"]).timestamp_millis();
+    assert!(
+        (now_ms() - sent_at).abs() < 10_000,
+        "sent_at is now: {}",
+        body["sent_at"]
+    );
+    let headers = flaky.received.lock().unwrap()[0].0.clone();
+    assert_eq!(headers["authorization"], "Bearer s3cret");
+    assert_eq!(headers["content-type"], "application/json");
+
+    // The refused receiver gave up after its retries; the silent one is still waiting.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter(&metrics, dead_name, "failed") < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "dead receiver never counted as failed:\n{}",
+            metrics.encode()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(counter(&metrics, flaky_name, "sent"), 1.0);
+    assert_eq!(
+        counter(&metrics, slow, "sent") + counter(&metrics, slow, "failed"),
+        0.0
+    );
+
+    // Repeating the same state is not re-sent to webhooks.
+    notifier.notify(&alert("al-2", AlertState::Firing));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(flaky.bodies().len(), 1);
+
+    // Resolved reaches the flaky receiver; the silent receiver's queue (capacity 1) holds the
+    // second notification and drops the third.
+    let mut without_snapshot = alert("al-2", AlertState::Firing);
+    without_snapshot.snapshot = None;
+    notifier.notify(&without_snapshot);
+    flaky
+        .wait_for("second firing webhook", Duration::from_secs(10), |b| {
+            b.len() == 2
+        })
+        .await;
+    notifier.notify(&alert("al-2", AlertState::Resolved));
+    let got = flaky
+        .wait_for("resolved webhook", Duration::from_secs(10), |b| {
+            b.len() == 3
+        })
+        .await;
+    assert_eq!(got[2]["status"], "resolved");
+    assert_eq!(got[2]["alert"]["state"], "resolved");
+    assert_eq!(
+        counter(&metrics, slow, "dropped"),
+        1.0,
+        "{}",
+        metrics.encode()
+    );
+    let m = metrics.encode();
+    assert!(
+        m.contains(&format!(
+            "tokenwatch_alert_queue_depth{{receiver=\"{slow}\"}} 1"
+        )),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!(
+            "tokenwatch_alert_notification_latency_seconds_count{{receiver=\"{flaky_name}\"}} 3"
+        )),
+        "{m}"
+    );
+
+    // Shutdown ends every task promptly, the one stuck on the silent receiver included.
+    stop_tx.send(true).unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .expect("delivery task ends on shutdown")
+            .unwrap();
+    }
+    drop(black_hole);
+}
