@@ -282,6 +282,16 @@ impl RequestRecord {
     pub fn is_success(&self) -> bool {
         self.error_class.is_none() && self.status < 400
     }
+
+    /// A failure of the serving side, which counts against a success-rate SLO. Client errors
+    /// (4xx, an unreadable request) and clients that went away do not.
+    pub fn is_server_failure(&self) -> bool {
+        match self.error_class {
+            Some(ErrorClass::Upstream4xx | ErrorClass::BadRequest | ErrorClass::ClientCancelled) => false,
+            Some(_) => true,
+            None => self.status >= 500,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -298,6 +308,23 @@ mod tests {
         for b in ContextBucket::ALL {
             assert_eq!(ContextBucket::parse(b.name()), Some(b));
         }
+    }
+
+    #[test]
+    fn only_serving_side_failures_count_against_the_slo() {
+        let mut r = RequestRecord { status: 200, ..Default::default() };
+        assert!(!r.is_server_failure());
+        r.status = 400;
+        r.error_class = Some(ErrorClass::Upstream4xx);
+        assert!(!r.is_server_failure() && !r.is_success());
+        r.error_class = Some(ErrorClass::ClientCancelled);
+        assert!(!r.is_server_failure());
+        r.status = 503;
+        r.error_class = Some(ErrorClass::Upstream5xx);
+        assert!(r.is_server_failure());
+        r.status = 200;
+        r.error_class = Some(ErrorClass::MalformedSse);
+        assert!(r.is_server_failure());
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub struct DemoArgs {
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Requests per second sent by the built-in traffic generator.
-    #[arg(long, default_value_t = 12.0)]
+    #[arg(long, default_value_t = 8.0)]
     rps: f64,
     /// When to switch the fault on (e.g. 60s); 0s switches it on at once.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -69,6 +69,7 @@ async fn start_sim(model: &str, ttft: &str, itl: &str, seed: u64, stop: watch::R
     let listen = addr.to_string();
     let cli = SimCli::try_parse_from([
         "sim", "--listen", &listen, "--model", model, "--ttft-ms", ttft, "--itl-ms", itl, "--seed", &seed,
+        "--prefill-ms-per-token", "0.04",
     ])
     .context("building the simulator arguments")?;
     let mut stop = stop;

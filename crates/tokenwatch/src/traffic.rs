@@ -31,14 +31,17 @@ fn prompt(rng: &mut StdRng) -> String {
     // Prompt length from ~16 to ~6000 tokens, most of them short (median ~70), so every
     // context bucket gets traffic while a healthy simulator stays well below KV-cache capacity.
     let u: f64 = rng.random();
-    let tokens = (16f64 * (375f64).powf(u * u)) as usize;
-    let words = tokens.max(4);
+    let tokens = 16f64 * (375f64).powf(u * u);
+    // About 1.5 tokens per word of this vocabulary, so prompts stay within the model's context.
+    let words = ((tokens / 1.5) as usize).max(4);
     (0..words).map(|_| WORDS[rng.random_range(0..WORDS.len())]).collect::<Vec<_>>().join(" ")
 }
 
 fn request_body(rng: &mut StdRng, model: &str) -> (String, String) {
     let text = prompt(rng);
-    let max_tokens = rng.random_range(64..=256);
+    // One output cap for all requests: lengths then follow the serving model's own
+    // distribution, so a length outlier means the outputs really changed.
+    let max_tokens = 256;
     if rng.random_bool(0.8) {
         let body = serde_json::json!({
             "model": model,

@@ -204,6 +204,7 @@ mod tests {
             prompt_tokens: None,
             output_tokens: None,
             ok: true,
+            server_failure: false,
             finish_reason: String::new(),
         };
         let recs = [r(3.0), r(2.0)];

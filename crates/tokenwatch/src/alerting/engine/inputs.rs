@@ -28,6 +28,8 @@ pub struct Rec {
     pub prompt_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
     pub ok: bool,
+    /// Counts against the success-rate SLO (client 4xx and cancelled requests do not).
+    pub server_failure: bool,
     pub finish_reason: String,
 }
 
@@ -49,6 +51,7 @@ impl Rec {
             prompt_tokens: r.prompt_tokens,
             output_tokens: r.output_tokens,
             ok: r.is_success(),
+            server_failure: r.is_server_failure(),
             finish_reason: r.finish_reason.clone(),
         }
     }
@@ -119,15 +122,15 @@ impl Inputs {
         let bucket = r.at_ms - r.at_ms.rem_euclid(SLO_BUCKET_MS);
         match b.back_mut() {
             Some(last) if last.0 == bucket => {
-                last.1 += u64::from(!r.ok);
+                last.1 += u64::from(r.server_failure);
                 last.2 += 1;
             }
             Some(last) if last.0 > bucket => {
                 // Out of order (a long request finishing late): count it in the newest bucket.
-                last.1 += u64::from(!r.ok);
+                last.1 += u64::from(r.server_failure);
                 last.2 += 1;
             }
-            _ => b.push_back((bucket, u64::from(!r.ok), 1)),
+            _ => b.push_back((bucket, u64::from(r.server_failure), 1)),
         }
         let q = self.records.entry(r.model.clone()).or_default();
         if q.len() >= self.cap_per_model {
@@ -288,6 +291,7 @@ mod tests {
             prompt_tokens: None,
             output_tokens: Some(10),
             ok,
+            server_failure: !ok,
             finish_reason: "stop".into(),
         }
     }
