@@ -394,7 +394,8 @@ mod tests {
                 instance: "i1".into(),
                 ..Default::default()
             },
-            arrival_unix_ms: now - 1000,
+            // Finished 10 s ago, so every record sits inside every window whatever the clock.
+            arrival_unix_ms: now - 10_000 - (end_s * 1000.0) as i64,
             first_token_s: Some(end_s / 4.0),
             end_s,
             status: 200,
