@@ -154,6 +154,13 @@ mod tests {
         parse_cgroup(text).unwrap_or_else(|| panic!("nothing found in {text:?}"))
     }
 
+    /// Parse `text` and compare (runtime, container id, pod uid) with `want`.
+    fn check(text: &str, want: (&str, Option<&str>, Option<&str>)) {
+        let c = parsed(text);
+        let got = (c.runtime.as_str(), c.container_id.as_deref(), c.pod_uid.as_deref());
+        assert_eq!(got, want, "{text}");
+    }
+
     #[test]
     fn docker_cgroup_v1_cgroupfs() {
         let text = format!(
@@ -207,15 +214,7 @@ mod tests {
         let text = format!(
             "9:memory:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{pod}.slice/docker-{ID}.scope\n"
         );
-        let c = parsed(&text);
-        assert_eq!(
-            (
-                c.runtime.as_str(),
-                c.container_id.as_deref(),
-                c.pod_uid.as_deref()
-            ),
-            ("docker", Some(ID), Some(UID))
-        );
+        check(&text, ("docker", Some(ID), Some(UID)));
     }
 
     #[test]
@@ -224,25 +223,9 @@ mod tests {
         let text = format!(
             "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice/cri-containerd-{ID}.scope\n"
         );
-        let c = parsed(&text);
-        assert_eq!(
-            (
-                c.runtime.as_str(),
-                c.container_id.as_deref(),
-                c.pod_uid.as_deref()
-            ),
-            ("containerd", Some(ID), Some(UID))
-        );
+        check(&text, ("containerd", Some(ID), Some(UID)));
         let text = format!("0::/kubepods.slice/kubepods-pod{pod}.slice/crio-{ID}.scope\n");
-        let c = parsed(&text);
-        assert_eq!(
-            (
-                c.runtime.as_str(),
-                c.container_id.as_deref(),
-                c.pod_uid.as_deref()
-            ),
-            ("cri-o", Some(ID), Some(UID))
-        );
+        check(&text, ("cri-o", Some(ID), Some(UID)));
     }
 
     #[test]
@@ -251,15 +234,7 @@ mod tests {
         let text = format!(
             "0::/system.slice/containerd.service/kubepods-burstable-pod{pod}.slice:cri-containerd:{ID}\n"
         );
-        let c = parsed(&text);
-        assert_eq!(
-            (
-                c.runtime.as_str(),
-                c.container_id.as_deref(),
-                c.pod_uid.as_deref()
-            ),
-            ("containerd", Some(ID), Some(UID))
-        );
+        check(&text, ("containerd", Some(ID), Some(UID)));
     }
 
     #[test]
