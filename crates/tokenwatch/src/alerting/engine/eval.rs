@@ -32,6 +32,17 @@ pub struct RuleState {
     held: Vec<AnomalyEvent>,
 }
 
+/// An event of a model-level detector: labelled by `model_id` alone.
+fn model_event(
+    f: det::Finding,
+    detector: &str,
+    signal: &str,
+    model: &str,
+    now: i64,
+) -> AnomalyEvent {
+    f.into_event(detector, signal, labels(&[("model_id", model)]), now)
+}
+
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
@@ -63,10 +74,11 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                 };
                 if let Some(f) = det::latency_spike(c, cn, pv, pn, p) {
                     let f = f.with("window_s", w as f64 / 1000.0);
-                    out.push(f.into_event(
+                    out.push(model_event(
+                        f,
                         det_name,
                         &latency_signal_name(&rule.signal),
-                        labels(&[("model_id", &m)]),
+                        &m,
                         now,
                     ));
                 }
@@ -81,10 +93,11 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                 };
                 if let Some(f) = det::absolute_latency(c, n, p) {
                     let f = f.with("window_s", w as f64 / 1000.0);
-                    out.push(f.into_event(
+                    out.push(model_event(
+                        f,
                         det_name,
                         &latency_signal_name(&rule.signal),
-                        labels(&[("model_id", &m)]),
+                        &m,
                         now,
                     ));
                 }
@@ -108,10 +121,11 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                     continue;
                 };
                 if let Some(f) = det::context_aware_threshold(p99, prompt, kv, p) {
-                    out.push(f.into_event(
+                    out.push(model_event(
+                        f,
                         det_name,
                         &latency_signal_name(&rule.signal),
-                        labels(&[("model_id", &m)]),
+                        &m,
                         now,
                     ));
                 }
@@ -200,12 +214,7 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                 let cur = values(cx.inputs.window(&m, now - w, now), &rule.signal);
                 let reference = values(cx.inputs.window(&m, now - 7 * w, now - w), &rule.signal);
                 if let Some(f) = det::ks_drift(&reference, &cur, p) {
-                    out.push(f.into_event(
-                        det_name,
-                        &rule.signal,
-                        labels(&[("model_id", &m)]),
-                        now,
-                    ));
+                    out.push(model_event(f, det_name, &rule.signal, &m, now));
                 }
             }
         }
@@ -235,12 +244,7 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                         .entry(m.clone())
                         .or_insert_with(|| det::KlDrift::new(p.clone()));
                     if let Some(f) = d.evaluate(&base, &cur) {
-                        held.push(f.into_event(
-                            det_name,
-                            "finish_reason",
-                            labels(&[("model_id", &m)]),
-                            now,
-                        ));
+                        held.push(model_event(f, det_name, "finish_reason", &m, now));
                     }
                 }
                 st.held = held;
@@ -256,12 +260,7 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                     m30: cx.inputs.counts(&m, now, 1_800_000),
                 };
                 if let Some(f) = det::slo_burn(&bw, p) {
-                    out.push(f.into_event(
-                        det_name,
-                        "success_ratio",
-                        labels(&[("model_id", &m)]),
-                        now,
-                    ));
+                    out.push(model_event(f, det_name, "success_ratio", &m, now));
                 }
             }
         }
@@ -288,12 +287,7 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                     batch.push(*b);
                 }
                 if let Some(f) = det::batch_jitter(&lat, &batch, p) {
-                    out.push(f.into_event(
-                        det_name,
-                        "itl_seconds",
-                        labels(&[("model_id", &m)]),
-                        now,
-                    ));
+                    out.push(model_event(f, det_name, "itl_seconds", &m, now));
                 }
             }
         }
@@ -349,12 +343,7 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                 };
                 if let Some(f) = det::ab_regression(&arm(groups[0]), &arm(groups[1]), *share_b, p) {
                     let f = f.with("arm_a", groups[0]).with("arm_b", groups[1]);
-                    out.push(f.into_event(
-                        det_name,
-                        &rule.signal,
-                        labels(&[("model_id", &m)]),
-                        now,
-                    ));
+                    out.push(model_event(f, det_name, &rule.signal, &m, now));
                 }
             }
         }
