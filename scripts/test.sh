@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 [ -x /usr/bin/prometheus-alertmanager ] || need_apt+=(prometheus-alertmanager)
+command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -16,6 +18,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 command -v promtool >/dev/null || { echo "error: promtool still missing after installing prometheus" >&2; exit 1; }
 [ -x /usr/bin/prometheus-alertmanager ] || { echo "error: /usr/bin/prometheus-alertmanager still missing after installing prometheus-alertmanager" >&2; exit 1; }
+command -v tmux >/dev/null || { echo "error: tmux still missing after installing tmux" >&2; exit 1; }
+[ -x /usr/bin/chromium ] || { echo "error: /usr/bin/chromium still missing after installing chromium" >&2; exit 1; }
+
+# The web UI's npm dependencies (uPlot, embedded by the build; playwright-core for the browser test).
+command -v npm >/dev/null || { echo "error: npm is missing — install Node.js >= 20 with npm (the UI build and browser test need it)" >&2; exit 1; }
+if [ ! -d ui/node_modules ]; then
+  echo "==> npm ci in ui/"
+  (cd ui && npm ci --no-audit --no-fund)
+fi
 
 VENV=.venv-test
 PY_PACKAGES=(openai opentelemetry-sdk opentelemetry-exporter-otlp)

@@ -5,7 +5,7 @@ use crate::model::{ContextBucket, GroupLabel, LatencyMetric, RequestRecord, Seri
 use crate::sketch::{LatencySketch, LatencySummary};
 use crate::window::{AddOutcome, Ring, SlidingSketch, TIER_1M_MS, TIER_5M_MS, TIER_10S_MS, Window};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A series: its labels and the context-length bucket of its requests.
 pub type SeriesKey = (SeriesLabels, ContextBucket);
@@ -318,6 +318,45 @@ impl Aggregator {
         }
     }
 
+    /// Each model with its runtimes and instances among the live series, in one pass.
+    pub fn label_values_by_model(&self) -> Vec<(String, BTreeSet<String>, BTreeSet<String>)> {
+        let mut out: BTreeMap<&str, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+        for (labels, _) in self.series.keys() {
+            let e = out.entry(labels.model_id.as_str()).or_default();
+            if !labels.runtime.is_empty() && !e.0.contains(&labels.runtime) {
+                e.0.insert(labels.runtime.clone());
+            }
+            if !labels.instance.is_empty() && !e.1.contains(&labels.instance) {
+                e.1.insert(labels.instance.clone());
+            }
+        }
+        out.into_iter().map(|(m, (r, i))| (m.to_string(), r, i)).collect()
+    }
+
+    /// Every model's `metric` sketch over `window`, split by context bucket, in one pass over the
+    /// series (the fleet timeline samples all models at once). Empty sketches are left out.
+    pub fn sketches_by_model_and_bucket(
+        &self,
+        metric: LatencyMetric,
+        window: Window,
+        now_unix_ms: i64,
+    ) -> BTreeMap<(String, ContextBucket), LatencySketch> {
+        let m = metric_index(metric);
+        let mut out: BTreeMap<(String, ContextBucket), LatencySketch> = BTreeMap::new();
+        for ((labels, bucket), state) in &self.series {
+            let Some(s) = state.metrics.get(m) else { continue };
+            let mut acc = LatencySketch::new();
+            s.window_into(now_unix_ms, window, &mut acc);
+            if acc.is_empty() {
+                continue;
+            }
+            out.entry((labels.model_id.clone(), *bucket))
+                .or_default()
+                .merge(&acc);
+        }
+        out
+    }
+
     /// Request and token counts over `window`, grouped like `query` (without `by`: one group,
     /// zeros when empty; with `by`: groups with no request in the window are left out).
     pub fn counts(
@@ -492,6 +531,39 @@ mod tests {
 
     fn agg() -> Aggregator {
         Aggregator::new(AggregatorConfig::default())
+    }
+
+    #[test]
+    fn sketches_by_model_and_bucket_splits_and_matches_per_model_query() {
+        let mut a = agg();
+        let now = BASE + 30 * S;
+        for i in 0..10 {
+            a.observe(&rec("m1", "t1", now - i * S, 1.0 + i as f64 / 10.0));
+            a.observe(&rec("m2", "t2", now - i * S, 5.0));
+        }
+        let mut long = rec("m1", "t1", now, 9.0);
+        long.prompt_tokens = Some(3000);
+        a.observe(&long);
+        let split = a.sketches_by_model_and_bucket(LatencyMetric::E2e, Window::M1, now);
+        let keys: Vec<_> = split.keys().cloned().collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("m1".to_string(), ContextBucket::Le512),
+                ("m1".to_string(), ContextBucket::Le4096),
+                ("m2".to_string(), ContextBucket::Le512)
+            ]
+        );
+        let mut m1 = LatencySketch::new();
+        for ((m, _), s) in &split {
+            if m == "m1" {
+                m1.merge(s);
+            }
+        }
+        let direct = a.query(&q(Some("m1"), LatencyMetric::E2e, Window::M1, None), now);
+        assert_eq!(m1.summary(), direct[0].summary);
+        assert_eq!(m1.count(), 11);
+        assert!(a.sketches_by_model_and_bucket(LatencyMetric::E2e, Window::M1, now + 3 * MIN).is_empty());
     }
 
     #[test]

@@ -65,7 +65,8 @@ impl CumulativeHistogram {
             return None;
         }
         let total = *self.cumulative.last()?;
-        if !(total > 0.0) {
+        // Also refuses NaN totals.
+        if total.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
             return None;
         }
         let rank = q * total;

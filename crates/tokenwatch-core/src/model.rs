@@ -256,6 +256,48 @@ pub struct RequestRecord {
     /// HTTP status the client received.
     pub status: u16,
     pub error_class: Option<ErrorClass>,
+    /// Embedding of the response, when one was reported (OTLP attribute
+    /// `tokenwatch.output.embedding` or `POST /api/v1/embeddings`); empty = none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub embedding: Vec<f32>,
+    /// Prefix-cache key: a 64-bit hash of the prompt's leading bytes (never the text), written
+    /// in JSON as 16 lowercase hex digits.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "prefix_hex")]
+    pub prefix_key: Option<u64>,
+}
+
+/// `prefix_key` in JSON: 16 lowercase hex digits (a u64 does not fit a JavaScript number).
+mod prefix_hex {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(k) => s.serialize_str(&format!("{k:016x}")),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(h) => parse(&h).map(Some).ok_or_else(|| {
+                D::Error::custom(format!("prefix_key {h:?} is not 1 to 16 hex digits"))
+            }),
+        }
+    }
+
+    /// 1 to 16 hex digits.
+    pub fn parse(h: &str) -> Option<u64> {
+        if h.is_empty() || h.len() > 16 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u64::from_str_radix(h, 16).ok()
+    }
+}
+
+/// Parse a prefix key written as 1 to 16 hex digits (as `prefix_key` is in JSON).
+pub fn parse_prefix_key(hex: &str) -> Option<u64> {
+    prefix_hex::parse(hex)
 }
 
 impl RequestRecord {
@@ -332,6 +374,26 @@ mod tests {
         for c in ErrorClass::ALL {
             assert_eq!(serde_json::to_value(c).unwrap(), serde_json::Value::String(c.name().into()));
             assert_eq!(ErrorClass::parse(c.name()), Some(c));
+        }
+    }
+
+    #[test]
+    fn embedding_and_prefix_key_round_trip_through_json() {
+        let r = RequestRecord {
+            embedding: vec![0.5, -1.25],
+            prefix_key: Some(0xfedc_ba98_7654_3210),
+            ..Default::default()
+        };
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["prefix_key"], "fedcba9876543210");
+        assert_eq!(j["embedding"], serde_json::json!([0.5, -1.25]));
+        assert_eq!(serde_json::from_value::<RequestRecord>(j).unwrap(), r);
+        let bare = serde_json::to_value(RequestRecord::default()).unwrap();
+        assert!(bare.get("embedding").is_none() && bare.get("prefix_key").is_none());
+        assert_eq!(serde_json::from_value::<RequestRecord>(bare).unwrap(), RequestRecord::default());
+        assert_eq!(parse_prefix_key("00ff"), Some(255));
+        for bad in ["", "xyz", "12345678901234567", "-1", "+1"] {
+            assert_eq!(parse_prefix_key(bad), None, "{bad}");
         }
     }
 

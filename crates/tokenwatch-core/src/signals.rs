@@ -139,6 +139,23 @@ impl SignalBoard {
         self.series.get(&key).map(|s| s.history.iter().copied().collect()).unwrap_or_default()
     }
 
+    /// Every series whose latest point passes `keep`: that point and the series' history since
+    /// `since_unix_ms`, in key order (model, signal, instance, device).
+    pub fn series_where(
+        &self,
+        since_unix_ms: i64,
+        mut keep: impl FnMut(&SignalPoint) -> bool,
+    ) -> Vec<(SignalPoint, Vec<(i64, f64)>)> {
+        self.series
+            .values()
+            .filter(|s| keep(&s.latest))
+            .map(|s| {
+                let hist = s.history.iter().copied().filter(|(t, _)| *t >= since_unix_ms).collect();
+                (s.latest.clone(), hist)
+            })
+            .collect()
+    }
+
     pub fn models(&self) -> Vec<String> {
         let mut m: Vec<String> = self.series.keys().map(|k| k.model_id.clone()).filter(|m| !m.is_empty()).collect();
         m.dedup();
@@ -199,6 +216,23 @@ mod tests {
         assert_eq!(b.history("m", names::KV_CACHE_USAGE, "i1", ""), vec![(2, 0.2), (3, 0.3), (4, 0.4)]);
         assert!(b.latest(Some("other")).is_empty());
         assert_eq!(b.models(), vec!["m".to_string()]);
+    }
+
+    #[test]
+    fn series_where_filters_by_point_and_trims_history() {
+        let mut b = SignalBoard::new(10, 10);
+        for i in 0..4 {
+            b.update(point("m", names::KV_CACHE_USAGE, 0.1 * i as f64, i * 1000));
+            let mut gpu = point("m", names::GPU_MEMORY_USED_BYTES, 1e9 * i as f64, i * 1000);
+            gpu.device_id = "GPU-0".into();
+            b.update(gpu);
+        }
+        let devices = b.series_where(2000, |p| !p.device_id.is_empty());
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].0.signal, names::GPU_MEMORY_USED_BYTES);
+        assert_eq!(devices[0].1, vec![(2000, 2e9), (3000, 3e9)]);
+        assert_eq!(b.series_where(0, |p| p.model_id == "m").len(), 2);
+        assert!(b.series_where(0, |p| p.model_id == "x").is_empty());
     }
 
     #[test]

@@ -178,6 +178,8 @@ pub fn gpu_memory_leak(
         .with("used_bytes", last)
         .with("total_bytes", total_bytes)
         .with("window_start_unix_ms", span[0].0)
+        // The fitted line: this value at window_start, rising `growth_bytes_per_s` (for charts).
+        .with("fit_bytes_at_window_start", fit.intercept)
         .with("window_end_unix_ms", t_last)
         .with("samples", span.len())
         .with(
@@ -255,6 +257,8 @@ mod tests {
         .unwrap();
         assert_eq!(f.evidence["rule"], "slope");
         assert!((f.score - 6.0).abs() < 1e-6, "{}", f.score);
+        let at_start = f.evidence["fit_bytes_at_window_start"].as_f64().unwrap();
+        assert!((at_start - 10.0 * GIB).abs() < 1.0, "exact line: {at_start}");
         // Same climb under load is ordinary growth, not a leak by the slope rule.
         let busy = series(&[0.7; 20], 10_000);
         assert!(gpu_memory_leak(&used, &busy, 40.0 * GIB, &GpuLeakParams::default()).is_none());

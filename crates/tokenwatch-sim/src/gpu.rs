@@ -58,13 +58,14 @@ fn uuid(seed: u64, index: u32) -> String {
     )
 }
 
-/// Readings for the GPU serving `cfg`. Memory = weights + (used + leaked) KV blocks;
-/// utilisation follows batch occupancy (0 when idle).
+/// Readings for the GPU serving `cfg`. Memory = weights + the whole KV pool, reserved at start
+/// as vLLM does (so it stays flat however busy the engine is) + what the `kv_leak` fault leaks:
+/// each leaked block also keeps an allocation of its size alive outside the pool, so used memory
+/// climbs while free KV blocks shrink. Utilisation follows batch occupancy (0 when idle).
 pub fn reading(cfg: &EngineConfig, stats: &EngineStats) -> GpuReading {
-    let kv_blocks = u64::from(stats.kv_used_blocks + stats.kv_leaked_blocks);
-    let used = cfg
-        .weights_bytes
-        .saturating_add(kv_blocks.saturating_mul(cfg.block_bytes));
+    let pool = u64::from(cfg.kv_blocks).saturating_mul(cfg.block_bytes);
+    let leaked = u64::from(stats.kv_leaked_blocks).saturating_mul(cfg.block_bytes);
+    let used = cfg.weights_bytes.saturating_add(pool).saturating_add(leaked);
     let occupancy = stats.running as f64 / cfg.max_num_seqs.max(1) as f64;
     let util = if stats.running == 0 {
         0.0

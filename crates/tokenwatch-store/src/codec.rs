@@ -12,13 +12,43 @@ use tokenwatch_core::model::{
 pub(crate) const RECORD_COLUMNS: &str = "request_id, trace_id, model_id, runtime, instance, \
     tenant, ab_group, model_version, prompt_version, endpoint, stream, arrival_unix_ms, \
     upstream_headers_s, first_token_s, end_s, queue_s, chunk_offsets_us, gap_count, gap_mean_s, \
-    gap_max_s, prompt_tokens, output_tokens, tokens_from_usage, finish_reason, status, error_class";
+    gap_max_s, prompt_tokens, output_tokens, tokens_from_usage, finish_reason, status, error_class, \
+    embedding, prefix_key";
+
+/// `RECORD_COLUMNS` for reading: a record without its own embedding takes the latest one posted
+/// for its request id (`POST /api/v1/embeddings`, table `embeddings`), whichever arrived first.
+pub(crate) static RECORD_SELECT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    RECORD_COLUMNS.replace(
+        "embedding, prefix_key",
+        "COALESCE(records.embedding, (SELECT e.embedding FROM embeddings e \
+         WHERE e.request_id = records.request_id AND e.model_id = records.model_id \
+         ORDER BY e.id DESC LIMIT 1)), prefix_key",
+    )
+});
 
 pub(crate) const ROLLUP_COLUMNS: &str = "model_id, runtime, instance, tenant, ab_group, \
     model_version, bucket, metric, minute_start_unix_ms, count, sketch";
 
 pub(crate) fn encode_offsets(offsets: &[u32]) -> Vec<u8> {
     offsets.iter().flat_map(|o| o.to_le_bytes()).collect()
+}
+
+/// An embedding as a compact blob: little-endian f32s (4 bytes per dimension).
+pub(crate) fn encode_embedding(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub(crate) fn decode_embedding(blob: &[u8]) -> Result<Vec<f32>, String> {
+    let chunks = blob.chunks_exact(4);
+    if !chunks.remainder().is_empty() {
+        return Err(format!(
+            "embedding blob has {} bytes, not a multiple of 4",
+            blob.len()
+        ));
+    }
+    Ok(chunks
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 pub(crate) fn decode_offsets(blob: &[u8]) -> Result<Vec<u32>, String> {
@@ -72,6 +102,14 @@ pub(crate) fn record_params(r: &RequestRecord) -> Result<Vec<Value>, String> {
         text(&r.finish_reason),
         Value::Integer(r.status as i64),
         r.error_class.map_or(Value::Null, |c| text(c.name())),
+        if r.embedding.is_empty() {
+            Value::Null
+        } else {
+            Value::Blob(encode_embedding(&r.embedding))
+        },
+        // The key's 64 bits as SQLite's signed integer (read back with the same cast).
+        r.prefix_key
+            .map_or(Value::Null, |k| Value::Integer(k as i64)),
     ])
 }
 
@@ -139,7 +177,7 @@ impl RowReader<'_, '_> {
     }
 }
 
-/// Decodes a row of `SELECT id, {RECORD_COLUMNS}`.
+/// Decodes a row of `SELECT id, {RECORD_SELECT}`.
 pub(crate) fn record_from_row(row: &Row<'_>, path: &Path) -> Result<RequestRecord, StoreError> {
     let mut rd = RowReader {
         row,
@@ -162,6 +200,11 @@ pub(crate) fn record_from_row(row: &Row<'_>, path: &Path) -> Result<RequestRecor
                 .ok_or_else(|| rd.corrupt(format!("unknown error_class {s:?}")))?,
         ),
     };
+    let embedding = match rd.get::<Option<Vec<u8>>>(27)? {
+        None => Vec::new(),
+        Some(b) => decode_embedding(&b).map_err(|e| rd.corrupt(e))?,
+    };
+    let prefix_key = rd.get::<Option<i64>>(28)?.map(|k| k as u64);
     Ok(RequestRecord {
         request_id,
         trace_id: rd.get(2)?,
@@ -195,6 +238,8 @@ pub(crate) fn record_from_row(row: &Row<'_>, path: &Path) -> Result<RequestRecor
         status: u16::try_from(status)
             .map_err(|_| rd.corrupt(format!("status {status} out of range")))?,
         error_class,
+        embedding,
+        prefix_key,
     })
 }
 
@@ -247,6 +292,17 @@ mod tests {
         assert_eq!(decode_offsets(&b).unwrap(), v);
         assert_eq!(decode_offsets(&[]).unwrap(), Vec::<u32>::new());
         assert!(decode_offsets(&[1, 2, 3]).unwrap_err().contains("3 bytes"));
+    }
+
+    #[test]
+    fn embeddings_round_trip_little_endian() {
+        let v = vec![1.0f32, -0.5, f32::MIN_POSITIVE, 3.25e7];
+        let b = encode_embedding(&v);
+        assert_eq!(b.len(), 16);
+        assert_eq!(&b[0..4], &1.0f32.to_le_bytes());
+        assert_eq!(decode_embedding(&b).unwrap(), v);
+        assert!(decode_embedding(&[]).unwrap().is_empty());
+        assert!(decode_embedding(&[0; 7]).unwrap_err().contains("7 bytes"));
     }
 
     #[test]

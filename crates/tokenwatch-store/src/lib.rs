@@ -2,18 +2,20 @@
 // its query/option/report types and the SQLite implementation re-exported from `sqlite`.
 
 mod codec;
+mod embeddings;
 mod error;
 mod schema;
 mod sqlite;
 mod telemetry;
 
+pub use embeddings::EmbeddingRow;
 pub use error::StoreError;
 pub use sqlite::SqliteStore;
 pub use telemetry::{LogQuery, LogRow, SpanQuery, SpanRow};
 
 use serde::Serialize;
 use std::time::Duration;
-use tokenwatch_core::model::{ContextBucket, LatencyMetric, RequestRecord, SeriesLabels};
+use tokenwatch_core::model::{ContextBucket, ErrorClass, LatencyMetric, RequestRecord, SeriesLabels};
 
 /// Name of the database file created inside the data directory.
 pub const DB_FILE_NAME: &str = "tokenwatch.db";
@@ -42,6 +44,9 @@ pub trait Store: Send + Sync + 'static {
     fn insert_logs(&self, logs: &[LogRow]) -> Result<(), StoreError>;
     /// Log records of one trace and/or in a time range, oldest first.
     fn query_logs(&self, q: &LogQuery) -> Result<Vec<LogRow>, StoreError>;
+    /// Store output embeddings posted for request ids, in one transaction. A record without its
+    /// own embedding is read back with the latest one posted for its request id and model.
+    fn insert_embeddings(&self, rows: &[EmbeddingRow]) -> Result<(), StoreError>;
 }
 
 /// A storage-level roll-up: one minute of one latency sketch for one series and context bucket.
@@ -56,15 +61,44 @@ pub struct RollupRow {
     pub sketch: Vec<u8>,
 }
 
-/// Filters for [`Store::query_records`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Filters for [`Store::query_records`]; all given filters must hold.
+#[derive(Debug, Clone, PartialEq)]
 pub struct RecordQuery {
     /// Exact `model_id`.
     pub model: Option<String>,
     /// Only records with `arrival_unix_ms >= since_unix_ms`.
     pub since_unix_ms: Option<i64>,
+    /// Exact tenant (the header value or its salted hash, as recorded).
+    pub tenant: Option<String>,
+    /// Exact request id.
+    pub request_id: Option<String>,
+    /// Exact W3C trace id (32 hex digits).
+    pub trace_id: Option<String>,
+    /// Only succeeded, only failed, or only one error class.
+    pub outcome: Option<RecordOutcome>,
+    /// Only records whose end-to-end time is at least this many seconds.
+    pub min_e2e_s: Option<f64>,
     /// Maximum number of rows returned (0 returns none).
     pub limit: usize,
+}
+
+/// Outcome filter of [`RecordQuery`]; success is `RequestRecord::is_success`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOutcome {
+    Ok,
+    Error,
+    Class(ErrorClass),
+}
+
+impl RecordOutcome {
+    /// `ok`, `error`, or an error class name such as `upstream_5xx`.
+    pub fn parse(s: &str) -> Option<RecordOutcome> {
+        match s {
+            "ok" => Some(RecordOutcome::Ok),
+            "error" => Some(RecordOutcome::Error),
+            other => ErrorClass::parse(other).map(RecordOutcome::Class),
+        }
+    }
 }
 
 impl Default for RecordQuery {
@@ -73,6 +107,11 @@ impl Default for RecordQuery {
         RecordQuery {
             model: None,
             since_unix_ms: None,
+            tenant: None,
+            request_id: None,
+            trace_id: None,
+            outcome: None,
+            min_e2e_s: None,
             limit: 100,
         }
     }

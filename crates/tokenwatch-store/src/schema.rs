@@ -117,6 +117,23 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         CREATE INDEX logs_trace_id ON logs (trace_id);
         ",
     },
+    Migration {
+        version: 5,
+        name: "output embeddings and prefix-cache keys",
+        sql: "
+        ALTER TABLE records ADD COLUMN embedding BLOB;
+        ALTER TABLE records ADD COLUMN prefix_key INTEGER;
+        CREATE TABLE embeddings (
+            id         INTEGER PRIMARY KEY,
+            request_id TEXT    NOT NULL,
+            model_id   TEXT    NOT NULL,
+            at_unix_ms INTEGER NOT NULL,
+            embedding  BLOB    NOT NULL
+        );
+        CREATE INDEX embeddings_request_id ON embeddings (request_id);
+        CREATE INDEX embeddings_at ON embeddings (at_unix_ms);
+        ",
+    },
 ];
 
 /// The highest schema version this build knows.

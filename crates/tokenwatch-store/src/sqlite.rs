@@ -1,10 +1,11 @@
 // SqliteStore: the `Store` on one SQLite file in WAL mode — a mutex-guarded write connection
 // (one transaction per batch) and a separate query-only read connection.
 
-use crate::codec::{self, RECORD_COLUMNS, ROLLUP_COLUMNS};
+use crate::codec::{self, RECORD_COLUMNS, RECORD_SELECT, ROLLUP_COLUMNS};
+use crate::embeddings::{self, EmbeddingRow};
 use crate::telemetry::{self, LogQuery, LogRow, SpanQuery, SpanRow};
 use crate::{
-    DB_FILE_NAME, RecordQuery, RetentionReport, RollupQuery, RollupRow, Store, StoreError,
+    DB_FILE_NAME, RecordOutcome, RecordQuery, RetentionReport, RollupQuery, RollupRow, Store, StoreError,
     StoreOptions, StoreStats, schema,
 };
 use rusqlite::types::Value;
@@ -231,9 +232,35 @@ impl Store for SqliteStore {
             conds.push("arrival_unix_ms >= ?");
             params.push(Value::Integer(since));
         }
+        if let Some(t) = &q.tenant {
+            conds.push("tenant = ?");
+            params.push(Value::Text(t.clone()));
+        }
+        if let Some(id) = &q.request_id {
+            conds.push("request_id = ?");
+            params.push(Value::Text(id.clone()));
+        }
+        if let Some(id) = &q.trace_id {
+            conds.push("trace_id = ?");
+            params.push(Value::Text(id.clone()));
+        }
+        match q.outcome {
+            None => {}
+            Some(RecordOutcome::Ok) => conds.push("(error_class IS NULL AND status < 400)"),
+            Some(RecordOutcome::Error) => conds.push("NOT (error_class IS NULL AND status < 400)"),
+            Some(RecordOutcome::Class(c)) => {
+                conds.push("error_class = ?");
+                params.push(Value::Text(c.name().to_owned()));
+            }
+        }
+        if let Some(min) = q.min_e2e_s.filter(|v| v.is_finite()) {
+            conds.push("end_s >= ?");
+            params.push(Value::Real(min));
+        }
         params.push(Value::Integer(i64::try_from(q.limit).unwrap_or(i64::MAX)));
         let sql = format!(
-            "SELECT id, {RECORD_COLUMNS} FROM records{} ORDER BY arrival_unix_ms DESC, id DESC LIMIT ?",
+            "SELECT id, {} FROM records{} ORDER BY arrival_unix_ms DESC, id DESC LIMIT ?",
+            *RECORD_SELECT,
             where_clause(&conds)
         );
         let conn = lock(&self.read);
@@ -300,6 +327,7 @@ impl Store for SqliteStore {
         // Spans and log records follow the raw-record retention.
         self.delete_chunked(telemetry::RETENTION_SPANS, raw_cutoff, "retention of spans")?;
         self.delete_chunked(telemetry::RETENTION_LOGS, raw_cutoff, "retention of logs")?;
+        self.delete_chunked(embeddings::RETENTION, raw_cutoff, "retention of embeddings")?;
         let report = RetentionReport {
             records_deleted,
             rollups_deleted,
@@ -328,6 +356,13 @@ impl Store for SqliteStore {
 
     fn query_logs(&self, q: &LogQuery) -> Result<Vec<LogRow>, StoreError> {
         telemetry::query_logs(&lock(&self.read), q).map_err(self.err("query_logs"))
+    }
+
+    fn insert_embeddings(&self, rows: &[EmbeddingRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        embeddings::insert(&mut lock(&self.write), rows).map_err(self.err("insert_embeddings"))
     }
 
     fn stats(&self) -> Result<StoreStats, StoreError> {

@@ -48,6 +48,8 @@ fn full_record() -> RequestRecord {
         finish_reason: "stop".into(),
         status: 200,
         error_class: None,
+        embedding: vec![0.25, -1.5, 3.0e-8],
+        prefix_key: Some(0xfedc_ba98_7654_3210),
     }
 }
 
@@ -141,6 +143,7 @@ fn query_filters_order_and_limit() {
         model: model.map(String::from),
         since_unix_ms: since,
         limit,
+        ..RecordQuery::default()
     };
     let got = store.query_records(&q(Some("a"), None, 10)).unwrap();
     assert_eq!(ids(&got), ["a3", "a2", "a1", "a0"]);
@@ -407,4 +410,50 @@ fn readers_and_writers_share_the_store_across_threads() {
         w.join().unwrap();
     }
     assert_eq!(store.stats().unwrap().records, 4 * 10 * 20);
+}
+
+#[test]
+fn record_filters_tenant_outcome_latency_and_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mk = |id: &str, tenant: &str, end_s: f64, status: u16, class: Option<ErrorClass>| RequestRecord {
+        request_id: id.into(),
+        trace_id: format!("trace-{id}"),
+        labels: SeriesLabels { tenant: tenant.into(), ..labels("m") },
+        arrival_unix_ms: 1000,
+        end_s,
+        status,
+        error_class: class,
+        ..Default::default()
+    };
+    store
+        .insert_records(&[
+            mk("ok-fast", "t1", 0.2, 200, None),
+            mk("ok-slow", "t2", 4.0, 200, None),
+            mk("bad-5xx", "t1", 1.0, 502, Some(ErrorClass::Upstream5xx)),
+            mk("client-4xx", "t2", 0.1, 404, None),
+        ])
+        .unwrap();
+    let q = |f: &dyn Fn(&mut RecordQuery)| {
+        let mut q = RecordQuery { limit: 10, ..Default::default() };
+        f(&mut q);
+        let mut got: Vec<String> = store.query_records(&q).unwrap().into_iter().map(|r| r.request_id).collect();
+        got.sort();
+        got
+    };
+    assert_eq!(q(&|q| q.tenant = Some("t1".into())), ["bad-5xx", "ok-fast"]);
+    assert_eq!(q(&|q| q.outcome = Some(RecordOutcome::Ok)), ["ok-fast", "ok-slow"]);
+    assert_eq!(q(&|q| q.outcome = Some(RecordOutcome::Error)), ["bad-5xx", "client-4xx"]);
+    assert_eq!(q(&|q| q.outcome = RecordOutcome::parse("upstream_5xx")), ["bad-5xx"]);
+    assert_eq!(q(&|q| q.min_e2e_s = Some(1.0)), ["bad-5xx", "ok-slow"]);
+    assert_eq!(q(&|q| q.request_id = Some("ok-slow".into())), ["ok-slow"]);
+    assert_eq!(q(&|q| q.trace_id = Some("trace-bad-5xx".into())), ["bad-5xx"]);
+    assert_eq!(
+        q(&|q| {
+            q.tenant = Some("t2".into());
+            q.min_e2e_s = Some(1.0);
+        }),
+        ["ok-slow"]
+    );
+    assert_eq!(RecordOutcome::parse("nope"), None);
 }

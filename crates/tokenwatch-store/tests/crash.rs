@@ -84,8 +84,8 @@ fn acknowledged_records_survive_sigkill() {
     let store = SqliteStore::open(dir.path(), StoreOptions::default()).unwrap();
     let q = RecordQuery {
         model: Some("crash".into()),
-        since_unix_ms: None,
         limit: usize::MAX,
+        ..RecordQuery::default()
     };
     let got = store.query_records(&q).unwrap();
     eprintln!(

@@ -639,11 +639,11 @@ async fn hold_phase(c: &HttpClient, uri: &Uri, n: usize, pid: u32) -> (u64, u64,
 fn metric_sum(text: &str, name: &str) -> Option<f64> {
     let mut found = None;
     for l in text.lines() {
-        if let Some(rest) = l.strip_prefix(name) {
-            if rest.starts_with(' ') || rest.starts_with('{') {
-                let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
-                *found.get_or_insert(0.0) += v;
-            }
+        if let Some(rest) = l.strip_prefix(name)
+            && (rest.starts_with(' ') || rest.starts_with('{'))
+        {
+            let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
+            *found.get_or_insert(0.0) += v;
         }
     }
     found

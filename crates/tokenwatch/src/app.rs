@@ -147,12 +147,16 @@ impl RunningApp {
 
         let listener = bind(cfg.listen, "listen / --listen").await?;
         let api_addr = listener.local_addr()?;
-        let api = Arc::new(ApiState { aggregator, store, metrics, components, signals });
+        let timeline = Arc::new(std::sync::RwLock::new(crate::api::timeline::Timeline::default()));
+        servers.push(crate::api::timeline::spawn_sampler(aggregator.clone(), signals.clone(), timeline.clone(), stop.clone()));
+        let alerts = alerting.book.clone();
+        let api = Arc::new(ApiState { aggregator, store, metrics, components, signals, alerts, timeline });
         let mut app = api_router(api);
         for routes in source_routes {
             app = app.merge(routes);
         }
         app = app.merge(alerting.routes);
+        app = app.merge(crate::ui::router());
         servers.push(serve(listener, app, stop));
         Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline })
     }

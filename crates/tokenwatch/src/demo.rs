@@ -70,6 +70,11 @@ async fn start_sim(model: &str, ttft: &str, itl: &str, seed: u64, stop: watch::R
     let cli = SimCli::try_parse_from([
         "sim", "--listen", &listen, "--model", model, "--ttft-ms", ttft, "--itl-ms", itl, "--seed", &seed,
         "--prefill-ms-per-token", "0.04",
+        // Headroom like a provisioned vLLM: at the demo's rate a model keeps ~15–25 sequences
+        // running, and the simulator's defaults (32 slots, 4096 KV blocks) would put the healthy
+        // model at its batch limit whenever long prompts' prefills stall decoding or the host's
+        // CPU is busy — its queue, and so its P99 TTFT, would then climb past the L1 threshold.
+        "--max-num-seqs", "64", "--kv-blocks", "8192",
     ])
     .context("building the simulator arguments")?;
     let mut stop = stop;
@@ -139,6 +144,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let api = app.api_addr;
     let first = &sims[0].model;
     println!("tokenwatch demo is running\n");
+    println!("  >> open http://{api}/  (web UI: fleet, latency, GPU memory, alerts, requests)");
+    println!("     or, in a terminal: tokenwatch top --url http://{api}\n");
     println!("  fleet:      {}", sims.iter().map(|s| format!("{} (sim on {})", s.model, s.addr)).collect::<Vec<_>>().join(", "));
     println!("  proxy:      http://{proxy}/v1  (OpenAI-compatible; traffic at {} req/s is flowing through it)", args.rps);
     println!("  metrics:    http://{api}/metrics");
@@ -178,7 +185,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             _ = &mut fault_at, if !fault_done => {
                 fault_done = true;
                 match enable_fault(&sims[0], &args.fault).await {
-                    Ok(()) => println!("  >> fault {:?} is now ON for {} — watch its TTFT: http://{api}/api/v1/latency?model={}&metric=ttft&window=1m", args.fault, sims[0].model, sims[0].model),
+                    Ok(()) => println!("  >> fault {:?} is now ON for {} — watch it: http://{api}/#/model/{}", args.fault, sims[0].model, sims[0].model),
                     Err(e) => eprintln!("  could not switch the fault on: {e:#}"),
                 }
             }

@@ -9,4 +9,6 @@ pub mod demo;
 pub mod export;
 pub mod pipeline;
 pub mod sources;
+pub mod top;
 pub mod traffic;
+pub mod ui;

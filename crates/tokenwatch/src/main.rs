@@ -1,5 +1,5 @@
-// The `tokenwatch` binary: command-line parsing and dispatch to `run`, `sim`, `demo`, `rules` and
-// `check-config`. Errors reach the user here, through anyhow, with their full context.
+// The `tokenwatch` binary: command-line parsing and dispatch to `run`, `sim`, `demo`, `top`, `rules`
+// and `check-config`. Errors reach the user here, through anyhow, with their full context.
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -30,6 +30,8 @@ enum Command {
     Sim(tokenwatch_sim::SimArgs),
     /// Start a simulated fleet, the proxy in front of it and traffic, on embedded defaults.
     Demo(demo::DemoArgs),
+    /// Live terminal view of a running tokenwatch: per-model latency, rates, KV cache, GPU memory, alerts.
+    Top(tokenwatch::top::TopArgs),
     /// Validate a configuration file without starting anything.
     CheckConfig {
         /// The YAML file to check.
@@ -186,11 +188,12 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
 
 fn rules_command(command: RulesCommand) -> anyhow::Result<()> {
     let RulesCommand::Export { format: RulesFormat::Prometheus, config, output } = command;
-    if let Some(path) = &config {
-        Config::load(path)?;
-    }
-    // The configured rules map onto export specs here once the configuration has them.
-    let specs = tokenwatch::alerting::promexport::default_export_specs();
+    let cfg = match &config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let specs = tokenwatch::alerting::promexport::configured::specs_for_config(&cfg.alerting)
+        .map_err(|(path, msg)| anyhow::anyhow!("{path}: {msg}"))?;
     let text = tokenwatch::alerting::promexport::export_prometheus_rules(&specs);
     match output {
         Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
@@ -212,6 +215,7 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
         }
         Command::Sim(args) => tokenwatch_sim::run(args).await.map_err(anyhow::Error::from),
         Command::Demo(args) => demo::run(args).await,
+        Command::Top(args) => tokenwatch::top::run(args).await,
         Command::CheckConfig { .. } | Command::Rules { .. } => unreachable!("handled before the runtime starts"),
     }
 }

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod deliver;
 pub mod engine;
+pub mod ingest;
 pub mod promexport;
 pub mod rules;
 pub mod snapshot;

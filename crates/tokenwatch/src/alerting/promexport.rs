@@ -2,16 +2,24 @@
 // that PromQL can express over the runtimes' own metrics (vLLM, DCGM), as an alerting rules file.
 //
 // Exported detectors and the metrics they use:
-// - `absolute_latency`: `histogram_quantile(q, …vllm:<metric>_bucket…) > threshold`.
+// - `absolute_latency`: `histogram_quantile(q, …vllm:<metric>_bucket…) > threshold` (with a
+//   request-count floor when the rule has `min_samples`).
 // - `latency_spike`: quantile of the last window > ratio × the same quantile `offset` one window,
 //   with at least `min_samples` requests in the window.
+// - `context_aware_threshold`: the P99 against base × (1 + k × median prompt tokens) ×
+//   (offset − weight × KV-cache usage), all three read from vLLM.
 // - `kv_cache_pressure`: `vllm:kv_cache_usage_perc` over the limit while preemptions or the
 //   waiting queue rise.
 // - `gpu_memory_leak`: `deriv(DCGM_FI_DEV_FB_USED)` over the growth limit with `DCGM_FI_DEV_GPU_UTIL`
-//   under the utilisation limit, plus a `predict_linear` exhaustion rule.
+//   under the utilisation limit, plus a `predict_linear` exhaustion rule; configured rules also
+//   get their step rule (`consecutive` × `step_mib` of growth over the window, still rising).
 // - `slo_burn`: multi-window error-budget burn over `vllm:request_success_total{finished_reason}`.
+// - `threshold`: the signal read from its runtime metric (see `configured::signal_expr`).
 // Every other detector (drift, outliers, entropy, per-request grading…) needs tokenwatch's own
-// data and is listed as skipped in a comment of the output.
+// data and is listed as skipped in a comment of the output. `configured` maps a configuration's
+// rules onto export specs.
+
+pub mod configured;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -36,8 +44,15 @@ pub struct RuleExportSpec {
     pub severity: Severity,
     /// `L1` / `L2` where graded.
     pub grade: Option<String>,
-    /// One-line summary (plain text; template markers are escaped).
+    /// One-line summary: plain text (template markers are escaped), or a Prometheus template
+    /// when `summary_is_template`.
     pub summary: String,
+    /// The summary is already a Prometheus template (a configured rule's, translated).
+    #[serde(default)]
+    pub summary_is_template: bool,
+    /// `>`, `>=`, `<` or `<=` of a `threshold` rule.
+    #[serde(default)]
+    pub comparison: Option<String>,
 }
 
 impl RuleExportSpec {
@@ -70,6 +85,8 @@ fn spec(
         severity,
         grade: grade.map(str::to_string),
         summary: summary.into(),
+        summary_is_template: false,
+        comparison: None,
     }
 }
 
@@ -280,13 +297,18 @@ fn to_prom(r: &RuleExportSpec) -> Result<Vec<PromRule>, String> {
     if let Some(g) = r.grade.as_ref().filter(|g| !g.is_empty()) {
         labels.insert("grade".into(), g.clone());
     }
+    let summary = if r.summary_is_template {
+        r.summary.clone()
+    } else {
+        literal(&r.summary)
+    };
     let rule = |alert: String, expr: String, description: String| PromRule {
         alert,
         expr,
         for_duration: r.for_duration,
         labels: labels.clone(),
         annotations: BTreeMap::from([
-            ("summary".into(), literal(&r.summary)),
+            ("summary".into(), summary.clone()),
             ("description".into(), description),
         ]),
     };
@@ -294,11 +316,17 @@ fn to_prom(r: &RuleExportSpec) -> Result<Vec<PromRule>, String> {
         "absolute_latency" => {
             let (hist, quant) = latency_histogram(&r.signal)?;
             let (t, w) = (r.param("threshold_seconds", 2.0), window(r, 300.0)?);
-            let expr = format!(
+            let mut expr = format!(
                 "histogram_quantile({}, sum by (le, model_name) (rate({hist}_bucket[{w}]))) > {}",
                 num(quant),
                 num(t)
             );
+            if let Some(min) = r.params.get("min_samples").filter(|m| **m > 0.0) {
+                expr.push_str(&format!(
+                    " and on (model_name) sum by (model_name) (increase({hist}_count[{w}])) >= {}",
+                    num(*min)
+                ));
+            }
             let desc = format!(
                 "{} of {{{{ $labels.model_name }}}} is {{{{ $value | humanizeDuration }}}} (threshold {}s over {w}).",
                 r.signal,
@@ -361,14 +389,27 @@ fn to_prom(r: &RuleExportSpec) -> Result<Vec<PromRule>, String> {
                 "predict_linear(DCGM_FI_DEV_FB_USED[{w}], {}) >= (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE) and deriv(DCGM_FI_DEV_FB_USED[{w}]) > 0",
                 num(horizon.round())
             );
-            Ok(vec![
+            let mut out = Vec::new();
+            if let (Some(step), Some(n)) = (r.params.get("step_mib"), r.params.get("consecutive")) {
+                let steps = format!(
+                    "delta(DCGM_FI_DEV_FB_USED[{w}]) >= {} and deriv(DCGM_FI_DEV_FB_USED[{w}]) > 0",
+                    num(step * n)
+                );
+                out.push(rule(
+                    format!("{}_steps", r.name),
+                    steps,
+                    format!("GPU {{{{ $labels.gpu }}}} ({{{{ $labels.UUID }}}}) on {{{{ $labels.instance }}}}: used memory grew {{{{ $value | humanize }}}} MiB within {w} and is still rising ({} steps of {} MiB make a leak).", num(*n), num(*step)),
+                ));
+            }
+            out.extend([
                 rule(r.name.clone(), leak, "GPU {{ $labels.gpu }} ({{ $labels.UUID }}) on {{ $labels.instance }}: used memory grows {{ $value | humanize }} MiB/min while nearly idle.".into()),
                 rule(
                     format!("{}_exhaustion", r.name),
                     exhaustion,
                     format!("GPU {{{{ $labels.gpu }}}} ({{{{ $labels.UUID }}}}) on {{{{ $labels.instance }}}} will run out of memory within {} at the current growth.", prom_duration(Duration::from_secs(horizon.round() as u64))),
                 ),
-            ])
+            ]);
+            Ok(out)
         }
         "slo_burn" => {
             let objective = r.param("objective", 0.995);
@@ -400,9 +441,59 @@ fn to_prom(r: &RuleExportSpec) -> Result<Vec<PromRule>, String> {
             );
             Ok(vec![rule(r.name.clone(), expr, desc)])
         }
-        other => Err(format!(
-            "detector {other:?} needs tokenwatch's own data and has no PromQL equivalent"
-        )),
+        "context_aware_threshold" => {
+            let (hist, quant) = latency_histogram(&r.signal)?;
+            let w = window(r, 60.0)?;
+            let (base, k) = (
+                r.param("base_ms", 1200.0) / 1000.0,
+                r.param("per_prompt_token", 0.002),
+            );
+            let (off, weight) = (r.param("kv_offset", 1.5), r.param("kv_weight", 0.8));
+            let expr = format!(
+                "histogram_quantile({}, sum by (le, model_name) (rate({hist}_bucket[{w}]))) > on (model_name) \
+                 {} * (1 + {} * histogram_quantile(0.5, sum by (le, model_name) (rate(vllm:request_prompt_tokens_bucket[{w}])))) \
+                 * ({} - {} * max by (model_name) (vllm:kv_cache_usage_perc))",
+                num(quant),
+                num(base),
+                num(k),
+                num(off),
+                num(weight)
+            );
+            let desc = format!(
+                "{} of {{{{ $labels.model_name }}}} is {{{{ $value | humanizeDuration }}}}, above {}s × (1 + {} × median prompt tokens) × ({} − {} × KV-cache usage).",
+                r.signal,
+                num(base),
+                num(k),
+                num(off),
+                num(weight)
+            );
+            Ok(vec![rule(r.name.clone(), expr, desc)])
+        }
+        "threshold" => {
+            let op = r.comparison.as_deref().unwrap_or(">");
+            if !matches!(op, ">" | ">=" | "<" | "<=") {
+                return Err(format!("comparison {op:?} is not >, >=, < or <="));
+            }
+            let value = r
+                .params
+                .get("value")
+                .copied()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| "a threshold needs a finite value".to_string())?;
+            let w = window(r, 60.0)?;
+            let read = configured::signal_expr(
+                &r.signal,
+                Duration::from_secs(r.param("window_seconds", 60.0).round().max(1.0) as u64),
+            )?;
+            let expr = format!("{read} {op} {}", num(value));
+            let desc = format!(
+                "{} is {{{{ $value | humanize }}}} ({op} {}; rates over {w}).",
+                r.signal,
+                num(value)
+            );
+            Ok(vec![rule(r.name.clone(), expr, desc)])
+        }
+        other => Err(configured::skip_reason(other)),
     }
 }
 
@@ -444,6 +535,39 @@ mod tests {
         let y = export_prometheus_rules(&[s]);
         assert!(y.contains("# skipped drift (distribution_drift)"), "{y}");
         assert!(y.contains("rules: []"), "{y}");
+    }
+
+    #[test]
+    fn configured_threshold_leak_and_context_rules_render() {
+        let c: crate::alerting::rules::AlertingConfig = serde_saphyr::from_str(
+            "default_rules: false\nrules:\n  - {name: kv_full, detector: threshold, signal: kv_cache_usage, params: {op: '>=', value: 0.98}, for: 30s}\n  - {name: hot, detector: threshold, signal: gpu_temperature_celsius, params: {op: '>', value: 85}}\n  - {name: custom, detector: threshold, signal: my_signal, params: {value: 1}}\n  - {name: leak, detector: gpu_memory_leak, window: 1m}\n  - {name: ctx, detector: context_aware_threshold}\n  - {name: len, detector: output_length_outlier}\n",
+        )
+        .unwrap();
+        let y = export_prometheus_rules(&configured::specs_for_config(&c).unwrap());
+        assert!(
+            y.contains(
+                "expr: \"max by (model_name, instance) (vllm:kv_cache_usage_perc) >= 0.98\""
+            ),
+            "{y}"
+        );
+        assert!(y.contains("expr: \"DCGM_FI_DEV_GPU_TEMP > 85\""), "{y}");
+        assert!(
+            y.contains("# skipped custom (threshold): signal \"my_signal\""),
+            "{y}"
+        );
+        assert!(
+            y.contains(
+                "delta(DCGM_FI_DEV_FB_USED[1m]) >= 640 and deriv(DCGM_FI_DEV_FB_USED[1m]) > 0"
+            ),
+            "{y}"
+        );
+        assert!(y.contains("- alert: \"leak_steps\""), "{y}");
+        assert!(y.contains("vllm:request_prompt_tokens_bucket[1m]"), "{y}");
+        assert!(
+            y.contains("# skipped len (output_length_outlier): detector \"output_length_outlier\" has no PromQL equivalent"),
+            "{y}"
+        );
+        assert!(y.contains("for: 30s"), "{y}");
     }
 
     #[test]

@@ -248,6 +248,69 @@ impl Default for AbParams {
     }
 }
 
+/// A drift vote's parameters, written flat in `params`: the vote's own (`w_ks`, `w_embedding`,
+/// `w_feedback`, `threshold`, `min_signals`) and those of the signals it polls.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct DriftVoteConfig {
+    /// Significance level of the KS signal.
+    pub ks_alpha: f64,
+    /// Centroid cosine below which the embedding signal votes "drift".
+    pub min_cosine: f64,
+    /// Values (and embeddings) each window needs before a signal has an opinion.
+    pub min_samples: usize,
+    #[serde(flatten)]
+    pub vote: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for DriftVoteConfig {
+    fn default() -> Self {
+        let (ks, emb) = (
+            det::KsDriftParams::default(),
+            det::SemanticDriftParams::default(),
+        );
+        DriftVoteConfig {
+            ks_alpha: ks.alpha,
+            min_cosine: emb.min_cosine,
+            min_samples: ks.min_samples,
+            vote: Default::default(),
+        }
+    }
+}
+
+/// A compiled drift vote: the vote and the KS and embedding detectors it polls.
+#[derive(Debug, Clone)]
+pub struct DriftVoteRule {
+    pub vote: det::DriftVoteParams,
+    pub ks: det::KsDriftParams,
+    pub embedding: det::SemanticDriftParams,
+}
+
+fn drift_vote_rule(path: &str, v: &serde_json::Value) -> Result<DriftVoteRule, RuleError> {
+    let c: DriftVoteConfig = params(path, v)?;
+    let vote = validated(path, &serde_json::Value::Object(c.vote))?;
+    let ks = det::KsDriftParams {
+        alpha: c.ks_alpha,
+        min_samples: c.min_samples,
+    };
+    let embedding = det::SemanticDriftParams {
+        min_cosine: c.min_cosine,
+        min_samples: c.min_samples,
+    };
+    let field = |f: &str| match f {
+        "alpha" => "ks_alpha".to_string(),
+        other => other.to_string(),
+    };
+    det::Validate::validate(&ks)
+        .and_then(|()| det::Validate::validate(&embedding))
+        .map_err(|e| (format!("{path}.params.{}", field(e.field)), e.reason))?;
+    Ok(DriftVoteRule {
+        vote,
+        ks,
+        embedding,
+    })
+}
+
 /// Detector names a rule may use.
 pub const DETECTORS: &[&str] = &[
     "latency_spike",
@@ -256,8 +319,11 @@ pub const DETECTORS: &[&str] = &[
     "gpu_memory_leak",
     "kv_cache_pressure",
     "output_length_outlier",
+    "semantic_drift",
     "ks_drift",
     "kl_drift",
+    "drift_vote",
+    "cache_pollution",
     "slo_burn",
     "batch_jitter",
     "triple_signal_health",
@@ -282,8 +348,11 @@ pub enum DetectorKind {
     GpuLeak(det::GpuLeakParams),
     KvPressure(det::KvPressureParams),
     LengthOutlier(det::LengthOutlierParams),
+    SemanticDrift(det::SemanticDriftParams),
     KsDrift(det::KsDriftParams),
     KlDrift(det::KlDriftParams),
+    DriftVote(DriftVoteRule),
+    CachePollution(det::CachePollutionParams),
     SloBurn(det::SloBurnParams),
     BatchJitter(det::BatchJitterParams),
     TripleSignal(det::TripleSignalParams),
@@ -379,6 +448,28 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   window: 5m
   severity: info
   summary: "Finish-reason mix of {{ labels.model_id }} drifted"
+- name: semantic_drift
+  detector: semantic_drift
+  signal: output_embedding
+  window: 5m
+  for: 5m
+  severity: warning
+  summary: "Outputs of {{ labels.model_id }} drifted in meaning (centroid cosine {{ evidence.cosine }})"
+- name: drift_vote
+  detector: drift_vote
+  signal: output_tokens
+  window: 5m
+  for: 5m
+  severity: warning
+  summary: "Drift of {{ labels.model_id }} confirmed by the drift vote ({{ evidence.vote_share }} of the weight)"
+- name: cache_pollution
+  detector: cache_pollution
+  signal: prefix_key
+  group_by: [model_id, tenant]
+  window: 15m
+  for: 2m
+  severity: warning
+  summary: "Prefix cache of {{ labels.model_id }} polluted by tenant {{ labels.tenant }}"
 - name: ab_regression
   detector: ab_regression
   window: 5m
@@ -572,6 +663,34 @@ fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
             signal_in(&["finish_reason"], "finish_reason")?,
             300,
         ),
+        "semantic_drift" => (
+            DetectorKind::SemanticDrift(validated(path, pv)?),
+            signal_in(&["output_embedding"], "output_embedding")?,
+            300,
+        ),
+        "drift_vote" => (
+            DetectorKind::DriftVote(drift_vote_rule(path, pv)?),
+            signal_in(DRIFT_SIGNALS, "output_tokens")?,
+            300,
+        ),
+        "cache_pollution" => {
+            let p: det::CachePollutionParams = validated(path, pv)?;
+            let window_ms = r.window.map_or(900_000, |w| w.0.as_millis() as i64);
+            if window_ms <= p.cold_after_ms {
+                return Err((
+                    format!("{path}.window"),
+                    format!(
+                        "the lookback ({window_ms} ms) must be longer than params.cold_after_ms ({}), or no key can go cold",
+                        p.cold_after_ms
+                    ),
+                ));
+            }
+            (
+                DetectorKind::CachePollution(p),
+                signal_in(&["prefix_key"], "prefix_key")?,
+                900,
+            )
+        }
         "slo_burn" => (
             DetectorKind::SloBurn(validated(path, pv)?),
             signal_in(&["success_ratio"], "success_ratio")?,
@@ -648,17 +767,10 @@ fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
             (DetectorKind::Threshold(p), s, 60)
         }
         other => {
-            let hint = match other {
-                "semantic_drift" | "drift_vote" => {
-                    " (needs embeddings on request records, not computed yet)"
-                }
-                "cache_pollution" => " (needs prefix-cache key accesses, not collected yet)",
-                _ => "",
-            };
             return Err((
                 format!("{path}.detector"),
                 format!(
-                    "unknown detector {other:?}{hint}; allowed: {}",
+                    "unknown detector {other:?}; allowed: {}",
                     DETECTORS.join(", ")
                 ),
             ));
@@ -891,6 +1003,84 @@ mod tests {
             k => panic!("{k:?}"),
         }
         assert!(!rules.iter().any(|r| r.name == "batch_jitter"));
+    }
+
+    #[test]
+    fn quality_and_cache_detectors_compile_with_the_spec_defaults() {
+        let rules = compile(&AlertingConfig::default()).unwrap();
+        let find = |n: &str| rules.iter().find(|r| r.name == n).unwrap();
+        match &find("semantic_drift").kind {
+            DetectorKind::SemanticDrift(p) => assert_eq!(p.min_cosine, 0.85),
+            k => panic!("{k:?}"),
+        }
+        match &find("drift_vote").kind {
+            DetectorKind::DriftVote(v) => {
+                assert_eq!(
+                    (v.vote.w_ks, v.vote.w_embedding, v.vote.w_feedback),
+                    (0.4, 0.35, 0.25)
+                );
+                assert_eq!((v.ks.alpha, v.embedding.min_cosine), (0.01, 0.85));
+            }
+            k => panic!("{k:?}"),
+        }
+        let cache = find("cache_pollution");
+        assert_eq!(cache.group_by, vec!["model_id", "tenant"]);
+        match &cache.kind {
+            DetectorKind::CachePollution(p) => {
+                assert_eq!(
+                    (p.max_entropy, p.max_cold_ratio, p.cold_after_ms),
+                    (0.3, 0.4, 300_000)
+                )
+            }
+            k => panic!("{k:?}"),
+        }
+        let c = cfg(
+            "overrides:\n  drift_vote: {params: {threshold: 0.6, ks_alpha: 0.05, min_samples: 10}}\n",
+        );
+        match &compile(&c)
+            .unwrap()
+            .into_iter()
+            .find(|r| r.name == "drift_vote")
+            .unwrap()
+            .kind
+        {
+            DetectorKind::DriftVote(v) => {
+                assert_eq!(
+                    (
+                        v.vote.threshold,
+                        v.ks.alpha,
+                        v.ks.min_samples,
+                        v.embedding.min_samples
+                    ),
+                    (0.6, 0.05, 10, 10)
+                )
+            }
+            k => panic!("{k:?}"),
+        }
+    }
+
+    #[test]
+    fn quality_and_cache_parameter_errors_name_the_key() {
+        let err = |y: &str| compile(&cfg(y)).unwrap_err();
+        let (path, msg) = err("overrides:\n  drift_vote: {params: {ks_alpha: 2}}\n");
+        assert_eq!(
+            path, "alerting.overrides.drift_vote.params.ks_alpha",
+            "{msg}"
+        );
+        let (path, msg) = err("overrides:\n  drift_vote: {params: {w_kss: 1}}\n");
+        assert!(
+            path.starts_with("alerting.overrides.drift_vote.params") && msg.contains("w_kss"),
+            "{path}: {msg}"
+        );
+        let (path, _) = err("overrides:\n  semantic_drift: {params: {min_cosine: 1.5}}\n");
+        assert_eq!(path, "alerting.overrides.semantic_drift.params.min_cosine");
+        let (path, msg) = err("overrides:\n  cache_pollution: {window: 1m}\n");
+        assert_eq!(path, "alerting.overrides.cache_pollution.window", "{msg}");
+        assert!(msg.contains("cold_after_ms"), "{msg}");
+        let (path, _) = err(
+            "default_rules: false\nrules:\n  - {name: s, detector: semantic_drift, signal: ttft}\n",
+        );
+        assert_eq!(path, "alerting.rules[0].signal");
     }
 
     #[test]

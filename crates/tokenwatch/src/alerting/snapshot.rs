@@ -295,6 +295,7 @@ fn slowest_records(
         model: model.map(str::to_string),
         since_unix_ms: Some(now_ms - RECORD_LOOKBACK_MS),
         limit: RECORD_SCAN_LIMIT,
+        ..RecordQuery::default()
     })?;
     recs.sort_by(|a, b| b.end_s.total_cmp(&a.end_s));
     recs.truncate(SLOWEST_RECORDS);

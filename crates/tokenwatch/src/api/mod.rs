@@ -1,7 +1,12 @@
 // The HTTP API on the API port: `/api/v1/*` JSON queries, `/metrics`, `/healthz`, `/readyz`.
 // Every query parameter is checked; unknown names or values get a 400 that says what is allowed.
 
+mod fleet;
+mod gpu_history;
 pub(crate) mod params;
+mod requests;
+mod traces;
+pub mod timeline;
 
 use crate::export::prometheus::Metrics;
 use crate::pipeline::now_unix_ms;
@@ -14,12 +19,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use params::{ParamError, Params};
 use serde_json::json;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
+use crate::alerting::engine::AlertBook;
 use tokenwatch_core::aggregate::{Aggregator, LatencyQuery};
 use tokenwatch_core::model::{GroupLabel, LatencyMetric};
 use tokenwatch_core::sketch::RELATIVE_ACCURACY;
 use tokenwatch_core::window::Window;
-use tokenwatch_store::{RecordQuery, Store};
+use tokenwatch_store::Store;
 
 pub struct ApiState {
     pub aggregator: Arc<Mutex<Aggregator>>,
@@ -28,6 +34,10 @@ pub struct ApiState {
     /// Components and whether each is ready, for `/readyz`.
     pub components: Components,
     pub signals: SharedSignals,
+    /// Alerts, for the per-model counts of `/api/v1/fleet`.
+    pub alerts: Arc<AlertBook>,
+    /// Per-model history sampled every 5 s (`timeline::spawn_sampler`).
+    pub timeline: Arc<RwLock<timeline::Timeline>>,
 }
 
 pub fn router(state: Arc<ApiState>) -> axum::Router {
@@ -36,7 +46,12 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/api/v1/latency", get(latency))
-        .route("/api/v1/requests", get(requests))
+        .route("/api/v1/requests", get(requests::list))
+        .route("/api/v1/requests/{id}", get(requests::one))
+        .route("/api/v1/traces/{trace_id}", get(traces::trace))
+        .route("/api/v1/fleet", get(fleet::fleet))
+        .route("/api/v1/timeseries", get(fleet::timeseries))
+        .route("/api/v1/gpus/history", get(gpu_history::gpu_history))
         .route("/api/v1/signals", get(signals))
         .fallback(not_found)
         .with_state(state)
@@ -50,7 +65,7 @@ impl IntoResponse for ParamError {
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     let msg = format!(
-        "no such endpoint {}; available: /api/v1/latency, /api/v1/requests, /api/v1/signals, /api/v1/targets, /api/v1/gpus, /metrics, /healthz, /readyz",
+        "no such endpoint {}; available: /, /api/v1/fleet, /api/v1/timeseries, /api/v1/latency, /api/v1/requests, /api/v1/requests/{{id}}, /api/v1/traces/{{trace_id}}, /api/v1/signals, /api/v1/alerts, /api/v1/gpus/history, /api/v1/targets, /api/v1/gpus, /metrics, /healthz, /readyz",
         uri.path()
     );
     (StatusCode::NOT_FOUND, Json(json!({ "error": msg }))).into_response()
@@ -120,22 +135,4 @@ async fn signals(State(st): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Resu
         board.latest(model)
     };
     Ok(Json(json!({ "model": model, "count": points.len(), "signals": points })).into_response())
-}
-
-async fn requests(State(st): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Result<Response, ParamError> {
-    let p = Params::parse(q.as_deref(), &["model", "limit", "since"])?;
-    let limit = p.parse_with("limit", |s| s.parse::<usize>().ok().filter(|n| (1..=10_000).contains(n)), "an integer from 1 to 10000")?.unwrap_or(100);
-    let since = p.parse_with(
-        "since",
-        |s| chrono::DateTime::parse_from_rfc3339(s).ok().map(|t| t.timestamp_millis()),
-        "an RFC 3339 timestamp such as 2026-12-02T10:00:00Z",
-    )?;
-    let query = RecordQuery { model: p.get("model").map(str::to_string), since_unix_ms: since, limit };
-    let store = st.store.clone();
-    let result = tokio::task::spawn_blocking(move || store.query_records(&query)).await;
-    match result {
-        Ok(Ok(records)) => Ok(Json(json!({ "count": records.len(), "requests": records })).into_response()),
-        Ok(Err(e)) => Ok((StatusCode::INTERNAL_SERVER_ERROR, Json(json!({ "error": e.to_string() }))).into_response()),
-        Err(e) => Ok((StatusCode::INTERNAL_SERVER_ERROR, Json(json!({ "error": e.to_string() }))).into_response()),
-    }
 }

@@ -2,7 +2,7 @@
 // the per-request latency breakdown (latency symptoms) and the eviction ranking (GPU memory).
 
 use super::inputs::{self, Inputs, Rec, quantile, values};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use tokenwatch_core::alert::{AnomalyEvent, CauseCandidate};
 use tokenwatch_core::signals::{SignalBoard, names};
 use tokenwatch_detect as det;
@@ -50,6 +50,15 @@ impl EventHistory {
         let keep = self.lookback_ms;
         self.current.retain(|_, (_, last)| now - *last <= keep);
         self.past.retain(|e| now - e.at_unix_ms <= keep);
+    }
+
+    /// Models (`model_id` label) with an episode of `detector` still going on at `now`.
+    pub fn models_with_ongoing(&self, detector: &str, now: i64) -> BTreeSet<String> {
+        self.current
+            .iter()
+            .filter(|((d, _), (_, last))| d == detector && now - *last <= EPISODE_GAP_MS)
+            .filter_map(|((_, labels), _)| labels.get("model_id").cloned())
+            .collect()
     }
 
     /// Onsets of every episode still in the lookback.
@@ -184,6 +193,17 @@ mod tests {
         assert_eq!(h.onsets().len(), 2);
         h.prune(700_000);
         assert_eq!(h.onsets().len(), 1);
+    }
+
+    #[test]
+    fn ongoing_episodes_name_their_models() {
+        let mut h = EventHistory::new(600_000);
+        h.record(&ev("semantic_drift", 10_000));
+        h.record(&ev("gpu_memory_leak", 10_000));
+        let m = h.models_with_ongoing("semantic_drift", 30_000);
+        assert_eq!(m.into_iter().collect::<Vec<_>>(), ["m"]);
+        assert!(h.models_with_ongoing("semantic_drift", 10_000 + EPISODE_GAP_MS + 1).is_empty(), "over");
+        assert!(h.models_with_ongoing("ks_drift", 30_000).is_empty());
     }
 
     #[test]

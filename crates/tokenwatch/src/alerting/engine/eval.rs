@@ -19,6 +19,8 @@ pub struct EvalCtx<'a> {
     pub new_records: &'a [Rec],
     /// Recent spans: (root trace id, reports CUDA OOM).
     pub spans: &'a [(String, bool)],
+    /// Models whose semantic drift is ongoing (for the joint grade of per-request anomalies).
+    pub semantic_drift_models: &'a std::collections::BTreeSet<String>,
     pub now: i64,
 }
 
@@ -30,6 +32,8 @@ pub struct RuleState {
     decay: HashMap<String, det::PromptVersionDecay>,
     last_period_ms: Option<i64>,
     held: Vec<AnomalyEvent>,
+    /// Semantic drift, drift vote and cache pollution (`quality.rs`).
+    quality: super::quality::QualityState,
 }
 
 /// An event of a model-level detector: labelled by `model_id` alone.
@@ -194,8 +198,9 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                     .entry(r.model.clone())
                     .or_insert_with(|| det::LengthOutlier::new(p.clone()));
                 if let Some(f) = d.observe(len as f64) {
-                    // Semantic drift is not computed yet, so the joint grade is at most medium.
-                    let grade = match det::joint_grade(false, true) {
+                    // Spec 4's joint grade: high when the model's outputs also drift semantically.
+                    let drifting = cx.semantic_drift_models.contains(&r.model);
+                    let grade = match det::joint_grade(drifting, true) {
                         det::JointGrade::High => "high",
                         det::JointGrade::Medium => "medium",
                         det::JointGrade::Normal => "normal",
@@ -250,6 +255,20 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                 st.held = held;
             }
             out.extend(st.held.iter().cloned());
+        }
+        DetectorKind::SemanticDrift(p) => {
+            out.extend(super::quality::semantic_drift(rule, p, &mut st.quality, cx));
+        }
+        DetectorKind::DriftVote(p) => {
+            out.extend(super::quality::drift_vote(rule, p, &mut st.quality, cx));
+        }
+        DetectorKind::CachePollution(p) => {
+            out.extend(super::quality::cache_pollution(
+                rule,
+                p,
+                &mut st.quality,
+                cx,
+            ));
         }
         DetectorKind::SloBurn(p) => {
             for m in cx.inputs.models() {
@@ -333,16 +352,24 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                 }
                 let arm = |g: &str| {
                     let rs: Vec<&Rec> = win.iter().copied().filter(|r| r.ab_group == g).collect();
-                    det::ArmStats {
+                    let mut v = values(rs.iter().copied(), &rule.signal);
+                    v.sort_by(f64::total_cmp);
+                    let stats = det::ArmStats {
                         requests: rs.len() as u64,
-                        p99_s: quantile(values(rs.iter().copied(), &rule.signal), 0.99)
-                            .unwrap_or(0.0),
+                        p99_s: quantile(v.clone(), 0.99).unwrap_or(0.0),
                         quality: None,
                         toxicity: None,
-                    }
+                    };
+                    (stats, v)
                 };
-                if let Some(f) = det::ab_regression(&arm(groups[0]), &arm(groups[1]), *share_b, p) {
-                    let f = f.with("arm_a", groups[0]).with("arm_b", groups[1]);
+                let ((a, va), (b, vb)) = (arm(groups[0]), arm(groups[1]));
+                let tuned = ab_noise_floor(p, (&a, &va), (&b, &vb), *share_b);
+                if let Some(f) = det::ab_regression(&a, &b, *share_b, &tuned) {
+                    let f = f
+                        .with("arm_a", groups[0])
+                        .with("arm_b", groups[1])
+                        .with("p99_increase_required", tuned.p99_increase)
+                        .with("split_tolerance_points", tuned.split_tolerance * 100.0);
                     out.push(model_event(f, det_name, &rule.signal, &m, now));
                 }
             }
@@ -467,6 +494,57 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
     out
 }
 
+/// Standard errors of the observed B share a split deviation must exceed (two-sided p ≈ 0.001).
+const SPLIT_Z: f64 = 3.3;
+/// z of each arm's P99 confidence bound (two-sided 99%).
+const P99_Z: f64 = 2.58;
+
+/// Spec 4's statistical hygiene for A/B: thresholds never sit inside sampling noise. The split
+/// tolerance is at least `SPLIT_Z` binomial standard errors of the share at this sample size, and
+/// a P99 rise counts only when B's P99 lower bound clears A's upper bound by the configured
+/// margin (distribution-free order-statistic bounds). Large windows keep the spec's thresholds.
+fn ab_noise_floor(
+    p: &det::AbRegressionParams,
+    (a, a_sorted): (&det::ArmStats, &[f64]),
+    (b, b_sorted): (&det::ArmStats, &[f64]),
+    target_share_b: f64,
+) -> det::AbRegressionParams {
+    let mut t = p.clone();
+    let n = (a.requests + b.requests) as f64;
+    if n > 0.0 {
+        let se = (target_share_b * (1.0 - target_share_b) / n).sqrt();
+        t.split_tolerance = p.split_tolerance.max(SPLIT_Z * se);
+    }
+    let bounds = (
+        quantile_bound(a_sorted, 0.99, true),
+        quantile_bound(b_sorted, 0.99, false),
+    );
+    if let (Some(a_hi), Some(b_lo)) = bounds
+        && a.p99_s > 0.0
+        && b_lo > 0.0
+    {
+        let need = (1.0 + p.p99_increase) * (a_hi / a.p99_s) * (b.p99_s / b_lo) - 1.0;
+        t.p99_increase = p.p99_increase.max(need);
+    }
+    t
+}
+
+/// Upper (or lower) confidence bound of quantile `q` of ascending `v`: the order statistic at
+/// rank n·q ± z·√(n·q·(1−q)), clamped to the sample.
+fn quantile_bound(v: &[f64], q: f64, upper: bool) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let n = v.len() as f64;
+    let half = P99_Z * (n * q * (1.0 - q)).sqrt();
+    let rank = if upper {
+        (n * q + half).ceil()
+    } else {
+        (n * q - half).floor()
+    };
+    Some(v[(rank.max(1.0) as usize).clamp(1, v.len()) - 1])
+}
+
 /// True once per period (the first call, then every `period_ms`).
 fn periodic(st: &mut RuleState, now: i64, period_ms: i64) -> bool {
     match st.last_period_ms {
@@ -475,5 +553,73 @@ fn periodic(st: &mut RuleState, now: i64, period_ms: i64) -> bool {
             st.last_period_ms = Some(now);
             true
         }
+    }
+}
+
+#[cfg(test)]
+mod ab_tests {
+    use super::*;
+
+    fn arm(v: &[f64], requests: u64) -> (det::ArmStats, Vec<f64>) {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        let stats = det::ArmStats {
+            requests,
+            p99_s: quantile(s.clone(), 0.99).unwrap_or(0.0),
+            quality: None,
+            toxicity: None,
+        };
+        (stats, s)
+    }
+
+    /// Deterministic jittered latencies around `base` (±20%).
+    fn lat(base: f64, n: usize, seed: u64) -> Vec<f64> {
+        (0..n)
+            .map(|i| {
+                let x = ((i as u64 * 2_654_435_761 + seed * 40_503) % 1000) as f64 / 1000.0;
+                base * (0.8 + 0.4 * x)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn noise_sized_split_and_p99_gaps_are_not_findings() {
+        let p = det::AbRegressionParams {
+            min_requests: 60,
+            ..Default::default()
+        };
+        // 66 vs 75 requests (B at 46.8%) and P99s 4% apart: chance at this sample size.
+        let (a, va) = arm(&lat(0.062, 75, 1), 75);
+        let (b, vb) = arm(&lat(0.064, 66, 2), 66);
+        let t = ab_noise_floor(&p, (&a, &va), (&b, &vb), 0.5);
+        assert!(t.split_tolerance > 0.12, "{}", t.split_tolerance);
+        assert!(det::ab_regression(&a, &b, 0.5, &t).is_none());
+        // B twice as slow, and a 75/25 split: both still found.
+        let (b2, vb2) = arm(&lat(0.13, 66, 3), 66);
+        let t = ab_noise_floor(&p, (&a, &va), (&b2, &vb2), 0.5);
+        let f = det::ab_regression(&a, &b2, 0.5, &t).expect("a real regression");
+        assert_eq!(f.evidence["latency_regression"], true);
+        let (b3, vb3) = arm(&lat(0.062, 25, 4), 25);
+        let (a3, va3) = arm(&lat(0.062, 75, 5), 75);
+        let p3 = det::AbRegressionParams {
+            min_requests: 20,
+            ..Default::default()
+        };
+        let t = ab_noise_floor(&p3, (&a3, &va3), (&b3, &vb3), 0.5);
+        let f = det::ab_regression(&a3, &b3, 0.5, &t).expect("a real split deviation");
+        assert_eq!(f.evidence["split_deviation"], true);
+    }
+
+    #[test]
+    fn large_windows_keep_the_spec_thresholds() {
+        let p = det::AbRegressionParams::default();
+        let (a, va) = arm(&vec![0.1; 20_000], 20_000);
+        let (b, vb) = arm(&vec![0.1; 20_000], 20_000);
+        let t = ab_noise_floor(&p, (&a, &va), (&b, &vb), 0.5);
+        assert_eq!(t.split_tolerance, p.split_tolerance);
+        assert!((t.p99_increase - p.p99_increase).abs() < 1e-9);
+        assert_eq!(quantile_bound(&[], 0.99, true), None);
+        assert_eq!(quantile_bound(&[1.0, 2.0, 3.0], 0.99, false), Some(2.0));
+        assert_eq!(quantile_bound(&[1.0, 2.0, 3.0], 0.99, true), Some(3.0));
     }
 }

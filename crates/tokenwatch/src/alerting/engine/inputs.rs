@@ -1,13 +1,14 @@
-// What the alert engine evaluates: compact copies of request records (fed by `AlertSink`, a
-// pipeline RecordSink that never blocks), per-model record windows, SLO counters, signal reads.
+// What the alert engine evaluates: compact copies of request records (fed by `AlertSink`, see
+// `feed.rs`), per-model record windows, SLO counters, signal reads, and the sampled output
+// embeddings and prefix-cache accesses of records or of `POST /api/v1/embeddings`.
 
-use crate::pipeline::{RecordSink, SinkError};
+use super::vectors::{EmbeddingSamples, PrefixLog};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use tokenwatch_core::model::RequestRecord;
 use tokenwatch_core::signals::SignalBoard;
-use tokio::sync::{Notify, mpsc};
+
+pub use super::feed::{AlertSink, EmbeddingInput, EngineFeed, Input, drain};
+pub use super::vectors::PrefixAccess;
 
 /// The fields of a request record the detectors use.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,39 +72,19 @@ impl Rec {
     }
 }
 
-/// Forwards each batch to the engine through a bounded channel and wakes it; a full channel
-/// drops records (counted), so the pipeline never waits on alerting.
-pub struct AlertSink {
-    pub(crate) tx: mpsc::Sender<Rec>,
-    pub(crate) wake: Arc<Notify>,
-    pub(crate) dropped: Arc<AtomicU64>,
-}
-
-impl RecordSink for AlertSink {
-    fn name(&self) -> &'static str {
-        "alerting"
-    }
-
-    fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError> {
-        for r in batch {
-            if self.tx.try_send(Rec::from_record(r)).is_err() {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.wake.notify_one();
-        Ok(())
-    }
-}
-
 const SLO_BUCKET_MS: i64 = 10_000;
 const SLO_RETENTION_MS: i64 = 6 * 3_600_000;
 
-/// Per-model recent records and SLO counters.
+/// Per-model recent records, SLO counters, sampled embeddings and prefix-cache accesses.
 pub struct Inputs {
     records: HashMap<String, VecDeque<Rec>>,
     /// (bucket start, bad, total) per model, 10 s buckets over 6 h.
     slo: HashMap<String, VecDeque<(i64, u64, u64)>>,
+    embeddings: HashMap<String, EmbeddingSamples>,
+    prefixes: HashMap<String, PrefixLog>,
     retention_ms: i64,
+    /// How long embeddings are kept; None: they are not kept (no rule reads them).
+    embedding_retention_ms: Option<i64>,
     cap_per_model: usize,
 }
 
@@ -112,9 +93,64 @@ impl Inputs {
         Inputs {
             records: HashMap::new(),
             slo: HashMap::new(),
+            embeddings: HashMap::new(),
+            prefixes: HashMap::new(),
             retention_ms,
+            embedding_retention_ms: Some(retention_ms),
             cap_per_model: cap_per_model.max(1),
         }
+    }
+
+    /// Keep embeddings this long (the sample budget spreads over it) or, with None, not at all.
+    pub fn with_embedding_retention(mut self, ms: Option<i64>) -> Inputs {
+        self.embedding_retention_ms = ms.map(|m| m.max(1_000));
+        self
+    }
+
+    /// A model's embeddings take the dimension of its first one; others are skipped (the
+    /// producers check dimensions first, so this only guards against a dimension change
+    /// while older embeddings are still kept).
+    pub fn add_embedding(&mut self, e: EmbeddingInput) {
+        let Some(retention) = self.embedding_retention_ms else {
+            return;
+        };
+        let s = self
+            .embeddings
+            .entry(e.model)
+            .or_insert_with(|| EmbeddingSamples::new(e.vector.len(), retention));
+        if s.dim() != e.vector.len() && s.count(i64::MIN, i64::MAX) == 0 {
+            *s = EmbeddingSamples::new(e.vector.len(), retention);
+        }
+        s.add(e.at_ms, e.vector);
+    }
+
+    pub fn add_prefix(&mut self, p: PrefixAccess) {
+        self.prefixes
+            .entry(p.model)
+            .or_default()
+            .add(p.tenant, p.key, p.at_ms);
+    }
+
+    /// Models with sampled embeddings, sorted.
+    pub fn embedding_models(&self) -> Vec<String> {
+        let mut m: Vec<String> = self.embeddings.keys().cloned().collect();
+        m.sort();
+        m
+    }
+
+    pub fn embeddings(&self, model: &str) -> Option<&EmbeddingSamples> {
+        self.embeddings.get(model)
+    }
+
+    /// Models with prefix-cache accesses, sorted.
+    pub fn prefix_models(&self) -> Vec<String> {
+        let mut m: Vec<String> = self.prefixes.keys().cloned().collect();
+        m.sort();
+        m
+    }
+
+    pub fn prefixes(&self, model: &str) -> Option<&PrefixLog> {
+        self.prefixes.get(model)
     }
 
     pub fn ingest(&mut self, r: Rec) {
@@ -156,6 +192,10 @@ impl Inputs {
             }
         }
         self.slo.retain(|_, b| !b.is_empty());
+        let keep_embeddings = self.embedding_retention_ms.unwrap_or(0);
+        self.embeddings
+            .retain(|_, e| !e.prune(now, keep_embeddings));
+        self.prefixes.retain(|_, p| !p.prune(now, keep));
     }
 
     pub fn models(&self) -> Vec<String> {

@@ -3,9 +3,12 @@
 
 pub mod enrich;
 pub mod eval;
+pub mod feed;
 pub mod inputs;
 pub mod lifecycle;
 pub mod noise;
+pub mod quality;
+pub mod vectors;
 
 pub use inputs::AlertSink;
 
@@ -119,27 +122,34 @@ pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Starte
     let wake = Arc::new(Notify::new());
     let dropped = Arc::new(AtomicU64::new(0));
     let sink = AlertSink {
-        tx,
-        wake: wake.clone(),
-        dropped: dropped.clone(),
+        feed: inputs::EngineFeed {
+            tx,
+            wake: wake.clone(),
+            dropped: dropped.clone(),
+            dims: Arc::new(crate::alerting::ingest::EmbeddingDims::default()),
+        },
     };
     let book = Arc::new(AlertBook::default());
     let retention = rules
         .iter()
         .map(|r| match r.kind {
-            DetectorKind::KsDrift(_) | DetectorKind::KlDrift(_) => 7 * r.window_ms,
+            DetectorKind::KsDrift(_) | DetectorKind::KlDrift(_) | DetectorKind::DriftVote(_) => {
+                7 * r.window_ms
+            }
             _ => 2 * r.window_ms,
         })
         .max()
         .unwrap_or(120_000)
         .clamp(120_000, 3_600_000);
+    let embedding_retention = quality::embedding_retention(&rules);
     let (snap_tx, snap_rx) = mpsc::channel(256);
     let engine = Engine {
         states: rules.iter().map(|_| eval::RuleState::default()).collect(),
         rules,
         tracked: HashMap::new(),
         resolved: VecDeque::new(),
-        inputs: inputs::Inputs::new(retention, RECORDS_PER_MODEL),
+        inputs: inputs::Inputs::new(retention, RECORDS_PER_MODEL)
+            .with_embedding_retention(embedding_retention),
         history: EventHistory::new(cfg.event_lookback.0.as_millis() as i64),
         incidents: Incidents::new(cfg.incident_window.0.as_millis() as i64),
         metrics: AlertMetrics::register(&deps.metrics),
@@ -196,7 +206,7 @@ struct Engine {
 impl Engine {
     async fn run(
         mut self,
-        mut rx: mpsc::Receiver<inputs::Rec>,
+        mut rx: mpsc::Receiver<inputs::Input>,
         mut snap_rx: mpsc::Receiver<(String, String)>,
         wake: Arc<Notify>,
         interval: Duration,
@@ -216,10 +226,7 @@ impl Engine {
                 tokio::time::sleep(MIN_EVAL_GAP - since).await;
             }
             last = Some(tokio::time::Instant::now());
-            let mut new_records = Vec::new();
-            while let Ok(r) = rx.try_recv() {
-                new_records.push(r);
-            }
+            let new_records = inputs::drain(&mut rx, &mut self.inputs);
             self.poll_spans().await;
             self.step(new_records, now_unix_ms());
         }
@@ -271,11 +278,13 @@ impl Engine {
         let mut per_rule: Vec<Vec<AnomalyEvent>> = Vec::with_capacity(self.rules.len());
         {
             let board = self.signals.read().unwrap_or_else(|p| p.into_inner());
+            let semantic_drift_models = self.history.models_with_ongoing("semantic_drift", now);
             let cx = eval::EvalCtx {
                 inputs: &self.inputs,
                 board: &board,
                 new_records: &new_records,
                 spans: &self.spans,
+                semantic_drift_models: &semantic_drift_models,
                 now,
             };
             for (rule, st) in self.rules.iter().zip(self.states.iter_mut()) {
@@ -380,7 +389,11 @@ impl Engine {
                 if let Some(t) = self.tracked.get_mut(fp) {
                     let rule = &self.rules[t.rule_index];
                     fill_annotations(rule, &mut t.alert);
-                    self.notify(fp);
+                    // A zero-`for` alert is already firing here: it goes out after `Fired` has
+                    // enriched it (root cause, inhibition), not before.
+                    if t.alert.state == AlertState::Pending {
+                        self.notify(fp);
+                    }
                 }
             }
             Transition::Fired => {
@@ -587,6 +600,8 @@ fn fill_annotations(rule: &Rule, alert: &mut Alert) {
 /// What `app.rs` wires in: the record sink (when alerting is enabled), the API routes, the tasks.
 pub struct AlertingHandle {
     pub sink: Option<AlertSink>,
+    /// The alerts, for other readers of the API (fleet overview).
+    pub book: Arc<AlertBook>,
     pub routes: axum::Router,
     pub tasks: Vec<JoinHandle<()>>,
 }
@@ -619,7 +634,9 @@ pub fn start_from_config(
         let book = Arc::new(AlertBook::default());
         return Ok(AlertingHandle {
             sink: None,
-            routes: crate::alerting::api::router(book),
+            routes: crate::alerting::api::router(book.clone())
+                .merge(crate::alerting::ingest::router_without_engine(store)),
+            book,
             tasks: Vec::new(),
         });
     }
@@ -641,7 +658,7 @@ pub fn start_from_config(
         rules,
         EngineDeps {
             signals,
-            store,
+            store: store.clone(),
             metrics,
             notifier: Some(notifier),
             snapshot,
@@ -649,9 +666,11 @@ pub fn start_from_config(
         },
     );
     tasks.push(started.task);
+    let ingest = crate::alerting::ingest::router_with_engine(store, &started.sink);
     Ok(AlertingHandle {
         sink: Some(started.sink),
-        routes: crate::alerting::api::router(started.book),
+        routes: crate::alerting::api::router(started.book.clone()).merge(ingest),
+        book: started.book,
         tasks,
     })
 }

@@ -1,5 +1,6 @@
 // Noise reduction around the lifecycle: inhibition (a firing cause marks its symptoms, which are
-// kept but not delivered), incidents (alerts of one model close in time), and alert metrics.
+// kept but not delivered) and topology convergence (a firing PCIe-switch alert absorbs its GPUs'
+// own alerts), incidents (alerts of one model close in time), and alert metrics.
 
 use crate::alerting::rules::InhibitRule;
 use crate::export::prometheus::Metrics;
@@ -18,8 +19,61 @@ pub struct Firing<'a> {
     pub alert: &'a Alert,
 }
 
-/// The first firing alert that inhibits an alert of `rule`/`detector` with `labels`.
+/// Detector whose alerts stand for every GPU behind one PCIe switch.
+pub const TOPOLOGY_DETECTOR: &str = "topology_convergence";
+
+/// The first firing alert that inhibits an alert of `rule`/`detector` with `labels`: a cause
+/// named by an inhibit rule, or a topology-convergence alert listing this alert's GPU.
 pub fn inhibitor<'a>(
+    rules: &[InhibitRule],
+    rule: &str,
+    detector: &str,
+    labels: &BTreeMap<String, String>,
+    firing: &[Firing<'a>],
+) -> Option<&'a Alert> {
+    inhibited_by_rule(rules, rule, detector, labels, firing)
+        .or_else(|| converged_into(detector, labels, firing))
+}
+
+/// A firing topology-convergence alert whose evidence lists the GPU of a per-device alert (the
+/// same `device_id`, on the same instance when both say): that alert converges into it.
+pub fn converged_into<'a>(
+    detector: &str,
+    labels: &BTreeMap<String, String>,
+    firing: &[Firing<'a>],
+) -> Option<&'a Alert> {
+    let device = labels.get("device_id").filter(|d| !d.is_empty())?;
+    if detector == TOPOLOGY_DETECTOR {
+        return None;
+    }
+    firing
+        .iter()
+        .filter(|f| f.detector == TOPOLOGY_DETECTOR && f.alert.state == AlertState::Firing)
+        .find(|f| {
+            let Some(ev) = f.alert.last_event.as_ref() else {
+                return false;
+            };
+            let listed = ev
+                .evidence
+                .get("devices")
+                .and_then(|d| d.as_array())
+                .is_some_and(|d| d.iter().any(|x| x.as_str() == Some(device.as_str())));
+            let switch_instance = f
+                .alert
+                .labels
+                .get("pci_switch")
+                .and_then(|s| s.rsplit_once('/'))
+                .map(|(i, _)| i);
+            let same_host = match (labels.get("instance"), switch_instance) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            };
+            listed && same_host
+        })
+        .map(|f| f.alert)
+}
+
+fn inhibited_by_rule<'a>(
     rules: &[InhibitRule],
     rule: &str,
     detector: &str,
@@ -242,6 +296,60 @@ mod tests {
             alert: &resolved,
         }];
         assert!(inhibitor(&rules, "latency_spike", "latency_spike", &same, &firing).is_none());
+    }
+
+    #[test]
+    fn switch_alert_absorbs_the_alerts_of_its_gpus_only() {
+        let mut switch = alert("gpu_switch_saturation", "", AlertState::Firing);
+        switch
+            .labels
+            .insert("pci_switch".into(), "node-a/0000:00-1f".into());
+        if let Some(e) = switch.last_event.as_mut() {
+            e.evidence.insert(
+                "devices".into(),
+                serde_json::json!(["GPU-0", "GPU-1", "GPU-2"]),
+            );
+        }
+        let firing = [Firing {
+            rule: "gpu_switch_saturation",
+            detector: TOPOLOGY_DETECTOR,
+            alert: &switch,
+        }];
+        let leak = |device: &str, instance: &str| {
+            BTreeMap::from([
+                ("model_id".to_string(), "m".to_string()),
+                ("device_id".to_string(), device.to_string()),
+                ("instance".to_string(), instance.to_string()),
+            ])
+        };
+        let rules = crate::alerting::rules::default_inhibit_rules();
+        let by = |labels: &BTreeMap<String, String>| {
+            inhibitor(
+                &rules,
+                "gpu_memory_leak",
+                "gpu_memory_leak",
+                labels,
+                &firing,
+            )
+            .map(|a| a.rule.clone())
+        };
+        assert_eq!(
+            by(&leak("GPU-1", "node-a")).as_deref(),
+            Some("gpu_switch_saturation")
+        );
+        assert_eq!(by(&leak("GPU-7", "node-a")), None, "another GPU");
+        assert_eq!(by(&leak("GPU-1", "node-b")), None, "another host");
+        let model_level = BTreeMap::from([("model_id".to_string(), "m".to_string())]);
+        assert_eq!(by(&model_level), None, "not a per-device alert");
+        // A pending switch alert absorbs nothing yet.
+        let mut pending = switch.clone();
+        pending.state = AlertState::Pending;
+        let firing = [Firing {
+            rule: "gpu_switch_saturation",
+            detector: TOPOLOGY_DETECTOR,
+            alert: &pending,
+        }];
+        assert!(converged_into("gpu_memory_leak", &leak("GPU-1", "node-a"), &firing).is_none());
     }
 
     #[test]

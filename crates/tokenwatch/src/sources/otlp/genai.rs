@@ -1,11 +1,17 @@
 // Traces in: every span becomes a stored `SpanRow` (ids intact), and spans following the OTel
 // GenAI conventions also become `RequestRecord`s; spans with invalid ids are rejected and counted.
+//
+// Our own span attributes on GenAI spans: `tokenwatch.output.embedding` (array of numbers, 1 to
+// 4096: the response's embedding, for semantic drift; kept on the record, not in the stored span
+// attributes) and `tokenwatch.prompt.prefix_hash` (1 to 16 hex digits or an integer's 64 bits:
+// the prefix-cache key, for cache pollution). An unusable one is ignored with a warning.
 
 use super::attrs::{self, as_f64, as_str, as_u64, first_str, value_of};
+use crate::alerting::ingest::check_embedding;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
 use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
-use tokenwatch_core::model::{ErrorClass, RequestRecord, SeriesLabels};
+use tokenwatch_core::model::{ErrorClass, RequestRecord, SeriesLabels, parse_prefix_key};
 use tokenwatch_store::SpanRow;
 
 /// What one export request of spans turns into.
@@ -15,7 +21,8 @@ pub struct TraceBatch {
     pub spans: Vec<SpanRow>,
     /// Spans refused (invalid ids); they are neither stored nor turned into records.
     pub rejected: u64,
-    /// Why the first refused span was refused.
+    /// Why the first refused span was refused; with none refused, the first ignored attribute
+    /// (an OTLP partial-success warning).
     pub first_error: Option<String>,
     /// Spans accepted.
     pub accepted: u64,
@@ -74,7 +81,14 @@ struct GenAi<'a> {
     tenant: Option<&'a Value>,
     ab_group: Option<&'a Value>,
     model_version: Option<&'a Value>,
+    embedding: Option<&'a Value>,
+    prefix_hash: Option<&'a Value>,
 }
+
+/// The response's embedding (array of numbers) on a GenAI span.
+pub const EMBEDDING_ATTR: &str = "tokenwatch.output.embedding";
+/// The prompt's prefix-cache key on a GenAI span.
+pub const PREFIX_HASH_ATTR: &str = "tokenwatch.prompt.prefix_hash";
 
 impl<'a> GenAi<'a> {
     fn of(attrs: &'a [KeyValue]) -> GenAi<'a> {
@@ -103,6 +117,8 @@ impl<'a> GenAi<'a> {
                 "tenant.id" | "tokenwatch.tenant" => &mut g.tenant,
                 "tokenwatch.ab_group" => &mut g.ab_group,
                 "gen_ai.request.model_version" | "tokenwatch.model_version" => &mut g.model_version,
+                EMBEDDING_ATTR => &mut g.embedding,
+                PREFIX_HASH_ATTR => &mut g.prefix_hash,
                 _ => continue,
             };
             *slot = v;
@@ -123,19 +139,51 @@ fn text(v: Option<&Value>) -> Option<String> {
     v.and_then(as_str).map(|s| s.into_owned())
 }
 
+/// `tokenwatch.output.embedding`: an array of 1 to 4096 finite numbers, not all zero.
+fn embedding_of(v: &Value) -> Result<Vec<f32>, String> {
+    let Value::ArrayValue(a) = v else {
+        return Err(format!("{EMBEDDING_ATTR} must be an array of numbers"));
+    };
+    let mut values = Vec::with_capacity(a.values.len());
+    for (i, x) in a.values.iter().enumerate() {
+        match x.value.as_ref() {
+            Some(Value::DoubleValue(d)) => values.push(*d),
+            Some(Value::IntValue(n)) => values.push(*n as f64),
+            _ => return Err(format!("{EMBEDDING_ATTR}[{i}] is not a number")),
+        }
+    }
+    check_embedding(&values).map_err(|e| format!("{EMBEDDING_ATTR} {e}"))
+}
+
+/// `tokenwatch.prompt.prefix_hash`: 1 to 16 hex digits, or an integer (its 64 bits).
+fn prefix_key_of(v: &Value) -> Result<u64, String> {
+    match v {
+        Value::StringValue(s) => parse_prefix_key(s.trim())
+            .ok_or_else(|| format!("{PREFIX_HASH_ATTR} {s:?} is not 1 to 16 hex digits")),
+        Value::IntValue(n) => Ok(*n as u64),
+        _ => Err(format!("{PREFIX_HASH_ATTR} must be a hex string or an integer")),
+    }
+}
+
 /// Map one export request. `want_rows` false skips building the stored span rows (benchmarks).
 pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatch {
     let mut out = TraceBatch::default();
+    let mut first_warning = None;
     for rs in &req.resource_spans {
         let res_attrs = rs.resource.as_ref().map(|r| r.attributes.as_slice()).unwrap_or(&[]);
         let res = ResourceInfo::of(res_attrs);
         for ss in &rs.scope_spans {
             for span in &ss.spans {
                 match map_span(span, &res, want_rows) {
-                    Ok((record, row)) => {
+                    Ok((record, row, warning)) => {
                         out.accepted += 1;
                         out.records.extend(record);
                         out.spans.extend(row);
+                        if let Some(w) = warning
+                            && first_warning.is_none()
+                        {
+                            first_warning = Some(format!("span {:?}: {w} (ignored)", span.name));
+                        }
                     }
                     Err(e) => {
                         out.rejected += 1;
@@ -147,17 +195,40 @@ pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatc
             }
         }
     }
+    // A refused span's reason takes precedence over an ignored attribute's warning.
+    if out.first_error.is_none() {
+        out.first_error = first_warning;
+    }
     out
 }
 
-type Mapped = (Option<RequestRecord>, Option<SpanRow>);
+/// The record (GenAI spans), the stored row, and a warning about an ignored attribute.
+type Mapped = (Option<RequestRecord>, Option<SpanRow>, Option<String>);
 
 fn map_span(span: &Span, res: &ResourceInfo<'_>, want_rows: bool) -> Result<Mapped, attrs::IdError> {
     let trace_id = attrs::trace_id(&span.trace_id)?;
     let span_id = attrs::span_id(&span.span_id)?;
     let parent = attrs::parent_span_id(&span.parent_span_id)?;
     let g = GenAi::of(&span.attributes);
-    let record = g.is_genai().then(|| record_of(span, &g, res, &trace_id, &span_id));
+    let mut warning = None;
+    let record = if g.is_genai() {
+        let mut r = record_of(span, &g, res, &trace_id, &span_id);
+        if let Some(v) = g.embedding {
+            match embedding_of(v) {
+                Ok(e) => r.embedding = e,
+                Err(e) => warning = Some(e),
+            }
+        }
+        if let Some(v) = g.prefix_hash {
+            match prefix_key_of(v) {
+                Ok(k) => r.prefix_key = Some(k),
+                Err(e) => warning = warning.or(Some(e)),
+            }
+        }
+        Some(r)
+    } else {
+        None
+    };
     let row = want_rows.then(|| {
         let status = span.status.as_ref();
         SpanRow {
@@ -171,11 +242,18 @@ fn map_span(span: &Span, res: &ResourceInfo<'_>, want_rows: bool) -> Result<Mapp
             status_code: status.map(|s| s.code).unwrap_or(0),
             status_message: status.map(|s| s.message.clone()).unwrap_or_default(),
             service_name: res.service_name.to_string(),
-            attributes_json: attrs::to_json_object(&span.attributes),
+            // The embedding is kept on the record; stored twice it would dominate the span row.
+            attributes_json: if g.embedding.is_some() && g.is_genai() {
+                let kept: Vec<KeyValue> =
+                    span.attributes.iter().filter(|kv| kv.key != EMBEDDING_ATTR).cloned().collect();
+                attrs::to_json_object(&kept)
+            } else {
+                attrs::to_json_object(&span.attributes)
+            },
             events_count: u32::try_from(span.events.len()).unwrap_or(u32::MAX),
         }
     });
-    Ok((record, row))
+    Ok((record, row, warning))
 }
 
 fn nanos(n: u64) -> i64 {
@@ -240,6 +318,8 @@ fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str,
         finish_reason: g.finish_reasons.and_then(first_str).map(|s| s.into_owned()).unwrap_or_default(),
         status,
         error_class,
+        embedding: Vec::new(),
+        prefix_key: None,
     }
 }
 
@@ -324,6 +404,59 @@ mod tests {
         assert_eq!(row.parent_span_id, "0202020202020202");
         assert_eq!(row.service_name, "chat-app");
         assert!(row.attributes_json.contains(r#""gen_ai.usage.input_tokens":100"#));
+    }
+
+    fn doubles(v: &[f64]) -> Value {
+        Value::ArrayValue(ArrayValue {
+            values: v.iter().map(|d| AnyValue { value: Some(Value::DoubleValue(*d)) }).collect(),
+        })
+    }
+
+    #[test]
+    fn embedding_and_prefix_hash_reach_the_record_not_the_span_row() {
+        let mut span = genai_span();
+        span.attributes.push(kv(EMBEDDING_ATTR, doubles(&[0.25, -0.5, 1.0])));
+        span.attributes.push(kv(PREFIX_HASH_ATTR, s("00ABCDEF01234567")));
+        let mut int_key = genai_span();
+        int_key.span_id = vec![0x03; 8];
+        int_key.attributes.push(kv(PREFIX_HASH_ATTR, Value::IntValue(-1)));
+        let b = map_traces(&request(vec![span, int_key]), true);
+        assert_eq!((b.accepted, b.rejected, b.first_error.as_deref()), (2, 0, None));
+        assert_eq!(b.records[0].embedding, vec![0.25, -0.5, 1.0]);
+        assert_eq!(b.records[0].prefix_key, Some(0x00ab_cdef_0123_4567));
+        assert_eq!(b.records[1].prefix_key, Some(u64::MAX));
+        assert!(b.records[1].embedding.is_empty());
+        assert!(!b.spans[0].attributes_json.contains(EMBEDDING_ATTR), "{}", b.spans[0].attributes_json);
+        assert!(b.spans[0].attributes_json.contains(PREFIX_HASH_ATTR));
+    }
+
+    #[test]
+    fn unusable_embedding_or_prefix_hash_is_ignored_with_a_warning() {
+        let mut nan = genai_span();
+        nan.attributes.push(kv(EMBEDDING_ATTR, doubles(&[1.0, f64::NAN])));
+        let mut text = genai_span();
+        text.attributes.push(kv(EMBEDDING_ATTR, Value::ArrayValue(ArrayValue {
+            values: vec![AnyValue { value: Some(s("x")) }],
+        })));
+        let mut key = genai_span();
+        key.attributes.push(kv(PREFIX_HASH_ATTR, s("not-hex")));
+        for (span, want) in [
+            (nan, "tokenwatch.output.embedding element 1 is not a finite number"),
+            (text, "tokenwatch.output.embedding[0] is not a number"),
+            (key, "tokenwatch.prompt.prefix_hash \"not-hex\" is not 1 to 16 hex digits"),
+        ] {
+            let b = map_traces(&request(vec![span]), true);
+            assert_eq!((b.accepted, b.rejected, b.records.len()), (1, 0, 1));
+            let msg = b.first_error.unwrap_or_default();
+            assert!(msg.contains(want) && msg.ends_with("(ignored)"), "{msg}");
+            assert!(b.records[0].embedding.is_empty() && b.records[0].prefix_key.is_none());
+        }
+        // A refused span's reason wins over a warning.
+        let mut warn = genai_span();
+        warn.attributes.push(kv(EMBEDDING_ATTR, doubles(&[])));
+        let bad = Span { trace_id: vec![1; 15], span_id: vec![2; 8], name: "bad".into(), ..Default::default() };
+        let b = map_traces(&request(vec![warn, bad]), true);
+        assert!(b.first_error.unwrap_or_default().contains("trace_id"));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 // streams responses back untouched, and records one `RequestRecord` per LLM request.
 
 pub mod identity;
+pub mod prefix;
 mod route;
 pub mod sse;
 mod tap;
@@ -83,6 +84,11 @@ struct Peek {
     model: Option<String>,
     #[serde(default)]
     stream: bool,
+    /// The leading bytes of the prompt, for the prefix-cache key (never stored).
+    #[serde(default, deserialize_with = "prefix::messages")]
+    messages: prefix::PromptHead,
+    #[serde(default, deserialize_with = "prefix::prompt")]
+    prompt: prefix::PromptHead,
 }
 
 const HOP_BY_HOP: [&str; 9] = [
@@ -176,6 +182,7 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
         endpoint: path.clone(),
         stream: peek.stream,
         arrival_unix_ms,
+        prefix_key: peek.messages.key(&st.salt).or_else(|| peek.prompt.key(&st.salt)),
         ..Default::default()
     };
 

@@ -1,0 +1,168 @@
+// The engine's input queue: `AlertSink` (a pipeline RecordSink that never blocks) and the
+// embeddings API put records, output embeddings and prefix-cache accesses on it; `drain` sorts them.
+
+use super::inputs::{Inputs, Rec};
+use super::vectors::PrefixAccess;
+use crate::alerting::ingest::EmbeddingDims;
+use crate::pipeline::{RecordSink, SinkError, now_unix_ms};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokenwatch_core::model::RequestRecord;
+use tokio::sync::{Notify, mpsc};
+
+/// One output embedding of a model at a time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddingInput {
+    pub model: String,
+    pub at_ms: i64,
+    pub vector: Arc<[f32]>,
+}
+
+/// What reaches the engine. Records are most of the queue, so they are not boxed (boxing would
+/// add an allocation per record to save space only on the rarer variants).
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Record(Rec),
+    Embedding(EmbeddingInput),
+    Prefix(PrefixAccess),
+}
+
+/// How long an API post waits for room in the engine's queue before giving up on evaluation
+/// (the embeddings are stored either way).
+const FEED_WAIT: Duration = Duration::from_secs(5);
+
+/// The engine's input queue, as handed to producers (the record sink, the embeddings API).
+#[derive(Clone)]
+pub struct EngineFeed {
+    pub(crate) tx: mpsc::Sender<Input>,
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) dropped: Arc<AtomicU64>,
+    /// The embedding dimension of each model (shared with the API, which checks it first).
+    pub(crate) dims: Arc<EmbeddingDims>,
+}
+
+impl EngineFeed {
+    fn try_send(&self, i: Input) {
+        if self.tx.try_send(i).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Posted embeddings (dimensions already admitted): waits for room in the queue (an API
+    /// caller may be slowed, never the proxy), dropping (counted) only after `FEED_WAIT`.
+    pub async fn send_embeddings(&self, items: impl IntoIterator<Item = EmbeddingInput>) {
+        for e in items {
+            if !matches!(
+                self.tx.send_timeout(Input::Embedding(e), FEED_WAIT).await,
+                Ok(())
+            ) {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.wake.notify_one();
+    }
+}
+
+/// Forwards each batch to the engine through a bounded channel and wakes it; a full channel
+/// drops inputs (counted), so the pipeline never waits on alerting.
+pub struct AlertSink {
+    pub(crate) feed: EngineFeed,
+}
+
+impl RecordSink for AlertSink {
+    fn name(&self) -> &'static str {
+        "alerting"
+    }
+
+    fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError> {
+        let now = now_unix_ms();
+        for r in batch {
+            let rec = Rec::from_record(r);
+            let (model, at_ms) = (rec.model.clone(), rec.at_ms);
+            self.feed.try_send(Input::Record(rec));
+            if !r.embedding.is_empty() {
+                match self.feed.dims.admit(&model, r.embedding.len(), now) {
+                    Ok(()) => self.feed.try_send(Input::Embedding(EmbeddingInput {
+                        model: model.clone(),
+                        at_ms,
+                        vector: r.embedding.as_slice().into(),
+                    })),
+                    Err(e) => {
+                        tracing::debug!(request_id = %r.request_id, model = %model, "embedding not evaluated: it {e}");
+                    }
+                }
+            }
+            if let Some(key) = r.prefix_key {
+                self.feed.try_send(Input::Prefix(PrefixAccess {
+                    model,
+                    tenant: r.labels.tenant.clone(),
+                    key,
+                    at_ms,
+                }));
+            }
+        }
+        self.feed.wake.notify_one();
+        Ok(())
+    }
+}
+
+/// Everything queued for the engine: records are returned (the per-request detectors look at
+/// them), embeddings and prefix accesses go straight into `inputs`.
+pub fn drain(rx: &mut mpsc::Receiver<Input>, inputs: &mut Inputs) -> Vec<Rec> {
+    let mut records = Vec::new();
+    while let Ok(i) = rx.try_recv() {
+        match i {
+            Input::Record(r) => records.push(r),
+            Input::Embedding(e) => inputs.add_embedding(e),
+            Input::Prefix(p) => inputs.add_prefix(p),
+        }
+    }
+    records
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drain_routes_embeddings_and_prefix_accesses() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let feed = EngineFeed {
+            tx,
+            wake: Arc::new(Notify::new()),
+            dropped: Arc::new(AtomicU64::new(0)),
+            dims: Arc::new(EmbeddingDims::default()),
+        };
+        let mut sink = AlertSink { feed: feed.clone() };
+        let now = now_unix_ms();
+        let mut r = RequestRecord {
+            request_id: "r1".into(),
+            arrival_unix_ms: now,
+            embedding: vec![1.0, 0.0],
+            prefix_key: Some(7),
+            ..Default::default()
+        };
+        r.labels.model_id = "m".into();
+        r.labels.tenant = "t".into();
+        let mut wrong_dim = r.clone();
+        wrong_dim.embedding = vec![1.0, 0.0, 0.0];
+        wrong_dim.prefix_key = None;
+        sink.consume(&[r, wrong_dim]).unwrap();
+        let mut i = Inputs::new(60_000, 100);
+        let recs = drain(&mut rx, &mut i);
+        assert_eq!(recs.len(), 2);
+        assert_eq!(i.embedding_models(), vec!["m".to_string()]);
+        assert_eq!(
+            i.embeddings("m").unwrap().count(now - 1, now + 1),
+            1,
+            "the 3-d one was not admitted"
+        );
+        let acc: Vec<_> = i.prefixes("m").unwrap().window(now - 1, now + 1).collect();
+        assert_eq!(acc, vec![("t", 7, now)]);
+        i.prune(now + 120_000);
+        assert!(i.embedding_models().is_empty() && i.prefix_models().is_empty());
+        assert_eq!(feed.dropped.load(Ordering::Relaxed), 0);
+    }
+}

@@ -1,0 +1,398 @@
+// `POST /api/v1/embeddings`: output embeddings computed after the response, checked item by item
+// (partial success), stored, and handed to the alert engine (semantic drift, drift vote).
+
+use crate::alerting::engine::AlertSink;
+use crate::alerting::engine::inputs::{EmbeddingInput, EngineFeed};
+use crate::pipeline::now_unix_ms;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokenwatch_store::{EmbeddingRow, Store};
+
+/// Most dimensions an embedding may have.
+pub const MAX_DIMS: usize = 4096;
+/// Most items in one `POST /api/v1/embeddings`.
+pub const MAX_ITEMS: usize = 256;
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+/// Oldest and furthest-ahead `timestamp_unix_ms` accepted, relative to now.
+const MAX_AGE_MS: i64 = 24 * 3_600_000;
+const MAX_AHEAD_MS: i64 = 5 * 60_000;
+/// A model's embedding dimension may change after it sent none for this long.
+const DIM_IDLE_RESET_MS: i64 = 3_600_000;
+/// Most models whose embedding dimension is remembered (and so whose embeddings are kept).
+pub const MAX_MODELS: usize = 1_000;
+const ITEM_FIELDS: &str = "request_id, model_id, embedding, timestamp_unix_ms";
+
+/// Why an embedding is refused; the index is the offending element's.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EmbeddingError {
+    #[error("must have 1 to {MAX_DIMS} dimensions, has {0}")]
+    Dimensions(usize),
+    #[error("element {0} is not a finite number")]
+    NotFinite(usize),
+    #[error("element {0} is outside the 32-bit float range")]
+    OutOfRange(usize),
+    #[error("is all zeros (a zero vector has no direction)")]
+    Zero,
+}
+
+/// Checks an embedding (1..=`MAX_DIMS` finite numbers within f32 range, not all zero) and
+/// converts it to f32.
+pub fn check_embedding(values: &[f64]) -> Result<Vec<f32>, EmbeddingError> {
+    if values.is_empty() || values.len() > MAX_DIMS {
+        return Err(EmbeddingError::Dimensions(values.len()));
+    }
+    let mut out = Vec::with_capacity(values.len());
+    for (i, x) in values.iter().enumerate() {
+        if !x.is_finite() {
+            return Err(EmbeddingError::NotFinite(i));
+        }
+        let f = *x as f32;
+        if !f.is_finite() {
+            return Err(EmbeddingError::OutOfRange(i));
+        }
+        out.push(f);
+    }
+    if out.iter().all(|x| *x == 0.0) {
+        return Err(EmbeddingError::Zero);
+    }
+    Ok(out)
+}
+
+/// Why a model's embedding was refused by [`EmbeddingDims`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DimError {
+    #[error("has {got} dimensions but this model's embeddings have {expected}")]
+    Mismatch { got: usize, expected: usize },
+    #[error("embeddings of more than {MAX_MODELS} models are being tracked")]
+    TooManyModels,
+}
+
+/// The embedding dimension of each model, shared by the API and the engine's record sink: the
+/// first embedding sets it; another is refused until the model sent none for an hour.
+#[derive(Default)]
+pub struct EmbeddingDims {
+    inner: Mutex<HashMap<String, (usize, i64)>>,
+}
+
+impl EmbeddingDims {
+    pub fn admit(&self, model: &str, dim: usize, now: i64) -> Result<(), DimError> {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((d, last)) = m.get_mut(model) {
+            if *d != dim && now - *last < DIM_IDLE_RESET_MS {
+                return Err(DimError::Mismatch {
+                    got: dim,
+                    expected: *d,
+                });
+            }
+            *d = dim;
+            *last = (*last).max(now);
+            return Ok(());
+        }
+        if m.len() >= MAX_MODELS {
+            m.retain(|_, (_, last)| now - *last < DIM_IDLE_RESET_MS);
+            if m.len() >= MAX_MODELS {
+                return Err(DimError::TooManyModels);
+            }
+        }
+        m.insert(model.to_string(), (dim, now));
+        Ok(())
+    }
+}
+
+/// What the endpoint needs: the store, and the engine when alerting is enabled.
+pub struct IngestState {
+    pub store: Arc<dyn Store>,
+    pub dims: Arc<EmbeddingDims>,
+    pub engine: Option<EngineFeed>,
+}
+
+pub fn router(state: Arc<IngestState>) -> axum::Router {
+    axum::Router::new()
+        .route("/api/v1/embeddings", post(post_embeddings))
+        .with_state(state)
+}
+
+/// The endpoint feeding the engine behind `sink` (alerting enabled).
+pub fn router_with_engine(store: Arc<dyn Store>, sink: &AlertSink) -> axum::Router {
+    router(Arc::new(IngestState {
+        store,
+        dims: sink.feed.dims.clone(),
+        engine: Some(sink.feed.clone()),
+    }))
+}
+
+/// The endpoint storing embeddings only (alerting disabled).
+pub fn router_without_engine(store: Arc<dyn Store>) -> axum::Router {
+    router(Arc::new(IngestState {
+        store,
+        dims: Arc::new(EmbeddingDims::default()),
+        engine: None,
+    }))
+}
+
+/// A refused item: its index, the field at fault (`items[3].embedding[7]`) and why.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ItemError {
+    pub index: usize,
+    pub field: String,
+    pub message: String,
+}
+
+fn item_error(index: usize, field: String, why: impl std::fmt::Display) -> ItemError {
+    ItemError {
+        index,
+        message: format!("{field} {why}"),
+        field,
+    }
+}
+
+/// One checked item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Item {
+    pub request_id: String,
+    pub model_id: String,
+    pub embedding: Vec<f32>,
+    pub at_unix_ms: i64,
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Checks item `i` of the body (everything but the per-model dimension).
+pub fn parse_item(i: usize, v: &Value, now: i64) -> Result<Item, ItemError> {
+    let at = |f: &str| format!("items[{i}].{f}");
+    let Some(obj) = v.as_object() else {
+        return Err(item_error(
+            i,
+            format!("items[{i}]"),
+            format_args!("must be an object with {ITEM_FIELDS}, not {}", json_type(v)),
+        ));
+    };
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !ITEM_FIELDS.split(", ").any(|f| f == k.as_str()))
+    {
+        return Err(item_error(
+            i,
+            at(k),
+            format_args!("is not a known field; allowed: {ITEM_FIELDS}"),
+        ));
+    }
+    let text = |name: &str, max: usize, ok: fn(u8) -> bool| -> Result<String, ItemError> {
+        match obj.get(name) {
+            None => Err(item_error(i, at(name), "is required")),
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= max && s.bytes().all(ok) => {
+                Ok(s.clone())
+            }
+            Some(Value::String(_)) => Err(item_error(
+                i,
+                at(name),
+                format_args!("must be 1 to {max} printable characters"),
+            )),
+            Some(other) => Err(item_error(
+                i,
+                at(name),
+                format_args!("must be a string, not {}", json_type(other)),
+            )),
+        }
+    };
+    // As the proxy's x-request-id: printable ASCII without spaces.
+    let request_id = text("request_id", 128, |b| b.is_ascii_graphic())?;
+    let model_id = text("model_id", 256, |b| !b.is_ascii_control())?;
+    let raw = match obj.get("embedding") {
+        None => return Err(item_error(i, at("embedding"), "is required")),
+        Some(Value::Array(a)) => a,
+        Some(other) => {
+            return Err(item_error(
+                i,
+                at("embedding"),
+                format_args!("must be an array of numbers, not {}", json_type(other)),
+            ));
+        }
+    };
+    let mut values = Vec::with_capacity(raw.len().min(MAX_DIMS));
+    for (j, x) in raw.iter().enumerate().take(MAX_DIMS + 1) {
+        match x.as_f64() {
+            Some(f) => values.push(f),
+            None => {
+                return Err(item_error(
+                    i,
+                    format!("items[{i}].embedding[{j}]"),
+                    format_args!("must be a number, not {}", json_type(x)),
+                ));
+            }
+        }
+    }
+    let embedding = check_embedding(&values).map_err(|e| match e {
+        EmbeddingError::NotFinite(j) | EmbeddingError::OutOfRange(j) => {
+            let why = if matches!(e, EmbeddingError::NotFinite(_)) {
+                "is not a finite number"
+            } else {
+                "is outside the 32-bit float range"
+            };
+            item_error(i, format!("items[{i}].embedding[{j}]"), why)
+        }
+        EmbeddingError::Dimensions(_) => {
+            item_error(i, at("embedding"), EmbeddingError::Dimensions(raw.len()))
+        }
+        other => item_error(i, at("embedding"), other),
+    })?;
+    let at_unix_ms = match obj.get("timestamp_unix_ms") {
+        None | Some(Value::Null) => now,
+        Some(t) => match t.as_i64() {
+            Some(ms) if (now - MAX_AGE_MS..=now + MAX_AHEAD_MS).contains(&ms) => ms,
+            Some(_) => {
+                return Err(item_error(
+                    i,
+                    at("timestamp_unix_ms"),
+                    "must be within the last 24 hours and at most 5 minutes ahead",
+                ));
+            }
+            None => {
+                return Err(item_error(
+                    i,
+                    at("timestamp_unix_ms"),
+                    "must be an integer (milliseconds since the Unix epoch)",
+                ));
+            }
+        },
+    };
+    Ok(Item {
+        request_id,
+        model_id,
+        embedding,
+        at_unix_ms,
+    })
+}
+
+fn refuse(status: StatusCode, msg: String) -> Response {
+    (status, Json(json!({ "error": msg }))).into_response()
+}
+
+async fn post_embeddings(State(st): State<Arc<IngestState>>, body: Body) -> Response {
+    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("could not read the body (at most {MAX_BODY_BYTES} bytes): {e}"),
+            );
+        }
+    };
+    let body: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not valid JSON: {e}"),
+            );
+        }
+    };
+    let Some(items) = body
+        .as_object()
+        .and_then(|o| o.get("items"))
+        .and_then(Value::as_array)
+    else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!("the body must be an object {{\"items\": [{{{ITEM_FIELDS}}}, ...]}}"),
+        );
+    };
+    if let Some(k) = body
+        .as_object()
+        .and_then(|o| o.keys().find(|k| *k != "items"))
+    {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!("unknown field {k:?}; allowed: items"),
+        );
+    }
+    if items.is_empty() || items.len() > MAX_ITEMS {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "items must hold 1 to {MAX_ITEMS} embeddings, has {}",
+                items.len()
+            ),
+        );
+    }
+    let now = now_unix_ms();
+    let mut errors = Vec::new();
+    let mut accepted = Vec::new();
+    for (i, v) in items.iter().enumerate() {
+        match parse_item(i, v, now) {
+            Ok(item) => match st.dims.admit(&item.model_id, item.embedding.len(), now) {
+                Ok(()) => accepted.push(item),
+                Err(e) => errors.push(item_error(i, format!("items[{i}].embedding"), e)),
+            },
+            Err(e) => errors.push(e),
+        }
+    }
+    if !accepted.is_empty() {
+        let rows: Vec<EmbeddingRow> = accepted
+            .iter()
+            .map(|it| EmbeddingRow {
+                request_id: it.request_id.clone(),
+                model_id: it.model_id.clone(),
+                at_unix_ms: it.at_unix_ms,
+                embedding: it.embedding.clone(),
+            })
+            .collect();
+        let store = st.store.clone();
+        let stored = tokio::task::spawn_blocking(move || store.insert_embeddings(&rows)).await;
+        let failure = match stored {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(e) = failure {
+            tracing::warn!(error = %e, "storing posted embeddings failed");
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("storing the embeddings failed, none was accepted; retry later: {e}"),
+            );
+        }
+        if let Some(feed) = &st.engine {
+            let inputs = accepted.into_iter().map(|it| EmbeddingInput {
+                model: it.model_id,
+                at_ms: it.at_unix_ms,
+                vector: it.embedding.into(),
+            });
+            feed.send_embeddings(inputs).await;
+        }
+    }
+    let n_ok = items.len() - errors.len();
+    let status = if n_ok == 0 {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::OK
+    };
+    let mut out = json!({ "accepted": n_ok, "rejected": errors.len(), "errors": errors });
+    if let Some(first) = errors.first().filter(|_| n_ok == 0) {
+        out["error"] = json!(format!(
+            "no item was accepted; first problem: {}",
+            first.message
+        ));
+    }
+    (status, Json(out)).into_response()
+}
+
+#[cfg(test)]
+#[path = "ingest_tests.rs"]
+mod tests;

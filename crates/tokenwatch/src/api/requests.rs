@@ -1,0 +1,109 @@
+// `GET /api/v1/requests` (filters: model, tenant, status, min_e2e_s, request_id, since, limit) and
+// `GET /api/v1/requests/{id}`: stored request records with their per-chunk token timeline.
+
+use super::ApiState;
+use super::params::{ParamError, Params};
+use axum::Json;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use std::sync::Arc;
+use tokenwatch_core::model::RequestRecord;
+use tokenwatch_store::{RecordOutcome, RecordQuery, Store};
+
+async fn run_query(
+    store: Arc<dyn Store>,
+    query: RecordQuery,
+) -> Result<Vec<RequestRecord>, Response> {
+    let fail = |e: String| {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({ "error": e })),
+        )
+            .into_response()
+    };
+    match tokio::task::spawn_blocking(move || store.query_records(&query)).await {
+        Ok(Ok(records)) => Ok(records),
+        Ok(Err(e)) => Err(fail(e.to_string())),
+        Err(e) => Err(fail(e.to_string())),
+    }
+}
+
+pub(super) async fn list(
+    State(st): State<Arc<ApiState>>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ParamError> {
+    let p = Params::parse(
+        q.as_deref(),
+        &[
+            "model",
+            "tenant",
+            "status",
+            "min_e2e_s",
+            "request_id",
+            "limit",
+            "since",
+        ],
+    )?;
+    let limit = p
+        .parse_with(
+            "limit",
+            |s| s.parse::<usize>().ok().filter(|n| (1..=10_000).contains(n)),
+            "an integer from 1 to 10000",
+        )?
+        .unwrap_or(100);
+    let since = p.parse_with(
+        "since",
+        |s| {
+            chrono::DateTime::parse_from_rfc3339(s)
+                .ok()
+                .map(|t| t.timestamp_millis())
+        },
+        "an RFC 3339 timestamp such as 2026-12-02T10:00:00Z",
+    )?;
+    let outcome = p.parse_with(
+        "status",
+        RecordOutcome::parse,
+        "ok, error, or an error class such as upstream_5xx",
+    )?;
+    let min_e2e_s = p.parse_with(
+        "min_e2e_s",
+        |s| s.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0),
+        "a non-negative number of seconds such as 1.5",
+    )?;
+    let non_empty = |name: &str| p.get(name).filter(|v| !v.is_empty()).map(str::to_string);
+    let query = RecordQuery {
+        model: non_empty("model"),
+        since_unix_ms: since,
+        tenant: non_empty("tenant"),
+        request_id: non_empty("request_id"),
+        trace_id: None,
+        outcome,
+        min_e2e_s,
+        limit,
+    };
+    Ok(match run_query(st.store.clone(), query).await {
+        Ok(records) => Json(json!({ "count": records.len(), "requests": records })).into_response(),
+        Err(resp) => resp,
+    })
+}
+
+pub(super) async fn one(State(st): State<Arc<ApiState>>, Path(id): Path<String>) -> Response {
+    let query = RecordQuery {
+        request_id: Some(id.clone()),
+        limit: 1,
+        ..RecordQuery::default()
+    };
+    match run_query(st.store.clone(), query).await {
+        Ok(mut records) => match records.pop() {
+            Some(r) => Json(r).into_response(),
+            None => (
+                StatusCode::NOT_FOUND,
+                Json(json!({ "error": format!("no stored request with id {id:?} (records are kept for the raw retention period)") })),
+            )
+                .into_response(),
+        },
+        Err(resp) => resp,
+    }
+}

@@ -1,0 +1,178 @@
+// `tokenwatch top`: a live terminal view of a running tokenwatch's fleet (`--url`), refreshed
+// every `--interval`; owns the arguments, terminal setup/restore and the event/refresh loop.
+
+pub mod client;
+pub mod fmt;
+pub mod model;
+pub mod state;
+pub mod view;
+
+use anyhow::Context;
+use client::{ApiClient, ClientError};
+use model::{AlertItem, Fleet};
+use ratatui::crossterm::event::{self, Event};
+use state::{Action, TopState};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokenwatch_core::window::Window;
+use tokio::sync::mpsc;
+
+const MIN_INTERVAL: Duration = Duration::from_millis(200);
+
+#[derive(clap::Args, Debug)]
+pub struct TopArgs {
+    /// API address of the tokenwatch to watch.
+    #[arg(long, default_value = "http://127.0.0.1:9464")]
+    pub url: String,
+    /// Refresh period (at least 200ms), e.g. 1s or 500ms.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Window of the percentiles and rates: 1m, 5m or 1h (`w` cycles it while running).
+    #[arg(long, default_value = "1m", value_parser = parse_window)]
+    pub window: Window,
+    /// Time allowed for each API call.
+    #[arg(long, default_value = "5s", value_parser = parse_interval)]
+    pub timeout: Duration,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = crate::config::HumanDuration::parse(s)?.0;
+    if d < MIN_INTERVAL {
+        return Err(format!("{s:?} is too short: at least 200ms"));
+    }
+    Ok(d)
+}
+
+fn parse_window(s: &str) -> Result<Window, String> {
+    Window::parse(s).ok_or_else(|| format!("{s:?}: expected 1m, 5m or 1h"))
+}
+
+enum Msg {
+    Input(Event),
+    InputError(String),
+    Fleet(Window, Result<Fleet, ClientError>),
+    Alerts(String, Result<Vec<AlertItem>, ClientError>),
+}
+
+/// Reads terminal events on a thread of its own until `stop` is set or the loop is gone.
+fn spawn_input(
+    tx: mpsc::UnboundedSender<Msg>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            let msg = match event::poll(Duration::from_millis(100)) {
+                Ok(false) => continue,
+                Ok(true) => match event::read() {
+                    Ok(ev) => Msg::Input(ev),
+                    Err(e) => Msg::InputError(e.to_string()),
+                },
+                Err(e) => Msg::InputError(e.to_string()),
+            };
+            let fatal = matches!(msg, Msg::InputError(_));
+            if tx.send(msg).is_err() || fatal {
+                return;
+            }
+        }
+    })
+}
+
+/// Runs until q, Esc, Ctrl-C or SIGTERM; the terminal is restored on every way out (a panic
+/// included, through ratatui's panic hook).
+pub async fn run(args: TopArgs) -> anyhow::Result<()> {
+    let client = ApiClient::new(&args.url, args.timeout)?;
+    let mut terminal =
+        ratatui::try_init().context("tokenwatch top needs an interactive terminal")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::unbounded_channel();
+    let input = spawn_input(tx.clone(), stop.clone());
+    let result = event_loop(&mut terminal, &client, &args, tx, rx).await;
+    stop.store(true, Ordering::Relaxed);
+    let restored = ratatui::try_restore().context("restoring the terminal");
+    let _ = input.join();
+    result.and(restored)
+}
+
+async fn event_loop(
+    terminal: &mut ratatui::DefaultTerminal,
+    client: &ApiClient,
+    args: &TopArgs,
+    tx: mpsc::UnboundedSender<Msg>,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+) -> anyhow::Result<()> {
+    let mut state = TopState::new(client.base_url(), args.window, args.interval);
+    let mut tick = tokio::time::interval(args.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut fleet_in_flight, mut alerts_in_flight) = (false, false);
+    let fetch_fleet = |window: Window| {
+        let (c, tx) = (client.clone(), tx.clone());
+        tokio::spawn(async move {
+            let _ = tx.send(Msg::Fleet(window, c.fleet(window).await));
+        });
+    };
+    let fetch_alerts = |model: String| {
+        let (c, tx) = (client.clone(), tx.clone());
+        tokio::spawn(async move {
+            let r = c.alerts(&model).await;
+            let _ = tx.send(Msg::Alerts(model, r));
+        });
+    };
+    let signal = crate::app::shutdown_signal();
+    tokio::pin!(signal);
+    loop {
+        terminal
+            .draw(|f| view::draw(f, &mut state))
+            .context("drawing the screen")?;
+        tokio::select! {
+            _ = &mut signal => return Ok(()),
+            _ = tick.tick() => {
+                if !fleet_in_flight {
+                    fleet_in_flight = true;
+                    fetch_fleet(state.window);
+                }
+            }
+            msg = rx.recv() => match msg {
+                None => return Ok(()),
+                Some(Msg::InputError(e)) => anyhow::bail!("reading the terminal: {e}"),
+                Some(Msg::Input(Event::Key(key))) => match state.on_key(key) {
+                    Action::Quit => return Ok(()),
+                    Action::Refresh => {
+                        if !fleet_in_flight {
+                            fleet_in_flight = true;
+                            fetch_fleet(state.window);
+                        }
+                    }
+                    Action::FetchAlerts(model) => {
+                        alerts_in_flight = true;
+                        fetch_alerts(model);
+                    }
+                    Action::None => {}
+                },
+                Some(Msg::Input(_)) => {}
+                Some(Msg::Fleet(window, result)) => {
+                    fleet_in_flight = false;
+                    match result {
+                        // Data of a window the user has switched away from is dropped.
+                        Ok(_) if window != state.window => {}
+                        Ok(fleet) => state.set_fleet(fleet, chrono::Local::now()),
+                        Err(e) => state.set_error(e.to_string()),
+                    }
+                    if let Some(model) = state.detail.as_ref().map(|d| d.model.clone())
+                        && !alerts_in_flight
+                    {
+                        alerts_in_flight = true;
+                        fetch_alerts(model);
+                    }
+                }
+                Some(Msg::Alerts(model, result)) => {
+                    alerts_in_flight = false;
+                    state.set_alerts(&model, result.map_err(|e| e.to_string()));
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
