@@ -47,7 +47,8 @@ fn model_event(
     f.into_event(detector, signal, labels(&[("model_id", model)]), now)
 }
 
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+/// Event labels from (name, value) pairs, leaving out empty values.
+pub(super) fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
         .filter(|(_, v)| !v.is_empty())

@@ -1,7 +1,7 @@
 // Evaluation of the output-quality and cache detectors: semantic drift of embedding centroids,
 // the adaptive drift vote (KS + embedding cosine + feedback) and per-tenant cache pollution.
 
-use super::eval::EvalCtx;
+use super::eval::{EvalCtx, labels};
 use super::inputs::values;
 use crate::alerting::rules::{DetectorKind, DriftVoteRule, Rule};
 use std::collections::{BTreeMap, HashMap};
@@ -88,14 +88,6 @@ fn due(st: &mut QualityState, now: i64, window_ms: i64) -> bool {
             true
         }
     }
-}
-
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
 }
 
 /// Centroid of the last window's output embeddings vs the six windows before it.
