@@ -256,6 +256,9 @@ try {
   await tableShows((r, w) => r.dataset.tenant !== w.tenant, { tenant }, 'tenant filter cleared', true);
   await tableShows((r, w) => r.dataset.model === w.model && Number(r.dataset.e2e) >= 0.5, { model: faulted }, 'model + min latency filter');
   await shot('05-requests');
+  // Point at the table first, as a user does: the page holds its live refresh under the pointer,
+  // so the row picked below stays attached until the click.
+  await page.hover('#requests-table tbody');
   let streamed = null;
   for (const r of await page.$$('#requests-table tbody tr')) {
     if (Number(await r.getAttribute('data-chunks')) > 1) {

@@ -33,6 +33,10 @@ function mount(el, ctx) {
     ctx.setParams({ model: model.value, tenant: tenant.value.trim(), status: status.value, min_e2e_s: minE2e.value });
   });
   const tbody = h('tbody');
+  // Rows do not move under the pointer: live refresh holds while it is over the table, so a
+  // click always lands on the row that was aimed at.
+  tbody.addEventListener('pointerenter', () => { if (st) st.hold = true; });
+  tbody.addEventListener('pointerleave', () => { if (st) st.hold = false; });
   const count = h('span', { class: 'muted' });
   el.append(
     h('div', { class: 'page-head' }, h('h1', {}, 'Requests'), count),
@@ -41,7 +45,7 @@ function mount(el, ctx) {
       h('thead', {}, h('tr', {}, ['arrival', 'request', 'model', 'tenant', 'status', 'TTFT', 'end-to-end', 'tokens in / out', 'chunks', 'max gap']
         .map((c, i) => h('th', { class: i >= 5 ? 'n' : '' }, c)))),
       tbody));
-  st = { model, tbody, count, wantModel: p.get('model') ?? '', models: new Set(), tenants: new Set() };
+  st = { model, tbody, count, hold: false, shown: '', wantModel: p.get('model') ?? '', models: new Set(), tenants: new Set() };
 }
 
 function statusText(r) {
@@ -102,6 +106,12 @@ async function refresh(ctx) {
   if (ctx.signal.aborted) return;
   const records = body?.requests ?? [];
   updateOptions(records, (fleet?.models ?? []).map((m) => m.model_id));
+  const key = JSON.stringify(q);
+  if (st.hold && st.shown === key && st.tbody.childElementCount > 0) {
+    setText(st.count, 'live updates held while the pointer is on the table');
+    return;
+  }
+  st.shown = key;
   st.tbody.replaceChildren(...records.map(rowFor));
   setText(st.count, `${records.length === LIMIT ? `newest ${LIMIT}` : records.length} matching, live`);
 }
