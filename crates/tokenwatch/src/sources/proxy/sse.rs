@@ -190,13 +190,12 @@ impl SseObserver {
             if c.text.as_deref().is_some_and(|t| !t.is_empty()) {
                 content = true;
             }
-            if let Some(d) = c.delta {
-                if d.content.as_deref().is_some_and(|t| !t.is_empty())
+            if let Some(d) = c.delta
+                && (d.content.as_deref().is_some_and(|t| !t.is_empty())
                     || d.reasoning_content.as_deref().is_some_and(|t| !t.is_empty())
-                    || d.tool_calls.is_some()
-                {
-                    content = true;
-                }
+                    || d.tool_calls.is_some())
+            {
+                content = true;
             }
         }
         content

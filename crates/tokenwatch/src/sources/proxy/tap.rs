@@ -128,10 +128,10 @@ impl TapBody {
                     r.prompt_tokens = sse.prompt_tokens;
                 }
                 r.finish_reason = sse.finish_reason.take().unwrap_or_default();
-                if r.labels.model_id == super::UNKNOWN_MODEL {
-                    if let Some(m) = sse.model.take() {
-                        r.labels.model_id = m;
-                    }
+                if r.labels.model_id == super::UNKNOWN_MODEL
+                    && let Some(m) = sse.model.take()
+                {
+                    r.labels.model_id = m;
                 }
                 if error.is_none() {
                     if sse.error_event {
@@ -151,10 +151,10 @@ impl TapBody {
                     r.output_tokens = c;
                     r.tokens_from_usage = c.is_some();
                     r.finish_reason = finish.unwrap_or_default();
-                    if r.labels.model_id == super::UNKNOWN_MODEL {
-                        if let Some(m) = model {
-                            r.labels.model_id = m;
-                        }
+                    if r.labels.model_id == super::UNKNOWN_MODEL
+                        && let Some(m) = model
+                    {
+                        r.labels.model_id = m;
                     }
                 }
             }

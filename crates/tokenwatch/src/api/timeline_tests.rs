@@ -1,0 +1,165 @@
+// Tests of the fleet timeline: sampling from the aggregator and the signal board, alignment,
+// retention and dropping silent models.
+
+use super::*;
+use tokenwatch_core::aggregate::AggregatorConfig;
+use tokenwatch_core::model::{RequestRecord, SeriesLabels};
+use tokenwatch_core::signals::SignalPoint;
+
+const NOW: i64 = 1_764_680_000_000;
+
+fn rec(model: &str, finish_ms: i64, ttft: f64, prompt: u64, status: u16) -> RequestRecord {
+    RequestRecord {
+        labels: SeriesLabels {
+            model_id: model.into(),
+            runtime: "vllm".into(),
+            instance: "i1".into(),
+            ..Default::default()
+        },
+        arrival_unix_ms: finish_ms - 1000,
+        first_token_s: Some(ttft),
+        end_s: 1.0,
+        chunk_offsets_us: vec![100_000, 120_000, 150_000],
+        prompt_tokens: Some(prompt),
+        output_tokens: Some(3),
+        status,
+        ..Default::default()
+    }
+}
+
+fn signal(
+    model: &str,
+    name: &str,
+    instance: &str,
+    device: &str,
+    v: f64,
+    ts: i64,
+) -> SignalPoint {
+    SignalPoint {
+        model_id: model.into(),
+        signal: name.into(),
+        value: v,
+        source: "scrape:vllm".into(),
+        runtime: "vllm".into(),
+        instance: instance.into(),
+        device_id: device.into(),
+        timestamp_unix_ms: ts,
+        notes: BTreeMap::new(),
+    }
+}
+
+#[test]
+fn samples_latency_rates_errors_and_signals_per_model() {
+    let mut agg = Aggregator::new(AggregatorConfig::default());
+    for i in 0..57 {
+        agg.observe(&rec("a", NOW - i * 1000, 0.1, 100, 200));
+    }
+    for _ in 0..3 {
+        agg.observe(&rec("a", NOW, 2.0, 3000, 500));
+    }
+    let mut board = SignalBoard::default();
+    board.update(signal("a", names::KV_CACHE_USAGE, "i1", "", 0.3, NOW));
+    board.update(signal("a", names::KV_CACHE_USAGE, "i2", "", 0.7, NOW));
+    board.update(signal("a", names::REQUESTS_WAITING, "i1", "", 2.0, NOW));
+    board.update(signal("a", names::REQUESTS_WAITING, "i2", "", 3.0, NOW));
+    board.update(signal(
+        "a",
+        names::GPU_MEMORY_USED_BYTES,
+        "i1",
+        "GPU-0",
+        1e9,
+        NOW,
+    ));
+    board.update(signal(
+        "a",
+        names::GPU_MEMORY_USED_BYTES,
+        "i1",
+        "GPU-1",
+        2e9,
+        NOW,
+    ));
+    board.update(signal(
+        "b",
+        names::KV_CACHE_USAGE,
+        "i9",
+        "",
+        0.9,
+        NOW - 60_000,
+    ));
+    let fleet = sample_fleet(&agg, &board, Window::M1, NOW);
+    let a = &fleet["a"];
+    assert!((a.get(Column::TtftP50).unwrap() - 0.1).abs() < 0.002);
+    assert!(
+        (a.get(Column::TtftP99).unwrap() - 2.0).abs() < 0.03,
+        "{:?}",
+        a.get(Column::TtftP99)
+    );
+    assert!(a.get(Column::RequestsPerS).unwrap() > 0.9);
+    let c = agg.counts(Some("a"), Window::M1, None, NOW)[0].counts;
+    assert_eq!(c.errors, 3);
+    assert!((a.get(Column::ErrorRatio).unwrap() - 3.0 / c.requests as f64).abs() < 1e-9);
+    assert_eq!(a.get(Column::KvCacheUsage), Some(0.7), "fullest instance");
+    assert_eq!(a.get(Column::RequestsWaiting), Some(5.0), "summed");
+    assert_eq!(
+        a.get(Column::GpuMemoryUsedBytes),
+        Some(3e9),
+        "summed over devices"
+    );
+    assert!(
+        a.by_bucket
+            .contains_key(&(ContextBucket::Le512, LatencyMetric::Ttft))
+    );
+    assert!(
+        a.by_bucket
+            .contains_key(&(ContextBucket::Le4096, LatencyMetric::Ttft))
+    );
+    assert_eq!(a.runtimes.iter().collect::<Vec<_>>(), ["vllm"]);
+    assert_eq!(a.instances.iter().collect::<Vec<_>>(), ["i1", "i2"]);
+    assert!(
+        fleet
+            .get("b")
+            .is_none_or(|b| b.get(Column::KvCacheUsage).is_none()),
+        "stale signal not sampled"
+    );
+}
+
+#[test]
+fn timeline_aligns_models_keeps_an_hour_and_drops_silent_models() {
+    let mut tl = Timeline::default();
+    let sample = |v: f64| ModelSample {
+        values: {
+            let mut a = [None; COLUMNS];
+            a[Column::TtftP99 as usize] = Some(v);
+            a
+        },
+        by_bucket: BTreeMap::from([((ContextBucket::Le512, LatencyMetric::Ttft), v)]),
+        ..Default::default()
+    };
+    tl.record(NOW, &BTreeMap::from([("a".to_string(), sample(1.0))]));
+    tl.record(
+        NOW + STEP_MS,
+        &BTreeMap::from([("b".to_string(), sample(2.0))]),
+    );
+    let a = tl.view("a", 0, &[Column::TtftP99]).unwrap();
+    assert_eq!(a.t_ms, vec![NOW, NOW + STEP_MS]);
+    assert_eq!(a.columns[0].1, vec![Some(1.0), None]);
+    assert_eq!(a.buckets[0].1, vec![Some(1.0), None]);
+    let b = tl.view("b", NOW + 1, &[Column::TtftP99]).unwrap();
+    assert_eq!(b.columns[0].1, vec![Some(2.0)]);
+    assert!(tl.view("zzz", 0, &[]).is_none());
+    for i in 2..(KEEP_POINTS as i64 + 10) {
+        tl.record(
+            NOW + i * STEP_MS,
+            &BTreeMap::from([("b".to_string(), sample(3.0))]),
+        );
+    }
+    assert_eq!(
+        tl.models().collect::<Vec<_>>(),
+        ["b"],
+        "a had no data for an hour"
+    );
+    assert_eq!(
+        tl.view("b", 0, &[Column::TtftP99]).unwrap().t_ms.len(),
+        KEEP_POINTS
+    );
+}
