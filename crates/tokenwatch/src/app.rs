@@ -161,17 +161,19 @@ impl RunningApp {
         Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline })
     }
 
-    /// Stop accepting, give in-flight streams a grace period, then flush the pipeline.
+    /// Stop accepting, give in-flight streams one grace period (for all tasks together), then
+    /// flush what the pipeline has queued.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
+        let deadline = tokio::time::Instant::now() + DRAIN_GRACE;
         for s in self.servers {
             let abort = s.abort_handle();
-            if tokio::time::timeout(DRAIN_GRACE, s).await.is_err() {
+            if tokio::time::timeout_at(deadline, s).await.is_err() {
                 abort.abort();
             }
         }
         let pipeline = self.pipeline;
-        let _ = tokio::task::spawn_blocking(move || pipeline.join()).await;
+        let _ = tokio::task::spawn_blocking(move || pipeline.close_and_join()).await;
     }
 }
 

@@ -104,6 +104,16 @@ async fn enable_fault(sim: &SimInstance, spec: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long each part of the demo gets to stop by itself once Ctrl-C arrives.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+async fn within_grace(task: tokio::task::JoinHandle<()>) {
+    let abort = task.abort_handle();
+    if tokio::time::timeout(STOP_GRACE, task).await.is_err() {
+        abort.abort();
+    }
+}
+
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     tokenwatch_sim::parse_fault(&args.fault).map_err(|e| anyhow::anyhow!("--fault {:?}: {e}", args.fault))?;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -195,10 +205,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     println!("stopping…");
     let _ = stop_tx.send(true);
-    let _ = traffic.await;
+    // Requests stuck behind a fault (a full, leaking KV cache never admits them) must not hold
+    // the demo open: every part gets a bounded grace, then is cut off.
+    within_grace(traffic).await;
     app.shutdown().await;
     for s in sims {
-        let _ = s.task.await;
+        within_grace(s.task).await;
     }
     println!("stopped; data kept in {}", data_dir.display());
     Ok(())

@@ -129,3 +129,24 @@ async fn demo_runs_traffic_switches_a_fault_and_stops_cleanly() {
     assert!(demo.terminate().success(), "demo did not exit cleanly:\n{}", demo.log());
     assert!(demo.log().contains("stopped"));
 }
+
+/// A stream the upstream never finishes must not hold the process open on SIGTERM: the drain
+/// grace (5 s) cuts it, the pipeline stops accepting and the records already queued are stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_stalled_stream_stops_within_the_grace() {
+    let mut stack = Stack::start(
+        &["--model", "m1", "--ttft-ms", "1", "--itl-ms", "1", "--fault", "stall:seconds=600,rate=1"],
+        &[],
+    )
+    .await;
+    let url = format!("http://{}/v1/chat/completions", stack.proxy);
+    let stalled = tokio::spawn(async move { send("POST", &url, Some(CHAT), &[("x-request-id", "stalled")]).await });
+    // The stream has started and stalls mid-way (the simulator pauses it for 10 minutes).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!stalled.is_finished(), "the stalled stream ended early");
+    let began = std::time::Instant::now();
+    let status = stack.tw.terminate(); // panics after 15 s
+    assert!(status.success(), "exit status {status}; log:\n{}", stack.tw.log());
+    assert!(began.elapsed() < Duration::from_secs(12), "took {:?}", began.elapsed());
+    stalled.abort();
+}

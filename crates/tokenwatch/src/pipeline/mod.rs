@@ -6,6 +6,7 @@ mod store_sink;
 pub use store_sink::StoreSink;
 
 use crate::export::prometheus::Metrics;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokenwatch_core::aggregate::{Aggregator, Rollup};
@@ -85,6 +86,8 @@ pub struct PipelineConfig {
 /// Handle to the running pipeline thread.
 pub struct Pipeline {
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Set by `close_and_join`: the worker stops accepting records and drains what is queued.
+    close: Arc<AtomicBool>,
 }
 
 impl Pipeline {
@@ -100,12 +103,13 @@ impl Pipeline {
         metrics.queue_capacity.set(cfg.queue_capacity as i64);
         let queue = TelemetryQueue { tx, metrics: metrics.clone() };
         let handle = tokio::runtime::Handle::current();
-        let worker = Worker { cfg, aggregator, sinks, metrics, rx, handle };
+        let close = Arc::new(AtomicBool::new(false));
+        let worker = Worker { cfg, aggregator, sinks, metrics, rx, handle, close: close.clone() };
         let thread = std::thread::Builder::new()
             .name("tokenwatch-pipeline".into())
             .spawn(move || worker.run())
             .expect("spawning the pipeline thread");
-        (Pipeline { thread: Some(thread) }, queue)
+        (Pipeline { thread: Some(thread), close }, queue)
     }
 
     /// Wait for the pipeline to drain (after all queue handles are dropped).
@@ -113,6 +117,13 @@ impl Pipeline {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+
+    /// Stop accepting records even while queue handles remain (streams still open when the
+    /// shutdown grace ran out hold them), process everything already queued, and wait.
+    pub fn close_and_join(self) {
+        self.close.store(true, Ordering::Relaxed);
+        self.join();
     }
 }
 
@@ -123,6 +134,7 @@ struct Worker {
     metrics: Arc<Metrics>,
     rx: mpsc::Receiver<RequestRecord>,
     handle: tokio::runtime::Handle,
+    close: Arc<AtomicBool>,
 }
 
 /// How often the pipeline asks the aggregator for completed minutes.
@@ -137,7 +149,13 @@ impl Worker {
         let mut batch = Vec::with_capacity(self.cfg.batch_max);
         let mut last_maintenance = std::time::Instant::now();
         let mut last_roll_up = std::time::Instant::now();
+        let mut refusing = false;
         loop {
+            if !refusing && self.close.load(Ordering::Relaxed) {
+                // Queued records stay receivable; new sends fail (and are counted as dropped).
+                self.rx.close();
+                refusing = true;
+            }
             let flush = self.cfg.flush_interval;
             let max = self.cfg.batch_max;
             let received = self.handle.block_on(async {
