@@ -56,6 +56,12 @@ pub(super) fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// A model-level latency event (spike, absolute) with the window it looked at.
+fn latency_event(f: det::Finding, rule: &Rule, detector: &str, model: &str, now: i64) -> AnomalyEvent {
+    let f = f.with("window_s", rule.window_ms as f64 / 1000.0);
+    model_event(f, detector, &latency_signal_name(&rule.signal), model, now)
+}
+
 fn latency_signal_name(metric: &str) -> String {
     match metric {
         "itl" => "itl_p99_seconds".into(),
@@ -78,14 +84,7 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                     continue;
                 };
                 if let Some(f) = det::latency_spike(c, cn, pv, pn, p) {
-                    let f = f.with("window_s", w as f64 / 1000.0);
-                    out.push(model_event(
-                        f,
-                        det_name,
-                        &latency_signal_name(&rule.signal),
-                        &m,
-                        now,
-                    ));
+                    out.push(latency_event(f, rule, det_name, &m, now));
                 }
             }
         }
@@ -97,14 +96,7 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                     continue;
                 };
                 if let Some(f) = det::absolute_latency(c, n, p) {
-                    let f = f.with("window_s", w as f64 / 1000.0);
-                    out.push(model_event(
-                        f,
-                        det_name,
-                        &latency_signal_name(&rule.signal),
-                        &m,
-                        now,
-                    ));
+                    out.push(latency_event(f, rule, det_name, &m, now));
                 }
             }
         }
