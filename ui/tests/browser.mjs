@@ -256,6 +256,16 @@ try {
   await tableShows((r, w) => r.dataset.tenant !== w.tenant, { tenant }, 'tenant filter cleared', true);
   await tableShows((r, w) => r.dataset.model === w.model && Number(r.dataset.e2e) >= 0.5, { model: faulted }, 'model + min latency filter');
   await shot('05-requests');
+  // Anomalies only: every row shown carries an annotation (a short run may have none yet).
+  await page.check('input[name="annotated"]');
+  await page.click('#request-filters button[type="submit"]');
+  await page.waitForFunction(() => location.hash.includes('annotated=true') && document.body.dataset.ready === '1'
+    && [...document.querySelectorAll('#requests-table tbody tr')].every((r) => Number(r.dataset.annotations) > 0),
+  null, { timeout: 15_000, polling: 250 });
+  results.annotated_rows = await page.$$eval('#requests-table tbody tr', (trs) => trs.length);
+  await page.uncheck('input[name="annotated"]');
+  await page.click('#request-filters button[type="submit"]');
+  await tableShows((r, w) => r.dataset.model === w.model && Number(r.dataset.e2e) >= 0.5, { model: faulted }, 'anomalies filter cleared');
   // Point at the table first, as a user does: the page holds its live refresh under the pointer,
   // so the row picked below stays attached until the click.
   await page.hover('#requests-table tbody');

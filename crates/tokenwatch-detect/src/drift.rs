@@ -13,6 +13,10 @@ pub struct KsDriftParams {
     pub alpha: f64,
     /// Finite values each window needs.
     pub min_samples: usize,
+    /// The KS statistic D (largest gap between the two CDFs) must also reach this: with
+    /// thousands of requests per window, p < alpha alone flags shifts of a percent or two
+    /// that healthy traffic makes all day (slow drift, load swings).
+    pub min_statistic: f64,
 }
 
 impl Default for KsDriftParams {
@@ -20,6 +24,7 @@ impl Default for KsDriftParams {
         KsDriftParams {
             alpha: 0.01,
             min_samples: 30,
+            min_statistic: 0.1,
         }
     }
 }
@@ -31,11 +36,17 @@ impl Validate for KsDriftParams {
             "alpha",
             "must be in (0, 1)",
         )?;
-        check(self.min_samples >= 2, "min_samples", "must be ≥ 2")
+        check(self.min_samples >= 2, "min_samples", "must be ≥ 2")?;
+        check(
+            (0.0..1.0).contains(&self.min_statistic),
+            "min_statistic",
+            "must be in [0, 1)",
+        )
     }
 }
 
-/// Two-sample KS test, asymptotic p-value (Kolmogorov distribution at D·√(nm/(n+m))). Non-finite
+/// Two-sample KS test, asymptotic p-value (Kolmogorov distribution at D·√(nm/(n+m))), and
+/// D ≥ `min_statistic`. Non-finite
 /// values are dropped (and counted in the evidence). Score = ln p / ln alpha: 1.0 at p = alpha,
 /// 3.0 at p = alpha³ (p floored at 1e-300).
 pub fn ks_drift(reference: &[f64], current: &[f64], p: &KsDriftParams) -> Option<Finding> {
@@ -52,7 +63,7 @@ pub fn ks_drift(reference: &[f64], current: &[f64], p: &KsDriftParams) -> Option
         return None;
     }
     let (d, pv) = ks_two_sample(&r, &c)?;
-    if pv >= p.alpha {
+    if pv >= p.alpha || d < p.min_statistic {
         return None;
     }
     let (mr, mc) = (median(&r)?, median(&c)?);

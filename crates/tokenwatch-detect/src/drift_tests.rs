@@ -67,6 +67,23 @@ fn ks_same_distribution_does_not_fire() {
 }
 
 #[test]
+fn ks_needs_a_material_shift_on_big_windows() {
+    // 25,000 vs 4,000 values (30 min vs 5 min at 14 req/s): a 5 % median drift is "significant"
+    // at p < 0.01 but moves the CDF by only ~0.02; a 4× blow-up moves it by more than half.
+    let mut g = Lcg(99);
+    let reference = g.sample(25_000, 0.0, 0.8);
+    let drifted = g.sample(4_000, 0.05, 0.8);
+    let p = KsDriftParams::default();
+    let (d, pv) = ks_two_sample(&reference, &drifted).unwrap();
+    assert!(pv < 0.01 && d < p.min_statistic, "D {d}, p {pv}");
+    assert!(ks_drift(&reference, &drifted, &p).is_none());
+    let blown = g.sample(4_000, 4f64.ln(), 0.8);
+    assert!(ks_drift(&reference, &blown, &p).is_some());
+    let bad = KsDriftParams { min_statistic: 1.0, ..p };
+    assert_eq!(bad.validate().unwrap_err().field, "min_statistic");
+}
+
+#[test]
 fn ks_edges() {
     let p = KsDriftParams::default();
     let a = Lcg(1).sample(100, 0.0, 1.0);

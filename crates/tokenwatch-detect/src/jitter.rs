@@ -11,6 +11,10 @@ use crate::{Finding, ParamError, Validate, check};
 pub struct BatchJitterParams {
     pub max_score: f64,
     pub min_samples: usize,
+    /// The window (in arrival order) is cut into this many consecutive parts and each must be
+    /// over `max_score` too: one stalled request dominates std/mean of a whole window, but it
+    /// sits in only one part.
+    pub segments: usize,
 }
 
 impl Default for BatchJitterParams {
@@ -18,6 +22,7 @@ impl Default for BatchJitterParams {
         BatchJitterParams {
             max_score: 0.5,
             min_samples: 30,
+            segments: 3,
         }
     }
 }
@@ -29,7 +34,12 @@ impl Validate for BatchJitterParams {
             "max_score",
             "must be in (0, 1)",
         )?;
-        check(self.min_samples >= 2, "min_samples", "must be ≥ 2")
+        check(self.min_samples >= 2, "min_samples", "must be ≥ 2")?;
+        check(
+            self.segments >= 1 && self.segments * 2 <= self.min_samples,
+            "segments",
+            "must be in [1, min_samples / 2]",
+        )
     }
 }
 
@@ -80,6 +90,17 @@ pub fn batch_jitter(
     if jitter <= p.max_score {
         return None;
     }
+    // Sustained across the window: every consecutive part is over the threshold on its own.
+    let parts = p.segments.max(1);
+    let size = lat.len().div_ceil(parts);
+    let mut lowest = jitter;
+    for (l, b) in lat.chunks(size).zip(batch.chunks(size)) {
+        let part = batch_jitter_score(l, b).filter(|_| l.len() >= 2)?;
+        if part <= p.max_score {
+            return None;
+        }
+        lowest = lowest.min(part);
+    }
     let corr = pearson(&batch, &lat).unwrap_or(0.0);
     let m = mean(&lat).unwrap_or(0.0);
     let summary = format!(
@@ -94,7 +115,9 @@ pub fn batch_jitter(
             .with("threshold", p.max_score)
             .with("samples", lat.len())
             .with("mean_latency_s", m)
-            .with("batch_latency_correlation", corr),
+            .with("batch_latency_correlation", corr)
+            .with("segments", parts)
+            .with("lowest_segment_score", lowest),
     )
 }
 
@@ -147,6 +170,18 @@ mod tests {
         );
         let calm: Vec<f64> = (0..40).map(|i| 0.3 + 0.01 * f64::from(i % 3)).collect();
         assert!(batch_jitter(&calm, &[8.0; 40], &p).is_none());
+    }
+
+    #[test]
+    fn one_stalled_request_is_not_jitter() {
+        let p = BatchJitterParams::default();
+        let mut l: Vec<f64> = (0..60).map(|i| 0.03 + 0.002 * f64::from(i % 5)).collect();
+        l[40] = 1.5;
+        let whole = batch_jitter_score(&l, &[8.0; 60]).unwrap();
+        assert!(whole > p.max_score, "one stall dominates the whole window: {whole}");
+        assert!(batch_jitter(&l, &[8.0; 60], &p).is_none(), "but it sits in one part only");
+        let bad = BatchJitterParams { segments: 20, ..p };
+        assert_eq!(bad.validate().unwrap_err().field, "segments");
     }
 
     proptest! {

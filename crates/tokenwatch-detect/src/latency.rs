@@ -1,19 +1,124 @@
-// Latency detectors of spec section 4: P99 spike against the previous window, absolute P99
-// threshold, and the context-aware threshold that scales with prompt length and KV-cache use.
+// Latency detectors of spec section 4: P99 spike against a reference period that ends before
+// the window under test, absolute P99 threshold, the context-aware threshold that scales with
+// prompt length and KV-cache use, and the tail quantiles and peer comparison they share.
 
 use serde::{Deserialize, Serialize};
 
 use crate::text::duration_s;
 use crate::{Finding, ParamError, Validate, check};
 
-/// Latency spike: P99 of the current window > `ratio` × P99 of the previous window.
+/// The spec's latency quantile.
+pub const P99: f64 = 0.99;
+
+/// The quantile a window of `n` samples can estimate with at least `min_tail` samples above
+/// it: min(q, 1 − min_tail / n). A quarter of a model's traffic (one instance of four) gets a
+/// lower quantile (P95 at 200 requests with 10 in the tail), not a P99 that one slow request
+/// moves. None when the window is too small for any tail of that size.
+pub fn effective_quantile(q: f64, n: usize, min_tail: u64) -> Option<f64> {
+    if n == 0 || !q.is_finite() {
+        return None;
+    }
+    let floor = 1.0 - min_tail as f64 / n as f64;
+    (floor > 0.0).then(|| q.min(floor))
+}
+
+/// Nearest-rank quantile of ascending values (None when empty).
+pub fn sorted_quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() || !q.is_finite() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+/// One instance's tail latency against the same quantile of its peers (the other instances of
+/// its model, same window).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerComparison {
+    /// The quantile compared (the lowest effective quantile of the instance and its peers).
+    pub quantile: f64,
+    pub value: f64,
+    /// Median of the peers' values at that quantile.
+    pub peer_median: f64,
+    pub peers: usize,
+    /// value / peer_median.
+    pub ratio: f64,
+}
+
+impl PeerComparison {
+    /// Adds the comparison to a finding's evidence.
+    pub fn annotate(&self, f: Finding) -> Finding {
+        f.with("peer_quantile", self.quantile)
+            .with("peer_median_s", self.peer_median)
+            .with("peers", self.peers as u64)
+            .with("peer_ratio", self.ratio)
+    }
+}
+
+/// Compares ascending `own` with each ascending peer window holding at least `min_samples`
+/// values; None without such a peer or when the peers' median is not positive.
+pub fn compare_with_peers(
+    own: &[f64],
+    peers: &[&[f64]],
+    min_samples: u64,
+    min_tail: u64,
+) -> Option<PeerComparison> {
+    let min = min_samples.max(1) as usize;
+    if own.len() < min {
+        return None;
+    }
+    let usable: Vec<&[f64]> = peers.iter().copied().filter(|p| p.len() >= min).collect();
+    if usable.is_empty() {
+        return None;
+    }
+    let mut q = effective_quantile(P99, own.len(), min_tail)?;
+    for p in &usable {
+        q = q.min(effective_quantile(P99, p.len(), min_tail)?);
+    }
+    let value = sorted_quantile(own, q)?;
+    let mut vals: Vec<f64> = usable
+        .iter()
+        .filter_map(|p| sorted_quantile(p, q))
+        .collect();
+    vals.sort_by(f64::total_cmp);
+    let m = vals.len();
+    let peer_median = if m % 2 == 1 {
+        vals[m / 2]
+    } else {
+        (vals[m / 2 - 1] + vals[m / 2]) / 2.0
+    };
+    if !(peer_median > 0.0 && value.is_finite()) {
+        return None;
+    }
+    Some(PeerComparison {
+        quantile: q,
+        value,
+        peer_median,
+        peers: m,
+        ratio: value / peer_median,
+    })
+}
+
+/// Latency spike: the tail quantile (P99, lowered to keep `min_tail_samples` above it) of the
+/// current window > `ratio` × the same quantile of a reference period. The reference is the
+/// `baseline_windows` windows before the current one, frozen at the onset of a spike while it
+/// lasts (at most `max_hold_s`), so neither the window under test nor an ongoing anomaly is in
+/// its own baseline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LatencySpikeParams {
     pub ratio: f64,
-    /// Requests each window needs before a P99 means anything (at ~90 req/min a per-minute
-    /// P99 is nearly the maximum).
+    /// Requests each window needs before a tail quantile means anything (at ~90 req/min a
+    /// per-minute P99 is nearly the maximum).
     pub min_samples: u64,
+    /// Requests that must lie above the compared quantile in the current window.
+    pub min_tail_samples: u64,
+    /// Length of the reference period, in windows, ending where the current window starts.
+    pub baseline_windows: u32,
+    /// An instance alerts only when its tail is also this many times its peers' median.
+    pub peer_ratio: f64,
+    /// A spike that lasts longer than this becomes the new normal: the baseline re-learns.
+    pub max_hold_s: f64,
 }
 
 impl Default for LatencySpikeParams {
@@ -21,6 +126,10 @@ impl Default for LatencySpikeParams {
         LatencySpikeParams {
             ratio: 2.5,
             min_samples: 50,
+            min_tail_samples: 10,
+            baseline_windows: 5,
+            peer_ratio: 2.0,
+            max_hold_s: 900.0,
         }
     }
 }
@@ -31,53 +140,93 @@ impl Validate for LatencySpikeParams {
             self.ratio.is_finite() && self.ratio > 1.0,
             "ratio",
             "must be a number > 1",
+        )?;
+        check(
+            self.min_tail_samples >= 1,
+            "min_tail_samples",
+            "must be ≥ 1",
+        )?;
+        check(
+            self.min_samples > self.min_tail_samples,
+            "min_samples",
+            "must be larger than min_tail_samples",
+        )?;
+        check(
+            (1..=60).contains(&self.baseline_windows),
+            "baseline_windows",
+            "must be between 1 and 60",
+        )?;
+        check(
+            self.peer_ratio.is_finite() && self.peer_ratio > 1.0,
+            "peer_ratio",
+            "must be a number > 1",
+        )?;
+        check(
+            self.max_hold_s.is_finite() && self.max_hold_s > 0.0,
+            "max_hold_s",
+            "must be > 0",
         )
     }
 }
 
-/// Score = (current / previous) / ratio: 1.0 exactly at the threshold.
-pub fn latency_spike(
-    current_p99: f64,
-    current_n: u64,
-    previous_p99: f64,
-    previous_n: u64,
-    p: &LatencySpikeParams,
-) -> Option<Finding> {
-    if current_n < p.min_samples.max(1) || previous_n < p.min_samples.max(1) {
+/// Score = (current / baseline) / ratio: 1.0 exactly at the threshold. `current` and
+/// `baseline` are ascending.
+pub fn latency_spike(current: &[f64], baseline: &[f64], p: &LatencySpikeParams) -> Option<Finding> {
+    let min = p.min_samples.max(1) as usize;
+    if current.len() < min || baseline.len() < min {
         return None;
     }
-    if !(current_p99.is_finite() && previous_p99.is_finite()) || previous_p99 <= 0.0 {
+    let q = effective_quantile(P99, current.len(), p.min_tail_samples)?.min(effective_quantile(
+        P99,
+        baseline.len(),
+        p.min_tail_samples,
+    )?);
+    let (c, b) = (sorted_quantile(current, q)?, sorted_quantile(baseline, q)?);
+    if !(c.is_finite() && b.is_finite()) || b <= 0.0 {
         return None;
     }
-    let observed = current_p99 / previous_p99;
+    let observed = c / b;
     if observed <= p.ratio {
         return None;
     }
+    let (cn, bn) = (current.len(), baseline.len());
     let summary = format!(
-        "P99 latency jumped {observed:.1}× from {} to {} between the previous and the current window \
-         ({previous_n} and {current_n} requests, threshold {:.1}×) — check queue depth, preemptions \
-         and KV-cache usage on this instance",
-        duration_s(previous_p99),
-        duration_s(current_p99),
+        "P{} latency jumped {observed:.1}× from {} (reference period) to {} (current window) \
+         ({bn} and {cn} requests, threshold {:.1}×) — check queue depth, preemptions and \
+         KV-cache usage",
+        pct_label(q),
+        duration_s(b),
+        duration_s(c),
         p.ratio
     );
     Some(
         Finding::new(observed / p.ratio, summary)
-            .with("current_p99_s", current_p99)
-            .with("previous_p99_s", previous_p99)
-            .with("current_samples", current_n)
-            .with("previous_samples", previous_n)
+            .with("current_p99_s", c)
+            .with("previous_p99_s", b)
+            .with("quantile", q)
+            .with("current_samples", cn as u64)
+            .with("previous_samples", bn as u64)
             .with("ratio", observed)
             .with("ratio_threshold", p.ratio),
     )
 }
 
-/// Absolute latency: P99 TTFT > `threshold_s`.
+/// "99", "95", "97.5": a quantile as a percentile label.
+pub fn pct_label(q: f64) -> String {
+    let s = format!("{:.1}", q * 100.0);
+    s.strip_suffix(".0").map(str::to_string).unwrap_or(s)
+}
+
+/// Absolute latency: P99 TTFT > `threshold_s` (the quantile lowered on small windows so that
+/// `min_tail_samples` requests lie above it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AbsoluteLatencyParams {
     pub threshold_s: f64,
     pub min_samples: u64,
+    pub min_tail_samples: u64,
+    /// An instance alerts only when its tail is also this many times its peers' median.
+    pub peer_ratio: f64,
 }
 
 impl Default for AbsoluteLatencyParams {
@@ -85,6 +234,8 @@ impl Default for AbsoluteLatencyParams {
         AbsoluteLatencyParams {
             threshold_s: 2.0,
             min_samples: 20,
+            min_tail_samples: 10,
+            peer_ratio: 2.0,
         }
     }
 }
@@ -95,29 +246,48 @@ impl Validate for AbsoluteLatencyParams {
             self.threshold_s.is_finite() && self.threshold_s > 0.0,
             "threshold_s",
             "must be > 0",
+        )?;
+        check(
+            self.min_tail_samples >= 1,
+            "min_tail_samples",
+            "must be ≥ 1",
+        )?;
+        check(
+            self.min_samples > self.min_tail_samples,
+            "min_samples",
+            "must be larger than min_tail_samples",
+        )?;
+        check(
+            self.peer_ratio.is_finite() && self.peer_ratio > 1.0,
+            "peer_ratio",
+            "must be a number > 1",
         )
     }
 }
 
-/// Score = p99 / threshold.
-pub fn absolute_latency(p99_s: f64, n: u64, p: &AbsoluteLatencyParams) -> Option<Finding> {
-    if n < p.min_samples.max(1)
-        || !p99_s.is_finite()
-        || p.threshold_s <= 0.0
-        || p99_s <= p.threshold_s
-    {
+/// Score = tail quantile / threshold; `window` is ascending.
+pub fn absolute_latency(window: &[f64], p: &AbsoluteLatencyParams) -> Option<Finding> {
+    let n = window.len();
+    if n < p.min_samples.max(1) as usize || p.threshold_s <= 0.0 {
+        return None;
+    }
+    let q = effective_quantile(P99, n, p.min_tail_samples)?;
+    let v = sorted_quantile(window, q)?;
+    if !v.is_finite() || v <= p.threshold_s {
         return None;
     }
     let summary = format!(
-        "P99 time to first token is {} over {n} requests, above the {} limit — run the health \
-         check: queue depth, KV-cache usage and GPU state of this model's instances",
-        duration_s(p99_s),
+        "P{} time to first token is {} over {n} requests, above the {} limit — run the health \
+         check: queue depth, KV-cache usage and GPU state",
+        pct_label(q),
+        duration_s(v),
         duration_s(p.threshold_s)
     );
     Some(
-        Finding::new(p99_s / p.threshold_s, summary)
-            .with("p99_s", p99_s)
-            .with("samples", n)
+        Finding::new(v / p.threshold_s, summary)
+            .with("p99_s", v)
+            .with("quantile", q)
+            .with("samples", n as u64)
             .with("threshold_s", p.threshold_s),
     )
 }
@@ -130,6 +300,12 @@ pub struct ContextThresholdParams {
     pub per_prompt_token: f64,
     pub kv_offset: f64,
     pub kv_weight: f64,
+    /// Requests a window needs before its tail is compared.
+    pub min_samples: u64,
+    /// Requests that must lie above the compared quantile (P99, lowered on small windows).
+    pub min_tail_samples: u64,
+    /// An instance alerts only when its tail is also this many times its peers' median.
+    pub peer_ratio: f64,
 }
 
 impl Default for ContextThresholdParams {
@@ -139,6 +315,9 @@ impl Default for ContextThresholdParams {
             per_prompt_token: 0.002,
             kv_offset: 1.5,
             kv_weight: 0.8,
+            min_samples: 20,
+            min_tail_samples: 10,
+            peer_ratio: 2.0,
         }
     }
 }
@@ -161,6 +340,21 @@ impl Validate for ContextThresholdParams {
                 && self.kv_offset - self.kv_weight > 0.0,
             "kv_offset",
             "kv_offset − kv_weight must be > 0 so the threshold stays positive at full KV cache",
+        )?;
+        check(
+            self.min_tail_samples >= 1,
+            "min_tail_samples",
+            "must be ≥ 1",
+        )?;
+        check(
+            self.min_samples > self.min_tail_samples,
+            "min_samples",
+            "must be larger than min_tail_samples",
+        )?;
+        check(
+            self.peer_ratio.is_finite() && self.peer_ratio > 1.0,
+            "peer_ratio",
+            "must be a number > 1",
         )
     }
 }
@@ -212,103 +406,5 @@ pub fn context_aware_threshold(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spike_fires_on_a_clear_jump_with_enough_samples() {
-        let f = latency_spike(1.5, 300, 0.4, 280, &LatencySpikeParams::default()).unwrap();
-        assert!((f.score - 1.5).abs() < 1e-9, "{}", f.score);
-        assert_eq!(f.evidence["ratio"], 3.75);
-        assert!(f.summary.contains("3.8×"), "{}", f.summary);
-    }
-
-    #[test]
-    fn spike_negative_and_edges() {
-        let p = LatencySpikeParams::default();
-        assert!(
-            latency_spike(0.9, 300, 0.4, 300, &p).is_none(),
-            "2.25× is under 2.5×"
-        );
-        assert!(latency_spike(0.4, 300, 0.4, 300, &p).is_none(), "constant");
-        assert!(
-            latency_spike(1.5, 49, 0.4, 300, &p).is_none(),
-            "too few current samples"
-        );
-        assert!(
-            latency_spike(1.5, 300, 0.4, 10, &p).is_none(),
-            "too few previous samples"
-        );
-        assert!(
-            latency_spike(1.5, 300, 0.0, 300, &p).is_none(),
-            "zero baseline"
-        );
-        assert!(latency_spike(f64::NAN, 300, 0.4, 300, &p).is_none());
-        assert!(latency_spike(f64::INFINITY, 300, 0.4, 300, &p).is_none());
-        assert!(
-            latency_spike(
-                1.0,
-                0,
-                0.4,
-                0,
-                &LatencySpikeParams {
-                    min_samples: 0,
-                    ..p
-                }
-            )
-            .is_none()
-        );
-    }
-
-    #[test]
-    fn absolute_latency_threshold() {
-        let p = AbsoluteLatencyParams::default();
-        let f = absolute_latency(3.0, 100, &p).unwrap();
-        assert!((f.score - 1.5).abs() < 1e-12);
-        assert!(absolute_latency(1.9, 100, &p).is_none());
-        assert!(
-            absolute_latency(2.0, 100, &p).is_none(),
-            "at threshold is not above it"
-        );
-        assert!(absolute_latency(3.0, 19, &p).is_none());
-        assert!(absolute_latency(f64::NAN, 100, &p).is_none());
-    }
-
-    #[test]
-    fn context_threshold_formula() {
-        let p = ContextThresholdParams::default();
-        // 1.2 s × (1 + 0.002 × 1000) × (1.5 − 0.8 × 0.5) = 1.2 × 3 × 1.1 = 3.96 s
-        assert!((context_threshold_s(1000.0, 0.5, &p) - 3.96).abs() < 1e-9);
-        assert!((context_threshold_s(0.0, 0.0, &p) - 1.8).abs() < 1e-9);
-        assert!(
-            (context_threshold_s(-5.0, 7.0, &p) - 0.84).abs() < 1e-9,
-            "clamped inputs"
-        );
-        let f = context_aware_threshold(5.0, 1000.0, 0.5, &p).unwrap();
-        assert!((f.score - 5.0 / 3.96).abs() < 1e-9);
-        assert!(context_aware_threshold(3.0, 1000.0, 0.5, &p).is_none());
-        assert!(context_aware_threshold(f64::NAN, 1000.0, 0.5, &p).is_none());
-        assert!(context_aware_threshold(5.0, f64::NAN, 0.5, &p).is_none());
-        assert!(
-            ContextThresholdParams {
-                kv_offset: 0.5,
-                ..p
-            }
-            .validate()
-            .is_err()
-        );
-    }
-
-    #[test]
-    fn params_deserialize_with_defaults_and_reject_unknown_fields() {
-        let p: LatencySpikeParams = serde_json::from_str(r#"{"ratio": 3.0}"#).unwrap();
-        assert_eq!(
-            p,
-            LatencySpikeParams {
-                ratio: 3.0,
-                min_samples: 50
-            }
-        );
-        assert!(serde_json::from_str::<LatencySpikeParams>(r#"{"ratoi": 3.0}"#).is_err());
-    }
-}
+#[path = "latency_tests.rs"]
+mod tests;

@@ -2,21 +2,27 @@
 // section 5 and eviction ranking of section 6. Pure logic: no I/O, no clocks (time is unix ms).
 
 pub mod actions;
+pub mod burst;
 mod cache;
 mod drift;
+pub mod episodes;
 pub mod experiments;
 mod jitter;
 mod kv;
 pub mod latency;
+mod length;
 pub mod noise;
 pub mod quality;
 pub mod resources;
+pub mod robust;
 pub mod rootcause;
 pub mod slo;
 mod stats;
 mod text;
 
 pub use actions::*;
+pub use burst::*;
+pub use episodes::*;
 pub use experiments::*;
 pub use latency::*;
 pub use noise::*;
@@ -44,6 +50,7 @@ pub mod names {
     pub const CACHE_POLLUTION: &str = "cache_pollution";
     pub const BATCH_JITTER: &str = "batch_jitter";
     pub const SLO_BURN: &str = "slo_burn";
+    pub const ERROR_BURST: &str = "error_burst";
     pub const AB_REGRESSION: &str = "ab_regression";
     pub const PROMPT_VERSION_DECAY: &str = "prompt_version_decay";
     pub const TRIPLE_SIGNAL_HEALTH: &str = "triple_signal_health";
@@ -63,6 +70,7 @@ pub mod names {
         CACHE_POLLUTION,
         BATCH_JITTER,
         SLO_BURN,
+        ERROR_BURST,
         AB_REGRESSION,
         PROMPT_VERSION_DECAY,
         TRIPLE_SIGNAL_HEALTH,
@@ -167,6 +175,7 @@ mod tests {
         defaults_ok::<DriftVoteParams>();
         defaults_ok::<CachePollutionParams>();
         defaults_ok::<SloBurnParams>();
+        defaults_ok::<ErrorBurstParams>();
         defaults_ok::<AbRegressionParams>();
         defaults_ok::<PromptDecayParams>();
         defaults_ok::<RootCauseParams>();

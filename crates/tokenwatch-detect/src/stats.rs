@@ -1,4 +1,4 @@
-// Numeric helpers shared by the detectors: finite filtering, mean/std/median, Pearson
+// Numeric helpers shared by the detectors: finite filtering, mean/median, Pearson
 // correlation, least-squares line fit, contiguous trailing segments and the two-sample KS test.
 
 /// Intervals longer than this many times the median sampling interval are a gap.
@@ -9,16 +9,6 @@ pub(crate) fn mean(xs: &[f64]) -> Option<f64> {
         return None;
     }
     Some(xs.iter().sum::<f64>() / xs.len() as f64)
-}
-
-/// Sample standard deviation (n − 1); None under two values.
-pub(crate) fn std_dev(xs: &[f64]) -> Option<f64> {
-    if xs.len() < 2 {
-        return None;
-    }
-    let m = mean(xs)?;
-    let var = xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (xs.len() - 1) as f64;
-    Some(var.max(0.0).sqrt())
 }
 
 pub(crate) fn median(xs: &[f64]) -> Option<f64> {

@@ -29,8 +29,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Fault to enable at start, `NAME[:k=v,k=v]`; repeatable. Names: kv_leak,
-    /// latency_spike, length_blowup, error_burst, stall, drift.
-    #[arg(long)]
+    /// latency_spike, length_blowup, error_burst, stall, drift (--help lists their parameters).
+    #[arg(long, value_name = "NAME[:k=v,...]", long_help = crate::fault::fault_help())]
     pub fault: Vec<String>,
     /// Most sequences in the running batch.
     #[arg(long, default_value_t = 32)]
@@ -200,6 +200,40 @@ mod tests {
         assert_eq!(d.args.models().unwrap(), vec!["a", "b", "c"]);
         let d = DefaultsOnly::try_parse_from(["sim", "--model", "a,a"]).unwrap();
         assert!(d.args.models().is_err());
+    }
+
+    #[test]
+    fn long_help_documents_every_fault_and_its_defaults() {
+        use clap::CommandFactory;
+        let help = DefaultsOnly::command().render_long_help().to_string();
+        for f in crate::fault::FAULTS {
+            assert!(
+                help.contains(&format!("{}: ", f.name)),
+                "{} missing:\n{help}",
+                f.name
+            );
+            for p in f.params {
+                assert!(
+                    help.contains(&format!("{}=", p.key)),
+                    "{}.{}:\n{help}",
+                    f.name,
+                    p.key
+                );
+            }
+        }
+        for line in [
+            "blocks=48",
+            "mib_per_s=64",
+            "factor=10",
+            "share=0.3",
+            "status=503",
+        ] {
+            assert!(help.contains(line), "{line} missing:\n{help}");
+        }
+        assert!(help.contains("duration_s=0"), "{help}");
+        // The short help stays short.
+        let short = DefaultsOnly::command().render_help().to_string();
+        assert!(!short.contains("mib_per_s"), "{short}");
     }
 
     #[test]

@@ -24,6 +24,17 @@ pub struct GpuReading {
     pub util_pct: u32,
     pub temp_c: u32,
     pub power_w: f64,
+    /// Per-process memory as NVML reports it (nvmlDeviceGetComputeRunningProcesses): the
+    /// serving process holds everything on this GPU.
+    pub processes: Vec<GpuProcess>,
+}
+
+/// One compute process on a GPU, NVML-shaped (pid, device, used memory).
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub device_uuid: String,
+    pub used_memory_bytes: u64,
 }
 
 impl GpuReading {
@@ -59,25 +70,33 @@ fn uuid(seed: u64, index: u32) -> String {
 }
 
 /// Readings for the GPU serving `cfg`. Memory = weights + the whole KV pool, reserved at start
-/// as vLLM does (so it stays flat however busy the engine is) + what the `kv_leak` fault leaks:
-/// each leaked block also keeps an allocation of its size alive outside the pool, so used memory
-/// climbs while free KV blocks shrink. Utilisation follows batch occupancy (0 when idle).
+/// as vLLM does (so it stays flat however busy the engine is) + what the `kv_leak` fault leaked
+/// outside the pool (each finished request's lost blocks plus a steady per-second leak), so used
+/// memory climbs while free KV blocks shrink. Utilisation is the share of batch slots in use.
 pub fn reading(cfg: &EngineConfig, stats: &EngineStats) -> GpuReading {
     let pool = u64::from(cfg.kv_blocks).saturating_mul(cfg.block_bytes);
-    let leaked = u64::from(stats.kv_leaked_blocks).saturating_mul(cfg.block_bytes);
-    let used = cfg.weights_bytes.saturating_add(pool).saturating_add(leaked);
+    let used = cfg
+        .weights_bytes
+        .saturating_add(pool)
+        .saturating_add(stats.leaked_bytes)
+        .min(cfg.gpu_total_bytes);
+    let uuid = uuid(cfg.seed, cfg.gpu_index);
+    // Share of the batch slots in use: an idle engine reads 0 %, a full batch 100 %, and an
+    // engine a leak has starved of KV blocks (one sequence at a time) a few percent, as in the
+    // seed incident (< 5 % while memory climbs).
     let occupancy = stats.running as f64 / cfg.max_num_seqs.max(1) as f64;
-    let util = if stats.running == 0 {
-        0.0
-    } else {
-        (20.0 + 80.0 * occupancy).min(100.0)
-    };
+    let util = (100.0 * occupancy).clamp(0.0, 100.0);
     GpuReading {
         index: cfg.gpu_index,
-        uuid: uuid(cfg.seed, cfg.gpu_index),
+        processes: vec![GpuProcess {
+            pid: std::process::id(),
+            device_uuid: uuid.clone(),
+            used_memory_bytes: used,
+        }],
+        uuid,
         pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + cfg.gpu_index),
         device: format!("nvidia{}", cfg.gpu_index),
-        memory_used_bytes: used.min(cfg.gpu_total_bytes),
+        memory_used_bytes: used,
         memory_total_bytes: cfg.gpu_total_bytes,
         util_pct: util.round() as u32,
         temp_c: (IDLE_TEMP_C + TEMP_PER_UTIL_PCT_C * util).round() as u32,

@@ -1,6 +1,7 @@
 // tokenwatch-store: the embedded store behind the `Store` trait (spec section 9) — the trait,
 // its query/option/report types and the SQLite implementation re-exported from `sqlite`.
 
+mod annotations;
 mod codec;
 mod embeddings;
 mod error;
@@ -8,6 +9,7 @@ mod schema;
 mod sqlite;
 mod telemetry;
 
+pub use annotations::AnnotationRow;
 pub use embeddings::EmbeddingRow;
 pub use error::StoreError;
 pub use sqlite::SqliteStore;
@@ -47,6 +49,10 @@ pub trait Store: Send + Sync + 'static {
     /// Store output embeddings posted for request ids, in one transaction. A record without its
     /// own embedding is read back with the latest one posted for its request id and model.
     fn insert_embeddings(&self, rows: &[EmbeddingRow]) -> Result<(), StoreError>;
+    /// Store per-request anomaly annotations in one transaction (retained like raw records).
+    fn insert_annotations(&self, rows: &[AnnotationRow]) -> Result<(), StoreError>;
+    /// The annotations of these requests, oldest first.
+    fn query_annotations(&self, request_ids: &[String]) -> Result<Vec<AnnotationRow>, StoreError>;
 }
 
 /// A storage-level roll-up: one minute of one latency sketch for one series and context bucket.
@@ -78,6 +84,8 @@ pub struct RecordQuery {
     pub outcome: Option<RecordOutcome>,
     /// Only records whose end-to-end time is at least this many seconds.
     pub min_e2e_s: Option<f64>,
+    /// Only records with at least one annotation (a per-request anomaly).
+    pub annotated: bool,
     /// Maximum number of rows returned (0 returns none).
     pub limit: usize,
 }
@@ -112,6 +120,7 @@ impl Default for RecordQuery {
             trace_id: None,
             outcome: None,
             min_e2e_s: None,
+            annotated: false,
             limit: 100,
         }
     }

@@ -134,6 +134,27 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         CREATE INDEX embeddings_at ON embeddings (at_unix_ms);
         ",
     },
+    Migration {
+        version: 6,
+        name: "per-request anomaly annotations",
+        sql: "
+        CREATE TABLE annotations (
+            id          INTEGER PRIMARY KEY,
+            request_id  TEXT    NOT NULL,
+            model_id    TEXT    NOT NULL,
+            instance    TEXT    NOT NULL,
+            at_unix_ms  INTEGER NOT NULL,
+            detector    TEXT    NOT NULL,
+            score       REAL    NOT NULL,
+            joint_grade TEXT    NOT NULL,
+            value       REAL    NOT NULL,
+            summary     TEXT    NOT NULL,
+            evidence    TEXT    NOT NULL
+        );
+        CREATE INDEX annotations_request_id ON annotations (request_id);
+        CREATE INDEX annotations_at ON annotations (at_unix_ms);
+        ",
+    },
 ];
 
 /// The highest schema version this build knows.

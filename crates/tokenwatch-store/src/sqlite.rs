@@ -1,6 +1,7 @@
 // SqliteStore: the `Store` on one SQLite file in WAL mode — a mutex-guarded write connection
 // (one transaction per batch) and a separate query-only read connection.
 
+use crate::annotations::{self, AnnotationRow};
 use crate::codec::{self, RECORD_COLUMNS, RECORD_SELECT, ROLLUP_COLUMNS};
 use crate::embeddings::{self, EmbeddingRow};
 use crate::telemetry::{self, LogQuery, LogRow, SpanQuery, SpanRow};
@@ -257,6 +258,9 @@ impl Store for SqliteStore {
             conds.push("end_s >= ?");
             params.push(Value::Real(min));
         }
+        if q.annotated {
+            conds.push("request_id IN (SELECT request_id FROM annotations)");
+        }
         params.push(Value::Integer(i64::try_from(q.limit).unwrap_or(i64::MAX)));
         let sql = format!(
             "SELECT id, {} FROM records{} ORDER BY arrival_unix_ms DESC, id DESC LIMIT ?",
@@ -328,6 +332,7 @@ impl Store for SqliteStore {
         self.delete_chunked(telemetry::RETENTION_SPANS, raw_cutoff, "retention of spans")?;
         self.delete_chunked(telemetry::RETENTION_LOGS, raw_cutoff, "retention of logs")?;
         self.delete_chunked(embeddings::RETENTION, raw_cutoff, "retention of embeddings")?;
+        self.delete_chunked(annotations::RETENTION, raw_cutoff, "retention of annotations")?;
         let report = RetentionReport {
             records_deleted,
             rollups_deleted,
@@ -363,6 +368,20 @@ impl Store for SqliteStore {
             return Ok(());
         }
         embeddings::insert(&mut lock(&self.write), rows).map_err(self.err("insert_embeddings"))
+    }
+
+    fn insert_annotations(&self, rows: &[AnnotationRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        annotations::insert(&mut lock(&self.write), rows).map_err(self.err("insert_annotations"))
+    }
+
+    fn query_annotations(&self, request_ids: &[String]) -> Result<Vec<AnnotationRow>, StoreError> {
+        if request_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        annotations::query(&lock(&self.read), request_ids).map_err(self.err("query_annotations"))
     }
 
     fn stats(&self) -> Result<StoreStats, StoreError> {

@@ -275,7 +275,7 @@ async fn run() {
 
     let relay = Relay::start(sim).await;
     let (hook, hook_log) = start_hook().await;
-    let (am_p, am) = procs::start_alertmanager(d, hook).await;
+    let (am_p, am) = procs::start_alertmanager(d, Some(hook), &["alertname"]).await;
     let cfg = d.join("tokenwatch.yaml");
     std::fs::write(&cfg, tokenwatch_config(relay.addr, am, hook)).expect("write config");
     let rules = d.join("rules.yml");

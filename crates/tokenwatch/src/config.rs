@@ -72,8 +72,8 @@ impl Default for Config {
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
     pub listen: SocketAddr,
-    /// Upstreams in routing order: the first whose `models` contains the request's model wins;
-    /// an upstream with `models: ["*"]` (or no models) is the default route.
+    /// Upstreams: those whose `models` contain the request's model, else those with
+    /// `models: ["*"]` (or no models), are a pool balanced by requests in flight.
     pub upstreams: Vec<UpstreamConfig>,
     /// Header carrying the tenant. Without it the tenant is a salted hash of the API key.
     pub tenant_header: String,

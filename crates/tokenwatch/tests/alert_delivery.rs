@@ -29,6 +29,11 @@ struct Alertmanager {
 
 impl Alertmanager {
     async fn start(dir: &Path, webhook: &str) -> Alertmanager {
+        Self::start_grouped(dir, webhook, "alertname").await
+    }
+
+    /// With the route grouping by `group_by` (one label name).
+    async fn start_grouped(dir: &Path, webhook: &str, group_by: &str) -> Alertmanager {
         assert!(
             Path::new(ALERTMANAGER).exists(),
             "{ALERTMANAGER} is missing — run the README's test command (scripts/test.sh), which installs Debian's `prometheus-alertmanager`"
@@ -37,7 +42,7 @@ impl Alertmanager {
         std::fs::write(
             &cfg,
             format!(
-                "route:\n  receiver: hook\n  group_by: ['alertname']\n  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n\
+                "route:\n  receiver: hook\n  group_by: ['{group_by}']\n  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n\
                  receivers:\n  - name: hook\n    webhook_configs:\n      - url: '{webhook}'\n        send_resolved: true\n"
             ),
         )
@@ -374,6 +379,83 @@ async fn alertmanager_receives_resends_and_resolves() {
             .await
             .expect("delivery task ends on shutdown")
             .unwrap();
+    }
+}
+
+/// The incident id is the grouping key: a GPU leak and the latency it causes (two rules, two
+/// label sets, one incident) reach Alertmanager as one group; another incident is another group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_incident_is_one_alertmanager_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_hook, hook_url) = Hook::serve(0).await;
+    let am = Alertmanager::start_grouped(dir.path(), &hook_url, "incident_id").await;
+    let metrics = Arc::new(Metrics::new());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let cfg = DeliveryConfig {
+        alertmanagers: vec![am.url.clone()],
+        resend_interval: HumanDuration(Duration::from_secs(1)),
+        external_url: "http://127.0.0.1:9464".into(),
+        ..Default::default()
+    };
+    let (notifier, tasks) = Notifier::start(cfg, metrics, stop_rx);
+    let mut leak = alert("leak-1", AlertState::Firing);
+    leak.rule = "gpu_memory_leak".into();
+    leak.labels = BTreeMap::from([("device_id".into(), "GPU-0".into())]);
+    leak.incident_id = Some("inc-7-1".into());
+    let mut latency = alert("lat-1", AlertState::Firing);
+    latency.incident_id = Some("inc-7-1".into());
+    let mut other = alert("other-1", AlertState::Firing);
+    other.labels.insert("model_id".into(), "m2".into());
+    other.incident_id = Some("inc-9-2".into());
+    for a in [&leak, &latency, &other] {
+        notifier.notify(a);
+    }
+    let url = format!("{}/api/v2/alerts/groups", am.url);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let groups = loop {
+        let r = common::get(&url).await;
+        assert_eq!(r.status, 200, "{url}: {}", r.body);
+        let groups = r.json().as_array().cloned().unwrap_or_default();
+        let listed: usize = groups
+            .iter()
+            .map(|g| g["alerts"].as_array().map_or(0, Vec::len))
+            .sum();
+        if listed == 3 {
+            break groups;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Alertmanager lists {listed} of 3 alerts: {groups:#?}\n{}",
+            am.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut by_incident: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for g in &groups {
+        let key = g["labels"]["incident_id"].as_str().unwrap_or("").to_string();
+        let mut names: Vec<String> = g["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["labels"]["alertname"].as_str().map(str::to_string))
+            .collect();
+        names.sort();
+        by_incident.entry(key).or_default().extend(names);
+    }
+    assert_eq!(
+        by_incident,
+        BTreeMap::from([
+            (
+                "inc-7-1".to_string(),
+                vec!["gpu_memory_leak".to_string(), "ttft_p99_spike".to_string()]
+            ),
+            ("inc-9-2".to_string(), vec!["ttft_p99_spike".to_string()]),
+        ]),
+        "{groups:#?}"
+    );
+    stop_tx.send(true).unwrap();
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
     }
 }
 

@@ -31,6 +31,7 @@ alerting:
     kv_cache_pressure: {for: 2s, window: 20s}
     gpu_memory_leak: {window: 30s}
     batch_jitter: {for: 10s, window: 10s}
+    output_length_outlier: {for: 3s, window: 5s, params: {short_window_ms: 2000, baseline_ms: 60000}}
 "#;
 
 struct Scenario {
@@ -287,14 +288,31 @@ async fn length_blowup_raises_the_length_outlier_alert() {
     let s = Scenario::start(FAST).await;
     let traffic = Traffic::start(s.proxy, 6);
     traffic.wait_requests(120, Duration::from_secs(20)).await;
+    // The reference is older than the 5 s window, and the baseline older still: let both fill.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let quiet = s.alerts().await;
+    assert!(quiet.is_empty(), "healthy traffic raised {quiet:#?}");
     s.fault("length_blowup:factor=4").await;
     let a = s
         .wait_firing("output_length_outlier", Duration::from_secs(20))
         .await;
-    assert_eq!(
-        a["last_event"]["evidence"]["joint_grade"], "medium",
-        "{a:#}"
-    );
+    let ev = &a["last_event"]["evidence"];
+    assert_eq!(ev["joint_grade"], "medium", "{a:#}");
+    assert_eq!(ev["direction"], "longer", "{a:#}");
+    assert!(ev["p_value"].as_f64().unwrap() < 1e-4, "{a:#}");
+    // Each long response is an annotation on its request, visible in the API.
+    let body = get(&format!("http://{}/api/v1/requests?annotated=true&limit=20", s.api))
+        .await
+        .json();
+    let reqs = body["requests"].as_array().unwrap();
+    assert!(!reqs.is_empty(), "no annotated request: {body:#}");
+    let note = &reqs[0]["annotations"][0];
+    assert_eq!(note["detector"], "output_length_outlier", "{note:#}");
+    assert_eq!(note["joint_grade"], "medium", "{note:#}");
+    assert!(note["evidence"]["median"].as_f64().unwrap() > 0.0, "{note:#}");
+    let id = reqs[0]["request_id"].as_str().unwrap();
+    let one = get(&format!("http://{}/api/v1/requests/{id}", s.api)).await.json();
+    assert_eq!(one["annotations"][0]["detector"], "output_length_outlier", "{one:#}");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let alerts = s.alerts().await;
     traffic.stop().await;
@@ -302,14 +320,24 @@ async fn length_blowup_raises_the_length_outlier_alert() {
 }
 
 #[tokio::test]
-async fn error_burst_raises_the_slo_burn_alert() {
+async fn error_burst_raises_the_fast_burn_alert_then_the_slo_burn_alert() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::start(FAST).await;
     let traffic = Traffic::start(s.proxy, 6);
     traffic.wait_requests(100, Duration::from_secs(20)).await;
     s.fault("error_burst:rate=0.3").await;
-    let a = s.wait_firing("slo_burn", Duration::from_secs(20)).await;
+    // Spec 5: about 1 s + `for` (0 s) from the data to the alert; the 5 s window fills first.
+    let a = s.wait_firing("error_burst", Duration::from_secs(10)).await;
     assert_eq!(a["severity"], "critical");
+    assert!(
+        a["last_event"]["evidence"]["error_ratio"]
+            .as_f64()
+            .is_some_and(|r| r >= 0.2),
+        "{a:#}"
+    );
+    // The multi-window SLO burn follows and joins the same incident (checked below).
+    let slo = s.wait_firing("slo_burn", Duration::from_secs(30)).await;
+    assert_eq!(slo["labels"]["model_id"], a["labels"]["model_id"]);
     let snap_url = format!(
         "http://{}/api/v1/alerts/{}/snapshot",
         s.api,

@@ -28,13 +28,63 @@ fn exported_rules_pass_promtool() {
             "{name} missing from\n{text}"
         );
     }
-    assert!(report.contains("SUCCESS: 6 rules found"), "{report}");
+    // Each latency and error rule per model and per (model, instance).
+    assert!(report.contains("SUCCESS: 10 rules found"), "{report}");
+    for name in [
+        "ttft_p99_absolute_instance",
+        "ttft_p99_spike_instance",
+        "error_burst",
+        "error_burst_instance",
+    ] {
+        assert!(text.contains(&format!("alert: \"{name}\"")), "{name} missing");
+    }
+
+    // The exported error burst fires for the failing instance alone (promtool's rule unit test).
+    let test = dir.path().join("burst_test.yml");
+    std::fs::write(&test, BURST_TEST).unwrap();
+    let run = Command::new(common::promtool())
+        .args(["test", "rules"])
+        .arg(&test)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "promtool test rules failed:\n{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
 
     // Without -o the same rules go to standard output.
     let stdout = tokenwatch(&["rules", "export", "--format", "prometheus"]);
     assert!(stdout.status.success());
     assert_eq!(String::from_utf8_lossy(&stdout.stdout), text);
 }
+
+/// promtool rule unit test of the exported error burst: instance a fails 25 % of its requests
+/// (20 of 80 a minute), b none; the model as a whole is at 12.5 %, under the 20 % threshold.
+const BURST_TEST: &str = r#"rule_files: [rules.yml]
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+      - series: 'vllm:request_success_total{model_name="m", instance="a", finished_reason="stop"}'
+        values: '0+15x12'
+      - series: 'vllm:request_success_total{model_name="m", instance="a", finished_reason="error"}'
+        values: '0+5x12'
+      - series: 'vllm:request_success_total{model_name="m", instance="b", finished_reason="stop"}'
+        values: '0+20x12'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: error_burst_instance
+        exp_alerts:
+          - exp_labels: {model_name: m, instance: a, severity: critical}
+            exp_annotations:
+              summary: "Error burst: a large share of requests failing right now"
+              description: "25% of the requests of m on a failed over the last 1m (40x the 0.5% error budget or more)."
+      - eval_time: 2m
+        alertname: error_burst
+        exp_alerts: []
+"#;
 
 /// A configuration with threshold rules over runtime metrics, a tuned latency spike, a leak and
 /// rules PromQL cannot express.
@@ -142,9 +192,10 @@ fn export(config: &str, dir: &std::path::Path) -> (String, String) {
 fn configured_threshold_rules_are_exported_and_others_skipped_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let (text, report) = export(CONFIGURED, dir.path());
-    // 6 built-in rules, then kv_full, gpu_hot, queue_p95, fast_spike, ctx and the leak's three.
+    // 10 built-in rules, then kv_full, gpu_hot, queue_p95, fast_spike (model and instance), ctx
+    // and the leak's three.
     assert!(
-        report.contains("SUCCESS: 14 rules found"),
+        report.contains("SUCCESS: 19 rules found"),
         "{report}\n{text}"
     );
     for (name, expr) in [

@@ -1,12 +1,14 @@
-// One request's token timeline (#/requests/ID): arrival, upstream headers, first token and every
-// content chunk on one line with the gaps between them, a gap-per-chunk chart, the record and
-// the request's trace as a waterfall (refreshed each poll: spans and logs may arrive later).
+// One request's token timeline (#/requests/ID): its anomalies (annotations with joint grade), then
+// arrival, upstream headers, first token and every content chunk on one line with the gaps between
+// them, a gap-per-chunk chart, the record and the request's trace as a waterfall (refreshed each
+// poll: spans and logs may arrive later).
 
 import { getJSON } from '../api.js';
 import { h, kvTable, modelHref } from '../dom.js';
 import { seconds, dateTime, num } from '../format.js';
 import { TimeChart, PALETTE } from '../charts.js';
 import { Waterfall, validTraceId } from '../waterfall.js';
+import { annotationBadges } from './requests.js';
 
 let st = null;
 
@@ -112,6 +114,10 @@ function render(r) {
   const canvas = h('canvas', { class: 'timeline', id: 'token-timeline', dataset: { points: '0', chunks: String(offsetsS.length) } });
   const chartHost = h('div', { class: 'panels' });
   const traceHost = h('div', { id: 'trace' });
+  const notes = r.annotations ?? [];
+  const anomalies = notes.length ? h('section', { class: 'card', id: 'request-annotations' }, h('h2', {}, 'Anomalies'),
+    h('p', { class: 'muted' }, 'Per-request findings: they mark this request, they do not page. The joint grade is high when its model\u2019s outputs also drift in meaning.'),
+    h('ul', { class: 'annotations' }, notes.map((a, i) => h('li', {}, annotationBadges(notes)[i], ' ', a.summary)))) : null;
   st.el.replaceChildren(
     h('div', { class: 'page-head' }, h('h1', {}, 'Request ', h('span', { class: 'mono' }, r.request_id)),
       h('a', { href: '#/requests' }, '← all requests')),
@@ -119,6 +125,7 @@ function render(r) {
       `${r.model_id} · ${r.status}${r.error_class ? ` ${r.error_class}` : ''} · first token after ${seconds(r.first_token_s)}, `,
       `${offsetsS.length} chunks, done after ${seconds(r.end_s)}`,
       r.gaps?.count ? ` · longest gap ${seconds(r.gaps.max_s)} (mean ${seconds(r.gaps.mean_s)})` : ''),
+    anomalies,
     h('section', { class: 'card' }, h('h2', {}, 'Token timeline'),
       h('p', { class: 'muted' }, 'Every tick is a content chunk as the proxy saw it; red stretches are gaps over 3× this request’s mean gap; yellow is the queue time the server reported.'),
       canvas),

@@ -1,11 +1,14 @@
-// Requests explorer (#/requests?model=&tenant=&status=&min_e2e_s=): filters kept in the hash,
-// the newest matching records in a table; a row opens its token timeline (#/requests/ID).
+// Requests explorer (#/requests?model=&tenant=&status=&min_e2e_s=&annotated=): filters kept in the
+// hash, the newest matching records in a table with their per-request anomalies (annotations such
+// as an output length outlier, badged by joint grade); a row opens its token timeline (#/requests/ID).
 
 import { getJSON } from '../api.js';
-import { h, setText, modelHref } from '../dom.js';
+import { h, setText, modelHref, badge } from '../dom.js';
 import { seconds, timeOfDay, num } from '../format.js';
 
-const FILTERS = ['model', 'tenant', 'status', 'min_e2e_s'];
+const FILTERS = ['model', 'tenant', 'status', 'min_e2e_s', 'annotated'];
+/** Joint grade → badge colour: both anomalies → high, one → medium. */
+const GRADE_SEVERITY = { high: 'critical', medium: 'warning', normal: 'info' };
 const LIMIT = 100;
 
 let st = null;
@@ -24,13 +27,15 @@ function mount(el, ctx) {
       .map(([v, t]) => h('option', { value: v }, t)));
   status.value = p.get('status') ?? '';
   const minE2e = h('input', { name: 'min_e2e_s', type: 'number', min: '0', step: '0.1', value: p.get('min_e2e_s') ?? '', placeholder: 'seconds', size: 8 });
+  const annotated = h('input', { name: 'annotated', type: 'checkbox', checked: p.get('annotated') === 'true' });
   const form = h('form', { class: 'filters', id: 'request-filters' },
     field('model', model), field('tenant', tenant), field('status', status), field('end-to-end ≥ (s)', minE2e),
+    field('anomalies only', annotated),
     h('button', { type: 'submit' }, 'apply'),
     h('button', { type: 'button', onclick: () => ctx.setParams(Object.fromEntries(FILTERS.map((f) => [f, '']))) }, 'clear'));
   form.addEventListener('submit', (e) => {
     e.preventDefault();
-    ctx.setParams({ model: model.value, tenant: tenant.value.trim(), status: status.value, min_e2e_s: minE2e.value });
+    ctx.setParams({ model: model.value, tenant: tenant.value.trim(), status: status.value, min_e2e_s: minE2e.value, annotated: annotated.checked ? 'true' : '' });
   });
   const tbody = h('tbody');
   // Rows do not move under the pointer: live refresh holds while it is over the table, so a
@@ -42,8 +47,8 @@ function mount(el, ctx) {
     h('div', { class: 'page-head' }, h('h1', {}, 'Requests'), count),
     form, h('datalist', { id: 'tenants' }),
     h('table', { class: 'grid requests', id: 'requests-table' },
-      h('thead', {}, h('tr', {}, ['arrival', 'request', 'model', 'tenant', 'status', 'TTFT', 'end-to-end', 'tokens in / out', 'chunks', 'max gap']
-        .map((c, i) => h('th', { class: i >= 5 ? 'n' : '' }, c)))),
+      h('thead', {}, h('tr', {}, ['arrival', 'request', 'model', 'tenant', 'status', 'anomaly', 'TTFT', 'end-to-end', 'tokens in / out', 'chunks', 'max gap']
+        .map((c, i) => h('th', { class: i >= 6 ? 'n' : '' }, c)))),
       tbody));
   st = { model, tbody, count, hold: false, shown: '', wantModel: p.get('model') ?? '', models: new Set(), tenants: new Set() };
 }
@@ -53,14 +58,35 @@ function statusText(r) {
   return String(r.status);
 }
 
+/** The strongest grade among a record's annotations (high > medium > normal), or ''. */
+function worstGrade(notes) {
+  for (const g of ['high', 'medium', 'normal']) if (notes.some((a) => a.joint_grade === g)) return g;
+  return '';
+}
+
+/** One badge per annotation: what it is and how far off (e.g. "length 4.1σ"), the sentence as title. */
+export function annotationBadges(notes) {
+  return notes.map((a) => {
+    const sigmas = a.evidence?.deviation_sigmas;
+    const what = a.detector === 'output_length_outlier' ? 'length' : a.detector;
+    const text = typeof sigmas === 'number' ? `${what} ${sigmas.toFixed(1)}σ ${a.joint_grade}` : `${what} ${a.joint_grade}`;
+    const b = badge(GRADE_SEVERITY[a.joint_grade] ?? 'info', text);
+    b.title = a.summary;
+    b.classList.add('annotation');
+    return b;
+  });
+}
+
 function rowFor(r) {
   const href = `#/requests/${encodeURIComponent(r.request_id)}`;
-  const tr = h('tr', { class: `clickable ${r.error_class ? 'err' : ''}`, dataset: { requestId: r.request_id, model: r.model_id, tenant: r.tenant, status: r.status, e2e: r.end_s, chunks: r.chunk_offsets_us?.length ?? 0 } },
+  const notes = r.annotations ?? [];
+  const tr = h('tr', { class: `clickable ${r.error_class ? 'err' : ''}`, dataset: { requestId: r.request_id, model: r.model_id, tenant: r.tenant, status: r.status, e2e: r.end_s, chunks: r.chunk_offsets_us?.length ?? 0, annotations: notes.length, grade: worstGrade(notes) } },
     h('td', {}, timeOfDay(r.arrival_unix_ms)),
     h('td', { class: 'mono' }, h('a', { href }, r.request_id.length > 18 ? `${r.request_id.slice(0, 16)}…` : r.request_id)),
     h('td', {}, h('a', { href: modelHref(r.model_id) }, r.model_id)),
     h('td', { class: 'mono' }, r.tenant || '–'),
     h('td', {}, statusText(r)),
+    h('td', { class: 'anomaly' }, notes.length ? annotationBadges(notes) : '–'),
     h('td', { class: 'n' }, seconds(r.first_token_s)),
     h('td', { class: 'n' }, seconds(r.end_s)),
     h('td', { class: 'n' }, `${num(r.prompt_tokens, 0)} / ${num(r.output_tokens, 0)}`),

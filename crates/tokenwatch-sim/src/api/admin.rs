@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::fault::{ActiveFault, FAULT_NAMES, FaultSpec, parse_fault};
+use crate::fault::{ActiveFault, FaultSpec, fault_doc, fault_names, parse_fault};
 use crate::gpu::reading;
 use crate::metrics::FinishReason;
 
@@ -113,10 +113,10 @@ pub async fn disable_fault(
     Path(name): Path<String>,
     Query(q): Query<DisableQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    if !FAULT_NAMES.contains(&name.as_str()) {
+    if fault_doc(&name).is_none() {
         return Err(ApiError::bad_request(format!(
             "unknown fault `{name}`; allowed: {}",
-            FAULT_NAMES.join(", ")
+            fault_names().join(", ")
         )));
     }
     let removed = app.board().disable(&name, q.model.as_deref());

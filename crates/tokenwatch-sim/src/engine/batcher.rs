@@ -28,6 +28,10 @@ pub struct EngineCore {
     rng: StdRng,
     /// Prefill work (ms) admitted for the coming step; it slows that step for everyone.
     step_prefill_ms: f64,
+    /// GPU memory the `kv_leak` fault has leaked outside the KV pool (bytes, never freed
+    /// until the fault goes away), and when the per-second part of it was last added.
+    leaked_bytes: f64,
+    leak_tick: Option<Instant>,
 }
 
 fn ms(v: f64) -> Duration {
@@ -44,6 +48,8 @@ impl EngineCore {
             waiting: VecDeque::new(),
             running: Vec::new(),
             step_prefill_ms: 0.0,
+            leaked_bytes: 0.0,
+            leak_tick: None,
             cfg,
             board,
         }
@@ -67,6 +73,37 @@ impl EngineCore {
 
     pub fn kv(&self) -> &KvCache {
         &self.kv
+    }
+
+    /// GPU memory leaked outside the KV pool so far (bytes).
+    pub fn leaked_bytes(&self) -> u64 {
+        self.leaked_bytes as u64
+    }
+
+    /// Most the leak can take: whatever the GPU has left beside the weights and the KV pool.
+    fn leak_room(&self) -> f64 {
+        let pool = u64::from(self.cfg.kv_blocks).saturating_mul(self.cfg.block_bytes);
+        self.cfg
+            .gpu_total_bytes
+            .saturating_sub(self.cfg.weights_bytes.saturating_add(pool)) as f64
+    }
+
+    fn add_leak(&mut self, bytes: f64) {
+        self.leaked_bytes = (self.leaked_bytes + bytes.max(0.0)).min(self.leak_room());
+    }
+
+    /// The time-driven part of `kv_leak`: `rate` bytes per second for as long as the engine has
+    /// requests (running or waiting); an idle engine leaks nothing.
+    fn accrue_leak(&mut self, now: Instant, rate: f64) {
+        let busy = !self.running.is_empty() || !self.waiting.is_empty();
+        if rate <= 0.0 || !busy {
+            self.leak_tick = None;
+            return;
+        }
+        if let Some(prev) = self.leak_tick {
+            self.add_leak(rate * now.saturating_duration_since(prev).as_secs_f64());
+        }
+        self.leak_tick = Some(now);
     }
 
     /// Take a new request: reject it (error burst, too long) or queue it with its draws.
@@ -130,15 +167,22 @@ impl EngineCore {
         }
     }
 
-    /// Give leaked blocks back once no kv_leak fault applies any more.
+    /// Give leaked blocks and memory back once no kv_leak fault applies any more.
     pub fn sync_faults(&mut self, now: Instant) {
-        if self.kv.leaked() > 0 && self.board.effects(&self.cfg.model, now).leak_blocks == 0 {
+        let leaking = self.kv.leaked() > 0 || self.leaked_bytes > 0.0;
+        if leaking && self.board.effects(&self.cfg.model, now).leak_blocks == 0 {
             self.kv.reclaim_leaked();
+            self.leaked_bytes = 0.0;
+            self.leak_tick = None;
+            let mut st = Self::lock_stats(&self.stats);
+            self.publish(&mut st);
         }
     }
 
     /// Admit waiting sequences in FIFO order while batch slots and KV blocks allow.
     pub fn schedule(&mut self, now: Instant) {
+        let leak_rate = self.board.effects(&self.cfg.model, now).leak_bytes_per_s;
+        self.accrue_leak(now, leak_rate);
         let stats = Arc::clone(&self.stats);
         let mut st = Self::lock_stats(&stats);
         // Prefill work slows the next decode step only if there is one to slow.
@@ -182,14 +226,15 @@ impl EngineCore {
             seq.state = SeqState::Prefilling { ready_at };
             self.running.push(seq);
         }
-        Self::publish(&mut st, &self.kv, self.running.len(), self.waiting.len());
+        self.publish(&mut st);
     }
 
-    fn publish(st: &mut EngineStats, kv: &KvCache, running: usize, waiting: usize) {
-        st.running = running;
-        st.waiting = waiting;
-        st.kv_used_blocks = kv.used();
-        st.kv_leaked_blocks = kv.leaked();
+    fn publish(&self, st: &mut EngineStats) {
+        st.running = self.running.len();
+        st.waiting = self.waiting.len();
+        st.kv_used_blocks = self.kv.used();
+        st.kv_leaked_blocks = self.kv.leaked();
+        st.leaked_bytes = self.leaked_bytes as u64;
     }
 
     /// Decode step time for the current batch: itl × (1 + α·(n−1)) plus admitted prefill work.
@@ -243,7 +288,7 @@ impl EngineCore {
                 i += 1;
             }
         }
-        Self::publish(&mut st, &self.kv, self.running.len(), self.waiting.len());
+        self.publish(&mut st);
     }
 
     /// Make room for sequence `i`'s next token; preempts the newest sequences if needed.
@@ -304,7 +349,9 @@ impl EngineCore {
         let seq = self.running.remove(i);
         self.kv.release(seq.blocks);
         if leak_blocks > 0 {
+            // The pool loses what it still has; the memory is kept outside it either way.
             self.kv.leak(leak_blocks);
+            self.add_leak(f64::from(leak_blocks) * self.cfg.block_bytes as f64);
         }
         let secs = |from: Option<Instant>| {
             now.saturating_duration_since(from.unwrap_or(seq.arrival))

@@ -363,3 +363,6 @@ fn full_leak_degrades_but_never_deadlocks() {
     assert!(st.preemptions > 0);
     assert!(st.kv_usage() > 0.9, "usage {}", st.kv_usage());
 }
+
+#[path = "leak_tests.rs"]
+mod leak;

@@ -39,6 +39,8 @@ impl ActiveFault {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Effects {
     pub leak_blocks: u32,
+    /// GPU memory leaked per second of engine work (bytes/s), from `kv_leak`'s `mib_per_s`.
+    pub leak_bytes_per_s: f64,
     /// (factor, share)
     pub latency_spike: Option<(f64, f64)>,
     pub length_blowup: Option<f64>,
@@ -109,7 +111,10 @@ impl FaultBoard {
         let mut fx = Effects::default();
         for a in applicable {
             match a.spec.kind {
-                FaultKind::KvLeak { blocks } => fx.leak_blocks = blocks,
+                FaultKind::KvLeak { blocks, mib_per_s } => {
+                    fx.leak_blocks = blocks;
+                    fx.leak_bytes_per_s = mib_per_s * 1024.0 * 1024.0;
+                }
                 FaultKind::LatencySpike { factor, share } => {
                     fx.latency_spike = Some((factor, share))
                 }

@@ -1,23 +1,20 @@
-// Fault specifications: the six fault kinds, their parameters with defaults,
-// and parsing of `NAME[:k=v,k=v]` specs (start flag and admin endpoint).
+// Fault specifications: the six fault kinds and parsing of `NAME[:k=v,k=v]` specs (start flag
+// and admin endpoint), with each parameter's default and range taken from the catalogue.
 
 mod board;
+mod catalog;
 
 pub use board::{ActiveFault, Effects, FaultBoard};
+pub use catalog::{COMMON_PARAMS, FAULTS, FaultDoc, ParamDoc, fault_doc, fault_help};
 
 use std::collections::BTreeMap;
 
 use crate::error::SimError;
 
 /// Names accepted by `parse_fault`, in documentation order.
-pub const FAULT_NAMES: &[&str] = &[
-    "kv_leak",
-    "latency_spike",
-    "length_blowup",
-    "error_burst",
-    "stall",
-    "drift",
-];
+pub fn fault_names() -> Vec<&'static str> {
+    FAULTS.iter().map(|f| f.name).collect()
+}
 
 /// Hard ceiling on output length when `length_blowup` ignores the default cap.
 pub const BLOWUP_HARD_LIMIT: u32 = 8192;
@@ -25,8 +22,9 @@ pub const BLOWUP_HARD_LIMIT: u32 = 8192;
 /// What a fault does, with its parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FaultKind {
-    /// Every finished request leaks `blocks` KV blocks that are never freed.
-    KvLeak { blocks: u32 },
+    /// Every finished request keeps `blocks` KV blocks from the pool for good (and their memory
+    /// outside it); the process also leaks `mib_per_s` MiB of GPU memory per second of work.
+    KvLeak { blocks: u32, mib_per_s: f64 },
     /// `share` of requests get TTFT and ITL multiplied by `factor`.
     LatencySpike { factor: f64, share: f64 },
     /// Outputs `factor` times longer; only the request's own max_tokens caps them.
@@ -63,7 +61,10 @@ impl FaultSpec {
     /// All parameters (defaults filled in) as strings, for display.
     pub fn params(&self) -> BTreeMap<String, String> {
         let pairs: Vec<(&str, String)> = match &self.kind {
-            FaultKind::KvLeak { blocks } => vec![("blocks", blocks.to_string())],
+            FaultKind::KvLeak { blocks, mib_per_s } => vec![
+                ("blocks", blocks.to_string()),
+                ("mib_per_s", mib_per_s.to_string()),
+            ],
             FaultKind::LatencySpike { factor, share } => {
                 vec![("factor", factor.to_string()), ("share", share.to_string())]
             }
@@ -92,37 +93,43 @@ impl FaultSpec {
             spec: spec_text.clone(),
             reason,
         };
+        let Some(doc) = fault_doc(name) else {
+            return Err(err(format!(
+                "unknown fault `{name}`; allowed: {}",
+                fault_names().join(", ")
+            )));
+        };
         let mut p = Params::new(name, params).map_err(err)?;
+        let mut v = |key: &'static str| p.value(doc.params, key).map_err(err);
         let kind = match name {
             "kv_leak" => FaultKind::KvLeak {
-                blocks: p.uint("blocks", 48, 1, 1 << 20).map_err(err)? as u32,
+                blocks: v("blocks")? as u32,
+                mib_per_s: v("mib_per_s")?,
             },
             "latency_spike" => FaultKind::LatencySpike {
-                factor: p.float("factor", 10.0, 1.0, 1000.0).map_err(err)?,
-                share: p.float("share", 0.3, 0.0, 1.0).map_err(err)?,
+                factor: v("factor")?,
+                share: v("share")?,
             },
             "length_blowup" => FaultKind::LengthBlowup {
-                factor: p.float("factor", 4.0, 1.0, 100.0).map_err(err)?,
+                factor: v("factor")?,
             },
             "error_burst" => FaultKind::ErrorBurst {
-                rate: p.float("rate", 0.3, 0.0, 1.0).map_err(err)?,
-                status: p.uint("status", 503, 500, 599).map_err(err)? as u16,
+                rate: v("rate")?,
+                status: v("status")? as u16,
             },
             "stall" => FaultKind::Stall {
-                seconds: p.float("seconds", 5.0, 0.0, 3600.0).map_err(err)?,
-                rate: p.float("rate", 0.2, 0.0, 1.0).map_err(err)?,
+                seconds: v("seconds")?,
+                rate: v("rate")?,
             },
-            "drift" => FaultKind::Drift {
-                share: p.float("share", 1.0, 0.0, 1.0).map_err(err)?,
-            },
+            "drift" => FaultKind::Drift { share: v("share")? },
             other => {
                 return Err(err(format!(
-                    "unknown fault `{other}`; allowed: {}",
-                    FAULT_NAMES.join(", ")
+                    "fault `{other}` is documented but has no parser; allowed: {}",
+                    fault_names().join(", ")
                 )));
             }
         };
-        let duration_s = p.float("duration_s", 0.0, 0.0, 1e9).map_err(err)?;
+        let duration_s = p.value(COMMON_PARAMS, "duration_s").map_err(err)?;
         let model = p.take("model").filter(|m| !m.is_empty());
         p.finish().map_err(err)?;
         Ok(FaultSpec {
@@ -188,31 +195,30 @@ impl Params {
         self.values.remove(key)
     }
 
-    fn float(
-        &mut self,
-        key: &'static str,
-        default: f64,
-        min: f64,
-        max: f64,
-    ) -> Result<f64, String> {
-        let Some(raw) = self.take(key) else {
-            return Ok(default);
+    /// The parameter `key` as documented in `docs`: its default when absent, else the given
+    /// value checked against the documented range (and wholeness for integers).
+    fn value(&mut self, docs: &[ParamDoc], key: &'static str) -> Result<f64, String> {
+        let Some(d) = docs.iter().find(|d| d.key == key) else {
+            return Err(format!(
+                "parameter `{key}` of {} is not documented",
+                self.fault
+            ));
         };
+        let Some(raw) = self.take(key) else {
+            return Ok(d.default);
+        };
+        let (min, max) = (d.min, d.max);
+        if d.integer {
+            return match raw.parse::<u64>() {
+                Ok(v) if (min..=max).contains(&(v as f64)) => Ok(v as f64),
+                _ => Err(format!(
+                    "`{key}={raw}`: expected an integer in {min}..={max}"
+                )),
+            };
+        }
         match raw.parse::<f64>() {
             Ok(v) if v.is_finite() && (min..=max).contains(&v) => Ok(v),
             _ => Err(format!("`{key}={raw}`: expected a number in {min}..={max}")),
-        }
-    }
-
-    fn uint(&mut self, key: &'static str, default: u64, min: u64, max: u64) -> Result<u64, String> {
-        let Some(raw) = self.take(key) else {
-            return Ok(default);
-        };
-        match raw.parse::<u64>() {
-            Ok(v) if (min..=max).contains(&v) => Ok(v),
-            _ => Err(format!(
-                "`{key}={raw}`: expected an integer in {min}..={max}"
-            )),
         }
     }
 
@@ -242,7 +248,13 @@ mod tests {
     #[test]
     fn defaults_and_params() {
         let f = parse_fault("kv_leak").unwrap();
-        assert_eq!(f.kind, FaultKind::KvLeak { blocks: 48 });
+        assert_eq!(
+            f.kind,
+            FaultKind::KvLeak {
+                blocks: 48,
+                mib_per_s: 64.0
+            }
+        );
         assert_eq!((f.model, f.duration_s), (None, 0.0));
         let f = parse_fault("latency_spike:factor=5, share=0.5,duration_s=30,model=m1").unwrap();
         assert_eq!(

@@ -47,6 +47,8 @@ pub struct EngineStats {
     pub kv_total_blocks: u32,
     pub kv_used_blocks: u32,
     pub kv_leaked_blocks: u32,
+    /// GPU memory leaked outside the KV pool by the `kv_leak` fault (bytes).
+    pub leaked_bytes: u64,
     pub preemptions: u64,
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
@@ -73,6 +75,7 @@ impl EngineStats {
             kv_total_blocks,
             kv_used_blocks: 0,
             kv_leaked_blocks: 0,
+            leaked_bytes: 0,
             preemptions: 0,
             prompt_tokens: 0,
             generation_tokens: 0,

@@ -215,14 +215,24 @@ pub async fn start_hook() -> (SocketAddr, HookLog) {
     (addr, log)
 }
 
-/// Alertmanager (notifications routed to `hook`), ready.
-pub async fn start_alertmanager(dir: &Path, hook: SocketAddr) -> (Proc, SocketAddr) {
+/// Alertmanager grouping alerts by `group_by` (notifications routed to `hook`, or nowhere), ready.
+pub async fn start_alertmanager(
+    dir: &Path,
+    hook: Option<SocketAddr>,
+    group_by: &[&str],
+) -> (Proc, SocketAddr) {
     let cfg = dir.join("alertmanager.yml");
+    let receiver = match hook {
+        Some(hook) => format!("    webhook_configs:\n      - url: 'http://{hook}/am'\n"),
+        None => String::new(),
+    };
+    let group_by: Vec<String> = group_by.iter().map(|l| format!("'{l}'")).collect();
     std::fs::write(
         &cfg,
         format!(
-            "route:\n  receiver: hook\n  group_by: ['alertname']\n  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n\
-             receivers:\n  - name: hook\n    webhook_configs:\n      - url: 'http://{hook}/am'\n"
+            "route:\n  receiver: hook\n  group_by: [{}]\n  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n\
+             receivers:\n  - name: hook\n{receiver}",
+            group_by.join(", ")
         ),
     )
     .expect("write alertmanager.yml");

@@ -4,7 +4,9 @@
 //! # Alertmanager
 //! `POST {base}/api/v2/alerts` with a JSON array of `{labels, annotations, startsAt, endsAt,
 //! generatorURL}`. Labels: the alert's labels (names sanitised to `[a-zA-Z_][a-zA-Z0-9_]*`,
-//! empty values left out) plus `alertname` (the rule), `severity` and `grade` when graded.
+//! empty values left out) plus `alertname` (the rule), `severity`, `grade` when graded, and
+//! `incident_id` — the grouping key: with `group_by: ['incident_id']` in the Alertmanager route,
+//! every alert of one incident (a GPU leak and the latency it causes) is one notification group.
 //! Annotations: the alert's annotations plus `tokenwatch_alert_id`, `root_cause` (the top-ranked
 //! cause as one line) and `snapshot` (URL of the snapshot archive) when present. A firing alert is
 //! sent with `endsAt` = now + 4 × `resend_interval` and re-sent every `resend_interval`, so

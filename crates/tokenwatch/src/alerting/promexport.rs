@@ -3,9 +3,14 @@
 //
 // Exported detectors and the metrics they use:
 // - `absolute_latency`: `histogram_quantile(q, …vllm:<metric>_bucket…) > threshold` (with a
-//   request-count floor when the rule has `min_samples`).
-// - `latency_spike`: quantile of the last window > ratio × the same quantile `offset` one window,
-//   with at least `min_samples` requests in the window.
+//   request-count floor when the rule has `min_samples`), per model, plus `<name>_instance`: an
+//   instance over the threshold and `peer_ratio` × the median of its model's instances.
+// - `latency_spike`: quantile of the last window > ratio × the same quantile over the
+//   `baseline_windows` windows before it (`offset` one window), with at least `min_samples`
+//   requests in the window; per model, plus `<name>_instance` (also `peer_ratio` × the median
+//   of the model's instances). PromQL cannot freeze the baseline at onset as tokenwatch does.
+// - `error_burst`: the error ratio over `window_seconds` ≥ burn_rate × the budget with at least
+//   `min_requests` requests, per model and per (model, instance).
 // - `context_aware_threshold`: the P99 against base × (1 + k × median prompt tokens) ×
 //   (offset − weight × KV-cache usage), all three read from vLLM.
 // - `kv_cache_pressure`: `vllm:kv_cache_usage_perc` over the limit while preemptions or the
@@ -98,7 +103,12 @@ pub fn default_export_specs() -> Vec<RuleExportSpec> {
             "ttft_p99_absolute",
             "absolute_latency",
             "ttft_p99_seconds",
-            &[("threshold_seconds", 2.0), ("window_seconds", 300.0)],
+            &[
+                ("threshold_seconds", 2.0),
+                ("window_seconds", 60.0),
+                ("min_samples", 20.0),
+                ("peer_ratio", 2.0),
+            ],
             60,
             Severity::Warning,
             Some("L1"),
@@ -112,11 +122,13 @@ pub fn default_export_specs() -> Vec<RuleExportSpec> {
                 ("ratio", 2.5),
                 ("window_seconds", 60.0),
                 ("min_samples", 50.0),
+                ("baseline_windows", 5.0),
+                ("peer_ratio", 2.0),
             ],
             120,
             Severity::Critical,
             Some("L2"),
-            "P99 time to first token jumped 2.5x against the previous minute: diagnose the inference path",
+            "P99 time to first token jumped 2.5x against the minutes before: diagnose the inference path",
         ),
         spec(
             "kv_cache_pressure",
@@ -156,6 +168,21 @@ pub fn default_export_specs() -> Vec<RuleExportSpec> {
             Severity::Critical,
             None,
             "Error budget of the success-rate SLO burning fast",
+        ),
+        spec(
+            "error_burst",
+            "error_burst",
+            "error_ratio",
+            &[
+                ("objective", 0.995),
+                ("burn_rate", 40.0),
+                ("min_requests", 20.0),
+                ("window_seconds", 60.0),
+            ],
+            0,
+            Severity::Critical,
+            None,
+            "Error burst: a large share of requests failing right now",
         ),
     ]
 }
@@ -292,6 +319,34 @@ fn window(r: &RuleExportSpec, default_s: f64) -> Result<String, String> {
     Ok(prom_duration(Duration::from_secs(s.round() as u64)))
 }
 
+/// Label sets of the latency and error rules: per model and per (model, instance).
+const MODEL: &str = "model_name";
+const INSTANCE: &str = "model_name, instance";
+
+/// A latency quantile over `w` (optionally offset), aggregated `by`.
+fn tail(hist: &str, quant: f64, by: &str, w: &str, offset: &str) -> String {
+    format!(
+        "histogram_quantile({}, sum by (le, {by}) (rate({hist}_bucket[{w}]{offset})))",
+        num(quant)
+    )
+}
+
+/// At least `min` requests in the window.
+fn count_floor(hist: &str, by: &str, w: &str, min: f64) -> String {
+    format!(
+        " and on ({by}) sum by ({by}) (increase({hist}_count[{w}])) >= {}",
+        num(min)
+    )
+}
+
+/// An instance's tail `q` (per model and instance) is `ratio` × its model's median instance.
+fn peer_clause(q: &str, ratio: f64) -> String {
+    format!(
+        " and on (model_name, instance) ({q} > on (model_name) group_left () ({} * quantile by (model_name) (0.5, {q})))",
+        num(ratio)
+    )
+}
+
 fn to_prom(r: &RuleExportSpec) -> Result<Vec<PromRule>, String> {
     let mut labels = BTreeMap::from([("severity".to_string(), r.severity.name().to_string())]);
     if let Some(g) = r.grade.as_ref().filter(|g| !g.is_empty()) {
@@ -315,24 +370,34 @@ fn to_prom(r: &RuleExportSpec) -> Result<Vec<PromRule>, String> {
     match r.detector.as_str() {
         "absolute_latency" => {
             let (hist, quant) = latency_histogram(&r.signal)?;
-            let (t, w) = (r.param("threshold_seconds", 2.0), window(r, 300.0)?);
-            let mut expr = format!(
-                "histogram_quantile({}, sum by (le, model_name) (rate({hist}_bucket[{w}]))) > {}",
-                num(quant),
-                num(t)
-            );
-            if let Some(min) = r.params.get("min_samples").filter(|m| **m > 0.0) {
-                expr.push_str(&format!(
-                    " and on (model_name) sum by (model_name) (increase({hist}_count[{w}])) >= {}",
-                    num(*min)
-                ));
+            let (t, w) = (r.param("threshold_seconds", 2.0), window(r, 60.0)?);
+            let min = r.params.get("min_samples").copied().filter(|m| *m > 0.0);
+            let peer = r.param("peer_ratio", 2.0);
+            let mut out = Vec::new();
+            for by in [MODEL, INSTANCE] {
+                let q = tail(hist, quant, by, &w, "");
+                let mut expr = format!("{q} > {}", num(t));
+                if let Some(min) = min {
+                    expr.push_str(&count_floor(hist, by, &w, min));
+                }
+                let (name, desc) = if by == MODEL {
+                    (r.name.clone(), format!(
+                        "{} of {{{{ $labels.model_name }}}} is {{{{ $value | humanizeDuration }}}} (threshold {}s over {w}).",
+                        r.signal,
+                        num(t)
+                    ))
+                } else {
+                    expr.push_str(&peer_clause(&q, peer));
+                    (format!("{}_instance", r.name), format!(
+                        "{} of {{{{ $labels.model_name }}}} on {{{{ $labels.instance }}}} is {{{{ $value | humanizeDuration }}}} (threshold {}s over {w}, and {}x its peers' median).",
+                        r.signal,
+                        num(t),
+                        num(peer)
+                    ))
+                };
+                out.push(rule(name, expr, desc));
             }
-            let desc = format!(
-                "{} of {{{{ $labels.model_name }}}} is {{{{ $value | humanizeDuration }}}} (threshold {}s over {w}).",
-                r.signal,
-                num(t)
-            );
-            Ok(vec![rule(r.name.clone(), expr, desc)])
+            Ok(out)
         }
         "latency_spike" => {
             let (hist, quant) = latency_histogram(&r.signal)?;
@@ -341,25 +406,73 @@ fn to_prom(r: &RuleExportSpec) -> Result<Vec<PromRule>, String> {
                 window(r, 60.0)?,
                 r.param("min_samples", 50.0),
             );
-            let qexpr = |offset: &str| {
-                format!(
-                    "histogram_quantile({}, sum by (le, model_name) (rate({hist}_bucket[{w}]{offset})))",
-                    num(quant)
-                )
-            };
-            let expr = format!(
-                "{} > {} * {} and on (model_name) sum by (model_name) (increase({hist}_count[{w}])) >= {}",
-                qexpr(""),
-                num(ratio),
-                qexpr(&format!(" offset {w}")),
-                num(min)
-            );
-            let desc = format!(
-                "{} of {{{{ $labels.model_name }}}} is {{{{ $value | humanizeDuration }}}}, over {}x the previous {w}.",
-                r.signal,
-                num(ratio)
-            );
-            Ok(vec![rule(r.name.clone(), expr, desc)])
+            let w_s = r.param("window_seconds", 60.0).round().max(1.0);
+            let span = prom_duration(Duration::from_secs(
+                (w_s * r.param("baseline_windows", 5.0).round().max(1.0)) as u64,
+            ));
+            let peer = r.param("peer_ratio", 2.0);
+            let mut out = Vec::new();
+            for by in [MODEL, INSTANCE] {
+                let q = tail(hist, quant, by, &w, "");
+                let base = tail(hist, quant, by, &span, &format!(" offset {w}"));
+                let mut expr = format!(
+                    "{q} > {} * {base}{}",
+                    num(ratio),
+                    count_floor(hist, by, &w, min)
+                );
+                let (name, desc) = if by == MODEL {
+                    (r.name.clone(), format!(
+                        "{} of {{{{ $labels.model_name }}}} is {{{{ $value | humanizeDuration }}}}, over {}x the {span} before the last {w}.",
+                        r.signal,
+                        num(ratio)
+                    ))
+                } else {
+                    expr.push_str(&peer_clause(&q, peer));
+                    (format!("{}_instance", r.name), format!(
+                        "{} of {{{{ $labels.model_name }}}} on {{{{ $labels.instance }}}} is {{{{ $value | humanizeDuration }}}}, over {}x the {span} before the last {w} and {}x its peers' median.",
+                        r.signal,
+                        num(ratio),
+                        num(peer)
+                    ))
+                };
+                out.push(rule(name, expr, desc));
+            }
+            Ok(out)
+        }
+        "error_burst" => {
+            let objective = r.param("objective", 0.995);
+            if !(0.0..1.0).contains(&objective) || objective <= 0.0 {
+                return Err(format!("objective {objective} is not within (0, 1)"));
+            }
+            let threshold = r.param("burn_rate", 40.0) * (1.0 - objective);
+            if !(threshold > 0.0 && threshold <= 1.0) {
+                return Err(format!("burn_rate × (1 − objective) = {threshold} is not within (0, 1]"));
+            }
+            // Scrape intervals make windows under a minute meaningless to `rate`: the engine's
+            // 5 s window is exported as one minute.
+            let w_s = r.param("window_seconds", 60.0).round().max(60.0);
+            let w = prom_duration(Duration::from_secs(w_s as u64));
+            let min = r.param("min_requests", 20.0);
+            let mut out = Vec::new();
+            for by in [MODEL, INSTANCE] {
+                let expr = format!(
+                    "sum by ({by}) (rate(vllm:request_success_total{{finished_reason=\"error\"}}[{w}])) / sum by ({by}) (rate(vllm:request_success_total[{w}])) >= {} and on ({by}) sum by ({by}) (increase(vllm:request_success_total[{w}])) >= {}",
+                    num(threshold),
+                    num(min)
+                );
+                let (name, at) = if by == MODEL {
+                    (r.name.clone(), "{{ $labels.model_name }}")
+                } else {
+                    (format!("{}_instance", r.name), "{{ $labels.model_name }} on {{ $labels.instance }}")
+                };
+                let desc = format!(
+                    "{{{{ $value | humanizePercentage }}}} of the requests of {at} failed over the last {w} ({}x the {}% error budget or more).",
+                    num(r.param("burn_rate", 40.0)),
+                    num((1.0 - objective) * 100.0)
+                );
+                out.push(rule(name, expr, desc));
+            }
+            Ok(out)
         }
         "kv_cache_pressure" => {
             let (u, w) = (r.param("usage_threshold", 0.9), window(r, 300.0)?);
@@ -512,14 +625,22 @@ mod tests {
             "gpu_memory_leak",
             "gpu_memory_leak_exhaustion",
             "slo_error_budget_burn",
+            "ttft_p99_absolute_instance",
+            "ttft_p99_spike_instance",
+            "error_burst",
+            "error_burst_instance",
         ] {
             assert!(
                 y.contains(&format!("- alert: \"{name}\"")),
                 "{name} in\n{y}"
             );
         }
-        assert!(y.contains(r#"histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket[5m]))) > 2"#), "{y}");
-        assert!(y.contains("offset 1m"));
+        // The built-in absolute-latency rule's 60 s window, as the engine's.
+        assert!(y.contains(r#"histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket[1m]))) > 2"#), "{y}");
+        assert!(y.contains("[5m] offset 1m"), "baseline: 5 windows before the current one: {y}");
+        assert!(y.contains("sum by (le, model_name, instance)"), "{y}");
+        assert!(y.contains("group_left () (2 * quantile by (model_name) (0.5, "), "{y}");
+        assert!(y.contains(">= 0.2 and on (model_name) sum by (model_name) (increase(vllm:request_success_total[1m])) >= 20"), "{y}");
         assert!(
             y.contains("> 0.072 and"),
             "fast burn threshold 14.4 × 0.5%: {y}"

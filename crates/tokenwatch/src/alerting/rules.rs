@@ -202,6 +202,10 @@ impl Default for ThresholdParams {
 pub struct TopologyParams {
     pub min_gpus: usize,
     pub utilization: f64,
+    /// A GPU counts as saturated when its last `min_points` samples are all over `utilization`
+    /// (one busy scrape is not saturation). The rule has no `for`: it must be firing when the
+    /// leak alerts it converges fire.
+    pub min_points: usize,
 }
 
 impl Default for TopologyParams {
@@ -209,6 +213,7 @@ impl Default for TopologyParams {
         TopologyParams {
             min_gpus: 3,
             utilization: 0.85,
+            min_points: 3,
         }
     }
 }
@@ -292,6 +297,7 @@ fn drift_vote_rule(path: &str, v: &serde_json::Value) -> Result<DriftVoteRule, R
     let ks = det::KsDriftParams {
         alpha: c.ks_alpha,
         min_samples: c.min_samples,
+        ..det::KsDriftParams::default()
     };
     let embedding = det::SemanticDriftParams {
         min_cosine: c.min_cosine,
@@ -325,6 +331,7 @@ pub const DETECTORS: &[&str] = &[
     "drift_vote",
     "cache_pollution",
     "slo_burn",
+    "error_burst",
     "batch_jitter",
     "triple_signal_health",
     "ab_regression",
@@ -354,6 +361,7 @@ pub enum DetectorKind {
     DriftVote(DriftVoteRule),
     CachePollution(det::CachePollutionParams),
     SloBurn(det::SloBurnParams),
+    ErrorBurst(det::ErrorBurstParams),
     BatchJitter(det::BatchJitterParams),
     TripleSignal(det::TripleSignalParams),
     AbRegression(det::AbRegressionParams, f64),
@@ -399,31 +407,42 @@ pub const DEFAULT_RULES_YAML: &str = r#"
 - name: absolute_latency
   detector: absolute_latency
   signal: ttft
+  group_by: [model_id, instance]
   grade: L1
   for: 1m
   severity: warning
-  summary: "L1: P99 TTFT of {{ labels.model_id }} above 2 s — run a health check"
+  summary: "L1: P99 TTFT of {{ labels.model_id }} {{ labels.instance }} above 2 s — run a health check"
 - name: latency_spike
   detector: latency_spike
   signal: ttft
+  group_by: [model_id, instance]
   grade: L2
   for: 2m
   severity: critical
-  summary: "L2: P99 TTFT spike on {{ labels.model_id }} — diagnose the inference path"
+  summary: "L2: P99 TTFT spike on {{ labels.model_id }} {{ labels.instance }} — diagnose the inference path"
 - name: context_aware_threshold
   detector: context_aware_threshold
   signal: ttft
+  group_by: [model_id, instance]
   for: 2m
   severity: warning
-  summary: "P99 TTFT of {{ labels.model_id }} above its context-aware threshold"
+  summary: "P99 TTFT of {{ labels.model_id }} {{ labels.instance }} above its context-aware threshold"
 - name: output_length_outlier
   detector: output_length_outlier
+  window: 2m
+  for: 30s
   severity: warning
-  summary: "Output length outliers on {{ labels.model_id }}"
+  summary: "Output lengths of {{ labels.model_id }} out of line ({{ evidence.instances }}): {{ evidence.outliers }} of {{ evidence.tested }} responses {{ evidence.direction }} than normal"
 - name: slo_burn
   detector: slo_burn
   severity: critical
   summary: "Error budget of {{ labels.model_id }} burning fast"
+- name: error_burst
+  detector: error_burst
+  group_by: [model_id, instance]
+  window: 5s
+  severity: critical
+  summary: "Error burst on {{ labels.model_id }} {{ labels.instance }}: {{ evidence.error_ratio }} of requests failing"
 - name: batch_jitter
   detector: batch_jitter
   for: 2m
@@ -473,6 +492,7 @@ pub const DEFAULT_RULES_YAML: &str = r#"
 - name: ab_regression
   detector: ab_regression
   window: 5m
+  for: 1m
   severity: warning
   summary: "A/B regression on {{ labels.model_id }}"
 - name: prompt_version_decay
@@ -648,10 +668,11 @@ fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
             signal_in(&["kv_cache_usage"], "kv_cache_usage")?,
             60,
         ),
+        // Each long response is an annotation; the rule tests the share of them over `window`.
         "output_length_outlier" => (
             DetectorKind::LengthOutlier(validated(path, pv)?),
             signal_in(&["output_tokens"], "output_tokens")?,
-            60,
+            120,
         ),
         "ks_drift" => (
             DetectorKind::KsDrift(validated(path, pv)?),
@@ -696,6 +717,11 @@ fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
             signal_in(&["success_ratio"], "success_ratio")?,
             60,
         ),
+        "error_burst" => (
+            DetectorKind::ErrorBurst(validated(path, pv)?),
+            signal_in(&["success_ratio"], "success_ratio")?,
+            5,
+        ),
         "batch_jitter" => (
             DetectorKind::BatchJitter(validated(path, pv)?),
             signal_in(&["itl"], "itl")?,
@@ -733,6 +759,9 @@ fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
                     format!("{path}.params"),
                     "min_gpus must be ≥ 1 and utilization within 0..1".into(),
                 ));
+            }
+            if p.min_points < 1 {
+                return Err((format!("{path}.params.min_points"), "must be ≥ 1".into()));
             }
             (
                 DetectorKind::Topology(p),
@@ -899,6 +928,10 @@ pub fn render(
                 }
             }
         };
+        // An empty value between two spaces (a model-level alert has no instance) leaves one.
+        if value.is_empty() && out.ends_with(' ') && tpl[last..].starts_with(' ') {
+            out.pop();
+        }
         out.push_str(&value);
     }
     out.push_str(&tpl[last..]);
@@ -993,13 +1026,13 @@ mod tests {
     #[test]
     fn overrides_merge_params_and_replace_fields() {
         let c = cfg(
-            "overrides:\n  latency_spike: {for: 3s, window: 5s, params: {min_samples: 10}}\n  batch_jitter: {enabled: false}\n",
+            "overrides:\n  latency_spike: {for: 3s, window: 5s, params: {min_samples: 20}}\n  batch_jitter: {enabled: false}\n",
         );
         let rules = compile(&c).unwrap();
         let r = rules.iter().find(|r| r.name == "latency_spike").unwrap();
         assert_eq!((r.for_ms, r.window_ms), (3000, 5000));
         match &r.kind {
-            DetectorKind::LatencySpike(p) => assert_eq!((p.min_samples, p.ratio), (10, 2.5)),
+            DetectorKind::LatencySpike(p) => assert_eq!((p.min_samples, p.ratio), (20, 2.5)),
             k => panic!("{k:?}"),
         }
         assert!(!rules.iter().any(|r| r.name == "batch_jitter"));
@@ -1100,5 +1133,12 @@ mod tests {
             Some(&ev),
         );
         assert_eq!(s, "m1 3.250 7 x it leaks .");
+        let s = render(
+            "P99 of {{ labels.model_id }} {{ labels.instance }} above 2 s",
+            &rule,
+            &labels,
+            None,
+        );
+        assert_eq!(s, "P99 of m1 above 2 s", "no double space for a missing label");
     }
 }

@@ -1,5 +1,6 @@
-// `GET /api/v1/requests` (filters: model, tenant, status, min_e2e_s, request_id, since, limit) and
-// `GET /api/v1/requests/{id}`: stored request records with their per-chunk token timeline.
+// `GET /api/v1/requests` (filters: model, tenant, status, min_e2e_s, request_id, annotated, since,
+// limit) and `GET /api/v1/requests/{id}`: stored request records with their per-chunk token
+// timeline and their `annotations` (per-request anomalies such as output length outliers).
 
 use super::ApiState;
 use super::params::{ParamError, Params};
@@ -10,12 +11,23 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use std::sync::Arc;
 use tokenwatch_core::model::RequestRecord;
-use tokenwatch_store::{RecordOutcome, RecordQuery, Store};
+use tokenwatch_store::{AnnotationRow, RecordOutcome, RecordQuery, Store};
 
+/// A record as JSON with its annotations (`[]` when none).
+fn with_annotations(r: RequestRecord, notes: &[AnnotationRow]) -> serde_json::Value {
+    let mine: Vec<&AnnotationRow> = notes.iter().filter(|a| a.request_id == r.request_id).collect();
+    let mut v = serde_json::to_value(&r).unwrap_or_else(|e| json!({ "error": e.to_string() }));
+    if let Some(o) = v.as_object_mut() {
+        o.insert("annotations".into(), json!(mine));
+    }
+    v
+}
+
+/// Records matching `query` with their annotations.
 async fn run_query(
     store: Arc<dyn Store>,
     query: RecordQuery,
-) -> Result<Vec<RequestRecord>, Response> {
+) -> Result<Vec<serde_json::Value>, Response> {
     let fail = |e: String| {
         (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -23,7 +35,19 @@ async fn run_query(
         )
             .into_response()
     };
-    match tokio::task::spawn_blocking(move || store.query_records(&query)).await {
+    let found = tokio::task::spawn_blocking(move || {
+        let records = store.query_records(&query)?;
+        let ids: Vec<String> = records.iter().map(|r| r.request_id.clone()).collect();
+        let notes = store.query_annotations(&ids)?;
+        Ok::<_, tokenwatch_store::StoreError>(
+            records
+                .into_iter()
+                .map(|r| with_annotations(r, &notes))
+                .collect(),
+        )
+    })
+    .await;
+    match found {
         Ok(Ok(records)) => Ok(records),
         Ok(Err(e)) => Err(fail(e.to_string())),
         Err(e) => Err(fail(e.to_string())),
@@ -42,10 +66,22 @@ pub(super) async fn list(
             "status",
             "min_e2e_s",
             "request_id",
+            "annotated",
             "limit",
             "since",
         ],
     )?;
+    let annotated = p
+        .parse_with(
+            "annotated",
+            |s| match s {
+                "true" | "1" => Some(true),
+                "false" | "0" | "" => Some(false),
+                _ => None,
+            },
+            "true or false",
+        )?
+        .unwrap_or(false);
     let limit = p
         .parse_with(
             "limit",
@@ -81,6 +117,7 @@ pub(super) async fn list(
         trace_id: None,
         outcome,
         min_e2e_s,
+        annotated,
         limit,
     };
     Ok(match run_query(st.store.clone(), query).await {

@@ -118,6 +118,11 @@ pub(crate) fn am_alert(alert: &Alert, opts: &RenderOptions, now_ms: i64) -> Opti
     if let Some(g) = alert.grade.as_ref().filter(|g| !g.is_empty()) {
         labels.insert("grade".into(), g.clone());
     }
+    // The grouping key: route with `group_by: ['incident_id']` and one incident (a leak and the
+    // latency it causes) is one notification group.
+    if let Some(i) = alert.incident_id.as_ref().filter(|i| !i.is_empty()) {
+        labels.insert("incident_id".into(), i.clone());
+    }
     let mut annotations: BTreeMap<String, String> = alert
         .annotations
         .iter()
@@ -233,6 +238,11 @@ mod tests {
         assert_eq!(a.labels["severity"], "critical");
         assert_eq!(a.labels["grade"], "L2");
         assert_eq!(a.labels["model_id"], "m1");
+        assert!(!a.labels.contains_key("incident_id"), "no incident yet");
+        let mut joined = alert(AlertState::Firing);
+        joined.incident_id = Some("inc-1-1".into());
+        let j = am_alert(&joined, &opts(), 1_700_000_100_000).unwrap();
+        assert_eq!(j.labels["incident_id"], "inc-1-1");
         assert_eq!(a.labels["gen_ai_system"], "x");
         assert!(!a.labels.contains_key("empty"));
         assert_eq!(a.annotations["tokenwatch_alert_id"], "a/1");

@@ -27,13 +27,23 @@ pub struct EvalCtx<'a> {
 /// Per-rule detector state (stateful detectors, periodic detectors' last result).
 #[derive(Default)]
 pub struct RuleState {
-    length: HashMap<String, det::LengthOutlier>,
+    /// Output length outliers: per-model detectors and pending annotations (`length.rs`).
+    length: super::length::LengthState,
     kl: HashMap<String, det::KlDrift>,
     decay: HashMap<String, det::PromptVersionDecay>,
     last_period_ms: Option<i64>,
     held: Vec<AnomalyEvent>,
     /// Semantic drift, drift vote and cache pollution (`quality.rs`).
     quality: super::quality::QualityState,
+    /// Latency and error-burst series: episodes and frozen baselines (`latency.rs`, `burst.rs`).
+    series: super::latency::SeriesState,
+}
+
+impl RuleState {
+    /// Per-request annotations made since the last call (the engine stores them).
+    pub fn take_annotations(&mut self) -> Vec<tokenwatch_store::AnnotationRow> {
+        self.length.take_annotations()
+    }
 }
 
 /// An event of a model-level detector: labelled by `model_id` alone.
@@ -56,19 +66,6 @@ pub(super) fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A model-level latency event (spike, absolute) with the window it looked at.
-fn latency_event(f: det::Finding, rule: &Rule, detector: &str, model: &str, now: i64) -> AnomalyEvent {
-    let f = f.with("window_s", rule.window_ms as f64 / 1000.0);
-    model_event(f, detector, &latency_signal_name(&rule.signal), model, now)
-}
-
-fn latency_signal_name(metric: &str) -> String {
-    match metric {
-        "itl" => "itl_p99_seconds".into(),
-        m => names::latency_signal(m, "p99"),
-    }
-}
-
 pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEvent> {
     let now = cx.now;
     let w = rule.window_ms;
@@ -76,58 +73,10 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
     let det_name = rule.detector.as_str();
     match &rule.kind {
         DetectorKind::LatencySpike(p) => {
-            for m in cx.inputs.models() {
-                let cur = values(cx.inputs.window(&m, now - w, now), &rule.signal);
-                let prev = values(cx.inputs.window(&m, now - 2 * w, now - w), &rule.signal);
-                let (cn, pn) = (cur.len() as u64, prev.len() as u64);
-                let (Some(c), Some(pv)) = (quantile(cur, 0.99), quantile(prev, 0.99)) else {
-                    continue;
-                };
-                if let Some(f) = det::latency_spike(c, cn, pv, pn, p) {
-                    out.push(latency_event(f, rule, det_name, &m, now));
-                }
-            }
+            out.extend(super::latency::spike(rule, p, &mut st.series, cx));
         }
-        DetectorKind::AbsoluteLatency(p) => {
-            for m in cx.inputs.models() {
-                let cur = values(cx.inputs.window(&m, now - w, now), &rule.signal);
-                let n = cur.len() as u64;
-                let Some(c) = quantile(cur, 0.99) else {
-                    continue;
-                };
-                if let Some(f) = det::absolute_latency(c, n, p) {
-                    out.push(latency_event(f, rule, det_name, &m, now));
-                }
-            }
-        }
-        DetectorKind::ContextAware(p) => {
-            for m in cx.inputs.models() {
-                let win: Vec<&Rec> = cx
-                    .inputs
-                    .window(&m, now - w, now)
-                    .filter(|r| r.ok)
-                    .collect();
-                let lat = values(win.iter().copied(), &rule.signal);
-                if lat.len() < MIN_WINDOW_SAMPLES {
-                    continue;
-                }
-                let prompt =
-                    quantile(values(win.iter().copied(), "prompt_tokens"), 0.5).unwrap_or(0.0);
-                let kv = inputs::latest(cx.board, &m, names::KV_CACHE_USAGE, None).unwrap_or(0.0);
-                let Some(p99) = quantile(lat, 0.99) else {
-                    continue;
-                };
-                if let Some(f) = det::context_aware_threshold(p99, prompt, kv, p) {
-                    out.push(model_event(
-                        f,
-                        det_name,
-                        &latency_signal_name(&rule.signal),
-                        &m,
-                        now,
-                    ));
-                }
-            }
-        }
+        DetectorKind::AbsoluteLatency(p) => out.extend(super::latency::absolute(rule, p, cx)),
+        DetectorKind::ContextAware(p) => out.extend(super::latency::context(rule, p, cx)),
         DetectorKind::GpuLeak(p) => {
             for s in inputs::signal_series(cx.board, names::GPU_MEMORY_USED_BYTES, now - w) {
                 let util = inputs::history(
@@ -184,28 +133,7 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
             }
         }
         DetectorKind::LengthOutlier(p) => {
-            for r in cx.new_records.iter().filter(|r| r.ok) {
-                let Some(len) = r.output_tokens else { continue };
-                let d = st
-                    .length
-                    .entry(r.model.clone())
-                    .or_insert_with(|| det::LengthOutlier::new(p.clone()));
-                if let Some(f) = d.observe(len as f64) {
-                    // Spec 4's joint grade: high when the model's outputs also drift semantically.
-                    let drifting = cx.semantic_drift_models.contains(&r.model);
-                    let grade = match det::joint_grade(drifting, true) {
-                        det::JointGrade::High => "high",
-                        det::JointGrade::Medium => "medium",
-                        det::JointGrade::Normal => "normal",
-                    };
-                    let f = f
-                        .with("value", len as f64)
-                        .with("joint_grade", grade)
-                        .with("request_id", r.request_id.clone());
-                    let l = labels(&[("model_id", &r.model), ("instance", &r.instance)]);
-                    out.push(f.into_event(det_name, "output_tokens", l, r.at_ms));
-                }
-            }
+            out.extend(super::length::evaluate(det_name, p, w, &mut st.length, cx));
         }
         DetectorKind::KsDrift(p) => {
             for m in cx.inputs.models() {
@@ -275,6 +203,9 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                     out.push(model_event(f, det_name, "success_ratio", &m, now));
                 }
             }
+        }
+        DetectorKind::ErrorBurst(p) => {
+            out.extend(super::burst::error_burst(rule, p, &mut st.series, cx));
         }
         DetectorKind::BatchJitter(p) => {
             for m in cx.inputs.models() {
@@ -407,10 +338,15 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
             let mut seen = std::collections::HashSet::new();
             let mut gpus = Vec::new();
             for s in inputs::signal_series(cx.board, names::GPU_UTILIZATION, now - 30_000) {
-                let (Some(bus), Some((_, u))) = (s.notes.get("pci_bus_id"), s.history.last())
-                else {
+                // Sustained: the lowest of the last `min_points` samples is what counts.
+                let n = p.min_points.max(1);
+                let (Some(bus), true) = (s.notes.get("pci_bus_id"), s.history.len() >= n) else {
                     continue;
                 };
+                let u = s.history[s.history.len() - n..]
+                    .iter()
+                    .map(|(_, v)| *v)
+                    .fold(f64::INFINITY, f64::min);
                 let id = if s.device.is_empty() {
                     bus.clone()
                 } else {
@@ -420,7 +356,7 @@ pub fn evaluate(rule: &Rule, st: &mut RuleState, cx: &EvalCtx) -> Vec<AnomalyEve
                     gpus.push(det::GpuUtilReading {
                         device_id: id,
                         pci_switch: format!("{}/{}", s.instance, det::pci_switch_of(bus)),
-                        sm_utilization: *u,
+                        sm_utilization: u,
                     });
                 }
             }

@@ -1,10 +1,13 @@
 // The alert engine: one task, woken by arriving records (and a short tick for scraped signals),
 // that evaluates every rule, drives alert lifecycles, enriches, snapshots, notifies and publishes.
 
+pub mod burst;
 pub mod enrich;
 pub mod eval;
 pub mod feed;
 pub mod inputs;
+pub mod latency;
+pub mod length;
 pub mod lifecycle;
 pub mod noise;
 pub mod quality;
@@ -135,6 +138,10 @@ pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Starte
         .map(|r| match r.kind {
             DetectorKind::KsDrift(_) | DetectorKind::KlDrift(_) | DetectorKind::DriftVote(_) => {
                 7 * r.window_ms
+            }
+            DetectorKind::LatencySpike(ref p) => (1 + i64::from(p.baseline_windows)) * r.window_ms,
+            DetectorKind::ErrorBurst(ref p) => {
+                r.window_ms.max((p.max_window_s * 1000.0) as i64) + (p.baseline_s * 1000.0) as i64
             }
             _ => 2 * r.window_ms,
         })
@@ -291,6 +298,7 @@ impl Engine {
                 per_rule.push(eval::evaluate(rule, st, &cx));
             }
         }
+        self.store_annotations();
         self.metrics.evaluations.inc();
         let mut transitions = Vec::new();
         for (i, events) in per_rule.into_iter().enumerate() {
@@ -440,6 +448,31 @@ impl Engine {
         }
     }
 
+    /// Per-request annotations of this evaluation go to the store, off the engine's thread
+    /// (inline when there is no runtime, as in unit tests).
+    fn store_annotations(&mut self) {
+        let rows: Vec<_> = self
+            .states
+            .iter_mut()
+            .flat_map(|s| s.take_annotations())
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        let write = move || {
+            if let Err(e) = store.insert_annotations(&rows) {
+                tracing::warn!(error = %e, rows = rows.len(), "storing request annotations failed");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(write);
+            }
+            Err(_) => write(),
+        }
+    }
+
     fn notify(&self, fp: &str) {
         if let (Some(n), Some(t)) = (&self.notifier, self.tracked.get(fp))
             && !t.alert.annotations.contains_key("inhibited_by")
@@ -472,9 +505,12 @@ impl Engine {
                 | DetectorKind::BatchJitter(_)
         );
         if latency_symptom && !model.is_empty() {
+            // An instance's alert breaks down that instance's requests.
+            let instance = alert.labels.get("instance").cloned().unwrap_or_default();
             let recs: Vec<&inputs::Rec> = self
                 .inputs
                 .window(&model, now - rule.window_ms, now)
+                .filter(|r| instance.is_empty() || r.instance == instance)
                 .collect();
             if let Some((text, json)) = enrich::latency_breakdown(&recs) {
                 alert.annotations.insert("latency_breakdown".into(), text);
@@ -535,11 +571,38 @@ impl Engine {
                 .insert("inhibited_by".into(), format!("{} ({})", by.rule, by.id));
         }
         drop(firing);
-        alert.incident_id = Some(self.incidents.assign(&alert, now));
+        let cause_incident = self.cause_incident(&alert);
+        alert.incident_id = Some(
+            self.incidents
+                .assign(&alert, cause_incident.as_deref(), now),
+        );
         fill_annotations(rule, &mut alert);
         if let Some(t) = self.tracked.get_mut(fp) {
             t.alert = alert;
         }
+    }
+
+    /// The incident of the alert (active or recently resolved) that the new alert's root-cause
+    /// chain names, best-ranked cause first: the alert of that cause's detector whose labels all
+    /// agree with the cause's.
+    fn cause_incident(&self, alert: &Alert) -> Option<String> {
+        let others = self
+            .tracked
+            .values()
+            .map(|t| &t.alert)
+            .chain(self.resolved.iter())
+            .filter(|a| a.id != alert.id);
+        let known: Vec<&Alert> = others.filter(|a| a.incident_id.is_some()).collect();
+        alert.root_cause.iter().find_map(|c| {
+            known
+                .iter()
+                .filter(|a| {
+                    a.last_event.as_ref().is_some_and(|e| e.detector == c.detector)
+                        && a.labels.iter().all(|(k, v)| c.labels.get(k) == Some(v))
+                })
+                .max_by_key(|a| a.active_at_unix_ms)
+                .and_then(|a| a.incident_id.clone())
+        })
     }
 
     fn attach_snapshot(&mut self, id: &str, path: String) {

@@ -102,14 +102,19 @@ fn inhibited_by_rule<'a>(
 }
 
 struct Incident {
-    id: String,
+    /// The model (`model_id` label; "" for alerts without one) the incident started on.
+    model: String,
     last_activity_ms: i64,
     alerts: HashSet<String>,
 }
 
-/// Alerts of one model (the `model_id` label; others share the "" key) that become active while
-/// an incident of that model is open, or within `window_ms` of its last activity, join it.
+/// Incidents: one fault and everything it causes. A newly firing alert joins, in this order,
+/// the open incident of an alert its root-cause chain names (a leak and the latency it causes are
+/// one incident, whatever labels each carries), else the open incident of its model when that
+/// saw activity within `window_ms`, else it opens a new one. The incident id is the
+/// Alertmanager grouping key (`incident_id` label), so one incident is one notification group.
 pub struct Incidents {
+    /// By incident id.
     open: HashMap<String, Incident>,
     window_ms: i64,
     seq: u64,
@@ -124,29 +129,38 @@ impl Incidents {
         }
     }
 
-    fn key(labels: &BTreeMap<String, String>) -> String {
+    fn model(labels: &BTreeMap<String, String>) -> String {
         labels.get("model_id").cloned().unwrap_or_default()
     }
 
-    /// The incident id for a newly firing alert.
-    pub fn assign(&mut self, alert: &Alert, now: i64) -> String {
-        let key = Self::key(&alert.labels);
+    /// The incident id for a newly firing alert; `cause_incident` is the incident of the alert
+    /// its top-ranked root cause points at, when that one is known.
+    pub fn assign(&mut self, alert: &Alert, cause_incident: Option<&str>, now: i64) -> String {
         let window = self.window_ms;
-        if let Some(inc) = self
-            .open
-            .get_mut(&key)
-            .filter(|i| now - i.last_activity_ms <= window)
+        let model = Self::model(&alert.labels);
+        let joined = cause_incident
+            .filter(|id| self.open.contains_key(*id))
+            .map(str::to_string)
+            .or_else(|| {
+                self.open
+                    .iter()
+                    .filter(|(_, i)| i.model == model && now - i.last_activity_ms <= window)
+                    .max_by_key(|(_, i)| i.last_activity_ms)
+                    .map(|(id, _)| id.clone())
+            });
+        if let Some(id) = joined
+            && let Some(inc) = self.open.get_mut(&id)
         {
             inc.alerts.insert(alert.fingerprint.clone());
-            inc.last_activity_ms = now;
-            return inc.id.clone();
+            inc.last_activity_ms = inc.last_activity_ms.max(now);
+            return id;
         }
         self.seq += 1;
         let id = format!("inc-{now}-{}", self.seq);
         self.open.insert(
-            key,
+            id.clone(),
             Incident {
-                id: id.clone(),
+                model,
                 last_activity_ms: now,
                 alerts: HashSet::from([alert.fingerprint.clone()]),
             },
@@ -156,10 +170,12 @@ impl Incidents {
 
     /// Keep an incident open while one of its alerts is still active.
     pub fn touch(&mut self, alert: &Alert, now: i64) {
-        if let Some(inc) = self.open.get_mut(&Self::key(&alert.labels))
-            && alert.incident_id.as_deref() == Some(inc.id.as_str())
+        if let Some(inc) = alert
+            .incident_id
+            .as_deref()
+            .and_then(|id| self.open.get_mut(id))
         {
-            inc.last_activity_ms = now;
+            inc.last_activity_ms = inc.last_activity_ms.max(now);
         }
     }
 
@@ -358,13 +374,43 @@ mod tests {
         let a = alert("r1", "m", AlertState::Firing);
         let b = alert("r2", "m", AlertState::Firing);
         let c = alert("r1", "x", AlertState::Firing);
-        let ia = inc.assign(&a, 0);
-        assert_eq!(inc.assign(&b, 500), ia);
-        assert_ne!(inc.assign(&c, 600), ia);
+        let ia = inc.assign(&a, None, 0);
+        assert_eq!(inc.assign(&b, None, 500), ia);
+        assert_ne!(inc.assign(&c, None, 600), ia);
         assert_eq!(inc.open_count(), 2);
         let mut closed = inc.close_idle(1550);
         closed.sort();
         assert_eq!(closed, vec![2]);
-        assert_ne!(inc.assign(&a, 5000), ia);
+        assert_ne!(inc.assign(&a, None, 5000), ia);
+    }
+
+    #[test]
+    fn a_symptom_joins_the_incident_of_its_cause_whatever_its_labels() {
+        let mut inc = Incidents::new(1000);
+        // The leak is labelled by device only (dcgm without a model label); the latency symptom
+        // by model. Labels alone would make two incidents; the root-cause chain makes one.
+        let mut leak = alert("gpu_memory_leak", "", AlertState::Firing);
+        leak.labels.insert("device_id".into(), "GPU-0".into());
+        let latency = alert("latency_spike", "m", AlertState::Firing);
+        let il = inc.assign(&leak, None, 0);
+        assert_eq!(inc.assign(&latency, Some(&il), 900), il);
+        assert_eq!(inc.open_count(), 1);
+        // A cause whose incident has closed does not hold the symptom: it opens its own.
+        assert_eq!(inc.close_idle(5000), vec![2]);
+        assert_ne!(inc.assign(&latency, Some(&il), 5000), il);
+    }
+
+    #[test]
+    fn a_touched_incident_stays_open_past_its_window() {
+        let mut inc = Incidents::new(1000);
+        let mut a = alert("r1", "m", AlertState::Firing);
+        let id = inc.assign(&a, None, 0);
+        a.incident_id = Some(id.clone());
+        for t in (500..=5000).step_by(500) {
+            inc.touch(&a, t);
+        }
+        assert!(inc.close_idle(5500).is_empty());
+        let b = alert("r2", "m", AlertState::Firing);
+        assert_eq!(inc.assign(&b, None, 5600), id);
     }
 }

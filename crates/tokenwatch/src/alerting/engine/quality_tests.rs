@@ -78,10 +78,11 @@ fn semantic_drift_fires_on_a_moved_centroid_only() {
     let r = rule("semantic_drift", "  semantic_drift: {window: 10s}\n");
     let mut inputs = Inputs::new(7 * W, 1000);
     // "moved": the reference on axis 0, the current window on axis 1. "steady": axis 0 throughout.
-    embed(&mut inputs, "moved", 0, 40, NOW - 6 * W, NOW - W);
-    embed(&mut inputs, "moved", 1, 30, NOW - W + 1, NOW);
-    embed(&mut inputs, "steady", 0, 40, NOW - 6 * W, NOW - W);
-    embed(&mut inputs, "steady", 0, 30, NOW - W + 1, NOW);
+    // Each window holds more than the detector's 50-sample minimum.
+    embed(&mut inputs, "moved", 0, 70, NOW - 6 * W, NOW - W);
+    embed(&mut inputs, "moved", 1, 60, NOW - W + 1, NOW);
+    embed(&mut inputs, "steady", 0, 70, NOW - 6 * W, NOW - W);
+    embed(&mut inputs, "steady", 0, 60, NOW - W + 1, NOW);
     let board = SignalBoard::new(10, 10);
     let mut st = QualityState::default();
     let DetectorKind::SemanticDrift(p) = &r.kind else {
@@ -96,8 +97,8 @@ fn semantic_drift_fires_on_a_moved_centroid_only() {
         ("semantic_drift", "output_embedding")
     );
     assert!(e.evidence["cosine"].as_f64().unwrap() < 0.85);
-    assert_eq!(e.evidence["current_samples"], 30);
-    assert_eq!(e.evidence["baseline_samples"], 40);
+    assert_eq!(e.evidence["current_samples"], 60);
+    assert_eq!(e.evidence["baseline_samples"], 70);
     assert_eq!(e.evidence["window_s"], 10.0);
     // Within the period the result is held; too few current samples later → nothing.
     assert_eq!(

@@ -47,11 +47,17 @@ pub fn spec_of_rule(r: &Rule) -> RuleExportSpec {
             vec![
                 ("threshold_seconds", p.threshold_s),
                 ("min_samples", p.min_samples as f64),
+                ("peer_ratio", p.peer_ratio),
             ],
         ),
         DetectorKind::LatencySpike(p) => (
             latency(&r.signal),
-            vec![("ratio", p.ratio), ("min_samples", p.min_samples as f64)],
+            vec![
+                ("ratio", p.ratio),
+                ("min_samples", p.min_samples as f64),
+                ("baseline_windows", f64::from(p.baseline_windows)),
+                ("peer_ratio", p.peer_ratio),
+            ],
         ),
         DetectorKind::ContextAware(p) => (
             latency(&r.signal),
@@ -84,6 +90,14 @@ pub fn spec_of_rule(r: &Rule) -> RuleExportSpec {
                 ("objective", p.objective),
                 ("fast_burn", p.fast_burn),
                 ("slow_burn", p.slow_burn),
+            ],
+        ),
+        DetectorKind::ErrorBurst(p) => (
+            "error_ratio".to_string(),
+            vec![
+                ("objective", p.objective),
+                ("burn_rate", p.burn_rate),
+                ("min_requests", p.min_requests as f64),
             ],
         ),
         DetectorKind::Threshold(p) => {
@@ -198,7 +212,7 @@ pub fn signal_expr(signal: &str, window: Duration) -> Result<String, String> {
 pub fn skip_reason(detector: &str) -> String {
     let why = match detector {
         "output_length_outlier" => {
-            "compares each response with the last 100 of its model: needs tokenwatch's per-request records"
+            "tests each response on a log scale against the model's previous responses, then the share of outliers against the model's own baseline rate: needs tokenwatch's per-request records"
         }
         "ks_drift" | "kl_drift" | "semantic_drift" | "drift_vote" => {
             "a two-sample test between request windows: needs tokenwatch's per-request records"
@@ -242,12 +256,13 @@ mod tests {
                 "ttft_p99_spike",
                 "gpu_memory_leak",
                 "slo_error_budget_burn",
+                "error_burst",
                 "kv_full",
                 "kv_cache_pressure",
                 "drift"
             ]
         );
-        let kv = &specs[4];
+        let kv = &specs[5];
         assert_eq!(kv.comparison.as_deref(), Some(">"));
         assert_eq!(kv.params["value"], 0.98);
         assert_eq!(kv.for_duration, Duration::from_secs(60));
@@ -255,7 +270,7 @@ mod tests {
             kv.summary,
             "KV full on {{ $labels.instance }} ({{ $labels.model_name }}): {{ $value }}"
         );
-        assert_eq!(specs[5].params["usage_threshold"], 0.95);
+        assert_eq!(specs[6].params["usage_threshold"], 0.95);
         let only = specs_for_config(&cfg(
             "default_rules: false\nrules:\n  - {name: a, detector: absolute_latency, signal: e2e}\n",
         ))

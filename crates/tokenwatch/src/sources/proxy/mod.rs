@@ -186,7 +186,8 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
         ..Default::default()
     };
 
-    let Some(route) = st.routes.route(peek.model.as_deref()) else {
+    // `slot` counts the request in its upstream pool until the response body is dropped.
+    let Some((route, slot)) = st.routes.route(peek.model.as_deref()) else {
         let msg = format!("no upstream is configured for model {:?} (proxy.upstreams)", record.labels.model_id);
         if llm {
             record.status = 502;
@@ -268,7 +269,7 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let event_stream = content_type.starts_with("text/event-stream");
     let json = content_type.starts_with("application/json");
     let flight = InFlight { record, started, queue: st.queue.clone() };
-    let tapped = TapBody::new(up_body, flight, event_stream, json, st.idle_timeout);
+    let tapped = TapBody::new(up_body, flight, event_stream, json, st.idle_timeout, slot);
     Response::from_parts(up_parts, Body::new(tapped))
 }
 

@@ -1,16 +1,18 @@
-// Routing of proxied requests to upstreams by model: the first upstream listing the model,
-// else the first catch-all upstream. Each route carries its runtime and instance labels.
+// Routing of proxied requests to upstreams by model: the upstreams listing the model, else the
+// catch-all upstreams, each set a pool balanced by in-flight requests (lock-free atomics).
 
 use crate::config::{UpstreamConfig, parse_upstream_url};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Route {
     authority: http::uri::Authority,
     base_path: String,
-    models: Vec<String>,
-    any_model: bool,
     pub runtime: String,
     pub instance: String,
+    /// Requests routed here whose response has not ended yet (shared with their `Slot`s).
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl Route {
@@ -20,9 +22,8 @@ impl Route {
             instance: u.instance.clone().unwrap_or_else(|| authority.to_string()),
             authority,
             base_path,
-            models: u.models.clone(),
-            any_model: u.serves_any_model(),
             runtime: u.runtime.clone(),
+            in_flight: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -33,17 +34,78 @@ impl Route {
             .parse()
             .map_err(|e| format!("cannot build the upstream URL for {pq:?}: {e}"))
     }
+
+    /// Requests routed here and not finished yet (pooled routes only; 0 for a lone upstream).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
 }
 
-#[derive(Debug, Clone, Default)]
+/// A request's claim on a pooled upstream: counted in flight until dropped (when the response
+/// body ends, fails or is abandoned).
+#[derive(Debug)]
+pub struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Upstreams serving the same models, in configuration order.
+#[derive(Debug)]
+struct Pool {
+    members: Box<[usize]>,
+    /// Where the next tie-break scan starts (round-robin among equally loaded members).
+    next: AtomicUsize,
+}
+
+impl Pool {
+    fn new(members: Vec<usize>) -> Pool {
+        Pool {
+            members: members.into_boxed_slice(),
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
 pub struct Router {
     routes: Vec<Route>,
+    /// One pool per model name listed by any upstream, in order of first mention.
+    by_model: Vec<(String, Pool)>,
+    /// The upstreams with `models: ['*']` (or none listed); empty when there are none.
+    any_model: Option<Pool>,
 }
 
 impl Router {
     pub fn new(upstreams: &[UpstreamConfig]) -> Result<Router, String> {
-        let routes = upstreams.iter().map(Route::new).collect::<Result<Vec<_>, _>>()?;
-        Ok(Router { routes })
+        let routes = upstreams
+            .iter()
+            .map(Route::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut by_model: Vec<(String, Vec<usize>)> = Vec::new();
+        let mut any = Vec::new();
+        for (i, u) in upstreams.iter().enumerate() {
+            if u.serves_any_model() {
+                any.push(i);
+            }
+            for m in u.models.iter().filter(|m| *m != "*") {
+                match by_model.iter_mut().find(|(name, _)| name == m) {
+                    Some((_, members)) if !members.contains(&i) => members.push(i),
+                    Some(_) => {}
+                    None => by_model.push((m.clone(), vec![i])),
+                }
+            }
+        }
+        Ok(Router {
+            routes,
+            by_model: by_model
+                .into_iter()
+                .map(|(m, members)| (m, Pool::new(members)))
+                .collect(),
+            any_model: (!any.is_empty()).then(|| Pool::new(any)),
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -54,10 +116,39 @@ impl Router {
         &self.routes
     }
 
-    pub fn route(&self, model: Option<&str>) -> Option<&Route> {
-        model
-            .and_then(|m| self.routes.iter().find(|r| r.models.iter().any(|x| x == m)))
-            .or_else(|| self.routes.iter().find(|r| r.any_model))
+    /// The upstream for a request naming `model`: the pool of upstreams listing the model, else
+    /// the pool of catch-all upstreams. A pool of one is that upstream (no counting); in a larger
+    /// pool the member with the fewest requests in flight wins, ties going round-robin, and the
+    /// returned `Slot` keeps the request counted until it is dropped.
+    pub fn route(&self, model: Option<&str>) -> Option<(&Route, Option<Slot>)> {
+        let pool = model
+            .and_then(|m| {
+                self.by_model
+                    .iter()
+                    .find(|(name, _)| name == m)
+                    .map(|(_, p)| p)
+            })
+            .or(self.any_model.as_ref())?;
+        if let [only] = *pool.members {
+            return Some((&self.routes[only], None));
+        }
+        let n = pool.members.len();
+        let start = pool.next.fetch_add(1, Ordering::Relaxed) % n;
+        let mut best = pool.members[start];
+        let mut best_load = self.routes[best].in_flight();
+        for k in 1..n {
+            if best_load == 0 {
+                break;
+            }
+            let i = pool.members[(start + k) % n];
+            let load = self.routes[i].in_flight();
+            if load < best_load {
+                (best, best_load) = (i, load);
+            }
+        }
+        let route = &self.routes[best];
+        route.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some((route, Some(Slot(route.in_flight.clone()))))
     }
 }
 
@@ -74,15 +165,118 @@ mod tests {
         }
     }
 
+    fn pick(r: &Router, model: Option<&str>) -> (String, Option<Slot>) {
+        let (route, slot) = r.route(model).expect("a route");
+        (route.instance.clone(), slot)
+    }
+
     #[test]
     fn routes_by_model_then_default() {
-        let r = Router::new(&[up("http://127.0.0.1:1", &["a"]), up("http://127.0.0.1:2/base/", &["*"])]).unwrap();
-        assert_eq!(r.route(Some("a")).unwrap().instance, "127.0.0.1:1");
-        assert_eq!(r.route(Some("b")).unwrap().instance, "127.0.0.1:2");
-        assert_eq!(r.route(None).unwrap().instance, "127.0.0.1:2");
-        let uri = r.route(None).unwrap().uri_for(&"/v1/models?x=1".parse().unwrap()).unwrap();
+        let r = Router::new(&[
+            up("http://127.0.0.1:1", &["a"]),
+            up("http://127.0.0.1:2/base/", &["*"]),
+        ])
+        .unwrap();
+        assert_eq!(pick(&r, Some("a")).0, "127.0.0.1:1");
+        assert_eq!(pick(&r, Some("b")).0, "127.0.0.1:2");
+        assert_eq!(pick(&r, None).0, "127.0.0.1:2");
+        let uri = r
+            .route(None)
+            .unwrap()
+            .0
+            .uri_for(&"/v1/models?x=1".parse().unwrap())
+            .unwrap();
         assert_eq!(uri.to_string(), "http://127.0.0.1:2/base/v1/models?x=1");
         let only = Router::new(&[up("http://127.0.0.1:1", &["a"])]).unwrap();
         assert!(only.route(Some("z")).is_none());
+    }
+
+    #[test]
+    fn a_lone_upstream_is_not_counted() {
+        let r = Router::new(&[
+            up("http://127.0.0.1:1", &["a"]),
+            up("http://127.0.0.1:2", &["b", "*"]),
+        ])
+        .unwrap();
+        for _ in 0..3 {
+            let (inst, slot) = pick(&r, Some("a"));
+            assert_eq!(inst, "127.0.0.1:1");
+            assert!(slot.is_none());
+        }
+        assert!(r.routes().iter().all(|x| x.in_flight() == 0));
+    }
+
+    #[test]
+    fn ties_go_round_robin_and_keep_their_instance_label() {
+        let mut ups = vec![
+            up("http://127.0.0.1:1", &["m"]),
+            up("http://127.0.0.1:2", &["m"]),
+            up("http://127.0.0.1:3", &["m"]),
+        ];
+        ups[1].instance = Some("gpu-b".into());
+        let r = Router::new(&ups).unwrap();
+        // Each request ends before the next: every pick is a tie, so they rotate.
+        let seq: Vec<String> = (0..6).map(|_| pick(&r, Some("m")).0).collect();
+        assert_eq!(
+            seq,
+            [
+                "127.0.0.1:1",
+                "gpu-b",
+                "127.0.0.1:3",
+                "127.0.0.1:1",
+                "gpu-b",
+                "127.0.0.1:3"
+            ]
+        );
+        assert!(r.routes().iter().all(|x| x.in_flight() == 0));
+    }
+
+    #[test]
+    fn fewest_in_flight_wins() {
+        let r = Router::new(&[
+            up("http://127.0.0.1:1", &["m"]),
+            up("http://127.0.0.1:2", &["m", "x"]),
+        ])
+        .unwrap();
+        let loads = || r.routes().iter().map(Route::in_flight).collect::<Vec<_>>();
+        // Three long requests: one on each member, the third on a tie.
+        let (a, sa) = pick(&r, Some("m"));
+        let (b, sb) = pick(&r, Some("m"));
+        let (c, sc) = pick(&r, Some("m"));
+        assert_eq!(
+            (a.as_str(), b.as_str(), c.as_str()),
+            ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:1")
+        );
+        assert_eq!(loads(), [2, 1]);
+        // Short requests all go to the less loaded member, whatever the rotation says.
+        for _ in 0..4 {
+            assert_eq!(pick(&r, Some("m")).0, "127.0.0.1:2");
+        }
+        drop(sa);
+        drop(sc);
+        assert_eq!(loads(), [0, 1]);
+        for _ in 0..3 {
+            assert_eq!(pick(&r, Some("m")).0, "127.0.0.1:1");
+        }
+        drop(sb);
+        assert_eq!(loads(), [0, 0]);
+        // `x` is listed by member 2 alone: a pool of one, uncounted.
+        assert!(pick(&r, Some("x")).1.is_none());
+    }
+
+    #[test]
+    fn catch_all_upstreams_form_a_pool() {
+        let r = Router::new(&[
+            up("http://127.0.0.1:1", &["a"]),
+            up("http://127.0.0.1:2", &[]),
+            up("http://127.0.0.1:3", &["*"]),
+        ])
+        .unwrap();
+        let (x, _sx) = pick(&r, Some("other"));
+        let (y, _sy) = pick(&r, None);
+        let mut both = [x, y];
+        both.sort();
+        assert_eq!(both, ["127.0.0.1:2", "127.0.0.1:3"]);
+        assert_eq!(pick(&r, Some("a")).0, "127.0.0.1:1");
     }
 }

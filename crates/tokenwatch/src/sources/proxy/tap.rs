@@ -1,6 +1,7 @@
 // The response-body tap: forwards each upstream frame to the client untouched while timing
 // first token and every content chunk; finalises the request record when the body ends.
 
+use super::route::Slot;
 use super::sse::{SseObserver, observe_json_body};
 use crate::pipeline::TelemetryQueue;
 use bytes::Bytes;
@@ -61,11 +62,21 @@ pub struct TapBody {
     expect_done: bool,
     idle: Duration,
     idle_timer: Pin<Box<Sleep>>,
+    /// Keeps the request counted in its upstream pool until the body is dropped.
+    _slot: Option<Slot>,
 }
 
 impl TapBody {
-    /// `event_stream`: the upstream answered `text/event-stream`; `json`: `application/json`.
-    pub fn new(inner: Incoming, flight: InFlight, event_stream: bool, json: bool, idle: Duration) -> TapBody {
+    /// `event_stream`: the upstream answered `text/event-stream`; `json`: `application/json`;
+    /// `slot`: the request's place in its upstream pool, released when the body is dropped.
+    pub fn new(
+        inner: Incoming,
+        flight: InFlight,
+        event_stream: bool,
+        json: bool,
+        idle: Duration,
+        slot: Option<Slot>,
+    ) -> TapBody {
         let mode = if event_stream {
             Mode::Sse(SseObserver::new())
         } else if json {
@@ -81,6 +92,7 @@ impl TapBody {
             expect_done,
             idle,
             idle_timer: Box::pin(tokio::time::sleep(idle)),
+            _slot: slot,
         }
     }
 

@@ -1,0 +1,168 @@
+// Alert-quality benchmark (issue 9): labelled scenarios on a simulated fleet — model A on 4
+// instances, model B on 2, all behind one pooling tokenwatch proxy that also scrapes them, real
+// Alertmanager grouping by incident — under heavy-tailed, swinging, drifting load. Scores recall
+// (alert naming model + instance), time to detect (and minus `for`), false alerts per hour,
+// Alertmanager groups per incident and top-1 root cause; prints the table and writes it into
+// BENCHMARKS.md (section "## Alert quality", between markers).
+//
+// Run: `cargo bench -p tokenwatch --bench alert_quality` (~39 min) or with `-- --quick` (~18 min).
+// Needs /usr/bin/prometheus-alertmanager (Debian's `prometheus-alertmanager`). Environment:
+// ALERT_QUALITY_QUICK=1 (same as --quick), ALERT_QUALITY_SCENARIOS=healthy,error_burst,…
+// (names: healthy, latency_spike, error_burst, length_blowup, gpu_leak, leak_then_latency),
+// ALERT_QUALITY_HEALTHY_SECS, ALERT_QUALITY_RPS [14] mean requests/s, ALERT_QUALITY_SEED [7],
+// ALERT_QUALITY_OUT [BENCHMARKS.md at the workspace root; `-` prints only].
+
+#[path = "alert_quality/mod.rs"]
+mod harness;
+
+use harness::fleet::FleetSpec;
+use harness::load::LoadSpec;
+use harness::scenario::{self, Timing};
+use harness::score;
+
+const MODEL_A: &str = "model-a";
+const MODEL_B: &str = "model-b";
+const START: &str = "<!-- alert-quality:start -->";
+const END: &str = "<!-- alert-quality:end -->";
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
+        _ => default,
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; anything else but `--quick` is a mistake worth naming.
+    let mut quick = env_or("ALERT_QUALITY_QUICK", 0u8) == 1;
+    for a in std::env::args().skip(1) {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--bench" => {}
+            other => panic!(
+                "unknown argument {other:?}; allowed: --quick (and the environment, see the file header)"
+            ),
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(run(quick));
+}
+
+async fn run(quick: bool) {
+    let mut timing = if quick {
+        Timing::quick()
+    } else {
+        Timing::full()
+    };
+    timing.healthy_s = env_or("ALERT_QUALITY_HEALTHY_SECS", timing.healthy_s);
+    let rps: f64 = env_or("ALERT_QUALITY_RPS", 14.0);
+    let seed: u64 = env_or("ALERT_QUALITY_SEED", 7);
+    let mut scenarios = scenario::catalogue(timing, MODEL_A, MODEL_B);
+    let all: Vec<String> = scenarios.iter().map(|s| s.name.clone()).collect();
+    if let Ok(list) = std::env::var("ALERT_QUALITY_SCENARIOS") {
+        let wanted: Vec<&str> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        for w in &wanted {
+            assert!(
+                all.iter().any(|a| a == w),
+                "ALERT_QUALITY_SCENARIOS: unknown scenario {w:?}; known: {}",
+                all.join(", ")
+            );
+        }
+        scenarios.retain(|s| wanted.contains(&s.name.as_str()));
+    }
+    let fleet = FleetSpec::new(&[(MODEL_A, 4), (MODEL_B, 2)], seed);
+    let load_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut scores = Vec::new();
+    for (i, sc) in scenarios.iter().enumerate() {
+        let minutes = sc.duration_s as f64 / 60.0;
+        eprintln!(
+            "alert_quality: scenario {} ({minutes:.1} min, {} fault(s))",
+            sc.name,
+            sc.faults.len()
+        );
+        let load = LoadSpec::heavy(
+            &[(MODEL_A, 0.65), (MODEL_B, 0.35)],
+            rps,
+            seed.wrapping_add(i as u64),
+        );
+        let outcome = scenario::run(sc, &fleet, &load)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let s = score::score(&outcome);
+        eprintln!(
+            "alert_quality: {}: {} false alert(s); load: {}",
+            s.name,
+            s.false_alerts.len(),
+            s.load
+        );
+        scores.push(s);
+    }
+    let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let table = score::markdown(&scores);
+    let three = |l: &str| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+    let command = format!(
+        "cargo bench -p tokenwatch --bench alert_quality{}{}",
+        if quick { " -- --quick" } else { "" },
+        std::env::var("ALERT_QUALITY_SCENARIOS")
+            .map(|s| format!(" (ALERT_QUALITY_SCENARIOS={s})"))
+            .unwrap_or_default()
+    );
+    let section = format!(
+        "## Alert quality\n\n{START}\n`{command}` — {}, load average {} → {}.\n\n\
+         Fleet: `{MODEL_A}` on 4 simulator instances, `{MODEL_B}` on 2 (each with its own speed ±20 %), one \
+         tokenwatch proxying them as pools (fewest in flight) and scraping each every second, the \
+         default rules, Alertmanager grouping by `incident_id`. Load: Poisson arrivals, mean {rps} req/s \
+         swinging ±40 % (sinusoid + random walk), log-normal prompts (median 180 tokens, 4 % Pareto tail \
+         up to 6,000) and max_tokens (median 160), model mix drifting ±10 %. Each scenario starts a \
+         fresh fleet; faults are switched on one instance after {} s of clean traffic, for {} s. A \
+         fault counts as caught when a firing alert names its model and instance within its window \
+         (+{} s); \"time to detect\" is fault start → firing, in brackets fault start → pending \
+         (i.e. without `for`); a false alert is a firing alert that matches no fault.\n\n{table}{END}\n",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
+        three(&load_start),
+        three(&load_end),
+        timing.warmup_s,
+        timing.fault_s,
+        timing.tail_s,
+    );
+    println!("{section}");
+    let out = std::env::var("ALERT_QUALITY_OUT")
+        .unwrap_or_else(|_| format!("{}/../../BENCHMARKS.md", env!("CARGO_MANIFEST_DIR")));
+    if out != "-" {
+        write_section(std::path::Path::new(&out), &section);
+        eprintln!("alert_quality: written to {out}");
+    }
+}
+
+/// Replace the `## Alert quality` section (from its heading to the end marker) or append it.
+fn write_section(path: &std::path::Path, section: &str) {
+    let old =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let new = match (old.find("## Alert quality\n"), old.find(END)) {
+        (Some(a), Some(b)) if b > a => {
+            let rest = old[b + END.len()..].trim_start_matches('\n');
+            format!(
+                "{}{section}{}{rest}",
+                &old[..a],
+                if rest.is_empty() { "" } else { "\n" }
+            )
+        }
+        _ => format!(
+            "{}\n{}",
+            old.trim_end_matches('\n').to_string() + "\n",
+            section
+        ),
+    };
+    std::fs::write(path, new).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}

@@ -1,0 +1,404 @@
+// The latency rules (spike, absolute, context-aware) per model and per (model, instance): an
+// instance alerts, named, when its tail is out of line with its own baseline or limit AND with
+// its peers; the model alerts on the traffic of its other instances. Owns their series state.
+
+use super::eval::{EvalCtx, labels};
+use super::inputs::{self, Rec};
+use crate::alerting::rules::Rule;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use tokenwatch_core::alert::AnomalyEvent;
+use tokenwatch_core::signals::names;
+use tokenwatch_detect as det;
+
+/// A cached reference period is recomputed after this fraction of the rule's window (it spans
+/// several windows, so a slightly stale one changes nothing but the cost).
+pub(super) const BASELINE_REFRESH_DIVISOR: i64 = 12;
+
+/// One series' state: anomaly episodes (left out of its baseline), the baseline frozen at the
+/// onset of the ongoing episode, and a cached baseline.
+#[derive(Default)]
+pub(super) struct Series {
+    pub episodes: det::Episodes,
+    pub frozen: Option<Vec<f64>>,
+    pub frozen_rate: Option<Option<f64>>,
+    cached: Option<(i64, Vec<f64>)>,
+    /// Error burst: the usual error ratio and when it was counted.
+    pub cached_rate: Option<(i64, Option<f64>)>,
+}
+
+/// Per-rule state of the latency and error-burst rules, keyed by (model, instance); the model
+/// itself is the instance "".
+#[derive(Default)]
+pub struct SeriesState {
+    pub(super) series: HashMap<(String, String), Series>,
+}
+
+impl SeriesState {
+    pub(super) fn get(&mut self, model: &str, instance: &str) -> &mut Series {
+        self.series
+            .entry((model.to_string(), instance.to_string()))
+            .or_default()
+    }
+
+    /// Whether a record of `model` lies in an anomaly episode of its instance or of its model.
+    pub(super) fn coverage(&self, model: &str) -> impl Fn(&Rec) -> bool + '_ {
+        let eps: Vec<(&str, &det::Episodes)> = self
+            .series
+            .iter()
+            .filter(|((m, _), _)| m == model)
+            .map(|((_, i), s)| (i.as_str(), &s.episodes))
+            .collect();
+        move |r: &Rec| {
+            eps.iter()
+                .any(|(i, e)| (i.is_empty() || *i == r.instance) && e.covers(r.at_ms))
+        }
+    }
+
+    /// Forget closed episodes older than `before`, and series with nothing left.
+    pub(super) fn prune(&mut self, before: i64) {
+        self.series.retain(|_, s| {
+            let idle = s.episodes.prune(before) && s.frozen.is_none() && s.frozen_rate.is_none();
+            let seen = s
+                .cached
+                .as_ref()
+                .map(|(t, _)| *t)
+                .max(s.cached_rate.map(|(t, _)| t));
+            !idle || seen.is_some_and(|t| t >= before)
+        });
+    }
+}
+
+/// The event signal of a latency rule: `ttft_p99_seconds`, `itl_p99_seconds`, …
+pub(super) fn latency_signal_name(metric: &str) -> String {
+    match metric {
+        "itl" => "itl_p99_seconds".into(),
+        m => names::latency_signal(m, "p99"),
+    }
+}
+
+/// Sorted values of `rule.signal` of the successful records of each instance known in
+/// `(from, to]`.
+fn by_instance<'a>(
+    recs: &[&'a Rec],
+    signal: &str,
+    from: i64,
+    to: i64,
+) -> BTreeMap<&'a str, Vec<f64>> {
+    let mut out: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for r in recs
+        .iter()
+        .filter(|r| r.ok && r.at_ms > from && r.at_ms <= to)
+    {
+        if let Some(v) = r.value(signal) {
+            out.entry(r.instance.as_str()).or_default().push(v);
+        }
+    }
+    for v in out.values_mut() {
+        v.sort_by(f64::total_cmp);
+    }
+    out
+}
+
+/// Instances of a window that can be told apart (named, and at least two of them).
+fn named(cur: &BTreeMap<&str, Vec<f64>>) -> Vec<String> {
+    let names: Vec<String> = cur
+        .keys()
+        .filter(|i| !i.is_empty())
+        .map(|i| i.to_string())
+        .collect();
+    if names.len() >= 2 { names } else { Vec::new() }
+}
+
+/// The instance's peer comparison when it is more than `ratio` times its peers' median.
+fn outlier_among_peers(
+    cur: &BTreeMap<&str, Vec<f64>>,
+    instance: &str,
+    min_samples: u64,
+    min_tail: u64,
+    ratio: f64,
+) -> Option<det::PeerComparison> {
+    let own = cur.get(instance)?;
+    let peers: Vec<&[f64]> = cur
+        .iter()
+        .filter(|(i, _)| **i != instance)
+        .map(|(_, v)| v.as_slice())
+        .collect();
+    det::compare_with_peers(own, &peers, min_samples, min_tail).filter(|c| c.ratio > ratio)
+}
+
+/// The model's current window without the flagged instances, sorted.
+fn model_window(cur: &BTreeMap<&str, Vec<f64>>, flagged: &BTreeSet<String>) -> Vec<f64> {
+    let mut v: Vec<f64> = cur
+        .iter()
+        .filter(|(i, _)| !flagged.contains(**i))
+        .flat_map(|(_, v)| v.iter().copied())
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// The slowest instance of the window at quantile `q`, as evidence for a model-level event.
+fn with_slowest(f: det::Finding, cur: &BTreeMap<&str, Vec<f64>>, q: f64) -> det::Finding {
+    let slowest = cur
+        .iter()
+        .filter(|(i, _)| !i.is_empty())
+        .filter_map(|(i, v)| det::sorted_quantile(v, q).map(|x| (*i, x)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    match slowest {
+        Some((i, x)) if cur.len() >= 2 => {
+            f.with("slowest_instance", i).with("slowest_instance_s", x)
+        }
+        _ => f,
+    }
+}
+
+fn instance_event(
+    f: det::Finding,
+    cmp: &det::PeerComparison,
+    rule: &Rule,
+    model: &str,
+    instance: &str,
+    now: i64,
+) -> AnomalyEvent {
+    let summary = format!(
+        "instance {instance}: {} (its peers' median at this quantile is {:.0} ms, {:.1}× lower)",
+        f.summary,
+        cmp.peer_median * 1000.0,
+        cmp.ratio
+    );
+    let mut f = cmp
+        .annotate(f)
+        .with("window_s", rule.window_ms as f64 / 1000.0);
+    f.summary = summary;
+    f.into_event(
+        &rule.detector,
+        &latency_signal_name(&rule.signal),
+        labels(&[("model_id", model), ("instance", instance)]),
+        now,
+    )
+}
+
+fn model_event(f: det::Finding, rule: &Rule, model: &str, now: i64) -> AnomalyEvent {
+    f.with("window_s", rule.window_ms as f64 / 1000.0)
+        .into_event(
+            &rule.detector,
+            &latency_signal_name(&rule.signal),
+            labels(&[("model_id", model)]),
+            now,
+        )
+}
+
+/// A series' reference period `(from, to]`, its own and its instance's episodes left out,
+/// sorted; cached for a fraction of the window (the model's records are read only then).
+#[allow(clippy::too_many_arguments)] // the series key, its records and the period
+fn baseline(
+    st: &mut SeriesState,
+    model: &str,
+    instance: Option<&str>,
+    inputs: &inputs::Inputs,
+    signal: &str,
+    (from, to): (i64, i64),
+    refresh_ms: i64,
+    now: i64,
+) -> Vec<f64> {
+    let key = instance.unwrap_or("");
+    if let Some(f) = &st.get(model, key).frozen {
+        return f.clone();
+    }
+    if let Some((t, v)) = &st.get(model, key).cached
+        && now - t < refresh_ms
+    {
+        return v.clone();
+    }
+    let covered = st.coverage(model);
+    let mut v: Vec<f64> = inputs
+        .window(model, from, to)
+        .filter(|r| r.ok)
+        .filter(|r| instance.is_none_or(|i| r.instance == i))
+        .filter(|r| !covered(r))
+        .filter_map(|r| r.value(signal))
+        .collect();
+    drop(covered);
+    v.sort_by(f64::total_cmp);
+    st.get(model, key).cached = Some((now, v.clone()));
+    v
+}
+
+/// Record the spike condition of a series: an episode opening freezes the baseline it was
+/// measured against; one closing (or expiring) thaws it.
+fn track(
+    st: &mut SeriesState,
+    model: &str,
+    key: &str,
+    holds: bool,
+    base: &[f64],
+    w: i64,
+    now: i64,
+) {
+    let s = st.get(model, key);
+    match s.episodes.observe(holds, now, w, w) {
+        det::EpisodeStep::Opened => s.frozen = Some(base.to_vec()),
+        det::EpisodeStep::Closed => {
+            s.frozen = None;
+            s.cached = None;
+        }
+        _ => {}
+    }
+}
+
+/// `latency_spike`: each instance (with peers) against its own reference period and its
+/// peers; the model on its unflagged instances against its reference period.
+pub fn spike(
+    rule: &Rule,
+    p: &det::LatencySpikeParams,
+    st: &mut SeriesState,
+    cx: &EvalCtx,
+) -> Vec<AnomalyEvent> {
+    let (now, w) = (cx.now, rule.window_ms);
+    let span = w * i64::from(p.baseline_windows.max(1));
+    let max_hold = (p.max_hold_s * 1000.0) as i64;
+    let refresh = (w / BASELINE_REFRESH_DIVISOR).max(100);
+    let mut out = Vec::new();
+    for m in cx.inputs.models() {
+        let recs: Vec<&Rec> = cx.inputs.window(&m, now - w, now).collect();
+        let cur = by_instance(&recs, &rule.signal, now - w, now);
+        let period = (now - w - span, now - w);
+        let mut flagged = BTreeSet::new();
+        for i in named(&cur) {
+            if st.get(&m, &i).episodes.expire(now, max_hold) {
+                let s = st.get(&m, &i);
+                s.frozen = None;
+                s.cached = None;
+            }
+            let base = baseline(
+                st,
+                &m,
+                Some(&i),
+                cx.inputs,
+                &rule.signal,
+                period,
+                refresh,
+                now,
+            );
+            let f = det::latency_spike(&cur[i.as_str()], &base, p);
+            track(st, &m, &i, f.is_some(), &base, w, now);
+            // An instance out of line with its peers is left out of the model's window: named
+            // when it spiked, and not the model's problem either way.
+            let Some(cmp) =
+                outlier_among_peers(&cur, &i, p.min_samples, p.min_tail_samples, p.peer_ratio)
+            else {
+                continue;
+            };
+            if let Some(f) = f {
+                out.push(instance_event(f, &cmp, rule, &m, &i, now));
+            }
+            flagged.insert(i);
+        }
+        if st.get(&m, "").episodes.expire(now, max_hold) {
+            let s = st.get(&m, "");
+            s.frozen = None;
+            s.cached = None;
+        }
+        let current = model_window(&cur, &flagged);
+        let base = baseline(st, &m, None, cx.inputs, &rule.signal, period, refresh, now);
+        let f = det::latency_spike(&current, &base, p);
+        track(st, &m, "", f.is_some(), &base, w, now);
+        if let Some(f) = f {
+            let q = f.evidence["quantile"].as_f64().unwrap_or(det::P99);
+            out.push(model_event(with_slowest(f, &cur, q), rule, &m, now));
+        }
+    }
+    st.prune(now - w - span);
+    out
+}
+
+/// `absolute_latency`: each instance over the limit and out of line with its peers; the model
+/// on its other instances.
+pub fn absolute(rule: &Rule, p: &det::AbsoluteLatencyParams, cx: &EvalCtx) -> Vec<AnomalyEvent> {
+    let (now, w) = (cx.now, rule.window_ms);
+    let mut out = Vec::new();
+    for m in cx.inputs.models() {
+        let recs: Vec<&Rec> = cx.inputs.window(&m, now - w, now).collect();
+        let cur = by_instance(&recs, &rule.signal, now - w, now);
+        let mut flagged = BTreeSet::new();
+        for i in named(&cur) {
+            let Some(cmp) =
+                outlier_among_peers(&cur, &i, p.min_samples, p.min_tail_samples, p.peer_ratio)
+            else {
+                continue;
+            };
+            if let Some(f) = det::absolute_latency(&cur[i.as_str()], p) {
+                out.push(instance_event(f, &cmp, rule, &m, &i, now));
+            }
+            flagged.insert(i);
+        }
+        if let Some(f) = det::absolute_latency(&model_window(&cur, &flagged), p) {
+            let q = f.evidence["quantile"].as_f64().unwrap_or(det::P99);
+            out.push(model_event(with_slowest(f, &cur, q), rule, &m, now));
+        }
+    }
+    out
+}
+
+/// The context-aware finding of one window: its tail against the limit for its median prompt
+/// length at this KV-cache usage.
+fn context_finding(
+    lat: &[f64],
+    prompts: &[f64],
+    kv: f64,
+    p: &det::ContextThresholdParams,
+) -> Option<det::Finding> {
+    if lat.len() < p.min_samples.max(1) as usize {
+        return None;
+    }
+    let q = det::effective_quantile(det::P99, lat.len(), p.min_tail_samples)?;
+    let tail = det::sorted_quantile(lat, q)?;
+    let prompt = inputs::quantile(prompts.to_vec(), 0.5).unwrap_or(0.0);
+    det::context_aware_threshold(tail, prompt, kv, p).map(|f| f.with("quantile", q))
+}
+
+/// `context_aware_threshold`: as `absolute`, with each window's limit from its median prompt
+/// length and its instance's (or, for the model, the highest) KV-cache usage.
+pub fn context(rule: &Rule, p: &det::ContextThresholdParams, cx: &EvalCtx) -> Vec<AnomalyEvent> {
+    let (now, w) = (cx.now, rule.window_ms);
+    let mut out = Vec::new();
+    for m in cx.inputs.models() {
+        let recs: Vec<&Rec> = cx
+            .inputs
+            .window(&m, now - w, now)
+            .filter(|r| r.ok)
+            .collect();
+        let cur = by_instance(&recs, &rule.signal, now - w, now);
+        let prompts = |keep: &dyn Fn(&str) -> bool| -> Vec<f64> {
+            recs.iter()
+                .filter(|r| keep(&r.instance))
+                .filter_map(|r| r.value("prompt_tokens"))
+                .collect()
+        };
+        let model_kv = inputs::latest(cx.board, &m, names::KV_CACHE_USAGE, None).unwrap_or(0.0);
+        let mut flagged = BTreeSet::new();
+        for i in named(&cur) {
+            let Some(cmp) =
+                outlier_among_peers(&cur, &i, p.min_samples, p.min_tail_samples, p.peer_ratio)
+            else {
+                continue;
+            };
+            let kv =
+                inputs::latest(cx.board, &m, names::KV_CACHE_USAGE, Some(&i)).unwrap_or(model_kv);
+            if let Some(f) = context_finding(&cur[i.as_str()], &prompts(&|x| x == i), kv, p) {
+                out.push(instance_event(f, &cmp, rule, &m, &i, now));
+            }
+            flagged.insert(i);
+        }
+        let lat = model_window(&cur, &flagged);
+        let prompts = prompts(&|x| !flagged.contains(x));
+        if let Some(f) = context_finding(&lat, &prompts, model_kv, p) {
+            out.push(model_event(f, rule, &m, now));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "latency_tests.rs"]
+mod tests;
