@@ -149,6 +149,8 @@ pub struct Timing {
     pub healthy_s: u64,
     /// Clean traffic before the first fault (baselines fill).
     pub warmup_s: u64,
+    /// How long each fault lasts: longer than the longest `for` of the rules expected to catch
+    /// it (the L2 latency spike is sustained 2 min by the spec), or a fault cannot be caught.
     pub fault_s: u64,
     /// Clean traffic after the last fault.
     pub cooldown_s: u64,
@@ -160,7 +162,7 @@ impl Timing {
         Timing {
             healthy_s: 600,
             warmup_s: 150,
-            fault_s: 120,
+            fault_s: 180,
             cooldown_s: 60,
             tail_s: 60,
         }
@@ -170,7 +172,7 @@ impl Timing {
         Timing {
             healthy_s: 180,
             warmup_s: 90,
-            fault_s: 60,
+            fault_s: 150,
             cooldown_s: 20,
             tail_s: 30,
         }
