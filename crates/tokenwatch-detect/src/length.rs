@@ -1,23 +1,35 @@
 // Output length outliers (spec section 4): each response is tested on a robust log scale against
 // the model's recent responses (an annotation, not an alert); the model-level alert tests whether
-// the share of outliers in a window is significantly above the model's (or instance's) baseline.
+// the share of outliers — longer, shorter, or truncated at the request's own token limit — in a
+// window is significantly above the model's (or instance's) baseline.
 
-use crate::robust::{binomial_sf, median_split_sigma, wilson_upper};
+use crate::robust::median_split_sigma;
 use crate::{Finding, ParamError, Validate, check};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
+
+#[path = "length_share.rs"]
+mod share;
+use share::{CLASSES, Class, Counts, share_test};
 
 /// Per request: |ln(1+L) − median| > `sigmas` × σ over the last `reference_size` responses of
 /// the model that are older than the window under test, σ = 1.4826·MAD of that side of the
 /// median (lengths are skewed even on a log scale, and capped at max_tokens). Per model (and per
 /// instance): the outlier share of the window vs. the baseline share of the `baseline_ms`
-/// before it, one-sided binomial test at `alpha`.
+/// before it, one-sided binomial test at `alpha`. A third class, "truncated" (the response
+/// stopped at its request's token limit, e.g. finish_reason "length"), is tested the same way
+/// but never annotated: a blow-up capped at each request's varying max_tokens is no outlier in
+/// absolute length, only in how many responses hit their limit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LengthOutlierParams {
     /// Responses in the reference (the spec's "last 100 responses of that model").
     #[serde(alias = "window")]
     pub reference_size: usize,
+    /// Responses whose truncation the reference also remembers: the truncated share's baseline
+    /// until the model has a tested history older than the window (right after start).
+    /// Truncation is common, so its rate needs far more responses than the tail's median does.
+    pub truncated_reference_size: usize,
     /// Fewest reference responses before a response is tested at all.
     pub min_reference: usize,
     /// k of |ln L − median| > k · σ.
@@ -35,10 +47,18 @@ pub struct LengthOutlierParams {
     pub baseline_ms: i64,
     /// The baseline rate is never taken below this (healthy long tails do produce outliers).
     pub min_baseline_rate: f64,
+    /// The same floor for the truncated share: a model whose answers are (almost) never cut off
+    /// must not page on a handful that are.
+    pub truncated_min_baseline_rate: f64,
+    /// The effect size of the truncated share, as an odds ratio against the baseline rate:
+    /// truncation is common (10–60 % in many workloads) and moves with every drift of the
+    /// lengths against fixed limits, so it must change by much more than a ratio of rates does
+    /// for tail outliers; odds also stay reachable for a baseline above 50 %.
+    pub truncated_min_odds_ratio: f64,
     /// The baseline rate used is its Wilson upper bound at this normal quantile, so a short
     /// baseline is not mistaken for a precise one.
     pub baseline_z: f64,
-    /// One-sided significance of the binomial tests (over both directions and windows).
+    /// One-sided significance of the binomial tests (over all three classes and both windows).
     pub alpha: f64,
     /// The window's share must also be at least this many times the baseline rate (effect size:
     /// real traffic is over-dispersed, so significance alone is not enough).
@@ -52,6 +72,7 @@ impl Default for LengthOutlierParams {
     fn default() -> Self {
         LengthOutlierParams {
             reference_size: 100,
+            truncated_reference_size: 1000,
             min_reference: 50,
             sigmas: 3.0,
             min_sigma_fraction: 0.05,
@@ -59,6 +80,8 @@ impl Default for LengthOutlierParams {
             short_window_ms: 15_000,
             baseline_ms: 600_000,
             min_baseline_rate: 0.02,
+            truncated_min_baseline_rate: 0.05,
+            truncated_min_odds_ratio: 6.0,
             baseline_z: 1.645,
             alpha: 1e-4,
             min_ratio: 2.0,
@@ -70,6 +93,11 @@ impl Default for LengthOutlierParams {
 impl Validate for LengthOutlierParams {
     fn validate(&self) -> Result<(), ParamError> {
         check(self.reference_size >= 5, "reference_size", "must be ≥ 5")?;
+        check(
+            self.truncated_reference_size >= self.reference_size,
+            "truncated_reference_size",
+            "must be ≥ reference_size",
+        )?;
         check(
             self.min_reference >= 5 && self.min_reference <= self.reference_size,
             "min_reference",
@@ -98,6 +126,16 @@ impl Validate for LengthOutlierParams {
             "must be in (0, 1)",
         )?;
         check(
+            self.truncated_min_baseline_rate > 0.0 && self.truncated_min_baseline_rate < 1.0,
+            "truncated_min_baseline_rate",
+            "must be in (0, 1)",
+        )?;
+        check(
+            self.truncated_min_odds_ratio.is_finite() && self.truncated_min_odds_ratio >= 1.0,
+            "truncated_min_odds_ratio",
+            "must be ≥ 1",
+        )?;
+        check(
             self.baseline_z.is_finite() && self.baseline_z >= 0.0,
             "baseline_z",
             "must be ≥ 0",
@@ -123,6 +161,7 @@ struct Bucket {
     tested: u64,
     longer: u64,
     shorter: u64,
+    truncated: u64,
     /// Inside a window that tested significant: never part of a later baseline.
     flagged: bool,
 }
@@ -142,10 +181,12 @@ pub struct LengthOutlier {
     p: LengthOutlierParams,
     window_ms: i64,
     bucket_ms: i64,
-    /// (at, ln(1+L)) of responses still inside the window under test.
-    pending: VecDeque<(i64, f64)>,
+    /// (at, ln(1+L), truncated) of responses still inside the window under test.
+    pending: VecDeque<(i64, f64, bool)>,
     /// ln(1+L) of the last `reference_size` responses older than the window.
     reference: VecDeque<f64>,
+    /// Whether each of the last `truncated_reference_size` such responses was truncated.
+    truncation: VecDeque<bool>,
     /// (median, σ below, σ above; floored) of `reference`, recomputed when it changes, and
     /// how many reference responses are themselves outliers by it (the baseline until the
     /// model has a tested history older than the window: right after start).
@@ -167,6 +208,7 @@ impl LengthOutlier {
             window_ms,
             pending: VecDeque::new(),
             reference: VecDeque::with_capacity(p.reference_size),
+            truncation: VecDeque::with_capacity(p.truncated_reference_size),
             stats: None,
             scopes: BTreeMap::new(),
             quarantine_until: i64::MIN,
@@ -180,21 +222,34 @@ impl LengthOutlier {
     }
 
     /// Tests one response of `instance` (may be empty) that ended at `at_ms` against the
-    /// reference, counts it toward the share tests and keeps it for the reference. Returns the
-    /// per-request annotation when it is an outlier. Non-finite or negative lengths are ignored.
-    pub fn observe(&mut self, at_ms: i64, instance: &str, output_tokens: f64) -> Option<Finding> {
+    /// reference, counts it toward the share tests and keeps it for the reference. `truncated`:
+    /// it stopped at its request's token limit (counted, never annotated on its own). Returns
+    /// the per-request annotation when its length is an outlier. Non-finite or negative
+    /// lengths are ignored.
+    pub fn observe(
+        &mut self,
+        at_ms: i64,
+        instance: &str,
+        output_tokens: f64,
+        truncated: bool,
+    ) -> Option<Finding> {
         if !output_tokens.is_finite() || output_tokens < 0.0 {
             return None;
         }
         self.promote(at_ms);
         let x = output_tokens.ln_1p();
         let verdict = self.test(x);
-        self.pending.push_back((at_ms, x));
+        self.pending.push_back((at_ms, x, truncated));
         let (dev, outlier) = verdict?;
+        let class = Class {
+            longer: outlier && dev > 0.0,
+            shorter: outlier && dev <= 0.0,
+            truncated,
+        };
         let bucket_ms = self.bucket_ms;
-        self.count("", at_ms, bucket_ms, outlier, dev > 0.0);
+        self.count("", at_ms, bucket_ms, class);
         if !instance.is_empty() {
-            self.count(instance, at_ms, bucket_ms, outlier, dev > 0.0);
+            self.count(instance, at_ms, bucket_ms, class);
         }
         outlier.then(|| self.annotation(dev, output_tokens))
     }
@@ -203,18 +258,22 @@ impl LengthOutlier {
     /// a quarantined period) and trims it to `reference_size`.
     fn promote(&mut self, now: i64) {
         let mut changed = false;
-        while let Some(&(t, x)) = self.pending.front() {
+        while let Some(&(t, x, truncated)) = self.pending.front() {
             if t > now - self.window_ms {
                 break;
             }
             self.pending.pop_front();
             if t > self.quarantine_until {
                 self.reference.push_back(x);
+                self.truncation.push_back(truncated);
                 changed = true;
             }
         }
         while self.reference.len() > self.p.reference_size {
             self.reference.pop_front();
+        }
+        while self.truncation.len() > self.p.truncated_reference_size {
+            self.truncation.pop_front();
         }
         if changed {
             self.stats = None;
@@ -245,6 +304,8 @@ impl LengthOutlier {
                 tested: v.len() as u64,
                 longer: v.iter().filter(|x| **x - sp.median > k * above).count() as u64,
                 shorter: v.iter().filter(|x| sp.median - **x > k * below).count() as u64,
+                truncated: self.truncation.iter().filter(|t| **t).count() as u64,
+                truncated_of: self.truncation.len() as u64,
             };
             self.stats = Some(((sp.median, below, above), own));
         }
@@ -284,7 +345,7 @@ impl LengthOutlier {
             .with("reference_samples", self.reference.len())
     }
 
-    fn count(&mut self, scope: &str, at: i64, bucket_ms: i64, outlier: bool, longer: bool) {
+    fn count(&mut self, scope: &str, at: i64, bucket_ms: i64, class: Class) {
         let s = self.scopes.entry(scope.to_string()).or_default();
         let start = at.div_euclid(bucket_ms) * bucket_ms;
         let flagged = s.flagged_since.is_some();
@@ -300,6 +361,7 @@ impl LengthOutlier {
                         tested: 0,
                         longer: 0,
                         shorter: 0,
+                        truncated: 0,
                         flagged,
                     },
                 );
@@ -311,6 +373,7 @@ impl LengthOutlier {
                     tested: 0,
                     longer: 0,
                     shorter: 0,
+                    truncated: 0,
                     flagged,
                 });
                 0
@@ -318,12 +381,13 @@ impl LengthOutlier {
         };
         let b = &mut s.buckets[idx];
         b.tested += 1;
-        b.longer += u64::from(outlier && longer);
-        b.shorter += u64::from(outlier && !longer);
+        b.longer += u64::from(class.longer);
+        b.shorter += u64::from(class.shorter);
+        b.truncated += u64::from(class.truncated);
     }
 
-    /// The share tests at `now`: one finding per scope whose window share of longer (or of
-    /// shorter) outliers is significantly above its baseline; the key is "" for the whole model
+    /// The share tests at `now`: one finding per scope whose window share of longer, shorter
+    /// or truncated responses is significantly above its baseline; the key is "" for the whole model
     /// or the instance name.
     pub fn evaluate(&mut self, now: i64) -> Vec<(String, Finding)> {
         let (w, b, bucket_ms) = (self.window_ms, self.p.baseline_ms, self.bucket_ms);
@@ -370,7 +434,7 @@ impl LengthOutlier {
             } else {
                 &[(cur, w)]
             };
-            let alpha = self.p.alpha / (2 * windows.len()) as f64;
+            let alpha = self.p.alpha / (CLASSES * windows.len()) as f64;
             let finding = windows
                 .iter()
                 .filter(|(c, _)| c.tested >= min && base.tested >= min.min(own_min))
@@ -401,83 +465,6 @@ impl LengthOutlier {
         self.scopes.retain(|_, s| !s.buckets.is_empty());
         out
     }
-}
-
-/// Tested responses and outliers per direction, summed over buckets.
-#[derive(Debug, Clone, Copy, Default)]
-struct Counts {
-    tested: u64,
-    longer: u64,
-    shorter: u64,
-}
-
-impl Counts {
-    fn add(&mut self, b: &Bucket) {
-        self.tested += b.tested;
-        self.longer += b.longer;
-        self.shorter += b.shorter;
-    }
-}
-
-/// One-sided binomial tests of the window's longer and shorter outliers against the baseline's
-/// rates, each at `alpha`; the more significant direction is reported with its p-value.
-fn share_test(
-    p: &LengthOutlierParams,
-    cur: &Counts,
-    base: &Counts,
-    window_ms: i64,
-    alpha: f64,
-) -> Option<(f64, Finding)> {
-    let test = |k: u64, kb: u64| -> Option<(f64, f64, f64, f64)> {
-        let observed = kb as f64 / base.tested as f64;
-        let rate = wilson_upper(kb, base.tested, p.baseline_z)?.max(p.min_baseline_rate);
-        let share = k as f64 / cur.tested as f64;
-        if share < p.min_ratio * rate {
-            return None;
-        }
-        let p_value = binomial_sf(k, cur.tested, rate);
-        (p_value < alpha).then_some((share, observed, rate, p_value))
-    };
-    let (dir, k, (share, observed, rate, p_value)) = match (
-        test(cur.longer, base.longer),
-        test(cur.shorter, base.shorter),
-    ) {
-        (Some(l), Some(s)) if s.3 < l.3 => ("shorter", cur.shorter, s),
-        (Some(l), _) => ("longer", cur.longer, l),
-        (None, Some(s)) => ("shorter", cur.shorter, s),
-        (None, None) => return None,
-    };
-    let advice = if dir == "longer" {
-        "look for runaway generations (missing stop tokens, repetition loops, a changed max_tokens or prompt)"
-    } else {
-        "look for truncated or refused answers (errors, safety filter, a lowered max_tokens)"
-    };
-    let n = cur.tested;
-    let summary = format!(
-        "{:.1}% of the last {:.0} s of responses ({k} of {n}) are {dir} than normal (length outliers on a log \
-         scale), against a baseline of {:.1}% (tested at {:.1}%, p = {p_value:.1e}) — {advice}",
-        share * 100.0,
-        window_ms as f64 / 1000.0,
-        observed * 100.0,
-        rate * 100.0
-    );
-    Some((
-        p_value,
-        Finding::new(share / (p.min_ratio * rate), summary)
-            .with("value", share)
-            .with("direction", dir)
-            .with("outlier_share", share)
-            .with("outliers", k)
-            .with("tested", n)
-            .with("longer", cur.longer)
-            .with("shorter", cur.shorter)
-            .with("baseline_rate", observed)
-            .with("baseline_rate_tested", rate)
-            .with("baseline_tested", base.tested)
-            .with("p_value", p_value)
-            .with("alpha", p.alpha)
-            .with("window_s", window_ms as f64 / 1000.0),
-    ))
 }
 
 #[cfg(test)]

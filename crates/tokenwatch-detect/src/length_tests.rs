@@ -1,7 +1,11 @@
 // Tests of the output length outlier detector: per-request annotations on a robust log scale, and
-// hours of simulated heavy-tailed, swinging, drifting healthy traffic against length blow-ups.
+// hours of simulated heavy-tailed, swinging, drifting healthy traffic against length blow-ups
+// (uncapped, and capped at each request's own max_tokens: found by the truncated share).
 
 use super::*;
+
+#[path = "length_truncation_tests.rs"]
+mod truncation;
 
 /// splitmix64: a small deterministic generator, so every run sees the same traffic.
 struct Rng(u64);
@@ -30,6 +34,11 @@ enum Shape {
     ParetoTail,
     /// The simulator's: log-normal σ 0.6, median 120, capped at max_tokens 256 (~10 % at the cap).
     CappedLogNormal,
+    /// The simulator with clients that send max_tokens (as the alert-quality bench's do): each
+    /// request's limit log-normal (median 160, σ 0.8, in [8, 2048]), the answer's median half of
+    /// it (at most 120), σ 0.6, capped at the limit — ~10 % truncated — and a blow-up still
+    /// capped at each request's own limit.
+    MaxTokens,
 }
 
 struct Fault {
@@ -45,6 +54,7 @@ struct Run {
     findings: Vec<(i64, String, Finding)>,
     annotations: u64,
     responses: u64,
+    truncated: u64,
 }
 
 /// `hours` of traffic at 14 req/s swinging ±40 % (two periods), four instances whose medians
@@ -69,6 +79,7 @@ fn simulate_with(
         findings: Vec::new(),
         annotations: 0,
         responses: 0,
+        truncated: 0,
     };
     let phases = [0.3, 1.9, 3.4, 5.0];
     loop {
@@ -91,6 +102,12 @@ fn simulate_with(
         let inst = (rng.next() % 4) as usize;
         let drift = (ts / 14_400.0 * 1.6f64.ln()).exp()
             * (0.25 * (ts / 5_400.0 * std::f64::consts::TAU + phases[inst]).sin()).exp();
+        let max_tokens = match shape {
+            Shape::MaxTokens => (160.0 * (0.8 * rng.normal()).exp())
+                .clamp(8.0, 2048.0)
+                .round(),
+            _ => f64::INFINITY,
+        };
         let mut len = match shape {
             Shape::ParetoTail => {
                 let base = 180.0 * drift * (0.8 * rng.normal()).exp();
@@ -102,17 +119,29 @@ fn simulate_with(
                 (base * tail).min(8192.0)
             }
             Shape::CappedLogNormal => 120.0 * drift * (0.6 * rng.normal()).exp(),
+            Shape::MaxTokens => {
+                (max_tokens / 2.0).clamp(1.0, 120.0) * drift * (0.6 * rng.normal()).exp()
+            }
         };
         let faulty = fault
             .as_ref()
             .filter(|f| at >= f.from_ms && at < f.to_ms && f.instance.is_none_or(|i| i == inst));
         if let Some(f) = faulty {
             len *= f.factor;
-        } else if matches!(shape, Shape::CappedLogNormal) {
-            len = len.min(256.0);
         }
+        // The cap a response can hit: a blow-up lifts the simulator's default one, never the
+        // request's own.
+        let cap = match shape {
+            Shape::ParetoTail => 8192.0,
+            Shape::CappedLogNormal if faulty.is_none() => 256.0,
+            Shape::CappedLogNormal => f64::INFINITY,
+            Shape::MaxTokens => max_tokens,
+        };
+        let len = len.ceil().max(1.0);
+        let truncated = len >= cap;
         run.responses += 1;
-        if d.observe(at, &format!("i{inst}"), len.ceil().max(1.0))
+        run.truncated += u64::from(truncated);
+        if d.observe(at, &format!("i{inst}"), len.min(cap), truncated)
             .is_some()
         {
             run.annotations += 1;
@@ -125,14 +154,22 @@ fn hours_of_healthy_heavy_tailed_traffic_raise_no_model_level_finding() {
     for (shape, seed) in [
         (Shape::ParetoTail, 7),
         (Shape::CappedLogNormal, 11),
+        (Shape::MaxTokens, 17),
         (Shape::ParetoTail, 23),
         (Shape::CappedLogNormal, 3),
+        (Shape::MaxTokens, 29),
     ] {
         let run = simulate(shape, 4.0, seed, None);
         assert!(run.responses > 190_000, "{}", run.responses);
         let rate = run.annotations as f64 / run.responses as f64;
         // Annotations still mark the tail: per request, not per page.
         assert!(rate < 0.05, "annotation rate {rate}");
+        if matches!(shape, Shape::MaxTokens) {
+            // Truncation is normal: ~10–15 % of the answers stop at their limit (more as the
+            // model's lengths drift up), and it pages nobody.
+            let truncated = run.truncated as f64 / run.responses as f64;
+            assert!((0.08..0.25).contains(&truncated), "truncated {truncated}");
+        }
         assert!(
             run.findings.is_empty(),
             "seed {seed}: {} findings, first {:?}",
@@ -152,7 +189,12 @@ fn detected_after(run: &Run, from_ms: i64, scope: &str) -> Option<f64> {
 
 #[test]
 fn blow_up_on_all_traffic_is_found_fast_and_not_absorbed() {
-    for shape in [Shape::ParetoTail, Shape::CappedLogNormal] {
+    // Capped at each request's own max_tokens, a blow-up shows as answers cut off at their limit.
+    for (shape, direction) in [
+        (Shape::ParetoTail, "longer"),
+        (Shape::CappedLogNormal, "longer"),
+        (Shape::MaxTokens, "truncated"),
+    ] {
         let (from, to) = (2_400_000, 3_000_000);
         let run = simulate(
             shape,
@@ -200,7 +242,7 @@ fn blow_up_on_all_traffic_is_found_fast_and_not_absorbed() {
             .find(|(_, s, _)| s.is_empty())
             .unwrap()
             .2;
-        assert_eq!(f.evidence["direction"], "longer", "{}", f.summary);
+        assert_eq!(f.evidence["direction"], direction, "{}", f.summary);
         assert!(f.evidence["p_value"].as_f64().unwrap() < 1e-4);
     }
 }
@@ -208,7 +250,13 @@ fn blow_up_on_all_traffic_is_found_fast_and_not_absorbed() {
 #[test]
 fn blow_up_on_one_instance_of_four_is_found_and_named() {
     // ×4 moves a Pareto-tailed model's responses by only ~1.7σ (few become outliers): slower.
-    for (shape, within) in [(Shape::ParetoTail, 60.0), (Shape::CappedLogNormal, 30.0)] {
+    // Capped at each request's max_tokens (the bench's clients), only the instance's truncated
+    // share changes (~10 % → ~80 %): found by it, within the ~15 s the short window needs.
+    for (shape, within) in [
+        (Shape::ParetoTail, 60.0),
+        (Shape::CappedLogNormal, 30.0),
+        (Shape::MaxTokens, 20.0),
+    ] {
         let from = 2_400_000;
         let run = simulate(
             shape,
@@ -223,11 +271,23 @@ fn blow_up_on_one_instance_of_four_is_found_and_named() {
         );
         let after = detected_after(&run, from, "i2").expect("the instance's blow-up was found");
         assert!(after <= within, "found after {after} s");
+        if matches!(shape, Shape::MaxTokens) {
+            let f = &run.findings.iter().find(|(_, s, _)| s == "i2").unwrap().2;
+            assert_eq!(f.evidence["direction"], "truncated", "{}", f.summary);
+            assert_eq!(
+                f.evidence["pattern"],
+                "cut off at their token limit, more often than normal"
+            );
+            assert!(f.summary.contains("token limit"), "{}", f.summary);
+        }
+        let wrong = run
+            .findings
+            .iter()
+            .find(|(t, s, _)| *t < from || !(s == "i2" || s.is_empty()));
         assert!(
-            run.findings
-                .iter()
-                .all(|(t, s, _)| *t >= from && (s == "i2" || s.is_empty())),
-            "a finding on a healthy instance or before the fault"
+            wrong.is_none(),
+            "a finding on a healthy instance or before the fault: {:?}",
+            wrong.map(|(t, s, f)| (t, s, &f.summary))
         );
     }
 }
@@ -237,7 +297,7 @@ fn steady(d: &mut LengthOutlier, from: i64, n: usize) -> i64 {
     for i in 0..n {
         // 200 ± 20 tokens, deterministic.
         assert!(
-            d.observe(at, "a", 180.0 + f64::from((i * 7 % 41) as u32))
+            d.observe(at, "a", 180.0 + f64::from((i * 7 % 41) as u32), false)
                 .is_none()
         );
         at += 100;
@@ -252,13 +312,13 @@ fn annotations_test_against_the_reference_outside_the_window() {
     let at = steady(&mut d, 0, 100);
     assert_eq!(d.reference_len(), 0);
     assert!(
-        d.observe(at, "a", 5000.0).is_none(),
+        d.observe(at, "a", 5000.0, false).is_none(),
         "no reference yet: not tested"
     );
     let at = steady(&mut d, at + 100, 200);
     assert_eq!(d.reference_len(), 100);
     let f = d
-        .observe(at, "a", 1500.0)
+        .observe(at, "a", 1500.0, false)
         .expect("a long response is annotated");
     assert!(
         f.score > 1.0 && f.summary.contains("longer"),
@@ -271,23 +331,33 @@ fn annotations_test_against_the_reference_outside_the_window() {
         "{:?}",
         f.evidence
     );
-    assert!(d.observe(at, "a", 5.0).unwrap().summary.contains("shorter"));
-    assert!(d.observe(at, "a", 215.0).is_none());
-    assert!(d.observe(at, "a", f64::NAN).is_none() && d.observe(at, "a", -1.0).is_none());
+    assert!(
+        d.observe(at, "a", 5.0, false)
+            .unwrap()
+            .summary
+            .contains("shorter")
+    );
+    assert!(d.observe(at, "a", 215.0, false).is_none());
+    assert!(
+        d.observe(at, "a", f64::NAN, false).is_none() && d.observe(at, "a", -1.0, false).is_none()
+    );
 }
 
 #[test]
 fn constant_reference_needs_a_real_change() {
     let mut d = LengthOutlier::new(LengthOutlierParams::default(), 1_000);
     for i in 0..200 {
-        assert!(d.observe(i * 100, "", 256.0).is_none(), "constant series");
+        assert!(
+            d.observe(i * 100, "", 256.0, true).is_none(),
+            "constant series"
+        );
     }
     assert!(
-        d.observe(20_000, "", 262.0).is_none(),
+        d.observe(20_000, "", 262.0, false).is_none(),
         "a few tokens off a constant reference"
     );
     assert!(
-        d.observe(20_000, "", 1000.0).is_some(),
+        d.observe(20_000, "", 1000.0, false).is_some(),
         "a blow-up from a constant reference"
     );
     // More than half of the answers at a cap: nothing is above the median, and a blow-up that
@@ -302,10 +372,14 @@ fn constant_reference_needs_a_real_change() {
             } else {
                 256.0
             },
+            i % 3 != 0,
         );
     }
-    assert!(m.observe(20_000, "", 256.0).is_none() && m.observe(20_000, "", 110.0).is_none());
-    assert!(m.observe(20_000, "", 700.0).is_some());
+    assert!(
+        m.observe(20_000, "", 256.0, true).is_none()
+            && m.observe(20_000, "", 110.0, false).is_none()
+    );
+    assert!(m.observe(20_000, "", 700.0, false).is_some());
 }
 
 #[test]
@@ -316,6 +390,8 @@ fn the_share_test_needs_samples_and_a_baseline() {
         tested,
         longer,
         shorter,
+        truncated: 0,
+        truncated_of: tested,
     };
     let base = c(10_000, 50, 50);
     let test = |cur: Counts| share_test(&p, &cur, &base, 120_000, p.alpha / 4.0);
@@ -331,7 +407,7 @@ fn the_share_test_needs_samples_and_a_baseline() {
     let at = steady(&mut d, 0, 400) + 20_000;
     for i in 0..30 {
         assert!(
-            d.observe(at + i * 100, "a", 5000.0).is_some(),
+            d.observe(at + i * 100, "a", 5000.0, false).is_some(),
             "each is annotated"
         );
     }
@@ -340,7 +416,7 @@ fn the_share_test_needs_samples_and_a_baseline() {
         "30 tested responses in the window: under min_samples"
     );
     for i in 30..60 {
-        d.observe(at + i * 100, "a", 5000.0);
+        d.observe(at + i * 100, "a", 5000.0, false);
     }
     let found = d.evaluate(at + 6_000);
     let scopes: Vec<&str> = found.iter().map(|(s, _)| s.as_str()).collect();
@@ -373,6 +449,20 @@ fn params_validate_with_field_names() {
         }),
         "min_ratio"
     );
+    assert_eq!(
+        bad(LengthOutlierParams {
+            truncated_min_baseline_rate: 0.0,
+            ..d()
+        }),
+        "truncated_min_baseline_rate"
+    );
+    assert_eq!(
+        bad(LengthOutlierParams {
+            truncated_min_odds_ratio: 0.9,
+            ..d()
+        }),
+        "truncated_min_odds_ratio"
+    );
     let old: LengthOutlierParams = serde_json::from_str(r#"{"window": 200}"#).unwrap();
     assert_eq!(
         old.reference_size, 200,
@@ -384,7 +474,8 @@ fn params_validate_with_field_names() {
 fn right_after_start_the_reference_stands_in_for_the_baseline() {
     // Reference from 2 min on, tested history older than the window only from 4 min on: a
     // blow-up at 2.5 min is judged against the reference's own tail share.
-    for shape in [Shape::ParetoTail, Shape::CappedLogNormal] {
+    // Capped at max_tokens: the truncated share against the reference's last 1000 responses.
+    for shape in [Shape::ParetoTail, Shape::CappedLogNormal, Shape::MaxTokens] {
         let from = 150_000;
         let fault = Fault {
             from_ms: from,
@@ -400,4 +491,20 @@ fn right_after_start_the_reference_stands_in_for_the_baseline() {
             "a finding before the fault"
         );
     }
+    // And on one instance of four (the bench's fault starts 150 s in): named within 20 s.
+    let fault = Fault {
+        from_ms: 150_000,
+        to_ms: i64::MAX,
+        factor: 4.0,
+        instance: Some(2),
+    };
+    let run = simulate(Shape::MaxTokens, 0.08, 13, Some(fault));
+    let after = detected_after(&run, 150_000, "i2").expect("found during warm-up");
+    assert!(after <= 20.0, "found after {after} s");
+    assert!(
+        run.findings
+            .iter()
+            .all(|(t, s, _)| *t >= 150_000 && (s == "i2" || s.is_empty())),
+        "a finding before the fault or on a healthy instance"
+    );
 }

@@ -432,7 +432,7 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   window: 2m
   for: 30s
   severity: warning
-  summary: "Output lengths of {{ labels.model_id }} out of line ({{ evidence.instances }}): {{ evidence.outliers }} of {{ evidence.tested }} responses {{ evidence.direction }} than normal"
+  summary: "Output lengths of {{ labels.model_id }} out of line ({{ evidence.instances }}): {{ evidence.outliers }} of {{ evidence.tested }} responses {{ evidence.pattern }}"
 - name: slo_burn
   detector: slo_burn
   severity: critical

@@ -1,7 +1,9 @@
 // The output length outlier rule: each long (or short) response becomes an annotation on its
-// request (joint grade, stored), and the rule's events are the model- and instance-level share tests.
+// request (joint grade, stored); the rule's events are the model- and instance-level share tests
+// of longer, shorter and truncated (stopped at the token limit) responses.
 
 use super::eval::{EvalCtx, labels};
+use super::inputs::Rec;
 use std::collections::HashMap;
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;
@@ -35,7 +37,7 @@ pub(super) fn evaluate(
             .models
             .entry(r.model.clone())
             .or_insert_with(|| det::LengthOutlier::new(p.clone(), window_ms));
-        let Some(f) = d.observe(r.at_ms, &r.instance, len as f64) else {
+        let Some(f) = d.observe(r.at_ms, &r.instance, len as f64, hit_token_limit(r)) else {
             continue;
         };
         // Spec 4's joint grade: high when the model's outputs also drift semantically.
@@ -60,6 +62,12 @@ pub(super) fn evaluate(
         }
     }
     out
+}
+
+/// The response stopped at its request's token limit: OpenAI-compatible servers (vLLM, TGI,
+/// SGLang) say finish_reason "length", Anthropic-shaped ones stop_reason "max_tokens".
+fn hit_token_limit(r: &Rec) -> bool {
+    matches!(r.finish_reason.as_str(), "length" | "max_tokens")
 }
 
 /// One event per model (one alert under the default `group_by: [model_id]`): the model-wide
