@@ -1,13 +1,12 @@
 // Alerting rules: the `alerting:` configuration section, the default rule set covering spec
 // section 4, rule compilation with key-path errors (`alerting.rules[3].params`), and templates.
 
+use crate::alerting::detectors::{self, Detector, EvalCtx, RuleInput};
 use crate::config::HumanDuration;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokenwatch_core::alert::{AnomalyEvent, Severity};
-use tokenwatch_detect as det;
 
 /// The `alerting:` section.
 ///
@@ -83,7 +82,7 @@ impl Default for AlertingConfig {
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     pub name: String,
-    /// One of `DETECTORS`.
+    /// One of the registered detectors (`detectors::names()`).
     pub detector: String,
     /// Watched signal where the detector takes one (latency metric, drift series, threshold signal).
     #[serde(default)]
@@ -179,204 +178,11 @@ pub fn default_inhibit_rules() -> Vec<InhibitRule> {
     }]
 }
 
-/// Local parameters of the engine-level detectors (the others take tokenwatch-detect's structs).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ThresholdParams {
-    /// `>`, `>=`, `<` or `<=`.
-    pub op: String,
-    pub value: f64,
-}
-
-impl Default for ThresholdParams {
-    fn default() -> Self {
-        ThresholdParams {
-            op: ">".into(),
-            value: 0.0,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TopologyParams {
-    pub min_gpus: usize,
-    pub utilization: f64,
-    /// A GPU counts as saturated when its last `min_points` samples are all over `utilization`
-    /// (one busy scrape is not saturation). The rule has no `for`: it must be firing when the
-    /// leak alerts it converges fire.
-    pub min_points: usize,
-}
-
-impl Default for TopologyParams {
-    fn default() -> Self {
-        TopologyParams {
-            min_gpus: 3,
-            utilization: 0.85,
-            min_points: 3,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CallChainParams {
-    pub min_spans: usize,
-    /// Case-insensitive text of a span's status message (or attributes) meaning CUDA OOM.
-    pub pattern: String,
-}
-
-impl Default for CallChainParams {
-    fn default() -> Self {
-        CallChainParams {
-            min_spans: 5,
-            pattern: "out of memory".into(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default)]
-pub struct AbParams {
-    /// Share of traffic meant for arm B (0..1).
-    pub target_share_b: f64,
-    #[serde(flatten)]
-    pub detect: serde_json::Map<String, serde_json::Value>,
-}
-
-impl Default for AbParams {
-    fn default() -> Self {
-        AbParams {
-            target_share_b: 0.5,
-            detect: Default::default(),
-        }
-    }
-}
-
-/// A drift vote's parameters, written flat in `params`: the vote's own (`w_ks`, `w_embedding`,
-/// `w_feedback`, `threshold`, `min_signals`) and those of the signals it polls.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default)]
-pub struct DriftVoteConfig {
-    /// Significance level of the KS signal.
-    pub ks_alpha: f64,
-    /// Centroid cosine below which the embedding signal votes "drift".
-    pub min_cosine: f64,
-    /// Values (and embeddings) each window needs before a signal has an opinion.
-    pub min_samples: usize,
-    #[serde(flatten)]
-    pub vote: serde_json::Map<String, serde_json::Value>,
-}
-
-impl Default for DriftVoteConfig {
-    fn default() -> Self {
-        let (ks, emb) = (
-            det::KsDriftParams::default(),
-            det::SemanticDriftParams::default(),
-        );
-        DriftVoteConfig {
-            ks_alpha: ks.alpha,
-            min_cosine: emb.min_cosine,
-            min_samples: ks.min_samples,
-            vote: Default::default(),
-        }
-    }
-}
-
-/// A compiled drift vote: the vote and the KS and embedding detectors it polls.
+/// A compiled rule: what the engine and the export read, and its compiled detector.
 #[derive(Debug, Clone)]
-pub struct DriftVoteRule {
-    pub vote: det::DriftVoteParams,
-    pub ks: det::KsDriftParams,
-    pub embedding: det::SemanticDriftParams,
-}
-
-fn drift_vote_rule(path: &str, v: &serde_json::Value) -> Result<DriftVoteRule, RuleError> {
-    let c: DriftVoteConfig = params(path, v)?;
-    let vote = validated(path, &serde_json::Value::Object(c.vote))?;
-    let ks = det::KsDriftParams {
-        alpha: c.ks_alpha,
-        min_samples: c.min_samples,
-        ..det::KsDriftParams::default()
-    };
-    let embedding = det::SemanticDriftParams {
-        min_cosine: c.min_cosine,
-        min_samples: c.min_samples,
-    };
-    let field = |f: &str| match f {
-        "alpha" => "ks_alpha".to_string(),
-        other => other.to_string(),
-    };
-    det::Validate::validate(&ks)
-        .and_then(|()| det::Validate::validate(&embedding))
-        .map_err(|e| (format!("{path}.params.{}", field(e.field)), e.reason))?;
-    Ok(DriftVoteRule {
-        vote,
-        ks,
-        embedding,
-    })
-}
-
-/// Detector names a rule may use.
-pub const DETECTORS: &[&str] = &[
-    "latency_spike",
-    "absolute_latency",
-    "context_aware_threshold",
-    "gpu_memory_leak",
-    "kv_cache_pressure",
-    "output_length_outlier",
-    "semantic_drift",
-    "ks_drift",
-    "kl_drift",
-    "drift_vote",
-    "cache_pollution",
-    "slo_burn",
-    "error_burst",
-    "batch_jitter",
-    "triple_signal_health",
-    "ab_regression",
-    "prompt_version_decay",
-    "topology_convergence",
-    "call_chain_convergence",
-    "threshold",
-];
-
-/// Latency metrics a latency rule may watch (from request records).
-pub const LATENCY_SIGNALS: &[&str] = &["ttft", "e2e", "itl", "queue"];
-/// Per-request series a drift rule may compare.
-pub const DRIFT_SIGNALS: &[&str] = &["output_tokens", "prompt_tokens", "ttft", "e2e"];
-
-/// A detector with its parsed parameters.
-#[derive(Debug, Clone)]
-pub enum DetectorKind {
-    LatencySpike(det::LatencySpikeParams),
-    AbsoluteLatency(det::AbsoluteLatencyParams),
-    ContextAware(det::ContextThresholdParams),
-    GpuLeak(det::GpuLeakParams),
-    KvPressure(det::KvPressureParams),
-    LengthOutlier(det::LengthOutlierParams),
-    SemanticDrift(det::SemanticDriftParams),
-    KsDrift(det::KsDriftParams),
-    KlDrift(det::KlDriftParams),
-    DriftVote(DriftVoteRule),
-    CachePollution(det::CachePollutionParams),
-    SloBurn(det::SloBurnParams),
-    ErrorBurst(det::ErrorBurstParams),
-    BatchJitter(det::BatchJitterParams),
-    TripleSignal(det::TripleSignalParams),
-    AbRegression(det::AbRegressionParams, f64),
-    PromptDecay(det::PromptDecayParams),
-    Topology(TopologyParams),
-    CallChain(CallChainParams),
-    Threshold(ThresholdParams),
-}
-
-/// A compiled rule.
-#[derive(Debug, Clone)]
-pub struct Rule {
+pub struct RuleSpec {
     pub name: String,
     pub detector: String,
-    pub kind: DetectorKind,
     pub signal: String,
     pub group_by: Vec<String>,
     pub for_ms: i64,
@@ -386,6 +192,38 @@ pub struct Rule {
     pub grade: Option<String>,
     pub summary: String,
     pub description: String,
+}
+
+/// A compiled rule with its detector (parameters and per-rule state).
+pub struct Rule {
+    pub spec: RuleSpec,
+    pub compiled: Box<dyn Detector>,
+}
+
+impl std::ops::Deref for Rule {
+    type Target = RuleSpec;
+    fn deref(&self) -> &RuleSpec {
+        &self.spec
+    }
+}
+
+impl std::fmt::Debug for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.spec.fmt(f)
+    }
+}
+
+impl Rule {
+    /// This rule's events at `cx.now`.
+    pub fn evaluate(&mut self, cx: &EvalCtx) -> Vec<AnomalyEvent> {
+        self.compiled.evaluate(&self.spec, cx)
+    }
+
+    /// The compiled detector as its own type (tests read its parameters).
+    pub fn detector_as<D: Detector>(&self) -> Option<&D> {
+        let any: &dyn std::any::Any = self.compiled.as_ref();
+        any.downcast_ref::<D>()
+    }
 }
 
 /// The shipped rule set (spec sections 4 and 5). `for`s follow the spec's "sustained
@@ -597,214 +435,20 @@ pub fn compile(cfg: &AlertingConfig) -> Result<Vec<Rule>, RuleError> {
         .collect()
 }
 
-fn params<P: DeserializeOwned + Default>(
-    path: &str,
-    v: &serde_json::Value,
-) -> Result<P, RuleError> {
-    if v.is_null() {
-        return Ok(P::default());
-    }
-    serde_path_to_error::deserialize(v).map_err(|e| {
-        let at = e.path().to_string();
-        let key = if at.is_empty() || at == "." {
-            format!("{path}.params")
-        } else {
-            format!("{path}.params.{at}")
-        };
-        (key, e.into_inner().to_string())
-    })
-}
-
-fn validated<P: DeserializeOwned + Default + det::Validate>(
-    path: &str,
-    v: &serde_json::Value,
-) -> Result<P, RuleError> {
-    let p: P = params(path, v)?;
-    p.validate()
-        .map_err(|e| (format!("{path}.params.{}", e.field), e.reason))?;
-    Ok(p)
-}
-
-fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
-    let pv = &r.params;
-    let signal_in = |allowed: &[&str], default: &str| -> Result<String, RuleError> {
-        let s = r.signal.clone().unwrap_or_else(|| default.to_string());
-        if allowed.contains(&s.as_str()) {
-            Ok(s)
-        } else {
-            Err((
-                format!("{path}.signal"),
-                format!(
-                    "{s:?} is not watched by {}; allowed: {}",
-                    r.detector,
-                    allowed.join(", ")
-                ),
-            ))
-        }
+/// One rule (`path` names it in errors) compiled by its detector.
+pub(crate) fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
+    let Some(reg) = detectors::find(&r.detector) else {
+        return Err((
+            format!("{path}.detector"),
+            format!(
+                "unknown detector {:?}; allowed: {}",
+                r.detector,
+                detectors::names().join(", ")
+            ),
+        ));
     };
-    let (kind, signal, window_s) = match r.detector.as_str() {
-        "latency_spike" => (
-            DetectorKind::LatencySpike(validated(path, pv)?),
-            signal_in(LATENCY_SIGNALS, "ttft")?,
-            60,
-        ),
-        "absolute_latency" => (
-            DetectorKind::AbsoluteLatency(validated(path, pv)?),
-            signal_in(LATENCY_SIGNALS, "ttft")?,
-            60,
-        ),
-        "context_aware_threshold" => (
-            DetectorKind::ContextAware(validated(path, pv)?),
-            signal_in(&["ttft", "e2e"], "ttft")?,
-            60,
-        ),
-        "gpu_memory_leak" => (
-            DetectorKind::GpuLeak(validated(path, pv)?),
-            signal_in(&["gpu_memory_used_bytes"], "gpu_memory_used_bytes")?,
-            120,
-        ),
-        "kv_cache_pressure" => (
-            DetectorKind::KvPressure(validated(path, pv)?),
-            signal_in(&["kv_cache_usage"], "kv_cache_usage")?,
-            60,
-        ),
-        // Each long response is an annotation; the rule tests the share of them over `window`.
-        "output_length_outlier" => (
-            DetectorKind::LengthOutlier(validated(path, pv)?),
-            signal_in(&["output_tokens"], "output_tokens")?,
-            120,
-        ),
-        "ks_drift" => (
-            DetectorKind::KsDrift(validated(path, pv)?),
-            signal_in(DRIFT_SIGNALS, "output_tokens")?,
-            300,
-        ),
-        "kl_drift" => (
-            DetectorKind::KlDrift(validated(path, pv)?),
-            signal_in(&["finish_reason"], "finish_reason")?,
-            300,
-        ),
-        "semantic_drift" => (
-            DetectorKind::SemanticDrift(validated(path, pv)?),
-            signal_in(&["output_embedding"], "output_embedding")?,
-            300,
-        ),
-        "drift_vote" => (
-            DetectorKind::DriftVote(drift_vote_rule(path, pv)?),
-            signal_in(DRIFT_SIGNALS, "output_tokens")?,
-            300,
-        ),
-        "cache_pollution" => {
-            let p: det::CachePollutionParams = validated(path, pv)?;
-            let window_ms = r.window.map_or(900_000, |w| w.0.as_millis() as i64);
-            if window_ms <= p.cold_after_ms {
-                return Err((
-                    format!("{path}.window"),
-                    format!(
-                        "the lookback ({window_ms} ms) must be longer than params.cold_after_ms ({}), or no key can go cold",
-                        p.cold_after_ms
-                    ),
-                ));
-            }
-            (
-                DetectorKind::CachePollution(p),
-                signal_in(&["prefix_key"], "prefix_key")?,
-                900,
-            )
-        }
-        "slo_burn" => (
-            DetectorKind::SloBurn(validated(path, pv)?),
-            signal_in(&["success_ratio"], "success_ratio")?,
-            60,
-        ),
-        "error_burst" => (
-            DetectorKind::ErrorBurst(validated(path, pv)?),
-            signal_in(&["success_ratio"], "success_ratio")?,
-            5,
-        ),
-        "batch_jitter" => (
-            DetectorKind::BatchJitter(validated(path, pv)?),
-            signal_in(&["itl"], "itl")?,
-            60,
-        ),
-        "triple_signal_health" => (
-            DetectorKind::TripleSignal(validated(path, pv)?),
-            signal_in(&["gpu_utilization"], "gpu_utilization")?,
-            60,
-        ),
-        "ab_regression" => {
-            let ab: AbParams = params(path, pv)?;
-            if !(0.0..=1.0).contains(&ab.target_share_b) {
-                return Err((
-                    format!("{path}.params.target_share_b"),
-                    "must be between 0 and 1".into(),
-                ));
-            }
-            let p = validated(path, &serde_json::Value::Object(ab.detect))?;
-            (
-                DetectorKind::AbRegression(p, ab.target_share_b),
-                signal_in(&["ttft", "e2e"], "ttft")?,
-                300,
-            )
-        }
-        "prompt_version_decay" => (
-            DetectorKind::PromptDecay(validated(path, pv)?),
-            signal_in(&["success_ratio"], "success_ratio")?,
-            300,
-        ),
-        "topology_convergence" => {
-            let p: TopologyParams = params(path, pv)?;
-            if p.min_gpus < 1 || !(0.0..=1.0).contains(&p.utilization) {
-                return Err((
-                    format!("{path}.params"),
-                    "min_gpus must be ≥ 1 and utilization within 0..1".into(),
-                ));
-            }
-            if p.min_points < 1 {
-                return Err((format!("{path}.params.min_points"), "must be ≥ 1".into()));
-            }
-            (
-                DetectorKind::Topology(p),
-                signal_in(&["gpu_utilization"], "gpu_utilization")?,
-                60,
-            )
-        }
-        "call_chain_convergence" => {
-            let p: CallChainParams = params(path, pv)?;
-            if p.min_spans < 1 || p.pattern.is_empty() {
-                return Err((
-                    format!("{path}.params"),
-                    "min_spans must be ≥ 1 and pattern non-empty".into(),
-                ));
-            }
-            (DetectorKind::CallChain(p), "span_status".to_string(), 30)
-        }
-        "threshold" => {
-            let p: ThresholdParams = params(path, pv)?;
-            if !matches!(p.op.as_str(), ">" | ">=" | "<" | "<=") {
-                return Err((
-                    format!("{path}.params.op"),
-                    format!("{:?}: expected >, >=, < or <=", p.op),
-                ));
-            }
-            let Some(s) = r.signal.clone().filter(|s| !s.is_empty()) else {
-                return Err((
-                    format!("{path}.signal"),
-                    "a threshold rule needs the signal it compares".into(),
-                ));
-            };
-            (DetectorKind::Threshold(p), s, 60)
-        }
-        other => {
-            return Err((
-                format!("{path}.detector"),
-                format!(
-                    "unknown detector {other:?}; allowed: {}",
-                    DETECTORS.join(", ")
-                ),
-            ));
-        }
-    };
+    let (compiled, signal) = (reg.compile)(&RuleInput { path, rule: r })?;
+    let window_s = (reg.default_window_s)();
     let group_by = r
         .group_by
         .clone()
@@ -844,10 +488,9 @@ fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
     if window_ms < 1000 {
         return Err((format!("{path}.window"), "must be at least 1s".into()));
     }
-    Ok(Rule {
+    let spec = RuleSpec {
         name: r.name.clone(),
         detector: r.detector.clone(),
-        kind,
         signal,
         group_by,
         for_ms: r.for_.map(|f| f.0.as_millis() as i64).unwrap_or(0),
@@ -857,7 +500,8 @@ fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
         grade: r.grade.clone(),
         summary,
         description,
-    })
+    };
+    Ok(Rule { spec, compiled })
 }
 
 /// Placeholders: `{{ labels.X }}`, `{{ value }}`, `{{ evidence.X }}`, `{{ summary }}`, `{{ rule }}`, `{{ severity }}`.
@@ -891,7 +535,7 @@ fn check_template(tpl: &str) -> Result<(), String> {
 /// Fill a template from the alert's labels and latest event. Missing keys become empty.
 pub fn render(
     tpl: &str,
-    rule: &Rule,
+    rule: &RuleSpec,
     labels: &BTreeMap<String, String>,
     event: Option<&AnomalyEvent>,
 ) -> String {
@@ -952,6 +596,8 @@ fn json_text(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alerting::detectors::{CachePollution, DriftVote, LatencySpike, SemanticDrift};
+    use tokenwatch_detect as det;
 
     fn cfg(yaml: &str) -> AlertingConfig {
         serde_saphyr::from_str(yaml).unwrap()
@@ -1031,10 +677,8 @@ mod tests {
         let rules = compile(&c).unwrap();
         let r = rules.iter().find(|r| r.name == "latency_spike").unwrap();
         assert_eq!((r.for_ms, r.window_ms), (3000, 5000));
-        match &r.kind {
-            DetectorKind::LatencySpike(p) => assert_eq!((p.min_samples, p.ratio), (20, 2.5)),
-            k => panic!("{k:?}"),
-        }
+        let p = &r.detector_as::<LatencySpike>().unwrap().params;
+        assert_eq!((p.min_samples, p.ratio), (20, 2.5));
         assert!(!rules.iter().any(|r| r.name == "batch_jitter"));
     }
 
@@ -1042,54 +686,44 @@ mod tests {
     fn quality_and_cache_detectors_compile_with_the_spec_defaults() {
         let rules = compile(&AlertingConfig::default()).unwrap();
         let find = |n: &str| rules.iter().find(|r| r.name == n).unwrap();
-        match &find("semantic_drift").kind {
-            DetectorKind::SemanticDrift(p) => assert_eq!(p.min_cosine, 0.85),
-            k => panic!("{k:?}"),
-        }
-        match &find("drift_vote").kind {
-            DetectorKind::DriftVote(v) => {
-                assert_eq!(
-                    (v.vote.w_ks, v.vote.w_embedding, v.vote.w_feedback),
-                    (0.4, 0.35, 0.25)
-                );
-                assert_eq!((v.ks.alpha, v.embedding.min_cosine), (0.01, 0.85));
-            }
-            k => panic!("{k:?}"),
-        }
+        let p = &find("semantic_drift")
+            .detector_as::<SemanticDrift>()
+            .unwrap()
+            .params;
+        assert_eq!(p.min_cosine, 0.85);
+        let v = &find("drift_vote").detector_as::<DriftVote>().unwrap().params;
+        assert_eq!(
+            (v.vote.w_ks, v.vote.w_embedding, v.vote.w_feedback),
+            (0.4, 0.35, 0.25)
+        );
+        assert_eq!((v.ks.alpha, v.embedding.min_cosine), (0.01, 0.85));
         let cache = find("cache_pollution");
         assert_eq!(cache.group_by, vec!["model_id", "tenant"]);
-        match &cache.kind {
-            DetectorKind::CachePollution(p) => {
-                assert_eq!(
-                    (p.max_entropy, p.max_cold_ratio, p.cold_after_ms),
-                    (0.3, 0.4, 300_000)
-                )
-            }
-            k => panic!("{k:?}"),
-        }
+        let p = &cache.detector_as::<CachePollution>().unwrap().params;
+        assert_eq!(
+            (p.max_entropy, p.max_cold_ratio, p.cold_after_ms),
+            (0.3, 0.4, 300_000)
+        );
         let c = cfg(
             "overrides:\n  drift_vote: {params: {threshold: 0.6, ks_alpha: 0.05, min_samples: 10}}\n",
         );
-        match &compile(&c)
-            .unwrap()
-            .into_iter()
+        let rules = compile(&c).unwrap();
+        let v = &rules
+            .iter()
             .find(|r| r.name == "drift_vote")
             .unwrap()
-            .kind
-        {
-            DetectorKind::DriftVote(v) => {
-                assert_eq!(
-                    (
-                        v.vote.threshold,
-                        v.ks.alpha,
-                        v.ks.min_samples,
-                        v.embedding.min_samples
-                    ),
-                    (0.6, 0.05, 10, 10)
-                )
-            }
-            k => panic!("{k:?}"),
-        }
+            .detector_as::<DriftVote>()
+            .unwrap()
+            .params;
+        assert_eq!(
+            (
+                v.vote.threshold,
+                v.ks.alpha,
+                v.ks.min_samples,
+                v.embedding.min_samples
+            ),
+            (0.6, 0.05, 10, 10)
+        );
     }
 
     #[test]
