@@ -49,7 +49,13 @@ impl Detector for AbRegression {
         let params = rule.validated_from(&serde_json::Value::Object(ab.detect))?;
         let signal = rule.signal(&["ttft", "e2e"], "ttft")?;
         let target_share_b = ab.target_share_b;
-        Ok((AbRegression { params, target_share_b }, signal))
+        Ok((
+            AbRegression {
+                params,
+                target_share_b,
+            },
+            signal,
+        ))
     }
 
     fn evaluate(&mut self, rule: &RuleSpec, cx: &EvalCtx) -> Vec<AnomalyEvent> {
@@ -153,7 +159,6 @@ fn quantile_bound(v: &[f64], q: f64, upper: bool) -> Option<f64> {
     };
     Some(v[(rank.max(1.0) as usize).clamp(1, v.len()) - 1])
 }
-
 
 #[cfg(test)]
 mod ab_tests {

@@ -3,7 +3,9 @@
 
 use super::{BuiltinExport, Detector, EvalCtx, LATENCY_SIGNALS, PromCtx, PromRule, RuleInput};
 use crate::alerting::engine::latency::{self, latency_signal_name};
-use crate::alerting::promexport::{INSTANCE, MODEL, count_floor, latency_histogram, num, peer_clause, tail};
+use crate::alerting::promexport::{
+    INSTANCE, MODEL, count_floor, latency_histogram, num, peer_clause, tail,
+};
 use crate::alerting::rules::{RuleError, RuleSpec};
 use tokenwatch_core::alert::{AnomalyEvent, Severity};
 use tokenwatch_detect as det;
@@ -30,9 +32,15 @@ impl Detector for AbsoluteLatency {
     fn builtin_export() -> Option<BuiltinExport> {
         let summary = "P99 time to first token above 2 s: run the health check";
         Some(
-            BuiltinExport::new(0, "ttft_p99_absolute", Self::name(), Severity::Warning, summary)
-                .for_s(60)
-                .grade("L1"),
+            BuiltinExport::new(
+                0,
+                "ttft_p99_absolute",
+                Self::name(),
+                Severity::Warning,
+                summary,
+            )
+            .for_s(60)
+            .grade("L1"),
         )
     }
 
@@ -63,17 +71,23 @@ impl Detector for AbsoluteLatency {
                 expr.push_str(&count_floor(hist, by, &w, min));
             }
             let (name, desc) = if by == MODEL {
-                (r.name.clone(), format!(
-                    "{signal} of {{{{ $labels.model_name }}}} is {{{{ $value | humanizeDuration }}}} (threshold {}s over {w}).",
-                    num(t)
-                ))
+                (
+                    r.name.clone(),
+                    format!(
+                        "{signal} of {{{{ $labels.model_name }}}} is {{{{ $value | humanizeDuration }}}} (threshold {}s over {w}).",
+                        num(t)
+                    ),
+                )
             } else {
                 expr.push_str(&peer_clause(&q, peer));
-                (format!("{}_instance", r.name), format!(
-                    "{signal} of {{{{ $labels.model_name }}}} on {{{{ $labels.instance }}}} is {{{{ $value | humanizeDuration }}}} (threshold {}s over {w}, and {}x its peers' median).",
-                    num(t),
-                    num(peer)
-                ))
+                (
+                    format!("{}_instance", r.name),
+                    format!(
+                        "{signal} of {{{{ $labels.model_name }}}} on {{{{ $labels.instance }}}} is {{{{ $value | humanizeDuration }}}} (threshold {}s over {w}, and {}x its peers' median).",
+                        num(t),
+                        num(peer)
+                    ),
+                )
             };
             out.push(PromRule::new(name, expr, desc));
         }

@@ -65,8 +65,6 @@ impl Detector for BatchJitter {
     }
 
     fn promql(&self, x: &PromCtx) -> Result<Vec<PromRule>, String> {
-        Err(x.no_promql(
-            "pairs each request's inter-token latency with the batch size at its time",
-        ))
+        Err(x.no_promql("pairs each request's inter-token latency with the batch size at its time"))
     }
 }

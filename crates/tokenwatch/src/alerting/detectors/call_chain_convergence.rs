@@ -42,12 +42,12 @@ impl Detector for CallChainConvergence {
     fn compile(rule: &RuleInput) -> Result<(Self, String), RuleError> {
         let p: CallChainParams = rule.params()?;
         if p.min_spans < 1 || p.pattern.is_empty() {
-            return Err(rule.error(
-                "params",
-                "min_spans must be ≥ 1 and pattern non-empty",
-            ));
+            return Err(rule.error("params", "min_spans must be ≥ 1 and pattern non-empty"));
         }
-        Ok((CallChainConvergence { params: p }, "span_status".to_string()))
+        Ok((
+            CallChainConvergence { params: p },
+            "span_status".to_string(),
+        ))
     }
 
     fn evaluate(&mut self, rule: &RuleSpec, cx: &EvalCtx) -> Vec<AnomalyEvent> {

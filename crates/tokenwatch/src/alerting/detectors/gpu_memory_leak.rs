@@ -39,10 +39,16 @@ impl Detector for GpuMemoryLeak {
     fn builtin_export() -> Option<BuiltinExport> {
         let summary = "GPU memory grows steadily while the GPU is idle: likely leak";
         Some(
-            BuiltinExport::new(3, "gpu_memory_leak", Self::name(), Severity::Critical, summary)
-                .window_s(600)
-                .for_s(300)
-                .param("min_slope_bytes_per_s", (128.0 * MIB / 60.0).into()),
+            BuiltinExport::new(
+                3,
+                "gpu_memory_leak",
+                Self::name(),
+                Severity::Critical,
+                summary,
+            )
+            .window_s(600)
+            .for_s(300)
+            .param("min_slope_bytes_per_s", (128.0 * MIB / 60.0).into()),
         )
     }
 

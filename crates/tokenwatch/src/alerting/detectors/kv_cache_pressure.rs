@@ -33,9 +33,15 @@ impl Detector for KvCachePressure {
     fn builtin_export() -> Option<BuiltinExport> {
         let summary = "KV cache above 90% with rising preemptions or queue";
         Some(
-            BuiltinExport::new(2, "kv_cache_pressure", Self::name(), Severity::Warning, summary)
-                .window_s(300)
-                .for_s(60),
+            BuiltinExport::new(
+                2,
+                "kv_cache_pressure",
+                Self::name(),
+                Severity::Warning,
+                summary,
+            )
+            .window_s(300)
+            .for_s(60),
         )
     }
 

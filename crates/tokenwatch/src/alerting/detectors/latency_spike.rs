@@ -3,7 +3,9 @@
 
 use super::{BuiltinExport, Detector, EvalCtx, LATENCY_SIGNALS, PromCtx, PromRule, RuleInput};
 use crate::alerting::engine::latency::{self, SeriesState, latency_signal_name};
-use crate::alerting::promexport::{INSTANCE, MODEL, count_floor, latency_histogram, num, peer_clause, prom_duration, tail};
+use crate::alerting::promexport::{
+    INSTANCE, MODEL, count_floor, latency_histogram, num, peer_clause, prom_duration, tail,
+};
 use crate::alerting::rules::{RuleError, RuleSpec};
 use std::time::Duration;
 use tokenwatch_core::alert::{AnomalyEvent, Severity};
@@ -33,9 +35,15 @@ impl Detector for LatencySpike {
     fn builtin_export() -> Option<BuiltinExport> {
         let summary = "P99 time to first token jumped 2.5x against the minutes before: diagnose the inference path";
         Some(
-            BuiltinExport::new(1, "ttft_p99_spike", Self::name(), Severity::Critical, summary)
-                .for_s(120)
-                .grade("L2"),
+            BuiltinExport::new(
+                1,
+                "ttft_p99_spike",
+                Self::name(),
+                Severity::Critical,
+                summary,
+            )
+            .for_s(120)
+            .grade("L2"),
         )
     }
 
@@ -77,17 +85,23 @@ impl Detector for LatencySpike {
                 count_floor(hist, by, &w, min)
             );
             let (name, desc) = if by == MODEL {
-                (r.name.clone(), format!(
-                    "{signal} of {{{{ $labels.model_name }}}} is {{{{ $value | humanizeDuration }}}}, over {}x the {span} before the last {w}.",
-                    num(ratio)
-                ))
+                (
+                    r.name.clone(),
+                    format!(
+                        "{signal} of {{{{ $labels.model_name }}}} is {{{{ $value | humanizeDuration }}}}, over {}x the {span} before the last {w}.",
+                        num(ratio)
+                    ),
+                )
             } else {
                 expr.push_str(&peer_clause(&q, peer));
-                (format!("{}_instance", r.name), format!(
-                    "{signal} of {{{{ $labels.model_name }}}} on {{{{ $labels.instance }}}} is {{{{ $value | humanizeDuration }}}}, over {}x the {span} before the last {w} and {}x its peers' median.",
-                    num(ratio),
-                    num(peer)
-                ))
+                (
+                    format!("{}_instance", r.name),
+                    format!(
+                        "{signal} of {{{{ $labels.model_name }}}} on {{{{ $labels.instance }}}} is {{{{ $value | humanizeDuration }}}}, over {}x the {span} before the last {w} and {}x its peers' median.",
+                        num(ratio),
+                        num(peer)
+                    ),
+                )
             };
             out.push(PromRule::new(name, expr, desc));
         }

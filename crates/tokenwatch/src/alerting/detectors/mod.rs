@@ -347,3 +347,35 @@ impl Periodic {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_names_are_unique_and_each_detector_compiles_with_its_defaults() {
+        let names = names();
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        for name in names {
+            let rule: RuleConfig = serde_saphyr::from_str(&format!(
+                "{{name: r, detector: {name}, signal: {}}}",
+                if name == "threshold" {
+                    "kv_cache_usage"
+                } else {
+                    "null"
+                }
+            ))
+            .unwrap();
+            let input = RuleInput {
+                path: "alerting.rules[0]",
+                rule: &rule,
+            };
+            let reg = find(name).unwrap();
+            let (_, signal) = (reg.compile)(&input).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            assert!(!signal.is_empty(), "{name}");
+        }
+    }
+}

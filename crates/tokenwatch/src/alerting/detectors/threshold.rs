@@ -44,10 +44,7 @@ impl Detector for Threshold {
     fn compile(rule: &RuleInput) -> Result<(Self, String), RuleError> {
         let p: ThresholdParams = rule.params()?;
         if !matches!(p.op.as_str(), ">" | ">=" | "<" | "<=") {
-            return Err(rule.error(
-                "params.op",
-                format!("{:?}: expected >, >=, < or <=", p.op),
-            ));
+            return Err(rule.error("params.op", format!("{:?}: expected >, >=, < or <=", p.op)));
         }
         let Some(s) = rule.rule.signal.clone().filter(|s| !s.is_empty()) else {
             return Err(rule.error("signal", "a threshold rule needs the signal it compares"));

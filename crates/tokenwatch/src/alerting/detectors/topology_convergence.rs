@@ -47,10 +47,7 @@ impl Detector for TopologyConvergence {
     fn compile(rule: &RuleInput) -> Result<(Self, String), RuleError> {
         let p: TopologyParams = rule.params()?;
         if p.min_gpus < 1 || !(0.0..=1.0).contains(&p.utilization) {
-            return Err(rule.error(
-                "params",
-                "min_gpus must be ≥ 1 and utilization within 0..1",
-            ));
+            return Err(rule.error("params", "min_gpus must be ≥ 1 and utilization within 0..1"));
         }
         if p.min_points < 1 {
             return Err(rule.error("params.min_points", "must be ≥ 1"));

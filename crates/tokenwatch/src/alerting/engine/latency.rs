@@ -314,7 +314,11 @@ pub fn spike(
 
 /// `absolute_latency`: each instance over the limit and out of line with its peers; the model
 /// on its other instances.
-pub fn absolute(rule: &RuleSpec, p: &det::AbsoluteLatencyParams, cx: &EvalCtx) -> Vec<AnomalyEvent> {
+pub fn absolute(
+    rule: &RuleSpec,
+    p: &det::AbsoluteLatencyParams,
+    cx: &EvalCtx,
+) -> Vec<AnomalyEvent> {
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
     for m in cx.inputs.models() {
@@ -359,7 +363,11 @@ fn context_finding(
 
 /// `context_aware_threshold`: as `absolute`, with each window's limit from its median prompt
 /// length and its instance's (or, for the model, the highest) KV-cache usage.
-pub fn context(rule: &RuleSpec, p: &det::ContextThresholdParams, cx: &EvalCtx) -> Vec<AnomalyEvent> {
+pub fn context(
+    rule: &RuleSpec,
+    p: &det::ContextThresholdParams,
+    cx: &EvalCtx,
+) -> Vec<AnomalyEvent> {
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
     for m in cx.inputs.models() {

@@ -170,11 +170,8 @@ impl Harness {
             semantic_drift_models: &empty,
             now,
         };
-        let per_rule: Vec<Vec<AnomalyEvent>> = self
-            .rules
-            .iter_mut()
-            .map(|r| r.evaluate(&cx))
-            .collect();
+        let per_rule: Vec<Vec<AnomalyEvent>> =
+            self.rules.iter_mut().map(|r| r.evaluate(&cx)).collect();
         for (i, events) in per_rule.into_iter().enumerate() {
             self.apply(i, events, now);
         }

@@ -16,9 +16,7 @@ pub mod vectors;
 pub use inputs::AlertSink;
 
 use crate::alerting::deliver::Notifier;
-use crate::alerting::rules::{
-    AlertingConfig, InhibitRule, Rule, default_inhibit_rules, render,
-};
+use crate::alerting::rules::{AlertingConfig, InhibitRule, Rule, default_inhibit_rules, render};
 use crate::alerting::snapshot::{SnapshotContext, snapshot_dir, write_snapshot};
 use crate::export::prometheus::Metrics;
 use crate::pipeline::now_unix_ms;

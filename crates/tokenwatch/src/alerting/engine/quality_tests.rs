@@ -2,8 +2,8 @@
 // its adaptive weights, and per-tenant cache pollution, on inputs whose answer is known.
 
 use super::*;
-use crate::alerting::engine::inputs::{EmbeddingInput, Inputs, PrefixAccess, Rec};
 use crate::alerting::detectors;
+use crate::alerting::engine::inputs::{EmbeddingInput, Inputs, PrefixAccess, Rec};
 use crate::alerting::rules::{AlertingConfig, Rule, compile};
 use std::sync::Arc;
 use tokenwatch_core::signals::SignalBoard;

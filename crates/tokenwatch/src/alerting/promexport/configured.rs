@@ -35,7 +35,10 @@ pub fn rules_for_config(cfg: &AlertingConfig) -> Result<Vec<ExportRule>, RuleErr
 /// The built-in export set: each detector's `builtin_export` rule, compiled as any rule (its
 /// parameters are the detector's), in their file order.
 pub fn builtin_rules() -> Vec<ExportRule> {
-    let mut builtins: Vec<_> = REGISTRY.iter().filter_map(|r| (r.builtin_export)()).collect();
+    let mut builtins: Vec<_> = REGISTRY
+        .iter()
+        .filter_map(|r| (r.builtin_export)())
+        .collect();
     builtins.sort_by_key(|b| b.position);
     builtins
         .iter()
@@ -182,13 +185,19 @@ mod tests {
             y.contains("rate(vllm:e2e_request_latency_seconds_bucket[1m]))) > 2 and"),
             "{y}"
         );
-        assert!(y.contains("e2e_p99_seconds of {{ $labels.model_name }}"), "{y}");
+        assert!(
+            y.contains("e2e_p99_seconds of {{ $labels.model_name }}"),
+            "{y}"
+        );
         assert!(rules_for_config(&cfg("overrides:\n  nope: {for: 1s}\n")).is_err());
     }
 
     #[test]
     fn builtin_exports_compile_from_the_detectors_defaults() {
-        let names: Vec<String> = builtin_rules().into_iter().map(|r| r.rule.name.clone()).collect();
+        let names: Vec<String> = builtin_rules()
+            .into_iter()
+            .map(|r| r.rule.name.clone())
+            .collect();
         assert_eq!(
             names,
             [
@@ -200,7 +209,10 @@ mod tests {
                 "error_burst"
             ]
         );
-        let builtins = REGISTRY.iter().filter(|r| (r.builtin_export)().is_some()).count();
+        let builtins = REGISTRY
+            .iter()
+            .filter(|r| (r.builtin_export)().is_some())
+            .count();
         assert_eq!(builtins, names.len(), "every built-in export compiles");
     }
 
