@@ -123,11 +123,14 @@ pub trait Detector: Any + Send {
     }
 }
 
+/// A rule's compiled detector and the signal it watches.
+pub type Compiled = (Box<dyn Detector>, String);
+
 /// A registry entry: a detector kind's associated functions.
 pub struct Registration {
     pub name: fn() -> &'static str,
     pub default_window_s: fn() -> i64,
-    pub compile: fn(&RuleInput) -> Result<(Box<dyn Detector>, String), RuleError>,
+    pub compile: fn(&RuleInput) -> Result<Compiled, RuleError>,
     pub builtin_export: fn() -> Option<BuiltinExport>,
 }
 
@@ -140,7 +143,7 @@ const fn register<D: Detector>() -> Registration {
     }
 }
 
-fn compile_boxed<D: Detector>(r: &RuleInput) -> Result<(Box<dyn Detector>, String), RuleError> {
+fn compile_boxed<D: Detector>(r: &RuleInput) -> Result<Compiled, RuleError> {
     let (d, signal) = D::compile(r)?;
     Ok((Box::new(d), signal))
 }
