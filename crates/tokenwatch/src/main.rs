@@ -192,7 +192,7 @@ fn rules_command(command: RulesCommand) -> anyhow::Result<()> {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
-    let specs = tokenwatch::alerting::promexport::configured::specs_for_config(&cfg.alerting)
+    let specs = tokenwatch::alerting::promexport::configured::rules_for_config(&cfg.alerting)
         .map_err(|(path, msg)| anyhow::anyhow!("{path}: {msg}"))?;
     let text = tokenwatch::alerting::promexport::export_prometheus_rules(&specs);
     match output {

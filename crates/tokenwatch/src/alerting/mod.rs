@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod deliver;
+pub mod detectors;
 pub mod engine;
 pub mod ingest;
 pub mod promexport;

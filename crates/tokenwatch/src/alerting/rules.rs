@@ -1,13 +1,18 @@
 // Alerting rules: the `alerting:` configuration section, the default rule set covering spec
-// section 4, rule compilation with key-path errors (`alerting.rules[3].params`), and templates.
+// section 4, and rule compilation with key-path errors (`alerting.rules[3].params`) by the
+// registered detectors (`alerting/detectors`); templates are in `rules/template.rs`.
 
+mod template;
+
+pub use template::render;
+
+use crate::alerting::detectors::{self, Detector, EvalCtx, RuleInput};
 use crate::config::HumanDuration;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use template::check_template;
 use tokenwatch_core::alert::{AnomalyEvent, Severity};
-use tokenwatch_detect as det;
 
 /// The `alerting:` section.
 ///
@@ -83,7 +88,7 @@ impl Default for AlertingConfig {
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     pub name: String,
-    /// One of `DETECTORS`.
+    /// One of the registered detectors (`detectors::names()`).
     pub detector: String,
     /// Watched signal where the detector takes one (latency metric, drift series, threshold signal).
     #[serde(default)]
@@ -179,204 +184,11 @@ pub fn default_inhibit_rules() -> Vec<InhibitRule> {
     }]
 }
 
-/// Local parameters of the engine-level detectors (the others take tokenwatch-detect's structs).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ThresholdParams {
-    /// `>`, `>=`, `<` or `<=`.
-    pub op: String,
-    pub value: f64,
-}
-
-impl Default for ThresholdParams {
-    fn default() -> Self {
-        ThresholdParams {
-            op: ">".into(),
-            value: 0.0,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TopologyParams {
-    pub min_gpus: usize,
-    pub utilization: f64,
-    /// A GPU counts as saturated when its last `min_points` samples are all over `utilization`
-    /// (one busy scrape is not saturation). The rule has no `for`: it must be firing when the
-    /// leak alerts it converges fire.
-    pub min_points: usize,
-}
-
-impl Default for TopologyParams {
-    fn default() -> Self {
-        TopologyParams {
-            min_gpus: 3,
-            utilization: 0.85,
-            min_points: 3,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CallChainParams {
-    pub min_spans: usize,
-    /// Case-insensitive text of a span's status message (or attributes) meaning CUDA OOM.
-    pub pattern: String,
-}
-
-impl Default for CallChainParams {
-    fn default() -> Self {
-        CallChainParams {
-            min_spans: 5,
-            pattern: "out of memory".into(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default)]
-pub struct AbParams {
-    /// Share of traffic meant for arm B (0..1).
-    pub target_share_b: f64,
-    #[serde(flatten)]
-    pub detect: serde_json::Map<String, serde_json::Value>,
-}
-
-impl Default for AbParams {
-    fn default() -> Self {
-        AbParams {
-            target_share_b: 0.5,
-            detect: Default::default(),
-        }
-    }
-}
-
-/// A drift vote's parameters, written flat in `params`: the vote's own (`w_ks`, `w_embedding`,
-/// `w_feedback`, `threshold`, `min_signals`) and those of the signals it polls.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default)]
-pub struct DriftVoteConfig {
-    /// Significance level of the KS signal.
-    pub ks_alpha: f64,
-    /// Centroid cosine below which the embedding signal votes "drift".
-    pub min_cosine: f64,
-    /// Values (and embeddings) each window needs before a signal has an opinion.
-    pub min_samples: usize,
-    #[serde(flatten)]
-    pub vote: serde_json::Map<String, serde_json::Value>,
-}
-
-impl Default for DriftVoteConfig {
-    fn default() -> Self {
-        let (ks, emb) = (
-            det::KsDriftParams::default(),
-            det::SemanticDriftParams::default(),
-        );
-        DriftVoteConfig {
-            ks_alpha: ks.alpha,
-            min_cosine: emb.min_cosine,
-            min_samples: ks.min_samples,
-            vote: Default::default(),
-        }
-    }
-}
-
-/// A compiled drift vote: the vote and the KS and embedding detectors it polls.
+/// A compiled rule: what the engine and the export read, and its compiled detector.
 #[derive(Debug, Clone)]
-pub struct DriftVoteRule {
-    pub vote: det::DriftVoteParams,
-    pub ks: det::KsDriftParams,
-    pub embedding: det::SemanticDriftParams,
-}
-
-fn drift_vote_rule(path: &str, v: &serde_json::Value) -> Result<DriftVoteRule, RuleError> {
-    let c: DriftVoteConfig = params(path, v)?;
-    let vote = validated(path, &serde_json::Value::Object(c.vote))?;
-    let ks = det::KsDriftParams {
-        alpha: c.ks_alpha,
-        min_samples: c.min_samples,
-        ..det::KsDriftParams::default()
-    };
-    let embedding = det::SemanticDriftParams {
-        min_cosine: c.min_cosine,
-        min_samples: c.min_samples,
-    };
-    let field = |f: &str| match f {
-        "alpha" => "ks_alpha".to_string(),
-        other => other.to_string(),
-    };
-    det::Validate::validate(&ks)
-        .and_then(|()| det::Validate::validate(&embedding))
-        .map_err(|e| (format!("{path}.params.{}", field(e.field)), e.reason))?;
-    Ok(DriftVoteRule {
-        vote,
-        ks,
-        embedding,
-    })
-}
-
-/// Detector names a rule may use.
-pub const DETECTORS: &[&str] = &[
-    "latency_spike",
-    "absolute_latency",
-    "context_aware_threshold",
-    "gpu_memory_leak",
-    "kv_cache_pressure",
-    "output_length_outlier",
-    "semantic_drift",
-    "ks_drift",
-    "kl_drift",
-    "drift_vote",
-    "cache_pollution",
-    "slo_burn",
-    "error_burst",
-    "batch_jitter",
-    "triple_signal_health",
-    "ab_regression",
-    "prompt_version_decay",
-    "topology_convergence",
-    "call_chain_convergence",
-    "threshold",
-];
-
-/// Latency metrics a latency rule may watch (from request records).
-pub const LATENCY_SIGNALS: &[&str] = &["ttft", "e2e", "itl", "queue"];
-/// Per-request series a drift rule may compare.
-pub const DRIFT_SIGNALS: &[&str] = &["output_tokens", "prompt_tokens", "ttft", "e2e"];
-
-/// A detector with its parsed parameters.
-#[derive(Debug, Clone)]
-pub enum DetectorKind {
-    LatencySpike(det::LatencySpikeParams),
-    AbsoluteLatency(det::AbsoluteLatencyParams),
-    ContextAware(det::ContextThresholdParams),
-    GpuLeak(det::GpuLeakParams),
-    KvPressure(det::KvPressureParams),
-    LengthOutlier(det::LengthOutlierParams),
-    SemanticDrift(det::SemanticDriftParams),
-    KsDrift(det::KsDriftParams),
-    KlDrift(det::KlDriftParams),
-    DriftVote(DriftVoteRule),
-    CachePollution(det::CachePollutionParams),
-    SloBurn(det::SloBurnParams),
-    ErrorBurst(det::ErrorBurstParams),
-    BatchJitter(det::BatchJitterParams),
-    TripleSignal(det::TripleSignalParams),
-    AbRegression(det::AbRegressionParams, f64),
-    PromptDecay(det::PromptDecayParams),
-    Topology(TopologyParams),
-    CallChain(CallChainParams),
-    Threshold(ThresholdParams),
-}
-
-/// A compiled rule.
-#[derive(Debug, Clone)]
-pub struct Rule {
+pub struct RuleSpec {
     pub name: String,
     pub detector: String,
-    pub kind: DetectorKind,
     pub signal: String,
     pub group_by: Vec<String>,
     pub for_ms: i64,
@@ -386,6 +198,38 @@ pub struct Rule {
     pub grade: Option<String>,
     pub summary: String,
     pub description: String,
+}
+
+/// A compiled rule with its detector (parameters and per-rule state).
+pub struct Rule {
+    pub spec: RuleSpec,
+    pub compiled: Box<dyn Detector>,
+}
+
+impl std::ops::Deref for Rule {
+    type Target = RuleSpec;
+    fn deref(&self) -> &RuleSpec {
+        &self.spec
+    }
+}
+
+impl std::fmt::Debug for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.spec.fmt(f)
+    }
+}
+
+impl Rule {
+    /// This rule's events at `cx.now`.
+    pub fn evaluate(&mut self, cx: &EvalCtx) -> Vec<AnomalyEvent> {
+        self.compiled.evaluate(&self.spec, cx)
+    }
+
+    /// The compiled detector as its own type (tests read its parameters).
+    pub fn detector_as<D: Detector>(&self) -> Option<&D> {
+        let any: &dyn std::any::Any = self.compiled.as_ref();
+        any.downcast_ref::<D>()
+    }
 }
 
 /// The shipped rule set (spec sections 4 and 5). `for`s follow the spec's "sustained
@@ -597,214 +441,20 @@ pub fn compile(cfg: &AlertingConfig) -> Result<Vec<Rule>, RuleError> {
         .collect()
 }
 
-fn params<P: DeserializeOwned + Default>(
-    path: &str,
-    v: &serde_json::Value,
-) -> Result<P, RuleError> {
-    if v.is_null() {
-        return Ok(P::default());
-    }
-    serde_path_to_error::deserialize(v).map_err(|e| {
-        let at = e.path().to_string();
-        let key = if at.is_empty() || at == "." {
-            format!("{path}.params")
-        } else {
-            format!("{path}.params.{at}")
-        };
-        (key, e.into_inner().to_string())
-    })
-}
-
-fn validated<P: DeserializeOwned + Default + det::Validate>(
-    path: &str,
-    v: &serde_json::Value,
-) -> Result<P, RuleError> {
-    let p: P = params(path, v)?;
-    p.validate()
-        .map_err(|e| (format!("{path}.params.{}", e.field), e.reason))?;
-    Ok(p)
-}
-
-fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
-    let pv = &r.params;
-    let signal_in = |allowed: &[&str], default: &str| -> Result<String, RuleError> {
-        let s = r.signal.clone().unwrap_or_else(|| default.to_string());
-        if allowed.contains(&s.as_str()) {
-            Ok(s)
-        } else {
-            Err((
-                format!("{path}.signal"),
-                format!(
-                    "{s:?} is not watched by {}; allowed: {}",
-                    r.detector,
-                    allowed.join(", ")
-                ),
-            ))
-        }
+/// One rule (`path` names it in errors) compiled by its detector.
+pub(crate) fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
+    let Some(reg) = detectors::find(&r.detector) else {
+        return Err((
+            format!("{path}.detector"),
+            format!(
+                "unknown detector {:?}; allowed: {}",
+                r.detector,
+                detectors::names().join(", ")
+            ),
+        ));
     };
-    let (kind, signal, window_s) = match r.detector.as_str() {
-        "latency_spike" => (
-            DetectorKind::LatencySpike(validated(path, pv)?),
-            signal_in(LATENCY_SIGNALS, "ttft")?,
-            60,
-        ),
-        "absolute_latency" => (
-            DetectorKind::AbsoluteLatency(validated(path, pv)?),
-            signal_in(LATENCY_SIGNALS, "ttft")?,
-            60,
-        ),
-        "context_aware_threshold" => (
-            DetectorKind::ContextAware(validated(path, pv)?),
-            signal_in(&["ttft", "e2e"], "ttft")?,
-            60,
-        ),
-        "gpu_memory_leak" => (
-            DetectorKind::GpuLeak(validated(path, pv)?),
-            signal_in(&["gpu_memory_used_bytes"], "gpu_memory_used_bytes")?,
-            120,
-        ),
-        "kv_cache_pressure" => (
-            DetectorKind::KvPressure(validated(path, pv)?),
-            signal_in(&["kv_cache_usage"], "kv_cache_usage")?,
-            60,
-        ),
-        // Each long response is an annotation; the rule tests the share of them over `window`.
-        "output_length_outlier" => (
-            DetectorKind::LengthOutlier(validated(path, pv)?),
-            signal_in(&["output_tokens"], "output_tokens")?,
-            120,
-        ),
-        "ks_drift" => (
-            DetectorKind::KsDrift(validated(path, pv)?),
-            signal_in(DRIFT_SIGNALS, "output_tokens")?,
-            300,
-        ),
-        "kl_drift" => (
-            DetectorKind::KlDrift(validated(path, pv)?),
-            signal_in(&["finish_reason"], "finish_reason")?,
-            300,
-        ),
-        "semantic_drift" => (
-            DetectorKind::SemanticDrift(validated(path, pv)?),
-            signal_in(&["output_embedding"], "output_embedding")?,
-            300,
-        ),
-        "drift_vote" => (
-            DetectorKind::DriftVote(drift_vote_rule(path, pv)?),
-            signal_in(DRIFT_SIGNALS, "output_tokens")?,
-            300,
-        ),
-        "cache_pollution" => {
-            let p: det::CachePollutionParams = validated(path, pv)?;
-            let window_ms = r.window.map_or(900_000, |w| w.0.as_millis() as i64);
-            if window_ms <= p.cold_after_ms {
-                return Err((
-                    format!("{path}.window"),
-                    format!(
-                        "the lookback ({window_ms} ms) must be longer than params.cold_after_ms ({}), or no key can go cold",
-                        p.cold_after_ms
-                    ),
-                ));
-            }
-            (
-                DetectorKind::CachePollution(p),
-                signal_in(&["prefix_key"], "prefix_key")?,
-                900,
-            )
-        }
-        "slo_burn" => (
-            DetectorKind::SloBurn(validated(path, pv)?),
-            signal_in(&["success_ratio"], "success_ratio")?,
-            60,
-        ),
-        "error_burst" => (
-            DetectorKind::ErrorBurst(validated(path, pv)?),
-            signal_in(&["success_ratio"], "success_ratio")?,
-            5,
-        ),
-        "batch_jitter" => (
-            DetectorKind::BatchJitter(validated(path, pv)?),
-            signal_in(&["itl"], "itl")?,
-            60,
-        ),
-        "triple_signal_health" => (
-            DetectorKind::TripleSignal(validated(path, pv)?),
-            signal_in(&["gpu_utilization"], "gpu_utilization")?,
-            60,
-        ),
-        "ab_regression" => {
-            let ab: AbParams = params(path, pv)?;
-            if !(0.0..=1.0).contains(&ab.target_share_b) {
-                return Err((
-                    format!("{path}.params.target_share_b"),
-                    "must be between 0 and 1".into(),
-                ));
-            }
-            let p = validated(path, &serde_json::Value::Object(ab.detect))?;
-            (
-                DetectorKind::AbRegression(p, ab.target_share_b),
-                signal_in(&["ttft", "e2e"], "ttft")?,
-                300,
-            )
-        }
-        "prompt_version_decay" => (
-            DetectorKind::PromptDecay(validated(path, pv)?),
-            signal_in(&["success_ratio"], "success_ratio")?,
-            300,
-        ),
-        "topology_convergence" => {
-            let p: TopologyParams = params(path, pv)?;
-            if p.min_gpus < 1 || !(0.0..=1.0).contains(&p.utilization) {
-                return Err((
-                    format!("{path}.params"),
-                    "min_gpus must be ≥ 1 and utilization within 0..1".into(),
-                ));
-            }
-            if p.min_points < 1 {
-                return Err((format!("{path}.params.min_points"), "must be ≥ 1".into()));
-            }
-            (
-                DetectorKind::Topology(p),
-                signal_in(&["gpu_utilization"], "gpu_utilization")?,
-                60,
-            )
-        }
-        "call_chain_convergence" => {
-            let p: CallChainParams = params(path, pv)?;
-            if p.min_spans < 1 || p.pattern.is_empty() {
-                return Err((
-                    format!("{path}.params"),
-                    "min_spans must be ≥ 1 and pattern non-empty".into(),
-                ));
-            }
-            (DetectorKind::CallChain(p), "span_status".to_string(), 30)
-        }
-        "threshold" => {
-            let p: ThresholdParams = params(path, pv)?;
-            if !matches!(p.op.as_str(), ">" | ">=" | "<" | "<=") {
-                return Err((
-                    format!("{path}.params.op"),
-                    format!("{:?}: expected >, >=, < or <=", p.op),
-                ));
-            }
-            let Some(s) = r.signal.clone().filter(|s| !s.is_empty()) else {
-                return Err((
-                    format!("{path}.signal"),
-                    "a threshold rule needs the signal it compares".into(),
-                ));
-            };
-            (DetectorKind::Threshold(p), s, 60)
-        }
-        other => {
-            return Err((
-                format!("{path}.detector"),
-                format!(
-                    "unknown detector {other:?}; allowed: {}",
-                    DETECTORS.join(", ")
-                ),
-            ));
-        }
-    };
+    let (compiled, signal) = (reg.compile)(&RuleInput { path, rule: r })?;
+    let window_s = (reg.default_window_s)();
     let group_by = r
         .group_by
         .clone()
@@ -844,10 +494,9 @@ fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
     if window_ms < 1000 {
         return Err((format!("{path}.window"), "must be at least 1s".into()));
     }
-    Ok(Rule {
+    let spec = RuleSpec {
         name: r.name.clone(),
         detector: r.detector.clone(),
-        kind,
         signal,
         group_by,
         for_ms: r.for_.map(|f| f.0.as_millis() as i64).unwrap_or(0),
@@ -857,288 +506,10 @@ fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError> {
         grade: r.grade.clone(),
         summary,
         description,
-    })
-}
-
-/// Placeholders: `{{ labels.X }}`, `{{ value }}`, `{{ evidence.X }}`, `{{ summary }}`, `{{ rule }}`, `{{ severity }}`.
-fn placeholders(tpl: &str) -> Result<Vec<(usize, usize, String)>, String> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while let Some(start) = tpl[at..].find("{{").map(|i| i + at) {
-        let Some(end) = tpl[start..].find("}}").map(|i| i + start) else {
-            return Err(format!("unclosed {{{{ at byte {start}"));
-        };
-        out.push((start, end + 2, tpl[start + 2..end].trim().to_string()));
-        at = end + 2;
-    }
-    Ok(out)
-}
-
-fn check_template(tpl: &str) -> Result<(), String> {
-    for (_, _, key) in placeholders(tpl)? {
-        let ok = matches!(key.as_str(), "value" | "summary" | "rule" | "severity")
-            || key.strip_prefix("labels.").is_some_and(|k| !k.is_empty())
-            || key.strip_prefix("evidence.").is_some_and(|k| !k.is_empty());
-        if !ok {
-            return Err(format!(
-                "unknown placeholder {{{{ {key} }}}}; allowed: labels.<name>, value, evidence.<key>, summary, rule, severity"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Fill a template from the alert's labels and latest event. Missing keys become empty.
-pub fn render(
-    tpl: &str,
-    rule: &Rule,
-    labels: &BTreeMap<String, String>,
-    event: Option<&AnomalyEvent>,
-) -> String {
-    let Ok(slots) = placeholders(tpl) else {
-        return tpl.to_string();
     };
-    let mut out = String::with_capacity(tpl.len());
-    let mut last = 0;
-    for (start, end, key) in slots {
-        out.push_str(&tpl[last..start]);
-        last = end;
-        let value = match key.as_str() {
-            "summary" => event.map(|e| e.summary.clone()).unwrap_or_default(),
-            "rule" => rule.name.clone(),
-            "severity" => rule.severity.name().to_string(),
-            "value" => event
-                .map(|e| {
-                    e.evidence
-                        .get("value")
-                        .map(json_text)
-                        .unwrap_or_else(|| format!("{:.3}", e.score))
-                })
-                .unwrap_or_default(),
-            k => {
-                if let Some(l) = k.strip_prefix("labels.") {
-                    labels.get(l).cloned().unwrap_or_default()
-                } else if let Some(ev) = k.strip_prefix("evidence.") {
-                    event
-                        .and_then(|e| e.evidence.get(ev))
-                        .map(json_text)
-                        .unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            }
-        };
-        // An empty value between two spaces (a model-level alert has no instance) leaves one.
-        if value.is_empty() && out.ends_with(' ') && tpl[last..].starts_with(' ') {
-            out.pop();
-        }
-        out.push_str(&value);
-    }
-    out.push_str(&tpl[last..]);
-    out
-}
-
-fn json_text(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Number(n) => match n.as_f64() {
-            Some(f) if f.fract() != 0.0 => format!("{f:.3}"),
-            _ => n.to_string(),
-        },
-        other => other.to_string(),
-    }
+    Ok(Rule { spec, compiled })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cfg(yaml: &str) -> AlertingConfig {
-        serde_saphyr::from_str(yaml).unwrap()
-    }
-
-    #[test]
-    fn default_rules_parse_and_compile() {
-        assert!(!default_rule_configs().is_empty());
-        let rules = compile(&AlertingConfig::default()).unwrap();
-        let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
-        for n in [
-            "gpu_memory_leak",
-            "kv_cache_pressure",
-            "absolute_latency",
-            "latency_spike",
-            "slo_burn",
-            "output_length_outlier",
-        ] {
-            assert!(names.contains(&n), "{n} missing from {names:?}");
-        }
-        let spike = rules.iter().find(|r| r.name == "latency_spike").unwrap();
-        assert_eq!(
-            (spike.for_ms, spike.grade.as_deref(), spike.severity),
-            (120_000, Some("L2"), Severity::Critical)
-        );
-    }
-
-    #[test]
-    fn errors_name_the_key_path() {
-        let c = cfg(
-            "default_rules: false\nrules:\n  - {name: a, detector: latency_spike}\n  - {name: b, detector: nope}\n",
-        );
-        let (path, msg) = compile(&c).unwrap_err();
-        assert_eq!(path, "alerting.rules[1].detector");
-        assert!(msg.contains("allowed"), "{msg}");
-        let c = cfg(
-            "default_rules: false\nrules:\n  - {name: a, detector: latency_spike, params: {ratioo: 3}}\n",
-        );
-        let (path, msg) = compile(&c).unwrap_err();
-        assert!(path.starts_with("alerting.rules[0].params"), "{path}");
-        assert!(msg.contains("ratioo"), "{msg}");
-        let c = cfg(
-            "default_rules: false\nrules:\n  - {name: a, detector: absolute_latency, summary: '{{ nope }}'}\n",
-        );
-        assert_eq!(compile(&c).unwrap_err().0, "alerting.rules[0].summary");
-        let c = cfg("overrides:\n  nope: {for: 1s}\n");
-        assert_eq!(compile(&c).unwrap_err().0, "alerting.overrides.nope");
-    }
-
-    #[test]
-    fn check_config_reports_rule_errors_with_the_file_and_path() {
-        let y = "alerting:\n  rules:\n    - {name: a, detector: slo_burn}\n    - {name: b, detector: absolute_latency, params: {threshold_s: -1}}\n";
-        let err = crate::config::Config::from_yaml(y, "tw.yaml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("tw.yaml") && err.contains("alerting.rules[1].params.threshold_s"),
-            "{err}"
-        );
-        let err = crate::config::Config::from_yaml(
-            "alerting:\n  rules:\n    - {name: a, detectr: x}\n",
-            "tw.yaml",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("alerting.rules[0]") && err.contains("detectr"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn overrides_merge_params_and_replace_fields() {
-        let c = cfg(
-            "overrides:\n  latency_spike: {for: 3s, window: 5s, params: {min_samples: 20}}\n  batch_jitter: {enabled: false}\n",
-        );
-        let rules = compile(&c).unwrap();
-        let r = rules.iter().find(|r| r.name == "latency_spike").unwrap();
-        assert_eq!((r.for_ms, r.window_ms), (3000, 5000));
-        match &r.kind {
-            DetectorKind::LatencySpike(p) => assert_eq!((p.min_samples, p.ratio), (20, 2.5)),
-            k => panic!("{k:?}"),
-        }
-        assert!(!rules.iter().any(|r| r.name == "batch_jitter"));
-    }
-
-    #[test]
-    fn quality_and_cache_detectors_compile_with_the_spec_defaults() {
-        let rules = compile(&AlertingConfig::default()).unwrap();
-        let find = |n: &str| rules.iter().find(|r| r.name == n).unwrap();
-        match &find("semantic_drift").kind {
-            DetectorKind::SemanticDrift(p) => assert_eq!(p.min_cosine, 0.85),
-            k => panic!("{k:?}"),
-        }
-        match &find("drift_vote").kind {
-            DetectorKind::DriftVote(v) => {
-                assert_eq!(
-                    (v.vote.w_ks, v.vote.w_embedding, v.vote.w_feedback),
-                    (0.4, 0.35, 0.25)
-                );
-                assert_eq!((v.ks.alpha, v.embedding.min_cosine), (0.01, 0.85));
-            }
-            k => panic!("{k:?}"),
-        }
-        let cache = find("cache_pollution");
-        assert_eq!(cache.group_by, vec!["model_id", "tenant"]);
-        match &cache.kind {
-            DetectorKind::CachePollution(p) => {
-                assert_eq!(
-                    (p.max_entropy, p.max_cold_ratio, p.cold_after_ms),
-                    (0.3, 0.4, 300_000)
-                )
-            }
-            k => panic!("{k:?}"),
-        }
-        let c = cfg(
-            "overrides:\n  drift_vote: {params: {threshold: 0.6, ks_alpha: 0.05, min_samples: 10}}\n",
-        );
-        match &compile(&c)
-            .unwrap()
-            .into_iter()
-            .find(|r| r.name == "drift_vote")
-            .unwrap()
-            .kind
-        {
-            DetectorKind::DriftVote(v) => {
-                assert_eq!(
-                    (
-                        v.vote.threshold,
-                        v.ks.alpha,
-                        v.ks.min_samples,
-                        v.embedding.min_samples
-                    ),
-                    (0.6, 0.05, 10, 10)
-                )
-            }
-            k => panic!("{k:?}"),
-        }
-    }
-
-    #[test]
-    fn quality_and_cache_parameter_errors_name_the_key() {
-        let err = |y: &str| compile(&cfg(y)).unwrap_err();
-        let (path, msg) = err("overrides:\n  drift_vote: {params: {ks_alpha: 2}}\n");
-        assert_eq!(
-            path, "alerting.overrides.drift_vote.params.ks_alpha",
-            "{msg}"
-        );
-        let (path, msg) = err("overrides:\n  drift_vote: {params: {w_kss: 1}}\n");
-        assert!(
-            path.starts_with("alerting.overrides.drift_vote.params") && msg.contains("w_kss"),
-            "{path}: {msg}"
-        );
-        let (path, _) = err("overrides:\n  semantic_drift: {params: {min_cosine: 1.5}}\n");
-        assert_eq!(path, "alerting.overrides.semantic_drift.params.min_cosine");
-        let (path, msg) = err("overrides:\n  cache_pollution: {window: 1m}\n");
-        assert_eq!(path, "alerting.overrides.cache_pollution.window", "{msg}");
-        assert!(msg.contains("cold_after_ms"), "{msg}");
-        let (path, _) = err(
-            "default_rules: false\nrules:\n  - {name: s, detector: semantic_drift, signal: ttft}\n",
-        );
-        assert_eq!(path, "alerting.rules[0].signal");
-    }
-
-    #[test]
-    fn templates_fill_labels_value_and_evidence() {
-        let rule = compile(&AlertingConfig::default()).unwrap().remove(0);
-        let mut labels = BTreeMap::new();
-        labels.insert("model_id".to_string(), "m1".to_string());
-        let mut ev = det::Finding::new(2.0, "it leaks")
-            .with("value", 3.25)
-            .with("rate", 7)
-            .into_event("d", "s", labels.clone(), 0);
-        ev.evidence.insert("text".into(), serde_json::json!("x"));
-        let s = render(
-            "{{ labels.model_id }} {{value}} {{ evidence.rate }} {{ evidence.text }} {{ summary }} {{ evidence.none }}.",
-            &rule,
-            &labels,
-            Some(&ev),
-        );
-        assert_eq!(s, "m1 3.250 7 x it leaks .");
-        let s = render(
-            "P99 of {{ labels.model_id }} {{ labels.instance }} above 2 s",
-            &rule,
-            &labels,
-            None,
-        );
-        assert_eq!(s, "P99 of m1 above 2 s", "no double space for a missing label");
-    }
-}
+#[path = "rules_tests.rs"]
+mod tests;

@@ -4,7 +4,7 @@
 use super::eval::{EvalCtx, labels};
 use super::inputs::{Inputs, Rec};
 use super::latency::SeriesState;
-use crate::alerting::rules::Rule;
+use crate::alerting::rules::RuleSpec;
 use std::collections::{BTreeMap, BTreeSet};
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;
@@ -47,7 +47,7 @@ fn usual(
 /// `error_burst`: an instance bursts when its errors are improbable against its own usual rate
 /// and its peers' rate in the same window; the model on its other instances.
 pub fn error_burst(
-    rule: &Rule,
+    rule: &RuleSpec,
     p: &det::ErrorBurstParams,
     st: &mut SeriesState,
     cx: &EvalCtx,

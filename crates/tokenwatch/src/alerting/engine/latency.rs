@@ -4,7 +4,7 @@
 
 use super::eval::{EvalCtx, labels};
 use super::inputs::{self, Rec};
-use crate::alerting::rules::Rule;
+use crate::alerting::rules::RuleSpec;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_core::signals::names;
@@ -69,7 +69,7 @@ impl SeriesState {
 }
 
 /// The event signal of a latency rule: `ttft_p99_seconds`, `itl_p99_seconds`, …
-pub(super) fn latency_signal_name(metric: &str) -> String {
+pub(crate) fn latency_signal_name(metric: &str) -> String {
     match metric {
         "itl" => "itl_p99_seconds".into(),
         m => names::latency_signal(m, "p99"),
@@ -155,7 +155,7 @@ fn with_slowest(f: det::Finding, cur: &BTreeMap<&str, Vec<f64>>, q: f64) -> det:
 fn instance_event(
     f: det::Finding,
     cmp: &det::PeerComparison,
-    rule: &Rule,
+    rule: &RuleSpec,
     model: &str,
     instance: &str,
     now: i64,
@@ -178,7 +178,7 @@ fn instance_event(
     )
 }
 
-fn model_event(f: det::Finding, rule: &Rule, model: &str, now: i64) -> AnomalyEvent {
+fn model_event(f: det::Finding, rule: &RuleSpec, model: &str, now: i64) -> AnomalyEvent {
     f.with("window_s", rule.window_ms as f64 / 1000.0)
         .into_event(
             &rule.detector,
@@ -249,7 +249,7 @@ fn track(
 /// `latency_spike`: each instance (with peers) against its own reference period and its
 /// peers; the model on its unflagged instances against its reference period.
 pub fn spike(
-    rule: &Rule,
+    rule: &RuleSpec,
     p: &det::LatencySpikeParams,
     st: &mut SeriesState,
     cx: &EvalCtx,
@@ -314,7 +314,11 @@ pub fn spike(
 
 /// `absolute_latency`: each instance over the limit and out of line with its peers; the model
 /// on its other instances.
-pub fn absolute(rule: &Rule, p: &det::AbsoluteLatencyParams, cx: &EvalCtx) -> Vec<AnomalyEvent> {
+pub fn absolute(
+    rule: &RuleSpec,
+    p: &det::AbsoluteLatencyParams,
+    cx: &EvalCtx,
+) -> Vec<AnomalyEvent> {
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
     for m in cx.inputs.models() {
@@ -359,7 +363,11 @@ fn context_finding(
 
 /// `context_aware_threshold`: as `absolute`, with each window's limit from its median prompt
 /// length and its instance's (or, for the model, the highest) KV-cache usage.
-pub fn context(rule: &Rule, p: &det::ContextThresholdParams, cx: &EvalCtx) -> Vec<AnomalyEvent> {
+pub fn context(
+    rule: &RuleSpec,
+    p: &det::ContextThresholdParams,
+    cx: &EvalCtx,
+) -> Vec<AnomalyEvent> {
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
     for m in cx.inputs.models() {

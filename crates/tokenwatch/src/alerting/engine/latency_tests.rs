@@ -2,7 +2,7 @@
 // heavy-tailed, drifting, swinging healthy traffic on four instances raise nothing; a spike on
 // one instance or an error burst alerts, named, within seconds (+ `for`).
 
-use super::super::eval::{EvalCtx, RuleState, evaluate};
+use super::super::eval::EvalCtx;
 use super::super::inputs::{Inputs, Rec};
 use super::super::lifecycle::{Timing, Tracked, Transition, fingerprint, group_labels};
 use crate::alerting::rules::{AlertingConfig, Rule, compile};
@@ -44,7 +44,6 @@ struct Injected {
 /// The shipped rules, the engine's inputs and its lifecycle, stepped once a second.
 struct Harness {
     rules: Vec<Rule>,
-    states: Vec<RuleState>,
     inputs: Inputs,
     board: SignalBoard,
     tracked: HashMap<String, Tracked>,
@@ -67,7 +66,6 @@ impl Harness {
             .collect();
         assert_eq!(rules.len(), RULES.len());
         Harness {
-            states: rules.iter().map(|_| RuleState::default()).collect(),
             rules,
             inputs: Inputs::new(15 * MIN, 200_000),
             board: SignalBoard::new(10, 10),
@@ -172,12 +170,8 @@ impl Harness {
             semantic_drift_models: &empty,
             now,
         };
-        let per_rule: Vec<Vec<AnomalyEvent>> = self
-            .rules
-            .iter()
-            .zip(self.states.iter_mut())
-            .map(|(r, s)| evaluate(r, s, &cx))
-            .collect();
+        let per_rule: Vec<Vec<AnomalyEvent>> =
+            self.rules.iter_mut().map(|r| r.evaluate(&cx)).collect();
         for (i, events) in per_rule.into_iter().enumerate() {
             self.apply(i, events, now);
         }

@@ -24,7 +24,7 @@ impl LengthState {
 }
 
 /// Annotates this evaluation's new records and runs every model's share tests.
-pub(super) fn evaluate(
+pub(crate) fn evaluate(
     detector: &str,
     p: &det::LengthOutlierParams,
     window_ms: i64,

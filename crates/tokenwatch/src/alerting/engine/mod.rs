@@ -16,9 +16,7 @@ pub mod vectors;
 pub use inputs::AlertSink;
 
 use crate::alerting::deliver::Notifier;
-use crate::alerting::rules::{
-    AlertingConfig, DetectorKind, InhibitRule, Rule, default_inhibit_rules, render,
-};
+use crate::alerting::rules::{AlertingConfig, InhibitRule, Rule, default_inhibit_rules, render};
 use crate::alerting::snapshot::{SnapshotContext, snapshot_dir, write_snapshot};
 use crate::export::prometheus::Metrics;
 use crate::pipeline::now_unix_ms;
@@ -135,23 +133,16 @@ pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Starte
     let book = Arc::new(AlertBook::default());
     let retention = rules
         .iter()
-        .map(|r| match r.kind {
-            DetectorKind::KsDrift(_) | DetectorKind::KlDrift(_) | DetectorKind::DriftVote(_) => {
-                7 * r.window_ms
-            }
-            DetectorKind::LatencySpike(ref p) => (1 + i64::from(p.baseline_windows)) * r.window_ms,
-            DetectorKind::ErrorBurst(ref p) => {
-                r.window_ms.max((p.max_window_s * 1000.0) as i64) + (p.baseline_s * 1000.0) as i64
-            }
-            _ => 2 * r.window_ms,
-        })
+        .map(|r| r.compiled.retention_ms(&r.spec))
         .max()
         .unwrap_or(120_000)
         .clamp(120_000, 3_600_000);
-    let embedding_retention = quality::embedding_retention(&rules);
+    let embedding_retention = rules
+        .iter()
+        .filter_map(|r| r.compiled.embedding_retention_ms(&r.spec))
+        .max();
     let (snap_tx, snap_rx) = mpsc::channel(256);
     let engine = Engine {
-        states: rules.iter().map(|_| eval::RuleState::default()).collect(),
         rules,
         tracked: HashMap::new(),
         resolved: VecDeque::new(),
@@ -186,7 +177,6 @@ pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Starte
 
 struct Engine {
     rules: Vec<Rule>,
-    states: Vec<eval::RuleState>,
     tracked: HashMap<String, Tracked>,
     resolved: VecDeque<Alert>,
     inputs: inputs::Inputs,
@@ -240,10 +230,7 @@ impl Engine {
     }
 
     async fn poll_spans(&mut self) {
-        let Some(pattern) = self.rules.iter().find_map(|r| match &r.kind {
-            DetectorKind::CallChain(p) => Some(p.pattern.to_lowercase()),
-            _ => None,
-        }) else {
+        let Some(pattern) = self.rules.iter().find_map(|r| r.compiled.span_pattern()) else {
             return;
         };
         let now = now_unix_ms();
@@ -294,8 +281,8 @@ impl Engine {
                 semantic_drift_models: &semantic_drift_models,
                 now,
             };
-            for (rule, st) in self.rules.iter().zip(self.states.iter_mut()) {
-                per_rule.push(eval::evaluate(rule, st, &cx));
+            for rule in self.rules.iter_mut() {
+                per_rule.push(rule.evaluate(&cx));
             }
         }
         self.store_annotations();
@@ -452,9 +439,9 @@ impl Engine {
     /// (inline when there is no runtime, as in unit tests).
     fn store_annotations(&mut self) {
         let rows: Vec<_> = self
-            .states
+            .rules
             .iter_mut()
-            .flat_map(|s| s.take_annotations())
+            .flat_map(|r| r.compiled.take_annotations())
             .collect();
         if rows.is_empty() {
             return;
@@ -497,14 +484,7 @@ impl Engine {
         if let Some(effect) = &effect {
             alert.root_cause = enrich::root_cause(&self.graph, effect, &self.history);
         }
-        let latency_symptom = matches!(
-            rule.kind,
-            DetectorKind::LatencySpike(_)
-                | DetectorKind::AbsoluteLatency(_)
-                | DetectorKind::ContextAware(_)
-                | DetectorKind::BatchJitter(_)
-        );
-        if latency_symptom && !model.is_empty() {
+        if rule.compiled.latency_symptom() && !model.is_empty() {
             // An instance's alert breaks down that instance's requests.
             let instance = alert.labels.get("instance").cloned().unwrap_or_default();
             let recs: Vec<&inputs::Rec> = self
@@ -519,12 +499,7 @@ impl Engine {
                     .insert("latency_breakdown_json".into(), json.to_string());
             }
         }
-        let gpu_memory = matches!(
-            rule.kind,
-            DetectorKind::GpuLeak(_) | DetectorKind::KvPressure(_)
-        ) || (matches!(rule.kind, DetectorKind::Threshold(_))
-            && rule.signal.starts_with("gpu_memory"));
-        if gpu_memory && !model.is_empty() {
+        if rule.compiled.gpu_memory(&rule.spec) && !model.is_empty() {
             let board = self.signals.read().unwrap_or_else(|p| p.into_inner());
             if let Some(rank) = enrich::eviction(&board, &self.inputs, &model, now, 60_000)
                 && let Some((worst, _)) = rank.first()

@@ -3,7 +3,8 @@
 
 use super::eval::{EvalCtx, labels};
 use super::inputs::values;
-use crate::alerting::rules::{DetectorKind, DriftVoteRule, Rule};
+use crate::alerting::detectors::drift_vote::DriftVoteRule;
+use crate::alerting::rules::RuleSpec;
 use std::collections::{BTreeMap, HashMap};
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;
@@ -62,21 +63,6 @@ impl VoteState {
     }
 }
 
-/// How long embeddings must be kept: the longest reference + current window (7 windows) of
-/// the semantic-drift and drift-vote rules; None without such rules (nothing is kept then).
-pub fn embedding_retention(rules: &[Rule]) -> Option<i64> {
-    rules
-        .iter()
-        .filter(|r| {
-            matches!(
-                r.kind,
-                DetectorKind::SemanticDrift(_) | DetectorKind::DriftVote(_)
-            )
-        })
-        .map(|r| 7 * r.window_ms)
-        .max()
-}
-
 /// The windowed quality detectors run every tenth of their window (½ s to 30 s) and hold their
 /// result in between.
 fn due(st: &mut QualityState, now: i64, window_ms: i64) -> bool {
@@ -92,7 +78,7 @@ fn due(st: &mut QualityState, now: i64, window_ms: i64) -> bool {
 
 /// Centroid of the last window's output embeddings vs the six windows before it.
 pub fn semantic_drift(
-    rule: &Rule,
+    rule: &RuleSpec,
     p: &det::SemanticDriftParams,
     st: &mut QualityState,
     cx: &EvalCtx,
@@ -124,7 +110,7 @@ pub fn semantic_drift(
 /// KS on the rule's per-request series and the embedding centroid cosine (same windows as the
 /// two detectors), user feedback having no opinion until it is collected.
 pub fn drift_vote(
-    rule: &Rule,
+    rule: &RuleSpec,
     cfg: &DriftVoteRule,
     st: &mut QualityState,
     cx: &EvalCtx,
@@ -191,7 +177,7 @@ pub fn drift_vote(
 
 /// Per (model, tenant): the prefix-key accesses of the rule's window (the lookback).
 pub fn cache_pollution(
-    rule: &Rule,
+    rule: &RuleSpec,
     p: &det::CachePollutionParams,
     st: &mut QualityState,
     cx: &EvalCtx,

@@ -2,8 +2,9 @@
 // its adaptive weights, and per-tenant cache pollution, on inputs whose answer is known.
 
 use super::*;
+use crate::alerting::detectors;
 use crate::alerting::engine::inputs::{EmbeddingInput, Inputs, PrefixAccess, Rec};
-use crate::alerting::rules::{AlertingConfig, DetectorKind, compile};
+use crate::alerting::rules::{AlertingConfig, Rule, compile};
 use std::sync::Arc;
 use tokenwatch_core::signals::SignalBoard;
 
@@ -85,9 +86,7 @@ fn semantic_drift_fires_on_a_moved_centroid_only() {
     embed(&mut inputs, "steady", 0, 60, NOW - W + 1, NOW);
     let board = SignalBoard::new(10, 10);
     let mut st = QualityState::default();
-    let DetectorKind::SemanticDrift(p) = &r.kind else {
-        panic!()
-    };
+    let p = &r.detector_as::<detectors::SemanticDrift>().unwrap().params;
     let ev = semantic_drift(&r, p, &mut st, &eval_at(&inputs, &board, NOW));
     assert_eq!(ev.len(), 1, "{ev:#?}");
     let e = &ev[0];
@@ -115,9 +114,7 @@ fn drift_vote_needs_two_signals_and_reports_both() {
         "drift_vote",
         "  drift_vote: {window: 10s, params: {min_samples: 20}}\n",
     );
-    let DetectorKind::DriftVote(cfg) = &r.kind else {
-        panic!()
-    };
+    let cfg = &r.detector_as::<detectors::DriftVote>().unwrap().params;
     let mut inputs = Inputs::new(7 * W, 10_000);
     for i in 0..60 {
         // Reference outputs ~100 tokens, current ~400.
@@ -179,9 +176,7 @@ fn cache_pollution_fires_per_tenant() {
         "cache_pollution",
         "  cache_pollution: {window: 60s, params: {cold_after_ms: 5000}}\n",
     );
-    let DetectorKind::CachePollution(p) = &r.kind else {
-        panic!()
-    };
+    let p = &r.detector_as::<detectors::CachePollution>().unwrap().params;
     let mut inputs = Inputs::new(120_000, 1000);
     // "noisy": one hot prefix (270 accesses, still in use) and 30 one-off prefixes 20 s ago.
     for i in 0..270 {

@@ -1,30 +1,29 @@
 // The user's configured rules (`alerting.rules`, overrides applied) as export specs, and the
 // PromQL that reads each normalised signal from the runtimes' own metrics (vLLM, DCGM exporter).
 
-use super::{RuleExportSpec, default_export_specs, latency_histogram, prom_duration};
-use crate::alerting::rules::{AlertingConfig, DetectorKind, Rule, RuleError, compile};
-use std::collections::BTreeMap;
+use super::{ExportRule, latency_histogram, prom_duration};
+use crate::alerting::detectors::REGISTRY;
+use crate::alerting::rules::{AlertingConfig, RuleError, RuleSpec, compile, compile_rule};
 use std::time::Duration;
 use tokenwatch_core::signals::names;
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 /// What `tokenwatch rules export` writes for a configuration: the built-in export set (when
 /// `alerting.default_rules` is on), then every configured rule (`alerting.rules`, with its
 /// overrides). A configured rule named like a built-in export replaces it. Rules PromQL cannot
 /// express stay in the list; the renderer turns them into `# skipped` comment lines.
-pub fn specs_for_config(cfg: &AlertingConfig) -> Result<Vec<RuleExportSpec>, RuleError> {
-    let compiled = compile(cfg)?;
-    let configured: Vec<RuleExportSpec> = cfg
-        .rules
-        .iter()
-        .filter_map(|rc| compiled.iter().find(|r| r.name == rc.name))
-        .map(spec_of_rule)
+pub fn rules_for_config(cfg: &AlertingConfig) -> Result<Vec<ExportRule>, RuleError> {
+    let configured: Vec<ExportRule> = compile(cfg)?
+        .into_iter()
+        .filter(|r| cfg.rules.iter().any(|rc| rc.name == r.name))
+        .map(|rule| ExportRule {
+            rule,
+            builtin: false,
+        })
         .collect();
-    let mut out: Vec<RuleExportSpec> = if cfg.default_rules {
-        default_export_specs()
+    let mut out: Vec<ExportRule> = if cfg.default_rules {
+        builtin_rules()
             .into_iter()
-            .filter(|d| !configured.iter().any(|c| c.name == d.name))
+            .filter(|d| !configured.iter().any(|c| c.rule.name == d.rule.name))
             .collect()
     } else {
         Vec::new()
@@ -33,102 +32,32 @@ pub fn specs_for_config(cfg: &AlertingConfig) -> Result<Vec<RuleExportSpec>, Rul
     Ok(out)
 }
 
-/// One compiled rule as an export spec (parameters in the exporter's units).
-pub fn spec_of_rule(r: &Rule) -> RuleExportSpec {
-    let window_s = r.window_ms as f64 / 1000.0;
-    let latency = |metric: &str| match metric {
-        "itl" => "itl_p99_seconds".to_string(),
-        m => names::latency_signal(m, "p99"),
-    };
-    let mut comparison = None;
-    let (signal, params): (String, Vec<(&str, f64)>) = match &r.kind {
-        DetectorKind::AbsoluteLatency(p) => (
-            latency(&r.signal),
-            vec![
-                ("threshold_seconds", p.threshold_s),
-                ("min_samples", p.min_samples as f64),
-                ("peer_ratio", p.peer_ratio),
-            ],
-        ),
-        DetectorKind::LatencySpike(p) => (
-            latency(&r.signal),
-            vec![
-                ("ratio", p.ratio),
-                ("min_samples", p.min_samples as f64),
-                ("baseline_windows", f64::from(p.baseline_windows)),
-                ("peer_ratio", p.peer_ratio),
-            ],
-        ),
-        DetectorKind::ContextAware(p) => (
-            latency(&r.signal),
-            vec![
-                ("base_ms", p.base_ms),
-                ("per_prompt_token", p.per_prompt_token),
-                ("kv_offset", p.kv_offset),
-                ("kv_weight", p.kv_weight),
-            ],
-        ),
-        DetectorKind::KvPressure(p) => (
-            r.signal.clone(),
-            vec![("usage_threshold", p.usage_threshold)],
-        ),
-        DetectorKind::GpuLeak(p) => (
-            r.signal.clone(),
-            vec![
-                (
-                    "growth_mib_per_minute",
-                    p.min_slope_bytes_per_s * 60.0 / MIB,
-                ),
-                ("max_utilization", p.max_utilization),
-                ("step_mib", p.step_bytes / MIB),
-                ("consecutive", p.consecutive as f64),
-            ],
-        ),
-        DetectorKind::SloBurn(p) => (
-            "error_ratio".to_string(),
-            vec![
-                ("objective", p.objective),
-                ("fast_burn", p.fast_burn),
-                ("slow_burn", p.slow_burn),
-            ],
-        ),
-        DetectorKind::ErrorBurst(p) => (
-            "error_ratio".to_string(),
-            vec![
-                ("objective", p.objective),
-                ("burn_rate", p.burn_rate),
-                ("min_requests", p.min_requests as f64),
-            ],
-        ),
-        DetectorKind::Threshold(p) => {
-            comparison = Some(p.op.clone());
-            (r.signal.clone(), vec![("value", p.value)])
-        }
-        _ => (r.signal.clone(), Vec::new()),
-    };
-    let mut params: BTreeMap<String, f64> = params
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
+/// The built-in export set: each detector's `builtin_export` rule, compiled as any rule (its
+/// parameters are the detector's), in their file order.
+pub fn builtin_rules() -> Vec<ExportRule> {
+    let mut builtins: Vec<_> = REGISTRY
+        .iter()
+        .filter_map(|r| (r.builtin_export)())
         .collect();
-    params.insert("window_seconds".into(), window_s);
-    RuleExportSpec {
-        name: r.name.clone(),
-        detector: r.detector.clone(),
-        signal,
-        params,
-        for_duration: Duration::from_millis(r.for_ms.max(0) as u64),
-        severity: r.severity,
-        grade: r.grade.clone(),
-        summary: prom_template(&r.summary, r),
-        summary_is_template: true,
-        comparison,
-    }
+    builtins.sort_by_key(|b| b.position);
+    builtins
+        .iter()
+        .filter_map(|b| {
+            let path = format!("builtin_export({})", b.rule.name);
+            // The built-in definitions compile (a unit test checks); a failure drops the rule.
+            let rule = compile_rule(&path, &b.rule).ok()?;
+            Some(ExportRule {
+                rule,
+                builtin: true,
+            })
+        })
+        .collect()
 }
 
 /// A tokenwatch template as a Prometheus one: label placeholders become `$labels` (with the
 /// runtimes' label names), `value` becomes `$value`, `rule`/`severity` are filled in, and
 /// evidence (which only tokenwatch's detectors produce) is left out.
-fn prom_template(tpl: &str, r: &Rule) -> String {
+pub(crate) fn prom_template(tpl: &str, r: &RuleSpec) -> String {
     let mut out = String::with_capacity(tpl.len());
     let mut rest = tpl;
     while let Some(start) = rest.find("{{") {
@@ -208,32 +137,6 @@ pub fn signal_expr(signal: &str, window: Duration) -> Result<String, String> {
     })
 }
 
-/// Why a detector has no PromQL form (the `# skipped` comment).
-pub fn skip_reason(detector: &str) -> String {
-    let why = match detector {
-        "output_length_outlier" => {
-            "tests each response on a log scale against the model's previous responses, then the share of outliers against the model's own baseline rate: needs tokenwatch's per-request records"
-        }
-        "ks_drift" | "kl_drift" | "semantic_drift" | "drift_vote" => {
-            "a two-sample test between request windows: needs tokenwatch's per-request records"
-        }
-        "batch_jitter" => {
-            "pairs each request's inter-token latency with the batch size at its time"
-        }
-        "triple_signal_health" => {
-            "joins GPU (DCGM) and runtime series of one instance, whose labels differ per deployment"
-        }
-        "ab_regression" | "prompt_version_decay" => {
-            "needs the A/B group / prompt version of each request, which the runtimes do not export"
-        }
-        "topology_convergence" => "needs the GPUs' PCIe topology",
-        "call_chain_convergence" => "needs trace spans",
-        "cache_pollution" => "needs per-tenant prefix-cache key accesses",
-        _ => "needs tokenwatch's own data",
-    };
-    format!("detector {detector:?} has no PromQL equivalent ({why})")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,8 +150,8 @@ mod tests {
         let c = cfg(
             "rules:\n  - {name: kv_full, detector: threshold, signal: kv_cache_usage, params: {op: '>', value: 0.98}, for: 1m, severity: critical, summary: 'KV full on {{ labels.instance }} ({{ labels.model_id }}): {{ value }}'}\n  - {name: kv_cache_pressure, detector: kv_cache_pressure, params: {usage_threshold: 0.95}}\n  - {name: drift, detector: ks_drift}\n",
         );
-        let specs = specs_for_config(&c).unwrap();
-        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        let specs = rules_for_config(&c).unwrap();
+        let names: Vec<&str> = specs.iter().map(|s| s.rule.name.as_str()).collect();
         assert_eq!(
             names,
             [
@@ -262,23 +165,55 @@ mod tests {
                 "drift"
             ]
         );
-        let kv = &specs[5];
-        assert_eq!(kv.comparison.as_deref(), Some(">"));
-        assert_eq!(kv.params["value"], 0.98);
-        assert_eq!(kv.for_duration, Duration::from_secs(60));
-        assert_eq!(
-            kv.summary,
-            "KV full on {{ $labels.instance }} ({{ $labels.model_name }}): {{ $value }}"
+        let y = super::super::export_prometheus_rules(&specs);
+        let kv = &y[y.find("- alert: \"kv_full\"").unwrap()..];
+        let kv = &kv[..kv[1..].find("- alert:").unwrap()];
+        assert!(kv.contains("vllm:kv_cache_usage_perc) > 0.98\""), "{kv}");
+        assert!(kv.contains("for: 1m"), "{kv}");
+        assert!(
+            kv.contains("summary: \"KV full on {{ $labels.instance }} ({{ $labels.model_name }}): {{ $value }}\""),
+            "{kv}"
         );
-        assert_eq!(specs[6].params["usage_threshold"], 0.95);
-        let only = specs_for_config(&cfg(
+        assert!(y.contains("(vllm:kv_cache_usage_perc) > 0.95 and"), "{y}");
+        let only = rules_for_config(&cfg(
             "default_rules: false\nrules:\n  - {name: a, detector: absolute_latency, signal: e2e}\n",
         ))
         .unwrap();
         assert_eq!(only.len(), 1);
-        assert_eq!(only[0].signal, "e2e_p99_seconds");
-        assert_eq!(only[0].params["threshold_seconds"], 2.0);
-        assert!(specs_for_config(&cfg("overrides:\n  nope: {for: 1s}\n")).is_err());
+        let y = super::super::export_prometheus_rules(&only);
+        assert!(
+            y.contains("rate(vllm:e2e_request_latency_seconds_bucket[1m]))) > 2 and"),
+            "{y}"
+        );
+        assert!(
+            y.contains("e2e_p99_seconds of {{ $labels.model_name }}"),
+            "{y}"
+        );
+        assert!(rules_for_config(&cfg("overrides:\n  nope: {for: 1s}\n")).is_err());
+    }
+
+    #[test]
+    fn builtin_exports_compile_from_the_detectors_defaults() {
+        let names: Vec<String> = builtin_rules()
+            .into_iter()
+            .map(|r| r.rule.name.clone())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "ttft_p99_absolute",
+                "ttft_p99_spike",
+                "kv_cache_pressure",
+                "gpu_memory_leak",
+                "slo_error_budget_burn",
+                "error_burst"
+            ]
+        );
+        let builtins = REGISTRY
+            .iter()
+            .filter(|r| (r.builtin_export)().is_some())
+            .count();
+        assert_eq!(builtins, names.len(), "every built-in export compiles");
     }
 
     #[test]
