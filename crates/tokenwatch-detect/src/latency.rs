@@ -141,25 +141,11 @@ impl Validate for LatencySpikeParams {
             "ratio",
             "must be a number > 1",
         )?;
-        check(
-            self.min_tail_samples >= 1,
-            "min_tail_samples",
-            "must be ≥ 1",
-        )?;
-        check(
-            self.min_samples > self.min_tail_samples,
-            "min_samples",
-            "must be larger than min_tail_samples",
-        )?;
+        check_tail(self.min_samples, self.min_tail_samples, self.peer_ratio)?;
         check(
             (1..=60).contains(&self.baseline_windows),
             "baseline_windows",
             "must be between 1 and 60",
-        )?;
-        check(
-            self.peer_ratio.is_finite() && self.peer_ratio > 1.0,
-            "peer_ratio",
-            "must be a number > 1",
         )?;
         check(
             self.max_hold_s.is_finite() && self.max_hold_s > 0.0,
@@ -167,6 +153,21 @@ impl Validate for LatencySpikeParams {
             "must be > 0",
         )
     }
+}
+
+/// The tail and peer parameters the three latency detectors share.
+fn check_tail(min_samples: u64, min_tail_samples: u64, peer_ratio: f64) -> Result<(), ParamError> {
+    check(min_tail_samples >= 1, "min_tail_samples", "must be ≥ 1")?;
+    check(
+        min_samples > min_tail_samples,
+        "min_samples",
+        "must be larger than min_tail_samples",
+    )?;
+    check(
+        peer_ratio.is_finite() && peer_ratio > 1.0,
+        "peer_ratio",
+        "must be a number > 1",
+    )
 }
 
 /// Score = (current / baseline) / ratio: 1.0 exactly at the threshold. `current` and
@@ -247,21 +248,7 @@ impl Validate for AbsoluteLatencyParams {
             "threshold_s",
             "must be > 0",
         )?;
-        check(
-            self.min_tail_samples >= 1,
-            "min_tail_samples",
-            "must be ≥ 1",
-        )?;
-        check(
-            self.min_samples > self.min_tail_samples,
-            "min_samples",
-            "must be larger than min_tail_samples",
-        )?;
-        check(
-            self.peer_ratio.is_finite() && self.peer_ratio > 1.0,
-            "peer_ratio",
-            "must be a number > 1",
-        )
+        check_tail(self.min_samples, self.min_tail_samples, self.peer_ratio)
     }
 }
 
@@ -341,21 +328,7 @@ impl Validate for ContextThresholdParams {
             "kv_offset",
             "kv_offset − kv_weight must be > 0 so the threshold stays positive at full KV cache",
         )?;
-        check(
-            self.min_tail_samples >= 1,
-            "min_tail_samples",
-            "must be ≥ 1",
-        )?;
-        check(
-            self.min_samples > self.min_tail_samples,
-            "min_samples",
-            "must be larger than min_tail_samples",
-        )?;
-        check(
-            self.peer_ratio.is_finite() && self.peer_ratio > 1.0,
-            "peer_ratio",
-            "must be a number > 1",
-        )
+        check_tail(self.min_samples, self.min_tail_samples, self.peer_ratio)
     }
 }
 
