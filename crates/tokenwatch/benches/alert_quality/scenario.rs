@@ -230,7 +230,7 @@ pub fn catalogue(t: Timing, a: &str, b: &str) -> Vec<Scenario> {
                 instance: a2.clone(),
                 start_s: t.warmup_s + lag,
                 duration_s: t.fault_s,
-                expected: names(&["latency", "spike"]),
+                expected: names(&["latency", "spike", "jitter"]),
                 incident: 0,
                 root_cause: Some("leak".into()),
             },
@@ -248,7 +248,7 @@ pub fn catalogue(t: Timing, a: &str, b: &str) -> Vec<Scenario> {
             &["latency_spike:factor=10,share=0.3"],
             a,
             &a1,
-            &["latency", "spike"],
+            &["latency", "spike", "jitter"],
         ),
         one(
             "error_burst",

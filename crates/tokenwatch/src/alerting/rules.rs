@@ -51,6 +51,8 @@ pub struct AlertingConfig {
     pub resolve_after: HumanDuration,
     /// … and for at least this many consecutive evaluations.
     pub resolve_clean_evaluations: u32,
+    /// A pending alert survives gaps in its condition this short (see `lifecycle::Timing`).
+    pub pending_grace: HumanDuration,
     /// Longest time between two evaluations when no data arrives (data wakes the engine earlier).
     pub evaluation_interval: HumanDuration,
     /// Resolved alerts stay visible in the API this long.
@@ -75,6 +77,7 @@ impl Default for AlertingConfig {
             inhibit_rules: None,
             resolve_after: HumanDuration(Duration::from_secs(30)),
             resolve_clean_evaluations: 3,
+            pending_grace: HumanDuration(Duration::from_secs(5)),
             evaluation_interval: HumanDuration(Duration::from_millis(250)),
             keep_resolved: HumanDuration(Duration::from_secs(3600)),
             incident_window: HumanDuration(Duration::from_secs(300)),

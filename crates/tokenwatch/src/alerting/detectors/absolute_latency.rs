@@ -48,6 +48,10 @@ impl Detector for AbsoluteLatency {
         latency::absolute(rule, &self.params, cx)
     }
 
+    fn retention_ms(&self, rule: &RuleSpec) -> i64 {
+        latency::MAX_STRETCH_WINDOWS * rule.window_ms
+    }
+
     fn latency_symptom(&self) -> bool {
         true
     }

@@ -53,7 +53,7 @@ impl Detector for LatencySpike {
 
     /// The window and the `baseline_windows` before it.
     fn retention_ms(&self, rule: &RuleSpec) -> i64 {
-        (1 + i64::from(self.params.baseline_windows)) * rule.window_ms
+        (latency::MAX_STRETCH_WINDOWS + i64::from(self.params.baseline_windows)) * rule.window_ms
     }
 
     fn latency_symptom(&self) -> bool {

@@ -99,6 +99,48 @@ fn by_instance<'a>(
     out
 }
 
+/// Longest stretch of an instance's window, in windows. The minimum-sample rule scaled to an
+/// instance's rate: a low-rate instance (a quarter of its model's traffic, less while the pool
+/// routes around it because it is slow) is judged on the shortest stretch of 1..=this many
+/// windows holding `min_samples` of its requests, rather than not at all.
+pub(crate) const MAX_STRETCH_WINDOWS: i64 = 3;
+
+/// Each instance's values over the shortest stretch (whole windows, ending now) holding
+/// `min_samples`, sorted, with the stretch's length in ms.
+fn scaled_by_instance<'a>(
+    recs: &[&'a Rec],
+    signal: &str,
+    now: i64,
+    w: i64,
+    min_samples: u64,
+) -> (BTreeMap<&'a str, Vec<f64>>, BTreeMap<&'a str, i64>) {
+    let mut timed: BTreeMap<&str, Vec<(i64, f64)>> = BTreeMap::new();
+    for r in recs.iter().filter(|r| r.ok && r.at_ms <= now) {
+        if let Some(v) = r.value(signal) {
+            timed.entry(r.instance.as_str()).or_default().push((r.at_ms, v));
+        }
+    }
+    let (mut values, mut spans) = (BTreeMap::new(), BTreeMap::new());
+    for (i, pts) in timed {
+        let span = (1..=MAX_STRETCH_WINDOWS)
+            .map(|k| k * w)
+            .find(|span| pts.iter().filter(|(t, _)| *t > now - span).count() as u64 >= min_samples)
+            .unwrap_or(MAX_STRETCH_WINDOWS * w);
+        let mut v: Vec<f64> = pts
+            .iter()
+            .filter(|(t, _)| *t > now - span)
+            .map(|(_, v)| *v)
+            .collect();
+        if v.is_empty() {
+            continue;
+        }
+        v.sort_by(f64::total_cmp);
+        values.insert(i, v);
+        spans.insert(i, span);
+    }
+    (values, spans)
+}
+
 /// Instances of a window that can be told apart (named, and at least two of them).
 fn named(cur: &BTreeMap<&str, Vec<f64>>) -> Vec<String> {
     let names: Vec<String> = cur
@@ -260,33 +302,44 @@ pub fn spike(
     let refresh = (w / BASELINE_REFRESH_DIVISOR).max(100);
     let mut out = Vec::new();
     for m in cx.inputs.models() {
-        let recs: Vec<&Rec> = cx.inputs.window(&m, now - w, now).collect();
+        let recs: Vec<&Rec> = cx
+            .inputs
+            .window(&m, now - MAX_STRETCH_WINDOWS * w, now)
+            .collect();
         let cur = by_instance(&recs, &rule.signal, now - w, now);
+        let (scaled, spans) = scaled_by_instance(&recs, &rule.signal, now, w, p.min_samples);
         let period = (now - w - span, now - w);
         let mut flagged = BTreeSet::new();
-        for i in named(&cur) {
+        for i in named(&scaled) {
             if st.get(&m, &i).episodes.expire(now, max_hold) {
                 let s = st.get(&m, &i);
                 s.frozen = None;
                 s.cached = None;
             }
+            // The reference period ends where the instance's (stretched) window starts.
+            let stretch = spans.get(i.as_str()).copied().unwrap_or(w);
             let base = baseline(
                 st,
                 &m,
                 Some(&i),
                 cx.inputs,
                 &rule.signal,
-                period,
+                (now - stretch - span, now - stretch),
                 refresh,
                 now,
             );
-            let f = det::latency_spike(&cur[i.as_str()], &base, p);
+            let f = det::latency_spike(&scaled[i.as_str()], &base, p);
             track(st, &m, &i, f.is_some(), &base, w, now);
             // An instance out of line with its peers is left out of the model's window: named
-            // when it spiked, and not the model's problem either way.
+            // when it spiked, and not the model's problem either way. One whose spike episode
+            // is still open stays out even when a window's peer comparison wavers, so the
+            // incident does not flip between the instance's alert and the model's.
             let Some(cmp) =
-                outlier_among_peers(&cur, &i, p.min_samples, p.min_tail_samples, p.peer_ratio)
+                outlier_among_peers(&scaled, &i, p.min_samples, p.min_tail_samples, p.peer_ratio)
             else {
+                if st.get(&m, &i).frozen.is_some() {
+                    flagged.insert(i);
+                }
                 continue;
             };
             if let Some(f) = f {
@@ -322,16 +375,20 @@ pub fn absolute(
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
     for m in cx.inputs.models() {
-        let recs: Vec<&Rec> = cx.inputs.window(&m, now - w, now).collect();
+        let recs: Vec<&Rec> = cx
+            .inputs
+            .window(&m, now - MAX_STRETCH_WINDOWS * w, now)
+            .collect();
         let cur = by_instance(&recs, &rule.signal, now - w, now);
+        let (scaled, _) = scaled_by_instance(&recs, &rule.signal, now, w, p.min_samples);
         let mut flagged = BTreeSet::new();
-        for i in named(&cur) {
+        for i in named(&scaled) {
             let Some(cmp) =
-                outlier_among_peers(&cur, &i, p.min_samples, p.min_tail_samples, p.peer_ratio)
+                outlier_among_peers(&scaled, &i, p.min_samples, p.min_tail_samples, p.peer_ratio)
             else {
                 continue;
             };
-            if let Some(f) = det::absolute_latency(&cur[i.as_str()], p) {
+            if let Some(f) = det::absolute_latency(&scaled[i.as_str()], p) {
                 out.push(instance_event(f, &cmp, rule, &m, &i, now));
             }
             flagged.insert(i);

@@ -194,6 +194,7 @@ impl Harness {
             for_ms: rule.for_ms,
             resolve_after_ms: 30_000,
             clean_evaluations: 3,
+            pending_grace_ms: AlertingConfig::default().pending_grace.0.as_millis() as i64,
         };
         let mut gone = Vec::new();
         for (fp, t) in self.tracked.iter_mut().filter(|(_, t)| t.rule_index == i) {

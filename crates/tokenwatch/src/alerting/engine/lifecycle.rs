@@ -49,6 +49,10 @@ pub struct Timing {
     pub for_ms: i64,
     pub resolve_after_ms: i64,
     pub clean_evaluations: u32,
+    /// A pending alert survives gaps in its condition up to this long (evaluation runs on
+    /// every batch of data, several times a second: one evaluation that misses must not restart
+    /// a 2 min `for`); a longer gap drops it.
+    pub pending_grace_ms: i64,
 }
 
 impl Tracked {
@@ -110,6 +114,7 @@ impl Tracked {
                 }
                 None
             }
+            (AlertState::Pending, None) if now - self.last_true_ms <= t.pending_grace_ms => None,
             (AlertState::Pending, None) => Some(Transition::Dropped),
             (AlertState::Firing, None) => {
                 self.clean_evaluations = self.clean_evaluations.saturating_add(1);
@@ -161,6 +166,7 @@ mod tests {
             for_ms: 1000,
             resolve_after_ms: 2000,
             clean_evaluations: 3,
+            pending_grace_ms: 0,
         };
         let e = ev();
         let mut a = Tracked::new("r", 0, Severity::Warning, None, BTreeMap::new(), &e, 0);
@@ -185,6 +191,7 @@ mod tests {
             for_ms: 0,
             resolve_after_ms: 0,
             clean_evaluations: 1,
+            pending_grace_ms: 0,
         };
         let e = ev();
         let mut a = Tracked::new(
@@ -204,5 +211,27 @@ mod tests {
         let mut b = Tracked::new("r", 0, Severity::Critical, None, BTreeMap::new(), &e, 5);
         assert_eq!(b.step(Some(&e), 5, &t2), None);
         assert_eq!(b.step(None, 6, &t2), Some(Transition::Dropped));
+    }
+
+    #[test]
+    fn pending_survives_short_gaps_only() {
+        let t = Timing {
+            for_ms: 10_000,
+            resolve_after_ms: 0,
+            clean_evaluations: 1,
+            pending_grace_ms: 3_000,
+        };
+        let e = ev();
+        let mut a = Tracked::new("r", 0, Severity::Warning, None, BTreeMap::new(), &e, 0);
+        assert_eq!(a.step(Some(&e), 0, &t), None);
+        // A 2.5 s gap keeps it pending, and `for` counts from the first onset.
+        assert_eq!(a.step(None, 2_000, &t), None);
+        assert_eq!(a.step(Some(&e), 2_500, &t), None);
+        assert_eq!(a.step(Some(&e), 10_000, &t), Some(Transition::Fired));
+        // A gap longer than the grace drops a pending alert.
+        let mut b = Tracked::new("r", 0, Severity::Warning, None, BTreeMap::new(), &e, 0);
+        assert_eq!(b.step(Some(&e), 0, &t), None);
+        assert_eq!(b.step(None, 3_000, &t), None);
+        assert_eq!(b.step(None, 3_001, &t), Some(Transition::Dropped));
     }
 }

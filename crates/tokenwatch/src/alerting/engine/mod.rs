@@ -158,6 +158,7 @@ pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Starte
         graph: causal_graph(cfg),
         resolve_after_ms: cfg.resolve_after.0.as_millis() as i64,
         clean_evaluations: cfg.resolve_clean_evaluations,
+        pending_grace_ms: cfg.pending_grace.0.as_millis() as i64,
         keep_resolved_ms: cfg.keep_resolved.0.as_millis() as i64,
         book: book.clone(),
         signals: deps.signals,
@@ -187,6 +188,7 @@ struct Engine {
     graph: det::CausalGraph,
     resolve_after_ms: i64,
     clean_evaluations: u32,
+    pending_grace_ms: i64,
     keep_resolved_ms: i64,
     book: Arc<AlertBook>,
     signals: SharedSignals,
@@ -343,6 +345,7 @@ impl Engine {
             for_ms: rule.for_ms,
             resolve_after_ms: rule.resolve_after_ms.unwrap_or(self.resolve_after_ms),
             clean_evaluations: self.clean_evaluations,
+            pending_grace_ms: self.pending_grace_ms,
         };
         for (fp, t) in self.tracked.iter_mut().filter(|(_, t)| t.rule_index == i) {
             if !groups.contains_key(fp)
