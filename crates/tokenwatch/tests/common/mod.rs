@@ -14,9 +14,30 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tokenwatch");
 
+/// A loopback address free now, for a child process to bind. Ports come from below the
+/// kernel's ephemeral range (32768–60999 on Linux): a port taken from `bind(:0)` and released
+/// can be reused as the source port of any outgoing connection (a scrape, an HTTP client)
+/// before the child binds it, which failed CI with "Address already in use". Ports below
+/// that range are never handed out implicitly; a per-process counter from a pid-seeded start
+/// keeps concurrent tests apart, and each candidate is checked by binding it.
 pub fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().unwrap()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id().wrapping_mul(7919)) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port as u16)) {
+            return l.local_addr().unwrap();
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
 }
 
 /// A child process killed (SIGKILL) when dropped, so no test leaves a server behind.
