@@ -25,6 +25,14 @@ pub struct SimArgs {
     /// Cap on output length when the request gives none.
     #[arg(long, default_value_t = 256)]
     pub max_tokens: u32,
+    /// Reasoning ("thinking") tokens each completion streams before its answer. They take
+    /// decode steps and count in completion/output tokens and in the reasoning-token usage.
+    #[arg(long, default_value_t = 0)]
+    pub reasoning_tokens: u32,
+    /// Chat-completions field that carries reasoning text: `reasoning` (current vLLM) or
+    /// `reasoning_content` (older vLLM).
+    #[arg(long, value_enum, default_value_t = ReasoningField::Reasoning)]
+    pub reasoning_field: ReasoningField,
     /// Seed of the random generators (output lengths, fault draws, token text).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -65,6 +73,29 @@ pub struct SimArgs {
     /// GPU model name reported in the `modelName` label.
     #[arg(long, default_value = "NVIDIA H100 80GB HBM3")]
     pub gpu_name: String,
+}
+
+/// Name of the chat-completions field (`delta.*` when streaming, `message.*` otherwise)
+/// that carries reasoning text.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReasoningField {
+    /// `reasoning`, as vLLM streams it since early 2026.
+    #[default]
+    #[value(name = "reasoning")]
+    Reasoning,
+    /// `reasoning_content`, the older vLLM name.
+    #[value(name = "reasoning_content")]
+    ReasoningContent,
+}
+
+impl ReasoningField {
+    /// The JSON key.
+    pub fn key(self) -> &'static str {
+        match self {
+            ReasoningField::Reasoning => "reasoning",
+            ReasoningField::ReasoningContent => "reasoning_content",
+        }
+    }
 }
 
 #[derive(clap::Parser)]
@@ -234,6 +265,35 @@ mod tests {
         // The short help stays short.
         let short = DefaultsOnly::command().render_help().to_string();
         assert!(!short.contains("mib_per_s"), "{short}");
+    }
+
+    #[test]
+    fn reasoning_flags_parse_and_show_in_help() {
+        use clap::CommandFactory;
+        let a = SimArgs::default();
+        assert_eq!(
+            (a.reasoning_tokens, a.reasoning_field.key()),
+            (0, "reasoning")
+        );
+        let d = DefaultsOnly::try_parse_from([
+            "sim",
+            "--reasoning-tokens",
+            "64",
+            "--reasoning-field",
+            "reasoning_content",
+        ])
+        .unwrap();
+        assert_eq!(d.args.reasoning_tokens, 64);
+        assert_eq!(d.args.reasoning_field, ReasoningField::ReasoningContent);
+        assert!(DefaultsOnly::try_parse_from(["sim", "--reasoning-field", "thoughts"]).is_err());
+        let help = DefaultsOnly::command().render_help().to_string();
+        for s in [
+            "--reasoning-tokens",
+            "--reasoning-field",
+            "reasoning_content",
+        ] {
+            assert!(help.contains(s), "{s} missing:\n{help}");
+        }
     }
 
     #[test]

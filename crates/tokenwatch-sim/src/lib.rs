@@ -17,16 +17,17 @@ pub mod gpu;
 pub mod metrics;
 mod vocab;
 
-pub use args::SimArgs;
+pub use args::{ReasoningField, SimArgs};
 pub use error::SimError;
 pub use fault::{FaultKind, FaultSpec, parse_fault};
 
 use std::future::Future;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
-use crate::api::{AppState, router};
+use crate::api::{AppState, Reasoning, router};
 use crate::engine::EngineHandle;
 use crate::fault::FaultBoard;
 
@@ -59,10 +60,21 @@ pub async fn serve(
         board,
         args.instance_name.clone(),
         args.gpu_name.clone(),
+        Reasoning {
+            tokens: args.reasoning_tokens,
+            field: args.reasoning_field,
+        },
     );
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, models = %models.join(","), "simulator listening");
     }
+    // axum::serve leaves Nagle's algorithm on: the first small SSE chunk after the response
+    // headers would then wait for the client's delayed ACK (~40 ms on Linux).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
+        }
+    });
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await

@@ -1,19 +1,17 @@
-// /v1/chat/completions and /v1/completions: submit to the model's engine, wait
-// until scheduled (so x-queue-time is real), then stream SSE or answer one JSON body.
+// /v1/chat/completions and /v1/completions: parse the body, run it through the shared
+// request path (generate.rs), then stream vLLM-shaped SSE chunks or answer one JSON body.
 
 use axum::Json;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use futures_util::stream;
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::AppState;
 use super::error::ApiError;
-use super::openai::{Endpoint, ParsedRequest, parse, prefix_hashes};
+use super::generate::{self, GenRequest, SseEncoder, Usage};
+use super::openai::{Endpoint, ParsedRequest, parse};
 use super::sse::{ChunkCtx, DONE_FRAME};
-use crate::engine::{SeqEvent, SubmitRequest};
 use crate::metrics::FinishReason;
 
 pub async fn chat(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
@@ -35,135 +33,90 @@ async fn handle(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ParsedRequest = parse(endpoint, &body)?;
-    let engine = app.engine(req.model.as_deref())?;
-    let (tx, mut rx) = unbounded_channel();
-    engine
-        .submit(SubmitRequest {
+    let reasoning = app.reasoning();
+    let generation = generate::start(
+        &app,
+        GenRequest {
+            model: req.model,
+            prompt_text: req.prompt_text,
             prompt_tokens: req.prompt_tokens,
-            prefix_hashes: prefix_hashes(&req.prompt_text, engine.config().block_size),
             max_tokens: req.max_tokens,
-            events: tx,
-        })
-        .map_err(|e| ApiError::unavailable(e.to_string()))?;
-    let queue_time = match rx.recv().await {
-        Some(SeqEvent::Scheduled { queue_time }) => queue_time,
-        Some(SeqEvent::Rejected {
-            status,
-            kind,
-            message,
-        }) => return Err(ApiError::new(status, kind, message)),
-        _ => {
-            return Err(ApiError::unavailable(
-                "engine stopped before scheduling the request",
-            ));
-        }
-    };
-    let ctx = ChunkCtx::new(endpoint, engine.model());
+            reasoning_tokens: reasoning.tokens,
+        },
+    )
+    .await?;
+    let ctx = ChunkCtx::new(endpoint, &generation.model);
+    let key = reasoning.field.key();
     let mut response = if req.stream {
-        stream_response(ctx, rx, req.include_usage)
+        let enc = VllmEncoder {
+            ctx,
+            reasoning_key: key,
+            include_usage: req.include_usage,
+            role_sent: false,
+        };
+        generate::stream_response(generation.rx, enc)
     } else {
-        full_response(ctx, rx).await?
+        let mut out = generate::collect(generation.rx).await?;
+        if endpoint == Endpoint::Completion {
+            // Completions have no reasoning field: the thinking is part of the text.
+            out.text.insert_str(0, &out.reasoning);
+            out.usage.reasoning = 0;
+        }
+        let body = ctx.full_response(&out.text, (key, &out.reasoning), out.finish, out.usage);
+        Json(body).into_response()
     };
-    let h = response.headers_mut();
-    h.insert(
-        "x-queue-time",
-        HeaderValue::from(queue_time.as_millis() as u64),
-    );
-    if let Some(id) = headers.get("x-request-id") {
-        h.insert("x-request-id", id.clone());
-    }
+    generate::add_headers(&mut response, generation.queue_time, &headers);
     Ok(response)
 }
 
-struct StreamState {
-    rx: UnboundedReceiver<SeqEvent>,
+/// vLLM's chunks: chat sends a role chunk before its first token and reasoning tokens in
+/// the reasoning delta field (completions carry them as text); optional usage chunk; `[DONE]`.
+struct VllmEncoder {
     ctx: ChunkCtx,
+    reasoning_key: &'static str,
     include_usage: bool,
     role_sent: bool,
-    done: bool,
 }
 
-/// Next SSE bytes for the client, or None when the stream is over.
-async fn next_frames(st: &mut StreamState) -> Option<String> {
-    if st.done {
-        return None;
+impl SseEncoder for VllmEncoder {
+    fn open(&mut self) -> String {
+        String::new()
     }
-    loop {
-        match st.rx.recv().await {
-            Some(SeqEvent::Token { text, finish }) => {
-                let mut out = String::new();
-                if st.ctx.endpoint == Endpoint::Chat && !st.role_sent {
-                    st.role_sent = true;
-                    out.push_str(&st.ctx.role_chunk());
-                }
-                out.push_str(&st.ctx.token_chunk(&text, finish));
-                return Some(out);
-            }
-            Some(SeqEvent::Done {
-                prompt_tokens,
-                completion_tokens,
-            }) => {
-                st.done = true;
-                let mut out = String::new();
-                if st.include_usage {
-                    out.push_str(&st.ctx.usage_chunk(prompt_tokens, completion_tokens));
-                }
-                out.push_str(DONE_FRAME);
-                return Some(out);
-            }
-            Some(SeqEvent::Scheduled { .. } | SeqEvent::Rejected { .. }) => continue,
-            None => return None, // engine gone: end the stream
+
+    fn token(&mut self, text: &str, reasoning: bool, finish: Option<FinishReason>) -> String {
+        let mut out = String::new();
+        if self.ctx.endpoint == Endpoint::Chat && !self.role_sent {
+            self.role_sent = true;
+            out.push_str(&self.ctx.role_chunk());
         }
+        let key = if reasoning {
+            self.reasoning_key
+        } else {
+            "content"
+        };
+        out.push_str(&self.ctx.delta_chunk(key, text, finish));
+        out
     }
-}
 
-fn stream_response(
-    ctx: ChunkCtx,
-    rx: UnboundedReceiver<SeqEvent>,
-    include_usage: bool,
-) -> Response {
-    let state = StreamState {
-        rx,
-        ctx,
-        include_usage,
-        role_sent: false,
-        done: false,
-    };
-    let body = stream::unfold(state, |mut st| async move {
-        next_frames(&mut st)
-            .await
-            .map(|frames| (Ok::<_, std::convert::Infallible>(Bytes::from(frames)), st))
-    });
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(body))
-        .unwrap_or_else(|_| ApiError::unavailable("cannot build response").into_response())
-}
-
-async fn full_response(
-    ctx: ChunkCtx,
-    mut rx: UnboundedReceiver<SeqEvent>,
-) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut reason = FinishReason::Stop;
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            SeqEvent::Token { text: t, finish } => {
-                text.push_str(&t);
-                if let Some(r) = finish {
-                    reason = r;
-                }
-            }
-            SeqEvent::Done {
-                prompt_tokens,
-                completion_tokens,
-            } => {
-                let body = ctx.full_response(&text, reason, prompt_tokens, completion_tokens);
-                return Ok(Json(body).into_response());
-            }
-            SeqEvent::Scheduled { .. } | SeqEvent::Rejected { .. } => {}
+    fn done(&mut self, usage: Usage) -> String {
+        let mut out = String::new();
+        if self.include_usage {
+            let reasoning = match self.ctx.endpoint {
+                Endpoint::Chat => usage.reasoning,
+                Endpoint::Completion => 0,
+            };
+            out.push_str(
+                &self
+                    .ctx
+                    .usage_chunk(usage.prompt, usage.completion, reasoning),
+            );
         }
+        out.push_str(DONE_FRAME);
+        out
     }
-    Err(ApiError::unavailable("engine stopped while generating"))
+
+    fn failed(&mut self, _message: &str) -> String {
+        // vLLM simply ends the stream when its engine dies.
+        String::new()
+    }
 }

@@ -4,7 +4,10 @@
 mod admin;
 mod completions;
 mod error;
+mod generate;
+mod messages;
 mod openai;
+mod responses;
 mod sse;
 
 pub use error::ApiError;
@@ -21,9 +24,17 @@ use axum::response::IntoResponse;
 use axum::routing::{delete, get, post};
 use serde_json::{Value, json};
 
+use crate::args::ReasoningField;
 use crate::engine::EngineHandle;
 use crate::fault::FaultBoard;
 use crate::metrics::{MetricsInput, render_metrics};
+
+/// How generated completions reason: tokens before each answer, and the chat field name.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reasoning {
+    pub tokens: u32,
+    pub field: ReasoningField,
+}
 
 /// State shared by all handlers.
 #[derive(Clone)]
@@ -36,6 +47,7 @@ struct Inner {
     board: Arc<FaultBoard>,
     hostname: String,
     gpu_name: String,
+    reasoning: Reasoning,
     started_unix: u64,
 }
 
@@ -45,6 +57,7 @@ impl AppState {
         board: Arc<FaultBoard>,
         hostname: String,
         gpu_name: String,
+        reasoning: Reasoning,
     ) -> Self {
         let started_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -56,6 +69,7 @@ impl AppState {
                 board,
                 hostname,
                 gpu_name,
+                reasoning,
                 started_unix,
             }),
         }
@@ -67,6 +81,10 @@ impl AppState {
 
     pub fn board(&self) -> &FaultBoard {
         &self.inner.board
+    }
+
+    pub fn reasoning(&self) -> Reasoning {
+        self.inner.reasoning
     }
 
     pub fn hostname(&self) -> &str {
@@ -103,6 +121,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(messages::create))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "" }))

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ApiError;
+use super::generate::tokens_for;
 
 /// Chat-template tokens added per message and per conversation (Llama-style estimate).
 const CHAT_TOKENS_PER_MESSAGE: u32 = 4;
@@ -63,11 +64,8 @@ pub struct ParsedRequest {
     pub include_usage: bool,
 }
 
-fn tokens_for(text: &str) -> u32 {
-    (text.chars().count() as u32).div_ceil(4).max(1)
-}
-
-fn content_text(content: &Option<Value>) -> String {
+/// Text of a message's content: a string, or the `text` of each part of a list of parts.
+pub fn content_text(content: Option<&Value>) -> String {
     match content {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
@@ -79,6 +77,33 @@ fn content_text(content: &Option<Value>) -> String {
     }
 }
 
+/// A conversation rendered for the prompt-size estimate and the prefix cache (chat template
+/// tokens included), built message by message.
+#[derive(Debug)]
+pub struct ChatPrompt {
+    pub text: String,
+    pub tokens: u32,
+}
+
+impl Default for ChatPrompt {
+    fn default() -> Self {
+        ChatPrompt {
+            text: String::new(),
+            tokens: CHAT_TOKENS_PER_CONVERSATION,
+        }
+    }
+}
+
+impl ChatPrompt {
+    pub fn push(&mut self, role: &str, content: &str) {
+        self.tokens += tokens_for(content) + CHAT_TOKENS_PER_MESSAGE;
+        self.text.push_str(role);
+        self.text.push_str(": ");
+        self.text.push_str(content);
+        self.text.push('\n');
+    }
+}
+
 /// Parse a body for `endpoint`; errors are 400s naming the problem.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, ApiError> {
     let invalid =
@@ -86,23 +111,20 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, ApiError>
     let parsed = match endpoint {
         Endpoint::Chat => {
             let b: ChatBody = serde_json::from_slice(body).map_err(invalid)?;
-            let mut text = String::new();
-            let mut tokens = CHAT_TOKENS_PER_CONVERSATION;
+            let mut prompt = ChatPrompt::default();
             for m in &b.messages {
-                let c = content_text(&m.content);
-                tokens += tokens_for(&c) + CHAT_TOKENS_PER_MESSAGE;
-                text.push_str(m.role.as_deref().unwrap_or("user"));
-                text.push_str(": ");
-                text.push_str(&c);
-                text.push('\n');
+                prompt.push(
+                    m.role.as_deref().unwrap_or("user"),
+                    &content_text(m.content.as_ref()),
+                );
             }
             if b.messages.is_empty() {
                 return Err(ApiError::bad_request("`messages` must not be empty"));
             }
             ParsedRequest {
                 model: b.model,
-                prompt_text: text,
-                prompt_tokens: tokens,
+                prompt_text: prompt.text,
+                prompt_tokens: prompt.tokens,
                 max_tokens: b.max_completion_tokens.or(b.max_tokens),
                 stream: b.stream.unwrap_or(false),
                 include_usage: b

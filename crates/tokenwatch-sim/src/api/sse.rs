@@ -5,6 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
+use super::generate::Usage;
 use super::openai::Endpoint;
 use crate::metrics::FinishReason;
 
@@ -68,14 +69,21 @@ impl ChunkCtx {
 
     /// One token; the last one carries its finish reason.
     pub fn token_chunk(&self, text: &str, finish: Option<FinishReason>) -> String {
+        self.delta_chunk("content", text, finish)
+    }
+
+    /// One token whose chat delta carries `text` under `key` (`content`, or the reasoning
+    /// field); completions have no such split and carry it as `text`.
+    pub fn delta_chunk(&self, key: &str, text: &str, finish: Option<FinishReason>) -> String {
         let (finish, stop) = match finish {
             Some(r) => (js(r.as_str()), r#","stop_reason":null"#),
             None => ("null".to_string(), ""),
         };
         let body = match self.endpoint {
             Endpoint::Chat => format!(
-                r#"{{{},"choices":[{{"index":0,"delta":{{"content":{}}},"logprobs":null,"finish_reason":{finish}{stop},"token_ids":null}}]}}"#,
+                r#"{{{},"choices":[{{"index":0,"delta":{{{}:{}}},"logprobs":null,"finish_reason":{finish}{stop},"token_ids":null}}]}}"#,
                 self.head("chat.completion.chunk"),
+                js(key),
                 js(text)
             ),
             Endpoint::Completion => format!(
@@ -87,45 +95,65 @@ impl ChunkCtx {
         frame(&body)
     }
 
-    /// Final usage chunk (`stream_options.include_usage`).
-    pub fn usage_chunk(&self, prompt: u32, completion: u32) -> String {
+    /// Final usage chunk (`stream_options.include_usage`); reasoning models add
+    /// `completion_tokens_details.reasoning_tokens`.
+    pub fn usage_chunk(&self, prompt: u32, completion: u32, reasoning: u32) -> String {
         let object = match self.endpoint {
             Endpoint::Chat => "chat.completion.chunk",
             Endpoint::Completion => "text_completion",
         };
+        let details = if reasoning > 0 {
+            format!(r#","completion_tokens_details":{{"reasoning_tokens":{reasoning}}}"#)
+        } else {
+            String::new()
+        };
         frame(&format!(
-            r#"{{{},"choices":[],"usage":{{"prompt_tokens":{prompt},"total_tokens":{},"completion_tokens":{completion}}},"system_fingerprint":{}}}"#,
+            r#"{{{},"choices":[],"usage":{{"prompt_tokens":{prompt},"total_tokens":{},"completion_tokens":{completion}{details}}},"system_fingerprint":{}}}"#,
             self.head(object),
             prompt + completion,
             js(SYSTEM_FINGERPRINT)
         ))
     }
 
-    /// Whole non-streaming response.
+    /// Whole non-streaming response. `reasoning` is the chat field name and its text
+    /// (`null` when the model did not reason).
     pub fn full_response(
         &self,
         text: &str,
+        reasoning: (&str, &str),
         finish: FinishReason,
-        prompt: u32,
-        completion: u32,
+        usage: Usage,
     ) -> Value {
-        let usage = json!({
-            "prompt_tokens": prompt,
-            "total_tokens": prompt + completion,
-            "completion_tokens": completion,
+        let mut usage_json = json!({
+            "prompt_tokens": usage.prompt,
+            "total_tokens": usage.prompt + usage.completion,
+            "completion_tokens": usage.completion,
             "prompt_tokens_details": null,
         });
+        if usage.reasoning > 0 {
+            usage_json["completion_tokens_details"] =
+                json!({ "reasoning_tokens": usage.reasoning });
+        }
+        let (key, reasoning_text) = reasoning;
+        let reasoning_value = match usage.reasoning {
+            0 => Value::Null,
+            _ => Value::from(reasoning_text),
+        };
         let (object, choice) = match self.endpoint {
-            Endpoint::Chat => (
-                "chat.completion",
-                json!({
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "tool_calls": [], "reasoning_content": null},
-                    "logprobs": null,
-                    "finish_reason": finish.as_str(),
-                    "stop_reason": null,
-                }),
-            ),
+            Endpoint::Chat => {
+                let mut message = json!({"role": "assistant", "content": text, "tool_calls": []});
+                message[key] = reasoning_value;
+                (
+                    "chat.completion",
+                    json!({
+                        "index": 0,
+                        "message": message,
+                        "logprobs": null,
+                        "finish_reason": finish.as_str(),
+                        "stop_reason": null,
+                    }),
+                )
+            }
             Endpoint::Completion => (
                 "text_completion",
                 json!({
@@ -144,7 +172,7 @@ impl ChunkCtx {
             "created": self.created,
             "model": self.model,
             "choices": [choice],
-            "usage": usage,
+            "usage": usage_json,
         })
     }
 }
@@ -224,7 +252,7 @@ mod tests {
             c.role_chunk(),
             c.token_chunk("q", None),
             c.token_chunk("", Some(FinishReason::Length)),
-            c.usage_chunk(16, 20),
+            c.usage_chunk(16, 20, 0),
             DONE_FRAME.to_string(),
         ];
         assert!(ours[0].contains(r#""delta":{"role":"assistant","content":""}"#));
@@ -241,10 +269,41 @@ mod tests {
             c.token_chunk("cy", None),
             c.token_chunk(" co", None),
             c.token_chunk("", Some(FinishReason::Length)),
-            c.usage_chunk(3, 20),
+            c.usage_chunk(3, 20, 0),
             DONE_FRAME.to_string(),
         ];
         check_against(COMPLETION_SAMPLE, &ours);
+    }
+
+    #[test]
+    fn reasoning_goes_under_the_chosen_key() {
+        let c = ctx(Endpoint::Chat);
+        let f = parse(c.delta_chunk("reasoning", "hm", None).trim());
+        assert_eq!(f["choices"][0]["delta"], json!({"reasoning": "hm"}));
+        let u = parse(c.usage_chunk(5, 9, 4).trim());
+        assert_eq!(
+            u["usage"]["completion_tokens_details"]["reasoning_tokens"],
+            4
+        );
+        let usage = Usage {
+            prompt: 5,
+            completion: 9,
+            reasoning: 4,
+        };
+        let full = c.full_response("a", ("reasoning_content", "r"), FinishReason::Stop, usage);
+        assert_eq!(full["choices"][0]["message"]["reasoning_content"], "r");
+        assert!(full["choices"][0]["message"].get("reasoning").is_none());
+        assert_eq!(
+            full["usage"]["completion_tokens_details"]["reasoning_tokens"],
+            4
+        );
+        let plain = Usage {
+            reasoning: 0,
+            ..usage
+        };
+        let full = c.full_response("a", ("reasoning", ""), FinishReason::Stop, plain);
+        assert!(full["choices"][0]["message"]["reasoning"].is_null());
+        assert!(full["usage"].get("completion_tokens_details").is_none());
     }
 
     #[test]

@@ -141,6 +141,7 @@ impl EngineCore {
             req.max_tokens,
             self.cfg.default_max_tokens,
             room,
+            req.reasoning_tokens,
             &fx,
         );
         let mut seq = Sequence::new(req, target, reason, now);
@@ -320,7 +321,9 @@ impl EngineCore {
     /// Emit one token for sequence `i`; returns true when it reached its length.
     fn emit_token(&mut self, i: usize, now: Instant, st: &mut EngineStats) -> bool {
         let seq = &mut self.running[i];
-        let first = seq.first_token.is_none();
+        let reasoning = seq.generated < seq.reasoning;
+        // The first token of the reasoning and of the answer carry no leading space.
+        let first = seq.generated == 0 || seq.generated == seq.reasoning;
         let text = token_text(&mut self.rng, seq.drifted, first);
         match seq.last_token {
             None => st
@@ -341,7 +344,11 @@ impl EngineCore {
         }
         let done = seq.generated >= seq.target;
         let finish = done.then_some(seq.finish_reason);
-        seq.send(SeqEvent::Token { text, finish });
+        seq.send(SeqEvent::Token {
+            text,
+            reasoning,
+            finish,
+        });
         done
     }
 

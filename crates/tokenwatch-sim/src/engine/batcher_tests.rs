@@ -45,6 +45,7 @@ fn submit(
         prompt_tokens: prompt,
         prefix_hashes: vec![],
         max_tokens: None,
+        reasoning_tokens: 0,
         events: tx,
     };
     core.submit(req, now);
@@ -362,6 +363,35 @@ fn full_leak_degrades_but_never_deadlocks() {
     let st = stats(&core);
     assert!(st.preemptions > 0);
     assert!(st.kv_usage() > 0.9, "usage {}", st.kv_usage());
+}
+
+#[test]
+fn reasoning_tokens_come_first_and_take_decode_steps() {
+    let mut core = core_with(config(), &[]);
+    let now = Instant::now();
+    let (tx, mut rx) = unbounded_channel();
+    let req = SubmitRequest {
+        prompt_tokens: 8,
+        prefix_hashes: vec![],
+        max_tokens: Some(6),
+        reasoning_tokens: 4,
+        events: tx,
+    };
+    core.submit(req, now);
+    run_idle(&mut core, now);
+    let flags: Vec<bool> = drain(&mut rx)
+        .iter()
+        .filter_map(|e| match e {
+            SeqEvent::Token { reasoning, .. } => Some(*reasoning),
+            _ => None,
+        })
+        .collect();
+    assert!(flags.len() > 4 && flags.len() <= 6, "{flags:?}");
+    assert!(flags[..4].iter().all(|r| *r) && flags[4..].iter().all(|r| !r));
+    // Every token is a decode step: the first answer token comes 4 steps after the first one.
+    let st = stats(&core);
+    assert_eq!(st.generation_tokens, flags.len() as u64);
+    assert_eq!(st.itl.count(), flags.len() as u64 - 1);
 }
 
 #[path = "leak_tests.rs"]

@@ -23,12 +23,14 @@ fn standard_normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
 ///
 /// Median ≈ min(120, cap/2); `length_blowup` multiplies it and lifts the default cap
 /// (only the request's own max_tokens and the hard limit remain). `room` is what the
-/// context window leaves after the prompt.
+/// context window leaves after the prompt. `reasoning` tokens come before the drawn answer
+/// and count towards the cap, so a small cap can end the output while it still reasons.
 pub fn output_length<R: Rng + ?Sized>(
     rng: &mut R,
     request_max: Option<u32>,
     default_max: u32,
     room: u32,
+    reasoning: u32,
     fx: &Effects,
 ) -> (u32, FinishReason) {
     let base_cap = request_max.unwrap_or(default_max).max(1);
@@ -43,7 +45,7 @@ pub fn output_length<R: Rng + ?Sized>(
     if let Some(factor) = fx.length_blowup {
         len *= factor;
     }
-    let len = len.ceil().max(1.0);
+    let len = len.ceil().max(1.0) + f64::from(reasoning);
     if len >= f64::from(cap) {
         (cap, FinishReason::Length)
     } else {
@@ -78,7 +80,7 @@ mod tests {
     fn lengths(fx: &Effects, req: Option<u32>) -> Vec<(u32, FinishReason)> {
         let mut rng = StdRng::seed_from_u64(1);
         (0..2000)
-            .map(|_| output_length(&mut rng, req, 256, 8000, fx))
+            .map(|_| output_length(&mut rng, req, 256, 8000, 0, fx))
             .collect()
     }
 
@@ -101,6 +103,19 @@ mod tests {
         assert!(v.iter().all(|(l, _)| *l <= 10));
         let capped = v.iter().filter(|(_, r)| *r == FinishReason::Length).count();
         assert!((100..600).contains(&capped), "capped {capped}"); // median 5 → ~12% reach 10
+    }
+
+    #[test]
+    fn reasoning_comes_on_top_and_counts_towards_the_cap() {
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..200 {
+            let (len, reason) = output_length(&mut rng, None, 256, 8000, 100, &Effects::default());
+            assert!(len > 100 && len <= 256, "{len}");
+            assert_eq!(reason == FinishReason::Length, len == 256);
+            let (len, reason) =
+                output_length(&mut rng, Some(40), 256, 8000, 100, &Effects::default());
+            assert_eq!((len, reason), (40, FinishReason::Length));
+        }
     }
 
     #[test]

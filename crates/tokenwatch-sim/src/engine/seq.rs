@@ -17,11 +17,14 @@ pub struct SubmitRequest {
     pub prefix_hashes: Vec<u64>,
     /// The request's own output cap (`max_tokens` / `max_completion_tokens`).
     pub max_tokens: Option<u32>,
+    /// Reasoning ("thinking") tokens generated before the answer; they count towards
+    /// `max_tokens` and take decode steps like any other token.
+    pub reasoning_tokens: u32,
     pub events: mpsc::UnboundedSender<SeqEvent>,
 }
 
 /// Events sent back to the handler, in order: `Rejected`, or `Scheduled`
-/// then `Token`s (the last one carries the finish reason) then `Done`.
+/// then `Token`s (reasoning ones first; the last one carries the finish reason) then `Done`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SeqEvent {
     Rejected {
@@ -34,6 +37,8 @@ pub enum SeqEvent {
     },
     Token {
         text: String,
+        /// Part of the reasoning phase rather than the answer.
+        reasoning: bool,
         finish: Option<FinishReason>,
     },
     Done {
@@ -57,6 +62,8 @@ pub struct Sequence {
     /// Output length at which the sequence ends, and the reason it ends with.
     pub target: u32,
     pub finish_reason: FinishReason,
+    /// The first `reasoning` generated tokens are reasoning, the rest the answer.
+    pub reasoning: u32,
     pub generated: u32,
     pub blocks: u32,
     pub state: SeqState,
@@ -82,6 +89,7 @@ impl Sequence {
             prefix_hashes: req.prefix_hashes,
             target,
             finish_reason,
+            reasoning: req.reasoning_tokens,
             generated: 0,
             blocks: 0,
             state: SeqState::Waiting,
