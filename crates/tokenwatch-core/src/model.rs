@@ -250,6 +250,10 @@ pub struct RequestRecord {
     pub gaps: GapSummary,
     pub prompt_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
+    /// Of `output_tokens`, the reasoning (thinking) tokens, when the upstream reported them
+    /// (`completion_tokens_details.reasoning_tokens` / `output_tokens_details.reasoning_tokens`).
+    #[serde(default)]
+    pub reasoning_tokens: Option<u64>,
     /// True when token counts came from `usage`; false when counted from chunks.
     pub tokens_from_usage: bool,
     pub finish_reason: String,

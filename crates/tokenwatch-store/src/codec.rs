@@ -13,7 +13,7 @@ pub(crate) const RECORD_COLUMNS: &str = "request_id, trace_id, model_id, runtime
     tenant, ab_group, model_version, prompt_version, endpoint, stream, arrival_unix_ms, \
     upstream_headers_s, first_token_s, end_s, queue_s, chunk_offsets_us, gap_count, gap_mean_s, \
     gap_max_s, prompt_tokens, output_tokens, tokens_from_usage, finish_reason, status, error_class, \
-    embedding, prefix_key";
+    embedding, prefix_key, reasoning_tokens";
 
 /// `RECORD_COLUMNS` for reading: a record without its own embedding takes the latest one posted
 /// for its request id (`POST /api/v1/embeddings`, table `embeddings`), whichever arrived first.
@@ -110,6 +110,7 @@ pub(crate) fn record_params(r: &RequestRecord) -> Result<Vec<Value>, String> {
         // The key's 64 bits as SQLite's signed integer (read back with the same cast).
         r.prefix_key
             .map_or(Value::Null, |k| Value::Integer(k as i64)),
+        int(opt_u64_to_i64(r.reasoning_tokens, "reasoning_tokens")?),
     ])
 }
 
@@ -205,6 +206,7 @@ pub(crate) fn record_from_row(row: &Row<'_>, path: &Path) -> Result<RequestRecor
         Some(b) => decode_embedding(&b).map_err(|e| rd.corrupt(e))?,
     };
     let prefix_key = rd.get::<Option<i64>>(28)?.map(|k| k as u64);
+    let reasoning_tokens = rd.get_u64(29)?;
     Ok(RequestRecord {
         request_id,
         trace_id: rd.get(2)?,
@@ -233,6 +235,7 @@ pub(crate) fn record_from_row(row: &Row<'_>, path: &Path) -> Result<RequestRecor
         },
         prompt_tokens: rd.get_u64(21)?,
         output_tokens: rd.get_u64(22)?,
+        reasoning_tokens,
         tokens_from_usage: rd.get(23)?,
         finish_reason: rd.get(24)?,
         status: u16::try_from(status)

@@ -155,6 +155,13 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         CREATE INDEX annotations_at ON annotations (at_unix_ms);
         ",
     },
+    Migration {
+        version: 7,
+        name: "reasoning token counts",
+        sql: "
+        ALTER TABLE records ADD COLUMN reasoning_tokens INTEGER;
+        ",
+    },
 ];
 
 /// The highest schema version this build knows.

@@ -44,6 +44,7 @@ fn full_record() -> RequestRecord {
         },
         prompt_tokens: Some(900),
         output_tokens: Some(4),
+        reasoning_tokens: Some(3),
         tokens_from_usage: true,
         finish_reason: "stop".into(),
         status: 200,
@@ -280,6 +281,37 @@ fn reopen_keeps_records_and_applies_migrations_once() {
         assert_eq!(n as usize, schema::MIGRATIONS.len());
         assert_eq!(max, schema::latest_version());
     }
+}
+
+#[test]
+fn migration_7_adds_reasoning_tokens_to_an_existing_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = RequestRecord {
+        reasoning_tokens: None,
+        ..full_record()
+    };
+    {
+        // A database as schema version 6 left it: no reasoning_tokens column.
+        let store = open(dir.path());
+        store.insert_records(std::slice::from_ref(&old)).unwrap();
+        lock(&store.write)
+            .execute_batch(
+                "ALTER TABLE records DROP COLUMN reasoning_tokens;
+                 DELETE FROM schema_migrations WHERE version = 7;",
+            )
+            .unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(all(&store), [old], "rows from before the migration read as unknown");
+    store.insert_records(&[rec("new", "m", 5)]).unwrap();
+    let newer = RequestRecord {
+        reasoning_tokens: Some(20),
+        ..rec("newer", "m", 6)
+    };
+    store.insert_records(std::slice::from_ref(&newer)).unwrap();
+    let got = all(&store);
+    assert_eq!(got.iter().find(|r| r.request_id == "newer"), Some(&newer));
+    assert_eq!(got.len(), 3);
 }
 
 #[test]

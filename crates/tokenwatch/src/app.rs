@@ -28,13 +28,37 @@ pub struct RunningApp {
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     pipeline: Pipeline,
+    /// The proxy's runtime and the analysis runtime (see `runtimes`); stopped last.
+    runtimes: Vec<OwnedRuntime>,
+}
+
+/// A runtime owned by the app. Dropping a runtime from async code panics, so a drop without
+/// `shutdown` (a failed start) stops it in the background instead.
+struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+
+impl OwnedRuntime {
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("runtime present until shutdown").handle()
+    }
+}
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} ({what})"))
 }
 
-fn serve(listener: TcpListener, app: axum::Router, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+fn serve(listener: TcpListener, app: axum::Router, stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(serve_until_stopped(listener, app, stop))
+}
+
+async fn serve_until_stopped(listener: TcpListener, app: axum::Router, mut stop: watch::Receiver<bool>) {
     // axum::serve leaves Nagle's algorithm on: each small SSE chunk would then wait for the
     // client's (delayed) ACK of the previous one, adding up to ~40 ms per token on the proxy.
     let listener = listener.tap_io(|tcp| {
@@ -42,12 +66,26 @@ fn serve(listener: TcpListener, app: axum::Router, mut stop: watch::Receiver<boo
             tracing::debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
         }
     });
-    tokio::spawn(async move {
-        let graceful = axum::serve(listener, app).with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        });
-        if let Err(e) = graceful.await {
-            tracing::error!(error = %e, "server stopped with an error");
+    let graceful = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = stop.wait_for(|s| *s).await;
+    });
+    if let Err(e) = graceful.await {
+        tracing::error!(error = %e, "server stopped with an error");
+    }
+}
+
+/// Bind the proxy's listener on its own runtime (a tokio socket is driven by the runtime it
+/// was registered with, so binding here would put the proxy's I/O on the API's threads).
+fn serve_proxy(
+    proxy_rt: &tokio::runtime::Handle,
+    listener: std::net::TcpListener,
+    app: axum::Router,
+    stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    proxy_rt.spawn(async move {
+        match TcpListener::from_std(listener) {
+            Ok(listener) => serve_until_stopped(listener, app, stop).await,
+            Err(e) => tracing::error!(error = %e, "the proxy listener could not join its runtime"),
         }
     })
 }
@@ -60,6 +98,14 @@ impl RunningApp {
             rollup_retention: cfg.store.rollup_retention.0,
             fsync: cfg.store.fsync,
         };
+        let runtimes_cfg = &cfg.runtime;
+        let analysis = OwnedRuntime(Some(
+            crate::runtimes::analysis_runtime(runtimes_cfg).context("starting the analysis runtime")?,
+        ));
+        let proxy_rt = OwnedRuntime(Some(
+            crate::runtimes::proxy_runtime(runtimes_cfg).context("starting the proxy runtime")?,
+        ));
+        let analysis_niceness = crate::runtimes::analysis_niceness_target(runtimes_cfg.analysis_niceness);
         let data_dir = cfg.data_dir.clone();
         let store: Arc<dyn Store> = Arc::new(
             tokio::task::spawn_blocking(move || SqliteStore::open(&data_dir, store_opts))
@@ -74,6 +120,8 @@ impl RunningApp {
         let (shutdown, stop) = watch::channel(false);
         let signals: SharedSignals =
             Arc::new(std::sync::RwLock::new(SignalBoard::new(cfg.signals.history_points, cfg.signals.max_series)));
+        // Evaluation, roll-ups and sampling run on the analysis runtime (lower priority).
+        let in_analysis = analysis.handle().enter();
         let alerting = crate::alerting::engine::start_from_config(
             &cfg,
             signals.clone(),
@@ -95,13 +143,18 @@ impl RunningApp {
                 batch_max: cfg.telemetry.batch_max,
                 flush_interval: cfg.telemetry.flush_interval.0,
                 maintenance_interval: Duration::from_secs(600),
+                thread_niceness: analysis_niceness,
             },
             aggregator.clone(),
             sinks,
             metrics.clone(),
         );
-
+        let timeline = Arc::new(std::sync::RwLock::new(crate::api::timeline::Timeline::default()));
         let mut servers = alerting.tasks;
+        servers.push(crate::api::timeline::spawn_sampler(aggregator.clone(), signals.clone(), timeline.clone(), stop.clone()));
+        servers.push(spawn_signal_eviction(signals.clone(), cfg.signals.stale_after.0, stop.clone()));
+        drop(in_analysis);
+
         let components = Components::default();
         components.set("pipeline", "ok");
 
@@ -120,7 +173,6 @@ impl RunningApp {
             servers.extend(handle.tasks);
             source_routes.extend(handle.routes);
         }
-        servers.push(spawn_signal_eviction(signals.clone(), cfg.signals.stale_after.0, stop.clone()));
 
         let routes = UpstreamRouter::new(&cfg.proxy.upstreams).map_err(anyhow::Error::msg)?;
         let proxy_addr = if routes.is_empty() {
@@ -134,21 +186,21 @@ impl RunningApp {
             } else {
                 cfg.proxy.tenant_salt.clone().into_bytes()
             };
-            let listener = bind(cfg.proxy.listen, "proxy.listen / --proxy-listen").await?;
+            let listener = std::net::TcpListener::bind(cfg.proxy.listen)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .with_context(|| format!("cannot listen on {} (proxy.listen / --proxy-listen)", cfg.proxy.listen))?;
             let addr = listener.local_addr()?;
             for r in routes.routes() {
                 tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
             }
             let state = Arc::new(ProxyState::new(&cfg.proxy, routes, queue, salt));
-            servers.push(serve(listener, proxy::router(state), stop.clone()));
+            servers.push(serve_proxy(proxy_rt.handle(), listener, proxy::router(state), stop.clone()));
             components.set("proxy", "ok");
             Some(addr)
         };
 
         let listener = bind(cfg.listen, "listen / --listen").await?;
         let api_addr = listener.local_addr()?;
-        let timeline = Arc::new(std::sync::RwLock::new(crate::api::timeline::Timeline::default()));
-        servers.push(crate::api::timeline::spawn_sampler(aggregator.clone(), signals.clone(), timeline.clone(), stop.clone()));
         let alerts = alerting.book.clone();
         let api = Arc::new(ApiState { aggregator, store, metrics, components, signals, alerts, timeline });
         let mut app = api_router(api);
@@ -158,7 +210,7 @@ impl RunningApp {
         app = app.merge(alerting.routes);
         app = app.merge(crate::ui::router());
         servers.push(serve(listener, app, stop));
-        Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline })
+        Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline, runtimes: vec![proxy_rt, analysis] })
     }
 
     /// Stop accepting, give in-flight streams one grace period (for all tasks together), then
@@ -174,6 +226,11 @@ impl RunningApp {
         }
         let pipeline = self.pipeline;
         let _ = tokio::task::spawn_blocking(move || pipeline.close_and_join()).await;
+        for mut rt in self.runtimes {
+            if let Some(rt) = rt.0.take() {
+                crate::runtimes::shut_down(rt, Duration::from_secs(1)).await;
+            }
+        }
     }
 }
 

@@ -32,6 +32,8 @@ pub struct Config {
     pub gpu: crate::sources::gpu::GpuConfig,
     pub signals: SignalsConfig,
     pub alerting: crate::alerting::rules::AlertingConfig,
+    /// Threads: the proxy's own runtime, the analysis threads' priority.
+    pub runtime: crate::runtimes::RuntimeConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -64,6 +66,7 @@ impl Default for Config {
             gpu: Default::default(),
             signals: SignalsConfig::default(),
             alerting: Default::default(),
+            runtime: Default::default(),
         }
     }
 }
@@ -111,7 +114,7 @@ impl Default for ProxyConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
-    /// Base URL, `http://host:port` (plain HTTP; TLS upstreams are not supported yet).
+    /// Base URL, `http://host:port[/base]` or `https://host[:port][/base]`.
     pub url: String,
     /// Models routed here; `["*"]` or empty means any model.
     #[serde(default)]
@@ -122,6 +125,21 @@ pub struct UpstreamConfig {
     /// Instance label; defaults to the URL's `host:port`.
     #[serde(default)]
     pub instance: Option<String>,
+    /// TLS settings of an `https://` upstream (not allowed on `http://` ones).
+    #[serde(default)]
+    pub tls: Option<UpstreamTlsConfig>,
+}
+
+/// `proxy.upstreams[].tls`: what an https upstream is trusted by and called.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsConfig {
+    /// PEM file of CA certificates trusted for this upstream, in addition to the system's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Name sent in SNI and checked against the certificate [default: the URL's host].
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 fn default_runtime() -> String {
@@ -255,8 +273,18 @@ impl Config {
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
         let invalid = |path: String, message: String| ConfigError::Invalid { file: file.to_string(), path, message };
         for (i, u) in self.proxy.upstreams.iter().enumerate() {
-            parse_upstream_url(&u.url)
-                .map_err(|m| invalid(format!("proxy.upstreams[{i}].url"), m))?;
+            let url = parse_upstream_url(&u.url).map_err(|m| invalid(format!("proxy.upstreams[{i}].url"), m))?;
+            match (&u.tls, url.https) {
+                (Some(_), false) => {
+                    let m = format!("{:?} is plain http: tls applies to https:// upstreams only", u.url);
+                    return Err(invalid(format!("proxy.upstreams[{i}].tls"), m));
+                }
+                (tls, true) => {
+                    crate::sources::proxy::tls::UpstreamTls::new(tls.as_ref())
+                        .map_err(|e| invalid(format!("proxy.upstreams[{i}].tls.{}", e.key()), e.to_string()))?;
+                }
+                (None, false) => {}
+            }
         }
         self.scrape.static_targets().map_err(|(path, message)| invalid(path, message))?;
         if self.telemetry.queue_capacity == 0 {
@@ -269,6 +297,7 @@ impl Config {
             return Err(invalid("aggregation.max_series".into(), "must be at least 1".into()));
         }
         self.gpu.validate().map_err(|(path, message)| invalid(path, message))?;
+        self.runtime.validate().map_err(|(path, message)| invalid(path.into(), message))?;
         crate::alerting::rules::compile(&self.alerting).map_err(|(path, message)| invalid(path, message))?;
         self.alerting.delivery.validate().map_err(|e| invalid("alerting.delivery".into(), e.to_string()))?;
         for (key, value) in [
@@ -285,17 +314,32 @@ impl Config {
     }
 }
 
-/// Parse `http://host:port[/base]` into an authority and a base path; https is refused with a reason.
-pub fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, String), String> {
+/// An upstream's base URL, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    pub https: bool,
+    pub authority: http::uri::Authority,
+    /// The path prefix, without a trailing `/` (empty for none).
+    pub base_path: String,
+}
+
+/// Parse `http://host:port[/base]` or `https://host[:port][/base]`; anything else is refused.
+pub fn parse_upstream_url(url: &str) -> Result<UpstreamUrl, String> {
     let uri: http::Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err(format!("{url:?}: https upstreams are not supported yet; use http://")),
-        _ => return Err(format!("{url:?}: expected http://host:port")),
-    }
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err(format!("{url:?}: expected http://host:port or https://host[:port]")),
+    };
     let authority = uri.authority().cloned().ok_or_else(|| format!("{url:?}: missing host"))?;
-    let base = uri.path().trim_end_matches('/').to_string();
-    Ok((authority, base))
+    if authority.host().is_empty() || authority.as_str().contains('@') {
+        return Err(format!("{url:?}: expected a host[:port] without user info"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("{url:?}: a base URL takes no query string"));
+    }
+    let base_path = uri.path().trim_end_matches('/').to_string();
+    Ok(UpstreamUrl { https, authority, base_path })
 }
 
 #[cfg(test)]
@@ -340,6 +384,35 @@ mod tests {
         assert!(err.contains("unit must be one of") || err.contains("invalid duration"), "{err}");
         let err = Config::from_yaml("proxy:\n  upstreams:\n    - url: ftp://x\n", "c.yaml").unwrap_err().to_string();
         assert!(err.contains("proxy.upstreams[0].url"), "{err}");
+    }
+
+    #[test]
+    fn https_upstreams_and_their_tls_keys() {
+        let c = Config::from_yaml("proxy:\n  upstreams:\n    - url: https://api.example.com/v1/\n", "c.yaml").unwrap();
+        let u = parse_upstream_url(&c.proxy.upstreams[0].url).unwrap();
+        assert!(u.https);
+        assert_eq!((u.authority.as_str(), u.base_path.as_str()), ("api.example.com", "/v1"));
+        assert!(!parse_upstream_url("http://127.0.0.1:8000").unwrap().https);
+        assert!(parse_upstream_url("https://user@h:1").is_err());
+        assert!(parse_upstream_url("https://h:1/?x=1").is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.pem");
+        let y = format!("proxy:\n  upstreams:\n    - url: https://h:8443\n      tls:\n        ca_file: {}\n", missing.display());
+        let err = Config::from_yaml(&y, "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("c.yaml") && err.contains("proxy.upstreams[0].tls.ca_file") && err.contains("nope.pem"), "{err}");
+
+        let y = "proxy:\n  upstreams:\n    - url: https://h:8443\n      tls:\n        server_name: 'bad name'\n";
+        let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("proxy.upstreams[0].tls.server_name"), "{err}");
+
+        let y = "proxy:\n  upstreams:\n    - url: https://h:8443\n      tls:\n        ca_fil: x.pem\n";
+        let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("key proxy.upstreams[0].tls") && err.contains("ca_fil"), "{err}");
+
+        let y = "proxy:\n  upstreams:\n    - url: http://h:8000\n      tls:\n        server_name: h\n";
+        let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("proxy.upstreams[0].tls") && err.contains("https:// upstreams only"), "{err}");
     }
 
     #[test]

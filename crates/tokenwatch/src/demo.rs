@@ -135,6 +135,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             models: vec![s.model.clone()],
             runtime: "sim".into(),
             instance: Some(format!("sim-{}", s.addr.port())),
+            tls: None,
         })
         .collect();
     // Also scrape each simulator's vLLM-style /metrics, so runtime-side signals (KV cache,

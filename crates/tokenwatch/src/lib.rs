@@ -8,6 +8,7 @@ pub mod config;
 pub mod demo;
 pub mod export;
 pub mod pipeline;
+pub mod runtimes;
 pub mod sources;
 pub mod top;
 pub mod traffic;

@@ -7,7 +7,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tokenwatch::config::{Config, UpstreamConfig};
+use tokenwatch::config::{Config, UpstreamConfig, UpstreamTlsConfig};
 use tokenwatch::{app, demo};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -81,6 +81,9 @@ struct RunArgs {
     /// Runtime label of --upstream (vllm, tgi, sglang, triton, sim, openai).
     #[arg(long, default_value = "openai")]
     upstream_runtime: String,
+    /// PEM file of CA certificates trusted for an https --upstream, besides the system's roots.
+    #[arg(long, value_name = "FILE", requires = "upstream")]
+    upstream_ca_file: Option<PathBuf>,
     /// Data directory [default: ./tokenwatch-data]
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -136,11 +139,20 @@ impl RunArgs {
         }
         cfg.alerting.delivery.alertmanagers.extend(self.alertmanager);
         if let Some(url) = self.upstream {
+            if let Some(file) = &self.upstream_ca_file {
+                let tls = UpstreamTlsConfig { ca_file: Some(file.clone()), server_name: None };
+                tokenwatch::sources::proxy::tls::UpstreamTls::new(Some(&tls))
+                    .map_err(|e| anyhow::anyhow!("--upstream-ca-file: {e}"))?;
+                anyhow::ensure!(url.starts_with("https://"), "--upstream-ca-file applies to an https:// --upstream, not {url:?}");
+            }
             cfg.proxy.upstreams.push(UpstreamConfig {
                 url,
                 models: vec!["*".into()],
                 runtime: self.upstream_runtime,
                 instance: None,
+                tls: self
+                    .upstream_ca_file
+                    .map(|f| UpstreamTlsConfig { ca_file: Some(f), server_name: None }),
             });
         }
         cfg.validate("command line").map_err(anyhow::Error::from)?;

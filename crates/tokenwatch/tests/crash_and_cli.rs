@@ -81,7 +81,7 @@ fn check_config_reports_file_and_key() {
     assert!(err.contains("bad.yaml") && err.contains("modles"), "{err}");
 
     let bad_url = dir.path().join("url.yaml");
-    std::fs::write(&bad_url, "proxy:\n  upstreams:\n    - url: https://example\n").unwrap();
+    std::fs::write(&bad_url, "proxy:\n  upstreams:\n    - url: ftp://example\n").unwrap();
     let out = Command::new(BIN).args(["check-config", bad_url.to_str().unwrap()]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("proxy.upstreams[0].url"), "{err}");

@@ -81,6 +81,8 @@ pub struct PipelineConfig {
     pub batch_max: usize,
     pub flush_interval: Duration,
     pub maintenance_interval: Duration,
+    /// Niceness of the pipeline thread (`runtime.analysis_niceness` above the proxy's).
+    pub thread_niceness: i32,
 }
 
 /// Handle to the running pipeline thread.
@@ -107,7 +109,10 @@ impl Pipeline {
         let worker = Worker { cfg, aggregator, sinks, metrics, rx, handle, close: close.clone() };
         let thread = std::thread::Builder::new()
             .name("tokenwatch-pipeline".into())
-            .spawn(move || worker.run())
+            .spawn(move || {
+                crate::runtimes::set_current_thread_niceness(worker.cfg.thread_niceness);
+                worker.run()
+            })
             .expect("spawning the pipeline thread");
         (Pipeline { thread: Some(thread), close }, queue)
     }

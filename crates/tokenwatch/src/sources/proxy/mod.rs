@@ -6,6 +6,7 @@ pub mod prefix;
 mod route;
 pub mod sse;
 mod tap;
+pub mod tls;
 
 pub use route::Router as UpstreamRouter;
 
@@ -17,7 +18,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body_util::Full;
-use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use identity::TraceParent;
@@ -32,7 +33,10 @@ const REQUEST_ID: &str = "x-request-id";
 const TRACEPARENT: &str = "traceparent";
 
 pub struct ProxyState {
+    /// The client for plain-http upstreams (HTTP/1.1).
     client: Client<HttpConnector, Full<Bytes>>,
+    /// One HTTPS client per https upstream, by `Route::index` (`None` for plain http).
+    https: Box<[Option<tls::HttpsClient>]>,
     routes: UpstreamRouter,
     queue: TelemetryQueue,
     salt: Vec<u8>,
@@ -50,12 +54,17 @@ impl ProxyState {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(cfg.connect_timeout.0));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(1024)
-            .build(connector);
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder.pool_idle_timeout(Duration::from_secs(90)).pool_max_idle_per_host(1024);
+        let client = builder.build(connector);
+        let https = routes
+            .routes()
+            .iter()
+            .map(|r| r.tls().map(|t| t.client(&builder, cfg.connect_timeout.0)))
+            .collect();
         ProxyState {
             client,
+            https,
             routes,
             queue,
             salt,
@@ -68,15 +77,25 @@ impl ProxyState {
             max_body: cfg.max_request_body_bytes,
         }
     }
+
+    /// Send a request to `route`'s upstream: over its HTTPS client for an https upstream (HTTP/2
+    /// when ALPN picks it), else over the shared plain-http client.
+    fn send(&self, route: &route::Route, req: http::Request<Full<Bytes>>) -> ResponseFuture {
+        match self.https.get(route.index()) {
+            Some(Some(c)) => c.request(req),
+            _ => self.client.request(req),
+        }
+    }
 }
 
 pub fn router(state: Arc<ProxyState>) -> axum::Router {
     axum::Router::new().fallback(handle).with_state(state)
 }
 
-/// Endpoints whose requests become records; everything else is passed through untouched.
-fn is_llm_endpoint(path: &str) -> bool {
-    matches!(path, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings")
+/// The API a request speaks when it is one that becomes a record (a POST to an endpoint of
+/// `sse::StreamFormat::for_endpoint`); everything else is passed through untouched.
+fn llm_format(method: &http::Method, path: &str) -> Option<sse::StreamFormat> {
+    if method == http::Method::POST { sse::StreamFormat::for_endpoint(path) } else { None }
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -89,6 +108,26 @@ struct Peek {
     messages: prefix::PromptHead,
     #[serde(default, deserialize_with = "prefix::prompt")]
     prompt: prefix::PromptHead,
+    /// Responses: `input` (a string or input items) and `instructions`.
+    #[serde(default, deserialize_with = "prefix::input")]
+    input: prefix::PromptHead,
+    #[serde(default, deserialize_with = "prefix::system")]
+    instructions: prefix::PromptHead,
+    /// Anthropic Messages: `system` (a string or text blocks), beside `messages`.
+    #[serde(default, deserialize_with = "prefix::system")]
+    system: prefix::PromptHead,
+}
+
+impl Peek {
+    /// The prefix-cache key from the prompt fields of the request's API.
+    fn prefix_key(&self, format: sse::StreamFormat, salt: &[u8]) -> Option<u64> {
+        use prefix::PromptHead;
+        match format {
+            sse::StreamFormat::OpenAi => self.messages.key(salt).or_else(|| self.prompt.key(salt)),
+            sse::StreamFormat::Responses => PromptHead::after_system(&self.instructions, &self.input).key(salt),
+            sse::StreamFormat::Anthropic => PromptHead::after_system(&self.system, &self.messages).key(salt),
+        }
+    }
 }
 
 const HOP_BY_HOP: [&str; 9] = [
@@ -144,7 +183,8 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let arrival_unix_ms = now_unix_ms();
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
-    let llm = parts.method == http::Method::POST && is_llm_endpoint(&path);
+    let format = llm_format(&parts.method, &path);
+    let llm = format.is_some();
     let request_id = valid_request_id(&parts.headers).unwrap_or_else(identity::new_request_id);
 
     let body = match axum::body::to_bytes(Body::new(body), st.max_body).await {
@@ -182,7 +222,7 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
         endpoint: path.clone(),
         stream: peek.stream,
         arrival_unix_ms,
-        prefix_key: peek.messages.key(&st.salt).or_else(|| peek.prompt.key(&st.salt)),
+        prefix_key: format.and_then(|f| peek.prefix_key(f, &st.salt)),
         ..Default::default()
     };
 
@@ -214,7 +254,7 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     *upstream_req.uri_mut() = uri;
     *upstream_req.headers_mut() = headers;
 
-    let outcome = tokio::time::timeout(st.response_timeout, st.client.request(upstream_req)).await;
+    let outcome = tokio::time::timeout(st.response_timeout, st.send(route, upstream_req)).await;
     let upstream = match outcome {
         Ok(Ok(resp)) => resp,
         Ok(Err(e)) => {
@@ -241,9 +281,9 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         up_parts.headers.insert(REQUEST_ID, v);
     }
-    if !llm {
+    let Some(format) = format else {
         return Response::from_parts(up_parts, Body::new(up_body));
-    }
+    };
 
     let status = up_parts.status;
     record.status = status.as_u16();
@@ -269,7 +309,7 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let event_stream = content_type.starts_with("text/event-stream");
     let json = content_type.starts_with("application/json");
     let flight = InFlight { record, started, queue: st.queue.clone() };
-    let tapped = TapBody::new(up_body, flight, event_stream, json, st.idle_timeout, slot);
+    let tapped = TapBody::new(up_body, flight, format, event_stream, json, st.idle_timeout, slot);
     Response::from_parts(up_parts, Body::new(tapped))
 }
 

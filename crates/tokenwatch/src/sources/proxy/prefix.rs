@@ -1,6 +1,6 @@
-// The prefix-cache key of a proxied request: the leading `PREFIX_BYTES` of its prompt (chat
-// messages' roles and text in order, or `prompt`) collected while the body is parsed, then a
-// salted 64-bit hash of them — the text itself is never kept.
+// The prefix-cache key of a proxied request: the leading `PREFIX_BYTES` of its prompt (chat or
+// Anthropic messages' roles and text in order after any system text, Responses `input`, or
+// `prompt`) collected while the body is parsed, then a salted 64-bit hash — text never kept.
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use sha2::{Digest, Sha256};
@@ -9,7 +9,8 @@ use std::fmt;
 /// How many leading bytes of the prompt make the key.
 pub const PREFIX_BYTES: usize = 1024;
 
-/// The leading bytes of a request's prompt, as `messages` or `prompt` of the request body.
+/// The leading bytes of a request's prompt, as `messages`, `input`, `system` or `prompt` of
+/// the request body.
 #[derive(Debug, Default, PartialEq)]
 pub struct PromptHead(String);
 
@@ -31,6 +32,21 @@ impl PromptHead {
 
     pub fn text(&self) -> &str {
         &self.0
+    }
+
+    /// A system text given apart from the messages (Anthropic `system`, Responses
+    /// `instructions`) written as the leading system message, as chat carries it: the same
+    /// conversation gets the same key whichever of the three APIs sent it.
+    pub fn after_system(system: &PromptHead, rest: &PromptHead) -> PromptHead {
+        if system.0.is_empty() {
+            return PromptHead(rest.0.clone());
+        }
+        let mut head = String::new();
+        push(&mut head, "system:");
+        push(&mut head, &system.0);
+        push(&mut head, "\n");
+        push(&mut head, &rest.0);
+        PromptHead(head)
     }
 }
 
@@ -57,6 +73,22 @@ pub fn messages<'de, D: Deserializer<'de>>(d: D) -> Result<PromptHead, D::Error>
     Ok(PromptHead(head))
 }
 
+/// Responses `input`: a string (the user's message) or a list of input items (messages with
+/// `role` and `content`, written like chat messages).
+pub fn input<'de, D: Deserializer<'de>>(d: D) -> Result<PromptHead, D::Error> {
+    let mut head = String::new();
+    d.deserialize_any(Collect {
+        head: &mut head,
+        mode: Mode::Input,
+    })?;
+    Ok(PromptHead(head))
+}
+
+/// Anthropic `system` (a string or text blocks) or Responses `instructions`: the text alone.
+pub fn system<'de, D: Deserializer<'de>>(d: D) -> Result<PromptHead, D::Error> {
+    prompt(d)
+}
+
 /// `prompt` of completions: a string, strings, or token ids (written as numbers).
 pub fn prompt<'de, D: Deserializer<'de>>(d: D) -> Result<PromptHead, D::Error> {
     let mut head = String::new();
@@ -71,6 +103,8 @@ pub fn prompt<'de, D: Deserializer<'de>>(d: D) -> Result<PromptHead, D::Error> {
 enum Mode {
     /// A list of chat messages.
     Messages,
+    /// Responses `input`: a string is one user message; a list holds messages.
+    Input,
     /// One message object: take `role` and `content`.
     Message,
     /// Text: strings are taken, arrays walked, objects give their `text`; numbers as text.
@@ -99,8 +133,14 @@ impl<'de> Visitor<'de> for Collect<'_> {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        if self.mode == Mode::Text {
-            push(self.head, v);
+        match self.mode {
+            Mode::Text => push(self.head, v),
+            Mode::Input => {
+                push(self.head, "user:");
+                push(self.head, v);
+                push(self.head, "\n");
+            }
+            Mode::Messages | Mode::Message => {}
         }
         Ok(())
     }
@@ -137,7 +177,7 @@ impl<'de> Visitor<'de> for Collect<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mode = match self.mode {
-            Mode::Messages => Mode::Message,
+            Mode::Messages | Mode::Input => Mode::Message,
             Mode::Message | Mode::Text => Mode::Text,
         };
         while seq
@@ -221,6 +261,12 @@ mod tests {
         messages: PromptHead,
         #[serde(default, deserialize_with = "prompt")]
         prompt: PromptHead,
+        #[serde(default, deserialize_with = "input")]
+        input: PromptHead,
+        #[serde(default, deserialize_with = "system")]
+        system: PromptHead,
+        #[serde(default, deserialize_with = "system")]
+        instructions: PromptHead,
         model: Option<String>,
     }
 
@@ -298,5 +344,61 @@ mod tests {
                 .key(b"s")
         };
         assert_ne!(m("ab", "c"), m("a", "bc"));
+    }
+
+    #[test]
+    fn responses_input_and_anthropic_system_read_like_chat() {
+        let chat = parse(serde_json::json!({"messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Hi"}
+        ]}))
+        .messages;
+        assert_eq!(chat.text(), "system:You are terse.\nuser:Hi\n");
+
+        // Responses: `instructions` (read after `input` here: field order does not matter).
+        let b = parse(serde_json::json!({"input": "Hi", "instructions": "You are terse."}));
+        let responses = PromptHead::after_system(&b.instructions, &b.input);
+        assert_eq!(responses, chat);
+        let b = parse(
+            serde_json::json!({"instructions": "You are terse.", "input": [
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+            ]}),
+        );
+        assert_eq!(PromptHead::after_system(&b.instructions, &b.input), chat);
+
+        // Anthropic: `system` as a string or as text blocks, then `messages` with content blocks.
+        for system in [
+            serde_json::json!("You are terse."),
+            serde_json::json!([{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}]),
+        ] {
+            let b = parse(serde_json::json!({"system": system, "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}]}
+            ]}));
+            assert_eq!(PromptHead::after_system(&b.system, &b.messages), chat);
+        }
+
+        // No system text: the messages alone; unexpected shapes are skipped, never an error.
+        let b = parse(
+            serde_json::json!({"input": [{"role": "user", "content": "Hi"}], "system": {"odd": 7}}),
+        );
+        assert_eq!(
+            PromptHead::after_system(&b.system, &b.input).text(),
+            "user:Hi\n"
+        );
+        assert_eq!(
+            parse(serde_json::json!({"input": {"odd": true}}))
+                .input
+                .text(),
+            ""
+        );
+        // The joined head is still cut at PREFIX_BYTES.
+        let long = "é".repeat(PREFIX_BYTES);
+        let b = parse(serde_json::json!({"instructions": long, "input": "Hi"}));
+        assert!(
+            PromptHead::after_system(&b.instructions, &b.input)
+                .text()
+                .len()
+                <= PREFIX_BYTES
+        );
     }
 }

@@ -1,14 +1,21 @@
 // Routing of proxied requests to upstreams by model: the upstreams listing the model, else the
 // catch-all upstreams, each set a pool balanced by in-flight requests (lock-free atomics).
 
+use super::tls::UpstreamTls;
 use crate::config::{UpstreamConfig, parse_upstream_url};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[derive(Debug)]
 pub struct Route {
+    /// Position in the configuration (`proxy.upstreams[index]`).
+    index: usize,
+    /// `http` or `https`.
+    scheme: &'static str,
     authority: http::uri::Authority,
     base_path: String,
+    /// TLS settings of an https upstream (its CA file read at start).
+    tls: Option<UpstreamTls>,
     pub runtime: String,
     pub instance: String,
     /// Requests routed here whose response has not ended yet (shared with their `Slot`s).
@@ -16,12 +23,29 @@ pub struct Route {
 }
 
 impl Route {
-    pub fn new(u: &UpstreamConfig) -> Result<Route, String> {
-        let (authority, base_path) = parse_upstream_url(&u.url)?;
+    fn new(index: usize, u: &UpstreamConfig) -> Result<Route, String> {
+        let key = format!("proxy.upstreams[{index}]");
+        let url = parse_upstream_url(&u.url).map_err(|e| format!("{key}.url: {e}"))?;
+        let tls = match (url.https, &u.tls) {
+            (true, tls) => Some(
+                UpstreamTls::new(tls.as_ref())
+                    .map_err(|e| format!("{key}.tls.{}: {e}", e.key()))?,
+            ),
+            (false, Some(_)) => {
+                return Err(format!("{key}.tls: tls applies to https:// upstreams only"));
+            }
+            (false, None) => None,
+        };
         Ok(Route {
-            instance: u.instance.clone().unwrap_or_else(|| authority.to_string()),
-            authority,
-            base_path,
+            index,
+            scheme: if url.https { "https" } else { "http" },
+            instance: u
+                .instance
+                .clone()
+                .unwrap_or_else(|| url.authority.to_string()),
+            authority: url.authority,
+            base_path: url.base_path,
+            tls,
             runtime: u.runtime.clone(),
             in_flight: Arc::new(AtomicUsize::new(0)),
         })
@@ -30,9 +54,22 @@ impl Route {
     /// The upstream URI for a client request URI (path and query kept).
     pub fn uri_for(&self, client: &http::Uri) -> Result<http::Uri, String> {
         let pq = client.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        format!("http://{}{}{}", self.authority, self.base_path, pq)
-            .parse()
-            .map_err(|e| format!("cannot build the upstream URL for {pq:?}: {e}"))
+        format!(
+            "{}://{}{}{}",
+            self.scheme, self.authority, self.base_path, pq
+        )
+        .parse()
+        .map_err(|e| format!("cannot build the upstream URL for {pq:?}: {e}"))
+    }
+
+    /// Position in the configuration: indexes per-upstream state kept beside the router.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The TLS settings of an https upstream; `None` for plain http.
+    pub fn tls(&self) -> Option<&UpstreamTls> {
+        self.tls.as_ref()
     }
 
     /// Requests routed here and not finished yet (pooled routes only; 0 for a lone upstream).
@@ -82,7 +119,8 @@ impl Router {
     pub fn new(upstreams: &[UpstreamConfig]) -> Result<Router, String> {
         let routes = upstreams
             .iter()
-            .map(Route::new)
+            .enumerate()
+            .map(|(i, u)| Route::new(i, u))
             .collect::<Result<Vec<_>, _>>()?;
         let mut by_model: Vec<(String, Vec<usize>)> = Vec::new();
         let mut any = Vec::new();
@@ -162,6 +200,7 @@ mod tests {
             models: models.iter().map(|s| s.to_string()).collect(),
             runtime: "vllm".into(),
             instance: None,
+            tls: None,
         }
     }
 
@@ -189,6 +228,45 @@ mod tests {
         assert_eq!(uri.to_string(), "http://127.0.0.1:2/base/v1/models?x=1");
         let only = Router::new(&[up("http://127.0.0.1:1", &["a"])]).unwrap();
         assert!(only.route(Some("z")).is_none());
+    }
+
+    #[test]
+    fn https_upstreams_keep_their_scheme_and_tls() {
+        let r = Router::new(&[
+            up("http://127.0.0.1:1", &["a"]),
+            up("https://api.example.com/openai/", &["*"]),
+        ])
+        .unwrap();
+        let (plain, _) = r.route(Some("a")).unwrap();
+        assert!(plain.tls().is_none());
+        assert_eq!(plain.index(), 0);
+        let (tls, _) = r.route(Some("b")).unwrap();
+        assert!(tls.tls().is_some());
+        assert_eq!((tls.index(), tls.instance.as_str()), (1, "api.example.com"));
+        let uri = tls
+            .uri_for(&"/v1/chat/completions".parse().unwrap())
+            .unwrap();
+        assert_eq!(
+            uri.to_string(),
+            "https://api.example.com/openai/v1/chat/completions"
+        );
+
+        let mut bad = up("http://127.0.0.1:1", &["a"]);
+        bad.tls = Some(Default::default());
+        let e = Router::new(&[bad]).unwrap_err();
+        assert!(e.contains("proxy.upstreams[0].tls"), "{e}");
+        let mut missing = up("https://h:1", &["a"]);
+        missing.tls = Some(crate::config::UpstreamTlsConfig {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            server_name: None,
+        });
+        let e = Router::new(&[up("http://127.0.0.1:1", &[]), missing]).unwrap_err();
+        assert!(
+            e.contains("proxy.upstreams[1].tls.ca_file") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
+        let e = Router::new(&[up("ftp://h", &[])]).unwrap_err();
+        assert!(e.contains("proxy.upstreams[0].url"), "{e}");
     }
 
     #[test]

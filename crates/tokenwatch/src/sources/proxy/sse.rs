@@ -1,8 +1,12 @@
-// Incremental observer of an OpenAI-style server-sent-event stream as it passes through the
-// proxy: it never holds more than one partial line and never alters the bytes it sees.
+// Incremental observer of a server-sent-event stream as it passes through the proxy: it frames
+// events, hands each to its API's vocabulary (`StreamFormat`), and never alters the bytes it sees.
 
-use serde::Deserialize;
-use serde::de::IgnoredAny;
+mod anthropic;
+mod chat;
+mod responses;
+
+use serde::de::{self, Deserializer, Visitor};
+use std::fmt;
 
 /// What the observer learned from one fed chunk of bytes.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -14,56 +18,115 @@ pub struct FeedResult {
 /// Longest single SSE line accepted before the stream is called malformed.
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 
-#[derive(Debug, Default)]
+/// Longest `event:` name kept; longer names are cut (no vocabulary has names near this).
+const MAX_EVENT_NAME: usize = 64;
+
+/// The API whose event vocabulary a response speaks, chosen from the request's endpoint. Each
+/// variant's events and JSON bodies are read in its own module (`chat`, `responses`,
+/// `anthropic`); the SSE framing here is shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamFormat {
+    /// OpenAI chat completions, completions and embeddings: `choices` chunks, then `data: [DONE]`.
+    OpenAi,
+    /// OpenAI Responses (`/v1/responses`): typed `response.*` events, ending with
+    /// `response.completed`, `response.incomplete` or `response.failed` (no `[DONE]`).
+    Responses,
+    /// Anthropic Messages (`/v1/messages`): `message_start` … `content_block_delta` …
+    /// `message_delta`, `message_stop`.
+    Anthropic,
+}
+
+impl StreamFormat {
+    /// The format of an endpoint whose requests become records; None for every other path.
+    pub fn for_endpoint(path: &str) -> Option<StreamFormat> {
+        match path {
+            "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" => Some(StreamFormat::OpenAi),
+            "/v1/responses" => Some(StreamFormat::Responses),
+            "/v1/messages" => Some(StreamFormat::Anthropic),
+            _ => None,
+        }
+    }
+
+    /// Reads one dispatched event (`event:` name, possibly empty, and its joined `data:`) into
+    /// `seen`; true when the event carried generated content.
+    fn event(self, name: &[u8], data: &[u8], seen: &mut Observed) -> Result<bool, serde_json::Error> {
+        match self {
+            StreamFormat::OpenAi => chat::event(data, seen),
+            StreamFormat::Responses => responses::event(name, data, seen),
+            StreamFormat::Anthropic => anthropic::event(name, data, seen),
+        }
+    }
+
+    /// Token counts, finish reason and model of a non-streaming JSON response body; None when
+    /// the body is not JSON of the expected shape.
+    pub fn json_body(self, body: &[u8]) -> Option<Observed> {
+        match self {
+            StreamFormat::OpenAi => chat::json_body(body),
+            StreamFormat::Responses => responses::json_body(body),
+            StreamFormat::Anthropic => anthropic::json_body(body),
+        }
+    }
+
+    /// The event that ends a complete stream, for the message when it never came.
+    pub fn terminal_event(self) -> &'static str {
+        match self {
+            StreamFormat::OpenAi => "[DONE]",
+            StreamFormat::Responses => "response.completed, response.incomplete or response.failed",
+            StreamFormat::Anthropic => "message_stop",
+        }
+    }
+}
+
+/// What a response said about itself, in the OpenAI vocabulary whatever its API.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// The stream's terminal event arrived (`[DONE]`, `response.completed`, `message_stop` …).
+    pub done: bool,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    /// Of `completion_tokens`, the reasoning tokens, when the upstream reported them.
+    pub reasoning_tokens: Option<u64>,
+    /// Normalised to chat's `finish_reason` values (`stop`, `length`, `tool_calls` …).
+    pub finish_reason: Option<String>,
+    pub model: Option<String>,
+    /// An error event arrived (a mid-stream failure of the upstream).
+    pub error_event: bool,
+}
+
+#[derive(Debug)]
 pub struct SseObserver {
+    format: StreamFormat,
     partial: Vec<u8>,
     data: Vec<u8>,
     has_data: bool,
     skip_lf: bool,
+    /// The pending event's `event:` field.
+    event: Vec<u8>,
     pub events: u32,
     pub content_events: u32,
-    pub done: bool,
-    pub prompt_tokens: Option<u64>,
-    pub completion_tokens: Option<u64>,
-    pub finish_reason: Option<String>,
-    pub model: Option<String>,
+    pub seen: Observed,
     /// First problem seen (unparsable event, over-long line, error event); bytes still flow.
     pub malformed: Option<String>,
-    pub error_event: bool,
-}
-
-#[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<Choice>,
-    usage: Option<Usage>,
-    model: Option<String>,
-    error: Option<IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-struct Choice {
-    delta: Option<Delta>,
-    text: Option<String>,
-    finish_reason: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Delta {
-    content: Option<String>,
-    reasoning_content: Option<String>,
-    tool_calls: Option<IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct Usage {
-    pub prompt_tokens: Option<u64>,
-    pub completion_tokens: Option<u64>,
 }
 
 impl SseObserver {
-    pub fn new() -> Self {
-        Self::default()
+    pub fn new(format: StreamFormat) -> Self {
+        SseObserver {
+            format,
+            partial: Vec::new(),
+            data: Vec::new(),
+            has_data: false,
+            skip_lf: false,
+            event: Vec::new(),
+            events: 0,
+            content_events: 0,
+            seen: Observed::default(),
+            malformed: None,
+        }
+    }
+
+    pub fn format(&self) -> StreamFormat {
+        self.format
     }
 
     /// Observe the next bytes of the stream (any split, even mid-line or mid-UTF-8).
@@ -134,71 +197,43 @@ impl SseObserver {
             }
             None => (line, &b""[..]),
         };
-        if field == b"data" {
-            if self.has_data {
-                self.data.push(b'\n');
+        match field {
+            b"data" => {
+                if self.has_data {
+                    self.data.push(b'\n');
+                }
+                self.data.extend_from_slice(value);
+                self.has_data = true;
             }
-            self.data.extend_from_slice(value);
-            self.has_data = true;
+            b"event" => {
+                self.event.clear();
+                self.event.extend_from_slice(&value[..value.len().min(MAX_EVENT_NAME)]);
+            }
+            _ => {} // `id`, `retry` carry nothing we time.
         }
-        // `event`, `id`, `retry` carry nothing we time.
     }
 
     fn dispatch(&mut self, result: &mut FeedResult) {
         if !self.has_data {
+            self.event.clear();
             return;
         }
         self.has_data = false;
         self.events += 1;
-        let data = std::mem::take(&mut self.data);
-        if data.trim_ascii() == b"[DONE]" {
-            self.done = true;
-        } else {
-            match serde_json::from_slice::<Chunk>(&data) {
-                Ok(chunk) => {
-                    if self.observe_chunk(chunk) {
-                        self.content_events += 1;
-                        result.content_events += 1;
-                    }
-                }
-                Err(e) => self.note_malformed(format!("event {} is not valid JSON: {e}", self.events)),
+        let was_error = self.seen.error_event;
+        match self.format.event(&self.event, &self.data, &mut self.seen) {
+            Ok(true) => {
+                self.content_events += 1;
+                result.content_events += 1;
             }
+            Ok(false) => {}
+            Err(e) => self.note_malformed(format!("event {} is not valid JSON: {e}", self.events)),
         }
-        let mut data = data;
-        data.clear();
-        self.data = data;
-    }
-
-    /// Returns true when the chunk carried generated content.
-    fn observe_chunk(&mut self, chunk: Chunk) -> bool {
-        if chunk.error.is_some() {
-            self.error_event = true;
+        if self.seen.error_event && !was_error {
             self.note_malformed(format!("event {} is an error event", self.events));
         }
-        if self.model.is_none() {
-            self.model = chunk.model;
-        }
-        if let Some(u) = chunk.usage {
-            self.prompt_tokens = u.prompt_tokens.or(self.prompt_tokens);
-            self.completion_tokens = u.completion_tokens.or(self.completion_tokens);
-        }
-        let mut content = false;
-        for c in chunk.choices {
-            if let Some(reason) = c.finish_reason {
-                self.finish_reason = Some(reason);
-            }
-            if c.text.as_deref().is_some_and(|t| !t.is_empty()) {
-                content = true;
-            }
-            if let Some(d) = c.delta
-                && (d.content.as_deref().is_some_and(|t| !t.is_empty())
-                    || d.reasoning_content.as_deref().is_some_and(|t| !t.is_empty())
-                    || d.tool_calls.is_some())
-            {
-                content = true;
-            }
-        }
-        content
+        self.data.clear();
+        self.event.clear();
     }
 
     fn note_malformed(&mut self, why: String) {
@@ -208,123 +243,90 @@ impl SseObserver {
     }
 }
 
-/// Token counts and finish reason of a non-streaming JSON response body.
-pub fn observe_json_body(body: &[u8]) -> Option<(Option<u64>, Option<u64>, Option<String>, Option<String>)> {
-    #[derive(Deserialize)]
-    struct Full {
-        #[serde(default)]
-        choices: Vec<FullChoice>,
-        usage: Option<Usage>,
-        model: Option<String>,
+/// The `[DONE]` sentinel that ends OpenAI chat streams (some gateways add it to other APIs).
+fn is_done_sentinel(data: &[u8]) -> bool {
+    data.trim_ascii() == b"[DONE]"
+}
+
+/// Whether a JSON string field carries text: `""`, `null` and absent do not. Read without
+/// keeping the text; any other JSON type is an error, as it would be for `Option<String>`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct HasText(bool);
+
+impl<'de> de::Deserialize<'de> for HasText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HasText, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = HasText;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or null")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<HasText, E> {
+                Ok(HasText(!v.is_empty()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<HasText, E> {
+                Ok(HasText(false))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<HasText, E> {
+                Ok(HasText(false))
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<HasText, D::Error> {
+                d.deserialize_str(V)
+            }
+        }
+        d.deserialize_option(V)
     }
-    #[derive(Deserialize)]
-    struct FullChoice {
-        finish_reason: Option<String>,
+}
+
+/// Like `HasText`, for fields whose type may vary between events: a non-empty string, or any
+/// object, array, number or boolean, carries text; `""`, `null` and absent do not.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct AnyText(bool);
+
+impl<'de> de::Deserialize<'de> for AnyText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<AnyText, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = AnyText;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<AnyText, E> {
+                Ok(AnyText(!v.is_empty()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<AnyText, E> {
+                Ok(AnyText(false))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<AnyText, E> {
+                Ok(AnyText(true))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<AnyText, E> {
+                Ok(AnyText(true))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<AnyText, E> {
+                Ok(AnyText(true))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<AnyText, E> {
+                Ok(AnyText(true))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<AnyText, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(AnyText(true))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<AnyText, A::Error> {
+                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                Ok(AnyText(true))
+            }
+        }
+        d.deserialize_any(V)
     }
-    let full: Full = serde_json::from_slice(body).ok()?;
-    let finish = full.choices.into_iter().find_map(|c| c.finish_reason);
-    let (p, c) = full.usage.map(|u| (u.prompt_tokens, u.completion_tokens)).unwrap_or((None, None));
-    Some((p, c, finish, full.model))
+}
+
+/// Counts that are reported as `{"reasoning_tokens": n, …}` under a usage object.
+#[derive(serde::Deserialize)]
+struct ReasoningDetails {
+    reasoning_tokens: Option<u64>,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    const CHAT: &str = include_str!("../../../../../fixtures/vllm-cpu-sse-chat.txt");
-    const COMPLETION: &str = include_str!("../../../../../fixtures/vllm-cpu-sse.txt");
-
-    fn run(bytes: &[u8]) -> SseObserver {
-        let mut o = SseObserver::new();
-        o.feed(bytes);
-        o.finish();
-        o
-    }
-
-    #[test]
-    fn real_vllm_chat_stream() {
-        let o = run(CHAT.as_bytes());
-        assert!(o.done);
-        assert!(o.malformed.is_none(), "{:?}", o.malformed);
-        assert_eq!(o.prompt_tokens, Some(16));
-        assert_eq!(o.completion_tokens, Some(20));
-        assert_eq!(o.finish_reason.as_deref(), Some("length"));
-        assert_eq!(o.model.as_deref(), Some("tinyllama"));
-        // The role-only first chunk and the empty-content chunks do not count as content.
-        let non_empty = CHAT
-            .lines()
-            .filter(|l| l.contains("\"content\":\"") && !l.contains("\"content\":\"\""))
-            .count() as u32;
-        assert_eq!(o.content_events, non_empty);
-        assert!(o.content_events < o.events - 2);
-    }
-
-    #[test]
-    fn real_vllm_completion_stream() {
-        let o = run(COMPLETION.as_bytes());
-        assert!(o.done);
-        assert_eq!(o.completion_tokens, Some(20));
-        let non_empty = COMPLETION.lines().filter(|l| l.contains("\"text\":\"") && !l.contains("\"text\":\"\"")).count();
-        assert_eq!(o.content_events as usize, non_empty);
-    }
-
-    #[test]
-    fn first_role_only_chunk_is_not_content() {
-        let mut o = SseObserver::new();
-        let r = o.feed(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
-        assert_eq!(r.content_events, 0);
-        let r = o.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n");
-        assert_eq!(r.content_events, 1);
-    }
-
-    #[test]
-    fn malformed_event_is_noted_not_fatal() {
-        let o = run(b"data: {not json\n\ndata: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n");
-        assert!(o.malformed.is_some());
-        assert_eq!(o.content_events, 1);
-        assert!(o.done);
-    }
-
-    #[test]
-    fn crlf_and_multiline_data() {
-        let o = run(b": keep-alive\r\ndata: {\"choices\":\r\ndata: [{\"text\":\"a\"}]}\r\n\r\ndata: [DONE]\r\n\r\n");
-        assert!(o.malformed.is_none(), "{:?}", o.malformed);
-        assert_eq!(o.content_events, 1);
-        assert!(o.done);
-    }
-
-    #[test]
-    fn non_streaming_body() {
-        let body = br#"{"model":"m","choices":[{"message":{"content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":7}}"#;
-        let (p, c, f, m) = observe_json_body(body).unwrap();
-        assert_eq!((p, c, f.as_deref(), m.as_deref()), (Some(5), Some(7), Some("stop"), Some("m")));
-    }
-
-    proptest! {
-        // However the stream is cut into chunks, the observer sees the same events.
-        #[test]
-        fn chunk_boundaries_do_not_matter(cuts in proptest::collection::vec(0usize..CHAT.len(), 0..40)) {
-            let whole = run(CHAT.as_bytes());
-            let mut cuts = cuts;
-            cuts.sort_unstable();
-            let mut o = SseObserver::new();
-            let mut prev = 0;
-            for c in cuts {
-                o.feed(&CHAT.as_bytes()[prev..c]);
-                prev = c;
-            }
-            o.feed(&CHAT.as_bytes()[prev..]);
-            o.finish();
-            prop_assert_eq!(o.events, whole.events);
-            prop_assert_eq!(o.content_events, whole.content_events);
-            prop_assert_eq!(o.completion_tokens, whole.completion_tokens);
-            prop_assert!(o.done);
-        }
-
-        #[test]
-        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
-            let _ = run(&bytes);
-        }
-    }
-}
+mod tests;

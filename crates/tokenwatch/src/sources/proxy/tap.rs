@@ -2,7 +2,7 @@
 // first token and every content chunk; finalises the request record when the body ends.
 
 use super::route::Slot;
-use super::sse::{SseObserver, observe_json_body};
+use super::sse::{Observed, SseObserver, StreamFormat};
 use crate::pipeline::TelemetryQueue;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -51,7 +51,7 @@ impl InFlight {
 
 enum Mode {
     Sse(SseObserver),
-    Json(Vec<u8>),
+    Json(StreamFormat, Vec<u8>),
     Opaque,
 }
 
@@ -67,20 +67,22 @@ pub struct TapBody {
 }
 
 impl TapBody {
-    /// `event_stream`: the upstream answered `text/event-stream`; `json`: `application/json`;
-    /// `slot`: the request's place in its upstream pool, released when the body is dropped.
+    /// `format`: the API whose events and bodies are read (from the endpoint); `event_stream`:
+    /// the upstream answered `text/event-stream`; `json`: `application/json`; `slot`: the
+    /// request's place in its upstream pool, released when the body is dropped.
     pub fn new(
         inner: Incoming,
         flight: InFlight,
+        format: StreamFormat,
         event_stream: bool,
         json: bool,
         idle: Duration,
         slot: Option<Slot>,
     ) -> TapBody {
         let mode = if event_stream {
-            Mode::Sse(SseObserver::new())
+            Mode::Sse(SseObserver::new(format))
         } else if json {
-            Mode::Json(Vec::new())
+            Mode::Json(format, Vec::new())
         } else {
             Mode::Opaque
         };
@@ -115,7 +117,7 @@ impl TapBody {
                     }
                 }
             }
-            Mode::Json(buf) => {
+            Mode::Json(_, buf) => {
                 if buf.len() + data.len() <= MAX_JSON_COPY {
                     buf.extend_from_slice(data);
                 }
@@ -131,48 +133,50 @@ impl TapBody {
         match &mut self.mode {
             Mode::Sse(sse) => {
                 sse.finish();
-                if sse.completion_tokens.is_some() {
-                    r.output_tokens = sse.completion_tokens;
-                    r.prompt_tokens = sse.prompt_tokens;
-                    r.tokens_from_usage = true;
+                let seen = &mut sse.seen;
+                if seen.completion_tokens.is_none() {
+                    // No usage: every content event is counted as one token.
+                    seen.completion_tokens = Some(u64::from(sse.content_events));
+                    take_observed(r, seen, false);
                 } else {
-                    r.output_tokens = Some(u64::from(sse.content_events));
-                    r.prompt_tokens = sse.prompt_tokens;
-                }
-                r.finish_reason = sse.finish_reason.take().unwrap_or_default();
-                if r.labels.model_id == super::UNKNOWN_MODEL
-                    && let Some(m) = sse.model.take()
-                {
-                    r.labels.model_id = m;
+                    take_observed(r, seen, true);
                 }
                 if error.is_none() {
-                    if sse.error_event {
+                    if seen.error_event {
                         error = Some(ErrorClass::Upstream5xx);
                     } else if let Some(why) = &sse.malformed {
                         tracing::debug!(request_id = %r.request_id, %why, "malformed event stream");
                         error = Some(ErrorClass::MalformedSse);
-                    } else if self.expect_done && !sse.done {
-                        tracing::debug!(request_id = %r.request_id, "event stream ended without [DONE]");
+                    } else if self.expect_done && !seen.done {
+                        let terminal = sse.format().terminal_event();
+                        tracing::debug!(request_id = %r.request_id, "event stream ended without {terminal}");
                         error = Some(ErrorClass::MalformedSse);
                     }
                 }
             }
-            Mode::Json(buf) => {
-                if let Some((p, c, finish, model)) = observe_json_body(buf) {
-                    r.prompt_tokens = p;
-                    r.output_tokens = c;
-                    r.tokens_from_usage = c.is_some();
-                    r.finish_reason = finish.unwrap_or_default();
-                    if r.labels.model_id == super::UNKNOWN_MODEL
-                        && let Some(m) = model
-                    {
-                        r.labels.model_id = m;
-                    }
+            Mode::Json(format, buf) => {
+                if let Some(mut seen) = format.json_body(buf) {
+                    let from_usage = seen.completion_tokens.is_some();
+                    take_observed(r, &mut seen, from_usage);
                 }
             }
             Mode::Opaque => {}
         }
         flight.submit(error);
+    }
+}
+
+/// Moves what the response said into its record; the model only when the request named none.
+fn take_observed(r: &mut RequestRecord, seen: &mut Observed, from_usage: bool) {
+    r.prompt_tokens = seen.prompt_tokens;
+    r.output_tokens = seen.completion_tokens;
+    r.reasoning_tokens = seen.reasoning_tokens;
+    r.tokens_from_usage = from_usage;
+    r.finish_reason = seen.finish_reason.take().unwrap_or_default();
+    if r.labels.model_id == super::UNKNOWN_MODEL
+        && let Some(m) = seen.model.take()
+    {
+        r.labels.model_id = m;
     }
 }
 
