@@ -4,6 +4,8 @@
 // Run: `cargo bench -p tokenwatch --bench proxy`. Knobs (environment variables, defaults in brackets):
 //   TW_BENCH_RATES [500,2000]   open loop: target streaming requests/s, one direct + one proxied run each
 //   TW_BENCH_CONCURRENCY [50,200,1000]  closed loop: streams kept open at once, one direct + one proxied run each
+//   TW_BENCH_CLOSED_FIRST_MS [20], TW_BENCH_CLOSED_GAP_MS [20]  closed-loop pacing (a model at 50 tokens/s)
+//   TW_BENCH_CONFIG [none]      a tokenwatch.yaml passed to `tokenwatch run --config`
 //   TW_BENCH_UI_POLL [1]        poll tokenwatch's API as the UI does (1/s) during every run (0 = off)
 //   TW_BENCH_SECS [10]          measured seconds per run (after TW_BENCH_WARMUP_SECS [1] of warm-up)
 //   TW_BENCH_CHUNKS [32]        content chunks per stream
@@ -11,7 +13,9 @@
 //   TW_BENCH_GAP_MS [1]         upstream delay between content chunks
 //   TW_BENCH_HOLD_STREAMS [1000] streams held open through the proxy for the memory measurement
 //   TW_BENCH_MAX_INFLIGHT [2000] streams open at once; a send due beyond it is skipped and counted
-//   TW_BENCH_CLIENT_THREADS [1], TW_BENCH_UPSTREAM_THREADS [1]  tokio workers of the load client / upstream
+//   TW_BENCH_CLIENT_THREADS [2], TW_BENCH_UPSTREAM_THREADS [2]  tokio workers of the load client / upstream
+//                               (one thread is descheduled whenever tokenwatch runs, and its delays would be
+//                               charged to the proxy: +20 ms TTFT p99 at 50 streams with 1, +0.7 ms with 2)
 //   TW_BENCH_OUT [<workspace>/target/bench-proxy.md]
 //   TW_BENCH_BIN [this build's tokenwatch]  the tokenwatch binary to run (an older build, for before/after)
 //
@@ -39,7 +43,7 @@ use std::future::Future;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -47,6 +51,12 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_tokenwatch");
 const MODEL: &str = "bench-model";
 const HOLD_HEADER: &str = "x-bench-hold-ms";
+/// Per-request pacing (µs before the first content chunk, between chunks), overriding the
+/// upstream's TW_BENCH_FIRST_MS / TW_BENCH_GAP_MS: the closed-loop runs pace like a real model.
+const FIRST_HEADER: &str = "x-bench-first-us";
+const GAP_HEADER: &str = "x-bench-gap-us";
+/// The pacing the client asks for now (µs; 0 = the upstream's default).
+static PACE_US: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 const REQUEST_BODY: &str = r#"{"model":"bench-model","stream":true,"stream_options":{"include_usage":true},"max_tokens":32,"messages":[{"role":"user","content":"Say something."}]}"#;
 
 // ---------------------------------------------------------------- settings
@@ -55,6 +65,9 @@ const REQUEST_BODY: &str = r#"{"model":"bench-model","stream":true,"stream_optio
 struct Settings {
     rates: Vec<u32>,
     concurrency: Vec<usize>,
+    /// Pacing of the closed-loop runs: first content chunk, then one per gap.
+    closed_first: Duration,
+    closed_gap: Duration,
     ui_poll: bool,
     secs: f64,
     warmup_secs: f64,
@@ -80,6 +93,7 @@ impl Settings {
         let rates = std::env::var("TW_BENCH_RATES")
             .unwrap_or_else(|_| "500,2000".into())
             .split(',')
+            .filter(|r| !r.trim().is_empty())
             .map(|r| r.trim().parse::<u32>().unwrap_or_else(|_| panic!("TW_BENCH_RATES: {r:?} is not a number")))
             .collect();
         let out = std::env::var_os("TW_BENCH_OUT").map(Into::into).unwrap_or_else(|| {
@@ -97,6 +111,8 @@ impl Settings {
         Settings {
             rates,
             concurrency,
+            closed_first: Duration::from_micros((env_or("TW_BENCH_CLOSED_FIRST_MS", 20.0) * 1000.0) as u64),
+            closed_gap: Duration::from_micros((env_or("TW_BENCH_CLOSED_GAP_MS", 20.0) * 1000.0) as u64),
             ui_poll: env_or("TW_BENCH_UI_POLL", 1u8) != 0,
             secs: env_or("TW_BENCH_SECS", 10.0),
             warmup_secs: env_or("TW_BENCH_WARMUP_SECS", 1.0),
@@ -105,8 +121,8 @@ impl Settings {
             gap: Duration::from_micros((env_or("TW_BENCH_GAP_MS", 1.0) * 1000.0) as u64),
             hold_streams: env_or("TW_BENCH_HOLD_STREAMS", 1000),
             max_inflight: env_or("TW_BENCH_MAX_INFLIGHT", 2000),
-            client_threads: env_or("TW_BENCH_CLIENT_THREADS", 1),
-            upstream_threads: env_or("TW_BENCH_UPSTREAM_THREADS", 1),
+            client_threads: env_or("TW_BENCH_CLIENT_THREADS", 2),
+            upstream_threads: env_or("TW_BENCH_UPSTREAM_THREADS", 2),
             out,
         }
     }
@@ -222,13 +238,10 @@ type UpBody = Either<SseBody, Full<Bytes>>;
 
 async fn upstream_handle(req: Request<Incoming>, cfg: Arc<UpstreamCfg>, seq: Arc<AtomicUsize>) -> Result<Response<UpBody>, Infallible> {
     let ok_path = req.method() == http::Method::POST && req.uri().path() == "/v1/chat/completions";
-    let hold = req
-        .headers()
-        .get(HOLD_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis)
-        .unwrap_or_default();
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let hold = header(HOLD_HEADER).map(Duration::from_millis).unwrap_or_default();
+    let first = header(FIRST_HEADER).map(Duration::from_micros).unwrap_or(cfg.first);
+    let gap = header(GAP_HEADER).map(Duration::from_micros).unwrap_or(cfg.gap);
     // Read the request body so the connection stays reusable.
     let _ = req.into_body().collect().await;
     if !ok_path {
@@ -243,10 +256,10 @@ async fn upstream_handle(req: Request<Incoming>, cfg: Arc<UpstreamCfg>, seq: Arc
         k: cfg.k,
         next: 0,
         t0,
-        first: cfg.first,
-        gap: cfg.gap,
+        first,
+        gap,
         hold,
-        sleep: Box::pin(tokio::time::sleep_until(t0 + cfg.first)),
+        sleep: Box::pin(tokio::time::sleep_until(t0 + first)),
     };
     let mut r = Response::new(Either::Left(body));
     r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/event-stream; charset=utf-8"));
@@ -343,6 +356,7 @@ fn start_tokenwatch(upstream: SocketAddr, data_dir: &std::path::Path) -> (ChildG
             "--data-dir",
         ])
         .arg(data_dir.join("data"))
+        .args(std::env::var_os("TW_BENCH_CONFIG").map(|c| vec!["--config".into(), c]).unwrap_or_default())
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
@@ -423,6 +437,12 @@ async fn one_stream(c: &HttpClient, uri: &Uri, hold_ms: Option<u64>, opened: Opt
     let mut b = Request::post(uri.clone()).header(http::header::CONTENT_TYPE, "application/json");
     if let Some(ms) = hold_ms {
         b = b.header(HOLD_HEADER, ms.to_string());
+    }
+    for (name, pace) in [(FIRST_HEADER, &PACE_US[0]), (GAP_HEADER, &PACE_US[1])] {
+        let us = pace.load(Ordering::Relaxed);
+        if us > 0 {
+            b = b.header(name, us.to_string());
+        }
     }
     let req = b.body(Full::new(Bytes::from_static(REQUEST_BODY.as_bytes()))).map_err(|_| "build")?;
     let t0 = Instant::now();
@@ -835,6 +855,8 @@ fn main() {
 
         let poller = s.ui_poll.then(|| closed::UiPoller::start(&c, api));
         let mut runs = Vec::new();
+        PACE_US[0].store(s.closed_first.as_micros() as u64, Ordering::Relaxed);
+        PACE_US[1].store(s.closed_gap.as_micros() as u64, Ordering::Relaxed);
         for &n in &s.concurrency {
             eprintln!("{n} concurrent streams direct...");
             let d = closed::closed_loop(&c, direct_uri.clone(), &s, n, None).await;
@@ -842,6 +864,8 @@ fn main() {
             let p = closed::closed_loop(&c, proxy_uri.clone(), &s, n, Some(pid)).await;
             runs.push((d, p));
         }
+        PACE_US[0].store(0, Ordering::Relaxed);
+        PACE_US[1].store(0, Ordering::Relaxed);
         for &rate in &s.rates {
             eprintln!("{rate} req/s direct...");
             let d = load(&c, direct_uri.clone(), &s, rate, None).await;
@@ -876,17 +900,20 @@ fn main() {
             machine_desc,
             load_avg(),
             open_files_limit(),
-            std::env::var("TW_BENCH_BIN").map(|b| format!("TW_BENCH_BIN={b} ")).unwrap_or_default()
+            ["TW_BENCH_BIN", "TW_BENCH_CONFIG", "TW_BENCH_CONCURRENCY", "TW_BENCH_RATES", "TW_BENCH_SECS"]
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v} ")))
+                .collect::<String>()
         );
         let _ = writeln!(
             out,
-            "Workload: streaming `POST /v1/chat/completions`, closed loop (N streams open at once, each sent as the previous ends) and open loop (sent on schedule whatever the earlier ones do), {} content chunks per stream (vLLM-shaped \
+            "Workload: streaming `POST /v1/chat/completions`, closed loop (N streams open at once, each sent as the previous ends; first content after {:?}, then one every {:?}, a model at that pace) and open loop (sent on schedule whatever the earlier ones do; paced as below), {} content chunks per stream (vLLM-shaped \
              SSE: role chunk, content chunks, finish chunk, usage chunk, `[DONE]`), first content after {:?}, then one \
              every {:?}; {} s measured per run after {} s warm-up; direct and proxied runs back to back against the \
              same in-process upstream. Client ({} thread) and upstream ({} thread) run in the bench process; \
              tokenwatch is the release binary (`tokenwatch run`, default config: full per-token recording, \
              SQLite store); all share the same CPUs.\n",
-            s.chunks, s.first, s.gap, s.secs, s.warmup_secs, s.client_threads, s.upstream_threads
+            s.closed_first, s.closed_gap, s.chunks, s.first, s.gap, s.secs, s.warmup_secs, s.client_threads, s.upstream_threads
         );
         let _ = writeln!(
             out,
