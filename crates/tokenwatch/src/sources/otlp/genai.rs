@@ -70,6 +70,8 @@ struct GenAi<'a> {
     system: Option<&'a Value>,
     input_tokens: Option<&'a Value>,
     output_tokens: Option<&'a Value>,
+    /// Reasoning tokens, included in `output_tokens` (semantic conventions v1.37+).
+    reasoning_tokens: Option<&'a Value>,
     finish_reasons: Option<&'a Value>,
     time_to_first_chunk: Option<&'a Value>,
     server_address: Option<&'a Value>,
@@ -106,6 +108,7 @@ impl<'a> GenAi<'a> {
                 "gen_ai.usage.prompt_tokens" if g.input_tokens.is_none() => &mut g.input_tokens,
                 "gen_ai.usage.output_tokens" => &mut g.output_tokens,
                 "gen_ai.usage.completion_tokens" if g.output_tokens.is_none() => &mut g.output_tokens,
+                "gen_ai.usage.reasoning.output_tokens" => &mut g.reasoning_tokens,
                 "gen_ai.response.finish_reasons" => &mut g.finish_reasons,
                 "gen_ai.response.time_to_first_chunk" => &mut g.time_to_first_chunk,
                 "server.address" => &mut g.server_address,
@@ -315,7 +318,7 @@ fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str,
         tokens_from_usage: prompt_tokens.is_some() || output_tokens.is_some(),
         prompt_tokens,
         output_tokens,
-        reasoning_tokens: None,
+        reasoning_tokens: g.reasoning_tokens.and_then(as_u64),
         finish_reason: g.finish_reasons.and_then(first_str).map(|s| s.into_owned()).unwrap_or_default(),
         status,
         error_class,
@@ -355,6 +358,7 @@ mod tests {
                 kv("gen_ai.usage.prompt_tokens", Value::IntValue(99)),
                 kv("gen_ai.usage.input_tokens", Value::IntValue(100)),
                 kv("gen_ai.usage.completion_tokens", Value::IntValue(20)),
+                kv("gen_ai.usage.reasoning.output_tokens", Value::IntValue(12)),
                 kv(
                     "gen_ai.response.finish_reasons",
                     Value::ArrayValue(ArrayValue { values: vec![AnyValue { value: Some(s("stop")) }] }),
@@ -398,6 +402,7 @@ mod tests {
         assert_eq!(r.first_token_s, Some(0.25));
         assert!(r.stream);
         assert_eq!((r.prompt_tokens, r.output_tokens, r.tokens_from_usage), (Some(100), Some(20), true));
+        assert_eq!(r.reasoning_tokens, Some(12));
         assert_eq!(r.finish_reason, "stop");
         assert_eq!((r.status, r.error_class), (200, None));
         assert_eq!(r.endpoint, "chat");

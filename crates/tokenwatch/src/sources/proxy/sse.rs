@@ -248,6 +248,30 @@ fn is_done_sentinel(data: &[u8]) -> bool {
     data.trim_ascii() == b"[DONE]"
 }
 
+/// The start the typed-event formats (Responses, Anthropic) share: an `event: error` line marks
+/// the stream, a `[DONE]` sentinel carries nothing (None), anything else is parsed as `T`.
+fn typed_event<'a, T: de::Deserialize<'a>>(
+    name: &[u8],
+    data: &'a [u8],
+    seen: &mut Observed,
+) -> Result<Option<T>, serde_json::Error> {
+    if name == b"error" {
+        seen.error_event = true;
+    }
+    if is_done_sentinel(data) {
+        return Ok(None);
+    }
+    serde_json::from_slice(data).map(Some)
+}
+
+/// An event's type: the data's `type` field, else the `event:` line's name.
+fn event_kind<'a>(kind: &'a Option<std::borrow::Cow<'a, str>>, name: &'a [u8]) -> &'a str {
+    match kind {
+        Some(k) => k.as_ref(),
+        None => std::str::from_utf8(name).unwrap_or(""),
+    }
+}
+
 /// Whether a JSON string field carries text: `""`, `null` and absent do not. Read without
 /// keeping the text; any other JSON type is an error, as it would be for `Option<String>`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 // The Anthropic Messages vocabulary (`/v1/messages`): `message_start` … `content_block_delta`
 // … `message_delta`, `message_stop` stream events and the message body, read into `Observed`.
 
-use super::{AnyText, Observed, is_done_sentinel};
+use super::{AnyText, Observed, event_kind, typed_event};
 use serde::Deserialize;
 use std::borrow::Cow;
 
@@ -94,17 +94,10 @@ fn finish_reason(stop_reason: &str) -> String {
 /// One streamed event; true when it carried generated content. The type comes from the data's
 /// `type`, else from the `event:` line; unknown types (`ping` …) are skipped.
 pub(super) fn event(name: &[u8], data: &[u8], seen: &mut Observed) -> Result<bool, serde_json::Error> {
-    if name == b"error" {
-        seen.error_event = true;
-    }
-    if is_done_sentinel(data) {
+    let Some(ev) = typed_event::<Event>(name, data, seen)? else {
         return Ok(false);
-    }
-    let ev: Event = serde_json::from_slice(data)?;
-    let kind = match &ev.kind {
-        Some(k) => k.as_ref(),
-        None => std::str::from_utf8(name).unwrap_or(""),
     };
+    let kind = event_kind(&ev.kind, name);
     match kind {
         "content_block_delta" => return Ok(ev.delta.is_some_and(|d| d.is_content())),
         "message_start" => {

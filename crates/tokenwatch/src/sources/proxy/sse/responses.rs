@@ -1,7 +1,7 @@
 // The OpenAI Responses API vocabulary (`/v1/responses`): typed `response.*` stream events and
 // the response object, read into `Observed` with status mapped to chat's finish reasons.
 
-use super::{AnyText, Observed, ReasoningDetails, is_done_sentinel};
+use super::{AnyText, Observed, ReasoningDetails, event_kind, typed_event};
 use serde::Deserialize;
 use std::borrow::Cow;
 
@@ -106,17 +106,10 @@ impl Response {
 /// One streamed event; true when it carried generated content. The type comes from the data's
 /// `type`, else from the `event:` line; unknown types are skipped.
 pub(super) fn event(name: &[u8], data: &[u8], seen: &mut Observed) -> Result<bool, serde_json::Error> {
-    if name == b"error" {
-        seen.error_event = true;
-    }
-    if is_done_sentinel(data) {
+    let Some(ev) = typed_event::<Event>(name, data, seen)? else {
         return Ok(false);
-    }
-    let ev: Event = serde_json::from_slice(data)?;
-    let kind = match &ev.kind {
-        Some(k) => k.as_ref(),
-        None => std::str::from_utf8(name).unwrap_or(""),
     };
+    let kind = event_kind(&ev.kind, name);
     if CONTENT_DELTAS.contains(&kind) {
         return Ok(ev.delta.0);
     }
