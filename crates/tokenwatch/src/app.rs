@@ -9,7 +9,6 @@ use crate::sources::proxy::{self, ProxyState, UpstreamRouter};
 use crate::sources::{self as sources_mod, Components, SourceContext};
 use tokenwatch_core::signals::{SharedSignals, SignalBoard};
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,37 +53,40 @@ async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} ({what})"))
 }
 
-fn serve(listener: TcpListener, app: axum::Router, stop: watch::Receiver<bool>) -> JoinHandle<()> {
-    tokio::spawn(serve_until_stopped(listener, app, stop))
+/// Serve `app` on `listener` (over TLS when `tls` is set) until shutdown.
+fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    app: axum::Router,
+    stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(serve_until_stopped(listener, tls, app, stop, "api"))
 }
 
-async fn serve_until_stopped(listener: TcpListener, app: axum::Router, mut stop: watch::Receiver<bool>) {
-    // axum::serve leaves Nagle's algorithm on: each small SSE chunk would then wait for the
-    // client's (delayed) ACK of the previous one, adding up to ~40 ms per token on the proxy.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
-        }
-    });
-    let graceful = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = stop.wait_for(|s| *s).await;
-    });
-    if let Err(e) = graceful.await {
-        tracing::error!(error = %e, "server stopped with an error");
-    }
+/// TCP_NODELAY on every connection; TLS handshakes in tasks of their own (`crate::listen`).
+async fn serve_until_stopped(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    app: axum::Router,
+    stop: watch::Receiver<bool>,
+    what: &'static str,
+) {
+    crate::listen::serve_router(listener, tls, app, stop, what).await
 }
 
 /// Bind the proxy's listener on its own runtime (a tokio socket is driven by the runtime it
-/// was registered with, so binding here would put the proxy's I/O on the API's threads).
+/// was registered with, so binding here would put the proxy's I/O on the API's threads). The
+/// TLS handshakes of proxied connections run there too: they are spawned by the accept loop.
 fn serve_proxy(
     proxy_rt: &tokio::runtime::Handle,
     listener: std::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     app: axum::Router,
     stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     proxy_rt.spawn(async move {
         match TcpListener::from_std(listener) {
-            Ok(listener) => serve_until_stopped(listener, app, stop).await,
+            Ok(listener) => serve_until_stopped(listener, tls, app, stop, "proxy").await,
             Err(e) => tracing::error!(error = %e, "the proxy listener could not join its runtime"),
         }
     })
@@ -99,6 +101,10 @@ impl RunningApp {
             fsync: cfg.store.fsync,
         };
         let runtimes_cfg = &cfg.runtime;
+        // Refuse to listen off loopback by accident, and load the tokens, before anything binds.
+        let auth = crate::auth::AuthHandle::from_config(&cfg)?;
+        // Certificates first: a missing or bad file stops the start before anything binds.
+        let tls = Arc::new(crate::listen::tls::ServerTls::load(&cfg).map_err(anyhow::Error::msg)?);
         let analysis = OwnedRuntime(Some(
             crate::runtimes::analysis_runtime(runtimes_cfg).context("starting the analysis runtime")?,
         ));
@@ -113,6 +119,7 @@ impl RunningApp {
                 .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?,
         );
         let metrics = Arc::new(Metrics::new());
+        auth.register(&metrics);
         let aggregator = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig {
             idle_series_after_ms: cfg.aggregation.idle_series_after.0.as_millis() as i64,
             max_series: cfg.aggregation.max_series,
@@ -154,6 +161,8 @@ impl RunningApp {
         servers.push(crate::api::timeline::spawn_sampler(aggregator.clone(), signals.clone(), timeline.clone(), stop.clone()));
         servers.push(spawn_signal_eviction(signals.clone(), cfg.signals.stale_after.0, stop.clone()));
         drop(in_analysis);
+        servers.extend(tls.spawn_reloader(stop.clone()));
+        servers.extend(auth.spawn_reload(stop.clone()));
 
         let components = Components::default();
         components.set("pipeline", "ok");
@@ -168,6 +177,8 @@ impl RunningApp {
                 metrics: metrics.clone(),
                 components: components.clone(),
                 shutdown: stop.clone(),
+                tls: tls.clone(),
+                auth: auth.clone(),
             };
             let handle = source.start(ctx).await.with_context(|| format!("starting the {name} source"))?;
             servers.extend(handle.tasks);
@@ -194,7 +205,7 @@ impl RunningApp {
                 tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
             }
             let state = Arc::new(ProxyState::new(&cfg.proxy, routes, queue, salt));
-            servers.push(serve_proxy(proxy_rt.handle(), listener, proxy::router(state), stop.clone()));
+            servers.push(serve_proxy(proxy_rt.handle(), listener, tls.proxy.clone(), proxy::router(state), stop.clone()));
             components.set("proxy", "ok");
             Some(addr)
         };
@@ -209,7 +220,8 @@ impl RunningApp {
         }
         app = app.merge(alerting.routes);
         app = app.merge(crate::ui::router());
-        servers.push(serve(listener, app, stop));
+        app = crate::auth::http::protect_api(app, &auth);
+        servers.push(serve(listener, tls.api.clone(), app, stop));
         Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline, runtimes: vec![proxy_rt, analysis] })
     }
 

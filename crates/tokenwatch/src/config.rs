@@ -34,6 +34,11 @@ pub struct Config {
     pub alerting: crate::alerting::rules::AlertingConfig,
     /// Threads: the proxy's own runtime, the analysis threads' priority.
     pub runtime: crate::runtimes::RuntimeConfig,
+    /// Bearer tokens with roles, and the opt-out of the off-loopback refusal.
+    pub auth: crate::auth::AuthConfig,
+    /// TLS certificate of the API listener, and of the proxy and OTLP listeners unless they
+    /// set their own `tls`.
+    pub tls: crate::listen::tls::TlsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -67,6 +72,8 @@ impl Default for Config {
             signals: SignalsConfig::default(),
             alerting: Default::default(),
             runtime: Default::default(),
+            auth: Default::default(),
+            tls: Default::default(),
         }
     }
 }
@@ -91,6 +98,11 @@ pub struct ProxyConfig {
     /// Longest silence allowed between two chunks of a response body.
     pub idle_timeout: HumanDuration,
     pub max_request_body_bytes: usize,
+    /// Allow the proxy to listen off loopback (it checks no tokenwatch token: the upstream
+    /// authenticates the clients whose `Authorization` header it forwards).
+    pub allow_public: bool,
+    /// The proxy listener's own TLS certificate, or `enabled: false` [default: the shared `tls`].
+    pub tls: Option<crate::listen::tls::ListenerTlsConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -107,6 +119,8 @@ impl Default for ProxyConfig {
             response_timeout: HumanDuration(Duration::from_secs(300)),
             idle_timeout: HumanDuration(Duration::from_secs(120)),
             max_request_body_bytes: 32 * 1024 * 1024,
+            allow_public: false,
+            tls: None,
         }
     }
 }
@@ -250,6 +264,20 @@ impl Config {
     }
 
     pub fn from_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let cfg = Config::parse_yaml(text, file)?;
+        cfg.validate(file)?;
+        Ok(cfg)
+    }
+
+    /// Read a configuration file without `validate` (for command-line flags that override keys
+    /// the checks look at, e.g. `--auth-tokens` for a file listening off loopback).
+    pub fn load_unvalidated(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { file: file.clone(), source })?;
+        Config::parse_yaml(&text, &file)
+    }
+
+    fn parse_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
         let cfg: Config = if text.trim().is_empty() {
             Config::default()
         } else {
@@ -265,7 +293,6 @@ impl Config {
                 ConfigError::Parse { file: file.to_string(), message: format!("{at}{e}") }
             })?
         };
-        cfg.validate(file)?;
         Ok(cfg)
     }
 
@@ -287,6 +314,8 @@ impl Config {
             }
         }
         self.scrape.static_targets().map_err(|(path, message)| invalid(path, message))?;
+        let listener_certs = crate::listen::tls::ListenerCerts::from_config(self).map_err(|e| invalid(e.key, e.message))?;
+        listener_certs.check_files().map_err(|e| invalid(e.key, e.message))?;
         if self.telemetry.queue_capacity == 0 {
             return Err(invalid("telemetry.queue_capacity".into(), "must be at least 1".into()));
         }
@@ -310,6 +339,7 @@ impl Config {
                 return Err(invalid(key.into(), format!("{value:?} is not a valid HTTP header name")));
             }
         }
+        crate::auth::validate(self).map_err(|(path, message)| invalid(path, message))?;
         Ok(())
     }
 }

@@ -4,9 +4,11 @@
 pub mod alerting;
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod export;
+pub mod listen;
 pub mod pipeline;
 pub mod runtimes;
 pub mod sources;

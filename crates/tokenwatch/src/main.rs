@@ -102,12 +102,22 @@ struct RunArgs {
     /// Send alerts to this Alertmanager (API v2), e.g. http://127.0.0.1:9093 (repeatable).
     #[arg(long = "alertmanager", value_name = "URL")]
     alertmanager: Vec<String>,
+    /// TLS certificate chain (PEM) of the API, proxy and OTLP listeners; sets tls.cert_file.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert; sets tls.key_file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Bearer tokens, one `ROLE TOKEN` per line (roles read, admin, ingest); sets auth.tokens_file.
+    #[arg(long, value_name = "FILE")]
+    auth_tokens: Option<PathBuf>,
 }
 
 impl RunArgs {
     fn into_config(self) -> anyhow::Result<Config> {
+        // Validated once the flags are applied: they may fix what the file alone lacks.
         let mut cfg = match &self.config {
-            Some(path) => Config::load(path)?,
+            Some(path) => Config::load_unvalidated(path)?,
             None => Config::default(),
         };
         if let Some(l) = self.listen {
@@ -138,6 +148,13 @@ impl RunArgs {
             cfg.otlp.enabled = false;
         }
         cfg.alerting.delivery.alertmanagers.extend(self.alertmanager);
+        if let (Some(cert), Some(key)) = (self.tls_cert, self.tls_key) {
+            cfg.tls.cert_file = Some(cert);
+            cfg.tls.key_file = Some(key);
+        }
+        if let Some(file) = self.auth_tokens {
+            cfg.auth.tokens_file = Some(file);
+        }
         if let Some(url) = self.upstream {
             if let Some(file) = &self.upstream_ca_file {
                 let tls = UpstreamTlsConfig { ca_file: Some(file.clone()), server_name: None };
@@ -155,7 +172,11 @@ impl RunArgs {
                     .map(|f| UpstreamTlsConfig { ca_file: Some(f), server_name: None }),
             });
         }
-        cfg.validate("command line").map_err(anyhow::Error::from)?;
+        let source = match &self.config {
+            Some(path) => format!("{} with the command line", path.display()),
+            None => "command line".to_string(),
+        };
+        cfg.validate(&source).map_err(anyhow::Error::from)?;
         Ok(cfg)
     }
 }

@@ -1,7 +1,7 @@
 // One alert (#/alerts/ID): what, where, since when; the root-cause chain drawn as boxes and
 // arrows; evidence; latency breakdown; eviction ranking; snapshot link; charts around it.
 
-import { getJSON } from '../api.js';
+import { getJSON, tokenDownload } from '../api.js';
 import { h, badge, stateBadge, kvTable, modelHref } from '../dom.js';
 import { dateTime, ago, seconds, ratio, evidenceValue, num } from '../format.js';
 import { TimeChart, alignSeries, rangeStart, SEVERITY_COLOR, PALETTE } from '../charts.js';
@@ -89,7 +89,7 @@ function render(a) {
         ['resolved', a.resolved_at_unix_ms ? dateTime(a.resolved_at_unix_ms) : '–'],
         ['incident', a.incident_id ?? '–'],
         ['snapshot', a.snapshot
-          ? h('a', { href: `/api/v1/alerts/${encodeURIComponent(a.id)}/snapshot`, download: `tokenwatch-${a.id}.json.gz`, id: 'snapshot-link' }, 'download snapshot (gzip’d JSON)')
+          ? h('a', { href: `/api/v1/alerts/${encodeURIComponent(a.id)}/snapshot`, download: `tokenwatch-${a.id}.json.gz`, id: 'snapshot-link', onclick: tokenDownload }, 'download snapshot (gzip’d JSON)')
           : 'not written yet'],
       ]),
       ev ? h('div', {}, h('h2', {}, `Evidence · ${ev.detector} on ${ev.signal} · score ${num(ev.score, 2)}`),

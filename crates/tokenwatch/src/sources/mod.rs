@@ -44,6 +44,10 @@ pub struct SourceContext {
     pub components: Components,
     /// Turns true when tokenwatch shuts down; tasks must then end (dropping `queue`).
     pub shutdown: watch::Receiver<bool>,
+    /// Bearer-token checks for the source's listeners (passes everything without tokens).
+    pub auth: crate::auth::AuthHandle,
+    /// The listeners' TLS (`otlp_grpc`, `otlp_http`; None: plain TCP), see `crate::listen`.
+    pub tls: Arc<crate::listen::tls::ServerTls>,
 }
 
 /// A started source: its tasks, and API routes it serves on the API port (if any).

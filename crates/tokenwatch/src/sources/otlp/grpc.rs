@@ -20,6 +20,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::codec::CompressionEncoding;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 #[derive(Clone)]
@@ -87,8 +88,15 @@ impl LogsService for Grpc {
     }
 }
 
-/// Serve the three services on `listener` until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, grpc: Grpc, max_request_bytes: usize, mut shutdown: watch::Receiver<bool>) {
+/// Serve the three services on `listener` (over TLS when `tls` is set) until `shutdown` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    grpc: Grpc,
+    max_request_bytes: usize,
+    mut shutdown: watch::Receiver<bool>,
+    auth: crate::auth::grpc::IngestInterceptor,
+) {
     let gzip = CompressionEncoding::Gzip;
     let traces = TraceServiceServer::new(grpc.clone())
         .accept_compressed(gzip)
@@ -102,17 +110,22 @@ pub async fn serve(listener: TcpListener, grpc: Grpc, max_request_bytes: usize, 
         .accept_compressed(gzip)
         .send_compressed(gzip)
         .max_decoding_message_size(max_request_bytes);
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
     };
-    let result = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .concurrency_limit_per_connection(32)
-        .add_service(traces)
-        .add_service(metrics)
-        .add_service(logs)
-        .serve_with_incoming_shutdown(incoming, stop)
-        .await;
+        .add_service(InterceptedService::new(traces, auth.clone()))
+        .add_service(InterceptedService::new(metrics, auth.clone()))
+        .add_service(InterceptedService::new(logs, auth));
+    // TCP_NODELAY on every connection, either way (`crate::listen` sets it before the handshake).
+    let result = match tls {
+        None => {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            router.serve_with_incoming_shutdown(incoming, stop).await
+        }
+        Some(config) => router.serve_with_incoming_shutdown(crate::listen::grpc_tls_incoming(listener, config), stop).await,
+    };
     if let Err(e) = result {
         tracing::error!(error = %e, "OTLP/gRPC server failed");
     }

@@ -36,6 +36,8 @@ pub struct OtlpConfig {
     pub http_listen: SocketAddr,
     /// Largest accepted request (after decompression).
     pub max_request_bytes: usize,
+    /// Both OTLP listeners' own TLS certificate, or `enabled: false` [default: the shared `tls`].
+    pub tls: Option<crate::listen::tls::ListenerTlsConfig>,
 }
 
 impl Default for OtlpConfig {
@@ -45,6 +47,7 @@ impl Default for OtlpConfig {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 4317)),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 4318)),
             max_request_bytes: 8 * 1024 * 1024,
+            tls: None,
         }
     }
 }
@@ -125,21 +128,19 @@ impl super::Source for OtlpSource {
             ingest.stats.register(&ctx.metrics);
             let grpc_task = tokio::spawn(grpc::serve(
                 grpc_listener,
+                ctx.tls.otlp_grpc.clone(),
                 grpc::Grpc(ingest.clone()),
                 cfg.max_request_bytes,
                 ctx.shutdown.clone(),
+                ctx.auth.grpc_interceptor(),
             ));
             let router = http::router(Arc::new(http::HttpState { ingest, max_request_bytes: cfg.max_request_bytes }));
-            let mut stop = ctx.shutdown.clone();
-            let http_task = tokio::spawn(async move {
-                let serve = axum::serve(http_listener, router).with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                });
-                if let Err(e) = serve.await {
-                    tracing::error!(error = %e, "OTLP/HTTP server failed");
-                }
-            });
-            tracing::info!(grpc = %cfg.grpc_listen, http = %cfg.http_listen, "OTLP receiver listening");
+            let router = crate::auth::http::protect_otlp(router, &ctx.auth);
+            let http_tls = ctx.tls.otlp_http.clone();
+            let tls = http_tls.is_some();
+            let http_task =
+                tokio::spawn(crate::listen::serve_router(http_listener, http_tls, router, ctx.shutdown.clone(), "otlp-http"));
+            tracing::info!(grpc = %cfg.grpc_listen, http = %cfg.http_listen, tls, "OTLP receiver listening");
             ctx.components.set("otlp", "ok");
             Ok(super::SourceHandle { tasks: vec![grpc_task, http_task], routes: None })
         })

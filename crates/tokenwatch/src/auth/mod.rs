@@ -1,0 +1,347 @@
+// Authentication: the `auth:` configuration, bearer tokens with roles checked on the API and OTLP
+// listeners (reloaded when the tokens file changes), failure counting, and the refusal to listen
+// off loopback without tokens unless told so explicitly.
+
+pub mod grpc;
+pub mod http;
+pub mod tokens;
+
+use crate::config::{Config, HumanDuration};
+use crate::export::prometheus::Metrics;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+pub use tokens::{Role, TokenSet, TokensError};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Shortest reload interval accepted (the file is re-read on every tick).
+const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// `ROLE TOKEN` per line (roles `read`, `admin`, `ingest`); unset: no tokens are checked.
+    pub tokens_file: Option<PathBuf>,
+    /// Listen off loopback without tokens anyway (logged as a warning at every start).
+    pub allow_unauthenticated: bool,
+    /// How often the tokens file is checked for changes.
+    pub reload_interval: HumanDuration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            tokens_file: None,
+            allow_unauthenticated: false,
+            reload_interval: HumanDuration(Duration::from_secs(5)),
+        }
+    }
+}
+
+fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().to_canonical().is_loopback()
+}
+
+/// The first listener bound off loopback without protection: `(key, message)`.
+pub fn exposure_problem(cfg: &Config) -> Option<(String, String)> {
+    if cfg.auth.allow_unauthenticated {
+        return None;
+    }
+    if cfg.auth.tokens_file.is_none() {
+        let mut guarded = vec![("listen", cfg.listen)];
+        if cfg.otlp.enabled {
+            guarded.push(("otlp.grpc_listen", cfg.otlp.grpc_listen));
+            guarded.push(("otlp.http_listen", cfg.otlp.http_listen));
+        }
+        if let Some((key, addr)) = guarded.into_iter().find(|(_, a)| !is_loopback(a)) {
+            let message = format!(
+                "{addr} is not a loopback address and no auth.tokens_file is set: set auth.tokens_file (or --auth-tokens) or opt out with auth.allow_unauthenticated: true"
+            );
+            return Some((key.to_string(), message));
+        }
+    }
+    if !cfg.proxy.upstreams.is_empty() && !cfg.proxy.allow_public && !is_loopback(&cfg.proxy.listen)
+    {
+        let message = format!(
+            "{} is not a loopback address: the proxy checks no tokenwatch token (it forwards each client's own Authorization header to the upstream); set proxy.allow_public: true if the upstream authenticates its clients, or bind the proxy to loopback",
+            cfg.proxy.listen
+        );
+        return Some(("proxy.listen".into(), message));
+    }
+    None
+}
+
+/// Checks of the `auth:` section for `Config::validate`: exposure, the tokens file, the interval.
+pub fn validate(cfg: &Config) -> Result<(), (String, String)> {
+    if cfg.auth.reload_interval.0 < MIN_RELOAD_INTERVAL {
+        return Err((
+            "auth.reload_interval".into(),
+            format!("must be at least {}ms", MIN_RELOAD_INTERVAL.as_millis()),
+        ));
+    }
+    if let Some(file) = &cfg.auth.tokens_file {
+        TokenSet::load(file).map_err(|e| ("auth.tokens_file".to_string(), e.to_string()))?;
+    }
+    if let Some(problem) = exposure_problem(cfg) {
+        return Err(problem);
+    }
+    Ok(())
+}
+
+/// Which listener a failed attempt was made on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    Api,
+    Otlp,
+}
+
+impl Listener {
+    fn label(self) -> &'static str {
+        match self {
+            Listener::Api => "api",
+            Listener::Otlp => "otlp",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    reason: &'static str,
+    listener: &'static str,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    /// No bearer token (401).
+    Missing { needed: Role },
+    /// A bearer token that is not configured (401).
+    Unknown { needed: Role },
+    /// A configured token whose role does not include `needed` (403).
+    Forbidden { needed: Role, has: Role },
+}
+
+impl Denied {
+    fn reason(&self) -> &'static str {
+        match self {
+            Denied::Missing { .. } => "missing",
+            Denied::Unknown { .. } => "unknown",
+            Denied::Forbidden { .. } => "forbidden",
+        }
+    }
+
+    /// 401 (missing or unknown token) or 403 (wrong role).
+    pub fn is_forbidden(&self) -> bool {
+        matches!(self, Denied::Forbidden { .. })
+    }
+
+    /// The sentence for a client: what was wrong and which role `what` needs.
+    pub fn message(&self, what: &str) -> String {
+        let (lead, needed) = match self {
+            Denied::Missing { needed } => (String::new(), needed),
+            Denied::Unknown { needed } => ("the bearer token is not known: ".to_string(), needed),
+            Denied::Forbidden { needed, has } => (
+                format!("this token has the `{}` role: ", has.name()),
+                needed,
+            ),
+        };
+        let article = if *needed == Role::Read { "a" } else { "an" };
+        format!(
+            "{lead}{what} needs {article} `{}` token (Authorization: Bearer …); see auth.tokens_file",
+            needed.name()
+        )
+    }
+}
+
+/// The configured tokens and the failure counter; shared by every listener.
+pub struct Auth {
+    file: PathBuf,
+    reload_interval: Duration,
+    /// Digest of the file's bytes that were loaded at start (what the reloader compares with).
+    loaded: Option<[u8; 32]>,
+    tokens: RwLock<Arc<TokenSet>>,
+    failures: Family<FailureLabels, Counter>,
+}
+
+/// A cheap handle on the auth state; without a tokens file every check passes.
+#[derive(Clone, Default)]
+pub struct AuthHandle(Option<Arc<Auth>>);
+
+/// The token of an `Authorization: Bearer …` value, if it is one.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+impl AuthHandle {
+    /// Refuse an accidental exposure, load the tokens file and warn about an explicit opt-out.
+    pub fn from_config(cfg: &Config) -> Result<AuthHandle, anyhow::Error> {
+        if let Some((key, message)) = exposure_problem(cfg) {
+            anyhow::bail!("{key}: {message}");
+        }
+        if cfg.auth.allow_unauthenticated {
+            tracing::warn!(
+                "auth.allow_unauthenticated is true: listeners off loopback accept requests without a token"
+            );
+        }
+        let Some(file) = &cfg.auth.tokens_file else {
+            return Ok(AuthHandle(None));
+        };
+        let name = file.display().to_string();
+        let bytes = std::fs::read(file).map_err(|source| {
+            anyhow::anyhow!(
+                "auth.tokens_file: {}",
+                TokensError::Read {
+                    file: name.clone(),
+                    source
+                }
+            )
+        })?;
+        let set = TokenSet::from_bytes(&bytes, &name)
+            .map_err(|e| anyhow::anyhow!("auth.tokens_file: {e}"))?;
+        tracing::info!(file = %file.display(), tokens = set.len(), "auth: tokens loaded; API and OTLP need bearer tokens");
+        Ok(AuthHandle(Some(Arc::new(Auth {
+            file: file.clone(),
+            reload_interval: cfg.auth.reload_interval.0,
+            loaded: Some(Sha256::digest(&bytes).into()),
+            tokens: RwLock::new(Arc::new(set)),
+            failures: Family::default(),
+        }))))
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Expose `tokenwatch_auth_failures_total{reason, listener}`.
+    pub fn register(&self, metrics: &Metrics) {
+        if let Some(auth) = &self.0 {
+            metrics.register(
+                "tokenwatch_auth_failures",
+                "Requests refused for a missing or unknown bearer token, or one of the wrong role",
+                auth.failures.clone(),
+            );
+        }
+    }
+
+    /// Whether `authorization` (the header's value) allows `needed`; refusals are counted.
+    pub fn check(
+        &self,
+        authorization: Option<&[u8]>,
+        needed: Role,
+        listener: Listener,
+    ) -> Result<(), Denied> {
+        let Some(auth) = &self.0 else { return Ok(()) };
+        let result = match authorization {
+            None => Err(Denied::Missing { needed }),
+            Some(raw) => match std::str::from_utf8(raw).ok().and_then(bearer) {
+                None => Err(Denied::Missing { needed }),
+                Some(token) => {
+                    let set = auth
+                        .tokens
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    match set.role_of(token) {
+                        None => Err(Denied::Unknown { needed }),
+                        Some(has) if has.grants(needed) => Ok(()),
+                        Some(has) => Err(Denied::Forbidden { needed, has }),
+                    }
+                }
+            },
+        };
+        if let Err(d) = &result {
+            auth.failures
+                .get_or_create(&FailureLabels {
+                    reason: d.reason(),
+                    listener: listener.label(),
+                })
+                .inc();
+        }
+        result
+    }
+
+    /// Re-read the tokens file every `auth.reload_interval` until `stop`; a change that parses
+    /// replaces the tokens, one that does not is logged and the previous tokens stay.
+    pub fn spawn_reload(&self, mut stop: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
+        let auth = self.0.clone()?;
+        Some(tokio::spawn(async move {
+            let mut seen: Option<[u8; 32]> = auth.loaded;
+            let mut last_error: Option<String> = None;
+            let mut tick = tokio::time::interval(auth.reload_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    r = stop.wait_for(|s| *s) => {
+                        let _ = r;
+                        return;
+                    }
+                }
+                match tokio::fs::read(&auth.file).await {
+                    Ok(bytes) => {
+                        let d: [u8; 32] = Sha256::digest(&bytes).into();
+                        if seen == Some(d) {
+                            continue;
+                        }
+                        seen = Some(d);
+                        auth.reload(&bytes, &mut last_error);
+                    }
+                    Err(e) => {
+                        let e = TokensError::Read {
+                            file: auth.file.display().to_string(),
+                            source: e,
+                        }
+                        .to_string();
+                        if last_error.as_deref() != Some(e.as_str()) {
+                            tracing::error!(error = %e, "auth: reloading the tokens file failed; the previous tokens stay in force");
+                            last_error = Some(e);
+                        }
+                        // Read again (and reparse) once the file is back.
+                        seen = None;
+                    }
+                }
+            }
+        }))
+    }
+}
+
+impl Auth {
+    fn reload(&self, bytes: &[u8], last_error: &mut Option<String>) {
+        let file = self.file.display().to_string();
+        match TokenSet::from_bytes(bytes, &file) {
+            Ok(set) => {
+                tracing::info!(file = %file, tokens = set.len(), "auth: tokens file reloaded");
+                *self.tokens.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(set);
+                *last_error = None;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "auth: the changed tokens file is invalid; the previous tokens stay in force");
+                *last_error = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// For tests: a handle over a fixed token set.
+#[cfg(test)]
+pub(crate) fn handle_for(set: TokenSet, file: &std::path::Path) -> AuthHandle {
+    AuthHandle(Some(Arc::new(Auth {
+        file: file.to_path_buf(),
+        reload_interval: Duration::from_secs(5),
+        loaded: None,
+        tokens: RwLock::new(Arc::new(set)),
+        failures: Family::default(),
+    })))
+}
+
+#[cfg(test)]
+mod tests;
