@@ -32,6 +32,8 @@ pub enum ClientError {
     Body { url: String, detail: String },
     #[error("{url}: unexpected answer: {detail}")]
     Json { url: String, detail: String },
+    #[error("token (--token-file / TOKENWATCH_TOKEN): {0}")]
+    BadToken(String),
 }
 
 /// Reads the API of one tokenwatch (`--url`); cheap to clone into fetch tasks.
@@ -39,6 +41,8 @@ pub enum ClientError {
 pub struct ApiClient {
     base: String,
     timeout: Duration,
+    /// `Authorization` value (`Bearer …`) when the API needs a `read` token.
+    authorization: Option<http::HeaderValue>,
     client: Client<HttpConnector, Empty<Bytes>>,
 }
 
@@ -91,8 +95,19 @@ impl ApiClient {
         Ok(ApiClient {
             base,
             timeout,
+            authorization: None,
             client,
         })
+    }
+
+    /// Send `token` (a `read` token of the API's `auth.tokens_file`) with every request.
+    pub fn with_token(mut self, token: &str) -> Result<ApiClient, ClientError> {
+        let mut value = http::HeaderValue::from_str(&format!("Bearer {}", token.trim())).map_err(|_| {
+            ClientError::BadToken("the token holds characters a header cannot carry".into())
+        })?;
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        Ok(self)
     }
 
     pub fn base_url(&self) -> &str {
@@ -115,8 +130,11 @@ impl ApiClient {
 
     async fn get_json<T: DeserializeOwned>(&self, path_and_query: &str) -> Result<T, ClientError> {
         let url = format!("{}{path_and_query}", self.base);
-        let req = http::Request::get(&url)
-            .header(http::header::ACCEPT, "application/json")
+        let mut req = http::Request::get(&url).header(http::header::ACCEPT, "application/json");
+        if let Some(auth) = &self.authorization {
+            req = req.header(http::header::AUTHORIZATION, auth.clone());
+        }
+        let req = req
             .body(Empty::<Bytes>::new())
             .map_err(|e| ClientError::BadUrl {
                 url: url.clone(),
@@ -244,6 +262,26 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("no such endpoint"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn sends_the_token_when_given_one() {
+        let router = axum::Router::new().route(
+            "/api/v1/fleet",
+            get(|h: http::HeaderMap| async move {
+                match h.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+                    Some("Bearer s3cret-token-0123456789") => (http::StatusCode::OK, r#"{"window":"1m","models":[]}"#),
+                    _ => (http::StatusCode::UNAUTHORIZED, r#"{"error":{"type":"unauthorized"}}"#),
+                }
+            }),
+        );
+        let base = serve(router).await;
+        let plain = ApiClient::new(&base, Duration::from_secs(5)).expect("client");
+        let err = plain.fleet(Window::M1).await.expect_err("401 without a token");
+        assert!(matches!(err, ClientError::Status { status: 401, .. }), "{err}");
+        let with = plain.with_token(" s3cret-token-0123456789\n").expect("token");
+        assert_eq!(with.fleet(Window::M1).await.expect("fleet").window, "1m");
+        assert!(ApiClient::new(&base, Duration::from_secs(5)).unwrap().with_token("bad\u{7f}").is_err());
     }
 
     #[tokio::test]

@@ -34,6 +34,19 @@ pub struct TopArgs {
     /// Time allowed for each API call.
     #[arg(long, default_value = "5s", value_parser = parse_interval)]
     pub timeout: Duration,
+    /// File holding a `read` token, for an API with `auth.tokens_file` (or set TOKENWATCH_TOKEN).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+/// The token from `--token-file` or `TOKENWATCH_TOKEN`, if any (never from the command line
+/// itself, where other users of the machine could read it).
+fn token(args: &TopArgs) -> anyhow::Result<Option<String>> {
+    if let Some(path) = &args.token_file {
+        let text = std::fs::read_to_string(path).with_context(|| format!("--token-file {}", path.display()))?;
+        return Ok(Some(text.trim().to_string()).filter(|t| !t.is_empty()));
+    }
+    Ok(std::env::var("TOKENWATCH_TOKEN").ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()))
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -81,7 +94,10 @@ fn spawn_input(
 /// Runs until q, Esc, Ctrl-C or SIGTERM; the terminal is restored on every way out (a panic
 /// included, through ratatui's panic hook).
 pub async fn run(args: TopArgs) -> anyhow::Result<()> {
-    let client = ApiClient::new(&args.url, args.timeout)?;
+    let mut client = ApiClient::new(&args.url, args.timeout)?;
+    if let Some(t) = token(&args)? {
+        client = client.with_token(&t)?;
+    }
     let mut terminal =
         ratatui::try_init().context("tokenwatch top needs an interactive terminal")?;
     let stop = Arc::new(AtomicBool::new(false));
