@@ -9,29 +9,13 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from recording import Recording
 
 TTFT_BOUNDS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
 
 
-class Recording(SpanExporter):
-    """Delegates to the OTLP exporter and remembers every export result."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.results = []
-
-    def export(self, spans):
-        r = self.inner.export(spans)
-        self.results.append(r.name)
-        return r
-
-    def shutdown(self):
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis=30000):
-        return True
 
 
 def exporters(transport, endpoint):

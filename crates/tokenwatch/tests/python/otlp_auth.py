@@ -11,27 +11,11 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
+from recording import Recording
 
 
-class Recording(SpanExporter):
-    """Delegates to the OTLP exporter and remembers every export result."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.results = []
-
-    def export(self, spans):
-        r = self.inner.export(spans)
-        self.results.append(r.name)
-        return r
-
-    def shutdown(self):
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis=30000):
-        return True
 
 
 def sdk_export(endpoint, token, model):

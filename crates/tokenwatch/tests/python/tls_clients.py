@@ -12,6 +12,7 @@ Exits non-zero when a client fails, with the error on stderr.
 import json
 import ssl
 import sys
+from recording import Recording
 
 
 def openai_stream(base_url, ca_file, model):
@@ -38,29 +39,12 @@ def openai_stream(base_url, ca_file, model):
     return 0
 
 
-class Recording:
-    """Delegates to the OTLP exporter and remembers every export result."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.results = []
-
-    def export(self, spans):
-        r = self.inner.export(spans)
-        self.results.append(r.name)
-        return r
-
-    def shutdown(self):
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis=30000):
-        return True
 
 
 def otlp_spans(transport, endpoint, ca_file, model, n):
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.trace import SpanKind
 
     if transport == "grpc":
@@ -75,10 +59,7 @@ def otlp_spans(transport, endpoint, ca_file, model, n):
 
         inner = OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces", certificate_file=ca_file, timeout=10)
 
-    class Exporter(Recording, SpanExporter):
-        pass
-
-    recording = Exporter(inner)
+    recording = Recording(inner)
     tp = TracerProvider(resource=Resource.create({"service.name": "tls-test-app"}))
     tp.add_span_processor(SimpleSpanProcessor(recording))
     tracer = tp.get_tracer("tokenwatch-tls-test")
