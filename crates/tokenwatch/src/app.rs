@@ -59,8 +59,9 @@ fn serve(
     tls: Option<Arc<rustls::ServerConfig>>,
     app: axum::Router,
     stop: watch::Receiver<bool>,
+    guard: crate::listen::limits::Guard,
 ) -> JoinHandle<()> {
-    tokio::spawn(serve_until_stopped(listener, tls, app, stop, "api"))
+    tokio::spawn(serve_until_stopped(listener, tls, app, stop, guard))
 }
 
 /// TCP_NODELAY on every connection; TLS handshakes in tasks of their own (`crate::listen`).
@@ -69,9 +70,9 @@ async fn serve_until_stopped(
     tls: Option<Arc<rustls::ServerConfig>>,
     app: axum::Router,
     stop: watch::Receiver<bool>,
-    what: &'static str,
+    guard: crate::listen::limits::Guard,
 ) {
-    crate::listen::serve_router(listener, tls, app, stop, what).await
+    crate::listen::serve_router(listener, tls, app, stop, guard).await
 }
 
 /// Bind the proxy's listener on its own runtime (a tokio socket is driven by the runtime it
@@ -83,10 +84,11 @@ fn serve_proxy(
     tls: Option<Arc<rustls::ServerConfig>>,
     app: axum::Router,
     stop: watch::Receiver<bool>,
+    guard: crate::listen::limits::Guard,
 ) -> JoinHandle<()> {
     proxy_rt.spawn(async move {
         match TcpListener::from_std(listener) {
-            Ok(listener) => serve_until_stopped(listener, tls, app, stop, "proxy").await,
+            Ok(listener) => serve_until_stopped(listener, tls, app, stop, guard).await,
             Err(e) => tracing::error!(error = %e, "the proxy listener could not join its runtime"),
         }
     })
@@ -162,7 +164,9 @@ impl RunningApp {
         servers.push(spawn_signal_eviction(signals.clone(), cfg.signals.stale_after.0, stop.clone()));
         drop(in_analysis);
         servers.extend(tls.spawn_reloader(stop.clone()));
-        servers.extend(auth.spawn_reload(stop.clone()));
+        let (audit, audit_closer) = crate::audit::start(&cfg, &metrics, stop.clone())?;
+        servers.extend(audit_closer);
+        servers.extend(auth.spawn_reload(stop.clone(), audit.clone()));
 
         let components = Components::default();
         components.set("pipeline", "ok");
@@ -205,7 +209,8 @@ impl RunningApp {
                 tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
             }
             let state = Arc::new(ProxyState::new(&cfg.proxy, routes, queue, salt));
-            servers.push(serve_proxy(proxy_rt.handle(), listener, tls.proxy.clone(), proxy::router(state), stop.clone()));
+            let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, &metrics);
+            servers.push(serve_proxy(proxy_rt.handle(), listener, tls.proxy.clone(), proxy::router(state), stop.clone(), guard));
             components.set("proxy", "ok");
             Some(addr)
         };
@@ -213,6 +218,7 @@ impl RunningApp {
         let listener = bind(cfg.listen, "listen / --listen").await?;
         let api_addr = listener.local_addr()?;
         let alerts = alerting.book.clone();
+        let api_guard = crate::listen::limits::Guard::new("api", &cfg.limits, &metrics);
         let api = Arc::new(ApiState { aggregator, store, metrics, components, signals, alerts, timeline });
         let mut app = api_router(api);
         for routes in source_routes {
@@ -221,7 +227,8 @@ impl RunningApp {
         app = app.merge(alerting.routes);
         app = app.merge(crate::ui::router());
         app = crate::auth::http::protect_api(app, &auth);
-        servers.push(serve(listener, tls.api.clone(), app, stop));
+        app = crate::audit::http::audit_api(app, &audit);
+        servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
         Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline, runtimes: vec![proxy_rt, analysis] })
     }
 

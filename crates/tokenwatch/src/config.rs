@@ -36,9 +36,13 @@ pub struct Config {
     pub runtime: crate::runtimes::RuntimeConfig,
     /// Bearer tokens with roles, and the opt-out of the off-loopback refusal.
     pub auth: crate::auth::AuthConfig,
+    /// The audit log of API requests and configuration changes (JSON lines per day).
+    pub audit: crate::audit::AuditConfig,
     /// TLS certificate of the API listener, and of the proxy and OTLP listeners unless they
     /// set their own `tls`.
     pub tls: crate::listen::tls::TlsConfig,
+    /// Header size and count allowed per request on the API, proxy and OTLP/HTTP listeners.
+    pub limits: crate::listen::limits::LimitsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -73,7 +77,9 @@ impl Default for Config {
             alerting: Default::default(),
             runtime: Default::default(),
             auth: Default::default(),
+            audit: Default::default(),
             tls: Default::default(),
+            limits: Default::default(),
         }
     }
 }
@@ -326,6 +332,7 @@ impl Config {
             return Err(invalid("aggregation.max_series".into(), "must be at least 1".into()));
         }
         self.gpu.validate().map_err(|(path, message)| invalid(path, message))?;
+        self.limits.validate().map_err(|(path, message)| invalid(path, message))?;
         self.runtime.validate().map_err(|(path, message)| invalid(path.into(), message))?;
         crate::alerting::rules::compile(&self.alerting).map_err(|(path, message)| invalid(path, message))?;
         self.alerting.delivery.validate().map_err(|e| invalid("alerting.delivery".into(), e.to_string()))?;
@@ -340,6 +347,7 @@ impl Config {
             }
         }
         crate::auth::validate(self).map_err(|(path, message)| invalid(path, message))?;
+        crate::audit::validate(self).map_err(|(path, message)| invalid(path, message))?;
         Ok(())
     }
 }
@@ -443,6 +451,21 @@ mod tests {
         let y = "proxy:\n  upstreams:\n    - url: http://h:8000\n      tls:\n        server_name: h\n";
         let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
         assert!(err.contains("proxy.upstreams[0].tls") && err.contains("https:// upstreams only"), "{err}");
+    }
+
+    #[test]
+    fn audit_section_defaults_and_checks() {
+        let c = Config::from_yaml("data_dir: /d\n", "c.yaml").unwrap();
+        assert!(c.audit.enabled);
+        assert_eq!(c.audit.retention.0, Duration::from_secs(30 * 86_400));
+        assert_eq!(c.audit.dir(&c.data_dir), Path::new("/d/audit"));
+        let c = Config::from_yaml("audit:\n  enabled: false\n  retention: 90d\n  dir: /var/log/tw\n", "c.yaml").unwrap();
+        assert!(!c.audit.enabled);
+        assert_eq!(c.audit.dir(&c.data_dir), Path::new("/var/log/tw"));
+        let err = Config::from_yaml("audit:\n  retention: 12h\n", "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("audit.retention") && err.contains("at least 1d"), "{err}");
+        let err = Config::from_yaml("audit:\n  retain: 7d\n", "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("key audit") && err.contains("retain"), "{err}");
     }
 
     #[test]

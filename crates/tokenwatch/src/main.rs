@@ -108,7 +108,7 @@ struct RunArgs {
     /// Private key (PEM) of --tls-cert; sets tls.key_file.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Bearer tokens, one `ROLE TOKEN` per line (roles read, admin, ingest); sets auth.tokens_file.
+    /// Bearer tokens, one `ROLE TOKEN [NAME]` per line (roles read, admin, ingest); sets auth.tokens_file.
     #[arg(long, value_name = "FILE")]
     auth_tokens: Option<PathBuf>,
 }

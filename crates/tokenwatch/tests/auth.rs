@@ -64,13 +64,13 @@ fn off_loopback_without_tokens_is_refused_by_check_config_and_run() {
     // A bad tokens file names file:line and never shows the token.
     std::fs::write(
         &tokens,
-        format!("# ops\nread {READ}\nadmin {ADMIN} trailing\n"),
+        format!("# ops\nread {READ}\nadmin {ADMIN} ops trailing\n"),
     )
     .unwrap();
     let (ok, out) = check_config(dir.path(), &format!("auth:\n  tokens_file: {t}\n"));
     assert!(
         !ok && out.contains(&format!(
-            "auth.tokens_file: {t}:3: expected `ROLE TOKEN`, found 3 fields"
+            "auth.tokens_file: {t}:3: expected `ROLE TOKEN [NAME]`, found 4 fields"
         )),
         "{out}"
     );

@@ -288,12 +288,12 @@ fn refuse(status: StatusCode, msg: String) -> Response {
 async fn post_embeddings(State(st): State<Arc<IngestState>>, body: Body) -> Response {
     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
-        Err(e) => {
-            return refuse(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("could not read the body (at most {MAX_BODY_BYTES} bytes): {e}"),
-            );
+        Err(e) if crate::listen::limits::is_length_limit(&e) => {
+            // Counted by the API listener in `tokenwatch_rejected_requests{reason="body_too_large"}`.
+            let msg = format!("the request body is over the limit of {MAX_BODY_BYTES} bytes (fixed for POST /api/v1/embeddings)");
+            return crate::listen::limits::mark_body_too_large(refuse(StatusCode::PAYLOAD_TOO_LARGE, msg));
         }
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("could not read the body: {e}")),
     };
     let body: Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,

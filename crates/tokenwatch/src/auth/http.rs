@@ -1,5 +1,6 @@
 // The HTTP side of authentication: which role each API route needs, and the axum layers that
-// answer 401 / 403 with a JSON error on the API port and the OTLP/HTTP listener.
+// answer 401 / 403 with a JSON error on the API port and the OTLP/HTTP listener, naming the
+// caller (`Caller`) in the request's and the response's extensions for the audit log.
 
 use super::{AuthHandle, Denied, Listener, Role};
 use axum::extract::{Request, State};
@@ -54,14 +55,22 @@ fn authorization(req: &Request) -> Option<&[u8]> {
         .map(HeaderValue::as_bytes)
 }
 
-async fn api_guard(State(auth): State<AuthHandle>, req: Request, next: Next) -> Response {
+async fn api_guard(State(auth): State<AuthHandle>, mut req: Request, next: Next) -> Response {
     let Some(needed) = api_role(req.method(), req.uri().path()) else {
         return next.run(req).await;
     };
-    match auth.check(authorization(&req), needed, Listener::Api) {
-        Ok(()) => next.run(req).await,
-        Err(d) => denied_response(&d, &format!("{} {}", req.method(), req.uri().path())),
-    }
+    let (mut resp, caller) = match auth.authorize(authorization(&req), needed, Listener::Api) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller.clone());
+            (next.run(req).await, caller)
+        }
+        Err((d, caller)) => (
+            denied_response(&d, &format!("{} {}", req.method(), req.uri().path())),
+            caller,
+        ),
+    };
+    resp.extensions_mut().insert(caller);
+    resp
 }
 
 async fn otlp_guard(State(auth): State<AuthHandle>, req: Request, next: Next) -> Response {

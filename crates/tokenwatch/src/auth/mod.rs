@@ -6,6 +6,7 @@ pub mod grpc;
 pub mod http;
 pub mod tokens;
 
+use crate::audit::{AuditEvent, AuditLog};
 use crate::config::{Config, HumanDuration};
 use crate::export::prometheus::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -27,7 +28,7 @@ const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
-    /// `ROLE TOKEN` per line (roles `read`, `admin`, `ingest`); unset: no tokens are checked.
+    /// `ROLE TOKEN [NAME]` per line (roles `read`, `admin`, `ingest`); unset: no tokens are checked.
     pub tokens_file: Option<PathBuf>,
     /// Listen off loopback without tokens anyway (logged as a warning at every start).
     pub allow_unauthenticated: bool,
@@ -160,6 +161,30 @@ impl Denied {
     }
 }
 
+/// Who made a request, as the audit log names it: the token's name (or `ROLE#LINE`) with its
+/// role; `anonymous` without a token (or without a tokens file), `unknown-token` for an unknown one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub name: Arc<str>,
+    pub role: Option<Role>,
+}
+
+impl Caller {
+    pub fn anonymous() -> Caller {
+        Caller {
+            name: "anonymous".into(),
+            role: None,
+        }
+    }
+
+    fn unknown_token() -> Caller {
+        Caller {
+            name: "unknown-token".into(),
+            role: None,
+        }
+    }
+}
+
 /// The configured tokens and the failure counter; shared by every listener.
 pub struct Auth {
     file: PathBuf,
@@ -239,26 +264,49 @@ impl AuthHandle {
         needed: Role,
         listener: Listener,
     ) -> Result<(), Denied> {
-        let Some(auth) = &self.0 else { return Ok(()) };
+        self.authorize(authorization, needed, listener)
+            .map(|_| ())
+            .map_err(|(d, _)| d)
+    }
+
+    /// As `check`, naming the caller either way (for the audit log).
+    pub fn authorize(
+        &self,
+        authorization: Option<&[u8]>,
+        needed: Role,
+        listener: Listener,
+    ) -> Result<Caller, (Denied, Caller)> {
+        let Some(auth) = &self.0 else {
+            return Ok(Caller::anonymous());
+        };
         let result = match authorization {
-            None => Err(Denied::Missing { needed }),
+            None => Err((Denied::Missing { needed }, Caller::anonymous())),
             Some(raw) => match std::str::from_utf8(raw).ok().and_then(bearer) {
-                None => Err(Denied::Missing { needed }),
+                None => Err((Denied::Missing { needed }, Caller::anonymous())),
                 Some(token) => {
                     let set = auth
                         .tokens
                         .read()
                         .unwrap_or_else(|p| p.into_inner())
                         .clone();
-                    match set.role_of(token) {
-                        None => Err(Denied::Unknown { needed }),
-                        Some(has) if has.grants(needed) => Ok(()),
-                        Some(has) => Err(Denied::Forbidden { needed, has }),
+                    match set.identify(token) {
+                        None => Err((Denied::Unknown { needed }, Caller::unknown_token())),
+                        Some((has, name)) => {
+                            let caller = Caller {
+                                name,
+                                role: Some(has),
+                            };
+                            if has.grants(needed) {
+                                Ok(caller)
+                            } else {
+                                Err((Denied::Forbidden { needed, has }, caller))
+                            }
+                        }
                     }
                 }
             },
         };
-        if let Err(d) = &result {
+        if let Err((d, _)) = &result {
             auth.failures
                 .get_or_create(&FailureLabels {
                     reason: d.reason(),
@@ -270,8 +318,13 @@ impl AuthHandle {
     }
 
     /// Re-read the tokens file every `auth.reload_interval` until `stop`; a change that parses
-    /// replaces the tokens, one that does not is logged and the previous tokens stay.
-    pub fn spawn_reload(&self, mut stop: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
+    /// replaces the tokens, one that does not is logged and the previous tokens stay. Both are
+    /// configuration changes written to `audit`.
+    pub fn spawn_reload(
+        &self,
+        mut stop: watch::Receiver<bool>,
+        audit: AuditLog,
+    ) -> Option<JoinHandle<()>> {
         let auth = self.0.clone()?;
         Some(tokio::spawn(async move {
             let mut seen: Option<[u8; 32]> = auth.loaded;
@@ -293,7 +346,7 @@ impl AuthHandle {
                             continue;
                         }
                         seen = Some(d);
-                        auth.reload(&bytes, &mut last_error);
+                        auth.reload(&bytes, &mut last_error, &audit);
                     }
                     Err(e) => {
                         let e = TokensError::Read {
@@ -303,6 +356,10 @@ impl AuthHandle {
                         .to_string();
                         if last_error.as_deref() != Some(e.as_str()) {
                             tracing::error!(error = %e, "auth: reloading the tokens file failed; the previous tokens stay in force");
+                            audit.event(AuditEvent::TokensReloadFailed {
+                                file: auth.file.display().to_string(),
+                                error: e.clone(),
+                            });
                             last_error = Some(e);
                         }
                         // Read again (and reparse) once the file is back.
@@ -315,16 +372,25 @@ impl AuthHandle {
 }
 
 impl Auth {
-    fn reload(&self, bytes: &[u8], last_error: &mut Option<String>) {
+    fn reload(&self, bytes: &[u8], last_error: &mut Option<String>, audit: &AuditLog) {
         let file = self.file.display().to_string();
         match TokenSet::from_bytes(bytes, &file) {
             Ok(set) => {
                 tracing::info!(file = %file, tokens = set.len(), "auth: tokens file reloaded");
+                audit.event(AuditEvent::TokensReloaded {
+                    file,
+                    tokens: set.len(),
+                });
                 *self.tokens.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(set);
                 *last_error = None;
             }
             Err(e) => {
                 tracing::error!(error = %e, "auth: the changed tokens file is invalid; the previous tokens stay in force");
+                // TokensError never contains a token (see tokens.rs), so it may be logged.
+                audit.event(AuditEvent::TokensReloadFailed {
+                    file,
+                    error: e.to_string(),
+                });
                 *last_error = Some(e.to_string());
             }
         }

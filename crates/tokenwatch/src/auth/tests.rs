@@ -78,6 +78,41 @@ fn checks_follow_roles_and_count_failures() {
 }
 
 #[test]
+fn authorize_names_the_caller_either_way() {
+    let h = handle();
+    let who = |value: Option<String>, needed| {
+        let r = h.authorize(value.as_deref().map(str::as_bytes), needed, Listener::Api);
+        let (ok, c) = match r {
+            Ok(c) => (true, c),
+            Err((_, c)) => (false, c),
+        };
+        (ok, c.name.to_string(), c.role)
+    };
+    let b = |t: &str| Some(format!("Bearer {t}"));
+    assert_eq!(
+        who(b(READ), Role::Read),
+        (true, "read#1".into(), Some(Role::Read))
+    );
+    assert_eq!(
+        who(b(ADMIN), Role::Ingest),
+        (true, "admin#3".into(), Some(Role::Admin))
+    );
+    assert_eq!(
+        who(b(READ), Role::Ingest),
+        (false, "read#1".into(), Some(Role::Read))
+    );
+    assert_eq!(who(None, Role::Read), (false, "anonymous".into(), None));
+    assert_eq!(
+        who(b("nope-0123456789abcdef"), Role::Read),
+        (false, "unknown-token".into(), None)
+    );
+    assert_eq!(
+        AuthHandle::default().authorize(None, Role::Admin, Listener::Api),
+        Ok(Caller::anonymous())
+    );
+}
+
+#[test]
 fn messages_say_what_is_needed() {
     let m = Denied::Forbidden {
         needed: Role::Read,
@@ -171,7 +206,7 @@ fn config_check_names_the_key_and_the_tokens_line() {
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tokens");
-    std::fs::write(&file, format!("read {READ}\nadmin {ADMIN} oops\n")).unwrap();
+    std::fs::write(&file, format!("read {READ}\nadmin {ADMIN} oops again\n")).unwrap();
     let y = format!(
         "listen: 0.0.0.0:9464\nauth:\n  tokens_file: {}\n",
         file.display()
@@ -204,7 +239,9 @@ async fn reload_replaces_tokens_and_keeps_them_on_a_bad_file() {
     cfg.auth.reload_interval = HumanDuration(Duration::from_millis(100));
     let h = AuthHandle::from_config(&cfg).unwrap();
     let (stop_tx, stop) = watch::channel(false);
-    let task = h.spawn_reload(stop).unwrap();
+    let task = h
+        .spawn_reload(stop, crate::audit::AuditLog::default())
+        .unwrap();
     let bearer = |t: &str| format!("Bearer {t}");
     let ok = |t: &str| check(&h, Some(&bearer(t)), Role::Read).is_ok();
     assert!(ok(READ));

@@ -1,14 +1,17 @@
-// The tokens file (`ROLE TOKEN` per line) parsed into SHA-256 digests with their roles, and the
-// constant-time lookup of a presented token. Errors name file:line and never contain a token.
+// The tokens file (`ROLE TOKEN [NAME]` per line) parsed into SHA-256 digests with their roles and
+// caller names, and the constant-time lookup of a presented token. Errors never contain a token.
 
 use sha2::{Digest, Sha256};
 use std::path::Path;
+use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
 /// Shortest token accepted: shorter ones are guessable (`openssl rand -hex 32` makes 64).
 pub const MIN_TOKEN_CHARS: usize = 16;
 /// Longest token accepted (a bearer header value stays well inside header limits).
 pub const MAX_TOKEN_CHARS: usize = 1024;
+/// Longest caller name accepted (the optional third field).
+pub const MAX_NAME_CHARS: usize = 64;
 
 /// What a token may do. `admin` includes `read` and `ingest`; `read` and `ingest` are separate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,6 +67,16 @@ pub enum TokensError {
 struct Entry {
     digest: [u8; 32],
     role: Role,
+    /// The line's NAME, else `ROLE#LINE` (never any part of the token).
+    name: Arc<str>,
+}
+
+/// A caller name: ASCII letters, digits and `-_.@:`, at most `MAX_NAME_CHARS`.
+fn valid_name(name: &str) -> bool {
+    name.len() <= MAX_NAME_CHARS
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.@:".contains(&b))
 }
 
 /// The configured tokens, held only as SHA-256 digests.
@@ -104,7 +117,7 @@ impl TokenSet {
         }
     }
 
-    /// Parse the file's text: `ROLE TOKEN` per line, `#` comments and blank lines allowed.
+    /// Parse the file's text: `ROLE TOKEN [NAME]` per line, `#` comments and blank lines allowed.
     pub fn parse(text: &str, file: &str) -> Result<TokenSet, TokensError> {
         let mut entries: Vec<Entry> = Vec::new();
         let mut lines_of: Vec<usize> = Vec::new();
@@ -124,8 +137,9 @@ impl TokenSet {
             let role = Role::parse(fields[0]).ok_or_else(|| {
                 err("the first field is not a role: expected `read`, `admin` or `ingest` followed by the token (the line is not shown: it may hold a token)".into())
             })?;
-            let token = match fields.len() {
-                2 => fields[1],
+            let (token, name) = match fields.len() {
+                2 => (fields[1], None),
+                3 => (fields[1], Some(fields[2])),
                 1 => {
                     return Err(err(format!(
                         "`{}` has no token: expected `{} TOKEN`",
@@ -135,7 +149,7 @@ impl TokenSet {
                 }
                 n => {
                     return Err(err(format!(
-                        "expected `ROLE TOKEN`, found {n} fields (a token cannot contain spaces; comments go on their own line)"
+                        "expected `ROLE TOKEN [NAME]`, found {n} fields (a token or name cannot contain spaces; comments go on their own line)"
                     )));
                 }
             };
@@ -162,7 +176,21 @@ impl TokenSet {
                     lines_of[k]
                 )));
             }
-            entries.push(Entry { digest: d, role });
+            // The name is not quoted back either: a token written in its place must not leak.
+            let name: Arc<str> = match name {
+                Some(n) if valid_name(n) => n.into(),
+                Some(_) => {
+                    return Err(err(format!(
+                        "the third field (the caller's name) must be at most {MAX_NAME_CHARS} ASCII letters, digits or `-_.@:`"
+                    )));
+                }
+                None => format!("{}#{line}", role.name()).into(),
+            };
+            entries.push(Entry {
+                digest: d,
+                role,
+                name,
+            });
             lines_of.push(line);
         }
         if entries.is_empty() {
@@ -183,15 +211,20 @@ impl TokenSet {
 
     /// The role of `token`, comparing its digest with every stored one in constant time.
     pub fn role_of(&self, token: &str) -> Option<Role> {
+        self.identify(token).map(|(role, _)| role)
+    }
+
+    /// The role and caller name of `token` (digest compared with every entry in constant time).
+    pub fn identify(&self, token: &str) -> Option<(Role, Arc<str>)> {
         let d = digest(token);
         let mut found = None;
         for e in &self.entries {
             // Every entry is compared; the digests are fixed-size, so timing says nothing of the token.
             if bool::from(e.digest.ct_eq(&d)) {
-                found = Some(e.role);
+                found = Some(e);
             }
         }
-        found
+        found.map(|e| (e.role, e.name.clone()))
     }
 }
 
@@ -213,6 +246,17 @@ mod tests {
         assert_eq!(set.role_of(T3), Some(Role::Ingest));
         assert_eq!(set.role_of("r3ad-t0ken-0123456789abcdeX"), None);
         assert_eq!(set.role_of(""), None);
+    }
+
+    #[test]
+    fn names_come_from_the_third_field_or_role_and_line() {
+        let text = format!("# c\nread {T1} grafana\n\ningest {T3}\nadmin {T2} ops@example.com\n");
+        let set = TokenSet::parse(&text, "t").unwrap();
+        let id = |t| set.identify(t).map(|(r, n)| (r, n.to_string()));
+        assert_eq!(id(T1), Some((Role::Read, "grafana".into())));
+        assert_eq!(id(T3), Some((Role::Ingest, "ingest#4".into())));
+        assert_eq!(id(T2), Some((Role::Admin, "ops@example.com".into())));
+        assert_eq!(id("nope-0123456789abcdef"), None);
     }
 
     #[test]
@@ -241,7 +285,17 @@ mod tests {
         let cases = [
             (format!("read {T1}\nreed {secret}\n"), 2, "not a role"),
             (format!("{secret} read\n"), 1, "not a role"),
-            (format!("\n\nadmin {secret} extra\n"), 3, "found 3 fields"),
+            (
+                format!("\n\nadmin {secret} name extra\n"),
+                3,
+                "found 4 fields",
+            ),
+            (format!("read {T1} {secret}!\n"), 1, "the caller's name"),
+            (
+                format!("read {T1} {}\n", "n".repeat(MAX_NAME_CHARS + 1)),
+                1,
+                "at most 64",
+            ),
             ("read\n".to_string(), 1, "has no token"),
             ("ingest s3cr3t\n".to_string(), 1, "at least 16"),
             (

@@ -78,6 +78,16 @@ pub struct Metrics {
     pub store_rollups_written: Counter,
     pub aggregator_series: Gauge,
     pub aggregator_refused_series: Gauge,
+    /// Requests refused by a listener's limits (`crate::listen::limits`).
+    pub rejected_requests: Family<RejectedLabels, Counter>,
+}
+
+/// Labels of `tokenwatch_rejected_requests`: the listener (`api`, `proxy`, `otlp`) and why
+/// (`headers_too_large`, `body_too_large`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectedLabels {
+    pub listener: String,
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -149,6 +159,12 @@ impl Metrics {
             "New series refused because aggregation.max_series was reached",
             aggregator_refused_series.clone(),
         );
+        let rejected_requests = Family::<RejectedLabels, Counter>::default();
+        registry.register(
+            "tokenwatch_rejected_requests",
+            "Requests refused for headers or a body over their limits, by listener and reason",
+            rejected_requests.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
         registry.register("tokenwatch_build_info", "tokenwatch version", build_info.clone());
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").into() }).set(1);
@@ -170,6 +186,7 @@ impl Metrics {
             store_rollups_written,
             aggregator_series,
             aggregator_refused_series,
+            rejected_requests,
         }
     }
 

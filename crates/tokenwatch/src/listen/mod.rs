@@ -1,9 +1,13 @@
-// Serving tokenwatch's listeners: axum routers and the OTLP gRPC server over plain TCP or TLS,
-// TCP_NODELAY on every connection, TLS handshakes in their own tasks with a deadline.
+// Serving tokenwatch's listeners: axum routers (under the request limits of `limits`) and the
+// OTLP gRPC server over plain TCP or TLS, TCP_NODELAY on every connection, TLS handshakes in
+// their own tasks with a deadline.
 
+pub mod limits;
 pub mod tls;
 
 use axum::serve::ListenerExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use rustls::ServerConfig;
 use std::io;
 use std::net::SocketAddr;
@@ -33,38 +37,119 @@ fn set_nodelay(tcp: &TcpStream) {
     }
 }
 
-/// Serve `app` on `listener` (TLS when `tls` is set) until `stop` turns true. Nagle's algorithm
-/// is off on every connection: each small SSE chunk would otherwise wait for the client's
-/// (delayed) ACK of the previous one, adding up to ~40 ms per token on the proxy. Handlers and
-/// layers can read the peer's address as `axum::extract::ConnectInfo<SocketAddr>`, TLS or not.
+/// Serve `app` on `listener` (TLS when `tls` is set) until `stop` turns true, under `guard`'s
+/// request limits. Nagle's algorithm is off on every connection: each small SSE chunk would
+/// otherwise wait for the client's (delayed) ACK of the previous one, adding up to ~40 ms per
+/// token on the proxy. Handlers and layers can read the peer's address as
+/// `axum::extract::ConnectInfo<SocketAddr>`, TLS or not.
+///
+/// Connections are served by hyper's auto builder (HTTP/1.1, and HTTP/2 by ALPN or prior
+/// knowledge) rather than `axum::serve`, which cannot set hyper's head limits: those are set
+/// above the configured ones (hyper's own 431 has no body and is not counted), and the
+/// configured ones are checked per request by `Guard::check_head`, a sum over the parsed
+/// headers (cheap on the proxy's hot path, unlike a layer buffering anything).
 pub async fn serve_router(
     listener: TcpListener,
     tls: Option<Arc<ServerConfig>>,
     app: axum::Router,
-    mut stop: watch::Receiver<bool>,
-    what: &'static str,
+    stop: watch::Receiver<bool>,
+    guard: limits::Guard,
 ) {
-    let stopped = async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
-    let result = match tls {
-        None => {
-            let app = app.into_make_service_with_connect_info::<SocketAddr>();
-            axum::serve(listener.tap_io(|tcp| set_nodelay(tcp)), app)
-                .with_graceful_shutdown(stopped)
-                .await
-        }
-        Some(config) => {
-            let app = app.into_make_service_with_connect_info::<SocketAddr>();
-            // A no-op tap: axum provides `ConnectInfo<SocketAddr>` for tapped listeners (the
-            // orphan rule keeps it from being implemented here for `TlsListener` itself).
-            let listener = TlsListener::new(listener, config).tap_io(|_| {});
-            axum::serve(listener, app).with_graceful_shutdown(stopped).await
-        }
-    };
-    if let Err(e) = result {
-        tracing::error!(error = %e, listener = what, "server stopped with an error");
+    let what = guard.listener;
+    let local = listener.local_addr();
+    match tls {
+        None => serve_connections(listener.tap_io(|tcp| set_nodelay(tcp)), app, stop, guard).await,
+        Some(config) => serve_connections(TlsListener::new(listener, config), app, stop, guard).await,
     }
+    tracing::debug!(listener = what, addr = ?local, "server stopped");
+}
+
+/// The hyper connection builder for `limits`.
+fn connection_builder(limits: &limits::LimitsConfig) -> ConnBuilder<TokioExecutor> {
+    let mut builder = ConnBuilder::new(TokioExecutor::new());
+    builder.http1().max_buf_size(limits.hyper_max_buf_size()).max_headers(limits.hyper_max_headers());
+    let h2_list = u32::try_from(limits.hyper_max_buf_size()).unwrap_or(u32::MAX);
+    builder.http2().enable_connect_protocol().max_header_list_size(h2_list);
+    builder
+}
+
+/// Accept until `stop`, each connection in a task of its own; then let the connections finish
+/// their requests (graceful shutdown) and return once all have closed.
+async fn serve_connections<L>(mut listener: L, app: axum::Router, mut stop: watch::Receiver<bool>, guard: limits::Guard)
+where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    let builder = Arc::new(connection_builder(&guard.limits));
+    // Receivers dropped at shutdown: connections see `closed()` and shut down gracefully.
+    let (signal_tx, signal_rx) = watch::channel(());
+    // One receiver per live connection: `closed()` resolves once all are gone.
+    let (close_tx, close_rx) = watch::channel(());
+    loop {
+        let (io, peer) = tokio::select! {
+            conn = listener.accept() => conn,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let service = connection_service(app.clone(), guard.clone(), peer);
+        let builder = builder.clone();
+        let signal_tx = signal_tx.clone();
+        let close_rx = close_rx.clone();
+        tokio::spawn(async move {
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            let mut conn = std::pin::pin!(conn);
+            let mut shutting_down = std::pin::pin!(signal_tx.closed());
+            let mut graceful = false;
+            loop {
+                tokio::select! {
+                    result = conn.as_mut() => {
+                        if let Err(e) = result {
+                            tracing::trace!(%peer, error = %e, "connection ended with an error");
+                        }
+                        break;
+                    }
+                    _ = &mut shutting_down, if !graceful => {
+                        graceful = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+            drop(close_rx);
+        });
+    }
+    drop(listener);
+    drop(signal_rx);
+    drop(close_rx);
+    close_tx.closed().await;
+}
+
+/// The per-connection service: the peer's address for `ConnectInfo`, the head check, and the
+/// count of bodies refused by the handlers.
+fn connection_service(
+    app: axum::Router,
+    guard: limits::Guard,
+    peer: SocketAddr,
+) -> impl hyper::service::Service<
+    http::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl std::future::Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+> + Clone
++ Send
++ 'static {
+    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let mut app = app.clone();
+        let guard = guard.clone();
+        async move {
+            if let Some(refused) = guard.check_head(&req) {
+                return Ok(refused);
+            }
+            let mut req = req.map(axum::body::Body::new);
+            req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+            // A Router is always ready (`poll_ready` is `Ready(Ok)`), as axum::serve relies on too.
+            let resp = tower_service::Service::call(&mut app, req).await?;
+            guard.observe(&resp);
+            Ok(resp)
+        }
+    })
 }
 
 /// A TCP listener yielding TLS streams. Each accepted connection gets TCP_NODELAY and its
@@ -255,6 +340,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn plain_router_refuses_large_heads_with_431_and_keeps_serving() {
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "hello" }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = crate::export::prometheus::Metrics::new();
+        let limits = limits::LimitsConfig { max_header_bytes: 4096, max_headers: 10 };
+        let guard = limits::Guard::new("proxy", &limits, &metrics);
+        let (stop_tx, stop) = watch::channel(false);
+        let server = tokio::spawn(serve_router(listener, None, app, stop, guard));
+
+        async fn exchange(addr: SocketAddr, head: String) -> String {
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            tcp.write_all(head.as_bytes()).await.unwrap();
+            let mut answer = String::new();
+            tokio::time::timeout(Duration::from_secs(5), tcp.read_to_string(&mut answer))
+                .await
+                .unwrap()
+                .unwrap();
+            answer
+        }
+        let big = format!("GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n", "b".repeat(6000));
+        let answer = exchange(addr, big).await;
+        assert!(answer.starts_with("HTTP/1.1 431") && answer.contains("limits.max_header_bytes"), "{answer}");
+        let answer = exchange(addr, "GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".into()).await;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"), "{answer}");
+        let text = metrics.encode();
+        assert!(text.contains(r#"tokenwatch_rejected_requests_total{listener="proxy",reason="headers_too_large"} 1"#), "{text}");
+
+        stop_tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server).await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
     async fn tls_router_answers_with_the_peer_address_and_refuses_plain_http() {
         let dir = tempfile::tempdir().unwrap();
         let (config, cert) = server_config(dir.path());
@@ -269,7 +387,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop_tx, stop) = watch::channel(false);
-        let server = tokio::spawn(serve_router(listener, Some(config), app, stop, "test"));
+        let guard = limits::Guard::new("api", &Default::default(), &crate::export::prometheus::Metrics::new());
+        let server = tokio::spawn(serve_router(listener, Some(config), app, stop, guard));
 
         // A silent client does not hold up the next one; plain HTTP gets a 400 and is closed.
         let _silent = TcpStream::connect(addr).await.unwrap();

@@ -56,7 +56,9 @@ fn error(status: StatusCode, code: tonic::Code, message: &str, enc: Option<Encod
 fn decode_failure(state: &HttpState, e: &DecodeError, enc: Option<Encoding>) -> Response {
     state.ingest.stats.request(Transport::Http, e.outcome());
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
-    error(status, tonic::Code::InvalidArgument, &e.to_string(), enc)
+    let resp = error(status, tonic::Code::InvalidArgument, &e.to_string(), enc);
+    // Counted by the listener in `tokenwatch_rejected_requests{reason="body_too_large"}`.
+    if matches!(e, DecodeError::TooLarge { .. }) { crate::listen::limits::mark_body_too_large(resp) } else { resp }
 }
 
 fn refused(state: &HttpState, r: Refused, enc: Encoding) -> Response {

@@ -101,12 +101,14 @@ pub fn from_config(cfg: &Config) -> anyhow::Result<Vec<Box<dyn super::Source>>> 
     if !cfg.otlp.enabled {
         return Ok(Vec::new());
     }
-    Ok(vec![Box::new(OtlpSource { cfg: cfg.otlp.clone() })])
+    Ok(vec![Box::new(OtlpSource { cfg: cfg.otlp.clone(), limits: cfg.limits.clone() })])
 }
 
 /// The OTLP receiver: one gRPC and one HTTP listener sharing one ingest core.
 pub struct OtlpSource {
     cfg: OtlpConfig,
+    /// Header limits of the OTLP/HTTP listener (`limits`).
+    limits: crate::listen::limits::LimitsConfig,
 }
 
 impl super::Source for OtlpSource {
@@ -138,8 +140,8 @@ impl super::Source for OtlpSource {
             let router = crate::auth::http::protect_otlp(router, &ctx.auth);
             let http_tls = ctx.tls.otlp_http.clone();
             let tls = http_tls.is_some();
-            let http_task =
-                tokio::spawn(crate::listen::serve_router(http_listener, http_tls, router, ctx.shutdown.clone(), "otlp-http"));
+            let guard = crate::listen::limits::Guard::new("otlp", &self.limits, &ctx.metrics);
+            let http_task = tokio::spawn(crate::listen::serve_router(http_listener, http_tls, router, ctx.shutdown.clone(), guard));
             tracing::info!(grpc = %cfg.grpc_listen, http = %cfg.http_listen, tls, "OTLP receiver listening");
             ctx.components.set("otlp", "ok");
             Ok(super::SourceHandle { tasks: vec![grpc_task, http_task], routes: None })

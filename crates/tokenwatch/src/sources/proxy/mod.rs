@@ -189,9 +189,17 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
 
     let body = match axum::body::to_bytes(Body::new(body), st.max_body).await {
         Ok(b) => b,
+        Err(e) if crate::listen::limits::is_length_limit(&e) => {
+            let msg = format!(
+                "the request body is over the limit of {} bytes (proxy.max_request_body_bytes)",
+                st.max_body
+            );
+            let resp = error_response(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &msg, &request_id);
+            return crate::listen::limits::mark_body_too_large(resp);
+        }
         Err(e) => {
-            let msg = format!("could not read the request body (limit {} bytes, proxy.max_request_body_bytes): {e}", st.max_body);
-            return error_response(StatusCode::PAYLOAD_TOO_LARGE, "bad_request", &msg, &request_id);
+            let msg = format!("could not read the request body: {e}");
+            return error_response(StatusCode::BAD_REQUEST, "bad_request", &msg, &request_id);
         }
     };
     let peek: Peek = if llm { serde_json::from_slice(&body).unwrap_or_default() } else { Peek::default() };

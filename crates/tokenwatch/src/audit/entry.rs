@@ -1,0 +1,270 @@
+// The audit log's lines: a request entry or a configuration event as one JSON object, and the
+// redaction of credentials from query strings (no line ever holds a token).
+
+use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Query parameters whose value is replaced by `REDACTED` (compared case-insensitively, decoded).
+const SECRET_PARAMS: &[&str] = &[
+    "token",
+    "access_token",
+    "api_key",
+    "apikey",
+    "key",
+    "password",
+    "secret",
+    "auth",
+    "authorization",
+];
+
+/// Longest path or query kept in a line; longer ones are cut (marked with `…`).
+const MAX_FIELD_CHARS: usize = 2048;
+
+/// One API request (or refused attempt) as the audit log records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestEntry {
+    pub ts: DateTime<Utc>,
+    pub caller: Arc<str>,
+    pub role: Option<&'static str>,
+    pub remote: Option<SocketAddr>,
+    pub method: String,
+    pub path: String,
+    /// Already redacted (see `redact_query`).
+    pub query: Option<String>,
+    pub status: u16,
+    pub bytes: u64,
+    pub duration_ms: f64,
+}
+
+/// A configuration change or admin action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditEvent {
+    /// The tokens file changed and was loaded: how many tokens it now holds.
+    TokensReloaded { file: String, tokens: usize },
+    /// The tokens file changed but could not be read or parsed; the previous tokens stay.
+    TokensReloadFailed { file: String, error: String },
+}
+
+/// What travels from the request path to the writer thread.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Record {
+    Request(RequestEntry),
+    Event {
+        ts: DateTime<Utc>,
+        event: AuditEvent,
+    },
+}
+
+#[derive(Serialize)]
+struct RequestLine<'a> {
+    ts: String,
+    caller: &'a str,
+    role: Option<&'a str>,
+    remote: Option<String>,
+    method: &'a str,
+    path: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    query: Option<&'a str>,
+    status: u16,
+    bytes: u64,
+    duration_ms: f64,
+}
+
+#[derive(Serialize)]
+struct EventLine<'a> {
+    ts: String,
+    event: &'static str,
+    file: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+fn rfc3339_ms(ts: &DateTime<Utc>) -> String {
+    ts.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+impl Record {
+    /// The UTC day whose file the record goes to.
+    pub fn day(&self) -> NaiveDate {
+        match self {
+            Record::Request(r) => r.ts.date_naive(),
+            Record::Event { ts, .. } => ts.date_naive(),
+        }
+    }
+
+    /// The record as one JSON line, without the newline.
+    pub fn to_line(&self) -> String {
+        let line = match self {
+            Record::Request(r) => serde_json::to_string(&RequestLine {
+                ts: rfc3339_ms(&r.ts),
+                caller: &r.caller,
+                role: r.role,
+                remote: r.remote.map(|a| a.to_string()),
+                method: &r.method,
+                path: &r.path,
+                query: r.query.as_deref(),
+                status: r.status,
+                bytes: r.bytes,
+                // Microsecond precision is plenty, and keeps the lines short.
+                duration_ms: (r.duration_ms * 1000.0).round() / 1000.0,
+            }),
+            Record::Event { ts, event } => {
+                let (name, file, tokens, error) = match event {
+                    AuditEvent::TokensReloaded { file, tokens } => {
+                        ("auth_tokens_reloaded", file, Some(*tokens), None)
+                    }
+                    AuditEvent::TokensReloadFailed { file, error } => (
+                        "auth_tokens_reload_failed",
+                        file,
+                        None,
+                        Some(error.as_str()),
+                    ),
+                };
+                serde_json::to_string(&EventLine {
+                    ts: rfc3339_ms(ts),
+                    event: name,
+                    file,
+                    tokens,
+                    error,
+                })
+            }
+        };
+        // Serializing plain strings and numbers cannot fail; a NaN duration becomes `null`.
+        line.unwrap_or_else(|e| format!("{{\"error\":\"unserializable audit record: {e}\"}}"))
+    }
+}
+
+/// Cut `s` to `MAX_FIELD_CHARS` characters.
+pub fn bounded(s: &str) -> String {
+    match s.char_indices().nth(MAX_FIELD_CHARS) {
+        None => s.to_string(),
+        Some((i, _)) => format!("{}…", &s[..i]),
+    }
+}
+
+/// The query string with the value of every credential-like parameter (`token`, `access_token`,
+/// `api_key`, …) replaced by `REDACTED`; the other parameters are kept as sent.
+pub fn redact_query(query: &str) -> String {
+    let parts: Vec<String> = query
+        .split('&')
+        .map(|pair| {
+            let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+            let decoded: String = form_urlencoded::parse(key.as_bytes())
+                .next()
+                .map(|(k, _)| k.into_owned())
+                .unwrap_or_default();
+            if SECRET_PARAMS
+                .iter()
+                .any(|s| decoded.trim().eq_ignore_ascii_case(s))
+            {
+                format!("{key}=REDACTED")
+            } else {
+                pair.to_string()
+            }
+        })
+        .collect();
+    bounded(&parts.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn ts() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 3, 4, 5, 6, 7).unwrap() + chrono::Duration::milliseconds(89)
+    }
+
+    #[test]
+    fn request_line_has_the_documented_fields_in_order() {
+        let r = Record::Request(RequestEntry {
+            ts: ts(),
+            caller: "grafana".into(),
+            role: Some("read"),
+            remote: Some("127.0.0.1:5555".parse().unwrap()),
+            method: "GET".into(),
+            path: "/api/v1/requests".into(),
+            query: Some("model=m".into()),
+            status: 200,
+            bytes: 1234,
+            duration_ms: 2.71849,
+        });
+        assert_eq!(
+            r.to_line(),
+            r#"{"ts":"2026-03-04T05:06:07.089Z","caller":"grafana","role":"read","remote":"127.0.0.1:5555","method":"GET","path":"/api/v1/requests","query":"model=m","status":200,"bytes":1234,"duration_ms":2.718}"#
+        );
+        assert_eq!(r.day(), NaiveDate::from_ymd_opt(2026, 3, 4).unwrap());
+        let anon = Record::Request(RequestEntry {
+            ts: ts(),
+            caller: "anonymous".into(),
+            role: None,
+            remote: None,
+            method: "POST".into(),
+            path: "/x\"y".into(),
+            query: None,
+            status: 401,
+            bytes: 0,
+            duration_ms: 0.0,
+        });
+        let v: serde_json::Value = serde_json::from_str(&anon.to_line()).unwrap();
+        assert_eq!(v["role"], serde_json::Value::Null);
+        assert_eq!(v["remote"], serde_json::Value::Null);
+        assert_eq!(v["path"], "/x\"y");
+        assert!(v.get("query").is_none(), "{v}");
+    }
+
+    #[test]
+    fn event_lines() {
+        let ok = Record::Event {
+            ts: ts(),
+            event: AuditEvent::TokensReloaded {
+                file: "/etc/tw/tokens".into(),
+                tokens: 3,
+            },
+        };
+        assert_eq!(
+            ok.to_line(),
+            r#"{"ts":"2026-03-04T05:06:07.089Z","event":"auth_tokens_reloaded","file":"/etc/tw/tokens","tokens":3}"#
+        );
+        let bad = Record::Event {
+            ts: ts(),
+            event: AuditEvent::TokensReloadFailed {
+                file: "t".into(),
+                error: "t:2: bad".into(),
+            },
+        };
+        assert_eq!(
+            bad.to_line(),
+            r#"{"ts":"2026-03-04T05:06:07.089Z","event":"auth_tokens_reload_failed","file":"t","error":"t:2: bad"}"#
+        );
+    }
+
+    #[test]
+    fn credentials_in_the_query_are_redacted() {
+        let cases = [
+            ("model=m&token=abc", "model=m&token=REDACTED"),
+            (
+                "access_token=s3cret&limit=5",
+                "access_token=REDACTED&limit=5",
+            ),
+            ("API_KEY=s3cret", "API_KEY=REDACTED"),
+            ("api%5Fkey=s3cret", "api%5Fkey=REDACTED"),
+            ("token", "token=REDACTED"),
+            ("token=", "token=REDACTED"),
+            ("tokens=5&max_tokens=9", "tokens=5&max_tokens=9"),
+            ("a=1&&b=2", "a=1&&b=2"),
+            ("", ""),
+        ];
+        for (q, want) in cases {
+            assert_eq!(redact_query(q), want, "{q}");
+        }
+        let long = "a".repeat(MAX_FIELD_CHARS + 10);
+        let cut = redact_query(&long);
+        assert_eq!(cut.chars().count(), MAX_FIELD_CHARS + 1);
+        assert!(cut.ends_with('…'));
+    }
+}

@@ -1,0 +1,290 @@
+// Request limits of the HTTP listeners (API, proxy, OTLP/HTTP): the `limits` configuration,
+// the header check answering 431, and the count of refused requests by listener and reason.
+
+use crate::export::prometheus::{Metrics, RejectedLabels};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use serde::Deserialize;
+
+/// hyper's own default read-buffer limit (`8192 + 4096 * 100`), kept as a floor for its backstop.
+const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
+/// hyper's own default number of headers, kept as a floor for its backstop.
+const HYPER_DEFAULT_MAX_HEADERS: usize = 100;
+/// Per-header overhead of the HTTP/1.1 wire form: `": "` and CRLF.
+const HEADER_LINE_OVERHEAD: usize = 4;
+
+/// `limits`: what one request may carry on every HTTP listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request head (request line and headers) in bytes; more gets 431.
+    pub max_header_bytes: usize,
+    /// Most header fields in one request; more gets 431.
+    pub max_headers: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// Ranges serde cannot express: (key path, message).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if !(1024..=16 << 20).contains(&self.max_header_bytes) {
+            return Err((
+                "limits.max_header_bytes".into(),
+                "must be between 1024 and 16777216 bytes".into(),
+            ));
+        }
+        if !(1..=10_000).contains(&self.max_headers) {
+            return Err((
+                "limits.max_headers".into(),
+                "must be between 1 and 10000".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// hyper's hard limits, above the configured ones so that the check of `Guard` answers
+    /// (with a body and a count) before hyper's bare 431 does; hyper stays the backstop
+    /// against heads too large to be worth reading at all.
+    pub(super) fn hyper_max_buf_size(&self) -> usize {
+        self.max_header_bytes
+            .saturating_mul(2)
+            .max(HYPER_DEFAULT_MAX_BUF)
+    }
+
+    pub(super) fn hyper_max_headers(&self) -> usize {
+        self.max_headers
+            .saturating_mul(2)
+            .max(HYPER_DEFAULT_MAX_HEADERS)
+    }
+}
+
+/// Why a request was refused before (or while) being handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    HeadersTooLarge,
+    BodyTooLarge,
+}
+
+impl Reason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::HeadersTooLarge => "headers_too_large",
+            Reason::BodyTooLarge => "body_too_large",
+        }
+    }
+}
+
+/// Response extension a handler sets on its 413 for a body over its limit, so that the
+/// listener counts it (an upstream's own 413 forwarded by the proxy carries none).
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTooLarge;
+
+/// Mark `resp` as a refusal of a body over its limit (counted by the listener serving it).
+pub fn mark_body_too_large(mut resp: Response) -> Response {
+    resp.extensions_mut().insert(BodyTooLarge);
+    resp
+}
+
+/// Whether reading a body (`axum::body::to_bytes`) failed on its size limit rather than on
+/// the client's connection.
+pub fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// One listener's limits and its refusal counters.
+#[derive(Clone)]
+pub struct Guard {
+    pub(super) listener: &'static str,
+    pub(super) limits: LimitsConfig,
+    rejected: Family<RejectedLabels, Counter>,
+}
+
+impl Guard {
+    /// The limits of the listener named `listener` (`api`, `proxy`, `otlp`), counted in `metrics`.
+    pub fn new(listener: &'static str, limits: &LimitsConfig, metrics: &Metrics) -> Guard {
+        Guard {
+            listener,
+            limits: limits.clone(),
+            rejected: metrics.rejected_requests.clone(),
+        }
+    }
+
+    pub fn count(&self, reason: Reason) {
+        self.rejected
+            .get_or_create(&RejectedLabels {
+                listener: self.listener.to_string(),
+                reason: reason.label().to_string(),
+            })
+            .inc();
+    }
+
+    /// The 431 for a request whose head is over the limits, or None. A sum over the headers
+    /// already parsed: cheap enough for the proxy's hot path, unlike buffering or re-parsing.
+    pub fn check_head<B>(&self, req: &http::Request<B>) -> Option<Response> {
+        let headers = req.headers();
+        if headers.len() > self.limits.max_headers {
+            let msg = format!(
+                "the request has {} header fields, over the limit of {} (limits.max_headers)",
+                headers.len(),
+                self.limits.max_headers
+            );
+            return Some(self.refuse_head(msg, "limits.max_headers", self.limits.max_headers));
+        }
+        let line =
+            req.method().as_str().len() + req.uri().to_string().len() + " HTTP/1.1\r\n ".len();
+        let size = headers.iter().fold(line, |n, (name, value)| {
+            n + name.as_str().len() + value.len() + HEADER_LINE_OVERHEAD
+        });
+        if size > self.limits.max_header_bytes {
+            let msg = format!(
+                "the request head is {size} bytes, over the limit of {} bytes (limits.max_header_bytes)",
+                self.limits.max_header_bytes
+            );
+            return Some(self.refuse_head(
+                msg,
+                "limits.max_header_bytes",
+                self.limits.max_header_bytes,
+            ));
+        }
+        None
+    }
+
+    fn refuse_head(&self, message: String, key: &str, limit: usize) -> Response {
+        self.count(Reason::HeadersTooLarge);
+        tracing::debug!(listener = self.listener, %message, "request refused");
+        too_large(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            &message,
+            key,
+            limit,
+        )
+    }
+
+    /// Count `resp` when its handler marked it as a body over its limit.
+    pub fn observe(&self, resp: &Response) {
+        if resp.extensions().get::<BodyTooLarge>().is_some() {
+            self.count(Reason::BodyTooLarge);
+        }
+    }
+}
+
+/// A JSON refusal naming the limit and its configuration key, in the shape of an OpenAI error
+/// (`error.message`) so that SDK clients of the proxy show the message.
+pub fn too_large(status: StatusCode, message: &str, key: &str, limit: usize) -> Response {
+    let body = serde_json::json!({
+        "error": { "message": message, "type": "request_too_large", "key": key, "limit": limit }
+    });
+    let mut resp = (status, axum::Json(body)).into_response();
+    // The rest of an oversized request is not read: the connection is not reused.
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard(limits: LimitsConfig) -> (Guard, Metrics) {
+        let metrics = Metrics::new();
+        (Guard::new("api", &limits, &metrics), metrics)
+    }
+
+    #[test]
+    fn heads_over_either_limit_are_refused_and_counted() {
+        let (g, metrics) = guard(LimitsConfig {
+            max_header_bytes: 2048,
+            max_headers: 4,
+        });
+        let ok = http::Request::get("/x").header("a", "b").body(()).unwrap();
+        assert!(g.check_head(&ok).is_none());
+
+        let big = http::Request::get("/x")
+            .header("a", "v".repeat(4096))
+            .body(())
+            .unwrap();
+        let resp = g.check_head(&big).expect("refused");
+        assert_eq!(resp.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+
+        let mut many = http::Request::get("/x");
+        for i in 0..5 {
+            many = many.header(format!("h{i}"), "v");
+        }
+        assert!(g.check_head(&many.body(()).unwrap()).is_some());
+
+        let long_uri = http::Request::get(format!("/x?{}", "q".repeat(4096)))
+            .body(())
+            .unwrap();
+        assert!(g.check_head(&long_uri).is_some(), "the request line counts");
+
+        let mut marked = mark_body_too_large(StatusCode::PAYLOAD_TOO_LARGE.into_response());
+        g.observe(&marked);
+        marked.extensions_mut().clear();
+        g.observe(&marked);
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                r#"tokenwatch_rejected_requests_total{listener="api",reason="headers_too_large"} 3"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"tokenwatch_rejected_requests_total{listener="api",reason="body_too_large"} 1"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn hyper_backstops_stay_above_the_configured_limits() {
+        let d = LimitsConfig::default();
+        assert!(
+            d.hyper_max_buf_size() > d.max_header_bytes
+                && d.hyper_max_buf_size() >= HYPER_DEFAULT_MAX_BUF
+        );
+        assert!(d.hyper_max_headers() > d.max_headers);
+        let big = LimitsConfig {
+            max_header_bytes: 1 << 20,
+            max_headers: 500,
+        };
+        assert_eq!(
+            (big.hyper_max_buf_size(), big.hyper_max_headers()),
+            (2 << 20, 1000)
+        );
+        assert!(
+            LimitsConfig {
+                max_header_bytes: 10,
+                max_headers: 1
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            LimitsConfig {
+                max_header_bytes: 4096,
+                max_headers: 0
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(d.validate().is_ok());
+    }
+}

@@ -1,0 +1,330 @@
+// The audit log through the real binary: one JSON line per API request and refused attempt with
+// the caller, role, status and bytes; token reloads as events; no token anywhere (query strings
+// redacted); anonymous callers without tokens; expired day files deleted at start.
+
+mod auth_support;
+mod common;
+
+use auth_support::{ADMIN, INGEST, READ, READ2, UNKNOWN, call};
+use common::{Proc, free_addr, metric_value, wait_ready};
+use serde_json::Value;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Every line of every day file in `dir`, in file order.
+fn audit_text(dir: &Path) -> String {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect()
+}
+
+fn lines(dir: &Path) -> Vec<Value> {
+    audit_text(dir)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// Wait (flush interval: 1 s) until `dir`'s lines satisfy `done`.
+async fn wait_for(
+    dir: &Path,
+    tw: &Proc,
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = lines(dir);
+        if done(&got) {
+            return got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the audit log never got there:\n{}\nlog:\n{}",
+            audit_text(dir),
+            tw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// (method, path and query, token, status, caller, role)
+type Case = (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    u16,
+    &'static str,
+    Option<&'static str>,
+);
+
+fn requests(lines: &[Value]) -> Vec<&Value> {
+    lines.iter().filter(|l| l.get("path").is_some()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refusals_and_reloads_are_audited_without_any_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    // A named read token, unnamed admin (line 3) and ingest (line 4) tokens.
+    std::fs::write(
+        &tokens,
+        format!("# who\nread {READ} grafana\nadmin {ADMIN}\ningest {INGEST}\n"),
+    )
+    .unwrap();
+    let file = dir.path().join("tw.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "auth:\n  tokens_file: {}\n  reload_interval: 200ms\n",
+            tokens.display()
+        ),
+    )
+    .unwrap();
+    let api = free_addr();
+    let data = dir.path().join("data");
+    let audit = data.join("audit");
+    let (a, d, f) = (
+        api.to_string(),
+        data.to_string_lossy().into_owned(),
+        file.to_string_lossy().into_owned(),
+    );
+    let mut tw = Proc::start(
+        "tokenwatch",
+        &[
+            "run",
+            "-c",
+            &f,
+            "--listen",
+            &a,
+            "--no-otlp",
+            "--data-dir",
+            &d,
+        ],
+        dir.path(),
+    );
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+
+    let base = format!("http://{api}");
+    let cases: [Case; 6] = [
+        (
+            "GET",
+            "/api/v1/fleet",
+            Some(READ),
+            200,
+            "grafana",
+            Some("read"),
+        ),
+        (
+            "GET",
+            "/api/v1/requests?model=m&limit=5",
+            Some(ADMIN),
+            200,
+            "admin#3",
+            Some("admin"),
+        ),
+        (
+            "GET",
+            "/metrics?token=abc",
+            Some(READ),
+            200,
+            "grafana",
+            Some("read"),
+        ),
+        ("GET", "/api/v1/alerts", None, 401, "anonymous", None),
+        (
+            "GET",
+            "/api/v1/fleet?limit=1",
+            Some(UNKNOWN),
+            401,
+            "unknown-token",
+            None,
+        ),
+        (
+            "POST",
+            "/api/v1/embeddings",
+            Some(READ),
+            403,
+            "grafana",
+            Some("read"),
+        ),
+    ];
+    let mut sizes = Vec::new();
+    for (method, target, token, status, ..) in cases {
+        let body = (method == "POST").then_some(r#"{"items":[]}"#);
+        let reply = call(method, &format!("{base}{target}"), body, token).await;
+        assert_eq!(reply.status, status, "{method} {target}: {}", reply.body);
+        sizes.push(reply.body.len() as u64);
+    }
+    // Open routes (probes, UI assets) are not audited.
+    assert_eq!(
+        call("GET", &format!("{base}/healthz"), None, None)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        call("GET", &format!("{base}/ui/app.js"), None, None)
+            .await
+            .status,
+        200
+    );
+
+    let got = wait_for(&audit, &tw, "six request lines", |l| requests(l).len() >= 6).await;
+    let reqs = requests(&got);
+    assert_eq!(reqs.len(), 6, "{}", audit_text(&audit));
+    for (((method, target, _, status, caller, role), size), line) in
+        cases.iter().zip(&sizes).zip(&reqs)
+    {
+        let (path, query) = target
+            .split_once('?')
+            .map_or((*target, None), |(p, q)| (p, Some(q)));
+        assert_eq!(line["method"], *method, "{line}");
+        assert_eq!(line["path"], path, "{line}");
+        let want_query = query.map(|q| q.replace("token=abc", "token=REDACTED"));
+        assert_eq!(line["query"].as_str(), want_query.as_deref(), "{line}");
+        assert_eq!(line["status"], *status, "{line}");
+        assert_eq!(line["caller"], *caller, "{line}");
+        assert_eq!(line["role"].as_str(), *role, "{line}");
+        assert_eq!(line["bytes"].as_u64(), Some(*size), "{line}");
+        assert!(line["bytes"].as_u64() > Some(0), "{line}");
+        assert!(
+            line["duration_ms"].as_f64().is_some_and(|d| d >= 0.0),
+            "{line}"
+        );
+        assert!(
+            line["remote"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("127.0.0.1:")),
+            "{line}"
+        );
+        let ts = line["ts"].as_str().unwrap();
+        assert!(
+            chrono::DateTime::parse_from_rfc3339(ts).is_ok() && ts.ends_with('Z') && ts.len() == 24,
+            "{line}"
+        );
+    }
+    // Each line is in the file of its own (UTC) day.
+    let day = reqs[0]["ts"].as_str().unwrap()[..10].to_string();
+    assert!(audit.join(format!("audit-{day}.jsonl")).is_file());
+
+    // A token file rewrite is a configuration change; so is a failed one.
+    std::fs::write(
+        &tokens,
+        format!("read {READ2} grafana\nadmin {ADMIN} ops\n"),
+    )
+    .unwrap();
+    let t = tokens.display().to_string();
+    let reloaded = |l: &[Value]| {
+        l.iter().any(|v| {
+            v["event"] == "auth_tokens_reloaded" && v["tokens"] == 2 && v["file"] == t.as_str()
+        })
+    };
+    wait_for(&audit, &tw, "reload event", reloaded).await;
+    assert_eq!(
+        call("GET", &format!("{base}/api/v1/fleet"), None, Some(ADMIN))
+            .await
+            .status,
+        200
+    );
+    std::fs::write(&tokens, format!("read {READ2}\nread {READ2}\n")).unwrap();
+    let failed = |l: &[Value]| {
+        l.iter().any(|v| {
+            v["event"] == "auth_tokens_reload_failed"
+                && v["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("already listed on line 1"))
+        })
+    };
+    let got = wait_for(&audit, &tw, "failed reload event", failed).await;
+    // The admin token is now named `ops`.
+    assert!(
+        requests(&got)
+            .iter()
+            .any(|l| l["caller"] == "ops" && l["role"] == "admin"),
+        "{}",
+        audit_text(&audit)
+    );
+
+    let metrics = call("GET", &format!("{base}/metrics"), None, Some(ADMIN))
+        .await
+        .body;
+    assert_eq!(
+        metric_value(&metrics, "tokenwatch_audit_dropped_total"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert!(tw.terminate().success(), "{}", tw.log());
+    // Flushed at shutdown: the last /metrics call is there.
+    let text = audit_text(&audit);
+    let last = lines(&audit)
+        .into_iter()
+        .rev()
+        .find(|l| l.get("path").is_some())
+        .unwrap();
+    assert_eq!(
+        (last["path"].as_str(), last["caller"].as_str()),
+        (Some("/metrics"), Some("ops")),
+        "{text}"
+    );
+    for token in [READ, ADMIN, INGEST, UNKNOWN, READ2, "token=abc", "Bearer"] {
+        assert!(
+            !text.contains(token),
+            "the audit log contains {token:?}:\n{text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_callers_are_anonymous_and_expired_files_go_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let audit = data.join("audit");
+    std::fs::create_dir_all(&audit).unwrap();
+    let today = chrono::Utc::now().date_naive();
+    let name = |days: i64| {
+        let day = today - chrono::Duration::days(days);
+        format!("audit-{}.jsonl", day.format("%Y-%m-%d"))
+    };
+    let (old, recent) = (audit.join(name(40)), audit.join(name(5)));
+    std::fs::write(&old, "{\"ts\":\"old\"}\n").unwrap();
+    std::fs::write(&recent, "{\"ts\":\"recent\"}\n").unwrap();
+    let api = free_addr();
+    let (a, d) = (api.to_string(), data.to_string_lossy().into_owned());
+    let mut tw = Proc::start(
+        "tokenwatch",
+        &["run", "--listen", &a, "--no-otlp", "--data-dir", &d],
+        dir.path(),
+    );
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    assert!(
+        !old.exists(),
+        "a file of 40 days ago survived the 30d retention"
+    );
+    assert!(recent.exists(), "a file of 5 days ago was deleted");
+
+    let reply = call("GET", &format!("http://{api}/api/v1/fleet"), None, None).await;
+    assert_eq!(reply.status, 200);
+    let got = wait_for(&audit, &tw, "anonymous line", |l| !requests(l).is_empty()).await;
+    let line = requests(&got)[0].clone();
+    assert_eq!(line["caller"], "anonymous", "{line}");
+    assert_eq!(line["role"], Value::Null, "{line}");
+    assert_eq!(
+        line["bytes"].as_u64(),
+        Some(reply.body.len() as u64),
+        "{line}"
+    );
+    assert!(
+        line["remote"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("127.0.0.1:")),
+        "{line}"
+    );
+    assert!(tw.terminate().success(), "{}", tw.log());
+}

@@ -1,0 +1,203 @@
+// Request limits through the real binary: heads over `limits` get 431 and bodies over their
+// limits 413 on the API, proxy and OTLP/HTTP listeners, named and counted, and each listener
+// keeps serving afterwards.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+const CHAT: &str =
+    r#"{"model":"sim-llama-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
+const PROXY_BODY_LIMIT: usize = 4096;
+
+/// One HTTP/1.1 exchange over a fresh connection, written by hand (hyper's client will not
+/// send heads this large): the status and the body of the answer.
+fn raw_exchange(addr: SocketAddr, head: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut answer = Vec::new();
+    // The server closes after refusing (`connection: close`), ending the read.
+    let _ = s.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer from {addr}: {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A POST to `path` with ~100 KiB of headers (25 of 4 KiB: under the count limit, over the bytes).
+fn big_head(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
+    );
+    for i in 0..25 {
+        head.push_str(&format!("x-filler-{i}: {}\r\n", "f".repeat(4096)));
+    }
+    head.push_str("\r\n");
+    raw_exchange(addr, &head, b"{}")
+}
+
+fn assert_names(body: &str, key: &str) {
+    let v: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    let msg = v["error"]["message"]
+        .as_str()
+        .or_else(|| v["message"].as_str())
+        .unwrap_or_default();
+    assert!(msg.contains(key), "the answer should name {key}: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_and_bodies_over_their_limits_are_refused_named_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim_addr = free_addr();
+    let sa = sim_addr.to_string();
+    let sim = Proc::start("sim", &["sim", "--listen", &sa], dir.path());
+    wait_ready(&format!("http://{sim_addr}/v1/models"), &sim).await;
+
+    let (api, proxy, otlp_http, otlp_grpc) = (free_addr(), free_addr(), free_addr(), free_addr());
+    let config = dir.path().join("tokenwatch.yaml");
+    let yaml = format!(
+        "listen: {api}\ndata_dir: {data}\nlimits:\n  max_header_bytes: 65536\n  max_headers: 100\n\
+         proxy:\n  listen: {proxy}\n  max_request_body_bytes: {PROXY_BODY_LIMIT}\n  upstreams:\n    - url: http://{sim_addr}\n      runtime: sim\n\
+         otlp:\n  http_listen: {otlp_http}\n  grpc_listen: {otlp_grpc}\n  max_request_bytes: 4096\n",
+        data = dir.path().join("data").display()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let cfg = config.to_string_lossy().into_owned();
+    let tw = Proc::start("tokenwatch", &["run", "--config", &cfg], dir.path());
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+
+    // Headers over limits.max_header_bytes: 431 naming the key, on each listener; and the
+    // listener still answers a normal request afterwards.
+    let listeners = [
+        (api, "/api/v1/embeddings"),
+        (proxy, "/v1/chat/completions"),
+        (otlp_http, "/v1/traces"),
+    ];
+    for (addr, path) in listeners {
+        let (status, body) = tokio::task::spawn_blocking(move || big_head(addr, path))
+            .await
+            .unwrap();
+        assert_eq!(status, 431, "{addr}{path}: {body}");
+        assert_names(&body, "limits.max_header_bytes");
+    }
+    // Too many header fields: 431 naming limits.max_headers.
+    let (status, body) = tokio::task::spawn_blocking(move || {
+        let mut head = format!("GET /readyz HTTP/1.1\r\nhost: {api}\r\n");
+        for i in 0..120 {
+            head.push_str(&format!("x-h{i}: v\r\n"));
+        }
+        head.push_str("\r\n");
+        raw_exchange(api, &head, b"")
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 431, "{body}");
+    assert_names(&body, "limits.max_headers");
+
+    assert_eq!(get(&format!("http://{api}/readyz")).await.status, 200);
+    let r = send(
+        "POST",
+        &format!("http://{proxy}/v1/chat/completions"),
+        Some(CHAT),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // Bodies over their limits: 413 naming the key; the listeners keep serving.
+    let big = format!(
+        r#"{{"model":"sim-llama-8b","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(2 * PROXY_BODY_LIMIT)
+    );
+    let r = send(
+        "POST",
+        &format!("http://{proxy}/v1/chat/completions"),
+        Some(&big),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert_names(&r.body, "proxy.max_request_body_bytes");
+    let r = send(
+        "POST",
+        &format!("http://{proxy}/v1/chat/completions"),
+        Some(CHAT),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    let r = send(
+        "POST",
+        &format!("http://{otlp_http}/v1/traces"),
+        Some(&big),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert_names(&r.body, "otlp.max_request_bytes");
+    let r = send(
+        "POST",
+        &format!("http://{otlp_http}/v1/traces"),
+        Some("{}"),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // An upstream's own answers are not counted as refusals of the proxy: only ours are.
+    let text = get(&format!("http://{api}/metrics")).await.body;
+    let count = |listener: &str, reason: &str| {
+        let series = format!(
+            "tokenwatch_rejected_requests_total{{listener=\"{listener}\",reason=\"{reason}\"}}"
+        );
+        metric_value(&text, &series).unwrap_or_else(|| panic!("{series} missing:\n{text}"))
+    };
+    assert_eq!(count("api", "headers_too_large"), 2.0);
+    assert_eq!(count("proxy", "headers_too_large"), 1.0);
+    assert_eq!(count("otlp", "headers_too_large"), 1.0);
+    assert_eq!(count("proxy", "body_too_large"), 1.0);
+    assert_eq!(count("otlp", "body_too_large"), 1.0);
+    drop(tw);
+    drop(sim);
+}
+
+#[test]
+fn unknown_and_out_of_range_limit_keys_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (yaml, key) in [
+        ("limits:\n  max_header_byte: 10\n", "max_header_byte"),
+        (
+            "limits:\n  max_header_bytes: 10\n",
+            "limits.max_header_bytes",
+        ),
+        ("limits:\n  max_headers: 0\n", "limits.max_headers"),
+    ] {
+        let file = dir.path().join("c.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenwatch"))
+            .args(["check-config", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(key), "{yaml}: {err}");
+    }
+}
