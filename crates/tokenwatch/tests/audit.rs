@@ -6,7 +6,7 @@ mod auth_support;
 mod common;
 
 use auth_support::{ADMIN, INGEST, READ, READ2, UNKNOWN, call};
-use common::{Proc, free_addr, metric_value, wait_ready};
+use common::{Proc, free_addr, metric_value, start_collector};
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -88,28 +88,8 @@ async fn requests_refusals_and_reloads_are_audited_without_any_token() {
     )
     .unwrap();
     let api = free_addr();
-    let data = dir.path().join("data");
-    let audit = data.join("audit");
-    let (a, d, f) = (
-        api.to_string(),
-        data.to_string_lossy().into_owned(),
-        file.to_string_lossy().into_owned(),
-    );
-    let mut tw = Proc::start(
-        "tokenwatch",
-        &[
-            "run",
-            "-c",
-            &f,
-            "--listen",
-            &a,
-            "--no-otlp",
-            "--data-dir",
-            &d,
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let audit = dir.path().join("data").join("audit");
+    let mut tw = start_collector(dir.path(), api, &["-c", &file.to_string_lossy()]).await;
 
     let base = format!("http://{api}");
     let cases: [Case; 6] = [
@@ -296,13 +276,7 @@ async fn without_tokens_callers_are_anonymous_and_expired_files_go_at_start() {
     std::fs::write(&old, "{\"ts\":\"old\"}\n").unwrap();
     std::fs::write(&recent, "{\"ts\":\"recent\"}\n").unwrap();
     let api = free_addr();
-    let (a, d) = (api.to_string(), data.to_string_lossy().into_owned());
-    let mut tw = Proc::start(
-        "tokenwatch",
-        &["run", "--listen", &a, "--no-otlp", "--data-dir", &d],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let mut tw = start_collector(dir.path(), api, &[]).await;
     assert!(
         !old.exists(),
         "a file of 40 days ago survived the 30d retention"

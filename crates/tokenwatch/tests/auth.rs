@@ -7,7 +7,7 @@ mod auth_support;
 mod common;
 
 use auth_support::*;
-use common::{BIN, Proc, free_addr, metric_value, python, send, wait_ready};
+use common::{BIN, Proc, free_addr, metric_value, python, send, start_collector, wait_ready};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -133,27 +133,7 @@ async fn flags_override_the_file_and_the_opt_out_is_a_warning_at_start() {
         "listen: 0.0.0.0:9464\nauth:\n  allow_unauthenticated: true\n",
     )
     .unwrap();
-    let data = dir.path().join("data");
-    let (a, d, f) = (
-        api.to_string(),
-        data.to_string_lossy().into_owned(),
-        file.to_string_lossy().into_owned(),
-    );
-    let mut tw = Proc::start(
-        "tokenwatch",
-        &[
-            "run",
-            "-c",
-            &f,
-            "--listen",
-            &a,
-            "--no-otlp",
-            "--data-dir",
-            &d,
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let mut tw = start_collector(dir.path(), api, &["-c", &file.to_string_lossy()]).await;
     assert!(
         tw.log().contains("auth.allow_unauthenticated is true"),
         "{}",
@@ -401,23 +381,7 @@ async fn ui_asks_once_for_a_token_and_keeps_it_for_the_session() {
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, format!("read {READ}\ningest {INGEST}\n")).unwrap();
     let api = free_addr();
-    let data = dir.path().join("data").to_string_lossy().into_owned();
-    let (a, t) = (api.to_string(), tokens.to_string_lossy().into_owned());
-    let mut tw = Proc::start(
-        "tokenwatch",
-        &[
-            "run",
-            "--listen",
-            &a,
-            "--no-otlp",
-            "--data-dir",
-            &data,
-            "--auth-tokens",
-            &t,
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let mut tw = start_collector(dir.path(), api, &["--auth-tokens", &tokens.to_string_lossy()]).await;
     let out = Command::new("node")
         .current_dir(&ui)
         .args([

@@ -273,6 +273,18 @@ pub fn start_tokenwatch(
     Proc::start("tokenwatch", &args, dir)
 }
 
+/// Start a collector-only tokenwatch (API on `api`, no proxy, no OTLP) with its data under
+/// `dir/data`, `extra` arguments appended (`-c FILE`, `--auth-tokens FILE` …), and wait until
+/// it is ready.
+pub async fn start_collector(dir: &Path, api: SocketAddr, extra: &[&str]) -> Proc {
+    let (a, d) = (api.to_string(), dir.join("data").to_string_lossy().into_owned());
+    let mut args = vec!["run", "--listen", &a, "--no-otlp", "--data-dir", &d];
+    args.extend_from_slice(extra);
+    let tw = Proc::start("tokenwatch", &args, dir);
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    tw
+}
+
 /// The Python interpreter of the test virtualenv holding the `openai` client.
 pub fn python() -> PathBuf {
     let p = std::env::var_os("TOKENWATCH_TEST_PYTHON")
