@@ -6,7 +6,7 @@ mod auth_support;
 mod common;
 
 use auth_support::{ADMIN, INGEST, READ, READ2, UNKNOWN, call};
-use common::{Proc, free_addr, metric_value, start_collector};
+use common::{Proc, free_addr, metric_value, start_collector, write_auth_files};
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -71,22 +71,11 @@ fn requests(lines: &[Value]) -> Vec<&Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_refusals_and_reloads_are_audited_without_any_token() {
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
     // A named read token, unnamed admin (line 3) and ingest (line 4) tokens.
-    std::fs::write(
-        &tokens,
-        format!("# who\nread {READ} grafana\nadmin {ADMIN}\ningest {INGEST}\n"),
-    )
-    .unwrap();
-    let file = dir.path().join("tw.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "auth:\n  tokens_file: {}\n  reload_interval: 200ms\n",
-            tokens.display()
-        ),
-    )
-    .unwrap();
+    let (tokens, file) = write_auth_files(
+        dir.path(),
+        &format!("# who\nread {READ} grafana\nadmin {ADMIN}\ningest {INGEST}\n"),
+    );
     let api = free_addr();
     let audit = dir.path().join("data").join("audit");
     let mut tw = start_collector(dir.path(), api, &["-c", &file.to_string_lossy()]).await;

@@ -7,7 +7,7 @@ mod auth_support;
 mod common;
 
 use auth_support::*;
-use common::{BIN, Proc, free_addr, metric_value, python, send, start_collector, wait_ready};
+use common::{BIN, Proc, free_addr, metric_value, python, send, start_collector, wait_ready, write_auth_files};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -153,21 +153,10 @@ async fn flags_override_the_file_and_the_opt_out_is_a_warning_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn roles_guard_the_api_metrics_otlp_and_embeddings_and_tokens_rotate() {
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    std::fs::write(
-        &tokens,
-        format!("# who\nread {READ}\n\ningest {INGEST}\nadmin {ADMIN}\n"),
-    )
-    .unwrap();
-    let file = dir.path().join("tw.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "auth:\n  tokens_file: {}\n  reload_interval: 200ms\n",
-            tokens.display()
-        ),
-    )
-    .unwrap();
+    let (tokens, file) = write_auth_files(
+        dir.path(),
+        &format!("# who\nread {READ}\n\ningest {INGEST}\nadmin {ADMIN}\n"),
+    );
     let (api, grpc, http) = (free_addr(), free_addr(), free_addr());
     let data = dir.path().join("data").to_string_lossy().into_owned();
     let (a, g, h, f) = (

@@ -273,6 +273,20 @@ pub fn start_tokenwatch(
     Proc::start("tokenwatch", &args, dir)
 }
 
+/// Write `tokens` (the tokens file's text) to `dir/tokens` and a `dir/tw.yaml` that points
+/// `auth.tokens_file` at it, re-read every 200 ms; returns (tokens file, config file).
+pub fn write_auth_files(dir: &Path, tokens: &str) -> (PathBuf, PathBuf) {
+    let tokens_file = dir.join("tokens");
+    std::fs::write(&tokens_file, tokens).unwrap();
+    let config = dir.join("tw.yaml");
+    std::fs::write(
+        &config,
+        format!("auth:\n  tokens_file: {}\n  reload_interval: 200ms\n", tokens_file.display()),
+    )
+    .unwrap();
+    (tokens_file, config)
+}
+
 /// Start a collector-only tokenwatch (API on `api`, no proxy, no OTLP) with its data under
 /// `dir/data`, `extra` arguments appended (`-c FILE`, `--auth-tokens FILE` …), and wait until
 /// it is ready.
