@@ -15,6 +15,20 @@ pub struct SeriesLabels {
     pub model_version: String,
 }
 
+/// The first content token of a streamed response, reported when it arrives rather than when
+/// the response ends: time-to-first-token detectors need not wait for the whole (possibly slow)
+/// answer. The request's record, later, carries the same `first_token_s`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FirstToken {
+    pub request_id: String,
+    pub model_id: String,
+    pub instance: String,
+    /// Wall-clock arrival at the proxy, milliseconds since the Unix epoch.
+    pub arrival_unix_ms: i64,
+    /// Seconds from arrival to the first content token.
+    pub first_token_s: f64,
+}
+
 /// A label a query may group by (`by=` in the API).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GroupLabel {
@@ -133,8 +147,12 @@ pub enum LatencyMetric {
 }
 
 impl LatencyMetric {
-    pub const ALL: [LatencyMetric; 4] =
-        [LatencyMetric::Ttft, LatencyMetric::Itl, LatencyMetric::E2e, LatencyMetric::Queue];
+    pub const ALL: [LatencyMetric; 4] = [
+        LatencyMetric::Ttft,
+        LatencyMetric::Itl,
+        LatencyMetric::E2e,
+        LatencyMetric::Queue,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -316,13 +334,19 @@ impl RequestRecord {
         if n < 2 {
             return None;
         }
-        let last = self.chunk_offsets_us.last().map(|us| *us as f64 / 1e6).unwrap_or(self.end_s);
+        let last = self
+            .chunk_offsets_us
+            .last()
+            .map(|us| *us as f64 / 1e6)
+            .unwrap_or(self.end_s);
         Some(((last - first).max(0.0)) / (n - 1) as f64)
     }
 
     /// Every inter-chunk gap, in seconds.
     pub fn gaps_s(&self) -> impl Iterator<Item = f64> + '_ {
-        self.chunk_offsets_us.windows(2).map(|w| w[1].saturating_sub(w[0]) as f64 / 1e6)
+        self.chunk_offsets_us
+            .windows(2)
+            .map(|w| w[1].saturating_sub(w[0]) as f64 / 1e6)
     }
 
     pub fn is_success(&self) -> bool {
@@ -333,7 +357,9 @@ impl RequestRecord {
     /// (4xx, an unreadable request) and clients that went away do not.
     pub fn is_server_failure(&self) -> bool {
         match self.error_class {
-            Some(ErrorClass::Upstream4xx | ErrorClass::BadRequest | ErrorClass::ClientCancelled) => false,
+            Some(
+                ErrorClass::Upstream4xx | ErrorClass::BadRequest | ErrorClass::ClientCancelled,
+            ) => false,
             Some(_) => true,
             None => self.status >= 500,
         }
@@ -358,7 +384,10 @@ mod tests {
 
     #[test]
     fn only_serving_side_failures_count_against_the_slo() {
-        let mut r = RequestRecord { status: 200, ..Default::default() };
+        let mut r = RequestRecord {
+            status: 200,
+            ..Default::default()
+        };
         assert!(!r.is_server_failure());
         r.status = 400;
         r.error_class = Some(ErrorClass::Upstream4xx);
@@ -376,7 +405,10 @@ mod tests {
     #[test]
     fn error_class_names_match_serde() {
         for c in ErrorClass::ALL {
-            assert_eq!(serde_json::to_value(c).unwrap(), serde_json::Value::String(c.name().into()));
+            assert_eq!(
+                serde_json::to_value(c).unwrap(),
+                serde_json::Value::String(c.name().into())
+            );
             assert_eq!(ErrorClass::parse(c.name()), Some(c));
         }
     }
@@ -394,7 +426,10 @@ mod tests {
         assert_eq!(serde_json::from_value::<RequestRecord>(j).unwrap(), r);
         let bare = serde_json::to_value(RequestRecord::default()).unwrap();
         assert!(bare.get("embedding").is_none() && bare.get("prefix_key").is_none());
-        assert_eq!(serde_json::from_value::<RequestRecord>(bare).unwrap(), RequestRecord::default());
+        assert_eq!(
+            serde_json::from_value::<RequestRecord>(bare).unwrap(),
+            RequestRecord::default()
+        );
         assert_eq!(parse_prefix_key("00ff"), Some(255));
         for bad in ["", "xyz", "12345678901234567", "-1", "+1"] {
             assert_eq!(parse_prefix_key(bad), None, "{bad}");

@@ -119,6 +119,14 @@ pub struct LatencySpikeParams {
     pub peer_ratio: f64,
     /// A spike that lasts longer than this becomes the new normal: the baseline re-learns.
     pub max_hold_s: f64,
+    /// The fast path (`latency_exceedance`): its short window, in seconds (0: off).
+    pub fast_window_s: f64,
+    /// The reference quantile whose `ratio` × marks a request as slow on the fast path.
+    pub fast_quantile: f64,
+    /// Fewest slow requests the short window needs.
+    pub fast_min_slow: u64,
+    /// One-sided significance of the fast path's binomial test.
+    pub fast_alpha: f64,
 }
 
 impl Default for LatencySpikeParams {
@@ -130,6 +138,10 @@ impl Default for LatencySpikeParams {
             baseline_windows: 5,
             peer_ratio: 2.0,
             max_hold_s: 900.0,
+            fast_window_s: 10.0,
+            fast_quantile: 0.95,
+            fast_min_slow: 3,
+            fast_alpha: 1e-3,
         }
     }
 }
@@ -151,8 +163,102 @@ impl Validate for LatencySpikeParams {
             self.max_hold_s.is_finite() && self.max_hold_s > 0.0,
             "max_hold_s",
             "must be > 0",
+        )?;
+        check(
+            self.fast_window_s.is_finite() && self.fast_window_s >= 0.0,
+            "fast_window_s",
+            "must be ≥ 0 (0 turns the fast path off)",
+        )?;
+        check(
+            self.fast_quantile > 0.5 && self.fast_quantile < 1.0,
+            "fast_quantile",
+            "must be in (0.5, 1)",
+        )?;
+        check(self.fast_min_slow >= 1, "fast_min_slow", "must be ≥ 1")?;
+        check(
+            self.fast_alpha > 0.0 && self.fast_alpha < 0.5,
+            "fast_alpha",
+            "must be in (0, 0.5)",
         )
     }
+}
+
+/// The reference share of slow requests is never taken below this (a reference that happens to
+/// hold none above the line must not make two slow requests significant).
+const FAST_MIN_BASE_RATE: f64 = 0.005;
+
+/// The fast path tests the share above `ratio` × the reference quantile and above twice that:
+/// a ten-fold slowdown is far rarer in the reference's own tail at the second line, so fewer
+/// slow requests make it significant (each line at half of `fast_alpha`).
+const FAST_LINES: [f64; 2] = [1.0, 2.0];
+
+/// The latency spike's fast path: over a short window (seconds, `fast_window_s`), the share of
+/// requests slower than `ratio` × the reference period's `fast_quantile` (the "slow" line, and
+/// twice it). It holds when that share is above 1 − `fast_quantile` — the window's quantile is
+/// over `ratio` × the reference's, the spike's own condition at that quantile — with at least
+/// `fast_min_slow` slow requests, and is significant against the reference's own share above
+/// the line (its Wilson upper bound, one-sided binomial at `fast_alpha` over both lines). A third
+/// of the requests ten times slower shows within a handful of requests, while the full window's
+/// P99 needs tens of seconds to move. `current` need not be sorted; `baseline` is ascending with
+/// at least `min_samples` values.
+pub fn latency_exceedance(
+    current: &[f64],
+    baseline: &[f64],
+    p: &LatencySpikeParams,
+) -> Option<Finding> {
+    if p.fast_window_s <= 0.0 || (baseline.len() as u64) < p.min_samples.max(1) {
+        return None;
+    }
+    let q = p.fast_quantile;
+    let reference = sorted_quantile(baseline, q)?;
+    let n = current.len() as u64;
+    let alpha = p.fast_alpha / FAST_LINES.len() as f64;
+    let (line, slow, base_slow, p_value) = FAST_LINES
+        .iter()
+        .filter_map(|m| {
+            let line = m * p.ratio * reference;
+            if !(line.is_finite() && line > 0.0) {
+                return None;
+            }
+            let slow = current.iter().filter(|v| **v > line).count() as u64;
+            if slow < p.fast_min_slow || (slow as f64) <= (1.0 - q) * n as f64 {
+                return None;
+            }
+            let base_slow = (baseline.len() - baseline.partition_point(|v| *v <= line)) as u64;
+            let rate = crate::robust::wilson_upper(base_slow, baseline.len() as u64, 1.645)?
+                .max(FAST_MIN_BASE_RATE);
+            let p_value = crate::robust::binomial_sf(slow, n, rate);
+            (p_value < alpha).then_some((line, slow, base_slow, p_value))
+        })
+        .min_by(|a, b| a.3.total_cmp(&b.3))?;
+    let share = slow as f64 / n as f64;
+    let base_share = base_slow as f64 / baseline.len() as f64;
+    let summary = format!(
+        "{slow} of the last {n} requests ({:.0}%, {:.0} s) took over {} — {:.1}× the reference \
+         period's P{} — against {:.1}% of the reference (p = {p_value:.1e}) — check queue \
+         depth, preemptions and KV-cache usage",
+        share * 100.0,
+        p.fast_window_s,
+        duration_s(line),
+        line / reference,
+        pct_label(q),
+        base_share * 100.0,
+    );
+    Some(
+        Finding::new(share / (1.0 - q), summary)
+            .with("fast_path", true)
+            .with("slow_line_s", line)
+            .with("slow_line_ratio", line / reference)
+            .with("slow_requests", slow)
+            .with("current_samples", n)
+            .with("slow_share", share)
+            .with("previous_slow_share", base_share)
+            .with("previous_samples", baseline.len() as u64)
+            .with("quantile", q)
+            .with("p_value", p_value)
+            .with("fast_window_s", p.fast_window_s)
+            .with("ratio_threshold", p.ratio),
+    )
 }
 
 /// The tail and peer parameters the three latency detectors share.

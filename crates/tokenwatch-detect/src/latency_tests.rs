@@ -231,3 +231,51 @@ fn params_deserialize_with_defaults_and_reject_unknown_fields() {
     assert_eq!(p.min_samples, 50);
     assert!(serde_json::from_str::<LatencySpikeParams>(r#"{"ratoi": 3.0}"#).is_err());
 }
+
+#[test]
+fn the_fast_path_finds_a_slow_third_within_a_dozen_requests() {
+    let p = LatencySpikeParams::default();
+    let base = sorted(lognormal(300, 0.1, 1));
+    // 15 requests in the short window, 5 of them ten times slower.
+    let mut cur = lognormal(15, 0.1, 2);
+    for v in cur.iter_mut().take(5) {
+        *v *= 10.0;
+    }
+    let f = latency_exceedance(&cur, &base, &p).expect("a slow third is found");
+    // (One of the five, drawn fast, stays under the line.)
+    assert_eq!(f.evidence["slow_requests"], 4, "{f:?}");
+    assert!(f.evidence["p_value"].as_f64().unwrap() < p.fast_alpha);
+    assert!(f.summary.contains("4 of the last 15"), "{}", f.summary);
+    // Healthy short windows, many draws: nothing.
+    for seed in 10..400 {
+        let cur = lognormal(15, 0.1, seed);
+        assert!(latency_exceedance(&cur, &base, &p).is_none(), "seed {seed}");
+    }
+    // Three far beyond the line are enough against a reference without a tail there; two,
+    // however slow, are not; nor a small reference, nor the path switched off.
+    let mut few = lognormal(15, 0.1, 3);
+    for v in few.iter_mut().take(3) {
+        *v *= 50.0;
+    }
+    assert!(latency_exceedance(&few, &base, &p).is_some());
+    few[2] /= 50.0;
+    assert!(latency_exceedance(&few, &base, &p).is_none());
+    assert!(latency_exceedance(&cur, &base[..40], &p).is_none());
+    let off = LatencySpikeParams {
+        fast_window_s: 0.0,
+        ..p.clone()
+    };
+    assert!(latency_exceedance(&cur, &base, &off).is_none());
+    // A reference whose own tail reaches the line (heavy-tailed traffic) needs more.
+    let mut heavy = base.clone();
+    for v in heavy.iter_mut().rev().take(30) {
+        *v *= 8.0;
+    }
+    let heavy = sorted(heavy);
+    let mut four = lognormal(40, 0.1, 4);
+    for v in four.iter_mut().take(5) {
+        *v *= 10.0;
+    }
+    assert!(latency_exceedance(&four, &heavy, &p).is_none());
+    assert!(latency_exceedance(&four, &base, &p).is_some());
+}

@@ -1,156 +1,70 @@
 // Output length outliers (spec section 4): each response is tested on a robust log scale against
 // the model's recent responses (an annotation, not an alert); the model-level alert tests whether
 // the share of outliers — longer, shorter, or truncated at the request's own token limit — in a
-// window is significantly above the model's (or instance's) baseline.
+// window is significantly above the model's (or instance's) baseline, and names the instances
+// the outliers concentrate on (against their peers in the same window).
 
+use crate::Finding;
 use crate::robust::median_split_sigma;
-use crate::{Finding, ParamError, Validate, check};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
+#[path = "length_attribution.rs"]
+mod attribution;
+#[path = "length_params.rs"]
+mod params;
 #[path = "length_share.rs"]
 mod share;
+use attribution::attribute;
+pub use params::LengthOutlierParams;
 use share::{CLASSES, Class, Counts, share_test};
 
-/// Per request: |ln(1+L) − median| > `sigmas` × σ over the last `reference_size` responses of
-/// the model that are older than the window under test, σ = 1.4826·MAD of that side of the
-/// median (lengths are skewed even on a log scale, and capped at max_tokens). Per model (and per
-/// instance): the outlier share of the window vs. the baseline share of the `baseline_ms`
-/// before it, one-sided binomial test at `alpha`. A third class, "truncated" (the response
-/// stopped at its request's token limit, e.g. finish_reason "length"), is tested the same way
-/// but never annotated: a blow-up capped at each request's varying max_tokens is no outlier in
-/// absolute length, only in how many responses hit their limit.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LengthOutlierParams {
-    /// Responses in the reference (the spec's "last 100 responses of that model").
-    #[serde(alias = "window")]
-    pub reference_size: usize,
-    /// Responses whose truncation the reference also remembers: the truncated share's baseline
-    /// until the model has a tested history older than the window (right after start).
-    /// Truncation is common, so its rate needs far more responses than the tail's median does.
-    pub truncated_reference_size: usize,
-    /// Fewest reference responses before a response is tested at all.
-    pub min_reference: usize,
-    /// k of |ln L − median| > k · σ.
-    pub sigmas: f64,
-    /// Floor on the robust σ of ln L (≈ a relative spread): a reference where every answer hit
-    /// max_tokens must not turn a one-token difference into an outlier.
-    pub min_sigma_fraction: f64,
-    /// Tested responses a window (and the baseline) needs before the share test may fire.
-    pub min_samples: usize,
-    /// A second, short window tested beside the rule's window (ms; 0: none), so that a blow-up
-    /// is found before it fills the long window. Each window and direction is tested at
-    /// alpha / (number of tests).
-    pub short_window_ms: i64,
-    /// How far back the baseline outlier rate reaches, before the window under test (ms).
-    pub baseline_ms: i64,
-    /// The baseline rate is never taken below this (healthy long tails do produce outliers).
-    pub min_baseline_rate: f64,
-    /// The same floor for the truncated share: a model whose answers are (almost) never cut off
-    /// must not page on a handful that are.
-    pub truncated_min_baseline_rate: f64,
-    /// The effect size of the truncated share, as an odds ratio against the baseline rate:
-    /// truncation is common (10–60 % in many workloads) and moves with every drift of the
-    /// lengths against fixed limits, so it must change by much more than a ratio of rates does
-    /// for tail outliers; odds also stay reachable for a baseline above 50 %.
-    pub truncated_min_odds_ratio: f64,
-    /// The baseline rate used is its Wilson upper bound at this normal quantile, so a short
-    /// baseline is not mistaken for a precise one.
-    pub baseline_z: f64,
-    /// One-sided significance of the binomial tests (over all three classes and both windows).
-    pub alpha: f64,
-    /// The window's share must also be at least this many times the baseline rate (effect size:
-    /// real traffic is over-dispersed, so significance alone is not enough).
-    pub min_ratio: f64,
-    /// The reference stops learning while a share test is significant, for at most this long
-    /// (ms): a change that lasts longer becomes the new normal (the KS drift rule reports it).
-    pub max_freeze_ms: i64,
+/// The share tests of one evaluation.
+#[derive(Debug, Clone, Default)]
+pub struct LengthVerdict {
+    /// The whole model's share test, when significant.
+    pub model: Option<Finding>,
+    /// Instances whose own share test (against their own baseline) is significant.
+    pub instances: Vec<(String, Finding)>,
+    /// Instances the outliers concentrate on, with the finding of that comparison.
+    pub attributed: Vec<(String, Finding)>,
+    /// Instances with tested responses in the window.
+    pub serving: Vec<String>,
 }
 
-impl Default for LengthOutlierParams {
-    fn default() -> Self {
-        LengthOutlierParams {
-            reference_size: 100,
-            truncated_reference_size: 1000,
-            min_reference: 50,
-            sigmas: 3.0,
-            min_sigma_fraction: 0.05,
-            min_samples: 50,
-            short_window_ms: 15_000,
-            baseline_ms: 600_000,
-            min_baseline_rate: 0.02,
-            truncated_min_baseline_rate: 0.05,
-            truncated_min_odds_ratio: 6.0,
-            baseline_z: 1.645,
-            alpha: 1e-4,
-            min_ratio: 2.0,
-            max_freeze_ms: 1_800_000,
+impl LengthVerdict {
+    /// Nothing significant.
+    pub fn is_empty(&self) -> bool {
+        self.model.is_none() && self.instances.is_empty() && self.attributed.is_empty()
+    }
+
+    /// The instances the finding is about: those the outliers are attributed to; else the one
+    /// instance whose own share test holds while the model's does not (the change is visible on
+    /// it alone); else the only instance serving the model. Empty: model-wide.
+    pub fn named(&self) -> Vec<&str> {
+        if !self.attributed.is_empty() {
+            return self.attributed.iter().map(|(i, _)| i.as_str()).collect();
+        }
+        match (
+            &self.model,
+            self.instances.as_slice(),
+            self.serving.as_slice(),
+        ) {
+            (None, [(i, _)], _) => vec![i.as_str()],
+            (_, _, [only]) if !self.is_empty() => vec![only.as_str()],
+            _ => Vec::new(),
         }
     }
-}
 
-impl Validate for LengthOutlierParams {
-    fn validate(&self) -> Result<(), ParamError> {
-        check(self.reference_size >= 5, "reference_size", "must be ≥ 5")?;
-        check(
-            self.truncated_reference_size >= self.reference_size,
-            "truncated_reference_size",
-            "must be ≥ reference_size",
-        )?;
-        check(
-            self.min_reference >= 5 && self.min_reference <= self.reference_size,
-            "min_reference",
-            "must be in [5, reference_size]",
-        )?;
-        check(
-            self.sigmas.is_finite() && self.sigmas > 0.0,
-            "sigmas",
-            "must be > 0",
-        )?;
-        check(
-            self.min_sigma_fraction.is_finite() && self.min_sigma_fraction >= 0.0,
-            "min_sigma_fraction",
-            "must be ≥ 0",
-        )?;
-        check(self.min_samples >= 1, "min_samples", "must be ≥ 1")?;
-        check(self.short_window_ms >= 0, "short_window_ms", "must be ≥ 0")?;
-        check(
-            self.baseline_ms >= 1_000,
-            "baseline_ms",
-            "must be ≥ 1000 (1 s)",
-        )?;
-        check(
-            self.min_baseline_rate > 0.0 && self.min_baseline_rate < 1.0,
-            "min_baseline_rate",
-            "must be in (0, 1)",
-        )?;
-        check(
-            self.truncated_min_baseline_rate > 0.0 && self.truncated_min_baseline_rate < 1.0,
-            "truncated_min_baseline_rate",
-            "must be in (0, 1)",
-        )?;
-        check(
-            self.truncated_min_odds_ratio.is_finite() && self.truncated_min_odds_ratio >= 1.0,
-            "truncated_min_odds_ratio",
-            "must be ≥ 1",
-        )?;
-        check(
-            self.baseline_z.is_finite() && self.baseline_z >= 0.0,
-            "baseline_z",
-            "must be ≥ 0",
-        )?;
-        check(
-            self.alpha > 0.0 && self.alpha < 0.5,
-            "alpha",
-            "must be in (0, 0.5)",
-        )?;
-        check(
-            self.min_ratio.is_finite() && self.min_ratio >= 1.0,
-            "min_ratio",
-            "must be ≥ 1",
-        )?;
-        check(self.max_freeze_ms >= 0, "max_freeze_ms", "must be ≥ 0")
+    /// Every scope with a finding of its own test or an attribution: "" for the model, else
+    /// the instance (in that order, each once).
+    pub fn scopes(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = self.model.iter().map(|_| "").collect();
+        for (i, _) in self.instances.iter().chain(&self.attributed) {
+            if !out.contains(&i.as_str()) {
+                out.push(i);
+            }
+        }
+        out
     }
 }
 
@@ -386,16 +300,18 @@ impl LengthOutlier {
         b.truncated += u64::from(class.truncated);
     }
 
-    /// The share tests at `now`: one finding per scope whose window share of longer, shorter
-    /// or truncated responses is significantly above its baseline; the key is "" for the whole model
-    /// or the instance name.
-    pub fn evaluate(&mut self, now: i64) -> Vec<(String, Finding)> {
+    /// The share tests at `now`: the model's and each instance's share of longer, shorter or
+    /// truncated responses against its own baseline, and the instances the outliers
+    /// concentrate on (against their peers in the same window).
+    pub fn evaluate(&mut self, now: i64) -> LengthVerdict {
         let (w, b, bucket_ms) = (self.window_ms, self.p.baseline_ms, self.bucket_ms);
         let own = self.reference_stats().map(|(_, c)| c);
-        let own_min = self.p.min_reference as u64;
-        let mut quarantine = self.quarantine_until;
-        let mut out = Vec::new();
-        for (key, s) in self.scopes.iter_mut() {
+        let (min, own_min) = (self.p.min_samples as u64, self.p.min_reference as u64);
+        let short_w = self.p.short_window_ms;
+        let two = short_w > 0 && short_w < w;
+        // Per scope: the window, the short window and the baseline.
+        let mut counts = Vec::with_capacity(self.scopes.len());
+        for s in self.scopes.values_mut() {
             while s
                 .buckets
                 .front()
@@ -403,12 +319,10 @@ impl LengthOutlier {
             {
                 s.buckets.pop_front();
             }
-            let in_window = |x: &Bucket| x.start + bucket_ms > now - w;
-            let short_w = self.p.short_window_ms;
             let (mut cur, mut short, mut base) =
                 (Counts::default(), Counts::default(), Counts::default());
             for x in &s.buckets {
-                if in_window(x) {
+                if x.start + bucket_ms > now - w {
                     cur.add(x);
                     if x.start + bucket_ms > now - short_w {
                         short.add(x);
@@ -417,7 +331,6 @@ impl LengthOutlier {
                     base.add(x);
                 }
             }
-            let min = self.p.min_samples as u64;
             if let Some((t, frozen)) = s.flagged_since
                 && now - t < self.p.max_freeze_ms
             {
@@ -429,41 +342,98 @@ impl LengthOutlier {
                 // whose small size the Wilson bound makes conservative.
                 base = c;
             }
-            let windows: &[(Counts, i64)] = if short_w > 0 && short_w < w {
-                &[(cur, w), (short, short_w)]
-            } else {
-                &[(cur, w)]
+            counts.push((cur, short, base));
+        }
+        let windows = |(cur, short, _): &(Counts, Counts, Counts)| {
+            let mut v = vec![(*cur, w)];
+            if two {
+                v.push((*short, short_w));
+            }
+            v
+        };
+        let model = self
+            .scopes
+            .keys()
+            .position(String::is_empty)
+            .map(|i| (windows(&counts[i]), counts[i].2));
+        let serving: Vec<String> = self
+            .scopes
+            .keys()
+            .zip(&counts)
+            .filter(|(k, c)| !k.is_empty() && c.0.tested > 0)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let tests = CLASSES * if two { 2 } else { 1 };
+        let alpha = self.p.alpha / tests as f64;
+        let attribution_alpha = self.p.attribution_alpha / tests as f64;
+        let mut quarantine = self.quarantine_until;
+        let mut verdict = LengthVerdict {
+            serving,
+            ..LengthVerdict::default()
+        };
+        for ((key, s), c) in self.scopes.iter_mut().zip(&counts) {
+            let base = c.2;
+            if base.tested < min.min(own_min) {
+                s.flagged_since = None;
+                continue;
+            }
+            let wins = windows(c);
+            let best = |v: Vec<(f64, Finding)>| {
+                v.into_iter()
+                    .min_by(|a, b| a.0.total_cmp(&b.0))
+                    .map(|(_, f)| f)
             };
-            let alpha = self.p.alpha / (CLASSES * windows.len()) as f64;
-            let finding = windows
-                .iter()
-                .filter(|(c, _)| c.tested >= min && base.tested >= min.min(own_min))
-                .filter_map(|(c, win)| share_test(&self.p, c, &base, *win, alpha))
-                .min_by(|a, b| a.0.total_cmp(&b.0))
-                .map(|(_, f)| f);
-            match finding {
-                Some(f) => {
-                    if s.flagged_since.is_none() {
-                        for x in s.buckets.iter_mut().filter(|x| in_window(x)) {
-                            x.flagged = true;
-                        }
-                        s.flagged_since = Some((now, base));
-                    }
-                    if s.flagged_since
-                        .is_some_and(|(t, _)| now - t < self.p.max_freeze_ms)
-                    {
-                        // Held for one more window: a fault that dips under the test for a
-                        // moment does not slip into the reference.
-                        quarantine = now + w;
-                    }
-                    out.push((key.clone(), f));
+            let finding = best(
+                wins.iter()
+                    .filter(|(c, _)| c.tested >= min)
+                    .filter_map(|(c, win)| share_test(&self.p, c, &base, *win, alpha))
+                    .collect(),
+            );
+            let attributed = match &model {
+                Some((m, model_base)) if !key.is_empty() => best(
+                    wins.iter()
+                        .zip(m)
+                        .filter_map(|((c, win), (mc, _))| {
+                            let (inst, model) = ((c, &base), (mc, model_base));
+                            attribute(&self.p, inst, model, *win, attribution_alpha)
+                        })
+                        .collect(),
+                ),
+                _ => None,
+            };
+            if finding.is_none() && attributed.is_none() {
+                s.flagged_since = None;
+                continue;
+            }
+            if s.flagged_since.is_none() {
+                for x in s
+                    .buckets
+                    .iter_mut()
+                    .filter(|x| x.start + bucket_ms > now - w)
+                {
+                    x.flagged = true;
                 }
-                None => s.flagged_since = None,
+                s.flagged_since = Some((now, base));
+            }
+            if s.flagged_since
+                .is_some_and(|(t, _)| now - t < self.p.max_freeze_ms)
+            {
+                // Held for one more window: a fault that dips under the test for a moment
+                // does not slip into the reference.
+                quarantine = now + w;
+            }
+            match (key.is_empty(), finding) {
+                (true, f) => verdict.model = f,
+                (false, Some(f)) => verdict.instances.push((key.clone(), f)),
+                (false, None) => {}
+            }
+            if let Some(f) = attributed {
+                verdict.attributed.push((key.clone(), f));
             }
         }
         self.quarantine_until = quarantine;
         self.scopes.retain(|_, s| !s.buckets.is_empty());
-        out
+        verdict
     }
 }
 

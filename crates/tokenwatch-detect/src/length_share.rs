@@ -35,78 +35,95 @@ impl Counts {
         self.truncated += b.truncated;
         self.truncated_of += b.tested;
     }
+
+    /// These counts without `part`'s (a scope's window without one of its instances').
+    pub(super) fn minus(&self, part: &Counts) -> Counts {
+        Counts {
+            tested: self.tested.saturating_sub(part.tested),
+            longer: self.longer.saturating_sub(part.longer),
+            shorter: self.shorter.saturating_sub(part.shorter),
+            truncated: self.truncated.saturating_sub(part.truncated),
+            truncated_of: self.truncated_of.saturating_sub(part.truncated_of),
+        }
+    }
 }
 
 /// One class's test result.
-struct ClassTest {
-    share: f64,
+pub(super) struct ClassTest {
+    pub(super) share: f64,
     /// The baseline's own share, and the rate tested against (Wilson upper bound, floored).
-    observed: f64,
-    rate: f64,
+    pub(super) observed: f64,
+    pub(super) rate: f64,
     /// The least share that counts as an effect (see `min_ratio`, `truncated_min_odds_ratio`).
-    needed: f64,
-    p_value: f64,
+    pub(super) needed: f64,
+    pub(super) p_value: f64,
     /// The baseline's responses.
-    base_n: u64,
+    pub(super) base_n: u64,
 }
 
-/// One-sided binomial tests of the window's longer, shorter and truncated counts against the
-/// baseline's rates, each at `alpha`; the most significant class is reported with its p-value
-/// (on a tie, the larger effect).
-pub(super) fn share_test(
+/// One class's one-sided binomial test: `k` of `n` against `kb` of `nb` (its Wilson upper
+/// bound, floored), with the class's effect size; None when not significant at `alpha`, below
+/// the effect size, or without a baseline.
+pub(super) fn class_test(
     p: &LengthOutlierParams,
-    cur: &Counts,
-    base: &Counts,
-    window_ms: i64,
+    (k, n): (u64, u64),
+    (kb, nb): (u64, u64),
+    truncated: bool,
     alpha: f64,
-) -> Option<(f64, Finding)> {
-    let test = |k: u64, kb: u64, truncated: bool| -> Option<ClassTest> {
-        let nb = if truncated {
-            base.truncated_of
-        } else {
-            base.tested
-        };
-        let observed = kb as f64 / nb as f64;
-        let floor = if truncated {
-            p.truncated_min_baseline_rate
-        } else {
-            p.min_baseline_rate
-        };
-        let rate = wilson_upper(kb, nb, p.baseline_z)?.max(floor);
-        let share = k as f64 / cur.tested as f64;
-        let needed = if truncated {
-            let odds = p.truncated_min_odds_ratio * rate / (1.0 - rate).max(f64::EPSILON);
-            odds / (1.0 + odds)
-        } else {
-            p.min_ratio * rate
-        };
-        if share < needed {
-            return None;
-        }
-        let p_value = binomial_sf(k, cur.tested, rate);
-        (p_value < alpha).then_some(ClassTest {
-            share,
-            observed,
-            rate,
-            needed,
-            p_value,
-            base_n: nb,
-        })
+) -> Option<ClassTest> {
+    if n == 0 {
+        return None;
+    }
+    let (observed, rate, needed) = effect_floor(p, (kb, nb), truncated)?;
+    let share = k as f64 / n as f64;
+    if share < needed {
+        return None;
+    }
+    let p_value = binomial_sf(k, n, rate);
+    (p_value < alpha).then_some(ClassTest {
+        share,
+        observed,
+        rate,
+        needed,
+        p_value,
+        base_n: nb,
+    })
+}
+
+/// Against `kb` of `nb`: (the observed rate, the rate tested against — its Wilson upper bound,
+/// floored —, the least share that counts as an effect); None without a baseline.
+pub(super) fn effect_floor(
+    p: &LengthOutlierParams,
+    (kb, nb): (u64, u64),
+    truncated: bool,
+) -> Option<(f64, f64, f64)> {
+    let floor = if truncated {
+        p.truncated_min_baseline_rate
+    } else {
+        p.min_baseline_rate
     };
-    let classes = [
-        ("longer", cur.longer, base.longer),
-        ("shorter", cur.shorter, base.shorter),
-        ("truncated", cur.truncated, base.truncated),
-    ];
-    let (dir, k, t) = classes
-        .iter()
-        .filter_map(|&(dir, k, kb)| test(k, kb, dir == "truncated").map(|t| (dir, k, t)))
-        .min_by(|a, b| {
-            a.2.p_value
-                .total_cmp(&b.2.p_value)
-                .then((b.2.share / b.2.needed).total_cmp(&(a.2.share / a.2.needed)))
-        })?;
-    let (pattern, what, advice) = match dir {
+    let rate = wilson_upper(kb, nb, p.baseline_z)?.max(floor);
+    let needed = if truncated {
+        let odds = p.truncated_min_odds_ratio * rate / (1.0 - rate).max(f64::EPSILON);
+        odds / (1.0 + odds)
+    } else {
+        p.min_ratio * rate
+    };
+    Some((kb as f64 / nb.max(1) as f64, rate, needed))
+}
+
+/// The classes as (name, count in `c`, whether it is the truncated class).
+pub(super) fn classes(c: &Counts) -> [(&'static str, u64, bool); CLASSES] {
+    [
+        ("longer", c.longer, false),
+        ("shorter", c.shorter, false),
+        ("truncated", c.truncated, true),
+    ]
+}
+
+/// (pattern, what the outliers are, advice) of a class, for summaries and evidence.
+pub(super) fn wording(dir: &str) -> (&'static str, &'static str, &'static str) {
+    match dir {
         "longer" => (
             "longer than normal",
             "are longer than normal (length outliers on a log scale)",
@@ -122,7 +139,40 @@ pub(super) fn share_test(
             "were cut off at their request's token limit (finish_reason \"length\")",
             "look for runaway generations that only max_tokens stops (missing stop tokens, repetition loops, a changed prompt or sampling settings) or a lowered max_tokens",
         ),
+    }
+}
+
+/// One-sided binomial tests of the window's longer, shorter and truncated counts against the
+/// baseline's rates, each at `alpha`; the most significant class is reported with its p-value
+/// (on a tie, the larger effect).
+pub(super) fn share_test(
+    p: &LengthOutlierParams,
+    cur: &Counts,
+    base: &Counts,
+    window_ms: i64,
+    alpha: f64,
+) -> Option<(f64, Finding)> {
+    let base_of = |kb: u64, truncated: bool| {
+        if truncated {
+            (kb, base.truncated_of)
+        } else {
+            (kb, base.tested)
+        }
     };
+    let base_k = classes(base);
+    let (dir, k, t) = classes(cur)
+        .iter()
+        .zip(base_k)
+        .filter_map(|(&(dir, k, truncated), (_, kb, _))| {
+            class_test(p, (k, cur.tested), base_of(kb, truncated), truncated, alpha)
+                .map(|t| (dir, k, t))
+        })
+        .min_by(|a, b| {
+            a.2.p_value
+                .total_cmp(&b.2.p_value)
+                .then((b.2.share / b.2.needed).total_cmp(&(a.2.share / a.2.needed)))
+        })?;
+    let (pattern, what, advice) = wording(dir);
     let n = cur.tested;
     let summary = format!(
         "{:.1}% of the last {:.0} s of responses ({k} of {n}) {what}, against a baseline of {:.1}% \

@@ -3,7 +3,10 @@
 // (uncapped, and capped at each request's own max_tokens: found by the truncated share).
 
 use super::*;
+use crate::Validate;
 
+#[path = "length_attribution_tests.rs"]
+mod attribution;
 #[path = "length_truncation_tests.rs"]
 mod truncation;
 
@@ -50,8 +53,12 @@ struct Fault {
 }
 
 struct Run {
-    /// Findings per evaluation second: (t, scope, finding).
+    /// Findings of the scopes' own share tests per evaluation second: (t, scope, finding).
     findings: Vec<(i64, String, Finding)>,
+    /// Instances the outliers were attributed to: (t, instance, finding).
+    attributed: Vec<(i64, String, Finding)>,
+    /// The instances each evaluation with a finding named (empty: model-wide).
+    named: Vec<(i64, Vec<String>)>,
     annotations: u64,
     responses: u64,
     truncated: u64,
@@ -77,6 +84,8 @@ fn simulate_with(
     let (mut t, mut next_eval) = (0.0f64, 1_000i64);
     let mut run = Run {
         findings: Vec::new(),
+        attributed: Vec::new(),
+        named: Vec::new(),
         annotations: 0,
         responses: 0,
         truncated: 0,
@@ -91,8 +100,17 @@ fn simulate_with(
         t += -rng.unit().ln() / rate * 1000.0;
         let at = t as i64;
         while next_eval <= at.min(end) {
-            for (scope, f) in d.evaluate(next_eval) {
+            let v = d.evaluate(next_eval);
+            if !v.is_empty() {
+                let named = v.named().into_iter().map(str::to_string).collect();
+                run.named.push((next_eval, named));
+            }
+            let model = v.model.map(|f| (String::new(), f));
+            for (scope, f) in model.into_iter().chain(v.instances) {
                 run.findings.push((next_eval, scope, f));
+            }
+            for (scope, f) in v.attributed {
+                run.attributed.push((next_eval, scope, f));
             }
             next_eval += 1_000;
         }
@@ -175,6 +193,12 @@ fn hours_of_healthy_heavy_tailed_traffic_raise_no_model_level_finding() {
             "seed {seed}: {} findings, first {:?}",
             run.findings.len(),
             run.findings.first().map(|(t, s, f)| (t, s, &f.summary))
+        );
+        assert!(
+            run.attributed.is_empty(),
+            "seed {seed}: {} attributions, first {:?}",
+            run.attributed.len(),
+            run.attributed.first().map(|(t, s, f)| (t, s, &f.summary))
         );
     }
 }
@@ -419,8 +443,13 @@ fn the_share_test_needs_samples_and_a_baseline() {
         d.observe(at + i * 100, "a", 5000.0, false);
     }
     let found = d.evaluate(at + 6_000);
-    let scopes: Vec<&str> = found.iter().map(|(s, _)| s.as_str()).collect();
-    assert_eq!(scopes, ["", "a"], "60 of 60: the model and its instance");
+    assert_eq!(
+        found.scopes(),
+        ["", "a"],
+        "60 of 60: the model and its instance"
+    );
+    assert!(found.attributed.is_empty(), "no peers to compare with");
+    assert_eq!(found.serving, ["a"]);
 }
 
 #[test]
@@ -462,6 +491,20 @@ fn params_validate_with_field_names() {
             ..d()
         }),
         "truncated_min_odds_ratio"
+    );
+    assert_eq!(
+        bad(LengthOutlierParams {
+            attribution_alpha: 0.5,
+            ..d()
+        }),
+        "attribution_alpha"
+    );
+    assert_eq!(
+        bad(LengthOutlierParams {
+            attribution_min_outliers: 0,
+            ..d()
+        }),
+        "attribution_min_outliers"
     );
     let old: LengthOutlierParams = serde_json::from_str(r#"{"window": 200}"#).unwrap();
     assert_eq!(

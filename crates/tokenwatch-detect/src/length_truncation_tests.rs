@@ -61,11 +61,11 @@ fn the_truncated_share_is_tested_against_the_models_own_truncation_rate() {
         at += 100;
     }
     let found = d.evaluate(at);
-    let scopes: Vec<&str> = found.iter().map(|(s, _)| s.as_str()).collect();
-    assert_eq!(scopes, ["", "a"], "80 % truncated against 10 %");
+    assert_eq!(found.scopes(), ["", "a"], "80 % truncated against 10 %");
+    let model = found.model.iter().map(|f| ("", f));
+    let all = model.chain(found.instances.iter().map(|(i, f)| (i.as_str(), f)));
     assert!(
-        found
-            .iter()
+        all.into_iter()
             .all(|(_, f)| f.evidence["direction"] == "truncated")
     );
 }

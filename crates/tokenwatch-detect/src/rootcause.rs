@@ -271,7 +271,59 @@ pub fn rank_causes(
             .then(a.observed_delay_ms.cmp(&b.observed_delay_ms))
             .then(ia.cmp(ib))
     });
-    out.into_iter().map(|(_, c)| c).collect()
+    roots_first(out.into_iter().map(|(_, c)| c).collect())
+}
+
+/// Whether `upstream`'s chain to the effect runs through `mid` (an anomaly also observed) and
+/// `upstream` was seen no later than `mid`: then `mid` is a link of `upstream`'s chain, not a
+/// cause of its own.
+fn explains(upstream: &CauseCandidate, mid: &CauseCandidate) -> bool {
+    let inner = &upstream.path[1..upstream.path.len().saturating_sub(1).max(1)];
+    let mid_nodes = [mid.detector.clone(), format!("signal:{}", mid.signal)];
+    upstream.observed_delay_ms >= mid.observed_delay_ms
+        && inner.iter().any(|n| mid_nodes.contains(n))
+}
+
+/// The first cause of an observed chain ranks first: a leak seen before the KV pressure it
+/// causes, both before a latency spike, makes the leak the root cause even though the KV
+/// pressure is the closer (and by its single edge, more confident) one. Candidates explained by
+/// another one move behind every unexplained one, keeping their order otherwise; the root's
+/// summary names the links observed in between.
+fn roots_first(ranked: Vec<CauseCandidate>) -> Vec<CauseCandidate> {
+    let explained: Vec<bool> = ranked
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            ranked
+                .iter()
+                .enumerate()
+                .any(|(j, u)| j != i && explains(u, c))
+        })
+        .collect();
+    let mut roots = Vec::new();
+    let mut links = Vec::new();
+    for (c, is_link) in ranked.iter().zip(&explained) {
+        if *is_link {
+            links.push(c.clone());
+            continue;
+        }
+        let seen: Vec<&str> = ranked
+            .iter()
+            .filter(|m| explains(c, m))
+            .map(|m| m.detector.as_str())
+            .collect();
+        let mut c = c.clone();
+        if !seen.is_empty() {
+            c.summary = format!(
+                "root of an observed chain ({} seen in between) — {}",
+                seen.join(", "),
+                c.summary
+            );
+        }
+        roots.push(c);
+    }
+    roots.extend(links);
+    roots
 }
 
 #[cfg(test)]

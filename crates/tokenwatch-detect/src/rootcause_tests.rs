@@ -134,3 +134,59 @@ fn duplicates_keep_the_best_and_graph_is_configurable() {
     };
     assert!(bad.validate().is_err());
 }
+
+#[test]
+fn the_first_cause_of_an_observed_chain_ranks_first() {
+    // A leak, then the KV pressure it causes, then a latency spike: the KV pressure is the
+    // closer cause with the stronger single edge, but it is a link of the leak's chain.
+    let g = CausalGraph::default();
+    let p = RootCauseParams::default();
+    let spike = ev("latency_spike", "ttft_p99_seconds", T, &[("model_id", "m")]);
+    let candidates = vec![
+        ev(
+            "gpu_memory_leak",
+            "gpu_memory_used_bytes",
+            T - 50_000,
+            &[("model_id", "m")],
+        ),
+        ev(
+            "kv_cache_pressure",
+            "kv_cache_usage",
+            T - 30_000,
+            &[("model_id", "m")],
+        ),
+    ];
+    let ranked = rank_causes(&g, &spike, &candidates, &p);
+    assert_eq!(ranked.len(), 2, "{ranked:#?}");
+    assert!(
+        ranked[1].rank > ranked[0].rank,
+        "the link ranks higher on its own: {ranked:#?}"
+    );
+    assert_eq!(ranked[0].detector, "gpu_memory_leak", "{ranked:#?}");
+    assert!(
+        ranked[0]
+            .summary
+            .contains("kv_cache_pressure seen in between"),
+        "{}",
+        ranked[0].summary
+    );
+    assert_eq!(ranked[1].detector, "kv_cache_pressure");
+
+    // KV pressure that began before the leak was seen is not the leak's doing: it stays first.
+    let earlier = vec![
+        ev(
+            "gpu_memory_leak",
+            "gpu_memory_used_bytes",
+            T - 20_000,
+            &[("model_id", "m")],
+        ),
+        ev(
+            "kv_cache_pressure",
+            "kv_cache_usage",
+            T - 30_000,
+            &[("model_id", "m")],
+        ),
+    ];
+    let ranked = rank_causes(&g, &spike, &earlier, &p);
+    assert_eq!(ranked[0].detector, "kv_cache_pressure", "{ranked:#?}");
+}

@@ -58,6 +58,24 @@ pub struct SimArgs {
     /// Prefill cost per prompt token (ms).
     #[arg(long, default_value_t = 0.08)]
     pub prefill_ms_per_token: f64,
+    /// Slow speed drift: the base TTFT, prefill and decode step times are multiplied by
+    /// 1 + AMPLITUDE·(0.7·sin(2πt/P + φ1) + 0.3·sin(2πt/(0.37·P) + φ2)), t = time since start,
+    /// P = --speed-drift-period, phases from --seed. A fraction in [0, 0.9]; 0 = off.
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "AMPLITUDE",
+        default_value_t = 0.0
+    )]
+    pub speed_drift: f64,
+    /// Main period of --speed-drift (seconds, > 0).
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "SECONDS",
+        default_value_t = 600.0
+    )]
+    pub speed_drift_period: f64,
     /// Simulated GPU memory (GiB).
     #[arg(long, default_value_t = 80.0)]
     pub gpu_memory_gib: f64,
@@ -164,6 +182,8 @@ impl SimArgs {
                 itl_ms: self.itl_ms,
                 batch_slowdown: self.batch_slowdown,
                 prefill_ms_per_token: self.prefill_ms_per_token,
+                speed_drift: self.speed_drift,
+                speed_drift_period_s: self.speed_drift_period,
                 default_max_tokens: self.max_tokens,
                 seed: self
                     .seed
@@ -190,6 +210,12 @@ impl SimArgs {
         }
         if !(self.prefill_ms_per_token.is_finite() && self.prefill_ms_per_token >= 0.0) {
             return bad("--prefill-ms-per-token must be a number >= 0");
+        }
+        if !(self.speed_drift.is_finite() && (0.0..=0.9).contains(&self.speed_drift)) {
+            return bad("--speed-drift must be a fraction in [0, 0.9]");
+        }
+        if !(self.speed_drift_period.is_finite() && self.speed_drift_period > 0.0) {
+            return bad("--speed-drift-period must be a number of seconds > 0");
         }
         if self.max_tokens == 0 || self.max_num_seqs == 0 || self.kv_blocks == 0 {
             return bad("--max-tokens, --max-num-seqs and --kv-blocks must be >= 1");
@@ -291,6 +317,49 @@ mod tests {
             "--reasoning-tokens",
             "--reasoning-field",
             "reasoning_content",
+        ] {
+            assert!(help.contains(s), "{s} missing:\n{help}");
+        }
+    }
+
+    #[test]
+    fn speed_drift_flags_default_off_validate_and_show_in_help() {
+        use clap::CommandFactory;
+        let a = SimArgs::default();
+        assert_eq!((a.speed_drift, a.speed_drift_period), (0.0, 600.0));
+        let cfg = &a.engine_configs().unwrap()[0];
+        assert_eq!((cfg.speed_drift, cfg.speed_drift_period_s), (0.0, 600.0));
+        let d = DefaultsOnly::try_parse_from([
+            "sim",
+            "--speed-drift",
+            "0.15",
+            "--speed-drift-period",
+            "240",
+        ])
+        .unwrap();
+        let cfg = &d.args.engine_configs().unwrap()[0];
+        assert_eq!((cfg.speed_drift, cfg.speed_drift_period_s), (0.15, 240.0));
+        for (flag, value) in [
+            ("--speed-drift", "0.95"),
+            ("--speed-drift", "-0.1"),
+            ("--speed-drift", "NaN"),
+            ("--speed-drift-period", "0"),
+            ("--speed-drift-period", "-5"),
+            ("--speed-drift-period", "inf"),
+        ] {
+            let d = DefaultsOnly::try_parse_from(["sim", flag, value]).unwrap();
+            let err = d.args.engine_configs().unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("{flag} must")),
+                "{flag} {value}: {err}"
+            );
+        }
+        let d = DefaultsOnly::try_parse_from(["sim", "--speed-drift", "0.9"]).unwrap();
+        assert!(d.args.engine_configs().is_ok());
+        let help = DefaultsOnly::command().render_help().to_string();
+        for s in [
+            "--speed-drift <AMPLITUDE>",
+            "--speed-drift-period <SECONDS>",
         ] {
             assert!(help.contains(s), "{s} missing:\n{help}");
         }

@@ -328,3 +328,23 @@ async fn bad_start_fault_is_an_error() {
     };
     assert!(serve(args, listener, async {}).await.is_err());
 }
+
+#[tokio::test]
+async fn out_of_range_speed_drift_is_an_error_naming_the_flag() {
+    for (amplitude, period, flag) in [
+        (1.5, 600.0, "--speed-drift"),
+        (0.1, 0.0, "--speed-drift-period"),
+    ] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let args = SimArgs {
+            speed_drift: amplitude,
+            speed_drift_period: period,
+            ..fast_args(&["m1"])
+        };
+        let err = serve(args, listener, async {})
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("{flag} must")), "{err}");
+    }
+}

@@ -85,3 +85,35 @@ async fn reasoning_delays_the_first_answer_token() {
         "first answer token after {ttft:?}"
     );
 }
+
+/// `--speed-drift` reaches the running server: with a seed whose drift starts slow (factor
+/// ≥ 1.7 over the first minute), no request finishes before 1.6 × the base TTFT. A lower
+/// bound only, so CPU contention cannot break it; the drift's own shape is unit-tested.
+#[tokio::test]
+async fn speed_drift_slows_a_served_engine() {
+    use tokenwatch_sim::engine::SpeedDrift;
+    let slow_start = |seed: u64| {
+        let d = SpeedDrift::new(0.9, 600.0, seed);
+        (0..=120).all(|i| d.factor(f64::from(i) * 0.5) >= 1.7)
+    };
+    let seed = (0..10_000u64)
+        .find(|s| slow_start(*s))
+        .expect("a seed whose drift starts slow");
+    let args = SimArgs {
+        ttft_ms: 50.0,
+        itl_ms: 1.0,
+        seed,
+        speed_drift: 0.9,
+        speed_drift_period: 600.0,
+        ..fast_args(&["m1"])
+    };
+    let sim = start(args).await;
+    let body = json!({"messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":1});
+    for _ in 0..5 {
+        let (_, _, end, _) = sim.timed_stream("/v1/chat/completions", body.clone()).await;
+        assert!(
+            end >= Duration::from_millis(80),
+            "request done after {end:?}, before the drifted TTFT"
+        );
+    }
+}

@@ -5,7 +5,7 @@
 // Alertmanager groups per incident and top-1 root cause; prints the table and writes it into
 // BENCHMARKS.md (section "## Alert quality", between markers).
 //
-// Run: `cargo bench -p tokenwatch --bench alert_quality` (~39 min) or with `-- --quick` (~18 min).
+// Run: `cargo bench -p tokenwatch --bench alert_quality` (~39 min) or with `-- --quick` (~31 min).
 // Needs /usr/bin/prometheus-alertmanager (Debian's `prometheus-alertmanager`). Environment:
 // ALERT_QUALITY_QUICK=1 (same as --quick), ALERT_QUALITY_SCENARIOS=healthy,error_burst,…
 // (names: healthy, latency_spike, error_burst, length_blowup, gpu_leak, leak_then_latency),
@@ -120,8 +120,8 @@ async fn run(quick: bool) {
     );
     let section = format!(
         "## Alert quality\n\n{START}\n`{command}` — {}, load average {} → {}.\n\n\
-         Fleet: `{MODEL_A}` on 4 simulator instances, `{MODEL_B}` on 2 (each with its own speed ±20 %), one \
-         tokenwatch proxying them as pools (fewest in flight) and scraping each every second, the \
+         Fleet: `{MODEL_A}` on 4 simulator instances, `{MODEL_B}` on 2 (each with its own speed ±20 % and a slow \
+         drift of ±15 % around it, main period 4–7 min per instance), one tokenwatch proxying them as pools (fewest in flight) and scraping each every second, the \
          default rules, Alertmanager grouping by `incident_id`. Load: Poisson arrivals, mean {rps} req/s \
          swinging ±40 % (sinusoid + random walk), log-normal prompts (median 180 tokens, 4 % Pareto tail \
          up to 6,000) and max_tokens (median 160), model mix drifting ±10 %. Each scenario starts a \

@@ -1,5 +1,5 @@
-// Continuous-batching core of one engine, free of I/O and clocks: admission
-// from a FIFO queue, KV allocation, preemption, one token per running sequence per step.
+// Continuous-batching core of one engine, free of I/O and driven by the caller's clock:
+// admission from a FIFO queue, KV allocation, preemption, one token per running sequence per step.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,6 +13,7 @@ use super::EngineConfig;
 use super::kv::KvCache;
 use super::sampling::{apply_request_faults, output_length};
 use super::seq::{SeqEvent, SeqState, Sequence, SubmitRequest};
+use super::speed::SpeedDrift;
 use crate::fault::FaultBoard;
 use crate::metrics::{EngineStats, FinishReason};
 use crate::vocab::token_text;
@@ -32,6 +33,11 @@ pub struct EngineCore {
     /// until the fault goes away), and when the per-second part of it was last added.
     leaked_bytes: f64,
     leak_tick: Option<Instant>,
+    /// Slow speed drift, measured from `epoch`; `speed` is its factor at the last
+    /// scheduling pass (it multiplies base TTFT, prefill and the decode step).
+    drift: SpeedDrift,
+    epoch: Instant,
+    speed: f64,
 }
 
 fn ms(v: f64) -> Duration {
@@ -39,9 +45,13 @@ fn ms(v: f64) -> Duration {
 }
 
 impl EngineCore {
+    /// A new engine; its speed drift is timed from now (see [`EngineCore::with_epoch`]).
     pub fn new(cfg: Arc<EngineConfig>, board: Arc<FaultBoard>) -> EngineCore {
         let stats = EngineStats::new(cfg.kv_blocks, cfg.max_model_len);
         EngineCore {
+            drift: SpeedDrift::new(cfg.speed_drift, cfg.speed_drift_period_s, cfg.seed),
+            epoch: Instant::now(),
+            speed: 1.0,
             kv: KvCache::new(cfg.kv_blocks),
             rng: StdRng::seed_from_u64(cfg.seed),
             stats: Arc::new(Mutex::new(stats)),
@@ -52,6 +62,25 @@ impl EngineCore {
             leak_tick: None,
             cfg,
             board,
+        }
+    }
+
+    /// Time the speed drift from `epoch` instead of from the engine's creation.
+    pub fn with_epoch(mut self, epoch: Instant) -> EngineCore {
+        self.epoch = epoch;
+        self
+    }
+
+    /// The speed factor in use (1 without drift; above 1 is slower).
+    pub fn speed(&self) -> f64 {
+        self.speed
+    }
+
+    /// Recompute the drift factor for `now` (once per scheduling pass, not per token).
+    fn update_speed(&mut self, now: Instant) {
+        if self.drift.is_on() {
+            let t = now.saturating_duration_since(self.epoch).as_secs_f64();
+            self.speed = self.drift.factor(t);
         }
     }
 
@@ -184,6 +213,7 @@ impl EngineCore {
     pub fn schedule(&mut self, now: Instant) {
         let leak_rate = self.board.effects(&self.cfg.model, now).leak_bytes_per_s;
         self.accrue_leak(now, leak_rate);
+        self.update_speed(now);
         let stats = Arc::clone(&self.stats);
         let mut st = Self::lock_stats(&stats);
         // Prefill work slows the next decode step only if there is one to slow.
@@ -223,7 +253,7 @@ impl EngineCore {
             if decoding {
                 self.step_prefill_ms += prefill_ms;
             }
-            let ready_at = now + ms((self.cfg.ttft_ms + prefill_ms) * seq.slow);
+            let ready_at = now + ms((self.cfg.ttft_ms + prefill_ms) * self.speed * seq.slow);
             seq.state = SeqState::Prefilling { ready_at };
             self.running.push(seq);
         }
@@ -238,10 +268,12 @@ impl EngineCore {
         st.leaked_bytes = self.leaked_bytes as u64;
     }
 
-    /// Decode step time for the current batch: itl × (1 + α·(n−1)) plus admitted prefill work.
+    /// Decode step time for the current batch: itl × (1 + α·(n−1)) plus admitted prefill work,
+    /// times the drift factor.
     pub fn step_duration(&self) -> Duration {
         let n = self.running.len().max(1) as f64;
-        ms(self.cfg.itl_ms * (1.0 + self.cfg.batch_slowdown * (n - 1.0)) + self.step_prefill_ms)
+        let base = self.cfg.itl_ms * (1.0 + self.cfg.batch_slowdown * (n - 1.0));
+        ms((base + self.step_prefill_ms) * self.speed)
     }
 
     /// Whether a decode step is due (some sequence decodes and is not stalled).

@@ -17,6 +17,8 @@ fn config() -> EngineConfig {
         itl_ms: 10.0,
         batch_slowdown: 0.03,
         prefill_ms_per_token: 0.0,
+        speed_drift: 0.0,
+        speed_drift_period_s: 600.0,
         default_max_tokens: 256,
         seed: 1,
         gpu_total_bytes: 80 << 30,
@@ -396,3 +398,61 @@ fn reasoning_tokens_come_first_and_take_decode_steps() {
 
 #[path = "leak_tests.rs"]
 mod leak;
+
+/// With --speed-drift, an idle engine's TTFT at time t is the base TTFT times the drift factor
+/// at t (virtual time: the engine is driven 10 minutes ahead of its epoch without waiting).
+#[test]
+fn speed_drift_scales_ttft_and_itl_over_time() {
+    let cfg = EngineConfig {
+        ttft_ms: 100.0,
+        itl_ms: 20.0,
+        prefill_ms_per_token: 0.5,
+        speed_drift: 0.2,
+        speed_drift_period_s: 600.0,
+        seed: 7,
+        ..config()
+    };
+    let drift = SpeedDrift::new(0.2, 600.0, 7);
+    // The slowest and fastest moments of the first period, to the second.
+    let grid: Vec<u64> = (0..600).collect();
+    let factor = |t: u64| drift.factor(t as f64);
+    let slowest = *grid
+        .iter()
+        .max_by(|a, b| factor(**a).total_cmp(&factor(**b)))
+        .unwrap();
+    let fastest = *grid
+        .iter()
+        .min_by(|a, b| factor(**a).total_cmp(&factor(**b)))
+        .unwrap();
+    assert!(factor(slowest) - factor(fastest) > 0.15);
+    let measure = |t: u64| {
+        let epoch = Instant::now();
+        let board = Arc::new(FaultBoard::default());
+        let mut core = EngineCore::new(Arc::new(cfg.clone()), board).with_epoch(epoch);
+        let now = epoch + Duration::from_secs(t);
+        let _rx = submit(&mut core, 40, Some(5), now);
+        run_idle(&mut core, now);
+        let st = stats(&core);
+        (st.ttft.mean(), st.itl.mean(), core.speed())
+    };
+    for t in [slowest, fastest] {
+        let (ttft, itl, speed) = measure(t);
+        let f = factor(t);
+        assert!((speed - f).abs() < 1e-3, "t={t}: speed {speed} vs {f}");
+        // TTFT = (base + 40 prompt tokens × 0.5 ms) × factor; ITL = 20 ms × factor.
+        let want = 0.120 * f;
+        assert!((ttft - want).abs() < 1e-4, "t={t}: ttft {ttft} vs {want}");
+        assert!(
+            (itl - 0.020 * f).abs() < 1e-4,
+            "t={t}: itl {itl} vs {}",
+            0.020 * f
+        );
+    }
+    // Without drift the same engine keeps its base speed at any time.
+    let mut core = core_with(config(), &[]);
+    let now = Instant::now() + Duration::from_secs(slowest);
+    let _rx = submit(&mut core, 8, Some(3), now);
+    run_idle(&mut core, now);
+    assert_eq!(core.speed(), 1.0);
+    assert!((stats(&core).ttft.mean() - 0.010).abs() < 1e-6);
+}

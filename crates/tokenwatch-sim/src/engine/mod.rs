@@ -5,11 +5,13 @@ mod batcher;
 mod kv;
 mod sampling;
 mod seq;
+mod speed;
 mod task;
 
 pub use batcher::EngineCore;
 pub use kv::KvCache;
 pub use seq::{SeqEvent, SubmitRequest};
+pub use speed::SpeedDrift;
 
 use std::sync::{Arc, Mutex};
 
@@ -31,6 +33,10 @@ pub struct EngineConfig {
     pub itl_ms: f64,
     pub batch_slowdown: f64,
     pub prefill_ms_per_token: f64,
+    /// Amplitude of the slow speed drift (fraction; 0 = off), see [`SpeedDrift`].
+    pub speed_drift: f64,
+    /// Main period of the speed drift (seconds).
+    pub speed_drift_period_s: f64,
     pub default_max_tokens: u32,
     pub seed: u64,
     pub gpu_total_bytes: u64,

@@ -1,5 +1,6 @@
-// The fleet under test: one `tokenwatch sim` process per (model, instance) with its own speed
-// and seed, one `tokenwatch run` pooling and scraping them all, and a real Alertmanager.
+// The fleet under test: one `tokenwatch sim` process per (model, instance) with its own speed,
+// slow speed drift and seed, one `tokenwatch run` pooling and scraping them all, and a real
+// Alertmanager.
 
 use super::procs::{self, Proc, client, free_addr, http, wait_ready};
 use std::net::SocketAddr;
@@ -13,6 +14,10 @@ pub struct InstanceSpec {
     pub name: String,
     pub ttft_ms: f64,
     pub itl_ms: f64,
+    /// Slow speed drift (`tokenwatch sim --speed-drift`, fraction; 0 = none) and its main
+    /// period (`--speed-drift-period`, seconds).
+    pub speed_drift: f64,
+    pub speed_drift_period_s: f64,
     pub seed: u64,
 }
 
@@ -31,7 +36,8 @@ pub struct FleetSpec {
 
 impl FleetSpec {
     /// `layout`: (model, instances). Each instance gets its own speed (±20 % around the base,
-    /// deterministic) so instances of one model differ the way real nodes do.
+    /// deterministic) so instances of one model differ the way real nodes do, and drifts slowly
+    /// around it (±15 %, its own main period of 4–7 min, phases from its seed).
     pub fn new(layout: &[(&str, usize)], seed: u64) -> FleetSpec {
         let mut instances = Vec::new();
         for (m, (model, n)) in layout.iter().enumerate() {
@@ -39,11 +45,14 @@ impl FleetSpec {
             for i in 0..*n {
                 let k = (m * 7 + i * 3) % 9;
                 let speed = 0.82 + 0.045 * k as f64;
+                let drift_period_s = 240.0 + 30.0 * ((m * 5 + i * 3) % 7) as f64;
                 instances.push(InstanceSpec {
                     model: model.to_string(),
                     name: format!("{short}-{i}"),
                     ttft_ms: (45.0 + 10.0 * m as f64) * speed,
                     itl_ms: (9.0 + 2.0 * m as f64) * (2.0 - speed),
+                    speed_drift: 0.15,
+                    speed_drift_period_s: drift_period_s,
                     seed: seed.wrapping_mul(1000).wrapping_add((m * 100 + i) as u64),
                 });
             }
@@ -127,6 +136,10 @@ impl Fleet {
                 format!("{:.1}", inst.ttft_ms),
                 "--itl-ms".into(),
                 format!("{:.2}", inst.itl_ms),
+                "--speed-drift".into(),
+                format!("{}", inst.speed_drift),
+                "--speed-drift-period".into(),
+                format!("{}", inst.speed_drift_period_s),
                 "--seed".into(),
                 inst.seed.to_string(),
                 "--kv-blocks".into(),

@@ -171,7 +171,9 @@ impl Timing {
     pub fn quick() -> Timing {
         Timing {
             healthy_s: 180,
-            warmup_s: 90,
+            // Past the length rule's 2 min window, so its reference (responses older than the
+            // window) is there when the fault starts, as on any fleet running for minutes.
+            warmup_s: 150,
             fault_s: 150,
             cooldown_s: 20,
             tail_s: 30,

@@ -276,6 +276,7 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   summary: "P99 TTFT of {{ labels.model_id }} {{ labels.instance }} above its context-aware threshold"
 - name: output_length_outlier
   detector: output_length_outlier
+  group_by: [model_id, instance]
   window: 2m
   for: 30s
   severity: warning

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokenwatch_core::aggregate::{Aggregator, Rollup};
-use tokenwatch_core::model::RequestRecord;
+use tokenwatch_core::model::{FirstToken, RequestRecord};
 use tokio::sync::mpsc;
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +28,11 @@ pub trait RecordSink: Send {
     fn consume_rollups(&mut self, _rollups: &[Rollup]) -> Result<(), SinkError> {
         Ok(())
     }
+    /// First tokens of responses still streaming (see `FirstToken`); most sinks wait for the
+    /// record instead.
+    fn consume_first_tokens(&mut self, _first: &[FirstToken]) -> Result<(), SinkError> {
+        Ok(())
+    }
     /// Housekeeping at most every `maintenance_interval` (retention, for example).
     fn maintain(&mut self, _now_unix_ms: i64) -> Result<(), SinkError> {
         Ok(())
@@ -39,6 +44,9 @@ pub trait RecordSink: Send {
 #[derive(Clone)]
 pub struct TelemetryQueue {
     tx: mpsc::Sender<RequestRecord>,
+    /// First tokens, ahead of their records. One that finds the queue full is dropped
+    /// uncounted: its record carries the same time, only later.
+    first: mpsc::Sender<FirstToken>,
     metrics: Arc<Metrics>,
 }
 
@@ -50,6 +58,11 @@ impl TelemetryQueue {
                 self.metrics.dropped_records.inc();
             }
         }
+    }
+
+    /// Report a response's first token while it is still streaming; never waits.
+    pub fn first_token(&self, first: FirstToken) {
+        let _ = self.first.try_send(first);
     }
 
     /// The queue's capacity (`telemetry.queue_capacity`).
@@ -102,11 +115,12 @@ impl Pipeline {
         metrics: Arc<Metrics>,
     ) -> (Pipeline, TelemetryQueue) {
         let (tx, rx) = mpsc::channel(cfg.queue_capacity);
+        let (first, first_rx) = mpsc::channel(cfg.queue_capacity);
         metrics.queue_capacity.set(cfg.queue_capacity as i64);
-        let queue = TelemetryQueue { tx, metrics: metrics.clone() };
+        let queue = TelemetryQueue { tx, first, metrics: metrics.clone() };
         let handle = tokio::runtime::Handle::current();
         let close = Arc::new(AtomicBool::new(false));
-        let worker = Worker { cfg, aggregator, sinks, metrics, rx, handle, close: close.clone() };
+        let worker = Worker { cfg, aggregator, sinks, metrics, rx, first_rx, handle, close: close.clone() };
         let thread = std::thread::Builder::new()
             .name("tokenwatch-pipeline".into())
             .spawn(move || {
@@ -138,6 +152,7 @@ struct Worker {
     sinks: Vec<Box<dyn RecordSink>>,
     metrics: Arc<Metrics>,
     rx: mpsc::Receiver<RequestRecord>,
+    first_rx: mpsc::Receiver<FirstToken>,
     handle: tokio::runtime::Handle,
     close: Arc<AtomicBool>,
 }
@@ -152,6 +167,8 @@ pub fn now_unix_ms() -> i64 {
 impl Worker {
     fn run(mut self) {
         let mut batch = Vec::with_capacity(self.cfg.batch_max);
+        let mut firsts = Vec::with_capacity(self.cfg.batch_max);
+        let mut firsts_open = true;
         let mut last_maintenance = std::time::Instant::now();
         let mut last_roll_up = std::time::Instant::now();
         let mut refusing = false;
@@ -159,15 +176,39 @@ impl Worker {
             if !refusing && self.close.load(Ordering::Relaxed) {
                 // Queued records stay receivable; new sends fail (and are counted as dropped).
                 self.rx.close();
+                self.first_rx.close();
                 refusing = true;
             }
             let flush = self.cfg.flush_interval;
             let max = self.cfg.batch_max;
+            let (rx, first_rx) = (&mut self.rx, &mut self.first_rx);
+            let firsts_open = &mut firsts_open;
             let received = self.handle.block_on(async {
-                tokio::time::timeout(flush, self.rx.recv_many(&mut batch, max)).await
+                tokio::time::timeout(flush, async {
+                    tokio::select! {
+                        // First tokens first: each is sent before its request's record.
+                        biased;
+                        n = first_rx.recv_many(&mut firsts, max), if *firsts_open => {
+                            *firsts_open = n > 0;
+                            None
+                        }
+                        n = rx.recv_many(&mut batch, max) => Some(n),
+                    }
+                })
+                .await
             });
-            let closed = matches!(received, Ok(0));
+            let closed = matches!(received, Ok(Some(0)));
+            // A first token sent just before its record was received must reach the sinks first.
+            while firsts.len() < max
+                && let Ok(f) = self.first_rx.try_recv()
+            {
+                firsts.push(f);
+            }
             self.metrics.queue_depth.set(self.rx.len() as i64);
+            if !firsts.is_empty() {
+                self.process_first_tokens(&firsts);
+                firsts.clear();
+            }
             if !batch.is_empty() {
                 self.process(&batch);
                 batch.clear();
@@ -202,6 +243,14 @@ impl Worker {
         for sink in &mut self.sinks {
             if let Err(e) = sink.consume(batch) {
                 tracing::warn!(sink = sink.name(), error = %e, "sink failed on a batch");
+            }
+        }
+    }
+
+    fn process_first_tokens(&mut self, firsts: &[FirstToken]) {
+        for sink in &mut self.sinks {
+            if let Err(e) = sink.consume_first_tokens(firsts) {
+                tracing::warn!(sink = sink.name(), error = %e, "sink failed on first tokens");
             }
         }
     }

@@ -281,7 +281,10 @@ pub fn write_auth_files(dir: &Path, tokens: &str) -> (PathBuf, PathBuf) {
     let config = dir.join("tw.yaml");
     std::fs::write(
         &config,
-        format!("auth:\n  tokens_file: {}\n  reload_interval: 200ms\n", tokens_file.display()),
+        format!(
+            "auth:\n  tokens_file: {}\n  reload_interval: 200ms\n",
+            tokens_file.display()
+        ),
     )
     .unwrap();
     (tokens_file, config)
@@ -291,7 +294,10 @@ pub fn write_auth_files(dir: &Path, tokens: &str) -> (PathBuf, PathBuf) {
 /// `dir/data`, `extra` arguments appended (`-c FILE`, `--auth-tokens FILE` …), and wait until
 /// it is ready.
 pub async fn start_collector(dir: &Path, api: SocketAddr, extra: &[&str]) -> Proc {
-    let (a, d) = (api.to_string(), dir.join("data").to_string_lossy().into_owned());
+    let (a, d) = (
+        api.to_string(),
+        dir.join("data").to_string_lossy().into_owned(),
+    );
     let mut args = vec!["run", "--listen", &a, "--no-otlp", "--data-dir", &d];
     args.extend_from_slice(extra);
     let tw = Proc::start("tokenwatch", &args, dir);

@@ -226,6 +226,7 @@ mod tests {
             ok: true,
             server_failure: false,
             finish_reason: String::new(),
+            ttft_early: false,
         };
         let recs = [r(3.0), r(2.0)];
         let refs: Vec<&Rec> = recs.iter().collect();

@@ -8,7 +8,7 @@ use crate::pipeline::{RecordSink, SinkError, now_unix_ms};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokenwatch_core::model::RequestRecord;
+use tokenwatch_core::model::{FirstToken, RequestRecord};
 use tokio::sync::{Notify, mpsc};
 
 /// One output embedding of a model at a time.
@@ -25,6 +25,8 @@ pub struct EmbeddingInput {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
     Record(Rec),
+    /// A request's first token while it still streams (`Rec::from_first_token`).
+    FirstToken(Rec),
     Embedding(EmbeddingInput),
     Prefix(PrefixAccess),
 }
@@ -76,6 +78,15 @@ impl RecordSink for AlertSink {
         "alerting"
     }
 
+    fn consume_first_tokens(&mut self, first: &[FirstToken]) -> Result<(), SinkError> {
+        for f in first {
+            self.feed
+                .try_send(Input::FirstToken(Rec::from_first_token(f)));
+        }
+        self.feed.wake.notify_one();
+        Ok(())
+    }
+
     fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError> {
         let now = now_unix_ms();
         for r in batch {
@@ -115,6 +126,7 @@ pub fn drain(rx: &mut mpsc::Receiver<Input>, inputs: &mut Inputs) -> Vec<Rec> {
     while let Ok(i) = rx.try_recv() {
         match i {
             Input::Record(r) => records.push(r),
+            Input::FirstToken(r) => inputs.add_first_token(r),
             Input::Embedding(e) => inputs.add_embedding(e),
             Input::Prefix(p) => inputs.add_prefix(p),
         }

@@ -3,8 +3,8 @@
 // embeddings and prefix-cache accesses of records or of `POST /api/v1/embeddings`.
 
 use super::vectors::{EmbeddingSamples, PrefixLog};
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use tokenwatch_core::model::RequestRecord;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use tokenwatch_core::model::{FirstToken, RequestRecord};
 use tokenwatch_core::signals::SignalBoard;
 
 pub use super::feed::{AlertSink, EmbeddingInput, EngineFeed, Input, drain};
@@ -32,6 +32,9 @@ pub struct Rec {
     /// Counts against the success-rate SLO (client 4xx and cancelled requests do not).
     pub server_failure: bool,
     pub finish_reason: String,
+    /// The record of a request whose first token was reported while it streamed: that early
+    /// copy stands for its TTFT in time-to-first-token windows, this one does not.
+    pub ttft_early: bool,
 }
 
 impl Rec {
@@ -54,6 +57,31 @@ impl Rec {
             ok: r.is_success(),
             server_failure: r.is_server_failure(),
             finish_reason: r.finish_reason.clone(),
+            ttft_early: false,
+        }
+    }
+
+    /// The early copy of a request that has its first token: TTFT only, timed at the token.
+    pub fn from_first_token(f: &FirstToken) -> Rec {
+        Rec {
+            model: f.model_id.clone(),
+            instance: f.instance.clone(),
+            ab_group: String::new(),
+            prompt_version: String::new(),
+            trace_id: String::new(),
+            request_id: f.request_id.clone(),
+            at_ms: f.arrival_unix_ms + (f.first_token_s.max(0.0) * 1000.0) as i64,
+            ttft: Some(f.first_token_s),
+            e2e: f.first_token_s,
+            itl: None,
+            queue: None,
+            headers: None,
+            prompt_tokens: None,
+            output_tokens: None,
+            ok: true,
+            server_failure: false,
+            finish_reason: String::new(),
+            ttft_early: false,
         }
     }
 
@@ -78,6 +106,10 @@ const SLO_RETENTION_MS: i64 = 6 * 3_600_000;
 /// Per-model recent records, SLO counters, sampled embeddings and prefix-cache accesses.
 pub struct Inputs {
     records: HashMap<String, VecDeque<Rec>>,
+    /// Early copies of requests that have their first token (`Rec::from_first_token`).
+    first_tokens: HashMap<String, VecDeque<Rec>>,
+    /// Per model, the request ids in `first_tokens` whose records have not arrived yet.
+    awaiting_record: HashMap<String, HashSet<String>>,
     /// (bucket start, bad, total) per model, 10 s buckets over 6 h.
     slo: HashMap<String, VecDeque<(i64, u64, u64)>>,
     embeddings: HashMap<String, EmbeddingSamples>,
@@ -92,6 +124,8 @@ impl Inputs {
     pub fn new(retention_ms: i64, cap_per_model: usize) -> Inputs {
         Inputs {
             records: HashMap::new(),
+            first_tokens: HashMap::new(),
+            awaiting_record: HashMap::new(),
             slo: HashMap::new(),
             embeddings: HashMap::new(),
             prefixes: HashMap::new(),
@@ -153,7 +187,30 @@ impl Inputs {
         self.prefixes.get(model)
     }
 
-    pub fn ingest(&mut self, r: Rec) {
+    /// A request's first token, ahead of its record (ids must be unique to be matched; a
+    /// request without one is counted by its record instead).
+    pub fn add_first_token(&mut self, r: Rec) {
+        if r.request_id.is_empty() {
+            return;
+        }
+        self.awaiting_record
+            .entry(r.model.clone())
+            .or_default()
+            .insert(r.request_id.clone());
+        let q = self.first_tokens.entry(r.model.clone()).or_default();
+        if q.len() >= self.cap_per_model
+            && let Some(old) = q.pop_front()
+            && let Some(ids) = self.awaiting_record.get_mut(&old.model)
+        {
+            ids.remove(&old.request_id);
+        }
+        q.push_back(r);
+    }
+
+    pub fn ingest(&mut self, mut r: Rec) {
+        if let Some(ids) = self.awaiting_record.get_mut(&r.model) {
+            r.ttft_early = ids.remove(&r.request_id);
+        }
         let b = self.slo.entry(r.model.clone()).or_default();
         let bucket = r.at_ms - r.at_ms.rem_euclid(SLO_BUCKET_MS);
         match b.back_mut() {
@@ -183,6 +240,19 @@ impl Inputs {
             }
         }
         self.records.retain(|_, q| !q.is_empty());
+        for (model, q) in self.first_tokens.iter_mut() {
+            while let Some(r) = q.front() {
+                if now - r.at_ms <= keep {
+                    break;
+                }
+                if let Some(ids) = self.awaiting_record.get_mut(model) {
+                    ids.remove(&r.request_id);
+                }
+                q.pop_front();
+            }
+        }
+        self.first_tokens.retain(|_, q| !q.is_empty());
+        self.awaiting_record.retain(|_, ids| !ids.is_empty());
         for b in self.slo.values_mut() {
             while b
                 .front()
@@ -217,6 +287,32 @@ impl Inputs {
             .into_iter()
             .flatten()
             .filter(move |r| r.at_ms > from && r.at_ms <= to)
+    }
+
+    /// What a latency rule reads of `signal` in `(from, to]`: the records, except that for
+    /// `ttft` a request is counted when its first token arrived (the early copy, see
+    /// `add_first_token`), not when it ended — a slow stream's record comes seconds later.
+    pub fn latency_window<'a>(
+        &'a self,
+        model: &'a str,
+        signal: &str,
+        from: i64,
+        to: i64,
+    ) -> impl Iterator<Item = &'a Rec> + 'a {
+        let ttft = signal == "ttft";
+        let early = if ttft {
+            self.first_tokens.get(model)
+        } else {
+            None
+        };
+        self.window(model, from, to)
+            .filter(move |r| !(ttft && r.ttft_early))
+            .chain(
+                early
+                    .into_iter()
+                    .flatten()
+                    .filter(move |r| r.at_ms > from && r.at_ms <= to),
+            )
     }
 
     /// (bad, total) of `model` over the last `span_ms`.
@@ -333,6 +429,7 @@ mod tests {
             ok,
             server_failure: !ok,
             finish_reason: "stop".into(),
+            ttft_early: false,
         }
     }
 
@@ -349,6 +446,43 @@ mod tests {
         i.prune(100_000);
         assert!(i.window("m", 0, 39_000).next().is_none());
         assert_eq!(i.models(), vec!["m".to_string()]);
+    }
+
+    #[test]
+    fn a_first_token_counts_its_request_once_at_the_token() {
+        let mut i = Inputs::new(60_000, 1000);
+        let first = FirstToken {
+            request_id: "r1".into(),
+            model_id: "m".into(),
+            instance: "a".into(),
+            arrival_unix_ms: 10_000,
+            first_token_s: 2.0,
+        };
+        i.add_first_token(Rec::from_first_token(&first));
+        // Before the record: the TTFT is known at 12 s; other signals know nothing yet.
+        let ttft: Vec<f64> = values(i.latency_window("m", "ttft", 11_000, 13_000), "ttft");
+        assert_eq!(ttft, vec![2.0]);
+        assert_eq!(i.latency_window("m", "e2e", 0, 100_000).count(), 0);
+        assert_eq!(i.window("m", 0, 100_000).count(), 0);
+        // The record (ended at 30 s) is not counted a second time for TTFT, but is for e2e.
+        let mut r = rec("m", 30_000, 2.0, true);
+        r.request_id = "r1".into();
+        i.ingest(r);
+        assert_eq!(i.latency_window("m", "ttft", 0, 100_000).count(), 1);
+        assert_eq!(i.latency_window("m", "ttft", 29_000, 31_000).count(), 0);
+        assert_eq!(i.latency_window("m", "e2e", 29_000, 31_000).count(), 1);
+        // A record without an early copy (OTLP, non-streaming) counts when it ends.
+        let mut other = rec("m", 40_000, 3.0, true);
+        other.request_id = "r2".into();
+        i.ingest(other);
+        assert_eq!(
+            values(i.latency_window("m", "ttft", 39_000, 41_000), "ttft"),
+            vec![3.0]
+        );
+        // Pruning forgets the early copies with the records.
+        i.prune(200_000);
+        assert_eq!(i.latency_window("m", "ttft", 0, 200_000).count(), 0);
+        assert!(i.awaiting_record.is_empty() && i.first_tokens.is_empty());
     }
 
     #[test]

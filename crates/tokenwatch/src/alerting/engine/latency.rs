@@ -117,7 +117,10 @@ fn scaled_by_instance<'a>(
     let mut timed: BTreeMap<&str, Vec<(i64, f64)>> = BTreeMap::new();
     for r in recs.iter().filter(|r| r.ok && r.at_ms <= now) {
         if let Some(v) = r.value(signal) {
-            timed.entry(r.instance.as_str()).or_default().push((r.at_ms, v));
+            timed
+                .entry(r.instance.as_str())
+                .or_default()
+                .push((r.at_ms, v));
         }
     }
     let (mut values, mut spans) = (BTreeMap::new(), BTreeMap::new());
@@ -220,6 +223,56 @@ fn instance_event(
     )
 }
 
+/// The fast path of the spike (`det::latency_exceedance`) on one instance's short window,
+/// when its share of slow requests is also over `peer_ratio` × its peers' share above the same
+/// line (None without peer traffic to compare with).
+fn fast_among_peers(
+    short: &BTreeMap<&str, Vec<f64>>,
+    instance: &str,
+    base: &[f64],
+    p: &det::LatencySpikeParams,
+) -> Option<det::Finding> {
+    let f = det::latency_exceedance(short.get(instance)?, base, p)?;
+    let line = f.evidence["slow_line_s"].as_f64()?;
+    let share = f.evidence["slow_share"].as_f64()?;
+    let (slow, n) = short
+        .iter()
+        .filter(|(i, _)| **i != instance)
+        .flat_map(|(_, v)| v.iter())
+        .fold((0u64, 0u64), |(s, n), v| (s + u64::from(*v > line), n + 1));
+    if n == 0 {
+        return None;
+    }
+    let peer_share = slow as f64 / n as f64;
+    (share > p.peer_ratio * peer_share).then(|| {
+        f.with("peer_slow_share", peer_share)
+            .with("peer_samples", n)
+    })
+}
+
+fn fast_instance_event(
+    f: det::Finding,
+    rule: &RuleSpec,
+    model: &str,
+    instance: &str,
+    now: i64,
+) -> AnomalyEvent {
+    let peer = f.evidence["peer_slow_share"].as_f64().unwrap_or(0.0);
+    let summary = format!(
+        "instance {instance}: {} (its peers: {:.1}% above that line)",
+        f.summary,
+        peer * 100.0
+    );
+    let mut f = f.with("window_s", rule.window_ms as f64 / 1000.0);
+    f.summary = summary;
+    f.into_event(
+        &rule.detector,
+        &latency_signal_name(&rule.signal),
+        labels(&[("model_id", model), ("instance", instance)]),
+        now,
+    )
+}
+
 fn model_event(f: det::Finding, rule: &RuleSpec, model: &str, now: i64) -> AnomalyEvent {
     f.with("window_s", rule.window_ms as f64 / 1000.0)
         .into_event(
@@ -254,7 +307,7 @@ fn baseline(
     }
     let covered = st.coverage(model);
     let mut v: Vec<f64> = inputs
-        .window(model, from, to)
+        .latency_window(model, signal, from, to)
         .filter(|r| r.ok)
         .filter(|r| instance.is_none_or(|i| r.instance == i))
         .filter(|r| !covered(r))
@@ -300,14 +353,16 @@ pub fn spike(
     let span = w * i64::from(p.baseline_windows.max(1));
     let max_hold = (p.max_hold_s * 1000.0) as i64;
     let refresh = (w / BASELINE_REFRESH_DIVISOR).max(100);
+    let fast_ms = (p.fast_window_s * 1000.0) as i64;
     let mut out = Vec::new();
     for m in cx.inputs.models() {
         let recs: Vec<&Rec> = cx
             .inputs
-            .window(&m, now - MAX_STRETCH_WINDOWS * w, now)
+            .latency_window(&m, &rule.signal, now - MAX_STRETCH_WINDOWS * w, now)
             .collect();
         let cur = by_instance(&recs, &rule.signal, now - w, now);
         let (scaled, spans) = scaled_by_instance(&recs, &rule.signal, now, w, p.min_samples);
+        let short = by_instance(&recs, &rule.signal, now - fast_ms, now);
         let period = (now - w - span, now - w);
         let mut flagged = BTreeSet::new();
         for i in named(&scaled) {
@@ -329,21 +384,19 @@ pub fn spike(
                 now,
             );
             let f = det::latency_spike(&scaled[i.as_str()], &base, p);
-            track(st, &m, &i, f.is_some(), &base, w, now);
+            let quick = fast_among_peers(&short, &i, &base, p);
+            track(st, &m, &i, f.is_some() || quick.is_some(), &base, w, now);
             // An instance out of line with its peers is left out of the model's window: named
             // when it spiked, and not the model's problem either way. One whose spike episode
             // is still open stays out even when a window's peer comparison wavers, so the
             // incident does not flip between the instance's alert and the model's.
-            let Some(cmp) =
-                outlier_among_peers(&scaled, &i, p.min_samples, p.min_tail_samples, p.peer_ratio)
-            else {
-                if st.get(&m, &i).frozen.is_some() {
-                    flagged.insert(i);
-                }
-                continue;
-            };
-            if let Some(f) = f {
-                out.push(instance_event(f, &cmp, rule, &m, &i, now));
+            let cmp =
+                outlier_among_peers(&scaled, &i, p.min_samples, p.min_tail_samples, p.peer_ratio);
+            match (f, cmp, quick) {
+                (Some(f), Some(cmp), _) => out.push(instance_event(f, &cmp, rule, &m, &i, now)),
+                (_, _, Some(q)) => out.push(fast_instance_event(q, rule, &m, &i, now)),
+                (_, None, None) if st.get(&m, &i).frozen.is_none() => continue,
+                _ => {}
             }
             flagged.insert(i);
         }
@@ -354,7 +407,8 @@ pub fn spike(
         }
         let current = model_window(&cur, &flagged);
         let base = baseline(st, &m, None, cx.inputs, &rule.signal, period, refresh, now);
-        let f = det::latency_spike(&current, &base, p);
+        let f = det::latency_spike(&current, &base, p)
+            .or_else(|| det::latency_exceedance(&model_window(&short, &flagged), &base, p));
         track(st, &m, "", f.is_some(), &base, w, now);
         if let Some(f) = f {
             let q = f.evidence["quantile"].as_f64().unwrap_or(det::P99);
@@ -377,7 +431,7 @@ pub fn absolute(
     for m in cx.inputs.models() {
         let recs: Vec<&Rec> = cx
             .inputs
-            .window(&m, now - MAX_STRETCH_WINDOWS * w, now)
+            .latency_window(&m, &rule.signal, now - MAX_STRETCH_WINDOWS * w, now)
             .collect();
         let cur = by_instance(&recs, &rule.signal, now - w, now);
         let (scaled, _) = scaled_by_instance(&recs, &rule.signal, now, w, p.min_samples);
@@ -430,7 +484,7 @@ pub fn context(
     for m in cx.inputs.models() {
         let recs: Vec<&Rec> = cx
             .inputs
-            .window(&m, now - w, now)
+            .latency_window(&m, &rule.signal, now - w, now)
             .filter(|r| r.ok)
             .collect();
         let cur = by_instance(&recs, &rule.signal, now - w, now);

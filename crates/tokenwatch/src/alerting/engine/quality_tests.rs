@@ -58,6 +58,7 @@ fn rec(model: &str, at_ms: i64, output_tokens: u64) -> Rec {
         ok: true,
         server_failure: false,
         finish_reason: "stop".into(),
+        ttft_early: false,
     }
 }
 

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokenwatch_core::model::{ErrorClass, GapSummary, RequestRecord};
+use tokenwatch_core::model::{ErrorClass, FirstToken, GapSummary, RequestRecord};
 use tokio::time::{Instant, Sleep};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -108,6 +108,15 @@ impl TapBody {
                     let r = &mut flight.record;
                     if r.first_token_s.is_none() {
                         r.first_token_s = Some(at.as_secs_f64());
+                        if r.labels.model_id != super::UNKNOWN_MODEL {
+                            flight.queue.first_token(FirstToken {
+                                request_id: r.request_id.clone(),
+                                model_id: r.labels.model_id.clone(),
+                                instance: r.labels.instance.clone(),
+                                arrival_unix_ms: r.arrival_unix_ms,
+                                first_token_s: at.as_secs_f64(),
+                            });
+                        }
                     }
                     let us = u32::try_from(at.as_micros()).unwrap_or(u32::MAX);
                     for _ in 0..fed.content_events {
