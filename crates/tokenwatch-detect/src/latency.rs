@@ -121,8 +121,10 @@ pub struct LatencySpikeParams {
     pub max_hold_s: f64,
     /// The fast path (`latency_exceedance`): its short window, in seconds (0: off).
     pub fast_window_s: f64,
-    /// The reference quantile whose `ratio` × marks a request as slow on the fast path.
-    pub fast_quantile: f64,
+    /// The reference quantiles whose `ratio` × marks a request as slow on the fast path (each
+    /// tested; a heavy prompt-length tail puts P95 far above a typical request, so a slowdown of
+    /// typical requests shows against a lower quantile first).
+    pub fast_quantiles: Vec<f64>,
     /// Fewest slow requests the short window needs.
     pub fast_min_slow: u64,
     /// One-sided significance of the fast path's binomial test.
@@ -139,7 +141,7 @@ impl Default for LatencySpikeParams {
             peer_ratio: 2.0,
             max_hold_s: 900.0,
             fast_window_s: 10.0,
-            fast_quantile: 0.95,
+            fast_quantiles: vec![0.8, 0.9, 0.95],
             fast_min_slow: 3,
             fast_alpha: 1e-3,
         }
@@ -170,9 +172,11 @@ impl Validate for LatencySpikeParams {
             "must be ≥ 0 (0 turns the fast path off)",
         )?;
         check(
-            self.fast_quantile > 0.5 && self.fast_quantile < 1.0,
-            "fast_quantile",
-            "must be in (0.5, 1)",
+            !self.fast_quantiles.is_empty()
+                && self.fast_quantiles.len() <= 8
+                && self.fast_quantiles.iter().all(|q| *q > 0.5 && *q < 1.0),
+            "fast_quantiles",
+            "must list 1 to 8 quantiles, each in (0.5, 1)",
         )?;
         check(self.fast_min_slow >= 1, "fast_min_slow", "must be ≥ 1")?;
         check(
@@ -187,17 +191,17 @@ impl Validate for LatencySpikeParams {
 /// hold none above the line must not make two slow requests significant).
 const FAST_MIN_BASE_RATE: f64 = 0.005;
 
-/// The fast path tests the share above `ratio` × the reference quantile and above twice that:
+/// The fast path tests the share above `ratio` × each reference quantile and above twice that:
 /// a ten-fold slowdown is far rarer in the reference's own tail at the second line, so fewer
-/// slow requests make it significant (each line at half of `fast_alpha`).
+/// slow requests make it significant (`fast_alpha` is split over every line tested).
 const FAST_LINES: [f64; 2] = [1.0, 2.0];
 
 /// The latency spike's fast path: over a short window (seconds, `fast_window_s`), the share of
-/// requests slower than `ratio` × the reference period's `fast_quantile` (the "slow" line, and
-/// twice it). It holds when that share is above 1 − `fast_quantile` — the window's quantile is
-/// over `ratio` × the reference's, the spike's own condition at that quantile — with at least
+/// requests slower than `ratio` × a reference quantile q of `fast_quantiles` (the "slow" line,
+/// and twice it). It holds when that share is above 1 − q — the window's q-quantile is over
+/// `ratio` × the reference's, the spike's own condition at that quantile — with at least
 /// `fast_min_slow` slow requests, and is significant against the reference's own share above
-/// the line (its Wilson upper bound, one-sided binomial at `fast_alpha` over both lines). A third
+/// the line (its Wilson upper bound, one-sided binomial, `fast_alpha` over all lines). A third
 /// of the requests ten times slower shows within a handful of requests, while the full window's
 /// P99 needs tens of seconds to move. `current` need not be sorted; `baseline` is ascending with
 /// at least `min_samples` values.
@@ -209,13 +213,14 @@ pub fn latency_exceedance(
     if p.fast_window_s <= 0.0 || (baseline.len() as u64) < p.min_samples.max(1) {
         return None;
     }
-    let q = p.fast_quantile;
-    let reference = sorted_quantile(baseline, q)?;
     let n = current.len() as u64;
-    let alpha = p.fast_alpha / FAST_LINES.len() as f64;
-    let (line, slow, base_slow, p_value) = FAST_LINES
+    let alpha = p.fast_alpha / (FAST_LINES.len() * p.fast_quantiles.len().max(1)) as f64;
+    let (q, reference, line, slow, base_slow, p_value) = p
+        .fast_quantiles
         .iter()
-        .filter_map(|m| {
+        .filter_map(|q| Some((*q, sorted_quantile(baseline, *q)?)))
+        .flat_map(|(q, reference)| FAST_LINES.iter().map(move |m| (q, reference, m)))
+        .filter_map(|(q, reference, m)| {
             let line = m * p.ratio * reference;
             if !(line.is_finite() && line > 0.0) {
                 return None;
@@ -228,9 +233,9 @@ pub fn latency_exceedance(
             let rate = crate::robust::wilson_upper(base_slow, baseline.len() as u64, 1.645)?
                 .max(FAST_MIN_BASE_RATE);
             let p_value = crate::robust::binomial_sf(slow, n, rate);
-            (p_value < alpha).then_some((line, slow, base_slow, p_value))
+            (p_value < alpha).then_some((q, reference, line, slow, base_slow, p_value))
         })
-        .min_by(|a, b| a.3.total_cmp(&b.3))?;
+        .min_by(|a, b| a.5.total_cmp(&b.5))?;
     let share = slow as f64 / n as f64;
     let base_share = base_slow as f64 / baseline.len() as f64;
     let summary = format!(

@@ -135,6 +135,15 @@ fn duplicates_keep_the_best_and_graph_is_configurable() {
     assert!(bad.validate().is_err());
 }
 
+/// A GPU leak and KV pressure of model `m`, `leak_ago` and `kv_ago` ms before `T`.
+fn leak_and_pressure(leak_ago: i64, kv_ago: i64) -> Vec<AnomalyEvent> {
+    let m = &[("model_id", "m")];
+    vec![
+        ev("gpu_memory_leak", "gpu_memory_used_bytes", T - leak_ago, m),
+        ev("kv_cache_pressure", "kv_cache_usage", T - kv_ago, m),
+    ]
+}
+
 #[test]
 fn the_first_cause_of_an_observed_chain_ranks_first() {
     // A leak, then the KV pressure it causes, then a latency spike: the KV pressure is the
@@ -142,21 +151,7 @@ fn the_first_cause_of_an_observed_chain_ranks_first() {
     let g = CausalGraph::default();
     let p = RootCauseParams::default();
     let spike = ev("latency_spike", "ttft_p99_seconds", T, &[("model_id", "m")]);
-    let candidates = vec![
-        ev(
-            "gpu_memory_leak",
-            "gpu_memory_used_bytes",
-            T - 50_000,
-            &[("model_id", "m")],
-        ),
-        ev(
-            "kv_cache_pressure",
-            "kv_cache_usage",
-            T - 30_000,
-            &[("model_id", "m")],
-        ),
-    ];
-    let ranked = rank_causes(&g, &spike, &candidates, &p);
+    let ranked = rank_causes(&g, &spike, &leak_and_pressure(50_000, 30_000), &p);
     assert_eq!(ranked.len(), 2, "{ranked:#?}");
     assert!(
         ranked[1].rank > ranked[0].rank,
@@ -173,20 +168,6 @@ fn the_first_cause_of_an_observed_chain_ranks_first() {
     assert_eq!(ranked[1].detector, "kv_cache_pressure");
 
     // KV pressure that began before the leak was seen is not the leak's doing: it stays first.
-    let earlier = vec![
-        ev(
-            "gpu_memory_leak",
-            "gpu_memory_used_bytes",
-            T - 20_000,
-            &[("model_id", "m")],
-        ),
-        ev(
-            "kv_cache_pressure",
-            "kv_cache_usage",
-            T - 30_000,
-            &[("model_id", "m")],
-        ),
-    ];
-    let ranked = rank_causes(&g, &spike, &earlier, &p);
+    let ranked = rank_causes(&g, &spike, &leak_and_pressure(20_000, 30_000), &p);
     assert_eq!(ranked[0].detector, "kv_cache_pressure", "{ranked:#?}");
 }

@@ -211,9 +211,19 @@ fn instance_event(
         cmp.peer_median * 1000.0,
         cmp.ratio
     );
-    let mut f = cmp
-        .annotate(f)
-        .with("window_s", rule.window_ms as f64 / 1000.0);
+    named_event(cmp.annotate(f), summary, rule, model, instance, now)
+}
+
+/// An instance's event: the finding under `summary`, labelled with the model and instance.
+fn named_event(
+    f: det::Finding,
+    summary: String,
+    rule: &RuleSpec,
+    model: &str,
+    instance: &str,
+    now: i64,
+) -> AnomalyEvent {
+    let mut f = f.with("window_s", rule.window_ms as f64 / 1000.0);
     f.summary = summary;
     f.into_event(
         &rule.detector,
@@ -263,14 +273,7 @@ fn fast_instance_event(
         f.summary,
         peer * 100.0
     );
-    let mut f = f.with("window_s", rule.window_ms as f64 / 1000.0);
-    f.summary = summary;
-    f.into_event(
-        &rule.detector,
-        &latency_signal_name(&rule.signal),
-        labels(&[("model_id", model), ("instance", instance)]),
-        now,
-    )
+    named_event(f, summary, rule, model, instance, now)
 }
 
 fn model_event(f: det::Finding, rule: &RuleSpec, model: &str, now: i64) -> AnomalyEvent {

@@ -295,6 +295,39 @@ impl Harness {
             .next()
     }
 
+    /// The spike on `instance` was seen within `within` ms of `onset` and fired within that +
+    /// its `for` (+ a little), and nothing else raised any event.
+    fn assert_spike_named(&self, what: &str, instance: &str, onset: i64, within: i64) {
+        let seen = self
+            .first_event("latency_spike", instance, onset)
+            .expect("an instance-level spike event");
+        eprintln!("{what}: first event after {} ms", seen - onset);
+        assert!(
+            seen - onset <= within,
+            "{what}: seen {} ms after the onset",
+            seen - onset
+        );
+        let fired = self.first_fired("latency_spike", instance).expect("fired");
+        let spike = self
+            .rules
+            .iter()
+            .find(|r| r.name == "latency_spike")
+            .unwrap();
+        assert!(
+            fired - onset <= within + spike.for_ms + 5_000,
+            "{what}: fired {} ms after the onset (for {} ms)",
+            fired - onset,
+            spike.for_ms
+        );
+        for (r, l, at) in &self.events {
+            assert!(
+                label(l) == instance,
+                "{r} event for {l:?} at {} s",
+                (at - T0) / 1000
+            );
+        }
+    }
+
     fn is_firing(&self, rule: &str, instance: &str) -> bool {
         self.tracked.values().any(|t| {
             t.alert.rule == rule
@@ -366,38 +399,12 @@ fn a_five_fold_ttft_spike_on_one_instance_of_four_alerts_naming_it() {
         to: onset + 10 * MIN,
     }];
     h.run(0, 34 * 60, &faults);
-    let seen = h
-        .first_event("latency_spike", "10.0.0.3:8000", onset)
-        .expect("an instance-level spike event");
-    eprintln!(
-        "×5 spike on one instance of four: first event after {} ms",
-        seen - onset
+    h.assert_spike_named(
+        "×5 spike on one instance of four",
+        "10.0.0.3:8000",
+        onset,
+        10_000,
     );
-    assert!(
-        seen - onset <= 10_000,
-        "detected {} ms after the onset",
-        seen - onset
-    );
-    let fired = h
-        .first_fired("latency_spike", "10.0.0.3:8000")
-        .expect("fired");
-    let spike = h.rules.iter().find(|r| r.name == "latency_spike").unwrap();
-    assert!(
-        fired - onset <= 10_000 + spike.for_ms + 1_000,
-        "fired {} ms after the onset (for {} ms)",
-        fired - onset,
-        spike.for_ms
-    );
-    // The other instances and the model (its other instances) stay quiet.
-    for (r, l, at) in &h.events {
-        let i = label(l);
-        assert!(
-            i == "10.0.0.3:8000",
-            "{r} event for {:?} at {} s",
-            l,
-            (at - T0) / 1000
-        );
-    }
     // The spike is not absorbed by its baseline: still one alert when the fault ends, resolved after.
     let spikes: Vec<_> = h
         .fired
@@ -533,36 +540,13 @@ fn a_slow_third_on_one_instance_of_four_is_found_within_seconds_and_named() {
         to: onset + 4 * MIN,
     }];
     h.run(0, 26 * 60, &faults);
-    let seen = h
-        .first_event("latency_spike", "10.0.0.2:8000", onset)
-        .expect("an instance-level spike event");
-    eprintln!(
-        "×10 on 30 % of one instance: first event after {} ms",
-        seen - onset
-    );
     // The onset falls in a load trough: ~2.4 req/s on the instance, so ~0.7 slow requests a
     // second, the first known ~2 s in (at its slowed first token); the reference's own tail
     // holds ~1 % above the slow line, so about five slow requests make it significant.
-    assert!(
-        seen - onset <= 15_000,
-        "found {} ms after the onset",
-        seen - onset
+    h.assert_spike_named(
+        "×10 on 30 % of one instance",
+        "10.0.0.2:8000",
+        onset,
+        15_000,
     );
-    let fired = h
-        .first_fired("latency_spike", "10.0.0.2:8000")
-        .expect("fired");
-    let spike = h.rules.iter().find(|r| r.name == "latency_spike").unwrap();
-    assert!(
-        fired - onset <= 15_000 + spike.for_ms + 5_000,
-        "fired {} ms after the onset (for {} ms)",
-        fired - onset,
-        spike.for_ms
-    );
-    for (r, l, at) in &h.events {
-        assert!(
-            label(l) == "10.0.0.2:8000",
-            "{r} event for {l:?} at {} s",
-            (at - T0) / 1000
-        );
-    }
 }
