@@ -198,10 +198,16 @@ impl Worker {
                 .await
             });
             let closed = matches!(received, Ok(Some(0)));
-            // A first token sent just before its record was received must reach the sinks first.
-            while firsts.len() < max
-                && let Ok(f) = self.first_rx.try_recv()
+            // Take what else is queued, records first, so that a steady flow of first tokens
+            // cannot starve the records (the select above prefers first tokens); then first
+            // tokens, all of them: each is sent before its record, so every record in hand has
+            // its first token in hand too, and the sinks see the first token first.
+            while batch.len() < max
+                && let Ok(r) = self.rx.try_recv()
             {
+                batch.push(r);
+            }
+            while let Ok(f) = self.first_rx.try_recv() {
                 firsts.push(f);
             }
             self.metrics.queue_depth.set(self.rx.len() as i64);
@@ -282,6 +288,76 @@ impl Worker {
             if let Err(e) = sink.maintain(now) {
                 tracing::warn!(sink = sink.name(), error = %e, "sink maintenance failed");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenwatch_core::aggregate::AggregatorConfig;
+
+    /// Remembers the order in which first tokens and records reached it.
+    struct Order(Arc<Mutex<Vec<(bool, String)>>>);
+
+    impl RecordSink for Order {
+        fn name(&self) -> &'static str {
+            "order"
+        }
+        fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError> {
+            let mut seen = self.0.lock().unwrap();
+            seen.extend(batch.iter().map(|r| (false, r.request_id.clone())));
+            Ok(())
+        }
+        fn consume_first_tokens(&mut self, first: &[FirstToken]) -> Result<(), SinkError> {
+            let mut seen = self.0.lock().unwrap();
+            seen.extend(first.iter().map(|f| (true, f.request_id.clone())));
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn first_tokens_reach_sinks_before_their_records_and_every_record_arrives() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let cfg = PipelineConfig {
+            // Small: records that wait behind first tokens for long would be dropped.
+            queue_capacity: 512,
+            batch_max: 64,
+            flush_interval: Duration::from_millis(20),
+            maintenance_interval: Duration::from_secs(600),
+            thread_niceness: 0,
+        };
+        let agg = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default())));
+        let (pipeline, queue) =
+            Pipeline::start(cfg, agg, vec![Box::new(Order(seen.clone()))], Arc::new(Metrics::new()));
+        // Many more first tokens than records, interleaved as streams would send them, in a
+        // steady flow (paced so that the pipeline can keep up with it).
+        let n = 20_000;
+        let producer = std::thread::spawn(move || {
+            for i in 0..n {
+                let id = format!("r{i}");
+                queue.first_token(FirstToken { request_id: id.clone(), model_id: "m".into(), ..Default::default() });
+                if i % 10 == 0 {
+                    queue.submit(RequestRecord { request_id: id, arrival_unix_ms: now_unix_ms(), ..Default::default() });
+                }
+                if i % 50 == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        });
+        tokio::task::spawn_blocking(move || producer.join().unwrap()).await.unwrap();
+        tokio::task::spawn_blocking(move || pipeline.join()).await.unwrap();
+        let seen = seen.lock().unwrap();
+        let records: Vec<usize> =
+            (0..seen.len()).filter(|k| !seen[*k].0).collect();
+        assert_eq!(records.len(), n / 10, "every record reached the sink");
+        assert_eq!(seen.len() - records.len(), n, "every first token reached the sink");
+        for k in records {
+            let id = &seen[k].1;
+            assert!(
+                seen[..k].iter().any(|(first, f)| *first && f == id),
+                "the record of {id} came before its first token"
+            );
         }
     }
 }
