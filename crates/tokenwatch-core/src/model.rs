@@ -242,7 +242,7 @@ pub struct GapSummary {
 
 /// One request seen by a source (the proxy today). Times are offsets from `arrival_unix_ms`
 /// so the record is cheap to build on the hot path; absolute wall-clock only at arrival.
-/// Prompt and completion text are never stored.
+/// Prompt and completion text are stored only when text capture is on, masked (`text`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct RequestRecord {
     pub request_id: String,
@@ -286,6 +286,27 @@ pub struct RequestRecord {
     /// in JSON as 16 lowercase hex digits.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "prefix_hex")]
     pub prefix_key: Option<u64>,
+    /// Prompt and completion text, only when text capture is on (`capture.text`), with personal
+    /// data already replaced by keyed hashes: the pipeline masks it before any sink sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<Box<CapturedText>>,
+}
+
+/// The text of one request as stored: masked, cut to the configured size, with its region.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CapturedText {
+    /// Decides how long the text is kept (`retention.regions`); `default` when none applies.
+    pub region: String,
+    /// The prompt as the model saw it: messages (`role: content` lines), prompt or input.
+    pub prompt: String,
+    /// The generated text: answer and reasoning, as streamed or returned.
+    pub completion: String,
+    /// Personal data replaced, by kind (`email`, `phone`, `card`, …): how many of each.
+    #[serde(default)]
+    pub masked: std::collections::BTreeMap<String, u32>,
+    /// True when the prompt or completion was cut at `capture.max_bytes`.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// `prefix_key` in JSON: 16 lowercase hex digits (a u64 does not fit a JavaScript number).

@@ -243,6 +243,7 @@ pub(crate) fn record_from_row(row: &Row<'_>, path: &Path) -> Result<RequestRecor
         error_class,
         embedding,
         prefix_key,
+        text: None,
     })
 }
 

@@ -8,12 +8,14 @@ mod error;
 mod schema;
 mod sqlite;
 mod telemetry;
+mod text;
 
 pub use annotations::AnnotationRow;
 pub use embeddings::EmbeddingRow;
 pub use error::StoreError;
 pub use sqlite::SqliteStore;
 pub use telemetry::{LogQuery, LogRow, SpanQuery, SpanRow};
+pub use text::DEFAULT_REGION;
 
 use serde::Serialize;
 use std::time::Duration;
@@ -88,6 +90,8 @@ pub struct RecordQuery {
     pub annotated: bool,
     /// Maximum number of rows returned (0 returns none).
     pub limit: usize,
+    /// Read each record's captured text too (`RequestRecord::text`); lists leave it out.
+    pub with_text: bool,
 }
 
 /// Outcome filter of [`RecordQuery`]; success is `RequestRecord::is_success`.
@@ -122,6 +126,7 @@ impl Default for RecordQuery {
             min_e2e_s: None,
             annotated: false,
             limit: 100,
+            with_text: false,
         }
     }
 }
@@ -149,6 +154,9 @@ pub struct StoreOptions {
     /// false: WAL + synchronous=NORMAL (a commit survives a process crash / kill -9);
     /// true: synchronous=FULL (a commit also survives power loss, at an fsync per commit).
     pub fsync: bool,
+    /// How long captured text is kept, by region (`retention.regions`); the `default` entry,
+    /// when given, covers every other region. Text never outlives its record (`raw_retention`).
+    pub text_retention: std::collections::BTreeMap<String, Duration>,
 }
 
 impl Default for StoreOptions {
@@ -157,6 +165,7 @@ impl Default for StoreOptions {
             raw_retention: Duration::from_secs(7 * 24 * 3600),
             rollup_retention: Duration::from_secs(90 * 24 * 3600),
             fsync: false,
+            text_retention: Default::default(),
         }
     }
 }
@@ -166,6 +175,8 @@ impl Default for StoreOptions {
 pub struct RetentionReport {
     pub records_deleted: u64,
     pub rollups_deleted: u64,
+    /// Captured texts deleted (their region's retention, or with their record).
+    pub texts_deleted: u64,
 }
 
 /// Row counts and size on disk of the store.

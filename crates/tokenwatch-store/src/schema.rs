@@ -162,6 +162,25 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         ALTER TABLE records ADD COLUMN reasoning_tokens INTEGER;
         ",
     },
+    Migration {
+        version: 8,
+        name: "captured text (masked), by region",
+        sql: "
+        CREATE TABLE record_text (
+            id              INTEGER PRIMARY KEY,
+            request_id      TEXT    NOT NULL,
+            arrival_unix_ms INTEGER NOT NULL,
+            region          TEXT    NOT NULL,
+            prompt          TEXT    NOT NULL,
+            completion      TEXT    NOT NULL,
+            masked          TEXT    NOT NULL,
+            truncated       INTEGER NOT NULL
+        );
+        CREATE INDEX record_text_request_id ON record_text (request_id);
+        CREATE INDEX record_text_region_arrival ON record_text (region, arrival_unix_ms);
+        CREATE INDEX record_text_arrival ON record_text (arrival_unix_ms);
+        ",
+    },
 ];
 
 /// The highest schema version this build knows.

@@ -5,6 +5,7 @@ use crate::annotations::{self, AnnotationRow};
 use crate::codec::{self, RECORD_COLUMNS, RECORD_SELECT, ROLLUP_COLUMNS};
 use crate::embeddings::{self, EmbeddingRow};
 use crate::telemetry::{self, LogQuery, LogRow, SpanQuery, SpanRow};
+use crate::text;
 use crate::{
     DB_FILE_NAME, RecordOutcome, RecordQuery, RetentionReport, RollupQuery, RollupRow, Store, StoreError,
     StoreOptions, StoreStats, schema,
@@ -194,6 +195,7 @@ impl Store for SqliteStore {
                     .map_err(self.err("insert_records"))?;
             }
         }
+        text::insert(&tx, records).map_err(self.err("insert_records (captured text)"))?;
         tx.commit().map_err(self.err("commit insert_records"))
     }
 
@@ -278,6 +280,10 @@ impl Store for SqliteStore {
         while let Some(row) = rows.next().map_err(self.err("query_records"))? {
             out.push(codec::record_from_row(row, &self.path)?);
         }
+        drop(rows);
+        if q.with_text {
+            text::attach(&conn, &mut out).map_err(self.err("query_records (captured text)"))?;
+        }
         Ok(out)
     }
 
@@ -333,9 +339,17 @@ impl Store for SqliteStore {
         self.delete_chunked(telemetry::RETENTION_LOGS, raw_cutoff, "retention of logs")?;
         self.delete_chunked(embeddings::RETENTION, raw_cutoff, "retention of embeddings")?;
         self.delete_chunked(annotations::RETENTION, raw_cutoff, "retention of annotations")?;
+        let texts_deleted = text::apply_retention(
+            &lock(&self.write),
+            now_unix_ms,
+            raw_cutoff,
+            &self.opts.text_retention,
+        )
+        .map_err(self.err("retention of captured text"))?;
         let report = RetentionReport {
             records_deleted,
             rollups_deleted,
+            texts_deleted,
         };
         tracing::debug!(path = %self.path.display(), ?report, "applied retention");
         Ok(report)

@@ -51,6 +51,7 @@ fn full_record() -> RequestRecord {
         error_class: None,
         embedding: vec![0.25, -1.5, 3.0e-8],
         prefix_key: Some(0xfedc_ba98_7654_3210),
+        text: None,
     }
 }
 
@@ -226,7 +227,8 @@ fn retention_deletes_only_old_rows_per_tier() {
         report,
         RetentionReport {
             records_deleted: 1,
-            rollups_deleted: 1
+            rollups_deleted: 1,
+            texts_deleted: 0
         }
     );
     assert_eq!(ids(&all(&store)), ["new", "edge"]);

@@ -101,6 +101,7 @@ impl RunningApp {
             raw_retention: cfg.store.raw_retention.0,
             rollup_retention: cfg.store.rollup_retention.0,
             fsync: cfg.store.fsync,
+            text_retention: cfg.retention.text_retention(),
         };
         let runtimes_cfg = &cfg.runtime;
         // Refuse to listen off loopback by accident, and load the tokens, before anything binds.
@@ -146,6 +147,14 @@ impl RunningApp {
         if let Some(sink) = alerting.sink {
             sinks.push(Box::new(sink));
         }
+        let text_capture = if cfg.capture.text {
+            let key = proxy::identity::load_or_create_secret(&cfg.data_dir, crate::capture::KEY_FILE)
+                .with_context(|| format!("creating the capture key in {}", cfg.data_dir.display()))?;
+            tracing::info!("text capture is on: prompts and completions are stored, masked (capture.text)");
+            Some(crate::capture::TextCapture::new(&cfg.capture, &key).context("starting text capture")?)
+        } else {
+            None
+        };
         let (pipeline, queue) = Pipeline::start(
             PipelineConfig {
                 queue_capacity: cfg.telemetry.queue_capacity,
@@ -153,6 +162,7 @@ impl RunningApp {
                 flush_interval: cfg.telemetry.flush_interval.0,
                 maintenance_interval: Duration::from_secs(600),
                 thread_niceness: analysis_niceness,
+                text_capture,
             },
             aggregator.clone(),
             sinks,
@@ -208,7 +218,7 @@ impl RunningApp {
             for r in routes.routes() {
                 tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
             }
-            let state = Arc::new(ProxyState::new(&cfg.proxy, routes, queue, salt));
+            let state = Arc::new(ProxyState::new(&cfg.proxy, routes, queue, salt).with_capture(&cfg.capture));
             let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, &metrics);
             servers.push(serve_proxy(proxy_rt.handle(), listener, tls.proxy.clone(), proxy::router(state), stop.clone(), guard));
             components.set("proxy", "ok");

@@ -43,6 +43,10 @@ pub struct Config {
     pub tls: crate::listen::tls::TlsConfig,
     /// Header size and count allowed per request on the API, proxy and OTLP/HTTP listeners.
     pub limits: crate::listen::limits::LimitsConfig,
+    /// Optional capture of prompt and completion text, masked (off by default).
+    pub capture: crate::capture::CaptureConfig,
+    /// How long captured text is kept, per region.
+    pub retention: crate::capture::RetentionConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -80,6 +84,8 @@ impl Default for Config {
             audit: Default::default(),
             tls: Default::default(),
             limits: Default::default(),
+            capture: Default::default(),
+            retention: Default::default(),
         }
     }
 }
@@ -333,6 +339,8 @@ impl Config {
         }
         self.gpu.validate().map_err(|(path, message)| invalid(path, message))?;
         self.limits.validate().map_err(|(path, message)| invalid(path, message))?;
+        self.capture.validate().map_err(|(path, message)| invalid(path, message))?;
+        self.retention.validate().map_err(|(path, message)| invalid(path, message))?;
         self.runtime.validate().map_err(|(path, message)| invalid(path.into(), message))?;
         crate::alerting::rules::compile(&self.alerting).map_err(|(path, message)| invalid(path, message))?;
         self.alerting.delivery.validate().map_err(|e| invalid("alerting.delivery".into(), e.to_string()))?;

@@ -4,6 +4,7 @@
 pub mod alerting;
 pub mod api;
 pub mod app;
+pub mod capture;
 pub mod audit;
 pub mod auth;
 pub mod config;

@@ -107,6 +107,16 @@ function drawTimeline(canvas, r, offsetsS) {
   canvas.dataset.points = String(offsetsS.length);
 }
 
+/** The request's captured text (only with `capture.text` on), personal data already masked. */
+function capturedText(t) {
+  if (!t) return null;
+  const masked = Object.entries(t.masked ?? {}).map(([k, n]) => `${n} ${k}`).join(', ');
+  return h('section', { class: 'card', id: 'request-text' }, h('h2', {}, 'Captured text'),
+    h('p', { class: 'muted' }, `Region ${t.region}; personal data replaced by keyed hashes${masked ? ` (${masked})` : ' (none found)'}${t.truncated ? '; cut at capture.max_bytes' : ''}.`),
+    h('h3', {}, 'Prompt'), h('pre', { class: 'mono captured' }, t.prompt),
+    h('h3', {}, 'Completion'), h('pre', { class: 'mono captured' }, t.completion));
+}
+
 function render(r) {
   const offsetsS = (r.chunk_offsets_us ?? []).map((us) => us / 1e6);
   const gaps = gapsOf(offsetsS);
@@ -126,6 +136,7 @@ function render(r) {
       `${offsetsS.length} chunks, done after ${seconds(r.end_s)}`,
       r.gaps?.count ? ` · longest gap ${seconds(r.gaps.max_s)} (mean ${seconds(r.gaps.mean_s)})` : ''),
     anomalies,
+    capturedText(r.text),
     h('section', { class: 'card' }, h('h2', {}, 'Token timeline'),
       h('p', { class: 'muted' }, 'Every tick is a content chunk as the proxy saw it; red stretches are gaps over 3× this request’s mean gap; yellow is the queue time the server reported.'),
       canvas),
@@ -142,6 +153,7 @@ function render(r) {
         ['status', `${r.status}${r.error_class ? ` ${r.error_class}` : ''}`],
         ['finish reason', r.finish_reason || '–'],
         ['tokens in / out', `${num(r.prompt_tokens, 0)} / ${num(r.output_tokens, 0)}${r.tokens_from_usage ? ' (from usage)' : ' (counted)'}`],
+        ['reasoning tokens (of out)', r.reasoning_tokens == null ? '–' : num(r.reasoning_tokens, 0)],
         ['queue (reported)', seconds(r.queue_s)],
         ['upstream headers', seconds(r.upstream_headers_s)],
         ['trace id', validTraceId(r.trace_id) ? h('a', { class: 'mono', href: `#/traces/${r.trace_id}` }, r.trace_id) : h('span', { class: 'mono' }, r.trace_id || '–')],

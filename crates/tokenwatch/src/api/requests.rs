@@ -1,6 +1,7 @@
 // `GET /api/v1/requests` (filters: model, tenant, status, min_e2e_s, request_id, annotated, since,
 // limit) and `GET /api/v1/requests/{id}`: stored request records with their per-chunk token
-// timeline and their `annotations` (per-request anomalies such as output length outliers).
+// timeline, their `annotations` (per-request anomalies such as output length outliers) and, for
+// one request, its captured `text` (masked; only when `capture.text` is on).
 
 use super::ApiState;
 use super::params::{ParamError, Params};
@@ -119,6 +120,7 @@ pub(super) async fn list(
         min_e2e_s,
         annotated,
         limit,
+        with_text: false,
     };
     Ok(match run_query(st.store.clone(), query).await {
         Ok(records) => Json(json!({ "count": records.len(), "requests": records })).into_response(),
@@ -130,6 +132,7 @@ pub(super) async fn one(State(st): State<Arc<ApiState>>, Path(id): Path<String>)
     let query = RecordQuery {
         request_id: Some(id.clone()),
         limit: 1,
+        with_text: true,
         ..RecordQuery::default()
     };
     match run_query(st.store.clone(), query).await {

@@ -90,6 +90,7 @@ where
             _ = stop.wait_for(|s| *s) => break,
         };
         let service = connection_service(app.clone(), guard.clone(), peer);
+        let conn_guard = guard.clone();
         let builder = builder.clone();
         let signal_tx = signal_tx.clone();
         let close_rx = close_rx.clone();
@@ -102,6 +103,10 @@ where
                 tokio::select! {
                     result = conn.as_mut() => {
                         if let Err(e) = result {
+                            if head_over_hyper_limit(e.as_ref()) {
+                                // hyper answered its own bare 431 (a head over the backstop).
+                                conn_guard.count(limits::Reason::HeadersTooLarge);
+                            }
                             tracing::trace!(%peer, error = %e, "connection ended with an error");
                         }
                         break;
@@ -119,6 +124,21 @@ where
     drop(signal_rx);
     drop(close_rx);
     close_tx.closed().await;
+}
+
+/// Whether a connection ended because a request head was over hyper's own limits (which
+/// hyper answers with a bare 431 before any service sees the request).
+fn head_over_hyper_limit(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(err) = source {
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && h.is_parse_too_large()
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// The per-connection service: the peer's address for `ConnectInfo`, the head check, and the
@@ -367,6 +387,26 @@ mod tests {
         assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"), "{answer}");
         let text = metrics.encode();
         assert!(text.contains(r#"tokenwatch_rejected_requests_total{listener="proxy",reason="headers_too_large"} 1"#), "{text}");
+        // Over hyper's own backstop, hyper answers its bare 431 before the guard sees the
+        // request; the connection's end still counts it.
+        let huge = format!("GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n", "b".repeat(limits.hyper_max_buf_size() + 1));
+        // hyper may close with unread bytes (a reset), so the answer is read as far as it comes.
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let _ = tcp.write_all(huge.as_bytes()).await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 431"), "{answer}");
+        let counted = async {
+            loop {
+                let text = metrics.encode();
+                if text.contains(r#"tokenwatch_rejected_requests_total{listener="proxy",reason="headers_too_large"} 2"#) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), counted).await.expect("the backstop's 431 was not counted");
 
         stop_tx.send(true).unwrap();
         tokio::time::timeout(Duration::from_secs(5), server).await.unwrap().unwrap();

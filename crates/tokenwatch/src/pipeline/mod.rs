@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokenwatch_core::aggregate::{Aggregator, Rollup};
+use crate::capture::{RawText, TextCapture};
 use tokenwatch_core::model::{FirstToken, RequestRecord};
 use tokio::sync::mpsc;
 
@@ -41,9 +42,16 @@ pub trait RecordSink: Send {
 
 /// The sources' side of the telemetry queue: `submit` never waits; when the queue is full
 /// the record is dropped and counted, and the request it describes is unaffected.
+/// A record on its way to the pipeline, with the bytes kept for text capture when it is on
+/// (turned into masked text on the pipeline thread, before any sink sees the record).
+pub struct Queued {
+    record: RequestRecord,
+    raw: Option<Box<RawText>>,
+}
+
 #[derive(Clone)]
 pub struct TelemetryQueue {
-    tx: mpsc::Sender<RequestRecord>,
+    tx: mpsc::Sender<Queued>,
     /// First tokens, ahead of their records. One that finds the queue full is dropped
     /// uncounted: its record carries the same time, only later.
     first: mpsc::Sender<FirstToken>,
@@ -52,7 +60,12 @@ pub struct TelemetryQueue {
 
 impl TelemetryQueue {
     pub fn submit(&self, record: RequestRecord) {
-        match self.tx.try_send(record) {
+        self.submit_with_text(record, None);
+    }
+
+    /// `submit`, with the request's and response's bytes for text capture.
+    pub fn submit_with_text(&self, record: RequestRecord, raw: Option<Box<RawText>>) {
+        match self.tx.try_send(Queued { record, raw }) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) | Err(mpsc::error::TrySendError::Closed(_)) => {
                 self.metrics.dropped_records.inc();
@@ -79,7 +92,7 @@ impl TelemetryQueue {
         match self.tx.try_reserve_many(records.len()) {
             Ok(permits) => {
                 for (permit, record) in permits.zip(records) {
-                    permit.send(record);
+                    permit.send(Queued { record, raw: None });
                 }
                 true
             }
@@ -96,6 +109,8 @@ pub struct PipelineConfig {
     pub maintenance_interval: Duration,
     /// Niceness of the pipeline thread (`runtime.analysis_niceness` above the proxy's).
     pub thread_niceness: i32,
+    /// Masks captured text (`capture.text`); None: capture is off.
+    pub text_capture: Option<TextCapture>,
 }
 
 /// Handle to the running pipeline thread.
@@ -151,7 +166,7 @@ struct Worker {
     aggregator: Arc<Mutex<Aggregator>>,
     sinks: Vec<Box<dyn RecordSink>>,
     metrics: Arc<Metrics>,
-    rx: mpsc::Receiver<RequestRecord>,
+    rx: mpsc::Receiver<Queued>,
     first_rx: mpsc::Receiver<FirstToken>,
     handle: tokio::runtime::Handle,
     close: Arc<AtomicBool>,
@@ -216,8 +231,7 @@ impl Worker {
                 firsts.clear();
             }
             if !batch.is_empty() {
-                self.process(&batch);
-                batch.clear();
+                self.process(&mut batch);
             }
             // Minutes are handed out 5 s after they end (ROLLUP_GRACE_MS), so looking once a
             // second is enough; scanning every series after every batch is not needed.
@@ -236,7 +250,18 @@ impl Worker {
         }
     }
 
-    fn process(&mut self, batch: &[RequestRecord]) {
+    /// Masks captured text, then hands the records to the aggregator and every sink.
+    fn process(&mut self, queued: &mut Vec<Queued>) {
+        let batch: Vec<RequestRecord> = queued
+            .drain(..)
+            .map(|Queued { mut record, raw }| {
+                if let (Some(raw), Some(capture)) = (raw, &self.cfg.text_capture) {
+                    record.text = Some(Box::new(capture.finish(&raw)));
+                }
+                record
+            })
+            .collect();
+        let batch = &batch[..];
         {
             let mut agg = self.aggregator.lock().unwrap_or_else(|p| p.into_inner());
             for r in batch {
@@ -320,12 +345,13 @@ mod tests {
     async fn first_tokens_reach_sinks_before_their_records_and_every_record_arrives() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let cfg = PipelineConfig {
-            // Small: records that wait behind first tokens for long would be dropped.
+            // Small, so that the first-token queue fills now and then (those are dropped).
             queue_capacity: 512,
             batch_max: 64,
             flush_interval: Duration::from_millis(20),
             maintenance_interval: Duration::from_secs(600),
             thread_niceness: 0,
+            text_capture: None,
         };
         let agg = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default())));
         let (pipeline, queue) =
@@ -338,7 +364,12 @@ mod tests {
                 let id = format!("r{i}");
                 queue.first_token(FirstToken { request_id: id.clone(), model_id: "m".into(), ..Default::default() });
                 if i % 10 == 0 {
-                    queue.submit(RequestRecord { request_id: id, arrival_unix_ms: now_unix_ms(), ..Default::default() });
+                    // A full queue would drop the record (a loaded machine can hold the pipeline
+                    // thread back); wait for room instead, as this checks order, not capacity.
+                    let r = RequestRecord { request_id: id, arrival_unix_ms: now_unix_ms(), ..Default::default() };
+                    while !queue.try_submit_all(vec![r.clone()]) {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
                 }
                 if i % 50 == 0 {
                     std::thread::sleep(Duration::from_micros(200));
@@ -351,11 +382,13 @@ mod tests {
         let records: Vec<usize> =
             (0..seen.len()).filter(|k| !seen[*k].0).collect();
         assert_eq!(records.len(), n / 10, "every record reached the sink");
-        assert_eq!(seen.len() - records.len(), n, "every first token reached the sink");
+        // First tokens finding their queue full are dropped by design (the record carries the
+        // same time), so only those that arrived are checked: never after their record.
+        assert!(seen.len() > records.len(), "first tokens reached the sink");
         for k in records {
             let id = &seen[k].1;
             assert!(
-                seen[..k].iter().any(|(first, f)| *first && f == id),
+                !seen[k..].iter().any(|(first, f)| *first && f == id),
                 "the record of {id} came before its first token"
             );
         }

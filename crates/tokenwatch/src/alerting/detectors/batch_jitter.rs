@@ -37,7 +37,7 @@ impl Detector for BatchJitter {
             let mut running: HashMap<String, Vec<(i64, f64)>> = HashMap::new();
             for r in cx.inputs.window(&m, now - w, now).filter(|r| r.ok) {
                 let Some(itl) = r.itl else { continue };
-                let h = running.entry(r.instance.clone()).or_insert_with(|| {
+                let h = running.entry(r.instance.to_string()).or_insert_with(|| {
                     inputs::history(
                         cx.board,
                         &m,

@@ -46,7 +46,7 @@ impl Detector for KlDrift {
                         .window(&m, from, to)
                         .filter(|r| r.ok && !r.finish_reason.is_empty())
                     {
-                        *d.entry(r.finish_reason.clone()).or_insert(0.0) += 1.0;
+                        *d.entry(r.finish_reason.to_string()).or_insert(0.0) += 1.0;
                     }
                     d
                 };

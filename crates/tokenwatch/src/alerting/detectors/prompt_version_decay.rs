@@ -45,7 +45,7 @@ impl Detector for PromptVersionDecay {
                     .window(&m, now - w, now)
                     .filter(|r| !r.prompt_version.is_empty())
                 {
-                    let e = per.entry(r.prompt_version.clone()).or_default();
+                    let e = per.entry(r.prompt_version.to_string()).or_default();
                     e.0 += u64::from(r.ok);
                     e.1 += 1;
                 }

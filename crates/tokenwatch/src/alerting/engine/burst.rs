@@ -39,7 +39,7 @@ fn usual(
     let (bad, total) = inputs
         .window(model, from, to)
         .filter(|r| instance.is_none_or(|i| r.instance == i))
-        .filter(|r| !covered(r))
+        .filter(|r| !covered(&r.instance, r.at_ms))
         .fold((0, 0), |(b, n), r| (b + u64::from(r.server_failure), n + 1));
     (total >= min_requests.max(1)).then(|| bad as f64 / total as f64)
 }
@@ -119,14 +119,14 @@ pub fn error_burst(
         }
         let model_times: Vec<i64> = recent
             .iter()
-            .filter(|r| !flagged.contains(&r.instance))
+            .filter(|r| !flagged.contains(r.instance.as_str()))
             .map(|r| r.at_ms)
             .collect();
         let win = short_window(&model_times, now, w, max_w, p.min_requests);
         let (bad, total) = count(
             recent
                 .iter()
-                .filter(|r| now - r.at_ms < win && !flagged.contains(&r.instance)),
+                .filter(|r| now - r.at_ms < win && !flagged.contains(r.instance.as_str())),
         );
         let own = observe(
             st,

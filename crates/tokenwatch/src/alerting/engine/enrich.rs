@@ -211,22 +211,12 @@ mod tests {
         let r = |e2e: f64| Rec {
             model: "m".into(),
             instance: "i".into(),
-            ab_group: String::new(),
-            prompt_version: String::new(),
-            trace_id: String::new(),
-            request_id: String::new(),
-            at_ms: 0,
             ttft: Some(1.0),
             e2e,
-            itl: None,
             queue: Some(0.5),
             headers: Some(0.6),
-            prompt_tokens: None,
-            output_tokens: None,
             ok: true,
-            server_failure: false,
-            finish_reason: String::new(),
-            ttft_early: false,
+            ..Rec::default()
         };
         let recs = [r(3.0), r(2.0)];
         let refs: Vec<&Rec> = recs.iter().collect();

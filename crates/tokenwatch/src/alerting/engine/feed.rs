@@ -25,8 +25,8 @@ pub struct EmbeddingInput {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
     Record(Rec),
-    /// A request's first token while it still streams (`Rec::from_first_token`).
-    FirstToken(Rec),
+    /// A request's first token while it still streams (`Inputs::add_first_token`).
+    FirstToken(FirstToken),
     Embedding(EmbeddingInput),
     Prefix(PrefixAccess),
 }
@@ -80,8 +80,7 @@ impl RecordSink for AlertSink {
 
     fn consume_first_tokens(&mut self, first: &[FirstToken]) -> Result<(), SinkError> {
         for f in first {
-            self.feed
-                .try_send(Input::FirstToken(Rec::from_first_token(f)));
+            self.feed.try_send(Input::FirstToken(f.clone()));
         }
         self.feed.wake.notify_one();
         Ok(())
@@ -91,10 +90,11 @@ impl RecordSink for AlertSink {
         let now = now_unix_ms();
         for r in batch {
             let rec = Rec::from_record(r);
-            let (model, at_ms) = (rec.model.clone(), rec.at_ms);
+            let at_ms = rec.at_ms;
             self.feed.try_send(Input::Record(rec));
+            let model = &r.labels.model_id;
             if !r.embedding.is_empty() {
-                match self.feed.dims.admit(&model, r.embedding.len(), now) {
+                match self.feed.dims.admit(model, r.embedding.len(), now) {
                     Ok(()) => self.feed.try_send(Input::Embedding(EmbeddingInput {
                         model: model.clone(),
                         at_ms,
@@ -107,7 +107,7 @@ impl RecordSink for AlertSink {
             }
             if let Some(key) = r.prefix_key {
                 self.feed.try_send(Input::Prefix(PrefixAccess {
-                    model,
+                    model: model.clone(),
                     tenant: r.labels.tenant.clone(),
                     key,
                     at_ms,
@@ -126,7 +126,7 @@ pub fn drain(rx: &mut mpsc::Receiver<Input>, inputs: &mut Inputs) -> Vec<Rec> {
     while let Ok(i) = rx.try_recv() {
         match i {
             Input::Record(r) => records.push(r),
-            Input::FirstToken(r) => inputs.add_first_token(r),
+            Input::FirstToken(f) => inputs.add_first_token(&f),
             Input::Embedding(e) => inputs.add_embedding(e),
             Input::Prefix(p) => inputs.add_prefix(p),
         }

@@ -3,22 +3,161 @@
 // embeddings and prefix-cache accesses of records or of `POST /api/v1/embeddings`.
 
 use super::vectors::{EmbeddingSamples, PrefixLog};
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::ops::Deref;
+use std::sync::{Arc, LazyLock};
 use tokenwatch_core::model::{FirstToken, RequestRecord};
 use tokenwatch_core::signals::SignalBoard;
 
 pub use super::feed::{AlertSink, EmbeddingInput, EngineFeed, Input, drain};
 pub use super::vectors::PrefixAccess;
 
+/// The one empty label value every empty `Label` shares.
+static EMPTY: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(""));
+
+/// A label value of a record (model, instance, A/B group, prompt version, finish reason). The
+/// records `Inputs` keeps share one allocation per distinct value (see `Inputs::ingest`); the
+/// empty value allocates nothing.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Label(Arc<str>);
+
+impl Label {
+    pub fn new(s: &str) -> Label {
+        if s.is_empty() {
+            Label::default()
+        } else {
+            Label(Arc::from(s))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for Label {
+    fn default() -> Label {
+        Label(EMPTY.clone())
+    }
+}
+
+impl Deref for Label {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Label {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Hashes and compares as its text, so maps keyed by `Label` are looked up by `&str`.
+impl Borrow<str> for Label {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Label {
+    fn from(s: &str) -> Label {
+        Label::new(s)
+    }
+}
+
+impl From<String> for Label {
+    fn from(s: String) -> Label {
+        Label::new(&s)
+    }
+}
+
+impl fmt::Debug for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for Label {
+    fn eq(&self, o: &str) -> bool {
+        &*self.0 == o
+    }
+}
+
+impl PartialEq<&str> for Label {
+    fn eq(&self, o: &&str) -> bool {
+        &*self.0 == *o
+    }
+}
+
+impl PartialEq<String> for Label {
+    fn eq(&self, o: &String) -> bool {
+        *self.0 == **o
+    }
+}
+
+/// The distinct label values of the records `Inputs` keeps. A value no record (nor map key)
+/// refers to any more is forgotten at the next `prune`, so churning values do not pile up.
+#[derive(Default)]
+struct Interner {
+    values: HashSet<Arc<str>>,
+}
+
+impl Interner {
+    /// The shared copy of `s` (added when new).
+    fn get(&mut self, s: &str) -> Label {
+        if s.is_empty() {
+            return Label::default();
+        }
+        if let Some(a) = self.values.get(s) {
+            return Label(a.clone());
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.values.insert(a.clone());
+        Label(a)
+    }
+
+    /// Makes `l` the shared copy of its value (`l`'s own becomes it when the value is new).
+    fn intern(&mut self, l: &mut Label) {
+        if l.is_empty() {
+            return;
+        }
+        match self.values.get(&*l.0) {
+            Some(a) if Arc::ptr_eq(a, &l.0) => {}
+            Some(a) => l.0 = a.clone(),
+            None => {
+                self.values.insert(l.0.clone());
+            }
+        }
+    }
+
+    /// Forget the values only the interner still holds.
+    fn prune(&mut self) {
+        self.values.retain(|a| Arc::strong_count(a) > 1);
+        shrink_set(&mut self.values);
+    }
+}
+
 /// The fields of a request record the detectors use.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Rec {
-    pub model: String,
-    pub instance: String,
-    pub ab_group: String,
-    pub prompt_version: String,
-    pub trace_id: String,
-    pub request_id: String,
+    pub model: Label,
+    pub instance: Label,
+    pub ab_group: Label,
+    pub prompt_version: Label,
+    /// Set on the records of an evaluation (`EvalCtx::new_records`: their annotations name
+    /// the request); the copies `Inputs` keeps in its windows drop it (`Inputs::ingest`).
+    pub request_id: Box<str>,
     /// When the record became known: arrival + end.
     pub at_ms: i64,
     pub ttft: Option<f64>,
@@ -31,7 +170,7 @@ pub struct Rec {
     pub ok: bool,
     /// Counts against the success-rate SLO (client 4xx and cancelled requests do not).
     pub server_failure: bool,
-    pub finish_reason: String,
+    pub finish_reason: Label,
     /// The record of a request whose first token was reported while it streamed: that early
     /// copy stands for its TTFT in time-to-first-token windows, this one does not.
     pub ttft_early: bool,
@@ -40,12 +179,11 @@ pub struct Rec {
 impl Rec {
     pub fn from_record(r: &RequestRecord) -> Rec {
         Rec {
-            model: r.labels.model_id.clone(),
-            instance: r.labels.instance.clone(),
-            ab_group: r.labels.ab_group.clone(),
-            prompt_version: r.prompt_version.clone(),
-            trace_id: r.trace_id.clone(),
-            request_id: r.request_id.clone(),
+            model: Label::new(&r.labels.model_id),
+            instance: Label::new(&r.labels.instance),
+            ab_group: Label::new(&r.labels.ab_group),
+            prompt_version: Label::new(&r.prompt_version),
+            request_id: r.request_id.as_str().into(),
             at_ms: r.arrival_unix_ms + (r.end_s.max(0.0) * 1000.0) as i64,
             ttft: r.first_token_s,
             e2e: r.end_s,
@@ -56,31 +194,7 @@ impl Rec {
             output_tokens: r.output_tokens,
             ok: r.is_success(),
             server_failure: r.is_server_failure(),
-            finish_reason: r.finish_reason.clone(),
-            ttft_early: false,
-        }
-    }
-
-    /// The early copy of a request that has its first token: TTFT only, timed at the token.
-    pub fn from_first_token(f: &FirstToken) -> Rec {
-        Rec {
-            model: f.model_id.clone(),
-            instance: f.instance.clone(),
-            ab_group: String::new(),
-            prompt_version: String::new(),
-            trace_id: String::new(),
-            request_id: f.request_id.clone(),
-            at_ms: f.arrival_unix_ms + (f.first_token_s.max(0.0) * 1000.0) as i64,
-            ttft: Some(f.first_token_s),
-            e2e: f.first_token_s,
-            itl: None,
-            queue: None,
-            headers: None,
-            prompt_tokens: None,
-            output_tokens: None,
-            ok: true,
-            server_failure: false,
-            finish_reason: String::new(),
+            finish_reason: Label::new(&r.finish_reason),
             ttft_early: false,
         }
     }
@@ -100,20 +214,98 @@ impl Rec {
     }
 }
 
+/// When a first token became known: arrival + time to first token.
+pub fn first_token_at_ms(f: &FirstToken) -> i64 {
+    f.arrival_unix_ms + (f.first_token_s.max(0.0) * 1000.0) as i64
+}
+
+/// What `Inputs` keeps of a request's first token reported while it streamed (its model is
+/// the key it is kept under): where and when, its TTFT, and a hash of its request id to match
+/// the record when it comes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EarlyTtft {
+    /// When the first token became known: arrival + TTFT.
+    pub at_ms: i64,
+    pub ttft: f64,
+    pub instance: Label,
+    id: u64,
+}
+
+/// One request as a latency rule reads it (`Inputs::latency_window`): its record, or the early
+/// copy of its first token standing for its TTFT.
+#[derive(Debug, Clone, Copy)]
+pub enum LatencySample<'a> {
+    Record(&'a Rec),
+    FirstToken(&'a EarlyTtft),
+}
+
+impl<'a> LatencySample<'a> {
+    pub fn at_ms(self) -> i64 {
+        match self {
+            LatencySample::Record(r) => r.at_ms,
+            LatencySample::FirstToken(f) => f.at_ms,
+        }
+    }
+
+    pub fn instance(self) -> &'a str {
+        match self {
+            LatencySample::Record(r) => &r.instance,
+            LatencySample::FirstToken(f) => &f.instance,
+        }
+    }
+
+    /// A first token is of a request that got an answer.
+    pub fn ok(self) -> bool {
+        match self {
+            LatencySample::Record(r) => r.ok,
+            LatencySample::FirstToken(_) => true,
+        }
+    }
+
+    /// As `Rec::value`; a first token knows its `ttft` (and `e2e` so far: the same), nothing else.
+    pub fn value(self, name: &str) -> Option<f64> {
+        match self {
+            LatencySample::Record(r) => r.value(name),
+            LatencySample::FirstToken(f) => match name {
+                "ttft" | "e2e" => Some(f.ttft).filter(|v| v.is_finite()),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Give back the memory of a queue that a burst grew far beyond what it holds now.
+fn shrink<T>(q: &mut VecDeque<T>) {
+    if q.capacity() > 2 * q.len() + 1024 {
+        q.shrink_to_fit();
+    }
+}
+
+fn shrink_set<T: Eq + std::hash::Hash>(s: &mut HashSet<T>) {
+    if s.capacity() > 2 * s.len() + 1024 {
+        s.shrink_to_fit();
+    }
+}
+
 const SLO_BUCKET_MS: i64 = 10_000;
 const SLO_RETENTION_MS: i64 = 6 * 3_600_000;
 
 /// Per-model recent records, SLO counters, sampled embeddings and prefix-cache accesses.
 pub struct Inputs {
-    records: HashMap<String, VecDeque<Rec>>,
-    /// Early copies of requests that have their first token (`Rec::from_first_token`).
-    first_tokens: HashMap<String, VecDeque<Rec>>,
-    /// Per model, the request ids in `first_tokens` whose records have not arrived yet.
-    awaiting_record: HashMap<String, HashSet<String>>,
+    records: HashMap<Label, VecDeque<Rec>>,
+    /// Early copies of requests that have their first token (`add_first_token`).
+    first_tokens: HashMap<Label, VecDeque<EarlyTtft>>,
+    /// Per model, the request ids (hashed with `ids`) in `first_tokens` whose records have not
+    /// arrived yet.
+    awaiting_record: HashMap<Label, HashSet<u64>>,
     /// (bucket start, bad, total) per model, 10 s buckets over 6 h.
-    slo: HashMap<String, VecDeque<(i64, u64, u64)>>,
+    slo: HashMap<Label, VecDeque<(i64, u64, u64)>>,
     embeddings: HashMap<String, EmbeddingSamples>,
     prefixes: HashMap<String, PrefixLog>,
+    /// The label values of the kept records and early copies.
+    labels: Interner,
+    /// Hashes request ids (keyed per process: ids may come from clients).
+    ids: RandomState,
     retention_ms: i64,
     /// How long embeddings are kept; None: they are not kept (no rule reads them).
     embedding_retention_ms: Option<i64>,
@@ -129,6 +321,8 @@ impl Inputs {
             slo: HashMap::new(),
             embeddings: HashMap::new(),
             prefixes: HashMap::new(),
+            labels: Interner::default(),
+            ids: RandomState::new(),
             retention_ms,
             embedding_retention_ms: Some(retention_ms),
             cap_per_model: cap_per_model.max(1),
@@ -189,28 +383,50 @@ impl Inputs {
 
     /// A request's first token, ahead of its record (ids must be unique to be matched; a
     /// request without one is counted by its record instead).
-    pub fn add_first_token(&mut self, r: Rec) {
-        if r.request_id.is_empty() {
+    pub fn add_first_token(&mut self, f: &FirstToken) {
+        if f.request_id.is_empty() {
             return;
         }
+        let model = self.labels.get(&f.model_id);
+        let id = self.ids.hash_one(f.request_id.as_str());
+        let early = EarlyTtft {
+            at_ms: first_token_at_ms(f),
+            ttft: f.first_token_s,
+            instance: self.labels.get(&f.instance),
+            id,
+        };
         self.awaiting_record
-            .entry(r.model.clone())
+            .entry(model.clone())
             .or_default()
-            .insert(r.request_id.clone());
-        let q = self.first_tokens.entry(r.model.clone()).or_default();
+            .insert(id);
+        let q = self.first_tokens.entry(model.clone()).or_default();
         if q.len() >= self.cap_per_model
             && let Some(old) = q.pop_front()
-            && let Some(ids) = self.awaiting_record.get_mut(&old.model)
+            && let Some(ids) = self.awaiting_record.get_mut(&model)
         {
-            ids.remove(&old.request_id);
+            ids.remove(&old.id);
         }
-        q.push_back(r);
+        q.push_back(early);
     }
 
+    /// Keep a record: its labels shared with the kept records' (see `Label`), its request id
+    /// only matched against the first tokens awaiting it, then dropped.
     pub fn ingest(&mut self, mut r: Rec) {
-        if let Some(ids) = self.awaiting_record.get_mut(&r.model) {
-            r.ttft_early = ids.remove(&r.request_id);
+        for l in [
+            &mut r.model,
+            &mut r.instance,
+            &mut r.ab_group,
+            &mut r.prompt_version,
+            &mut r.finish_reason,
+        ] {
+            self.labels.intern(l);
         }
+        if let Some(ids) = self.awaiting_record.get_mut(&r.model) {
+            // Ids of first tokens are never empty (`add_first_token`).
+            r.ttft_early =
+                !r.request_id.is_empty() && ids.remove(&self.ids.hash_one(&*r.request_id));
+        }
+        r.request_id = Box::default();
         let b = self.slo.entry(r.model.clone()).or_default();
         let bucket = r.at_ms - r.at_ms.rem_euclid(SLO_BUCKET_MS);
         match b.back_mut() {
@@ -232,12 +448,15 @@ impl Inputs {
         q.push_back(r);
     }
 
+    /// Forget what is older than the retention, give back the memory of queues a burst grew,
+    /// and forget label values nothing refers to any more.
     pub fn prune(&mut self, now: i64) {
         let keep = self.retention_ms;
         for q in self.records.values_mut() {
             while q.front().is_some_and(|r| now - r.at_ms > keep) {
                 q.pop_front();
             }
+            shrink(q);
         }
         self.records.retain(|_, q| !q.is_empty());
         for (model, q) in self.first_tokens.iter_mut() {
@@ -246,13 +465,17 @@ impl Inputs {
                     break;
                 }
                 if let Some(ids) = self.awaiting_record.get_mut(model) {
-                    ids.remove(&r.request_id);
+                    ids.remove(&r.id);
                 }
                 q.pop_front();
             }
+            shrink(q);
         }
         self.first_tokens.retain(|_, q| !q.is_empty());
         self.awaiting_record.retain(|_, ids| !ids.is_empty());
+        for ids in self.awaiting_record.values_mut() {
+            shrink_set(ids);
+        }
         for b in self.slo.values_mut() {
             while b
                 .front()
@@ -266,6 +489,7 @@ impl Inputs {
         self.embeddings
             .retain(|_, e| !e.prune(now, keep_embeddings));
         self.prefixes.retain(|_, p| !p.prune(now, keep));
+        self.labels.prune();
     }
 
     pub fn models(&self) -> Vec<String> {
@@ -273,7 +497,7 @@ impl Inputs {
             .records
             .keys()
             .chain(self.slo.keys())
-            .cloned()
+            .map(|k| k.to_string())
             .collect();
         m.sort();
         m.dedup();
@@ -298,7 +522,7 @@ impl Inputs {
         signal: &str,
         from: i64,
         to: i64,
-    ) -> impl Iterator<Item = &'a Rec> + 'a {
+    ) -> impl Iterator<Item = LatencySample<'a>> + 'a {
         let ttft = signal == "ttft";
         let early = if ttft {
             self.first_tokens.get(model)
@@ -307,11 +531,13 @@ impl Inputs {
         };
         self.window(model, from, to)
             .filter(move |r| !(ttft && r.ttft_early))
+            .map(LatencySample::Record)
             .chain(
                 early
                     .into_iter()
                     .flatten()
-                    .filter(move |r| r.at_ms > from && r.at_ms <= to),
+                    .filter(move |f| f.at_ms > from && f.at_ms <= to)
+                    .map(LatencySample::FirstToken),
             )
     }
 
@@ -414,23 +640,91 @@ mod tests {
         Rec {
             model: model.into(),
             instance: "i".into(),
-            ab_group: String::new(),
-            prompt_version: String::new(),
-            trace_id: String::new(),
-            request_id: String::new(),
             at_ms: at,
             ttft: Some(ttft),
             e2e: ttft * 2.0,
-            itl: None,
-            queue: None,
-            headers: None,
-            prompt_tokens: None,
             output_tokens: Some(10),
             ok,
             server_failure: !ok,
             finish_reason: "stop".into(),
-            ttft_early: false,
+            ..Rec::default()
         }
+    }
+
+    fn ttfts<'a>(s: impl Iterator<Item = LatencySample<'a>>) -> Vec<f64> {
+        s.filter(|s| s.ok())
+            .filter_map(|s| s.value("ttft"))
+            .collect()
+    }
+
+    #[test]
+    fn what_a_request_costs_the_engine() {
+        // Before: 288 bytes per record (seven owned Strings) plus the heap of its strings, and
+        // another full record for a first token reported early, plus its id as a String.
+        let (rec, early) = (size_of::<Rec>(), size_of::<EarlyTtft>());
+        println!("size_of Rec = {rec} bytes, EarlyTtft = {early} bytes");
+        assert!(rec <= 216, "Rec is {rec} bytes");
+        assert!(early <= 40, "EarlyTtft is {early} bytes");
+        assert!(size_of::<LatencySample>() <= 16);
+    }
+
+    #[test]
+    fn kept_records_share_their_labels_and_drop_their_ids() {
+        let mut i = Inputs::new(60_000, 1000);
+        for t in 0..3 {
+            let mut r = rec("m", t * 1000, 1.0, true);
+            r.request_id = format!("r{t}").into();
+            i.ingest(r);
+        }
+        let kept: Vec<&Rec> = i.window("m", -1, 10_000).collect();
+        assert_eq!(kept.len(), 3);
+        assert!(kept.iter().all(|r| r.request_id.is_empty()));
+        let fields: [fn(&Rec) -> Arc<str>; 2] =
+            [|r| r.model.0.clone(), |r| r.finish_reason.0.clone()];
+        for field in fields {
+            assert!(Arc::ptr_eq(&field(kept[0]), &field(kept[2])));
+        }
+        // The map keys, the records and the interner hold the model; nothing else.
+        let model = kept[0].model.0.clone();
+        assert_eq!(Arc::strong_count(&model), 1 + 2 + 3 + 1);
+        // Empty labels all share one value, never interned.
+        assert!(Arc::ptr_eq(&kept[0].ab_group.0, &Label::default().0));
+        assert!(Arc::ptr_eq(
+            &Label::from(String::new()).0,
+            &Label::default().0
+        ));
+        assert!(!i.labels.values.contains(""));
+        drop(model);
+        // A label value nothing keeps any more is forgotten (SLO buckets keep the model 6 h).
+        i.prune(200_000);
+        assert!(i.window("m", -1, i64::MAX).next().is_none());
+        let left: Vec<&str> = i.labels.values.iter().map(|a| &**a).collect();
+        assert_eq!(left, ["m"]);
+        i.prune(SLO_RETENTION_MS + 200_000);
+        assert!(i.labels.values.is_empty() && i.models().is_empty());
+    }
+
+    #[test]
+    fn a_burst_does_not_pin_its_memory() {
+        let mut i = Inputs::new(10_000, 1_000_000);
+        for t in 0..20_000 {
+            i.ingest(rec("m", t, 1.0, true));
+            i.add_first_token(&FirstToken {
+                request_id: format!("r{t}"),
+                model_id: "m".into(),
+                instance: "i".into(),
+                arrival_unix_ms: t,
+                first_token_s: 0.0,
+            });
+        }
+        assert!(i.records["m"].capacity() >= 20_000);
+        assert!(i.awaiting_record["m"].capacity() >= 20_000);
+        // The newest 100 ms are kept.
+        i.prune(29_900);
+        assert_eq!(i.window("m", i64::MIN, i64::MAX).count(), 100);
+        assert!(i.records["m"].capacity() <= 2 * 100 + 1024);
+        assert!(i.first_tokens["m"].capacity() <= 2 * 100 + 1024);
+        assert!(i.awaiting_record["m"].capacity() <= 2 * 100 + 1024);
     }
 
     #[test]
@@ -458,31 +752,70 @@ mod tests {
             arrival_unix_ms: 10_000,
             first_token_s: 2.0,
         };
-        i.add_first_token(Rec::from_first_token(&first));
+        i.add_first_token(&first);
         // Before the record: the TTFT is known at 12 s; other signals know nothing yet.
-        let ttft: Vec<f64> = values(i.latency_window("m", "ttft", 11_000, 13_000), "ttft");
-        assert_eq!(ttft, vec![2.0]);
+        assert_eq!(
+            ttfts(i.latency_window("m", "ttft", 11_000, 13_000)),
+            vec![2.0]
+        );
+        let s = i
+            .latency_window("m", "ttft", 11_000, 13_000)
+            .next()
+            .unwrap();
+        assert_eq!(
+            (s.at_ms(), s.instance(), s.value("e2e")),
+            (12_000, "a", Some(2.0))
+        );
+        assert_eq!(s.value("prompt_tokens"), None);
         assert_eq!(i.latency_window("m", "e2e", 0, 100_000).count(), 0);
         assert_eq!(i.window("m", 0, 100_000).count(), 0);
         // The record (ended at 30 s) is not counted a second time for TTFT, but is for e2e.
         let mut r = rec("m", 30_000, 2.0, true);
         r.request_id = "r1".into();
         i.ingest(r);
+        assert!(i.window("m", 0, 100_000).all(|r| r.ttft_early));
         assert_eq!(i.latency_window("m", "ttft", 0, 100_000).count(), 1);
         assert_eq!(i.latency_window("m", "ttft", 29_000, 31_000).count(), 0);
         assert_eq!(i.latency_window("m", "e2e", 29_000, 31_000).count(), 1);
-        // A record without an early copy (OTLP, non-streaming) counts when it ends.
+        // A record without an early copy (OTLP, non-streaming) counts when it ends; so does
+        // one without an id.
         let mut other = rec("m", 40_000, 3.0, true);
         other.request_id = "r2".into();
         i.ingest(other);
         assert_eq!(
-            values(i.latency_window("m", "ttft", 39_000, 41_000), "ttft"),
+            ttfts(i.latency_window("m", "ttft", 39_000, 41_000)),
             vec![3.0]
+        );
+        i.ingest(rec("m", 45_000, 4.0, true));
+        assert_eq!(
+            ttfts(i.latency_window("m", "ttft", 44_000, 46_000)),
+            vec![4.0]
         );
         // Pruning forgets the early copies with the records.
         i.prune(200_000);
         assert_eq!(i.latency_window("m", "ttft", 0, 200_000).count(), 0);
         assert!(i.awaiting_record.is_empty() && i.first_tokens.is_empty());
+    }
+
+    #[test]
+    fn the_oldest_first_token_over_the_cap_stops_awaiting_its_record() {
+        let mut i = Inputs::new(1_000_000, 2);
+        for n in 0..3 {
+            i.add_first_token(&FirstToken {
+                request_id: format!("r{n}"),
+                model_id: "m".into(),
+                instance: "a".into(),
+                arrival_unix_ms: n,
+                first_token_s: 1.0,
+            });
+        }
+        for n in [0, 2] {
+            let mut r = rec("m", 10_000 + n, 1.0, true);
+            r.request_id = format!("r{n}").into();
+            i.ingest(r);
+        }
+        let early: Vec<bool> = i.window("m", 0, i64::MAX).map(|r| r.ttft_early).collect();
+        assert_eq!(early, [false, true]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 // its peers; the model alerts on the traffic of its other instances. Owns their series state.
 
 use super::eval::{EvalCtx, labels};
-use super::inputs::{self, Rec};
+use super::inputs::{self, LatencySample};
 use crate::alerting::rules::RuleSpec;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tokenwatch_core::alert::AnomalyEvent;
@@ -40,17 +40,18 @@ impl SeriesState {
             .or_default()
     }
 
-    /// Whether a record of `model` lies in an anomaly episode of its instance or of its model.
-    pub(super) fn coverage(&self, model: &str) -> impl Fn(&Rec) -> bool + '_ {
+    /// Whether a record of `model` (its instance, its time) lies in an anomaly episode of its
+    /// instance or of its model.
+    pub(super) fn coverage(&self, model: &str) -> impl Fn(&str, i64) -> bool + '_ {
         let eps: Vec<(&str, &det::Episodes)> = self
             .series
             .iter()
             .filter(|((m, _), _)| m == model)
             .map(|((_, i), s)| (i.as_str(), &s.episodes))
             .collect();
-        move |r: &Rec| {
+        move |instance: &str, at_ms: i64| {
             eps.iter()
-                .any(|(i, e)| (i.is_empty() || *i == r.instance) && e.covers(r.at_ms))
+                .any(|(i, e)| (i.is_empty() || *i == instance) && e.covers(at_ms))
         }
     }
 
@@ -79,7 +80,7 @@ pub(crate) fn latency_signal_name(metric: &str) -> String {
 /// Sorted values of `rule.signal` of the successful records of each instance known in
 /// `(from, to]`.
 fn by_instance<'a>(
-    recs: &[&'a Rec],
+    recs: &[LatencySample<'a>],
     signal: &str,
     from: i64,
     to: i64,
@@ -87,10 +88,10 @@ fn by_instance<'a>(
     let mut out: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for r in recs
         .iter()
-        .filter(|r| r.ok && r.at_ms > from && r.at_ms <= to)
+        .filter(|r| r.ok() && r.at_ms() > from && r.at_ms() <= to)
     {
         if let Some(v) = r.value(signal) {
-            out.entry(r.instance.as_str()).or_default().push(v);
+            out.entry(r.instance()).or_default().push(v);
         }
     }
     for v in out.values_mut() {
@@ -108,19 +109,16 @@ pub(crate) const MAX_STRETCH_WINDOWS: i64 = 3;
 /// Each instance's values over the shortest stretch (whole windows, ending now) holding
 /// `min_samples`, sorted, with the stretch's length in ms.
 fn scaled_by_instance<'a>(
-    recs: &[&'a Rec],
+    recs: &[LatencySample<'a>],
     signal: &str,
     now: i64,
     w: i64,
     min_samples: u64,
 ) -> (BTreeMap<&'a str, Vec<f64>>, BTreeMap<&'a str, i64>) {
     let mut timed: BTreeMap<&str, Vec<(i64, f64)>> = BTreeMap::new();
-    for r in recs.iter().filter(|r| r.ok && r.at_ms <= now) {
+    for r in recs.iter().filter(|r| r.ok() && r.at_ms() <= now) {
         if let Some(v) = r.value(signal) {
-            timed
-                .entry(r.instance.as_str())
-                .or_default()
-                .push((r.at_ms, v));
+            timed.entry(r.instance()).or_default().push((r.at_ms(), v));
         }
     }
     let (mut values, mut spans) = (BTreeMap::new(), BTreeMap::new());
@@ -311,9 +309,9 @@ fn baseline(
     let covered = st.coverage(model);
     let mut v: Vec<f64> = inputs
         .latency_window(model, signal, from, to)
-        .filter(|r| r.ok)
-        .filter(|r| instance.is_none_or(|i| r.instance == i))
-        .filter(|r| !covered(r))
+        .filter(|r| r.ok())
+        .filter(|r| instance.is_none_or(|i| r.instance() == i))
+        .filter(|r| !covered(r.instance(), r.at_ms()))
         .filter_map(|r| r.value(signal))
         .collect();
     drop(covered);
@@ -359,7 +357,7 @@ pub fn spike(
     let fast_ms = (p.fast_window_s * 1000.0) as i64;
     let mut out = Vec::new();
     for m in cx.inputs.models() {
-        let recs: Vec<&Rec> = cx
+        let recs: Vec<LatencySample> = cx
             .inputs
             .latency_window(&m, &rule.signal, now - MAX_STRETCH_WINDOWS * w, now)
             .collect();
@@ -432,7 +430,7 @@ pub fn absolute(
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
     for m in cx.inputs.models() {
-        let recs: Vec<&Rec> = cx
+        let recs: Vec<LatencySample> = cx
             .inputs
             .latency_window(&m, &rule.signal, now - MAX_STRETCH_WINDOWS * w, now)
             .collect();
@@ -485,15 +483,15 @@ pub fn context(
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
     for m in cx.inputs.models() {
-        let recs: Vec<&Rec> = cx
+        let recs: Vec<LatencySample> = cx
             .inputs
             .latency_window(&m, &rule.signal, now - w, now)
-            .filter(|r| r.ok)
+            .filter(|r| r.ok())
             .collect();
         let cur = by_instance(&recs, &rule.signal, now - w, now);
         let prompts = |keep: &dyn Fn(&str) -> bool| -> Vec<f64> {
             recs.iter()
-                .filter(|r| keep(&r.instance))
+                .filter(|r| keep(r.instance()))
                 .filter_map(|r| r.value("prompt_tokens"))
                 .collect()
         };

@@ -3,13 +3,14 @@
 // one instance or an error burst alerts, named, within seconds (+ `for`).
 
 use super::super::eval::EvalCtx;
-use super::super::inputs::{Inputs, Rec};
+use super::super::inputs::{Inputs, Rec, first_token_at_ms};
 use super::super::lifecycle::{Timing, Tracked, Transition, fingerprint, group_labels};
 use crate::alerting::rules::{AlertingConfig, Rule, compile};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tokenwatch_core::alert::AnomalyEvent;
+use tokenwatch_core::model::FirstToken;
 use tokenwatch_core::signals::SignalBoard;
 
 const RULES: &[&str] = &[
@@ -65,7 +66,7 @@ struct Harness {
     pending: Vec<Rec>,
     /// First tokens of streamed requests not known yet (known at arrival + TTFT, as the
     /// proxy reports them).
-    pending_first: Vec<Rec>,
+    pending_first: Vec<FirstToken>,
     seq: u64,
 }
 
@@ -145,35 +146,28 @@ impl Harness {
                 };
                 self.seq += 1;
                 if !failed {
-                    self.pending_first.push(Rec::from_first_token(
-                        &tokenwatch_core::model::FirstToken {
-                            request_id: format!("r{}", self.seq),
-                            model_id: "llama".into(),
-                            instance: inst.to_string(),
-                            arrival_unix_ms: T0 + arrival,
-                            first_token_s: ttft,
-                        },
-                    ));
+                    self.pending_first.push(FirstToken {
+                        request_id: format!("r{}", self.seq),
+                        model_id: "llama".into(),
+                        instance: inst.to_string(),
+                        arrival_unix_ms: T0 + arrival,
+                        first_token_s: ttft,
+                    });
                 }
                 self.pending.push(Rec {
                     model: "llama".into(),
-                    instance: inst.to_string(),
-                    ab_group: String::new(),
-                    prompt_version: String::new(),
-                    trace_id: String::new(),
-                    request_id: format!("r{}", self.seq),
+                    instance: (*inst).into(),
+                    request_id: format!("r{}", self.seq).into(),
                     at_ms: T0 + arrival + (e2e * 1000.0) as i64,
                     ttft: (!failed).then_some(ttft),
                     e2e,
                     itl: Some(0.012),
-                    queue: None,
-                    headers: None,
                     prompt_tokens: Some(prompt),
                     output_tokens: (!failed).then_some(output),
                     ok: !failed,
                     server_failure: failed,
                     finish_reason: if failed { "error" } else { "stop" }.into(),
-                    ttft_early: false,
+                    ..Rec::default()
                 });
             }
         }
@@ -187,12 +181,13 @@ impl Harness {
             .into_iter()
             .partition(|r| r.at_ms <= now);
         self.pending = later;
-        let (first, later): (Vec<Rec>, Vec<Rec>) = std::mem::take(&mut self.pending_first)
-            .into_iter()
-            .partition(|r| r.at_ms <= now);
+        let (first, later): (Vec<FirstToken>, Vec<FirstToken>) =
+            std::mem::take(&mut self.pending_first)
+                .into_iter()
+                .partition(|f| first_token_at_ms(f) <= now);
         self.pending_first = later;
-        for r in first {
-            self.inputs.add_first_token(r);
+        for f in &first {
+            self.inputs.add_first_token(f);
         }
         for r in known {
             self.inputs.ingest(r);

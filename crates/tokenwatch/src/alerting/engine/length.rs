@@ -36,17 +36,17 @@ pub(crate) fn evaluate(
         let Some(len) = r.output_tokens else { continue };
         let d = st
             .models
-            .entry(r.model.clone())
+            .entry(r.model.to_string())
             .or_insert_with(|| det::LengthOutlier::new(p.clone(), window_ms));
         let Some(f) = d.observe(r.at_ms, &r.instance, len as f64, hit_token_limit(r)) else {
             continue;
         };
         // Spec 4's joint grade: high when the model's outputs also drift semantically.
-        let drifting = cx.semantic_drift_models.contains(&r.model);
+        let drifting = cx.semantic_drift_models.contains(r.model.as_str());
         st.annotations.push(AnnotationRow {
-            request_id: r.request_id.clone(),
-            model_id: r.model.clone(),
-            instance: r.instance.clone(),
+            request_id: r.request_id.to_string(),
+            model_id: r.model.to_string(),
+            instance: r.instance.to_string(),
             at_unix_ms: r.at_ms,
             detector: detector.to_string(),
             score: f.score,

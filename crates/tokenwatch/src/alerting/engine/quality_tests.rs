@@ -43,22 +43,14 @@ fn rec(model: &str, at_ms: i64, output_tokens: u64) -> Rec {
     Rec {
         model: model.into(),
         instance: "i".into(),
-        ab_group: String::new(),
-        prompt_version: String::new(),
-        trace_id: String::new(),
-        request_id: String::new(),
         at_ms,
         ttft: Some(0.1),
         e2e: 1.0,
-        itl: None,
-        queue: None,
-        headers: None,
         prompt_tokens: Some(100),
         output_tokens: Some(output_tokens),
         ok: true,
-        server_failure: false,
         finish_reason: "stop".into(),
-        ttft_early: false,
+        ..Rec::default()
     }
 }
 

@@ -324,6 +324,7 @@ fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str,
         error_class,
         embedding: Vec::new(),
         prefix_key: None,
+        text: None,
     }
 }
 

@@ -90,14 +90,25 @@ pub fn header_label(headers: &HeaderMap, name: &str) -> String {
 
 /// Load the tenant salt from the data directory, creating it on first use.
 pub fn load_or_create_salt(data_dir: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    let path = data_dir.join("tenant-salt");
+    load_or_create_secret(data_dir, "tenant-salt")
+}
+
+/// A random 32-byte secret (64 hex digits) kept in `data_dir/name`, created on first use and
+/// readable by its owner only.
+pub fn load_or_create_secret(data_dir: &std::path::Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let path = data_dir.join(name);
     match std::fs::read(&path) {
         Ok(s) if !s.is_empty() => Ok(s),
         _ => {
-            let salt: [u8; 32] = rand::rng().random();
-            let text = hex::encode(salt);
+            let secret: [u8; 32] = rand::rng().random();
+            let text = hex::encode(secret);
             std::fs::create_dir_all(data_dir)?;
             std::fs::write(&path, &text)?;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            }
             Ok(text.into_bytes())
         }
     }

@@ -47,6 +47,8 @@ pub struct ProxyState {
     response_timeout: Duration,
     idle_timeout: Duration,
     max_body: usize,
+    /// Text capture settings, when `capture.text` is on.
+    capture: Option<crate::capture::CaptureConfig>,
 }
 
 impl ProxyState {
@@ -75,7 +77,14 @@ impl ProxyState {
             response_timeout: cfg.response_timeout.0,
             idle_timeout: cfg.idle_timeout.0,
             max_body: cfg.max_request_body_bytes,
+            capture: None,
         }
+    }
+
+    /// Keep each LLM request's body and response bytes for text capture (`capture.text`).
+    pub fn with_capture(mut self, cfg: &crate::capture::CaptureConfig) -> ProxyState {
+        self.capture = cfg.text.then(|| cfg.clone());
+        self
     }
 
     /// Send a request to `route`'s upstream: over its HTTPS client for an https upstream (HTTP/2
@@ -239,12 +248,19 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
         let msg = format!("no upstream is configured for model {:?} (proxy.upstreams)", record.labels.model_id);
         if llm {
             record.status = 502;
-            InFlight { record, started, queue: st.queue.clone() }.submit(Some(ErrorClass::NoRoute));
+            InFlight { record, started, queue: st.queue.clone(), raw: None }.submit(Some(ErrorClass::NoRoute));
         }
         return error_response(StatusCode::BAD_GATEWAY, "no_route", &msg, &request_id);
     };
     record.labels.runtime = route.runtime.clone();
     record.labels.instance = route.instance.clone();
+    let raw = match (&st.capture, format) {
+        (Some(c), Some(f)) => {
+            let region = c.region_of(&parts.headers, &record.labels.tenant);
+            Some(Box::new(crate::capture::RawText::new(f, region, body.clone())))
+        }
+        _ => None,
+    };
 
     let uri = match route.uri_for(&parts.uri) {
         Ok(u) => u,
@@ -273,14 +289,16 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             };
             let cause = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_else(|| e.to_string());
             let msg = format!("tokenwatch {what} upstream {} before it answered: {cause}", route.instance);
-            return fail(&st, llm, record, started, class, &msg, &request_id);
+            let flight = InFlight { record, started, queue: st.queue.clone(), raw };
+            return fail(llm, flight, class, &msg, &request_id);
         }
         Err(_) => {
             let msg = format!(
                 "upstream {} sent no response headers within {:?} (proxy.response_timeout)",
                 route.instance, st.response_timeout
             );
-            return fail(&st, llm, record, started, ErrorClass::UpstreamTimeout, &msg, &request_id);
+            let flight = InFlight { record, started, queue: st.queue.clone(), raw };
+            return fail(llm, flight, ErrorClass::UpstreamTimeout, &msg, &request_id);
         }
     };
 
@@ -316,24 +334,16 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
         .to_ascii_lowercase();
     let event_stream = content_type.starts_with("text/event-stream");
     let json = content_type.starts_with("application/json");
-    let flight = InFlight { record, started, queue: st.queue.clone() };
+    let flight = InFlight { record, started, queue: st.queue.clone(), raw };
     let tapped = TapBody::new(up_body, flight, format, event_stream, json, st.idle_timeout, slot);
     Response::from_parts(up_parts, Body::new(tapped))
 }
 
-fn fail(
-    st: &ProxyState,
-    llm: bool,
-    mut record: RequestRecord,
-    started: Instant,
-    class: ErrorClass,
-    msg: &str,
-    request_id: &str,
-) -> Response {
+fn fail(llm: bool, mut flight: InFlight, class: ErrorClass, msg: &str, request_id: &str) -> Response {
     tracing::debug!(request_id, class = class.name(), "{msg}");
     if llm {
-        record.status = 502;
-        InFlight { record, started, queue: st.queue.clone() }.submit(Some(class));
+        flight.record.status = 502;
+        flight.submit(Some(class));
     }
     error_response(StatusCode::BAD_GATEWAY, class.name(), msg, request_id)
 }

@@ -26,6 +26,8 @@ pub struct InFlight {
     pub record: RequestRecord,
     pub started: Instant,
     pub queue: TelemetryQueue,
+    /// The request's and response's bytes, kept for text capture when it is on.
+    pub raw: Option<Box<crate::capture::RawText>>,
 }
 
 impl InFlight {
@@ -45,7 +47,7 @@ impl InFlight {
                 max_s: gaps.iter().copied().fold(0.0, f64::max),
             };
         }
-        self.queue.submit(self.record);
+        self.queue.submit_with_text(self.record, self.raw);
     }
 }
 
@@ -72,7 +74,7 @@ impl TapBody {
     /// request's place in its upstream pool, released when the body is dropped.
     pub fn new(
         inner: Incoming,
-        flight: InFlight,
+        mut flight: InFlight,
         format: StreamFormat,
         event_stream: bool,
         json: bool,
@@ -87,6 +89,9 @@ impl TapBody {
             Mode::Opaque
         };
         let expect_done = event_stream && flight.record.status < 400;
+        if let Some(raw) = flight.raw.as_mut() {
+            raw.event_stream = event_stream;
+        }
         TapBody {
             inner,
             flight: Some(flight),
@@ -100,6 +105,9 @@ impl TapBody {
 
     fn observe(&mut self, data: &Bytes) {
         let Some(flight) = self.flight.as_mut() else { return };
+        if let Some(raw) = flight.raw.as_mut() {
+            raw.push(data);
+        }
         match &mut self.mode {
             Mode::Sse(sse) => {
                 let fed = sse.feed(data);

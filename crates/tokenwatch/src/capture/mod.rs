@@ -1,0 +1,316 @@
+// Optional capture of prompt and completion text (off by default): extraction from the proxied
+// request and response, PII masking before storage, and the region that decides retention.
+
+pub mod extract;
+pub mod mask;
+
+use crate::config::HumanDuration;
+use crate::sources::proxy::sse::StreamFormat;
+use bytes::Bytes;
+use http::HeaderMap;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokenwatch_core::model::CapturedText;
+
+/// File in the data directory holding the masking key (created on first use, mode 0600).
+pub const KEY_FILE: &str = "capture-key";
+/// Most response bytes the proxy keeps of one response for capture; the rest still flows.
+const MAX_RAW_RESPONSE: usize = 4 * 1024 * 1024;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureConfig {
+    /// Store prompts and completions, with personal data masked. Off by default.
+    pub text: bool,
+    /// Most bytes kept of a prompt, and of a completion; longer text is cut and marked.
+    pub max_bytes: usize,
+    /// Request header naming the region of the request's data (`eu`, `us` …).
+    pub region_header: String,
+    /// Region by tenant, for requests without the header.
+    pub tenant_regions: BTreeMap<String, String>,
+    /// What counts as personal data.
+    pub mask: mask::MaskConfig,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            text: false,
+            max_bytes: 32 * 1024,
+            region_header: "x-tokenwatch-region".into(),
+            tenant_regions: BTreeMap::new(),
+            mask: mask::MaskConfig::default(),
+        }
+    }
+}
+
+impl CaptureConfig {
+    /// (key path, message) of the first invalid setting.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.max_bytes == 0 {
+            return Err(("capture.max_bytes".into(), "must be at least 1".into()));
+        }
+        if http::HeaderName::from_bytes(self.region_header.as_bytes()).is_err() {
+            let m = format!("{:?} is not a valid HTTP header name", self.region_header);
+            return Err(("capture.region_header".into(), m));
+        }
+        for (tenant, region) in &self.tenant_regions {
+            if region_name(region).is_none() {
+                let m = format!("{region:?} is not a region name (1 to 32 of a-z, 0-9, - and _)");
+                return Err((format!("capture.tenant_regions.{tenant}"), m));
+            }
+        }
+        match mask::Masker::new(&self.mask, b"check") {
+            Ok(_) => Ok(()),
+            Err(mask::MaskError::Invalid { path, message }) => Err((path, message)),
+            Err(e) => Err(("capture.mask".into(), e.to_string())),
+        }
+    }
+
+    /// The region of a request: its header, else its tenant's, else `default`.
+    pub fn region_of(&self, headers: &HeaderMap, tenant: &str) -> String {
+        headers
+            .get(&self.region_header)
+            .and_then(|v| v.to_str().ok())
+            .and_then(region_name)
+            .or_else(|| self.tenant_regions.get(tenant).and_then(|r| region_name(r)))
+            .unwrap_or_else(|| tokenwatch_store::DEFAULT_REGION.to_string())
+    }
+}
+
+/// A region as stored: trimmed, lowercase, 1–32 of `a-z 0-9 - _`; None otherwise.
+fn region_name(s: &str) -> Option<String> {
+    let r = s.trim().to_ascii_lowercase();
+    let ok = (1..=32).contains(&r.len())
+        && r.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    ok.then_some(r)
+}
+
+/// `retention:` — how long captured text is kept per region.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Region → how long its text is kept; `default` covers every region not listed. Text
+    /// never outlives its record (`store.raw_retention`).
+    pub regions: BTreeMap<String, HumanDuration>,
+}
+
+impl RetentionConfig {
+    pub fn text_retention(&self) -> BTreeMap<String, Duration> {
+        self.regions
+            .iter()
+            .map(|(r, d)| (r.trim().to_ascii_lowercase(), d.0))
+            .collect()
+    }
+
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        for (region, keep) in &self.regions {
+            if region_name(region).is_none() {
+                let m = "a region name is 1 to 32 of a-z, 0-9, - and _".to_string();
+                return Err((format!("retention.regions.{region}"), m));
+            }
+            if keep.0.is_zero() {
+                return Err((
+                    format!("retention.regions.{region}"),
+                    "must be longer than 0".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the proxy keeps of one request for capture: the request body and the response bytes
+/// as they passed. Nothing is parsed or masked on the proxy's threads; the pipeline does that.
+#[derive(Debug)]
+pub struct RawText {
+    pub format: StreamFormat,
+    pub region: String,
+    pub request: Bytes,
+    response: Vec<Bytes>,
+    response_len: usize,
+    /// The response was longer than what is kept.
+    response_cut: bool,
+    /// The upstream answered `text/event-stream`.
+    pub event_stream: bool,
+}
+
+impl RawText {
+    pub fn new(format: StreamFormat, region: String, request: Bytes) -> RawText {
+        RawText {
+            format,
+            region,
+            request,
+            response: Vec::new(),
+            response_len: 0,
+            response_cut: false,
+            event_stream: false,
+        }
+    }
+
+    /// Keep a response chunk (a reference-counted clone, no copy) while under the limit.
+    pub fn push(&mut self, data: &Bytes) {
+        if self.response_len + data.len() <= MAX_RAW_RESPONSE {
+            self.response_len += data.len();
+            self.response.push(data.clone());
+        } else {
+            self.response_cut = true;
+        }
+    }
+
+    fn response_bytes(&self) -> Vec<u8> {
+        let mut all = Vec::with_capacity(self.response_len);
+        for b in &self.response {
+            all.extend_from_slice(b);
+        }
+        all
+    }
+}
+
+/// The pipeline's capture stage: turns what the proxy kept into masked, bounded text.
+pub struct TextCapture {
+    masker: mask::Masker,
+    max_bytes: usize,
+}
+
+impl TextCapture {
+    pub fn new(cfg: &CaptureConfig, key: &[u8]) -> Result<TextCapture, mask::MaskError> {
+        Ok(TextCapture {
+            masker: mask::Masker::new(&cfg.mask, key)?,
+            max_bytes: cfg.max_bytes,
+        })
+    }
+
+    pub fn finish(&self, raw: &RawText) -> CapturedText {
+        let prompt = extract::prompt(&raw.request);
+        let completion = extract::completion(raw.format, &raw.response_bytes(), raw.event_stream);
+        let (prompt, prompt_cut) = cut(prompt, self.max_bytes);
+        let (completion, completion_cut) = cut(completion, self.max_bytes);
+        let p = self.masker.mask(&prompt);
+        let c = self.masker.mask(&completion);
+        let mut masked = p.counts;
+        for (kind, n) in c.counts {
+            *masked.entry(kind).or_insert(0) += n;
+        }
+        CapturedText {
+            region: raw.region.clone(),
+            prompt: p.text,
+            completion: c.text,
+            masked,
+            truncated: prompt_cut || completion_cut || raw.response_cut,
+        }
+    }
+}
+
+/// `s` cut to at most `max` bytes at a character boundary; true when it was cut.
+fn cut(mut s: String, max: usize) -> (String, bool) {
+    if s.len() <= max {
+        return (s, false);
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    (s, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_from_header_then_tenant_then_default() {
+        let cfg = CaptureConfig {
+            tenant_regions: BTreeMap::from([("acme".to_string(), "EU".to_string())]),
+            ..CaptureConfig::default()
+        };
+        let mut h = HeaderMap::new();
+        assert_eq!(cfg.region_of(&h, "someone"), "default");
+        assert_eq!(cfg.region_of(&h, "acme"), "eu");
+        h.insert("x-tokenwatch-region", " US ".parse().unwrap());
+        assert_eq!(cfg.region_of(&h, "acme"), "us");
+        h.insert("x-tokenwatch-region", "not a region!".parse().unwrap());
+        assert_eq!(
+            cfg.region_of(&h, "acme"),
+            "eu",
+            "an invalid header falls back to the tenant's"
+        );
+    }
+
+    #[test]
+    fn cut_keeps_whole_characters() {
+        assert_eq!(cut("héllo".into(), 2), ("h".to_string(), true));
+        assert_eq!(cut("héllo".into(), 3), ("hé".to_string(), true));
+        assert_eq!(cut("abc".into(), 3), ("abc".to_string(), false));
+    }
+
+    #[test]
+    fn invalid_settings_name_their_key() {
+        let bad = CaptureConfig {
+            max_bytes: 0,
+            ..CaptureConfig::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().0, "capture.max_bytes");
+        let bad = CaptureConfig {
+            tenant_regions: BTreeMap::from([("t".to_string(), "eu west".to_string())]),
+            ..CaptureConfig::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().0, "capture.tenant_regions.t");
+        let bad = RetentionConfig {
+            regions: BTreeMap::from([("eu".to_string(), HumanDuration(Duration::ZERO))]),
+        };
+        assert_eq!(bad.validate().unwrap_err().0, "retention.regions.eu");
+    }
+
+    #[test]
+    fn finish_masks_prompt_and_completion_and_cuts_them() {
+        let cfg = CaptureConfig {
+            max_bytes: 60,
+            ..CaptureConfig::default()
+        };
+        let capture = TextCapture::new(&cfg, b"key").unwrap();
+        let req = br#"{"messages":[{"role":"user","content":"I am ann@example.org"}]}"#;
+        let mut raw = RawText::new(StreamFormat::OpenAi, "eu".into(), Bytes::from_static(req));
+        raw.event_stream = true;
+        raw.push(&Bytes::from_static(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi ANN@example.org, \"}}]}\n\n",
+        ));
+        raw.push(&Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"your card 4111111111111111 is fine and this sentence is long\"}}]}\n\n"));
+        let t = capture.finish(&raw);
+        assert_eq!(t.region, "eu");
+        let email = t.prompt.strip_prefix("user: I am ").unwrap();
+        assert!(
+            email.starts_with("[email:") && email.len() == 24,
+            "{}",
+            t.prompt
+        );
+        assert!(
+            t.completion
+                .starts_with(&format!("Hi {email}, your card [card:")),
+            "{}",
+            t.completion
+        );
+        assert!(!t.completion.contains("4111") && !t.prompt.contains("ann@"));
+        assert_eq!(t.masked.get("email"), Some(&2));
+        assert_eq!(t.masked.get("card"), Some(&1));
+        assert!(t.truncated, "the completion was over 60 bytes");
+        assert!(
+            t.completion.len() <= 60 + 24,
+            "cut before masking: {}",
+            t.completion
+        );
+    }
+
+    #[test]
+    fn raw_response_is_kept_up_to_its_limit() {
+        let mut raw = RawText::new(StreamFormat::OpenAi, "default".into(), Bytes::new());
+        let big = Bytes::from(vec![b'x'; MAX_RAW_RESPONSE - 1]);
+        raw.push(&big);
+        raw.push(&Bytes::from_static(b"yy"));
+        assert!(raw.response_cut);
+        assert_eq!(raw.response_bytes().len(), MAX_RAW_RESPONSE - 1);
+    }
+}

@@ -1,0 +1,240 @@
+// End to end through the real binaries: with `capture.text` on, prompts and completions are
+// stored with personal data replaced by keyed hashes (never in the database file), joinable
+// across requests, with the region from a header or the tenant; with it off nothing is kept.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const EMAIL: &str = "Jane.Doe@example.com";
+const CARD: &str = "4111 1111 1111 1111";
+const PHONE: &str = "+1 415 555 0100";
+
+/// The stored record of request `id`, once the pipeline has written it.
+async fn record(api: SocketAddr, id: &str, tw: &Proc) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = get(&format!("http://{api}/api/v1/requests/{id}")).await;
+        if r.status == 200 {
+            return r.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "record {id} never stored ({}); log:\n{}",
+            r.body,
+            tw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sends a chat request with `prompt`; returns the answer's text as the client received it.
+async fn chat(
+    proxy: SocketAddr,
+    id: &str,
+    prompt: &str,
+    stream: bool,
+    headers: &[(&str, &str)],
+) -> String {
+    let body = serde_json::json!({
+        "model": "m", "stream": stream, "max_tokens": 12,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": prompt}],
+    });
+    let mut h = vec![("x-request-id", id)];
+    h.extend_from_slice(headers);
+    let r = send(
+        "POST",
+        &format!("http://{proxy}/v1/chat/completions"),
+        Some(&body.to_string()),
+        &h,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    if !stream {
+        return r.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+    }
+    let mut text = String::new();
+    for data in r.body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if let Ok(v) = serde_json::from_str::<Value>(data) {
+            text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+        }
+    }
+    text
+}
+
+/// The `[kind:hash]` token that replaced a value of `kind` in `text`.
+fn token<'a>(text: &'a str, kind: &str) -> &'a str {
+    let start = text
+        .find(&format!("[{kind}:"))
+        .unwrap_or_else(|| panic!("no {kind} token in {text:?}"));
+    let end = start + text[start..].find(']').unwrap() + 1;
+    &text[start..end]
+}
+
+/// Every file under `dir` (the database, its WAL), as bytes.
+fn all_bytes(dir: &std::path::Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.path().is_file() {
+            out.extend(std::fs::read(e.path()).unwrap());
+        }
+    }
+    out
+}
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn captured_text_is_masked_before_storage_joinable_and_regioned() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tw.yaml");
+    std::fs::write(
+        &config,
+        "capture:\n  text: true\n  tenant_regions: {acme: eu}\n\
+         retention:\n  regions: {eu: 7d, default: 30d}\n",
+    )
+    .unwrap();
+    let cfg = config.to_string_lossy().into_owned();
+    let stack = Stack::start(
+        &["--model", "m", "--ttft-ms", "20", "--itl-ms", "5"],
+        &["-c", &cfg],
+    )
+    .await;
+
+    let p1 = format!("Mail {EMAIL} or call {PHONE}; card {CARD}; server 10.1.2.3 runs v1.2.3.4.");
+    let answer1 = chat(
+        stack.proxy,
+        "cap-1",
+        &p1,
+        true,
+        &[("x-tokenwatch-region", "EU")],
+    )
+    .await;
+    let p2 = format!(
+        "Write to {} again; order 1234567812345678.",
+        EMAIL.to_lowercase()
+    );
+    let answer2 = chat(stack.proxy, "cap-2", &p2, false, &[("x-tenant-id", "acme")]).await;
+    chat(stack.proxy, "cap-3", "No personal data here.", true, &[]).await;
+
+    let r1 = record(stack.api, "cap-1", &stack.tw).await;
+    let t1 = &r1["text"];
+    let prompt1 = t1["prompt"].as_str().unwrap();
+    assert!(
+        prompt1.starts_with("system: Be brief.\nuser: Mail [email:"),
+        "{prompt1}"
+    );
+    for (kind, raw) in [
+        ("email", EMAIL),
+        ("phone", PHONE),
+        ("card", CARD),
+        ("ipv4", "10.1.2.3"),
+    ] {
+        assert!(!prompt1.contains(raw), "{raw} stored: {prompt1}");
+        let t = token(prompt1, kind);
+        assert_eq!(t.len(), kind.len() + 2 + 1 + 16, "{t}");
+        assert_eq!(t1["masked"][kind], 1, "{t1}");
+    }
+    assert!(
+        prompt1.contains("v1.2.3.4"),
+        "a version string is not an address: {prompt1}"
+    );
+    assert_eq!(t1["region"], "eu", "from the header, lowercased");
+    assert_eq!(
+        t1["completion"],
+        answer1.as_str(),
+        "the streamed answer as the client saw it"
+    );
+    assert!(!answer1.is_empty());
+    assert_eq!(t1["truncated"], false);
+
+    let r2 = record(stack.api, "cap-2", &stack.tw).await;
+    let prompt2 = r2["text"]["prompt"].as_str().unwrap();
+    assert_eq!(
+        token(prompt1, "email"),
+        token(prompt2, "email"),
+        "the same address joins across requests"
+    );
+    assert!(
+        prompt2.contains("order 1234567812345678"),
+        "a number failing Luhn stays: {prompt2}"
+    );
+    assert_eq!(r2["text"]["region"], "eu", "from the tenant");
+    assert_eq!(r2["text"]["completion"], answer2.as_str());
+
+    let r3 = record(stack.api, "cap-3", &stack.tw).await;
+    assert_eq!(r3["text"]["region"], "default");
+    assert_eq!(
+        r3["text"]["prompt"],
+        "system: Be brief.\nuser: No personal data here."
+    );
+
+    // Lists leave the text out; the database never held the raw values.
+    let list = get(&format!("http://{}/api/v1/requests?limit=10", stack.api))
+        .await
+        .json();
+    assert_eq!(list["count"], 3, "{list}");
+    assert!(
+        list["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r.get("text").is_none()),
+        "{list}"
+    );
+    let stored = all_bytes(&stack.data_dir());
+    assert!(
+        contains(&stored, "Be brief."),
+        "the text is in the data directory"
+    );
+    for raw in [EMAIL, &EMAIL.to_lowercase(), PHONE, CARD, "10.1.2.3"] {
+        assert!(!contains(&stored, raw), "{raw} reached the data directory");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_capture_no_text_is_kept_and_bad_settings_are_refused() {
+    let stack = Stack::start(&["--model", "m", "--ttft-ms", "20", "--itl-ms", "5"], &[]).await;
+    chat(stack.proxy, "plain-1", &format!("Mail {EMAIL}"), true, &[]).await;
+    let r = record(stack.api, "plain-1", &stack.tw).await;
+    assert!(r.get("text").is_none(), "{r}");
+    assert!(
+        !contains(&all_bytes(&stack.data_dir()), "Be brief."),
+        "no text stored when capture is off"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.yaml");
+    std::fs::write(
+        &config,
+        "capture:\n  text: true\n  mask:\n    national_ids:\n      - {name: badge, pattern: 'B(\\d{4}'}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["check-config", &config.to_string_lossy()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("capture.mask.national_ids[0].pattern"),
+        "{err}"
+    );
+    std::fs::write(&config, "retention:\n  regions: {eu: 7d, 'eu west': 1d}\n").unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["check-config", &config.to_string_lossy()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("retention.regions.eu west"), "{err}");
+}
