@@ -172,6 +172,7 @@ impl RunningApp {
         let mut servers = alerting.tasks;
         servers.push(crate::api::timeline::spawn_sampler(aggregator.clone(), signals.clone(), timeline.clone(), stop.clone()));
         servers.push(spawn_signal_eviction(signals.clone(), cfg.signals.stale_after.0, stop.clone()));
+        servers.extend(crate::export::remote_write::start(&cfg.export.remote_write, metrics.clone(), stop.clone())?);
         drop(in_analysis);
         servers.extend(tls.spawn_reloader(stop.clone()));
         let (audit, audit_closer) = crate::audit::start(&cfg, &metrics, stop.clone())?;

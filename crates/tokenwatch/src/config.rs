@@ -47,6 +47,8 @@ pub struct Config {
     pub capture: crate::capture::CaptureConfig,
     /// How long captured text is kept, per region.
     pub retention: crate::capture::RetentionConfig,
+    /// Where metrics go besides `/metrics`: Prometheus remote write.
+    pub export: crate::export::ExportConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -86,6 +88,7 @@ impl Default for Config {
             limits: Default::default(),
             capture: Default::default(),
             retention: Default::default(),
+            export: Default::default(),
         }
     }
 }
@@ -356,6 +359,7 @@ impl Config {
         }
         crate::auth::validate(self).map_err(|(path, message)| invalid(path, message))?;
         crate::audit::validate(self).map_err(|(path, message)| invalid(path, message))?;
+        crate::export::remote_write::validate(&self.export.remote_write).map_err(|e| invalid(e.key, e.message))?;
         Ok(())
     }
 }

@@ -102,6 +102,10 @@ struct RunArgs {
     /// Send alerts to this Alertmanager (API v2), e.g. http://127.0.0.1:9093 (repeatable).
     #[arg(long = "alertmanager", value_name = "URL")]
     alertmanager: Vec<String>,
+    /// Send what /metrics serves to this Prometheus remote-write endpoint every 15 s, e.g.
+    /// http://127.0.0.1:9090/api/v1/write (repeatable; settings: export.remote_write).
+    #[arg(long = "remote-write", value_name = "URL")]
+    remote_write: Vec<String>,
     /// TLS certificate chain (PEM) of the API, proxy and OTLP listeners; sets tls.cert_file.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -148,6 +152,7 @@ impl RunArgs {
             cfg.otlp.enabled = false;
         }
         cfg.alerting.delivery.alertmanagers.extend(self.alertmanager);
+        cfg.export.remote_write.extend(self.remote_write.into_iter().map(tokenwatch::export::remote_write::RemoteWriteConfig::new));
         if let (Some(cert), Some(key)) = (self.tls_cert, self.tls_key) {
             cfg.tls.cert_file = Some(cert);
             cfg.tls.key_file = Some(key);

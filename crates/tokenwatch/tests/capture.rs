@@ -7,29 +7,11 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 const EMAIL: &str = "Jane.Doe@example.com";
 const CARD: &str = "4111 1111 1111 1111";
 const PHONE: &str = "+1 415 555 0100";
 
-/// The stored record of request `id`, once the pipeline has written it.
-async fn record(api: SocketAddr, id: &str, tw: &Proc) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = get(&format!("http://{api}/api/v1/requests/{id}")).await;
-        if r.status == 200 {
-            return r.json();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "record {id} never stored ({}); log:\n{}",
-            r.body,
-            tw.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Sends a chat request with `prompt`; returns the answer's text as the client received it.
 async fn chat(
@@ -126,7 +108,7 @@ async fn captured_text_is_masked_before_storage_joinable_and_regioned() {
     let answer2 = chat(stack.proxy, "cap-2", &p2, false, &[("x-tenant-id", "acme")]).await;
     chat(stack.proxy, "cap-3", "No personal data here.", true, &[]).await;
 
-    let r1 = record(stack.api, "cap-1", &stack.tw).await;
+    let r1 = stored_record(stack.api, "cap-1", &stack.tw).await;
     let t1 = &r1["text"];
     let prompt1 = t1["prompt"].as_str().unwrap();
     assert!(
@@ -157,7 +139,7 @@ async fn captured_text_is_masked_before_storage_joinable_and_regioned() {
     assert!(!answer1.is_empty());
     assert_eq!(t1["truncated"], false);
 
-    let r2 = record(stack.api, "cap-2", &stack.tw).await;
+    let r2 = stored_record(stack.api, "cap-2", &stack.tw).await;
     let prompt2 = r2["text"]["prompt"].as_str().unwrap();
     assert_eq!(
         token(prompt1, "email"),
@@ -171,7 +153,7 @@ async fn captured_text_is_masked_before_storage_joinable_and_regioned() {
     assert_eq!(r2["text"]["region"], "eu", "from the tenant");
     assert_eq!(r2["text"]["completion"], answer2.as_str());
 
-    let r3 = record(stack.api, "cap-3", &stack.tw).await;
+    let r3 = stored_record(stack.api, "cap-3", &stack.tw).await;
     assert_eq!(r3["text"]["region"], "default");
     assert_eq!(
         r3["text"]["prompt"],
@@ -205,7 +187,7 @@ async fn captured_text_is_masked_before_storage_joinable_and_regioned() {
 async fn without_capture_no_text_is_kept_and_bad_settings_are_refused() {
     let stack = Stack::start(&["--model", "m", "--ttft-ms", "20", "--itl-ms", "5"], &[]).await;
     chat(stack.proxy, "plain-1", &format!("Mail {EMAIL}"), true, &[]).await;
-    let r = record(stack.api, "plain-1", &stack.tw).await;
+    let r = stored_record(stack.api, "plain-1", &stack.tw).await;
     assert!(r.get("text").is_none(), "{r}");
     assert!(
         !contains(&all_bytes(&stack.data_dir()), "Be brief."),

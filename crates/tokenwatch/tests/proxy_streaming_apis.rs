@@ -8,7 +8,7 @@ use common::*;
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Reasoning tokens the simulator streams before each answer, one decode step of `ITL_MS` each.
@@ -17,18 +17,6 @@ const ITL_MS: u64 = 50;
 /// The token cap of every request: the reasoning plus one answer token, so each is cut there.
 const MAX_TOKENS: u64 = REASONING + 1;
 
-/// The stored record of request `id`, once the pipeline has written it.
-async fn record(api: SocketAddr, id: &str, tw: &Proc) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = get(&format!("http://{api}/api/v1/requests/{id}")).await;
-        if r.status == 200 {
-            return r.json();
-        }
-        assert!(Instant::now() < deadline, "record {id} never stored ({}); log:\n{}", r.body, tw.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
@@ -127,7 +115,7 @@ async fn responses_messages_and_reasoning_chat_are_timed_and_recorded() {
         (Some("incomplete"), Some("max_output_tokens"))
     );
     assert_eq!(u(&c["kinds"]["response.reasoning_text.delta"]), REASONING, "{c}");
-    let r = record(stack.api, "resp-stream", &stack.tw).await;
+    let r = stored_record(stack.api, "resp-stream", &stack.tw).await;
     check_ok(&r, "/v1/responses");
     check_stream_timing(&r, u(&c["text_deltas"]));
     assert_eq!(r["output_tokens"], c["output_tokens"], "{r}");
@@ -138,7 +126,7 @@ async fn responses_messages_and_reasoning_chat_are_timed_and_recorded() {
 
     // Responses, not streamed.
     let c = &seen["resp-json"];
-    let r = record(stack.api, "resp-json", &stack.tw).await;
+    let r = stored_record(stack.api, "resp-json", &stack.tw).await;
     check_ok(&r, "/v1/responses");
     assert_eq!((r["stream"].as_bool(), r["first_token_s"].as_f64()), (Some(false), None), "{r}");
     assert_eq!((&r["output_tokens"], &r["prompt_tokens"]), (&c["output_tokens"], &c["input_tokens"]), "{r}");
@@ -148,23 +136,23 @@ async fn responses_messages_and_reasoning_chat_are_timed_and_recorded() {
     let c = &seen["chat-think"];
     let (reasoning_chunks, content_chunks) = (u(&c["reasoning_chunks"]), u(&c["content_chunks"]));
     assert!(reasoning_chunks > REASONING / 2 && content_chunks <= 1, "{c}");
-    let r = record(stack.api, "chat-think", &stack.tw).await;
+    let r = stored_record(stack.api, "chat-think", &stack.tw).await;
     check_ok(&r, "/v1/chat/completions");
     check_stream_timing(&r, reasoning_chunks + content_chunks);
     assert_eq!((&r["output_tokens"], &r["prompt_tokens"]), (&c["completion_tokens"], &c["prompt_tokens"]), "{r}");
     assert_eq!(u(&r["reasoning_tokens"]), REASONING, "{r}");
 
     // Anthropic, streamed: thinking deltas time the first token; usage from message_start + message_delta.
-    let r = record(stack.api, "msg-stream", &stack.tw).await;
+    let r = stored_record(stack.api, "msg-stream", &stack.tw).await;
     check_ok(&r, "/v1/messages");
     check_stream_timing(&r, msg_deltas);
     assert_eq!((u(&r["output_tokens"]), u(&r["prompt_tokens"])), (msg_output, msg_input), "{r}");
     assert!(r["reasoning_tokens"].is_null(), "Anthropic does not report a reasoning count: {r}");
-    let resp_key = record(stack.api, "resp-stream", &stack.tw).await["prefix_key"].clone();
+    let resp_key = stored_record(stack.api, "resp-stream", &stack.tw).await["prefix_key"].clone();
     assert_eq!(r["prefix_key"], resp_key, "the same conversation has the same prefix key in both APIs");
 
     // Anthropic, not streamed.
-    let r = record(stack.api, "msg-json", &stack.tw).await;
+    let r = stored_record(stack.api, "msg-json", &stack.tw).await;
     check_ok(&r, "/v1/messages");
     assert_eq!(r["stream"], false);
     assert_eq!(r["output_tokens"], plain["usage"]["output_tokens"], "{r}");
@@ -283,7 +271,7 @@ async fn error_events_are_recorded_and_bytes_pass_untouched() {
     }
 
     // Failed mid-stream: an upstream error after content, timed up to there, tokens counted.
-    let r = record(api, "resp-failed", &tw).await;
+    let r = stored_record(api, "resp-failed", &tw).await;
     assert_eq!((r["error_class"].as_str(), r["status"].as_u64()), (Some("upstream_5xx"), Some(200)), "{r}");
     assert_eq!(r["model_id"], "up-model", "the model from the stream when the request named none: {r}");
     assert_eq!((u(&r["output_tokens"]), r["tokens_from_usage"].as_bool()), (2, Some(false)), "{r}");
@@ -292,11 +280,11 @@ async fn error_events_are_recorded_and_bytes_pass_untouched() {
     assert!(r["first_token_s"].as_f64().is_some(), "{r}");
 
     // Ended without a terminal event: a malformed stream.
-    let r = record(api, "resp-cut", &tw).await;
+    let r = stored_record(api, "resp-cut", &tw).await;
     assert_eq!(r["error_class"], "malformed_sse", "{r}");
     assert_eq!(u(&r["output_tokens"]), 2, "{r}");
 
-    let r = record(api, "msg-error", &tw).await;
+    let r = stored_record(api, "msg-error", &tw).await;
     assert_eq!(r["error_class"], "upstream_5xx", "{r}");
     assert_eq!(r["model_id"], "up-claude", "{r}");
     assert_eq!((u(&r["prompt_tokens"]), u(&r["output_tokens"])), (7, 1), "{r}");

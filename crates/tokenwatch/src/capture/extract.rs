@@ -84,28 +84,30 @@ fn push_str(out: &mut String, v: Option<&Value>) {
     }
 }
 
+/// The elements of the array `v[key]` (none when it is missing or not an array).
+fn items<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
+    v.get(key).and_then(Value::as_array).into_iter().flatten()
+}
+
+/// A chat choice's generated text: the reasoning and content of its `delta` (streamed) or
+/// `message` (whole), or its `text` (completions).
+fn chat_choice(c: &Value, part: &str, out: &mut String) {
+    if let Some(m) = c.get(part) {
+        push_str(
+            out,
+            m.get("reasoning_content").or_else(|| m.get("reasoning")),
+        );
+        out.push_str(&m.get("content").map(text_of).unwrap_or_default());
+    }
+    push_str(out, c.get("text"));
+}
+
 /// One streamed event's generated text.
 fn streamed(format: StreamFormat, name: &str, v: &Value, out: &mut String) {
+    let kind = v.get("type").and_then(Value::as_str).unwrap_or(name);
     match format {
-        StreamFormat::OpenAi => {
-            for c in v
-                .get("choices")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(d) = c.get("delta") {
-                    push_str(
-                        out,
-                        d.get("reasoning_content").or_else(|| d.get("reasoning")),
-                    );
-                    push_str(out, d.get("content"));
-                }
-                push_str(out, c.get("text"));
-            }
-        }
+        StreamFormat::OpenAi => items(v, "choices").for_each(|c| chat_choice(c, "delta", out)),
         StreamFormat::Responses => {
-            let kind = v.get("type").and_then(Value::as_str).unwrap_or(name);
             if matches!(
                 kind,
                 "response.output_text.delta"
@@ -117,7 +119,6 @@ fn streamed(format: StreamFormat, name: &str, v: &Value, out: &mut String) {
             }
         }
         StreamFormat::Anthropic => {
-            let kind = v.get("type").and_then(Value::as_str).unwrap_or(name);
             if kind == "content_block_delta"
                 && let Some(d) = v.get("delta")
             {
@@ -130,50 +131,23 @@ fn streamed(format: StreamFormat, name: &str, v: &Value, out: &mut String) {
 
 /// A whole (non-streamed) answer's generated text.
 fn whole(format: StreamFormat, v: &Value, out: &mut String) {
+    let text = |item: &Value, key: &str| item.get(key).map(text_of).unwrap_or_default();
     match format {
-        StreamFormat::OpenAi => {
-            for c in v
-                .get("choices")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(m) = c.get("message") {
-                    push_str(
-                        out,
-                        m.get("reasoning_content").or_else(|| m.get("reasoning")),
-                    );
-                    out.push_str(&m.get("content").map(text_of).unwrap_or_default());
-                }
-                push_str(out, c.get("text"));
-            }
-        }
+        StreamFormat::OpenAi => items(v, "choices").for_each(|c| chat_choice(c, "message", out)),
         StreamFormat::Responses => {
-            for item in v
-                .get("output")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
+            for item in items(v, "output") {
                 match item.get("type").and_then(Value::as_str) {
                     Some("reasoning") => {
-                        out.push_str(&item.get("summary").map(text_of).unwrap_or_default());
-                        out.push_str(&item.get("content").map(text_of).unwrap_or_default());
+                        out.push_str(&text(item, "summary"));
+                        out.push_str(&text(item, "content"));
                     }
-                    Some("message") | None => {
-                        out.push_str(&item.get("content").map(text_of).unwrap_or_default())
-                    }
+                    Some("message") | None => out.push_str(&text(item, "content")),
                     Some(_) => {}
                 }
             }
         }
         StreamFormat::Anthropic => {
-            for block in v
-                .get("content")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
+            for block in items(v, "content") {
                 push_str(out, block.get("thinking"));
                 push_str(out, block.get("text"));
             }

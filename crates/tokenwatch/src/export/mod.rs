@@ -1,4 +1,13 @@
-// Export stage: what leaves tokenwatch for other tools. Today the Prometheus `/metrics`
-// exposition; remote write and ClickHouse will sit beside it as further sinks.
+// Export stage: what leaves tokenwatch for other tools. The Prometheus `/metrics` exposition
+// and its remote write (`export:` in the configuration); ClickHouse will sit beside them.
 
 pub mod prometheus;
+pub mod remote_write;
+
+/// `export:` in the configuration.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExportConfig {
+    /// Prometheus remote-write endpoints that receive what `/metrics` serves.
+    pub remote_write: Vec<remote_write::RemoteWriteConfig>,
+}

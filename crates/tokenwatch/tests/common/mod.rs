@@ -179,6 +179,20 @@ pub async fn wait_ready(url: &str, proc_: &Proc) {
     );
 }
 
+/// The stored record of request `id` (`GET /api/v1/requests/{id}`), once the pipeline has
+/// written it; fails with `tw`'s log after 20 s.
+pub async fn stored_record(api: SocketAddr, id: &str, tw: &Proc) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = get(&format!("http://{api}/api/v1/requests/{id}")).await;
+        if r.status == 200 {
+            return r.json();
+        }
+        assert!(Instant::now() < deadline, "record {id} never stored ({}); log:\n{}", r.body, tw.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Read one sample's value from Prometheus text (exact series text before the value).
 pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| {
