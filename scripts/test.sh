@@ -7,17 +7,24 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 [ -x /usr/bin/prometheus-alertmanager ] || need_apt+=(prometheus-alertmanager)
+[ -x /usr/bin/victoria-metrics ] || need_apt+=(victoria-metrics)
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  # The tests start their own VictoriaMetrics on a loopback port; under systemd, mask the
+  # package's service first so installing it does not start a daemon listening on :8428.
+  if [[ " ${need_apt[*]} " == *" victoria-metrics "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl mask victoria-metrics.service >/dev/null
+  fi
   $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}" >/dev/null 2>&1 \
     || { $SUDO apt-get update >/dev/null && $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}"; }
 fi
 command -v promtool >/dev/null || { echo "error: promtool still missing after installing prometheus" >&2; exit 1; }
 [ -x /usr/bin/prometheus-alertmanager ] || { echo "error: /usr/bin/prometheus-alertmanager still missing after installing prometheus-alertmanager" >&2; exit 1; }
+[ -x /usr/bin/victoria-metrics ] || { echo "error: /usr/bin/victoria-metrics still missing after installing victoria-metrics" >&2; exit 1; }
 command -v tmux >/dev/null || { echo "error: tmux still missing after installing tmux" >&2; exit 1; }
 [ -x /usr/bin/chromium ] || { echo "error: /usr/bin/chromium still missing after installing chromium" >&2; exit 1; }
 

@@ -1,5 +1,5 @@
-// Prometheus remote write against the real Prometheus (Debian `prometheus`, started with
-// --web.enable-remote-write-receiver): what /metrics serves arrives, queryable, with its labels.
+// Prometheus remote write against the real receivers — Prometheus (Debian `prometheus`, with
+// --web.enable-remote-write-receiver) and VictoriaMetrics (Debian `victoria-metrics`).
 
 mod common;
 
@@ -9,57 +9,96 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A real Prometheus on `addr` accepting remote write, with its own storage; killed when dropped.
-struct Prometheus {
+/// A real remote-write receiver on `addr` with its own storage, answering PromQL at
+/// `/api/v1/query`; killed when dropped.
+struct Receiver {
+    name: &'static str,
     child: Child,
     url: String,
     log: PathBuf,
 }
 
-fn prometheus_bin() -> PathBuf {
+/// The executable `name` on PATH; fails (never skips) naming the Debian package that
+/// scripts/test.sh installs for it.
+fn tool(name: &str, package: &str) -> PathBuf {
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
-            .map(|d| d.join("prometheus"))
+            .map(|d| d.join(name))
             .find(|p| p.exists())
     });
-    found.expect("prometheus is not installed — run the README's test command (scripts/test.sh), which installs Debian's `prometheus` package")
+    found.unwrap_or_else(|| panic!("{name} is not installed — run the README's test command (scripts/test.sh), which installs Debian's `{package}` package"))
 }
 
-impl Prometheus {
-    async fn start(dir: &Path, addr: SocketAddr) -> Prometheus {
-        let bin = prometheus_bin();
+impl Receiver {
+    /// Prometheus accepting remote write at `/api/v1/write`.
+    async fn prometheus(dir: &Path, addr: SocketAddr) -> Receiver {
         let cfg = dir.join("prometheus.yml");
         std::fs::write(&cfg, "global:\n  scrape_interval: 1m\n").unwrap();
-        let log = dir.join("prometheus.log");
+        let args = [
+            format!("--config.file={}", cfg.display()),
+            format!("--storage.tsdb.path={}", dir.join("prom-data").display()),
+            format!("--web.listen-address={addr}"),
+            "--web.enable-remote-write-receiver".to_string(),
+        ];
+        Receiver::start("prometheus", "prometheus", &args, dir, addr, "/-/ready").await
+    }
+
+    /// Single-node VictoriaMetrics, which takes Prometheus remote write at `/api/v1/write`.
+    /// `-search.latencyOffset=0s`: instant queries see samples as soon as they are
+    /// searchable (by default they are evaluated 30 s in the past).
+    async fn victoria_metrics(dir: &Path, addr: SocketAddr) -> Receiver {
+        let args = [
+            format!("-httpListenAddr={addr}"),
+            format!("-storageDataPath={}", dir.join("vm-data").display()),
+            "-retentionPeriod=1d".to_string(),
+            "-search.latencyOffset=0s".to_string(),
+            "-search.disableCache".to_string(),
+        ];
+        Receiver::start(
+            "victoria-metrics",
+            "victoria-metrics",
+            &args,
+            dir,
+            addr,
+            "/health",
+        )
+        .await
+    }
+
+    async fn start(
+        name: &'static str,
+        package: &str,
+        args: &[String],
+        dir: &Path,
+        addr: SocketAddr,
+        ready_path: &str,
+    ) -> Receiver {
+        let bin = tool(name, package);
+        let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
         let child = Command::new(&bin)
-            .arg(format!("--config.file={}", cfg.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("prom-data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .arg("--web.enable-remote-write-receiver")
+            .args(args)
             .stdout(Stdio::from(out.try_clone().unwrap()))
             .stderr(Stdio::from(out))
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        let p = Prometheus {
+        let rx = Receiver {
+            name,
             child,
             url: format!("http://{addr}"),
             log,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(r) = send("GET", &format!("{}/-/ready", p.url), None, &[]).await
+            if let Ok(r) = send("GET", &format!("{}{ready_path}", rx.url), None, &[]).await
                 && r.status == 200
             {
-                return p;
+                return rx;
             }
             assert!(
                 Instant::now() < deadline,
-                "Prometheus never became ready; log:\n{}",
-                p.log()
+                "{name} never became ready; log:\n{}",
+                rx.log()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -98,14 +137,15 @@ impl Prometheus {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         panic!(
-            "{promql}: never as expected; last result {last:?}\n--- tokenwatch log ---\n{}\n--- prometheus log ---\n{}",
+            "{promql}: never as expected; last result {last:?}\n--- tokenwatch log ---\n{}\n--- {} log ---\n{}",
             tw_log(),
+            self.name,
             self.log()
         );
     }
 }
 
-impl Drop for Prometheus {
+impl Drop for Receiver {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -147,8 +187,21 @@ async fn chat(stack: &Stack, n: usize) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn series_arrive_in_prometheus_queryable_with_their_labels() {
     let dir = tempfile::tempdir().unwrap();
-    let prom = Prometheus::start(dir.path(), free_addr()).await;
-    let cfg = dir.path().join("tw.yaml");
+    let prom = Receiver::prometheus(dir.path(), free_addr()).await;
+    series_arrive_queryable_with_their_labels(&prom, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_arrive_in_victoria_metrics_queryable_with_their_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let vm = Receiver::victoria_metrics(dir.path(), free_addr()).await;
+    series_arrive_queryable_with_their_labels(&vm, dir.path()).await;
+}
+
+/// tokenwatch remote-writes to `prom` (config file in `dir`, with an external label); after
+/// three proxied requests the series are queryable there with their labels and values.
+async fn series_arrive_queryable_with_their_labels(prom: &Receiver, dir: &Path) {
+    let cfg = dir.join("tw.yaml");
     std::fs::write(
         &cfg,
         format!(
@@ -166,7 +219,8 @@ async fn series_arrive_in_prometheus_queryable_with_their_labels() {
     let tw_log = || stack.tw.log();
 
     // The request counter: the series' own labels (its instance is the upstream; the empty
-    // error_type is left out, as Prometheus does), plus job and the external label.
+    // error_type is left out, as Prometheus and VictoriaMetrics do), plus job and the
+    // external label.
     let req = prom
         .wait_for(
             r#"tokenwatch_requests_total{job="tokenwatch",cluster="test",model_id="m1"}"#,
@@ -294,7 +348,7 @@ async fn a_down_endpoint_is_retried_without_slowing_the_proxy_and_catches_up() {
 
     // The endpoint comes up: the request being retried (the first snapshot) gets through.
     let dir = tempfile::tempdir().unwrap();
-    let prom = Prometheus::start(dir.path(), prom_addr).await;
+    let prom = Receiver::prometheus(dir.path(), prom_addr).await;
     let build = prom
         .wait_for(
             r#"tokenwatch_build_info{job="tokenwatch"}"#,
