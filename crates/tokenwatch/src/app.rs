@@ -155,6 +155,10 @@ impl RunningApp {
         } else {
             None
         };
+        let telemetry_text = match &text_capture {
+            Some(c) => crate::capture::telemetry::TelemetryText::masking(c.masker()),
+            None => crate::capture::telemetry::TelemetryText::dropping(),
+        };
         let (pipeline, queue) = Pipeline::start(
             PipelineConfig {
                 queue_capacity: cfg.telemetry.queue_capacity,
@@ -194,6 +198,7 @@ impl RunningApp {
                 shutdown: stop.clone(),
                 tls: tls.clone(),
                 auth: auth.clone(),
+                telemetry_text: telemetry_text.clone(),
             };
             let handle = source.start(ctx).await.with_context(|| format!("starting the {name} source"))?;
             servers.extend(handle.tasks);

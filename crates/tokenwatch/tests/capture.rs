@@ -12,7 +12,6 @@ const EMAIL: &str = "Jane.Doe@example.com";
 const CARD: &str = "4111 1111 1111 1111";
 const PHONE: &str = "+1 415 555 0100";
 
-
 /// Sends a chat request with `prompt`; returns the answer's text as the client received it.
 async fn chat(
     proxy: SocketAddr,
@@ -219,4 +218,120 @@ async fn without_capture_no_text_is_kept_and_bad_settings_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("retention.regions.eu west"), "{err}");
+}
+
+/// A collector-only tokenwatch with OTLP/HTTP on a free port and `capture.text` as given.
+async fn otlp_collector(dir: &std::path::Path, capture: bool) -> (Proc, SocketAddr, SocketAddr) {
+    let (api, grpc, http) = (free_addr(), free_addr(), free_addr());
+    let config = dir.join("tw.yaml");
+    std::fs::write(&config, format!("capture:\n  text: {capture}\n")).unwrap();
+    let data = dir.join("data").to_string_lossy().into_owned();
+    let (a, g, h, c) = (
+        api.to_string(),
+        grpc.to_string(),
+        http.to_string(),
+        config.to_string_lossy().into_owned(),
+    );
+    let args = [
+        "run",
+        "-c",
+        &c,
+        "--listen",
+        &a,
+        "--data-dir",
+        &data,
+        "--otlp-grpc-listen",
+        &g,
+        "--otlp-http-listen",
+        &h,
+    ];
+    let tw = Proc::start("tokenwatch", &args, dir);
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    (tw, api, http)
+}
+
+/// Sends a GenAI span whose attributes carry the prompt (as the OpenTelemetry GenAI
+/// instrumentations do) and a `gen_ai.user.message` log event; returns what the trace API
+/// stored: (the span's attributes, the log's body).
+async fn send_content(api: SocketAddr, otlp: SocketAddr, tw: &Proc) -> (Value, String) {
+    let trace = "6b8efff798038103d269b633813fc60d";
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let messages = serde_json::json!([{"role": "user", "parts": [{"type": "text", "content": format!("mail {EMAIL}")}]}]);
+    let attr = |k: &str, v: Value| serde_json::json!({"key": k, "value": v});
+    let span = serde_json::json!({"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": trace, "spanId": "aee19b7ec3c1b174", "name": "chat m", "kind": 3,
+        "startTimeUnixNano": (now - 1_000_000_000).to_string(), "endTimeUnixNano": now.to_string(),
+        "attributes": [attr("gen_ai.operation.name", serde_json::json!({"stringValue": "chat"})),
+                       attr("gen_ai.request.model", serde_json::json!({"stringValue": "m"})),
+                       attr("gen_ai.input.messages", serde_json::json!({"stringValue": messages.to_string()}))]}]}]}]});
+    let log = serde_json::json!({"resourceLogs": [{"scopeLogs": [{"logRecords": [{
+        "timeUnixNano": now.to_string(), "traceId": trace, "spanId": "aee19b7ec3c1b174", "eventName": "gen_ai.user.message",
+        "body": {"stringValue": format!("mail {EMAIL}")}}]}]}]});
+    for (path, body) in [("traces", span), ("logs", log)] {
+        let r = send(
+            "POST",
+            &format!("http://{otlp}/v1/{path}"),
+            Some(&body.to_string()),
+            &[],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let t = get(&format!("http://{api}/api/v1/traces/{trace}"))
+            .await
+            .json();
+        if let (Some(span), Some(log)) = (t["spans"].get(0), t["logs"].get(0)) {
+            return (
+                span["attributes"].clone(),
+                log["body"].as_str().unwrap_or("").to_string(),
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "trace never stored: {t}\n{}",
+            tw.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_text_in_received_spans_and_logs_is_dropped_or_masked() {
+    let off = tempfile::tempdir().unwrap();
+    let (tw, api, otlp) = otlp_collector(off.path(), false).await;
+    let (attrs, body) = send_content(api, otlp, &tw).await;
+    assert!(
+        attrs.get("gen_ai.input.messages").is_none(),
+        "capture off: not stored: {attrs}"
+    );
+    assert_eq!(attrs["gen_ai.request.model"], "m", "{attrs}");
+    assert_eq!(
+        body, "",
+        "capture off: the content event's body is not stored"
+    );
+    drop(tw);
+    assert!(!contains(&all_bytes(&off.path().join("data")), EMAIL));
+
+    let on = tempfile::tempdir().unwrap();
+    let (tw, api, otlp) = otlp_collector(on.path(), true).await;
+    let (attrs, body) = send_content(api, otlp, &tw).await;
+    let messages = attrs["gen_ai.input.messages"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{attrs}"));
+    assert!(
+        messages.contains("mail [email:") && !messages.contains(EMAIL),
+        "{messages}"
+    );
+    assert!(
+        body.starts_with("mail [email:") && !body.contains(EMAIL),
+        "{body}"
+    );
+    drop(tw);
+    assert!(!contains(&all_bytes(&on.path().join("data")), EMAIL));
 }

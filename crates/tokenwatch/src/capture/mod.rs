@@ -3,6 +3,7 @@
 
 pub mod extract;
 pub mod mask;
+pub mod telemetry;
 
 use crate::config::HumanDuration;
 use crate::sources::proxy::sse::StreamFormat;
@@ -171,16 +172,21 @@ impl RawText {
 
 /// The pipeline's capture stage: turns what the proxy kept into masked, bounded text.
 pub struct TextCapture {
-    masker: mask::Masker,
+    masker: std::sync::Arc<mask::Masker>,
     max_bytes: usize,
 }
 
 impl TextCapture {
     pub fn new(cfg: &CaptureConfig, key: &[u8]) -> Result<TextCapture, mask::MaskError> {
         Ok(TextCapture {
-            masker: mask::Masker::new(&cfg.mask, key)?,
+            masker: std::sync::Arc::new(mask::Masker::new(&cfg.mask, key)?),
             max_bytes: cfg.max_bytes,
         })
+    }
+
+    /// The masker, shared with the OTLP receiver (`telemetry::TelemetryText`).
+    pub fn masker(&self) -> std::sync::Arc<mask::Masker> {
+        self.masker.clone()
     }
 
     pub fn finish(&self, raw: &RawText) -> CapturedText {

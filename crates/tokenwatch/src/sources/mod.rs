@@ -48,6 +48,9 @@ pub struct SourceContext {
     pub auth: crate::auth::AuthHandle,
     /// The listeners' TLS (`otlp_grpc`, `otlp_http`; None: plain TCP), see `crate::listen`.
     pub tls: Arc<crate::listen::tls::ServerTls>,
+    /// Prompt and completion text in received spans and logs: dropped, or masked when
+    /// `capture.text` is on.
+    pub telemetry_text: crate::capture::telemetry::TelemetryText,
 }
 
 /// A started source: its tasks, and API routes it serves on the API port (if any).

@@ -4,6 +4,7 @@
 use super::genai;
 use super::logs;
 use super::metrics::MetricsMapper;
+use crate::capture::telemetry::TelemetryText;
 use crate::export::prometheus::Metrics;
 use crate::pipeline::TelemetryQueue;
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
@@ -117,16 +118,25 @@ pub struct Ingest {
     signals: SharedSignals,
     mapper: Mutex<MetricsMapper>,
     permits: Arc<Semaphore>,
+    /// Prompt and completion text in spans and logs: dropped or masked before storage.
+    text: TelemetryText,
     pub stats: OtlpStats,
 }
 
 impl Ingest {
     /// `max_in_flight` exports are processed at once; more are told to retry later.
-    pub fn new(queue: TelemetryQueue, store: Arc<dyn Store>, signals: SharedSignals, max_in_flight: usize) -> Ingest {
+    pub fn new(
+        queue: TelemetryQueue,
+        store: Arc<dyn Store>,
+        signals: SharedSignals,
+        max_in_flight: usize,
+        text: TelemetryText,
+    ) -> Ingest {
         Ingest {
             queue,
             store,
             signals,
+            text,
             mapper: Mutex::new(MetricsMapper::default()),
             permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
             stats: OtlpStats::default(),
@@ -145,10 +155,16 @@ impl Ingest {
         let batch = genai::map_traces(&req, true);
         drop(req);
         let store = self.store.clone();
-        let spans = batch.spans;
+        let mut spans = batch.spans;
         let n_spans = spans.len();
         if n_spans > 0 {
-            tokio::task::spawn_blocking(move || store.insert_spans(&spans))
+            let text = self.text.clone();
+            tokio::task::spawn_blocking(move || {
+                for s in &mut spans {
+                    s.attributes_json = text.attributes(std::mem::take(&mut s.attributes_json));
+                }
+                store.insert_spans(&spans)
+            })
                 .await
                 .map_err(|e| Refused::Unavailable(format!("storing spans: {e}")))?
                 .map_err(|e| Refused::Unavailable(format!("storing spans: {e}")))?;
@@ -207,8 +223,15 @@ impl Ingest {
         drop(req);
         if !batch.rows.is_empty() {
             let store = self.store.clone();
-            let rows = batch.rows;
-            tokio::task::spawn_blocking(move || store.insert_logs(&rows))
+            let mut rows = batch.rows;
+            let text = self.text.clone();
+            tokio::task::spawn_blocking(move || {
+                for r in &mut rows {
+                    r.body = text.log_body(&r.attributes_json, std::mem::take(&mut r.body));
+                    r.attributes_json = text.attributes(std::mem::take(&mut r.attributes_json));
+                }
+                store.insert_logs(&rows)
+            })
                 .await
                 .map_err(|e| Refused::Unavailable(format!("storing log records: {e}")))?
                 .map_err(|e| Refused::Unavailable(format!("storing log records: {e}")))?;
