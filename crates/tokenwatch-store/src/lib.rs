@@ -1,6 +1,7 @@
 // tokenwatch-store: the embedded store behind the `Store` trait (spec section 9) — the trait,
 // its query/option/report types and the SQLite implementation re-exported from `sqlite`.
 
+mod alerts;
 mod annotations;
 mod codec;
 mod embeddings;
@@ -55,6 +56,17 @@ pub trait Store: Send + Sync + 'static {
     fn insert_annotations(&self, rows: &[AnnotationRow]) -> Result<(), StoreError>;
     /// The annotations of these requests, oldest first.
     fn query_annotations(&self, request_ids: &[String]) -> Result<Vec<AnnotationRow>, StoreError>;
+    /// Insert or replace alerts by id, in one transaction (resolved ones are retained like raw
+    /// records).
+    fn upsert_alerts(&self, alerts: &[tokenwatch_core::alert::Alert]) -> Result<(), StoreError>;
+    /// Forget alerts by id (a pending alert whose condition went away before it fired).
+    fn delete_alerts(&self, ids: &[String]) -> Result<(), StoreError>;
+    /// Every pending or firing alert, and the resolved ones resolved at or after
+    /// `resolved_since_unix_ms`; newest first.
+    fn load_alerts(
+        &self,
+        resolved_since_unix_ms: i64,
+    ) -> Result<Vec<tokenwatch_core::alert::Alert>, StoreError>;
 }
 
 /// A storage-level roll-up: one minute of one latency sketch for one series and context bucket.

@@ -181,6 +181,23 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         CREATE INDEX record_text_arrival ON record_text (arrival_unix_ms);
         ",
     },
+    Migration {
+        version: 9,
+        name: "alerts (survive restarts)",
+        sql: "
+        CREATE TABLE alerts (
+            id                  TEXT    PRIMARY KEY,
+            fingerprint         TEXT    NOT NULL,
+            state               TEXT    NOT NULL,
+            active_at_unix_ms   INTEGER NOT NULL,
+            updated_unix_ms     INTEGER NOT NULL,
+            resolved_at_unix_ms INTEGER,
+            alert               TEXT    NOT NULL
+        );
+        CREATE INDEX alerts_state ON alerts (state);
+        CREATE INDEX alerts_resolved_at ON alerts (resolved_at_unix_ms);
+        ",
+    },
 ];
 
 /// The highest schema version this build knows.

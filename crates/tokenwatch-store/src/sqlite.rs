@@ -1,6 +1,7 @@
 // SqliteStore: the `Store` on one SQLite file in WAL mode — a mutex-guarded write connection
 // (one transaction per batch) and a separate query-only read connection.
 
+use crate::alerts;
 use crate::annotations::{self, AnnotationRow};
 use crate::codec::{self, RECORD_COLUMNS, RECORD_SELECT, ROLLUP_COLUMNS};
 use crate::embeddings::{self, EmbeddingRow};
@@ -339,6 +340,7 @@ impl Store for SqliteStore {
         self.delete_chunked(telemetry::RETENTION_LOGS, raw_cutoff, "retention of logs")?;
         self.delete_chunked(embeddings::RETENTION, raw_cutoff, "retention of embeddings")?;
         self.delete_chunked(annotations::RETENTION, raw_cutoff, "retention of annotations")?;
+        self.delete_chunked(alerts::RETENTION, raw_cutoff, "retention of alerts")?;
         let texts_deleted = text::apply_retention(
             &lock(&self.write),
             now_unix_ms,
@@ -396,6 +398,30 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         annotations::query(&lock(&self.read), request_ids).map_err(self.err("query_annotations"))
+    }
+
+    fn upsert_alerts(&self, list: &[tokenwatch_core::alert::Alert]) -> Result<(), StoreError> {
+        if list.is_empty() {
+            return Ok(());
+        }
+        alerts::upsert(&mut lock(&self.write), list).map_err(|e| match e {
+            alerts::UpsertError::Sqlite(source) => self.err("upsert_alerts")(source),
+            alerts::UpsertError::Json(id, e) => self.invalid(format!("alert {id}"))(e.to_string()),
+        })
+    }
+
+    fn delete_alerts(&self, ids: &[String]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        alerts::delete(&mut lock(&self.write), ids).map_err(self.err("delete_alerts"))
+    }
+
+    fn load_alerts(
+        &self,
+        resolved_since_unix_ms: i64,
+    ) -> Result<Vec<tokenwatch_core::alert::Alert>, StoreError> {
+        alerts::load(&lock(&self.read), resolved_since_unix_ms).map_err(self.err("load_alerts"))
     }
 
     fn stats(&self) -> Result<StoreStats, StoreError> {

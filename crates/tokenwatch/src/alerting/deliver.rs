@@ -377,6 +377,21 @@ impl Notifier {
         }
     }
 
+    /// An alert restored after a restart: remembered as already announced (Alertmanager's
+    /// re-send loop keeps sending a firing one with its original `startsAt`), sending nothing now,
+    /// so a restored firing alert is not announced again as new.
+    pub fn restore(&self, alert: &Alert) {
+        let inner = &self.inner;
+        if alert.state == AlertState::Firing {
+            let mut firing = inner.firing.lock().unwrap_or_else(|p| p.into_inner());
+            firing.insert(alert.id.clone(), Arc::new(alert.clone()));
+        }
+        if alert.state != AlertState::Resolved {
+            let mut sent = inner.webhook_sent.lock().unwrap_or_else(|p| p.into_inner());
+            sent.insert(alert.id.clone(), (alert.state, alert.snapshot.is_some()));
+        }
+    }
+
     /// Names of the receivers as they appear in the `receiver` label of the metrics.
     pub fn receiver_names(&self) -> Vec<String> {
         self.inner

@@ -49,6 +49,8 @@ pub struct SnapshotContext {
     /// The effective configuration, rendered as JSON by the caller.
     pub config_json: serde_json::Value,
     pub data_dir: PathBuf,
+    /// Snapshots older than this are deleted (the raw-record retention).
+    pub retention: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +100,45 @@ struct Document<'a> {
     config: &'a serde_json::Value,
     /// Parts that could not be collected, and why (the snapshot is written anyway).
     errors: Vec<String>,
+}
+
+/// Delete the snapshots (and temporary files left by a crash) in `dir` last modified more than
+/// `retention` before `now`; a missing directory has none. Returns how many were deleted.
+/// Blocking (file I/O): call it from `spawn_blocking`.
+pub fn prune_snapshots(
+    dir: &Path,
+    retention: std::time::Duration,
+    now: std::time::SystemTime,
+) -> std::io::Result<usize> {
+    let Some(cutoff) = now.checked_sub(retention) else {
+        return Ok(0);
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let suffix = format!(".{SNAPSHOT_EXT}");
+    let mut deleted = 0;
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !(name.ends_with(&suffix) || (name.starts_with('.') && name.ends_with(".tmp"))) {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        if meta.is_file() && meta.modified().is_ok_and(|m| m < cutoff) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => deleted += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(deleted)
 }
 
 /// `<data_dir>/snapshots`.
@@ -364,6 +405,39 @@ fn latency_summaries(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn prune_deletes_only_old_snapshots() {
+        use std::time::{Duration, SystemTime};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = super::snapshot_dir(tmp.path());
+        assert_eq!(
+            super::prune_snapshots(&dir, Duration::from_secs(60), SystemTime::now()).unwrap(),
+            0,
+            "no directory yet"
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["old.json.gz", ".old.1.tmp", "new.json.gz", "notes.txt"] {
+            std::fs::write(dir.join(name), b"x").unwrap();
+        }
+        // Seen from two hours on, with a one-hour retention: every file is old, but only
+        // snapshots and temporary files go.
+        let later = SystemTime::now() + Duration::from_secs(7200);
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join("new.json.gz"))
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let n = super::prune_snapshots(&dir, Duration::from_secs(3600), later).unwrap();
+        assert_eq!(n, 2);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["new.json.gz", "notes.txt"]);
+    }
+
     use super::*;
     use std::collections::BTreeMap;
     use tokenwatch_core::aggregate::AggregatorConfig;
@@ -479,6 +553,7 @@ mod tests {
             aggregator: Arc::new(Mutex::new(agg)),
             config_json: serde_json::json!({"listen": "127.0.0.1:9464"}),
             data_dir: tmp.path().to_path_buf(),
+            retention: std::time::Duration::from_secs(3600),
         };
         let dir = snapshot_dir(&ctx.data_dir);
         let path = write_snapshot(&dir, &alert("al-1"), &ctx).unwrap();

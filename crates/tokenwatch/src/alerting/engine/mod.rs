@@ -10,14 +10,17 @@ pub mod latency;
 pub mod length;
 pub mod lifecycle;
 pub mod noise;
+pub mod persist;
 pub mod quality;
+#[cfg(test)]
+mod restore_tests;
 pub mod vectors;
 
 pub use inputs::AlertSink;
 
 use crate::alerting::deliver::Notifier;
 use crate::alerting::rules::{AlertingConfig, InhibitRule, Rule, default_inhibit_rules, render};
-use crate::alerting::snapshot::{SnapshotContext, snapshot_dir, write_snapshot};
+use crate::alerting::snapshot::{SnapshotContext, prune_snapshots, snapshot_dir, write_snapshot};
 use crate::export::prometheus::Metrics;
 use crate::pipeline::now_unix_ms;
 use enrich::EventHistory;
@@ -42,6 +45,8 @@ const RECORDS_PER_MODEL: usize = 200_000;
 const MIN_EVAL_GAP: Duration = Duration::from_millis(50);
 const SPAN_POLL_MS: i64 = 5_000;
 const MAX_RESOLVED: usize = 1_000;
+/// How often old snapshots are deleted (and once at start).
+const SNAPSHOT_PRUNE_EVERY: Duration = Duration::from_secs(24 * 3600);
 
 /// Alerts as the API sees them: active (pending, firing) and recently resolved.
 #[derive(Default)]
@@ -142,7 +147,7 @@ pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Starte
         .filter_map(|r| r.compiled.embedding_retention_ms(&r.spec))
         .max();
     let (snap_tx, snap_rx) = mpsc::channel(256);
-    let engine = Engine {
+    let mut engine = Engine {
         rules,
         tracked: HashMap::new(),
         resolved: VecDeque::new(),
@@ -162,15 +167,18 @@ pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Starte
         keep_resolved_ms: cfg.keep_resolved.0.as_millis() as i64,
         book: book.clone(),
         signals: deps.signals,
-        store: deps.store,
+        store: deps.store.clone(),
         notifier: deps.notifier,
         snapshot: deps.snapshot.map(Arc::new),
         snap_tx,
+        persist: persist::Persist::start(deps.store.clone()),
         spans: Vec::new(),
         last_span_poll: i64::MIN,
         dropped,
         dropped_seen: 0,
     };
+    engine.restore(now_unix_ms());
+    engine.publish();
     let interval = cfg.evaluation_interval.0.max(Duration::from_millis(10));
     let task = tokio::spawn(engine.run(rx, snap_rx, wake, interval, deps.shutdown));
     Started { book, sink, task }
@@ -196,6 +204,7 @@ struct Engine {
     notifier: Option<Notifier>,
     snapshot: Option<Arc<SnapshotContext>>,
     snap_tx: mpsc::Sender<(String, String)>,
+    persist: persist::Persist,
     spans: Vec<(String, bool)>,
     last_span_poll: i64,
     dropped: Arc<AtomicU64>,
@@ -212,12 +221,17 @@ impl Engine {
         mut stop: watch::Receiver<bool>,
     ) {
         let mut last: Option<tokio::time::Instant> = None;
+        let mut pruned: Option<tokio::time::Instant> = None;
         loop {
+            if pruned.is_none_or(|p| p.elapsed() >= SNAPSHOT_PRUNE_EVERY) {
+                pruned = Some(tokio::time::Instant::now());
+                self.prune_snapshots();
+            }
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(interval) => {}
                 Some((id, path)) = snap_rx.recv() => { self.attach_snapshot(&id, path); continue; }
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.wait_for(|s| *s) => break,
             }
             if let Some(since) = last.map(|l| l.elapsed())
                 && since < MIN_EVAL_GAP
@@ -229,6 +243,93 @@ impl Engine {
             self.poll_spans().await;
             self.step(new_records, now_unix_ms());
         }
+        // Everything queued for the store is written before the engine ends.
+        if let Some(writer) = self.persist.finish() {
+            let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+        }
+    }
+
+    /// Delete snapshots older than the raw-record retention, off the engine's thread.
+    fn prune_snapshots(&self) {
+        let Some(ctx) = self.snapshot.clone() else {
+            return;
+        };
+        tokio::task::spawn_blocking(move || {
+            let dir = snapshot_dir(&ctx.data_dir);
+            match prune_snapshots(&dir, ctx.retention, std::time::SystemTime::now()) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, dir = %dir.display(), "deleted old snapshots"),
+                Err(e) => {
+                    tracing::warn!(error = %e, dir = %dir.display(), "deleting old snapshots failed")
+                }
+            }
+        });
+    }
+
+    /// Alerts stored before a restart: resolved ones (within `keep_resolved`) are listed again;
+    /// pending and firing ones are tracked again with the same id, fingerprint, activation and
+    /// incident, as if their condition held just now (gone, it resolves through the normal
+    /// resolve delay), and are not announced again. One whose rule no longer exists is resolved.
+    fn restore(&mut self, now: i64) {
+        let loaded = match self.store.load_alerts(now - self.keep_resolved_ms) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading stored alerts failed: starting without them");
+                return;
+            }
+        };
+        let mut ended = Vec::new();
+        for mut a in loaded {
+            if a.state == AlertState::Resolved {
+                if self.resolved.len() < MAX_RESOLVED {
+                    self.resolved.push_back(a);
+                }
+                continue;
+            }
+            let rule_index = self.rules.iter().position(|r| r.name == a.rule);
+            match rule_index {
+                Some(i) if !self.tracked.contains_key(&a.fingerprint) => {
+                    if let Some(n) = &self.notifier {
+                        n.restore(&a);
+                    }
+                    self.incidents.restore(&a, now);
+                    self.tracked.insert(
+                        a.fingerprint.clone(),
+                        Tracked {
+                            alert: a,
+                            rule_index: i,
+                            last_true_ms: now,
+                            clean_evaluations: 0,
+                        },
+                    );
+                }
+                _ => {
+                    a.state = AlertState::Resolved;
+                    a.resolved_at_unix_ms = Some(now);
+                    ended.push(a);
+                }
+            }
+        }
+        let restored = self
+            .tracked
+            .values()
+            .map(|t| &t.alert)
+            .chain(self.resolved.iter());
+        self.persist.seed(restored, now);
+        tracing::info!(
+            active = self.tracked.len(),
+            resolved = self.resolved.len(),
+            ended = ended.len(),
+            "restored stored alerts"
+        );
+        for a in ended {
+            tracing::info!(rule = %a.rule, alert = %a.id, "stored alert resolved: its rule no longer exists");
+            if let Some(n) = &self.notifier {
+                n.notify(&a);
+            }
+            self.resolved.push_front(a);
+        }
+        self.resolved.truncate(MAX_RESOLVED);
     }
 
     async fn poll_spans(&mut self) {
@@ -381,7 +482,9 @@ impl Engine {
     fn on_transition(&mut self, fp: &str, tr: Transition, now: i64) {
         match tr {
             Transition::Dropped => {
-                self.tracked.remove(fp);
+                if let Some(t) = self.tracked.remove(fp) {
+                    self.persist.forget(&t.alert.id);
+                }
             }
             Transition::Pending => {
                 if let Some(t) = self.tracked.get_mut(fp) {
@@ -614,6 +717,8 @@ impl Engine {
                 .then(a.id.cmp(&b.id))
         });
         let resolved: Vec<Alert> = self.resolved.iter().cloned().collect();
+        self.persist
+            .sync(active.iter(), resolved.iter(), now_unix_ms());
         self.metrics
             .set_alerts(active.iter().chain(resolved.iter()));
         self.book.publish(active, resolved);
@@ -692,6 +797,7 @@ pub fn start_from_config(
         aggregator,
         config_json: redacted_config(cfg),
         data_dir: cfg.data_dir.clone(),
+        retention: cfg.store.raw_retention.0,
     });
     tracing::info!(rules = rules.len(), receivers = ?notifier.receiver_names(), "alerting enabled");
     let started = start(

@@ -168,6 +168,21 @@ impl Incidents {
         id
     }
 
+    /// Re-open the incident of an alert restored after a restart (its id is kept), so alerts
+    /// that fire next can still join it.
+    pub fn restore(&mut self, alert: &Alert, now: i64) {
+        let Some(id) = alert.incident_id.clone() else {
+            return;
+        };
+        let inc = self.open.entry(id).or_insert_with(|| Incident {
+            model: Self::model(&alert.labels),
+            last_activity_ms: now,
+            alerts: HashSet::new(),
+        });
+        inc.alerts.insert(alert.fingerprint.clone());
+        inc.last_activity_ms = inc.last_activity_ms.max(now);
+    }
+
     /// Keep an incident open while one of its alerts is still active.
     pub fn touch(&mut self, alert: &Alert, now: i64) {
         if let Some(inc) = alert
