@@ -7,7 +7,7 @@ mod auth_support;
 mod common;
 
 use auth_support::*;
-use common::{BIN, Proc, free_addr, metric_value, python, send, start_collector, wait_ready, write_auth_files};
+use common::{BIN, free_addr, metric_value, python, send, start_collector, start_otlp_collector, write_auth_files};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -157,29 +157,8 @@ async fn roles_guard_the_api_metrics_otlp_and_embeddings_and_tokens_rotate() {
         dir.path(),
         &format!("# who\nread {READ}\n\ningest {INGEST}\nadmin {ADMIN}\n"),
     );
-    let (api, grpc, http) = (free_addr(), free_addr(), free_addr());
-    let data = dir.path().join("data").to_string_lossy().into_owned();
-    let (a, g, h, f) = (
-        api.to_string(),
-        grpc.to_string(),
-        http.to_string(),
-        file.to_string_lossy().into_owned(),
-    );
-    let args = [
-        "run",
-        "-c",
-        &f,
-        "--listen",
-        &a,
-        "--data-dir",
-        &data,
-        "--otlp-grpc-listen",
-        &g,
-        "--otlp-http-listen",
-        &h,
-    ];
-    let mut tw = Proc::start("tokenwatch", &args, dir.path());
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let api = free_addr();
+    let (mut tw, grpc, http) = start_otlp_collector(dir.path(), api, &file).await;
 
     let mut failures: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     let mut otlp_traces = route(
@@ -236,7 +215,7 @@ async fn roles_guard_the_api_metrics_otlp_and_embeddings_and_tokens_rotate() {
     // OTLP/gRPC through the OpenTelemetry SDK's exporter, and raw calls for the status codes.
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/otlp_auth.py");
     let mut cmd = Command::new(python());
-    cmd.args([script, "--endpoint", &g, "--model", "authm"]);
+    cmd.args([script, "--endpoint", &grpc.to_string(), "--model", "authm"]);
     for (caller, token) in CALLERS {
         cmd.args(["--case", &format!("{caller}={}", token.unwrap_or(""))]);
     }

@@ -222,31 +222,10 @@ async fn without_capture_no_text_is_kept_and_bad_settings_are_refused() {
 
 /// A collector-only tokenwatch with OTLP/HTTP on a free port and `capture.text` as given.
 async fn otlp_collector(dir: &std::path::Path, capture: bool) -> (Proc, SocketAddr, SocketAddr) {
-    let (api, grpc, http) = (free_addr(), free_addr(), free_addr());
     let config = dir.join("tw.yaml");
     std::fs::write(&config, format!("capture:\n  text: {capture}\n")).unwrap();
-    let data = dir.join("data").to_string_lossy().into_owned();
-    let (a, g, h, c) = (
-        api.to_string(),
-        grpc.to_string(),
-        http.to_string(),
-        config.to_string_lossy().into_owned(),
-    );
-    let args = [
-        "run",
-        "-c",
-        &c,
-        "--listen",
-        &a,
-        "--data-dir",
-        &data,
-        "--otlp-grpc-listen",
-        &g,
-        "--otlp-http-listen",
-        &h,
-    ];
-    let tw = Proc::start("tokenwatch", &args, dir);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let api = free_addr();
+    let (tw, _grpc, http) = start_otlp_collector(dir, api, &config).await;
     (tw, api, http)
 }
 

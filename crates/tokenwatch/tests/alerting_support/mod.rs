@@ -2,7 +2,7 @@
 // a test configuration, alert polling, a webhook receiver, and streaming traffic with headers.
 #![allow(dead_code)]
 
-use crate::common::{Proc, free_addr, get, send, start_tokenwatch, wait_ready};
+use crate::common::{Proc, free_addr, get, send, start_otlp_collector, start_tokenwatch, wait_ready};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -61,24 +61,8 @@ impl Stack {
     pub async fn collector(config: &str) -> Stack {
         let dir = tempfile::tempdir().unwrap();
         let cfg = write_config(dir.path(), config);
-        let (api, grpc, http) = (free_addr(), free_addr(), free_addr());
-        let (a, g, h) = (api.to_string(), grpc.to_string(), http.to_string());
-        let data = dir.path().join("data").to_string_lossy().into_owned();
-        let args = [
-            "run",
-            "-c",
-            &cfg,
-            "--listen",
-            &a,
-            "--data-dir",
-            &data,
-            "--otlp-grpc-listen",
-            &g,
-            "--otlp-http-listen",
-            &h,
-        ];
-        let tw = Proc::start("tokenwatch", &args, dir.path());
-        wait_ready(&format!("http://{api}/readyz"), &tw).await;
+        let api = free_addr();
+        let (tw, _grpc, http) = start_otlp_collector(dir.path(), api, Path::new(&cfg)).await;
         Stack {
             sim_proc: None,
             tw,

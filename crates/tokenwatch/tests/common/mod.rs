@@ -209,6 +209,8 @@ pub struct Stack {
     pub api: SocketAddr,
     pub proxy: SocketAddr,
     pub dir: tempfile::TempDir,
+    /// The extra tokenwatch arguments it was started with, used again by a restart.
+    tw_extra: Vec<String>,
 }
 
 impl Stack {
@@ -237,6 +239,7 @@ impl Stack {
             api,
             proxy,
             dir,
+            tw_extra: tw_extra.iter().map(|a| a.to_string()).collect(),
         }
     }
 
@@ -244,13 +247,15 @@ impl Stack {
         self.dir.path().join("data")
     }
 
+    /// Start tokenwatch again on the same ports and data directory, with the same arguments.
     pub fn restart_tokenwatch(&mut self) {
+        let extra: Vec<&str> = self.tw_extra.iter().map(String::as_str).collect();
         self.tw = start_tokenwatch(
             self.dir.path(),
             self.api,
             self.proxy,
             &format!("http://{}", self.sim_addr),
-            &[],
+            &extra,
         );
     }
 }
@@ -317,6 +322,40 @@ pub async fn start_collector(dir: &Path, api: SocketAddr, extra: &[&str]) -> Pro
     let tw = Proc::start("tokenwatch", &args, dir);
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
     tw
+}
+
+/// A collector with OTLP receivers: tokenwatch `run -c config` with its API on `api`, OTLP/gRPC
+/// and OTLP/HTTP on free ports and data under `dir/data`; waits until ready and returns
+/// (process, OTLP/gRPC address, OTLP/HTTP address).
+pub async fn start_otlp_collector(
+    dir: &Path,
+    api: SocketAddr,
+    config: &Path,
+) -> (Proc, SocketAddr, SocketAddr) {
+    let (grpc, http) = (free_addr(), free_addr());
+    let (a, g, h, c) = (
+        api.to_string(),
+        grpc.to_string(),
+        http.to_string(),
+        config.to_string_lossy().into_owned(),
+    );
+    let d = dir.join("data").to_string_lossy().into_owned();
+    let args = [
+        "run",
+        "-c",
+        &c,
+        "--listen",
+        &a,
+        "--data-dir",
+        &d,
+        "--otlp-grpc-listen",
+        &g,
+        "--otlp-http-listen",
+        &h,
+    ];
+    let tw = Proc::start("tokenwatch", &args, dir);
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    (tw, grpc, http)
 }
 
 /// The Python interpreter of the test virtualenv holding the `openai` client.
