@@ -2,103 +2,17 @@
 // firing time over a SIGTERM restart without being announced again as new, then resolves, and the
 // resolved alert is still listed after another restart (SQLite `alerts` table).
 
+mod alerting_support;
 mod common;
 
-use axum::extract::State;
-use axum::http::StatusCode;
+use alerting_support::{FAST, Hook, Traffic};
 use common::{Proc, free_addr, get, send, start_tokenwatch, wait_ready};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-const MODEL: &str = "sim-llama-8b";
-const FAST: &[&str] = &["--itl-ms", "4", "--max-tokens", "24", "--ttft-ms", "40"];
 const RULE: &str = "error_burst";
-
-/// Webhook bodies received by the in-test receiver.
-#[derive(Clone, Default)]
-struct Hook {
-    bodies: Arc<Mutex<Vec<Value>>>,
-}
-
-impl Hook {
-    async fn serve() -> (Hook, String) {
-        let hook = Hook::default();
-        let app = axum::Router::new()
-            .route("/hook", axum::routing::post(receive))
-            .with_state(hook.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        (hook, format!("http://{addr}/hook"))
-    }
-
-    /// Bodies about alerts of `RULE` in state `status`.
-    fn of(&self, status: &str) -> Vec<Value> {
-        self.bodies
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|b| b["alert"]["rule"] == RULE && b["alert"]["state"] == status)
-            .cloned()
-            .collect()
-    }
-}
-
-async fn receive(State(h): State<Hook>, body: axum::body::Bytes) -> StatusCode {
-    let v = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    h.bodies.lock().unwrap().push(v);
-    StatusCode::OK
-}
-
-/// Streaming clients through the proxy until stopped; they retry while tokenwatch restarts.
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    done: Arc<AtomicU64>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(proxy: SocketAddr, workers: usize) -> Traffic {
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicU64::new(0));
-        let url = format!("http://{proxy}/v1/chat/completions");
-        let tasks = (0..workers)
-            .map(|w| {
-                let (stop, done, url) = (stop.clone(), done.clone(), url.clone());
-                tokio::spawn(async move {
-                    let mut i = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        i += 1;
-                        let body = json!({
-                            "model": MODEL,
-                            "stream": true,
-                            "messages": [{"role": "user", "content": format!("worker {w} request {i}")}],
-                        })
-                        .to_string();
-                        if send("POST", &url, Some(&body), &[]).await.is_ok() {
-                            done.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                })
-            })
-            .collect();
-        Traffic { stop, done, tasks }
-    }
-
-    async fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
-        }
-    }
-}
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -188,7 +102,7 @@ async fn firing_alert_survives_restart_without_renotifying_then_resolves_and_sta
     };
     let mut tw = s.start_tw();
     wait_ready(&format!("http://{}/readyz", s.api), &tw).await;
-    let traffic = Traffic::start(s.proxy, 4);
+    let traffic = Traffic::plain(s.proxy, 4);
     let deadline = Instant::now() + Duration::from_secs(20);
     while traffic.done.load(Ordering::Relaxed) < 60 {
         assert!(Instant::now() < deadline, "no traffic through the proxy");
@@ -219,7 +133,7 @@ async fn firing_alert_survives_restart_without_renotifying_then_resolves_and_sta
         Duration::from_secs(10),
         &tw,
         || async {
-            hook.of("firing")
+            hook.of(RULE, "firing")
                 .into_iter()
                 .find(|b| b["alert"]["id"] == id.as_str())
         },
@@ -228,7 +142,7 @@ async fn firing_alert_survives_restart_without_renotifying_then_resolves_and_sta
 
     // SIGTERM and restart on the same data directory, the fault still on.
     assert!(tw.terminate().success(), "tokenwatch did not exit cleanly");
-    let firing_before = hook.of("firing").len();
+    let firing_before = hook.of(RULE, "firing").len();
     tw = s.start_tw();
     wait_ready(&format!("http://{}/readyz", s.api), &tw).await;
     let restored = s
@@ -251,7 +165,7 @@ async fn firing_alert_survives_restart_without_renotifying_then_resolves_and_sta
     assert_eq!(active.len(), 1, "{all:#?}");
     assert_eq!(active[0]["id"], id.as_str(), "{all:#?}");
     assert_eq!(active[0]["state"], "firing");
-    let new_firing = hook.of("firing");
+    let new_firing = hook.of(RULE, "firing");
     assert_eq!(
         new_firing.len(),
         firing_before,
@@ -273,7 +187,7 @@ async fn firing_alert_survives_restart_without_renotifying_then_resolves_and_sta
         Duration::from_secs(10),
         &tw,
         || async {
-            hook.of("resolved")
+            hook.of(RULE, "resolved")
                 .into_iter()
                 .find(|b| b["alert"]["id"] == id.as_str())
         },

@@ -1,17 +1,17 @@
 // Alerting scenarios through the real binary: the simulator with a fault, tokenwatch proxying and
 // scraping it (1 s), our own streaming traffic, and the alerts read back from `/api/v1/alerts`.
 
+mod alerting_support;
 mod common;
 
+use alerting_support::{FAST, MODEL, Traffic};
 use common::{Proc, free_addr, get, send, start_tokenwatch, wait_ready};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-const MODEL: &str = "sim-llama-8b";
 
 /// The scenarios share the machine's cores: run them one at a time so one's load cannot
 /// become another's latency spike.
@@ -123,63 +123,6 @@ impl Scenario {
     }
 }
 
-/// `workers` concurrent streaming clients until dropped; counts finished requests.
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    pub done: Arc<AtomicU64>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(proxy: SocketAddr, workers: usize) -> Traffic {
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicU64::new(0));
-        let url = format!("http://{proxy}/v1/chat/completions");
-        let tasks = (0..workers)
-            .map(|w| {
-                let (stop, done, url) = (stop.clone(), done.clone(), url.clone());
-                tokio::spawn(async move {
-                    let mut i = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        i += 1;
-                        let body = json!({
-                            "model": MODEL,
-                            "stream": true,
-                            "messages": [{"role": "user", "content": format!("worker {w} request {i}: say something short")}],
-                        })
-                        .to_string();
-                        if send("POST", &url, Some(&body), &[]).await.is_ok() {
-                            done.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                })
-            })
-            .collect();
-        Traffic { stop, done, tasks }
-    }
-
-    async fn wait_requests(&self, n: u64, within: Duration) {
-        let deadline = Instant::now() + within;
-        while self.done.load(Ordering::Relaxed) < n {
-            assert!(
-                Instant::now() < deadline,
-                "only {} of {n} requests finished in {within:?}",
-                self.done.load(Ordering::Relaxed)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
-        }
-    }
-}
-
 fn incidents(alerts: &[Value]) -> BTreeSet<String> {
     alerts
         .iter()
@@ -222,13 +165,12 @@ fn assert_one_group(alerts: &[Value]) {
 }
 
 /// Fast simulator settings: short outputs so windows fill in seconds.
-const FAST: &[&str] = &["--itl-ms", "4", "--max-tokens", "24", "--ttft-ms", "40"];
 
 #[tokio::test]
 async fn clean_traffic_raises_no_alert() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::start(FAST).await;
-    let traffic = Traffic::start(s.proxy, 6);
+    let traffic = Traffic::plain(s.proxy, 6);
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(40) {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -253,7 +195,7 @@ async fn clean_traffic_raises_no_alert() {
 async fn latency_spike_raises_the_l2_spike_alert() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::start(FAST).await;
-    let traffic = Traffic::start(s.proxy, 6);
+    let traffic = Traffic::plain(s.proxy, 6);
     traffic.wait_requests(150, Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     s.fault("latency_spike:factor=10,share=0.3").await;
@@ -365,7 +307,7 @@ async fn wait_firing_on(s: &Scenario, rule: &str, instance: &str, within: Durati
 async fn length_blowup_raises_the_length_outlier_alert() {
     let _serial = SERIAL.lock().await;
     let (s, _sim_b) = start_pool(FAST).await;
-    let traffic = Traffic::start(s.proxy, 6);
+    let traffic = Traffic::plain(s.proxy, 6);
     let started = Instant::now();
     traffic.wait_requests(120, Duration::from_secs(20)).await;
     // The reference is the responses older than the 15 s window: let 50 of them age out.
@@ -445,7 +387,7 @@ async fn length_blowup_raises_the_length_outlier_alert() {
 async fn error_burst_raises_the_fast_burn_alert_then_the_slo_burn_alert() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::start(FAST).await;
-    let traffic = Traffic::start(s.proxy, 6);
+    let traffic = Traffic::plain(s.proxy, 6);
     traffic.wait_requests(100, Duration::from_secs(20)).await;
     s.fault("error_burst:rate=0.3").await;
     // Spec 5: about 1 s + `for` (0 s) from the data to the alert; the 5 s window fills first.
@@ -497,7 +439,7 @@ async fn error_burst_raises_the_fast_burn_alert_then_the_slo_burn_alert() {
 async fn kv_leak_raises_the_leak_alert_and_the_latency_alert_blames_it() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::start(&[FAST, &["--kv-blocks", "16384"]].concat()).await;
-    let traffic = Traffic::start(s.proxy, 6);
+    let traffic = Traffic::plain(s.proxy, 6);
     traffic.wait_requests(150, Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     s.fault("kv_leak:blocks=32").await;

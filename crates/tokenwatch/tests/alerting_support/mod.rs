@@ -185,6 +185,19 @@ impl Traffic {
         }
     }
 
+    /// Plain chat requests, each with its own short prompt, from `workers` clients.
+    pub fn plain(proxy: SocketAddr, workers: u64) -> Traffic {
+        Traffic::start(
+            proxy,
+            workers,
+            Arc::new(|_, w, i| Req {
+                content: format!("worker {w} request {i}: say something short"),
+                headers: Vec::new(),
+                max_tokens: None,
+            }),
+        )
+    }
+
     pub fn set_phase(&self, p: u64) {
         self.phase.store(p, Ordering::Relaxed);
     }
@@ -247,6 +260,17 @@ impl Hook {
             let _ = axum::serve(listener, app).await;
         });
         (hook, format!("http://{addr}/hook"))
+    }
+
+    /// Bodies about alerts of `rule` in `state` (`firing`, `resolved`), in arrival order.
+    pub fn of(&self, rule: &str, state: &str) -> Vec<Value> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|b| b["alert"]["rule"] == rule && b["alert"]["state"] == state)
+            .cloned()
+            .collect()
     }
 
     /// Distinct alerts (by fingerprint) delivered as firing, with their rule names.
