@@ -48,6 +48,12 @@ fn big_head(addr: SocketAddr, path: &str) -> (u16, String) {
     raw_exchange(addr, &head, b"{}")
 }
 
+/// POST `body` to `url` over the test client: the answer's status and body.
+async fn post(url: &str, body: &str) -> (u16, String) {
+    let r = send("POST", url, Some(body), &[]).await.unwrap();
+    (r.status, r.body)
+}
+
 fn assert_names(body: &str, key: &str) {
     let v: serde_json::Value =
         serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
@@ -108,60 +114,26 @@ async fn heads_and_bodies_over_their_limits_are_refused_named_and_counted() {
     assert_names(&body, "limits.max_headers");
 
     assert_eq!(get(&format!("http://{api}/readyz")).await.status, 200);
-    let r = send(
-        "POST",
-        &format!("http://{proxy}/v1/chat/completions"),
-        Some(CHAT),
-        &[],
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+    let chat_url = format!("http://{proxy}/v1/chat/completions");
+    let (status, body) = post(&chat_url, CHAT).await;
+    assert_eq!(status, 200, "{body}");
 
     // Bodies over their limits: 413 naming the key; the listeners keep serving.
     let big = format!(
         r#"{{"model":"sim-llama-8b","messages":[{{"role":"user","content":"{}"}}]}}"#,
         "x".repeat(2 * PROXY_BODY_LIMIT)
     );
-    let r = send(
-        "POST",
-        &format!("http://{proxy}/v1/chat/completions"),
-        Some(&big),
-        &[],
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 413, "{}", r.body);
-    assert_names(&r.body, "proxy.max_request_body_bytes");
-    let r = send(
-        "POST",
-        &format!("http://{proxy}/v1/chat/completions"),
-        Some(CHAT),
-        &[],
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-
-    let r = send(
-        "POST",
-        &format!("http://{otlp_http}/v1/traces"),
-        Some(&big),
-        &[],
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 413, "{}", r.body);
-    assert_names(&r.body, "otlp.max_request_bytes");
-    let r = send(
-        "POST",
-        &format!("http://{otlp_http}/v1/traces"),
-        Some("{}"),
-        &[],
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+    let bodies = [
+        (chat_url.clone(), "proxy.max_request_body_bytes", CHAT),
+        (format!("http://{otlp_http}/v1/traces"), "otlp.max_request_bytes", "{}"),
+    ];
+    for (url, key, normal) in bodies {
+        let (status, body) = post(&url, &big).await;
+        assert_eq!(status, 413, "{url}: {body}");
+        assert_names(&body, key);
+        let (status, body) = post(&url, normal).await;
+        assert_eq!(status, 200, "{url}: {body}");
+    }
 
     // An upstream's own answers are not counted as refusals of the proxy: only ours are.
     let text = get(&format!("http://{api}/metrics")).await.body;
