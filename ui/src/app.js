@@ -13,6 +13,7 @@ import requestTimeline from './pages/request.js';
 import gpus from './pages/gpus.js';
 import trace from './pages/trace.js';
 import compare from './pages/compare.js';
+import slos from './pages/slos.js';
 
 const POLL_MS = 2000;
 
@@ -26,6 +27,7 @@ const ROUTES = [
   [/^\/gpus\/?$/, gpus],
   [/^\/traces\/(.+)$/, trace],
   [/^\/compare\/?$/, compare],
+  [/^\/slos\/?$/, slos],
 ];
 
 const view = document.getElementById('view');

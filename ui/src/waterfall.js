@@ -60,15 +60,26 @@ function layout(trace) {
     else records.push(r);
   }
   records.sort((a, b) => a.arrival_unix_ms - b.arrival_unix_ms);
+  // The proxy's own span of a request (service tokenwatch, attribute tokenwatch.request_id) is
+  // that request's proxy bar: not drawn twice, and the spans under it (the upstream's) nest under
+  // the bar.
+  const proxySpanOf = new Map();
+  for (const s of spans) {
+    const rid = s.service_name === 'tokenwatch' ? s.attributes?.['tokenwatch.request_id'] : null;
+    if (rid && records.some((r) => r.request_id === rid)) proxySpanOf.set(rid, s);
+  }
+  const asBar = new Set([...proxySpanOf.values()].map((s) => s.span_id));
+  const drawn = spans.filter((s) => !asBar.has(s.span_id));
   const roots = [];
   for (const s of spans) {
     const parent = s.parent_span_id && s.parent_span_id !== s.span_id ? byId.get(s.parent_span_id) : null;
-    (parent ? parent.children : roots).push(s);
+    if (parent) parent.children.push(s);
+    else if (!asBar.has(s.span_id)) roots.push(s);
   }
-  const services = [...new Set(spans.map((s) => s.service_name || '(no service)'))].sort();
+  const services = [...new Set(drawn.map((s) => s.service_name || '(no service)'))].sort();
   const selfByService = new Map();
-  const rows = records.map((r) => ({ kind: 'proxy', key: `req:${r.request_id}`, depth: 0, r, start: r.arrival_unix_ms, end: r.arrival_unix_ms + r.end_s * 1000 }));
-  const seen = new Set();
+  const rows = [];
+  const seen = new Set(asBar);
   const walk = (s, depth) => {
     if (seen.has(s.span_id)) return;
     seen.add(s.span_id);
@@ -79,9 +90,14 @@ function layout(trace) {
     rows.push({ kind: 'span', key: `span:${s.span_id}`, depth, s, start: s.start, end: s.end, color: COLORS[services.indexOf(svc) % COLORS.length] });
     for (const c of s.children) walk(c, depth + 1);
   };
+  for (const r of records) {
+    rows.push({ kind: 'proxy', key: `req:${r.request_id}`, depth: 0, r, start: r.arrival_unix_ms, end: r.arrival_unix_ms + r.end_s * 1000 });
+    const own = proxySpanOf.get(r.request_id);
+    if (own) for (const c of own.children.sort((a, b) => a.start - b.start)) walk(c, 1);
+  }
   for (const s of roots.sort((a, b) => a.start - b.start)) walk(s, 0);
   // A parent cycle leaves spans unreached: draw them as roots rather than drop them.
-  for (const s of spans) if (!seen.has(s.span_id)) walk(s, 0);
+  for (const s of drawn) if (!seen.has(s.span_id)) walk(s, 0);
   const t0 = Math.min(...rows.map((x) => x.start));
   const t1 = Math.max(...rows.map((x) => x.end));
   return { rows, byId, services, selfByService, t0, t1: t1 > t0 ? t1 : t0 + 1 };

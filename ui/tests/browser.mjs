@@ -354,6 +354,24 @@ try {
   results.compare_prompt = versions.map((g) => `${g.group}:${g.count}`);
   await shot('11-compare-prompt');
 
+  // SLOs: one row per SLO series, counted ones with their error-budget bar; the guardrail SLO
+  // has no input in the demo and says so instead of showing a number.
+  await open('#/slos', 'slos');
+  try {
+    await page.waitForFunction((m) => [...document.querySelectorAll('#slo-table tbody tr')]
+      .some((r) => r.dataset.model === m && r.dataset.status === 'ok' && r.querySelector('.budget-bar')), faulted, { timeout: 15_000, polling: 500 });
+  } catch {
+    const rows = await page.$$eval('#slo-table tbody tr', (trs) => trs.map((t) => `${t.dataset.slo}:${t.dataset.model}:${t.dataset.status}`));
+    throw new Error(`SLO page: no counted SLO row with a budget bar for ${faulted} (${rows.join(', ') || 'none'})`);
+  }
+  const sloRows = await page.$$eval('#slo-table tbody tr', (trs) => trs.map((t) => ({ ...t.dataset })));
+  for (const name of ['ttft_p95', 'itl_p99', 'success']) {
+    check(sloRows.some((r) => r.slo === name && r.model === faulted && r.status === 'ok' && r.budget !== ''), `SLO page: no counted ${name} row for ${faulted}`);
+  }
+  check(sloRows.some((r) => r.slo === 'guardrail_rate' && r.status === 'no_data'), 'SLO page: the guardrail SLO does not say "no data"');
+  results.slos = sloRows.map((r) => `${r.slo}:${r.model}:${r.status}:${r.alertState}`);
+  await shot('12-slos');
+
   // Back to the overview: the banner names the hurting model; its page shows when and why.
   await open('#/', 'fleet');
   const banner = await page.textContent('#incidents');

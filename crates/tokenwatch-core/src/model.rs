@@ -290,6 +290,32 @@ pub struct RequestRecord {
     /// data already replaced by keyed hashes: the pipeline masks it before any sink sees it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<Box<CapturedText>>,
+    /// What the proxy's own span of this request needs beyond the fields above (empty for
+    /// records not made by the proxy). Not stored with the record: the span is stored as a span.
+    #[serde(default, skip_serializing_if = "ProxySpan::is_empty")]
+    pub span: ProxySpan,
+}
+
+/// The proxy's span of one request (W3C ids as lowercase hex): its own id, which the upstream
+/// received as the parent in `traceparent`, the caller's span id when the caller sent a
+/// `traceparent`, and the model the response named. Built into a span off the proxy's threads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ProxySpan {
+    /// 16 hex digits; empty: the record was not made by the proxy.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub span_id: String,
+    /// The caller's span (16 hex digits); empty: the proxy's span is the trace's root.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub parent_span_id: String,
+    /// `model` of the response, when it named one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub response_model: String,
+}
+
+impl ProxySpan {
+    pub fn is_empty(&self) -> bool {
+        self.span_id.is_empty() && self.parent_span_id.is_empty() && self.response_model.is_empty()
+    }
 }
 
 /// The text of one request as stored: masked, cut to the configured size, with its region.

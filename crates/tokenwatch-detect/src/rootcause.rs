@@ -22,6 +22,15 @@ pub struct CausalEdge {
     pub delay_ms: i64,
 }
 
+/// Log-template anomalies (`tokenwatch::logs`), by the class of their template: the runtime
+/// printed a CUDA out-of-memory error, an NCCL timeout, preemption warnings, or another new or
+/// jumping error / warning template.
+pub const LOG_CUDA_OOM: &str = "log_cuda_oom";
+pub const LOG_NCCL_TIMEOUT: &str = "log_nccl_timeout";
+pub const LOG_PREEMPTION: &str = "log_preemption";
+pub const LOG_ERROR: &str = "log_error";
+pub const LOG_WARNING: &str = "log_warning";
+
 fn edge(cause: &str, effect: &str, confidence: f64, delay_ms: i64) -> CausalEdge {
     CausalEdge {
         cause: cause.to_string(),
@@ -52,6 +61,16 @@ impl Default for CausalGraph {
                 edge(CACHE_POLLUTION, LATENCY_SPIKE, 0.89, 142),
                 edge(CACHE_POLLUTION, ABSOLUTE_LATENCY, 0.8, 142),
                 edge("cpu_contention", "upstream_timeout", 0.72, 86),
+                // Ours: a CUDA OOM or NCCL timeout fails the requests in flight within seconds;
+                // preempted sequences are recomputed or swapped, which shows as latency.
+                edge(LOG_CUDA_OOM, ERROR_BURST, 0.85, 5_000),
+                edge(LOG_CUDA_OOM, SLO_BURN, 0.75, 30_000),
+                edge(LOG_NCCL_TIMEOUT, ERROR_BURST, 0.75, 10_000),
+                edge(LOG_NCCL_TIMEOUT, SLO_BURN, 0.65, 30_000),
+                edge(LOG_PREEMPTION, LATENCY_SPIKE, 0.75, 10_000),
+                edge(LOG_PREEMPTION, ABSOLUTE_LATENCY, 0.7, 10_000),
+                edge(LOG_PREEMPTION, CONTEXT_AWARE_THRESHOLD, 0.65, 10_000),
+                edge(LOG_ERROR, ERROR_BURST, 0.4, 5_000),
             ],
         }
     }

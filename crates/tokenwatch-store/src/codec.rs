@@ -146,7 +146,7 @@ pub(crate) struct RowReader<'r, 's> {
 impl RowReader<'_, '_> {
     pub fn corrupt(&self, detail: String) -> StoreError {
         StoreError::CorruptRow {
-            path: self.path.to_path_buf(),
+            database: self.path.display().to_string(),
             table: self.table,
             row: self.desc.clone(),
             detail,
@@ -244,6 +244,7 @@ pub(crate) fn record_from_row(row: &Row<'_>, path: &Path) -> Result<RequestRecor
         embedding,
         prefix_key,
         text: None,
+        span: Default::default(),
     })
 }
 

@@ -1,7 +1,11 @@
-// StoreError: every way the store can fail, each message naming the database path and what
-// failed (the operation, the migration, or the corrupt row).
+// StoreError: every way a store backend can fail, each message naming the database (the SQLite
+// path, or the ClickHouse URL and database) and what failed; backend errors are carried boxed.
 
 use std::path::PathBuf;
+
+/// A backend's own error (rusqlite, the HTTP client, ...), boxed so the public type does not
+/// depend on any one backend.
+pub type BackendError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 #[derive(thiserror::Error, Debug)]
 pub enum StoreError {
@@ -14,47 +18,46 @@ pub enum StoreError {
     #[error(
         "cannot open database {path} (damaged, not a SQLite database, or not accessible): {source}"
     )]
-    Open {
-        path: PathBuf,
-        source: rusqlite::Error,
-    },
+    Open { path: PathBuf, source: BackendError },
 
-    #[error("database {path}: migration {version} ({name}) failed: {source}")]
+    /// `database` names the store: the SQLite file, or `clickhouse URL (database NAME)`.
+    #[error("database {database}: migration {version} ({name}) failed: {source}")]
     Migration {
-        path: PathBuf,
+        database: String,
         version: i64,
         name: &'static str,
-        source: rusqlite::Error,
+        source: BackendError,
     },
 
     #[error(
-        "database {path} has schema version {found}, newer than this build knows ({known}); \
+        "database {database} has schema version {found}, newer than this build knows ({known}); \
          use a newer tokenwatch"
     )]
     SchemaTooNew {
-        path: PathBuf,
+        database: String,
         found: i64,
         known: i64,
     },
 
-    #[error("database {path}: {op} failed: {source}")]
-    Sqlite {
-        path: PathBuf,
+    /// An operation failed inside the backend (a SQLite error, a response that does not decode).
+    #[error("database {database}: {op} failed: {source}")]
+    Backend {
+        database: String,
         op: &'static str,
-        source: rusqlite::Error,
+        source: BackendError,
     },
 
-    #[error("database {path}: corrupt row in {table} ({row}): {detail}")]
+    #[error("database {database}: corrupt row in {table} ({row}): {detail}")]
     CorruptRow {
-        path: PathBuf,
+        database: String,
         table: &'static str,
         row: String,
         detail: String,
     },
 
-    #[error("database {path}: cannot store {what}: {detail}")]
+    #[error("database {database}: cannot store {what}: {detail}")]
     InvalidInput {
-        path: PathBuf,
+        database: String,
         what: String,
         detail: String,
     },
@@ -64,4 +67,32 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+
+    /// A network backend could not be reached (connection refused, reset, timed out), after
+    /// `attempts` tries.
+    #[error(
+        "database {database}: {op} failed: server unreachable after {attempts} attempt(s): {source}"
+    )]
+    Unreachable {
+        database: String,
+        op: &'static str,
+        attempts: u32,
+        source: BackendError,
+    },
+
+    /// A network backend answered with an error: its HTTP status and the server's own message
+    /// (for ClickHouse, `Code: N, e.displayText() = DB::Exception: ...`).
+    #[error("database {database}: {op} failed: HTTP {status}: {message}")]
+    Server {
+        database: String,
+        op: &'static str,
+        status: u16,
+        /// The server's error code when it gave one (ClickHouse `Code: N`).
+        code: Option<i64>,
+        message: String,
+    },
+
+    /// The configuration of a backend is not usable (a bad URL, an unreadable password file).
+    #[error("store configuration: {0}")]
+    Config(String),
 }

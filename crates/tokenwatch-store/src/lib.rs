@@ -1,29 +1,65 @@
-// tokenwatch-store: the embedded store behind the `Store` trait (spec section 9) — the trait,
-// its query/option/report types and the SQLite implementation re-exported from `sqlite`.
+// tokenwatch-store: the stores behind the `Store` trait (spec section 9) — the trait, its
+// query/option/report types, the SQLite and ClickHouse backends and `open_store` choosing one.
 
 mod alerts;
 mod annotations;
+mod clickhouse;
 mod codec;
 mod embeddings;
 mod error;
 mod schema;
+mod scrape_targets;
 mod sqlite;
 mod telemetry;
 mod text;
 
+/// The suite every backend passes (used by this crate's tests and other crates' tests).
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+/// A throwaway ClickHouse server for tests.
+#[cfg(any(test, feature = "conformance"))]
+pub mod testing;
+
 pub use annotations::AnnotationRow;
+pub use clickhouse::{ClickHouseConfig, ClickHouseStore};
 pub use embeddings::EmbeddingRow;
-pub use error::StoreError;
+pub use error::{BackendError, StoreError};
+pub use scrape_targets::ScrapeTargetRow;
 pub use sqlite::SqliteStore;
 pub use telemetry::{LogQuery, LogRow, SpanQuery, SpanRow};
 pub use text::DEFAULT_REGION;
 
 use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
-use tokenwatch_core::model::{ContextBucket, ErrorClass, LatencyMetric, RequestRecord, SeriesLabels};
+use tokenwatch_core::model::{
+    ContextBucket, ErrorClass, LatencyMetric, RequestRecord, SeriesLabels,
+};
 
 /// Name of the database file created inside the data directory.
 pub const DB_FILE_NAME: &str = "tokenwatch.db";
+
+/// Which backend keeps tokenwatch's data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreBackend {
+    /// The embedded SQLite file `<data_dir>/tokenwatch.db`.
+    Sqlite { data_dir: PathBuf },
+    /// A ClickHouse server, shared by any number of tokenwatch instances.
+    ClickHouse(ClickHouseConfig),
+}
+
+/// Opens the configured backend (creating its database and applying migrations). Blocking:
+/// call it off async threads.
+pub fn open_store(
+    backend: &StoreBackend,
+    opts: StoreOptions,
+) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match backend {
+        StoreBackend::Sqlite { data_dir } => Arc::new(SqliteStore::open(data_dir, opts)?),
+        StoreBackend::ClickHouse(cfg) => Arc::new(ClickHouseStore::open(cfg, opts)?),
+    })
+}
 
 /// The storage tiers tokenwatch keeps: raw request records and per-minute sketch roll-ups.
 pub trait Store: Send + Sync + 'static {
@@ -67,6 +103,15 @@ pub trait Store: Send + Sync + 'static {
         &self,
         resolved_since_unix_ms: i64,
     ) -> Result<Vec<tokenwatch_core::alert::Alert>, StoreError>;
+    /// Insert or replace the status of scrape targets by URL (the latest `updated_unix_ms`
+    /// wins): sharded collectors sharing a store publish theirs so each lists every target.
+    /// Rows are retained like raw records.
+    fn upsert_scrape_targets(&self, rows: &[ScrapeTargetRow]) -> Result<(), StoreError>;
+    /// The latest row of every target updated at or after `updated_since_unix_ms`, by URL.
+    fn load_scrape_targets(
+        &self,
+        updated_since_unix_ms: i64,
+    ) -> Result<Vec<ScrapeTargetRow>, StoreError>;
 }
 
 /// A storage-level roll-up: one minute of one latency sketch for one series and context bucket.
@@ -165,6 +210,7 @@ pub struct StoreOptions {
     pub rollup_retention: Duration,
     /// false: WAL + synchronous=NORMAL (a commit survives a process crash / kill -9);
     /// true: synchronous=FULL (a commit also survives power loss, at an fsync per commit).
+    /// SQLite only: a ClickHouse server keeps its own durability.
     pub fsync: bool,
     /// How long captured text is kept, by region (`retention.regions`); the `default` entry,
     /// when given, covers every other region. Text never outlives its record (`raw_retention`).
@@ -196,6 +242,7 @@ pub struct RetentionReport {
 pub struct StoreStats {
     pub records: u64,
     pub rollups: u64,
-    /// Size of the database file plus its write-ahead log, bytes.
+    /// Size on disk, bytes: the SQLite file plus its write-ahead log, or the active parts of
+    /// the ClickHouse database.
     pub file_bytes: u64,
 }

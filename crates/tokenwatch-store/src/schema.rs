@@ -198,6 +198,18 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         CREATE INDEX alerts_resolved_at ON alerts (resolved_at_unix_ms);
         ",
     },
+    Migration {
+        version: 10,
+        name: "scrape targets (sharded collectors' shared view)",
+        sql: "
+        CREATE TABLE scrape_targets (
+            url             TEXT    PRIMARY KEY,
+            updated_unix_ms INTEGER NOT NULL,
+            target          TEXT    NOT NULL
+        );
+        CREATE INDEX scrape_targets_updated ON scrape_targets (updated_unix_ms);
+        ",
+    },
 ];
 
 /// The highest schema version this build knows.
@@ -209,10 +221,10 @@ pub(crate) fn latest_version() -> i64 {
 /// processes opening the same file at once cannot both apply one).
 pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     let sqlite = |op: &'static str| {
-        move |source| StoreError::Sqlite {
-            path: path.to_path_buf(),
+        move |source: rusqlite::Error| StoreError::Backend {
+            database: path.display().to_string(),
             op,
-            source,
+            source: Box::new(source),
         }
     };
     conn.execute_batch(
@@ -233,18 +245,18 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
         .map_err(sqlite("reading schema version"))?;
     if found > latest_version() {
         return Err(StoreError::SchemaTooNew {
-            path: path.to_path_buf(),
+            database: path.display().to_string(),
             found,
             known: latest_version(),
         });
     }
 
     for m in MIGRATIONS {
-        let fail = |source| StoreError::Migration {
-            path: path.to_path_buf(),
+        let fail = |source: rusqlite::Error| StoreError::Migration {
+            database: path.display().to_string(),
             version: m.version,
             name: m.name,
-            source,
+            source: Box::new(source),
         };
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)

@@ -5,11 +5,12 @@ use crate::alerts;
 use crate::annotations::{self, AnnotationRow};
 use crate::codec::{self, RECORD_COLUMNS, RECORD_SELECT, ROLLUP_COLUMNS};
 use crate::embeddings::{self, EmbeddingRow};
+use crate::scrape_targets;
 use crate::telemetry::{self, LogQuery, LogRow, SpanQuery, SpanRow};
 use crate::text;
 use crate::{
-    DB_FILE_NAME, RecordOutcome, RecordQuery, RetentionReport, RollupQuery, RollupRow, Store, StoreError,
-    StoreOptions, StoreStats, schema,
+    DB_FILE_NAME, RecordOutcome, RecordQuery, RetentionReport, RollupQuery, RollupRow, Store,
+    StoreError, StoreOptions, StoreStats, schema,
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, TransactionBehavior, params_from_iter};
@@ -69,14 +70,14 @@ impl SqliteStore {
             .pragma_update(None, "synchronous", sync)
             .map_err(|source| StoreError::Open {
                 path: path.clone(),
-                source,
+                source: Box::new(source),
             })?;
         schema::migrate(&mut write, &path)?;
         let read = open_connection(&path)?;
         read.pragma_update(None, "query_only", true)
             .map_err(|source| StoreError::Open {
                 path: path.clone(),
-                source,
+                source: Box::new(source),
             })?;
         tracing::debug!(path = %path.display(), fsync = opts.fsync, "opened store");
         Ok(SqliteStore {
@@ -97,16 +98,16 @@ impl SqliteStore {
     }
 
     fn err(&self, op: &'static str) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
-        move |source| StoreError::Sqlite {
-            path: self.path.clone(),
+        move |source: rusqlite::Error| StoreError::Backend {
+            database: self.path.display().to_string(),
             op,
-            source,
+            source: Box::new(source),
         }
     }
 
     fn invalid(&self, what: String) -> impl FnOnce(String) -> StoreError + '_ {
         move |detail| StoreError::InvalidInput {
-            path: self.path.clone(),
+            database: self.path.display().to_string(),
             what,
             detail,
         }
@@ -140,9 +141,9 @@ impl SqliteStore {
 /// Opens one connection, forces a read of the file header (so a damaged or non-SQLite file
 /// fails here, naming the path) and switches the file to WAL.
 fn open_connection(path: &Path) -> Result<Connection, StoreError> {
-    let open = |source| StoreError::Open {
+    let open = |source: rusqlite::Error| StoreError::Open {
         path: path.to_path_buf(),
-        source,
+        source: Box::new(source),
     };
     let conn = Connection::open(path).map_err(open)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(open)?;
@@ -339,8 +340,17 @@ impl Store for SqliteStore {
         self.delete_chunked(telemetry::RETENTION_SPANS, raw_cutoff, "retention of spans")?;
         self.delete_chunked(telemetry::RETENTION_LOGS, raw_cutoff, "retention of logs")?;
         self.delete_chunked(embeddings::RETENTION, raw_cutoff, "retention of embeddings")?;
-        self.delete_chunked(annotations::RETENTION, raw_cutoff, "retention of annotations")?;
+        self.delete_chunked(
+            annotations::RETENTION,
+            raw_cutoff,
+            "retention of annotations",
+        )?;
         self.delete_chunked(alerts::RETENTION, raw_cutoff, "retention of alerts")?;
+        self.delete_chunked(
+            scrape_targets::RETENTION,
+            raw_cutoff,
+            "retention of scrape targets",
+        )?;
         let texts_deleted = text::apply_retention(
             &lock(&self.write),
             now_unix_ms,
@@ -422,6 +432,28 @@ impl Store for SqliteStore {
         resolved_since_unix_ms: i64,
     ) -> Result<Vec<tokenwatch_core::alert::Alert>, StoreError> {
         alerts::load(&lock(&self.read), resolved_since_unix_ms).map_err(self.err("load_alerts"))
+    }
+
+    fn upsert_scrape_targets(&self, rows: &[crate::ScrapeTargetRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        scrape_targets::upsert(&mut lock(&self.write), rows).map_err(|e| match e {
+            scrape_targets::UpsertError::Sqlite(source) => {
+                self.err("upsert_scrape_targets")(source)
+            }
+            scrape_targets::UpsertError::Json(url, e) => {
+                self.invalid(format!("scrape target {url}"))(e.to_string())
+            }
+        })
+    }
+
+    fn load_scrape_targets(
+        &self,
+        updated_since_unix_ms: i64,
+    ) -> Result<Vec<crate::ScrapeTargetRow>, StoreError> {
+        scrape_targets::load(&lock(&self.read), updated_since_unix_ms)
+            .map_err(self.err("load_scrape_targets"))
     }
 
     fn stats(&self) -> Result<StoreStats, StoreError> {

@@ -2,81 +2,15 @@
 // migrations, corrupt rows and damaged files reported as errors naming what failed.
 
 use super::*;
+use crate::conformance::{full_record, ids, rec, rollup};
 use std::sync::Arc;
-use tokenwatch_core::model::{ContextBucket, ErrorClass, GapSummary, LatencyMetric, SeriesLabels};
+use tokenwatch_core::model::LatencyMetric;
 
 const MIN: i64 = 60_000;
 const DAY: i64 = 24 * 3600 * 1000;
 
 fn open(dir: &Path) -> SqliteStore {
     SqliteStore::open(dir, StoreOptions::default()).unwrap()
-}
-
-fn labels(model: &str) -> SeriesLabels {
-    SeriesLabels {
-        model_id: model.into(),
-        runtime: "vllm".into(),
-        instance: "gpu-0:8000".into(),
-        tenant: "acme".into(),
-        ab_group: "b".into(),
-        model_version: "2024-06".into(),
-    }
-}
-
-fn full_record() -> RequestRecord {
-    RequestRecord {
-        request_id: "req-1".into(),
-        trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
-        labels: labels("llama-3-8b"),
-        prompt_version: "p7".into(),
-        endpoint: "/v1/chat/completions".into(),
-        stream: true,
-        arrival_unix_ms: 1_700_000_000_123,
-        upstream_headers_s: Some(0.012),
-        first_token_s: Some(0.25),
-        end_s: 1.75,
-        queue_s: Some(0.003),
-        chunk_offsets_us: vec![250_000, 300_000, 1_750_000, u32::MAX],
-        gaps: GapSummary {
-            count: 3,
-            mean_s: 0.5,
-            max_s: 1.45,
-        },
-        prompt_tokens: Some(900),
-        output_tokens: Some(4),
-        reasoning_tokens: Some(3),
-        tokens_from_usage: true,
-        finish_reason: "stop".into(),
-        status: 200,
-        error_class: None,
-        embedding: vec![0.25, -1.5, 3.0e-8],
-        prefix_key: Some(0xfedc_ba98_7654_3210),
-        text: None,
-    }
-}
-
-fn rec(id: &str, model: &str, arrival: i64) -> RequestRecord {
-    RequestRecord {
-        request_id: id.into(),
-        labels: labels(model),
-        arrival_unix_ms: arrival,
-        ..Default::default()
-    }
-}
-
-fn rollup(model: &str, metric: LatencyMetric, minute: i64, count: u64) -> RollupRow {
-    RollupRow {
-        labels: labels(model),
-        bucket: ContextBucket::Le1024,
-        metric,
-        minute_start_unix_ms: minute,
-        count,
-        sketch: vec![1, 2, 3, count as u8],
-    }
-}
-
-fn ids(v: &[RequestRecord]) -> Vec<&str> {
-    v.iter().map(|r| r.request_id.as_str()).collect()
 }
 
 fn all(store: &SqliteStore) -> Vec<RequestRecord> {
@@ -86,120 +20,6 @@ fn all(store: &SqliteStore) -> Vec<RequestRecord> {
             ..Default::default()
         })
         .unwrap()
-}
-
-#[test]
-fn full_records_round_trip() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    let full = full_record();
-    let bare = RequestRecord {
-        request_id: "req-2".into(),
-        arrival_unix_ms: 1,
-        ..Default::default()
-    };
-    let failed = RequestRecord {
-        request_id: "req-3".into(),
-        arrival_unix_ms: 0,
-        status: 502,
-        error_class: Some(ErrorClass::Upstream5xx),
-        gaps: GapSummary {
-            count: 0,
-            mean_s: f64::NAN,
-            max_s: f64::INFINITY,
-        },
-        ..Default::default()
-    };
-    store
-        .insert_records(&[full.clone(), bare.clone(), failed.clone()])
-        .unwrap();
-    let got = all(&store);
-    assert_eq!(got.len(), 3);
-    assert_eq!(got[0], full);
-    assert_eq!(got[1], bare);
-    assert_eq!(got[2].error_class, Some(ErrorClass::Upstream5xx));
-    assert!(got[2].gaps.mean_s.is_nan(), "NaN survives as NaN");
-    assert_eq!(got[2].gaps.max_s, f64::INFINITY);
-}
-
-#[test]
-fn query_filters_order_and_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    store
-        .insert_records(&[
-            rec("a1", "a", 100),
-            rec("b1", "b", 150),
-            rec("a2", "a", 200),
-        ])
-        .unwrap();
-    store
-        .insert_records(&[rec("a3", "a", 200), rec("a0", "a", 50)])
-        .unwrap();
-    assert_eq!(
-        ids(&all(&store)),
-        ["a3", "a2", "b1", "a1", "a0"],
-        "newest first, ties by insertion"
-    );
-    let q = |model: Option<&str>, since, limit| RecordQuery {
-        model: model.map(String::from),
-        since_unix_ms: since,
-        limit,
-        ..RecordQuery::default()
-    };
-    let got = store.query_records(&q(Some("a"), None, 10)).unwrap();
-    assert_eq!(ids(&got), ["a3", "a2", "a1", "a0"]);
-    let got = store.query_records(&q(Some("a"), Some(100), 10)).unwrap();
-    assert_eq!(ids(&got), ["a3", "a2", "a1"]);
-    let got = store.query_records(&q(None, Some(150), 10)).unwrap();
-    assert_eq!(ids(&got), ["a3", "a2", "b1"]);
-    assert_eq!(
-        ids(&store.query_records(&q(None, None, 2)).unwrap()),
-        ["a3", "a2"]
-    );
-    assert!(store.query_records(&q(None, None, 0)).unwrap().is_empty());
-    assert!(
-        store
-            .query_records(&q(Some("zzz"), None, 10))
-            .unwrap()
-            .is_empty()
-    );
-}
-
-#[test]
-fn rollups_replace_and_filter() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    use LatencyMetric::*;
-    store
-        .insert_rollups(&[
-            rollup("a", Ttft, 0, 1),
-            rollup("a", Itl, 0, 2),
-            rollup("b", Ttft, MIN, 3),
-        ])
-        .unwrap();
-    store
-        .insert_rollups(&[rollup("a", Ttft, 0, 9), rollup("a", Ttft, 2 * MIN, 4)])
-        .unwrap();
-    let q = |model: Option<&str>, metric, from, to| RollupQuery {
-        model: model.map(String::from),
-        metric,
-        from_unix_ms: from,
-        to_unix_ms: to,
-    };
-    let got = store.query_rollups(&q(None, None, 0, 10 * MIN)).unwrap();
-    assert_eq!(got.len(), 4, "the re-emitted minute replaced the old row");
-    assert_eq!(got[0], rollup("a", Itl, 0, 2));
-    assert_eq!(got[1], rollup("a", Ttft, 0, 9));
-    let got = store
-        .query_rollups(&q(Some("a"), Some(Ttft), 0, 10 * MIN))
-        .unwrap();
-    assert_eq!(got.iter().map(|r| r.count).collect::<Vec<_>>(), [9, 4]);
-    let got = store
-        .query_rollups(&q(None, Some(Ttft), MIN, 2 * MIN))
-        .unwrap();
-    assert_eq!(got, [rollup("b", Ttft, MIN, 3)], "range is [from, to)");
-    assert_eq!(store.stats().unwrap().rollups, 4);
 }
 
 #[test]
@@ -304,7 +124,11 @@ fn migration_7_adds_reasoning_tokens_to_an_existing_database() {
             .unwrap();
     }
     let store = open(dir.path());
-    assert_eq!(all(&store), [old], "rows from before the migration read as unknown");
+    assert_eq!(
+        all(&store),
+        [old],
+        "rows from before the migration read as unknown"
+    );
     store.insert_records(&[rec("new", "m", 5)]).unwrap();
     let newer = RequestRecord {
         reasoning_tokens: Some(20),
@@ -447,47 +271,9 @@ fn readers_and_writers_share_the_store_across_threads() {
 }
 
 #[test]
-fn record_filters_tenant_outcome_latency_and_id() {
+fn passes_the_conformance_suite() {
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    let mk = |id: &str, tenant: &str, end_s: f64, status: u16, class: Option<ErrorClass>| RequestRecord {
-        request_id: id.into(),
-        trace_id: format!("trace-{id}"),
-        labels: SeriesLabels { tenant: tenant.into(), ..labels("m") },
-        arrival_unix_ms: 1000,
-        end_s,
-        status,
-        error_class: class,
-        ..Default::default()
-    };
-    store
-        .insert_records(&[
-            mk("ok-fast", "t1", 0.2, 200, None),
-            mk("ok-slow", "t2", 4.0, 200, None),
-            mk("bad-5xx", "t1", 1.0, 502, Some(ErrorClass::Upstream5xx)),
-            mk("client-4xx", "t2", 0.1, 404, None),
-        ])
-        .unwrap();
-    let q = |f: &dyn Fn(&mut RecordQuery)| {
-        let mut q = RecordQuery { limit: 10, ..Default::default() };
-        f(&mut q);
-        let mut got: Vec<String> = store.query_records(&q).unwrap().into_iter().map(|r| r.request_id).collect();
-        got.sort();
-        got
-    };
-    assert_eq!(q(&|q| q.tenant = Some("t1".into())), ["bad-5xx", "ok-fast"]);
-    assert_eq!(q(&|q| q.outcome = Some(RecordOutcome::Ok)), ["ok-fast", "ok-slow"]);
-    assert_eq!(q(&|q| q.outcome = Some(RecordOutcome::Error)), ["bad-5xx", "client-4xx"]);
-    assert_eq!(q(&|q| q.outcome = RecordOutcome::parse("upstream_5xx")), ["bad-5xx"]);
-    assert_eq!(q(&|q| q.min_e2e_s = Some(1.0)), ["bad-5xx", "ok-slow"]);
-    assert_eq!(q(&|q| q.request_id = Some("ok-slow".into())), ["ok-slow"]);
-    assert_eq!(q(&|q| q.trace_id = Some("trace-bad-5xx".into())), ["bad-5xx"]);
-    assert_eq!(
-        q(&|q| {
-            q.tenant = Some("t2".into());
-            q.min_e2e_s = Some(1.0);
-        }),
-        ["ok-slow"]
-    );
-    assert_eq!(RecordOutcome::parse("nope"), None);
+    crate::conformance::run_all(&mut |name| {
+        Arc::new(SqliteStore::open(&dir.path().join(name), crate::conformance::options()).unwrap())
+    });
 }

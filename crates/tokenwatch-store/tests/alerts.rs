@@ -58,7 +58,7 @@ fn alerts_round_trip_across_reopen_and_update_in_place() {
             ])
             .unwrap();
         // The same id again replaces the row: pending → firing.
-        store.upsert_alerts(&[firing.clone()]).unwrap();
+        store.upsert_alerts(std::slice::from_ref(&firing)).unwrap();
         store.upsert_alerts(&[]).unwrap();
     }
     let store = SqliteStore::open(dir.path(), StoreOptions::default()).unwrap();

@@ -4,7 +4,10 @@
 use crate::api::{ApiState, router as api_router};
 use crate::config::Config;
 use crate::export::prometheus::{Metrics, MetricsSink};
-use crate::pipeline::{Pipeline, PipelineConfig, RecordSink, StoreSink};
+use crate::pipeline::{
+    Pipeline, PipelineConfig, ProxySpanBuilder, ProxySpanSink, RecordSink, StoreSink, StoreWriter, StoreWriterConfig,
+    StoreWriterThread,
+};
 use crate::sources::proxy::{self, ProxyState, UpstreamRouter};
 use crate::sources::{self as sources_mod, Components, SourceContext};
 use tokenwatch_core::signals::{SharedSignals, SignalBoard};
@@ -13,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokenwatch_core::aggregate::{Aggregator, AggregatorConfig};
-use tokenwatch_store::{SqliteStore, Store, StoreOptions};
+use tokenwatch_store::{Store, StoreOptions};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -27,6 +30,10 @@ pub struct RunningApp {
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     pipeline: Pipeline,
+    /// The store's writer thread, drained after the pipeline.
+    store_writer: StoreWriterThread,
+    /// OTLP trace export (`export.otlp`), stopped after the pipeline has drained.
+    otlp_export: Option<crate::export::otlp::OtlpExporter>,
     /// The proxy's runtime and the analysis runtime (see `runtimes`); stopped last.
     runtimes: Vec<OwnedRuntime>,
 }
@@ -115,12 +122,15 @@ impl RunningApp {
             crate::runtimes::proxy_runtime(runtimes_cfg).context("starting the proxy runtime")?,
         ));
         let analysis_niceness = crate::runtimes::analysis_niceness_target(runtimes_cfg.analysis_niceness);
-        let data_dir = cfg.data_dir.clone();
-        let store: Arc<dyn Store> = Arc::new(
-            tokio::task::spawn_blocking(move || SqliteStore::open(&data_dir, store_opts))
+        let backend = cfg.store.backend(&cfg.data_dir);
+        let store_name = match &backend {
+            tokenwatch_store::StoreBackend::Sqlite { data_dir } => format!("in {}", data_dir.display()),
+            tokenwatch_store::StoreBackend::ClickHouse(c) => format!("at {} (database {})", c.url, c.database),
+        };
+        let store: Arc<dyn Store> =
+            tokio::task::spawn_blocking(move || tokenwatch_store::open_store(&backend, store_opts))
                 .await?
-                .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?,
-        );
+                .with_context(|| format!("opening the store {store_name}"))?;
         let metrics = Arc::new(Metrics::new());
         auth.register(&metrics);
         let aggregator = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig {
@@ -140,8 +150,24 @@ impl RunningApp {
             metrics.clone(),
             stop.clone(),
         )?;
+        // OTLP trace export: its sender runs on the analysis runtime, never the proxy's.
+        let otlp_export = crate::export::otlp::start(cfg.export.otlp.as_ref(), &metrics)?;
+        let span_export = otlp_export.as_ref().map(|e| e.handle());
+        // Records, proxy spans, roll-ups and retention reach the store on its own thread.
+        let (writer, store_writer) = StoreWriter::start(
+            store.clone(),
+            StoreWriterConfig {
+                queue_rows: cfg.store.write_queue_records,
+                batch_max: cfg.telemetry.batch_max,
+                niceness: analysis_niceness,
+            },
+            metrics.clone(),
+        )
+        .context("starting the store writer thread")?;
+        let store_health = store_writer.health();
         let mut sinks: Vec<Box<dyn RecordSink>> = vec![
-            Box::new(StoreSink::new(store.clone(), metrics.clone())),
+            Box::new(StoreSink::new(writer.clone())),
+            Box::new(ProxySpanSink::new(ProxySpanBuilder::new(&cfg.proxy.upstreams), writer, span_export.clone())),
             Box::new(MetricsSink(metrics.clone())),
         ];
         if let Some(sink) = alerting.sink {
@@ -177,6 +203,9 @@ impl RunningApp {
         servers.push(crate::api::timeline::spawn_sampler(aggregator.clone(), signals.clone(), timeline.clone(), stop.clone()));
         servers.push(spawn_signal_eviction(signals.clone(), cfg.signals.stale_after.0, stop.clone()));
         servers.extend(crate::export::remote_write::start(&cfg.export.remote_write, metrics.clone(), stop.clone())?);
+        // Log templates: OTLP logs and tailed files, mined on a thread of their own.
+        let log_templates = crate::logs::start(&cfg, alerting.events.clone(), &metrics, stop.clone())?;
+        servers.extend(log_templates.task);
         drop(in_analysis);
         servers.extend(tls.spawn_reloader(stop.clone()));
         let (audit, audit_closer) = crate::audit::start(&cfg, &metrics, stop.clone())?;
@@ -199,6 +228,8 @@ impl RunningApp {
                 tls: tls.clone(),
                 auth: auth.clone(),
                 telemetry_text: telemetry_text.clone(),
+                log_feed: log_templates.feed.clone(),
+                span_export: span_export.clone().filter(|e| e.includes_received()),
             };
             let handle = source.start(ctx).await.with_context(|| format!("starting the {name} source"))?;
             servers.extend(handle.tasks);
@@ -234,18 +265,22 @@ impl RunningApp {
         let listener = bind(cfg.listen, "listen / --listen").await?;
         let api_addr = listener.local_addr()?;
         let alerts = alerting.book.clone();
+        let slos = alerting.slos.clone();
+        let scaling = alerting.scaling.clone();
         let api_guard = crate::listen::limits::Guard::new("api", &cfg.limits, &metrics);
-        let api = Arc::new(ApiState { aggregator, store, metrics, components, signals, alerts, timeline });
+        let trace_components = Arc::new(crate::api::trace_components::ComponentMap::new(&cfg.traces));
+        let api = Arc::new(ApiState { aggregator, store, store_health, metrics, components, signals, alerts, timeline, slos, scaling, trace_components });
         let mut app = api_router(api);
         for routes in source_routes {
             app = app.merge(routes);
         }
         app = app.merge(alerting.routes);
+        app = app.merge(log_templates.routes);
         app = app.merge(crate::ui::router());
         app = crate::auth::http::protect_api(app, &auth);
         app = crate::audit::http::audit_api(app, &audit);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
-        Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline, runtimes: vec![proxy_rt, analysis] })
+        Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline, store_writer, otlp_export, runtimes: vec![proxy_rt, analysis] })
     }
 
     /// Stop accepting, give in-flight streams one grace period (for all tasks together), then
@@ -261,6 +296,12 @@ impl RunningApp {
         }
         let pipeline = self.pipeline;
         let _ = tokio::task::spawn_blocking(move || pipeline.close_and_join()).await;
+        // The pipeline's senders are gone: the writer stores what is queued, within the grace.
+        let store_writer = self.store_writer;
+        let _ = tokio::task::spawn_blocking(move || store_writer.finish(DRAIN_GRACE)).await;
+        if let Some(export) = self.otlp_export {
+            export.shutdown(DRAIN_GRACE).await;
+        }
         for mut rt in self.runtimes {
             if let Some(rt) = rt.0.take() {
                 crate::runtimes::shut_down(rt, Duration::from_secs(1)).await;

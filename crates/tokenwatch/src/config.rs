@@ -6,12 +6,18 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod duration;
+pub mod env;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}: cannot read: {source}")]
     Read { file: String, source: std::io::Error },
     #[error("{file}: {message}")]
     Parse { file: String, message: String },
+    /// A `${NAME}` of the file that cannot be expanded (`config::env`).
+    #[error("{file}:{line}: {message}")]
+    Env { file: String, line: usize, message: String },
     #[error("{file}: {path}: {message}")]
     Invalid { file: String, path: String, message: String },
 }
@@ -32,6 +38,10 @@ pub struct Config {
     pub gpu: crate::sources::gpu::GpuConfig,
     pub signals: SignalsConfig,
     pub alerting: crate::alerting::rules::AlertingConfig,
+    /// SLOs with error budgets and burn alerts; absent: the spec's defaults (`crate::slo`).
+    pub slos: Option<Vec<crate::slo::SloConfig>>,
+    /// The autoscaling recommendation and the eviction trigger (spec section 6).
+    pub scaling: crate::slo::scaling::ScalingConfig,
     /// Threads: the proxy's own runtime, the analysis threads' priority.
     pub runtime: crate::runtimes::RuntimeConfig,
     /// Bearer tokens with roles, and the opt-out of the off-loopback refusal.
@@ -49,6 +59,12 @@ pub struct Config {
     pub retention: crate::capture::RetentionConfig,
     /// Where metrics go besides `/metrics`: Prometheus remote write.
     pub export: crate::export::ExportConfig,
+    /// How spans map to components for per-trace self time (`traces.components`).
+    pub traces: crate::api::trace_components::TracesConfig,
+    /// Sources listed by kind: `files` (log files tailed into the template miner).
+    pub sources: crate::logs::SourcesConfig,
+    /// Log templates mined from OTLP logs and tailed files, and their anomaly tests.
+    pub logs: crate::logs::LogsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -81,6 +97,8 @@ impl Default for Config {
             gpu: Default::default(),
             signals: SignalsConfig::default(),
             alerting: Default::default(),
+            slos: None,
+            scaling: Default::default(),
             runtime: Default::default(),
             auth: Default::default(),
             audit: Default::default(),
@@ -89,6 +107,9 @@ impl Default for Config {
             capture: Default::default(),
             retention: Default::default(),
             export: Default::default(),
+            traces: Default::default(),
+            sources: Default::default(),
+            logs: Default::default(),
         }
     }
 }
@@ -209,6 +230,12 @@ pub struct StoreConfig {
     pub rollup_retention: HumanDuration,
     /// fsync every commit (survives power loss); off: WAL commits survive a process crash.
     pub fsync: bool,
+    /// Where the data goes: `sqlite` (the file in `data_dir`) or `clickhouse` (`store.clickhouse`).
+    pub backend: StoreBackendKind,
+    pub clickhouse: ClickHouseStoreConfig,
+    /// Records (and proxy spans) waiting for the store's writer thread, at most; when full,
+    /// more are dropped and counted, and the pipeline never waits on the store.
+    pub write_queue_records: usize,
 }
 
 impl Default for StoreConfig {
@@ -217,6 +244,64 @@ impl Default for StoreConfig {
             raw_retention: HumanDuration(Duration::from_secs(7 * 86_400)),
             rollup_retention: HumanDuration(Duration::from_secs(90 * 86_400)),
             fsync: false,
+            backend: StoreBackendKind::Sqlite,
+            clickhouse: ClickHouseStoreConfig::default(),
+            write_queue_records: 65_536,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum StoreBackendKind {
+    #[serde(rename = "sqlite")]
+    Sqlite,
+    #[serde(rename = "clickhouse")]
+    ClickHouse,
+}
+
+/// `store.clickhouse`: the server's HTTP interface (plain `http://`), database and credentials.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClickHouseStoreConfig {
+    pub url: String,
+    /// Created when missing.
+    pub database: String,
+    pub user: String,
+    /// File holding the password (first line); the password itself is never in the configuration.
+    pub password_file: Option<PathBuf>,
+    /// How long one store operation retries a server that is unreachable or answers 5xx.
+    pub retry_for: HumanDuration,
+}
+
+impl Default for ClickHouseStoreConfig {
+    fn default() -> Self {
+        let d = tokenwatch_store::ClickHouseConfig::default();
+        ClickHouseStoreConfig {
+            url: d.url,
+            database: d.database,
+            user: d.user,
+            password_file: None,
+            retry_for: HumanDuration(d.retry_for),
+        }
+    }
+}
+
+impl StoreConfig {
+    /// The backend `open_store` opens, with the SQLite file in `data_dir`.
+    pub fn backend(&self, data_dir: &Path) -> tokenwatch_store::StoreBackend {
+        match self.backend {
+            StoreBackendKind::Sqlite => tokenwatch_store::StoreBackend::Sqlite { data_dir: data_dir.to_path_buf() },
+            StoreBackendKind::ClickHouse => {
+                let c = &self.clickhouse;
+                tokenwatch_store::StoreBackend::ClickHouse(tokenwatch_store::ClickHouseConfig {
+                    url: c.url.clone(),
+                    database: c.database.clone(),
+                    user: c.user.clone(),
+                    password_file: c.password_file.clone(),
+                    retry_for: c.retry_for.0,
+                    ..Default::default()
+                })
+            }
         }
     }
 }
@@ -236,30 +321,14 @@ impl Default for AggregationConfig {
     }
 }
 
-/// A duration written as `250ms`, `5s`, `10m`, `2h` or `7d`.
+/// A duration in Prometheus syntax (`250ms`, `5s`, `1h30m`, `7d`, `2w`) or with a decimal amount
+/// (`1.5s`); see `config::duration`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HumanDuration(pub Duration);
 
 impl HumanDuration {
     pub fn parse(s: &str) -> Result<HumanDuration, String> {
-        let s = s.trim();
-        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-        let (num, unit) = s.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("invalid duration {s:?}: expected a whole number followed by ms, s, m, h or d"))?;
-        let ms = match unit {
-            "ms" => Some(n),
-            "s" => n.checked_mul(1000),
-            "m" => n.checked_mul(60_000),
-            "h" => n.checked_mul(3_600_000),
-            "d" => n.checked_mul(86_400_000),
-            _ => {
-                return Err(format!("invalid duration {s:?}: unit must be one of ms, s, m, h, d"));
-            }
-        };
-        ms.map(|ms| HumanDuration(Duration::from_millis(ms)))
-            .ok_or_else(|| format!("duration {s:?} is too large"))
+        duration::parse(s).map(HumanDuration)
     }
 }
 
@@ -293,6 +362,8 @@ impl Config {
     }
 
     fn parse_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let text = &env::expand_env(text)
+            .map_err(|e| ConfigError::Env { file: file.to_string(), line: e.line, message: e.message })?;
         let cfg: Config = if text.trim().is_empty() {
             Config::default()
         } else {
@@ -334,6 +405,9 @@ impl Config {
         if self.telemetry.queue_capacity == 0 {
             return Err(invalid("telemetry.queue_capacity".into(), "must be at least 1".into()));
         }
+        if self.store.write_queue_records == 0 {
+            return Err(invalid("store.write_queue_records".into(), "must be at least 1".into()));
+        }
         if self.telemetry.batch_max == 0 {
             return Err(invalid("telemetry.batch_max".into(), "must be at least 1".into()));
         }
@@ -345,7 +419,10 @@ impl Config {
         self.capture.validate().map_err(|(path, message)| invalid(path, message))?;
         self.retention.validate().map_err(|(path, message)| invalid(path, message))?;
         self.runtime.validate().map_err(|(path, message)| invalid(path.into(), message))?;
+        self.logs.validate(&self.sources).map_err(|(path, message)| invalid(path, message))?;
         crate::alerting::rules::compile(&self.alerting).map_err(|(path, message)| invalid(path, message))?;
+        crate::slo::validate(&self.slos).map_err(|(path, message)| invalid(path, message))?;
+        self.scaling.validate().map_err(|(path, message)| invalid(path, message))?;
         self.alerting.delivery.validate().map_err(|e| invalid("alerting.delivery".into(), e.to_string()))?;
         for (key, value) in [
             ("proxy.tenant_header", &self.proxy.tenant_header),
@@ -360,6 +437,19 @@ impl Config {
         crate::auth::validate(self).map_err(|(path, message)| invalid(path, message))?;
         crate::audit::validate(self).map_err(|(path, message)| invalid(path, message))?;
         crate::export::remote_write::validate(&self.export.remote_write).map_err(|e| invalid(e.key, e.message))?;
+        crate::export::otlp::validate(self.export.otlp.as_ref()).map_err(|e| invalid(e.key, e.message))?;
+        self.traces.validate().map_err(|(path, message)| invalid(path, message))?;
+        if self.store.backend == StoreBackendKind::ClickHouse {
+            let c = &self.store.clickhouse;
+            if !c.url.starts_with("http://") {
+                return Err(invalid("store.clickhouse.url".into(), format!("{:?}: expected http://host:port", c.url)));
+            }
+            if let Some(f) = &c.password_file
+                && !f.is_file()
+            {
+                return Err(invalid("store.clickhouse.password_file".into(), format!("{} is not a readable file", f.display())));
+            }
+        }
         Ok(())
     }
 }
@@ -478,6 +568,32 @@ mod tests {
         assert!(err.contains("audit.retention") && err.contains("at least 1d"), "{err}");
         let err = Config::from_yaml("audit:\n  retain: 7d\n", "c.yaml").unwrap_err().to_string();
         assert!(err.contains("key audit") && err.contains("retain"), "{err}");
+    }
+
+    #[test]
+    fn store_backend_defaults_to_sqlite_and_reads_clickhouse_settings() {
+        let c = Config::from_yaml("data_dir: /d\n", "c.yaml").unwrap();
+        assert_eq!(c.store.backend, StoreBackendKind::Sqlite);
+        assert_eq!(c.store.backend(Path::new("/d")), tokenwatch_store::StoreBackend::Sqlite { data_dir: "/d".into() });
+        let y = "store:\n  backend: clickhouse\n  clickhouse:\n    url: http://10.0.0.5:8123\n    database: tw\n    user: writer\n    retry_for: 3s\n";
+        let c = Config::from_yaml(y, "c.yaml").unwrap();
+        match c.store.backend(Path::new("/d")) {
+            tokenwatch_store::StoreBackend::ClickHouse(ch) => {
+                assert_eq!((ch.url.as_str(), ch.database.as_str(), ch.user.as_str()), ("http://10.0.0.5:8123", "tw", "writer"));
+                assert_eq!(ch.retry_for, Duration::from_secs(3));
+            }
+            other => panic!("{other:?}"),
+        }
+        let err = Config::from_yaml("store:\n  clickhouse:\n    pasword: x\n", "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("key store.clickhouse"), "{err}");
+        let err = Config::from_yaml("store:\n  backend: postgres\n", "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("key store.backend"), "{err}");
+        let y = "store:\n  backend: clickhouse\n  clickhouse:\n    url: https://h:8443\n";
+        let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("store.clickhouse.url"), "{err}");
+        let y = "store:\n  backend: clickhouse\n  clickhouse:\n    password_file: /nonexistent/pw\n";
+        let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
+        assert!(err.contains("store.clickhouse.password_file"), "{err}");
     }
 
     #[test]

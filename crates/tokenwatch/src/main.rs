@@ -1,5 +1,5 @@
-// The `tokenwatch` binary: command-line parsing and dispatch to `run`, `sim`, `demo`, `top`, `rules`
-// and `check-config`. Errors reach the user here, through anyhow, with their full context.
+// The `tokenwatch` binary: command-line parsing and dispatch to `run`, `sim`, `demo`, `top`, `rules`,
+// `dashboards`, `completions`, `check-config`. Errors reach the user here, with their full context.
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -18,6 +18,9 @@ struct Cli {
     /// Log filter (RUST_LOG syntax), e.g. `info` or `tokenwatch=debug`.
     #[arg(long, global = true, env = "TOKENWATCH_LOG", default_value = "info")]
     log: String,
+    /// Log line format: `text` for people, `json` (one object per line) for log collectors.
+    #[arg(long, global = true, value_enum, env = "TOKENWATCH_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -34,7 +37,8 @@ enum Command {
     Top(tokenwatch::top::TopArgs),
     /// Validate a configuration file without starting anything.
     CheckConfig {
-        /// The YAML file to check.
+        /// The YAML file to check [env: TOKENWATCH_CONFIG].
+        #[arg(env = "TOKENWATCH_CONFIG", hide_env = true)]
         file: PathBuf,
     },
     /// Alerting rules for other systems.
@@ -42,6 +46,33 @@ enum Command {
         #[command(subcommand)]
         command: RulesCommand,
     },
+    /// Print a shell completion script, e.g. `tokenwatch completions bash > /etc/bash_completion.d/tokenwatch`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Dashboards for other systems.
+    Dashboards {
+        #[command(subcommand)]
+        command: DashboardsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DashboardsCommand {
+    /// Write a dashboard over tokenwatch's /metrics and the runtimes' own metrics, e.g. Grafana JSON.
+    Export {
+        #[arg(long, value_enum, default_value = "grafana")]
+        format: DashboardFormat,
+        /// Output file [default: standard output].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DashboardFormat {
+    Grafana,
 }
 
 #[derive(Subcommand)]
@@ -51,7 +82,7 @@ enum RulesCommand {
         #[arg(long, value_enum, default_value = "prometheus")]
         format: RulesFormat,
         /// Configuration file whose rules are exported [default: the built-in rules].
-        #[arg(short, long)]
+        #[arg(short, long, env = "TOKENWATCH_CONFIG")]
         config: Option<PathBuf>,
         /// Output file [default: standard output].
         #[arg(short, long)]
@@ -67,7 +98,7 @@ enum RulesFormat {
 #[derive(clap::Args)]
 struct RunArgs {
     /// Configuration file (YAML); flags below override it.
-    #[arg(short, long)]
+    #[arg(short, long, env = "TOKENWATCH_CONFIG")]
     config: Option<PathBuf>,
     /// API, /metrics and health endpoints [default: 127.0.0.1:9464]
     #[arg(long)]
@@ -90,6 +121,10 @@ struct RunArgs {
     /// Scrape this Prometheus/OpenMetrics endpoint (repeatable), e.g. http://127.0.0.1:8000/metrics
     #[arg(long = "scrape", value_name = "URL")]
     scrape: Vec<String>,
+    /// Scrape only shard INDEX of COUNT of the targets (Prometheus `hashmod` of the target address),
+    /// e.g. 0/2 and 1/2 on two instances; sets scrape.shard.
+    #[arg(long, value_name = "INDEX/COUNT", value_parser = tokenwatch::sources::scrape::shard::ShardConfig::parse)]
+    shard: Option<tokenwatch::sources::scrape::shard::ShardConfig>,
     /// OTLP/gRPC listener [default: 127.0.0.1:4317]
     #[arg(long)]
     otlp_grpc_listen: Option<SocketAddr>,
@@ -106,6 +141,10 @@ struct RunArgs {
     /// http://127.0.0.1:9090/api/v1/write (repeatable; settings: export.remote_write).
     #[arg(long = "remote-write", value_name = "URL")]
     remote_write: Vec<String>,
+    /// Keep records, roll-ups, spans, logs and alerts in ClickHouse at this HTTP URL, e.g.
+    /// http://127.0.0.1:8123 (sets store.backend: clickhouse and store.clickhouse.url).
+    #[arg(long, value_name = "URL")]
+    clickhouse_url: Option<String>,
     /// TLS certificate chain (PEM) of the API, proxy and OTLP listeners; sets tls.cert_file.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -142,6 +181,9 @@ impl RunArgs {
                 labels: Default::default(),
             });
         }
+        if let Some(s) = self.shard {
+            cfg.scrape.shard = Some(s);
+        }
         if let Some(l) = self.otlp_grpc_listen {
             cfg.otlp.grpc_listen = l;
         }
@@ -153,6 +195,10 @@ impl RunArgs {
         }
         cfg.alerting.delivery.alertmanagers.extend(self.alertmanager);
         cfg.export.remote_write.extend(self.remote_write.into_iter().map(tokenwatch::export::remote_write::RemoteWriteConfig::new));
+        if let Some(url) = self.clickhouse_url {
+            cfg.store.backend = tokenwatch::config::StoreBackendKind::ClickHouse;
+            cfg.store.clickhouse.url = url;
+        }
         if let (Some(cert), Some(key)) = (self.tls_cert, self.tls_key) {
             cfg.tls.cert_file = Some(cert);
             cfg.tls.key_file = Some(key);
@@ -186,17 +232,33 @@ impl RunArgs {
     }
 }
 
-fn init_logging(filter: &str) {
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    match format {
+        LogFormat::Text => fmt.init(),
+        // `timestamp`, `level`, `message` and the event's fields at the top level of each line.
+        LogFormat::Json => fmt.json().flatten_event(true).init(),
+    }
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log);
+    init_logging(&cli.log, cli.log_format);
     let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Rules { command } => rules_command(command),
+        Command::Dashboards { command } => dashboards_command(command),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "tokenwatch", &mut std::io::stdout());
+            Ok(())
+        }
         command => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -240,6 +302,16 @@ fn rules_command(command: RulesCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn dashboards_command(command: DashboardsCommand) -> anyhow::Result<()> {
+    let DashboardsCommand::Export { format: DashboardFormat::Grafana, output } = command;
+    let text = tokenwatch::dashboards::grafana::render();
+    match output {
+        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
 async fn run_async(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => {
@@ -254,6 +326,6 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
         Command::Sim(args) => tokenwatch_sim::run(args).await.map_err(anyhow::Error::from),
         Command::Demo(args) => demo::run(args).await,
         Command::Top(args) => tokenwatch::top::run(args).await,
-        Command::CheckConfig { .. } | Command::Rules { .. } => unreachable!("handled before the runtime starts"),
+        Command::CheckConfig { .. } | Command::Rules { .. } | Command::Dashboards { .. } | Command::Completions { .. } => unreachable!("handled before the runtime starts"),
     }
 }

@@ -176,7 +176,7 @@ async fn full_telemetry_queue_drops_records_not_requests() {
     loop {
         let m = get(&format!("http://{}/metrics", stack.api)).await.body;
         let written = metric_value(&m, "tokenwatch_store_records_written_total").unwrap();
-        let dropped = metric_value(&m, "tokenwatch_telemetry_dropped_records_total").unwrap();
+        let dropped = metric_value(&m, "tokenwatch_telemetry_dropped_records_total{reason=\"queue_full\"}").unwrap();
         if written + dropped == 40.0 {
             break;
         }

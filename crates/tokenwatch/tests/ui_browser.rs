@@ -89,6 +89,7 @@ async fn web_ui_pages_work_in_headless_chromium() {
     for (path, ctype) in [
         ("/ui/app.js", "text/javascript"),
         ("/ui/pages/model.js", "text/javascript"),
+        ("/ui/pages/slos.js", "text/javascript"),
         ("/ui/vendor/uPlot.iife.min.js", "text/javascript"),
         ("/ui/vendor/uPlot.min.css", "text/css"),
     ] {

@@ -176,15 +176,23 @@ fn default_equal() -> Vec<String> {
 }
 
 pub fn default_inhibit_rules() -> Vec<InhibitRule> {
-    vec![InhibitRule {
-        source: vec!["gpu_memory_leak".into(), "kv_cache_pressure".into()],
-        target: vec![
-            "absolute_latency".into(),
-            "latency_spike".into(),
-            "context_aware_threshold".into(),
-        ],
-        equal: default_equal(),
-    }]
+    vec![
+        InhibitRule {
+            source: vec!["gpu_memory_leak".into(), "kv_cache_pressure".into()],
+            target: vec![
+                "absolute_latency".into(),
+                "latency_spike".into(),
+                "context_aware_threshold".into(),
+            ],
+            equal: default_equal(),
+        },
+        // An SLO's page makes its ticket redundant.
+        InhibitRule {
+            source: vec!["slo_burn".into()],
+            target: vec!["slo_burn_slow".into()],
+            equal: vec!["slo".into(), "model_id".into(), "tenant".into()],
+        },
+    ]
 }
 
 /// A compiled rule: what the engine and the export read, and its compiled detector.
@@ -283,8 +291,16 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   summary: "Output lengths of {{ labels.model_id }} out of line ({{ evidence.instances }}): {{ evidence.outliers }} of {{ evidence.tested }} responses {{ evidence.pattern }}"
 - name: slo_burn
   detector: slo_burn
+  group_by: [slo, model_id, tenant]
+  params: {condition: fast}
   severity: critical
-  summary: "Error budget of {{ labels.model_id }} burning fast"
+  summary: "SLO {{ labels.slo }} of {{ labels.model_id }}: error budget burning fast — page"
+- name: slo_burn_slow
+  detector: slo_burn
+  group_by: [slo, model_id, tenant]
+  params: {condition: slow}
+  severity: warning
+  summary: "SLO {{ labels.slo }} of {{ labels.model_id }}: error budget eroding — ticket"
 - name: error_burst
   detector: error_burst
   group_by: [model_id, instance]

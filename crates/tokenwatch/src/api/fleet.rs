@@ -75,6 +75,8 @@ pub(super) async fn fleet(
         .parse_with("window", Window::parse, "1m, 5m, 1h")?
         .unwrap_or(Window::M1);
     let now = now_unix_ms();
+    // Before any lock is taken: the guards below are not held across an await.
+    let (targets, targets_error) = scrape_targets(&st, now).await;
     let samples = {
         let agg = st.aggregator.lock().unwrap_or_else(|p| p.into_inner());
         let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
@@ -118,8 +120,45 @@ pub(super) async fn fleet(
         "generated_at_unix_ms": now,
         "step_s": STEP_MS / 1000,
         "models": models,
+        "targets": targets,
+        "targets_error": targets_error,
     });
     Ok(Json(body).into_response())
+}
+
+/// Scrape targets published to the store in the last 5 minutes (by every collector sharing it,
+/// each its own shard); a row older than 30 s is `stale` (its collector stopped publishing).
+const TARGETS_SINCE_MS: i64 = 5 * 60_000;
+const TARGET_STALE_MS: i64 = 30_000;
+
+/// Every collector's scrape targets, as published to the shared store by `scrape::shard::publish`.
+async fn scrape_targets(st: &ApiState, now: i64) -> (Vec<Value>, Option<String>) {
+    let store = st.store.clone();
+    let loaded =
+        tokio::task::spawn_blocking(move || store.load_scrape_targets(now - TARGETS_SINCE_MS))
+            .await;
+    let rows = match loaded {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) => return (Vec::new(), Some(e.to_string())),
+        Err(e) => return (Vec::new(), Some(e.to_string())),
+    };
+    let targets = rows
+        .into_iter()
+        .map(|t| {
+            json!({
+                "url": t.url,
+                "instance": t.instance,
+                "runtime": t.runtime,
+                "health": t.health,
+                "last_error": t.last_error,
+                "last_scrape_unix_ms": t.last_scrape_unix_ms,
+                "shard": format!("{}/{}", t.shard_index, t.shard_count),
+                "updated_unix_ms": t.updated_unix_ms,
+                "stale": now - t.updated_unix_ms > TARGET_STALE_MS,
+            })
+        })
+        .collect();
+    (targets, None)
 }
 
 fn sparklines(timeline: &Timeline, model: &str, now: i64) -> Value {

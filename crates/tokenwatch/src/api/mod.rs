@@ -5,6 +5,9 @@ mod fleet;
 mod gpu_history;
 pub(crate) mod params;
 mod requests;
+mod scaling;
+mod slos;
+pub mod trace_components;
 mod traces;
 pub mod timeline;
 
@@ -30,6 +33,8 @@ use tokenwatch_store::Store;
 pub struct ApiState {
     pub aggregator: Arc<Mutex<Aggregator>>,
     pub store: Arc<dyn Store>,
+    /// What the store's writer thread last learnt of the store, for `/readyz`.
+    pub store_health: Arc<crate::pipeline::StoreHealth>,
     pub metrics: Arc<Metrics>,
     /// Components and whether each is ready, for `/readyz`.
     pub components: Components,
@@ -38,6 +43,12 @@ pub struct ApiState {
     pub alerts: Arc<AlertBook>,
     /// Per-model history sampled every 5 s (`timeline::spawn_sampler`).
     pub timeline: Arc<RwLock<timeline::Timeline>>,
+    /// SLO statuses, published by the alert engine.
+    pub slos: Arc<crate::slo::SloBook>,
+    /// Scaling recommendations, published by the alert engine.
+    pub scaling: Arc<crate::slo::scaling::ScalingBook>,
+    /// Span → component rules for per-trace self time (`traces.components`).
+    pub trace_components: Arc<trace_components::ComponentMap>,
 }
 
 pub fn router(state: Arc<ApiState>) -> axum::Router {
@@ -53,6 +64,9 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/api/v1/timeseries", get(fleet::timeseries))
         .route("/api/v1/gpus/history", get(gpu_history::gpu_history))
         .route("/api/v1/signals", get(signals))
+        .route("/api/v1/slos", get(slos::list))
+        .route("/api/v1/scaling", get(scaling::all))
+        .route("/api/v1/scaling/{model}", get(scaling::one))
         .fallback(not_found)
         .with_state(state)
 }
@@ -65,7 +79,7 @@ impl IntoResponse for ParamError {
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     let msg = format!(
-        "no such endpoint {}; available: /, /api/v1/fleet, /api/v1/timeseries, /api/v1/latency, /api/v1/requests, /api/v1/requests/{{id}}, /api/v1/traces/{{trace_id}}, /api/v1/signals, /api/v1/alerts, /api/v1/gpus/history, /api/v1/targets, /api/v1/gpus, /metrics, /healthz, /readyz",
+        "no such endpoint {}; available: /, /api/v1/fleet, /api/v1/timeseries, /api/v1/latency, /api/v1/requests, /api/v1/requests/{{id}}, /api/v1/traces/{{trace_id}}, /api/v1/signals, /api/v1/alerts, /api/v1/slos, /api/v1/scaling/{{model}}, /api/v1/logs/templates, /api/v1/gpus/history, /api/v1/targets, /api/v1/gpus, /metrics, /healthz, /readyz",
         uri.path()
     );
     (StatusCode::NOT_FOUND, Json(json!({ "error": msg }))).into_response()
@@ -76,8 +90,10 @@ async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
 }
 
 async fn readyz(State(st): State<Arc<ApiState>>) -> Response {
-    let store = match st.store.stats() {
-        Ok(_) => "ok".to_string(),
+    // The writer thread's last store call (or its idle probe), never a store call here: a
+    // store that hangs must not hold an API worker.
+    let store = match st.store_health.readiness() {
+        Ok(()) => "ok".to_string(),
         Err(e) => format!("error: {e}"),
     };
     let ready = store == "ok";

@@ -1,5 +1,6 @@
 // `GET /api/v1/traces/{trace_id}`: one trace for the UI's waterfall — the proxy's request records
-// of that trace, the OTLP spans received for it (attributes as JSON) and its logs.
+// of that trace, its spans (received and the proxy's own; attributes as JSON), their self time
+// per component (`trace_components`) and its logs.
 
 use super::ApiState;
 use axum::Json;
@@ -67,11 +68,15 @@ pub(super) async fn trace(State(st): State<Arc<ApiState>>, Path(id): Path<String
             format!("nothing stored for trace {id} (no proxied request, span or log carries it)");
         return (StatusCode::NOT_FOUND, Json(json!({ "error": msg }))).into_response();
     }
+    let attribution = st.trace_components.attribute(&spans);
     let spans: Vec<Value> = spans
         .into_iter()
         .map(|s| {
             let attributes: Value = serde_json::from_str(&s.attributes_json).unwrap_or(Value::Null);
+            let own = attribution.spans.get(&s.span_id);
             json!({
+                "component": own.map(|a| a.component.as_str()),
+                "self_ms": own.map(|a| a.self_ms),
                 "span_id": s.span_id,
                 "parent_span_id": s.parent_span_id,
                 "name": s.name,
@@ -86,7 +91,8 @@ pub(super) async fn trace(State(st): State<Arc<ApiState>>, Path(id): Path<String
             })
         })
         .collect();
-    Json(json!({ "trace_id": id, "requests": records, "spans": spans, "logs": logs }))
+    let components = json!({ "self_time_ms": attribution.total_ms, "by_component": attribution.components });
+    Json(json!({ "trace_id": id, "requests": records, "spans": spans, "components": components, "logs": logs }))
         .into_response()
 }
 

@@ -1,6 +1,8 @@
 // Export stage: what leaves tokenwatch for other tools. The Prometheus `/metrics` exposition
 // and its remote write (`export:` in the configuration); ClickHouse will sit beside them.
 
+pub mod delivery;
+pub mod otlp;
 pub mod prometheus;
 pub mod remote_write;
 
@@ -10,4 +12,6 @@ pub mod remote_write;
 pub struct ExportConfig {
     /// Prometheus remote-write endpoints that receive what `/metrics` serves.
     pub remote_write: Vec<remote_write::RemoteWriteConfig>,
+    /// An OTLP endpoint that receives the proxy's spans (and, optionally, received ones).
+    pub otlp: Option<otlp::OtlpExportConfig>,
 }

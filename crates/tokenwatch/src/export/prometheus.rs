@@ -70,7 +70,11 @@ pub struct Metrics {
     pub requests: Family<OutcomeLabels, Counter>,
     pub queue_depth: Gauge,
     pub queue_capacity: Gauge,
+    /// `tokenwatch_telemetry_dropped_records_total{reason="queue_full"}`: fetched once, so the
+    /// proxy's drop is one atomic add.
     pub dropped_records: Counter,
+    /// The same, `reason="shutting_down"`: the pipeline had stopped accepting records.
+    pub dropped_records_closed: Counter,
     pub pipeline_records: Counter,
     pub store_write_seconds: Histogram,
     pub store_records_written: Counter,
@@ -87,6 +91,12 @@ pub struct Metrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectedLabels {
     pub listener: String,
+    pub reason: String,
+}
+
+/// Labels of `tokenwatch_telemetry_dropped_records`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
     pub reason: String,
 }
 
@@ -131,11 +141,13 @@ impl Metrics {
         registry.register("tokenwatch_telemetry_queue_depth", "Records waiting in the telemetry queue", queue_depth.clone());
         let queue_capacity = Gauge::default();
         registry.register("tokenwatch_telemetry_queue_capacity", "Capacity of the telemetry queue", queue_capacity.clone());
-        let dropped_records = Counter::default();
+        let dropped = Family::<ReasonLabels, Counter>::default();
+        let dropped_records = dropped.get_or_create(&ReasonLabels { reason: "queue_full".into() }).clone();
+        let dropped_records_closed = dropped.get_or_create(&ReasonLabels { reason: "shutting_down".into() }).clone();
         registry.register(
             "tokenwatch_telemetry_dropped_records",
-            "Records dropped because the telemetry queue was full (requests were not affected)",
-            dropped_records.clone(),
+            "Records dropped before the pipeline (requests were not affected), by reason: queue_full, shutting_down",
+            dropped,
         );
         let pipeline_records = Counter::default();
         registry.register("tokenwatch_pipeline_records", "Records processed by the pipeline", pipeline_records.clone());
@@ -179,6 +191,7 @@ impl Metrics {
             queue_depth,
             queue_capacity,
             dropped_records,
+            dropped_records_closed,
             pipeline_records,
             store_write_seconds,
             store_records_written,
@@ -292,7 +305,7 @@ mod tests {
         assert!(text.contains("gen_ai_server_time_to_first_token_seconds_count{model_id=\"m1\""), "{text}");
         assert!(text.contains("gen_ai_server_token_usage_total{"), "{text}");
         assert!(text.contains("error_type=\"upstream_connect\""), "{text}");
-        assert!(text.contains("tokenwatch_telemetry_dropped_records_total 0"), "{text}");
+        assert!(text.contains("tokenwatch_telemetry_dropped_records_total{reason=\"queue_full\"} 0"), "{text}");
         assert!(!text.contains("# EOF"));
     }
 }

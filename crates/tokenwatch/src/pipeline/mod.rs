@@ -1,9 +1,13 @@
 // The pipeline between sources and everything downstream: a bounded telemetry queue that
 // never blocks a request, and one thread that aggregates, stores and exports each batch.
 
+pub mod proxy_span;
 mod store_sink;
+mod store_writer;
 
+pub use proxy_span::{ProxySpanBuilder, ProxySpanSink};
 pub use store_sink::StoreSink;
+pub use store_writer::{StoreHealth, StoreWriter, StoreWriterConfig, StoreWriterThread};
 
 use crate::export::prometheus::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,8 +71,11 @@ impl TelemetryQueue {
     pub fn submit_with_text(&self, record: RequestRecord, raw: Option<Box<RawText>>) {
         match self.tx.try_send(Queued { record, raw }) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) | Err(mpsc::error::TrySendError::Closed(_)) => {
+            Err(mpsc::error::TrySendError::Full(_)) => {
                 self.metrics.dropped_records.inc();
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.metrics.dropped_records_closed.inc();
             }
         }
     }

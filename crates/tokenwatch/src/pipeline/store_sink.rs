@@ -1,26 +1,19 @@
-// The store as a pipeline sink: request records committed per batch (timed and counted),
-// per-minute roll-ups, and retention during maintenance.
+// The store as a pipeline sink: request records, per-minute roll-ups and retention handed to
+// the store's writer thread (`store_writer`), so the pipeline never waits on the store.
 
+use super::store_writer::StoreWriter;
 use super::{RecordSink, SinkError};
-use crate::export::prometheus::Metrics;
-use std::sync::Arc;
 use tokenwatch_core::aggregate::Rollup;
 use tokenwatch_core::model::RequestRecord;
-use tokenwatch_store::{RollupRow, Store};
+use tokenwatch_store::RollupRow;
 
 pub struct StoreSink {
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
+    writer: StoreWriter,
 }
 
 impl StoreSink {
-    pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
-        StoreSink { store, metrics }
-    }
-
-    fn failed(&self, message: String) -> SinkError {
-        self.metrics.store_write_errors.inc();
-        SinkError::Failed { sink: "store", message }
+    pub fn new(writer: StoreWriter) -> Self {
+        StoreSink { writer }
     }
 }
 
@@ -29,17 +22,11 @@ impl RecordSink for StoreSink {
         "store"
     }
 
+    /// Queues the batch; what finds no room, or fails to be written, is counted per record
+    /// (`tokenwatch_store_records_dropped_total{reason}`).
     fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError> {
-        let started = std::time::Instant::now();
-        let result = self.store.insert_records(batch);
-        self.metrics.store_write_seconds.observe(started.elapsed().as_secs_f64());
-        match result {
-            Ok(()) => {
-                self.metrics.store_records_written.inc_by(batch.len() as u64);
-                Ok(())
-            }
-            Err(e) => Err(self.failed(e.to_string())),
-        }
+        self.writer.records(batch.to_vec());
+        Ok(())
     }
 
     fn consume_rollups(&mut self, rollups: &[Rollup]) -> Result<(), SinkError> {
@@ -54,22 +41,12 @@ impl RecordSink for StoreSink {
                 sketch: r.sketch.to_bytes(),
             })
             .collect();
-        match self.store.insert_rollups(&rows) {
-            Ok(()) => {
-                self.metrics.store_rollups_written.inc_by(rows.len() as u64);
-                Ok(())
-            }
-            Err(e) => Err(self.failed(e.to_string())),
-        }
+        self.writer.rollups(rows);
+        Ok(())
     }
 
     fn maintain(&mut self, now_unix_ms: i64) -> Result<(), SinkError> {
-        match self.store.apply_retention(now_unix_ms) {
-            Ok(report) => {
-                tracing::debug!(?report, "retention applied");
-                Ok(())
-            }
-            Err(e) => Err(self.failed(e.to_string())),
-        }
+        self.writer.retention(now_unix_ms);
+        Ok(())
     }
 }

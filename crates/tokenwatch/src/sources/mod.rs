@@ -51,6 +51,10 @@ pub struct SourceContext {
     /// Prompt and completion text in received spans and logs: dropped, or masked when
     /// `capture.text` is on.
     pub telemetry_text: crate::capture::telemetry::TelemetryText,
+    /// Received OTLP log records go to the log-template miner too (None: mining is off).
+    pub log_feed: Option<crate::logs::LogFeed>,
+    /// Received spans are exported too (`export.otlp.include_received`): stored rows go here.
+    pub span_export: Option<crate::export::otlp::SpanExport>,
 }
 
 /// A started source: its tasks, and API routes it serves on the API port (if any).

@@ -2,6 +2,8 @@
 // talk HTTP to it, find the external tools the tests need (and fail loudly if missing).
 #![allow(dead_code)]
 
+pub mod clickhouse;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -188,7 +190,12 @@ pub async fn stored_record(api: SocketAddr, id: &str, tw: &Proc) -> serde_json::
         if r.status == 200 {
             return r.json();
         }
-        assert!(Instant::now() < deadline, "record {id} never stored ({}); log:\n{}", r.body, tw.log());
+        assert!(
+            Instant::now() < deadline,
+            "record {id} never stored ({}); log:\n{}",
+            r.body,
+            tw.log()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -71,6 +71,46 @@ impl EventHistory {
     }
 }
 
+/// Events raised outside the rules (log-template anomalies, `crate::logs`), taken into the
+/// history at the next evaluation so they rank as causes like any detector's. Bounded: the
+/// oldest are dropped when the engine does not keep up (or alerting is off).
+#[derive(Clone, Default)]
+pub struct EventInbox(std::sync::Arc<std::sync::Mutex<VecDeque<AnomalyEvent>>>);
+
+impl EventInbox {
+    const CAPACITY: usize = 1_000;
+
+    pub fn push(&self, e: AnomalyEvent) {
+        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() >= Self::CAPACITY {
+            q.pop_front();
+        }
+        q.push_back(e);
+    }
+
+    pub fn take(&self) -> Vec<AnomalyEvent> {
+        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        q.drain(..).collect()
+    }
+}
+
+/// The evidence (template, example lines) of the log-template anomalies among `causes`, as a
+/// JSON array, from their onset events in the history; None when no cause is one.
+pub fn log_evidence(causes: &[CauseCandidate], history: &EventHistory) -> Option<String> {
+    let onsets = history.onsets();
+    let found: Vec<serde_json::Value> = causes
+        .iter()
+        .filter(|c| c.detector.starts_with("log_"))
+        .filter_map(|c| {
+            onsets
+                .iter()
+                .find(|e| e.detector == c.detector && e.labels == c.labels)
+                .map(|e| serde_json::json!({"detector": e.detector, "labels": e.labels, "evidence": e.evidence}))
+        })
+        .collect();
+    (!found.is_empty()).then(|| serde_json::Value::Array(found).to_string())
+}
+
 /// Rank the recent anomalies that could have caused `effect` (other detectors only).
 pub fn root_cause(
     graph: &det::CausalGraph,
@@ -138,6 +178,18 @@ pub fn eviction(
     now: i64,
     window_ms: i64,
 ) -> Option<Vec<(String, f64)>> {
+    instance_loads(board, inputs_, model, now, window_ms).map(|l| det::eviction_ranking(&l))
+}
+
+/// What the eviction ranking weighs per instance of `model` (memory, P99 TTFT over the window,
+/// queued requests); None with fewer than two instances reporting GPU memory.
+pub fn instance_loads(
+    board: &SignalBoard,
+    inputs_: &Inputs,
+    model: &str,
+    now: i64,
+    window_ms: i64,
+) -> Option<Vec<det::InstanceLoad>> {
     let mut mem: BTreeMap<String, f64> = BTreeMap::new();
     for p in board
         .latest(Some(model))
@@ -165,7 +217,7 @@ pub fn eviction(
             }
         })
         .collect();
-    Some(det::eviction_ranking(&loads))
+    Some(loads)
 }
 
 #[cfg(test)]

@@ -155,6 +155,8 @@ pub struct Rec {
     pub instance: Label,
     pub ab_group: Label,
     pub prompt_version: Label,
+    /// For per-tenant SLOs: counted at `Inputs::ingest`, not kept in the windows.
+    pub tenant: Label,
     /// Set on the records of an evaluation (`EvalCtx::new_records`: their annotations name
     /// the request); the copies `Inputs` keeps in its windows drop it (`Inputs::ingest`).
     pub request_id: Box<str>,
@@ -183,6 +185,7 @@ impl Rec {
             instance: Label::new(&r.labels.instance),
             ab_group: Label::new(&r.labels.ab_group),
             prompt_version: Label::new(&r.prompt_version),
+            tenant: Label::new(&r.labels.tenant),
             request_id: r.request_id.as_str().into(),
             at_ms: r.arrival_unix_ms + (r.end_s.max(0.0) * 1000.0) as i64,
             ttft: r.first_token_s,
@@ -287,9 +290,6 @@ fn shrink_set<T: Eq + std::hash::Hash>(s: &mut HashSet<T>) {
     }
 }
 
-const SLO_BUCKET_MS: i64 = 10_000;
-const SLO_RETENTION_MS: i64 = 6 * 3_600_000;
-
 /// Per-model recent records, SLO counters, sampled embeddings and prefix-cache accesses.
 pub struct Inputs {
     records: HashMap<Label, VecDeque<Rec>>,
@@ -298,8 +298,8 @@ pub struct Inputs {
     /// Per model, the request ids (hashed with `ids`) in `first_tokens` whose records have not
     /// arrived yet.
     awaiting_record: HashMap<Label, HashSet<u64>>,
-    /// (bucket start, bad, total) per model, 10 s buckets over 6 h.
-    slo: HashMap<Label, VecDeque<(i64, u64, u64)>>,
+    /// The SLOs' counts (`crate::slo`), fed by every ingested record.
+    slos: crate::slo::tracker::SloTracker,
     embeddings: HashMap<String, EmbeddingSamples>,
     prefixes: HashMap<String, PrefixLog>,
     /// The label values of the kept records and early copies.
@@ -318,7 +318,7 @@ impl Inputs {
             records: HashMap::new(),
             first_tokens: HashMap::new(),
             awaiting_record: HashMap::new(),
-            slo: HashMap::new(),
+            slos: Default::default(),
             embeddings: HashMap::new(),
             prefixes: HashMap::new(),
             labels: Interner::default(),
@@ -333,6 +333,17 @@ impl Inputs {
     pub fn with_embedding_retention(mut self, ms: Option<i64>) -> Inputs {
         self.embedding_retention_ms = ms.map(|m| m.max(1_000));
         self
+    }
+
+    /// Count every ingested record in these SLOs.
+    pub fn with_slos(mut self, slos: crate::slo::tracker::SloTracker) -> Inputs {
+        self.slos = slos;
+        self
+    }
+
+    /// The SLOs' latest statuses (refreshed by `prune`).
+    pub fn slos(&self) -> &crate::slo::tracker::SloTracker {
+        &self.slos
     }
 
     /// A model's embeddings take the dimension of its first one; others are skipped (the
@@ -427,20 +438,9 @@ impl Inputs {
                 !r.request_id.is_empty() && ids.remove(&self.ids.hash_one(&*r.request_id));
         }
         r.request_id = Box::default();
-        let b = self.slo.entry(r.model.clone()).or_default();
-        let bucket = r.at_ms - r.at_ms.rem_euclid(SLO_BUCKET_MS);
-        match b.back_mut() {
-            Some(last) if last.0 == bucket => {
-                last.1 += u64::from(r.server_failure);
-                last.2 += 1;
-            }
-            Some(last) if last.0 > bucket => {
-                // Out of order (a long request finishing late): count it in the newest bucket.
-                last.1 += u64::from(r.server_failure);
-                last.2 += 1;
-            }
-            _ => b.push_back((bucket, u64::from(r.server_failure), 1)),
-        }
+        let mut tenant = std::mem::take(&mut r.tenant);
+        self.labels.intern(&mut tenant);
+        self.slos.observe(&r, &tenant);
         let q = self.records.entry(r.model.clone()).or_default();
         if q.len() >= self.cap_per_model {
             q.pop_front();
@@ -476,15 +476,7 @@ impl Inputs {
         for ids in self.awaiting_record.values_mut() {
             shrink_set(ids);
         }
-        for b in self.slo.values_mut() {
-            while b
-                .front()
-                .is_some_and(|(t, _, _)| now - t > SLO_RETENTION_MS)
-            {
-                b.pop_front();
-            }
-        }
-        self.slo.retain(|_, b| !b.is_empty());
+        self.slos.prune(now);
         let keep_embeddings = self.embedding_retention_ms.unwrap_or(0);
         self.embeddings
             .retain(|_, e| !e.prune(now, keep_embeddings));
@@ -496,7 +488,6 @@ impl Inputs {
         let mut m: Vec<String> = self
             .records
             .keys()
-            .chain(self.slo.keys())
             .map(|k| k.to_string())
             .collect();
         m.sort();
@@ -539,16 +530,6 @@ impl Inputs {
                     .filter(move |f| f.at_ms > from && f.at_ms <= to)
                     .map(LatencySample::FirstToken),
             )
-    }
-
-    /// (bad, total) of `model` over the last `span_ms`.
-    pub fn counts(&self, model: &str, now: i64, span_ms: i64) -> (u64, u64) {
-        self.slo
-            .get(model)
-            .into_iter()
-            .flatten()
-            .filter(|(t, _, _)| *t + SLO_BUCKET_MS > now - span_ms)
-            .fold((0, 0), |(b, n), (_, bad, tot)| (b + bad, n + tot))
     }
 }
 
@@ -663,7 +644,8 @@ mod tests {
         // another full record for a first token reported early, plus its id as a String.
         let (rec, early) = (size_of::<Rec>(), size_of::<EarlyTtft>());
         println!("size_of Rec = {rec} bytes, EarlyTtft = {early} bytes");
-        assert!(rec <= 216, "Rec is {rec} bytes");
+        // 216 + the tenant label of per-tenant SLOs.
+        assert!(rec <= 232, "Rec is {rec} bytes");
         assert!(early <= 40, "EarlyTtft is {early} bytes");
         assert!(size_of::<LatencySample>() <= 16);
     }
@@ -684,9 +666,9 @@ mod tests {
         for field in fields {
             assert!(Arc::ptr_eq(&field(kept[0]), &field(kept[2])));
         }
-        // The map keys, the records and the interner hold the model; nothing else.
+        // The map key, the records and the interner hold the model; nothing else.
         let model = kept[0].model.0.clone();
-        assert_eq!(Arc::strong_count(&model), 1 + 2 + 3 + 1);
+        assert_eq!(Arc::strong_count(&model), 1 + 1 + 3 + 1);
         // Empty labels all share one value, never interned.
         assert!(Arc::ptr_eq(&kept[0].ab_group.0, &Label::default().0));
         assert!(Arc::ptr_eq(
@@ -695,12 +677,9 @@ mod tests {
         ));
         assert!(!i.labels.values.contains(""));
         drop(model);
-        // A label value nothing keeps any more is forgotten (SLO buckets keep the model 6 h).
+        // A label value nothing keeps any more is forgotten.
         i.prune(200_000);
         assert!(i.window("m", -1, i64::MAX).next().is_none());
-        let left: Vec<&str> = i.labels.values.iter().map(|a| &**a).collect();
-        assert_eq!(left, ["m"]);
-        i.prune(SLO_RETENTION_MS + 200_000);
         assert!(i.labels.values.is_empty() && i.models().is_empty());
     }
 
@@ -735,8 +714,6 @@ mod tests {
         }
         assert_eq!(i.window("m", 89_000, 99_000).count(), 10);
         assert_eq!(values(i.window("m", 89_000, 99_000), "ttft").len(), 9);
-        let (bad, total) = i.counts("m", 99_000, 20_000);
-        assert!(total >= 20 && bad >= 2, "{bad}/{total}");
         i.prune(100_000);
         assert!(i.window("m", 0, 39_000).next().is_none());
         assert_eq!(i.models(), vec!["m".to_string()]);

@@ -23,7 +23,7 @@ use crate::alerting::rules::{AlertingConfig, InhibitRule, Rule, default_inhibit_
 use crate::alerting::snapshot::{SnapshotContext, prune_snapshots, snapshot_dir, write_snapshot};
 use crate::export::prometheus::Metrics;
 use crate::pipeline::now_unix_ms;
-use enrich::EventHistory;
+use enrich::{EventHistory, EventInbox};
 use lifecycle::{Timing, Tracked, Transition, fingerprint, group_labels};
 use noise::{AlertMetrics, Firing, Incidents};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -100,6 +100,12 @@ pub struct Started {
     /// Register in the pipeline's sink list.
     pub sink: AlertSink,
     pub task: JoinHandle<()>,
+    /// The SLOs' statuses, published by the engine.
+    pub slos: Arc<crate::slo::SloBook>,
+    /// The scaling recommendations, published by the engine.
+    pub scaling: Arc<crate::slo::scaling::ScalingBook>,
+    /// Anomaly events from outside the rules (log templates), for root cause.
+    pub inbox: EventInbox,
 }
 
 /// The causal graph: the spec's defaults (unless replaced) with configured edges added or replacing.
@@ -122,8 +128,26 @@ pub fn causal_graph(cfg: &AlertingConfig) -> det::CausalGraph {
     g
 }
 
-/// Start the engine task.
+/// Start the engine task, counting the spec's default SLOs.
 pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Started {
+    start_with_slos(
+        cfg,
+        rules,
+        deps,
+        &crate::slo::default_slos(),
+        &crate::slo::scaling::ScalingConfig::default(),
+    )
+}
+
+/// Start the engine task; it counts `slos` and publishes them (`Started::slos`, `/metrics`), and
+/// steps the scaling recommendation (`Started::scaling`).
+pub fn start_with_slos(
+    cfg: &AlertingConfig,
+    rules: Vec<Rule>,
+    deps: EngineDeps,
+    slos: &[crate::slo::SloConfig],
+    scaling: &crate::slo::scaling::ScalingConfig,
+) -> Started {
     let (tx, rx) = mpsc::channel(RECORD_QUEUE);
     let wake = Arc::new(Notify::new());
     let dropped = Arc::new(AtomicU64::new(0));
@@ -147,13 +171,25 @@ pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Starte
         .filter_map(|r| r.compiled.embedding_retention_ms(&r.spec))
         .max();
     let (snap_tx, snap_rx) = mpsc::channel(256);
+    let slo_book = Arc::new(crate::slo::SloBook::default());
+    let scaling_book = Arc::new(crate::slo::scaling::ScalingBook::default());
+    let scaler =
+        crate::slo::scaling::Scaler::new(scaling, scaling_book.clone(), Some(&deps.metrics));
+    let slo_tracker = crate::slo::tracker::SloTracker::new(slos).publishing(
+        slo_book.clone(),
+        Some(crate::slo::metrics::SloMetrics::register(&deps.metrics)),
+    );
+    let inbox = EventInbox::default();
     let mut engine = Engine {
         rules,
         tracked: HashMap::new(),
         resolved: VecDeque::new(),
         inputs: inputs::Inputs::new(retention, RECORDS_PER_MODEL)
-            .with_embedding_retention(embedding_retention),
+            .with_embedding_retention(embedding_retention)
+            .with_slos(slo_tracker),
+        scaler,
         history: EventHistory::new(cfg.event_lookback.0.as_millis() as i64),
+        inbox: inbox.clone(),
         incidents: Incidents::new(cfg.incident_window.0.as_millis() as i64),
         metrics: AlertMetrics::register(&deps.metrics),
         inhibit: cfg
@@ -181,7 +217,7 @@ pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Starte
     engine.publish();
     let interval = cfg.evaluation_interval.0.max(Duration::from_millis(10));
     let task = tokio::spawn(engine.run(rx, snap_rx, wake, interval, deps.shutdown));
-    Started { book, sink, task }
+    Started { slos: slo_book, scaling: scaling_book, book, sink, task, inbox }
 }
 
 struct Engine {
@@ -189,7 +225,10 @@ struct Engine {
     tracked: HashMap<String, Tracked>,
     resolved: VecDeque<Alert>,
     inputs: inputs::Inputs,
+    /// The scaling recommendation per model (`crate::slo::scaling`).
+    scaler: crate::slo::scaling::Scaler,
     history: EventHistory,
+    inbox: EventInbox,
     incidents: Incidents,
     metrics: AlertMetrics,
     inhibit: Vec<InhibitRule>,
@@ -366,6 +405,9 @@ impl Engine {
         }
         self.inputs.prune(now);
         self.history.prune(now);
+        for e in self.inbox.take() {
+            self.history.record(&e);
+        }
         let dropped = self.dropped.load(Ordering::Relaxed);
         self.metrics
             .dropped_records
@@ -388,6 +430,7 @@ impl Engine {
                 per_rule.push(rule.evaluate(&cx));
             }
         }
+        self.scaler.step(&self.signals, &self.inputs, now);
         self.store_annotations();
         self.metrics.evaluations.inc();
         let mut transitions = Vec::new();
@@ -589,6 +632,9 @@ impl Engine {
         });
         if let Some(effect) = &effect {
             alert.root_cause = enrich::root_cause(&self.graph, effect, &self.history);
+            if let Some(logs) = enrich::log_evidence(&alert.root_cause, &self.history) {
+                alert.annotations.insert("log_evidence".into(), logs);
+            }
         }
         if rule.compiled.latency_symptom() && !model.is_empty() {
             // An instance's alert breaks down that instance's requests.
@@ -750,6 +796,12 @@ pub struct AlertingHandle {
     pub book: Arc<AlertBook>,
     pub routes: axum::Router,
     pub tasks: Vec<JoinHandle<()>>,
+    /// The SLOs' statuses (never computed while alerting is disabled).
+    pub slos: Arc<crate::slo::SloBook>,
+    /// The scaling recommendations (none while alerting is disabled).
+    pub scaling: Arc<crate::slo::scaling::ScalingBook>,
+    /// Where anomaly events from outside the rules go (read only while alerting is enabled).
+    pub events: EventInbox,
 }
 
 /// The effective configuration for snapshots, secrets (tenant salt, receiver headers) redacted.
@@ -784,6 +836,9 @@ pub fn start_from_config(
                 .merge(crate::alerting::ingest::router_without_engine(store)),
             book,
             tasks: Vec::new(),
+            slos: Arc::default(),
+            scaling: Arc::default(),
+            events: EventInbox::default(),
         });
     }
     let rules = crate::alerting::rules::compile(a)
@@ -800,7 +855,7 @@ pub fn start_from_config(
         retention: cfg.store.raw_retention.0,
     });
     tracing::info!(rules = rules.len(), receivers = ?notifier.receiver_names(), "alerting enabled");
-    let started = start(
+    let started = start_with_slos(
         a,
         rules,
         EngineDeps {
@@ -811,6 +866,8 @@ pub fn start_from_config(
             snapshot,
             shutdown,
         },
+        &crate::slo::effective(&cfg.slos),
+        &cfg.scaling,
     );
     tasks.push(started.task);
     let ingest = crate::alerting::ingest::router_with_engine(store, &started.sink);
@@ -818,6 +875,9 @@ pub fn start_from_config(
         sink: Some(started.sink),
         routes: crate::alerting::api::router(started.book.clone()).merge(ingest),
         book: started.book,
+        slos: started.slos,
+        scaling: started.scaling,
         tasks,
+        events: started.inbox,
     })
 }

@@ -3,6 +3,7 @@
 
 use super::convert;
 use super::proto::Label;
+use crate::export::delivery::{self, Attempt, Delivered, stopped};
 use crate::export::prometheus::Metrics;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -13,16 +14,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
-/// First wait after a failed attempt; doubles after each further failure.
-pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest wait between two attempts.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// Time allowed to the one attempt made after shutdown was requested.
-const LAST_ATTEMPT: Duration = Duration::from_secs(2);
+pub use crate::export::delivery::{MAX_BACKOFF, MIN_BACKOFF};
 
 /// Why samples were dropped (`reason` of `tokenwatch_remote_write_dropped_total`).
 pub const DROP_REASONS: [&str; 3] = ["queue_full", "rejected", "shutdown"];
@@ -187,21 +182,6 @@ impl ShardQueue {
     }
 }
 
-/// Resolves once shutdown is requested (never if the sender is dropped without asking).
-pub async fn stopped(stop: &mut watch::Receiver<bool>) {
-    if stop.wait_for(|s| *s).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
-enum Attempt {
-    Sent,
-    /// Worth retrying: connection error, timeout, 429 or 5xx.
-    Retry(String),
-    /// Retrying cannot help: a 4xx other than 429.
-    Rejected(String),
-}
-
 /// One endpoint, ready to send: URL, every header of a request, client and counters.
 pub struct Endpoint {
     /// The `url` label of the counters: the URL without its query string.
@@ -211,8 +191,8 @@ pub struct Endpoint {
     pub client: HttpClient,
     pub timeout: Duration,
     pub metrics: RemoteWriteMetrics,
-    healthy: AtomicBool,
-    rejection_logged: AtomicBool,
+    /// Backoff and state-change logging (shared with the OTLP exporter).
+    delivery: delivery::Endpoint,
 }
 
 impl Endpoint {
@@ -226,14 +206,13 @@ impl Endpoint {
     ) -> Endpoint {
         metrics.init(&label);
         Endpoint {
+            delivery: delivery::Endpoint::new("remote write", label.clone()),
             label,
             uri,
             headers,
             client,
             timeout,
             metrics,
-            healthy: AtomicBool::new(true),
-            rejection_logged: AtomicBool::new(false),
         }
     }
 
@@ -322,55 +301,28 @@ impl Endpoint {
 
     /// Send `batch`, retrying with backoff; false once shutdown was requested.
     async fn deliver(&self, batch: &Batch, stop: &mut watch::Receiver<bool>) -> bool {
-        let mut backoff = MIN_BACKOFF;
-        let mut last = false;
-        loop {
-            let timeout = if last {
-                self.timeout.min(LAST_ATTEMPT)
-            } else {
-                self.timeout
-            };
-            match self.attempt(batch, timeout).await {
-                Attempt::Sent => {
-                    self.metrics.samples(&self.label).inc_by(batch.samples);
-                    if !self.healthy.swap(true, Ordering::Relaxed) {
-                        tracing::info!(url = %self.label, "remote write: the endpoint accepts requests again");
-                    }
-                    return !last;
-                }
-                Attempt::Rejected(why) => {
+        let (delivered, go_on) = self
+            .delivery
+            .deliver(
+                self.timeout,
+                stop,
+                |timeout| self.attempt(batch, timeout),
+                || {
                     self.metrics.failures(&self.label).inc();
-                    self.drop_samples("rejected", batch.samples);
-                    if !self.rejection_logged.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(url = %self.label, error = %why, "remote write: request refused, its samples are dropped (logged once; see tokenwatch_remote_write_dropped_total)");
-                    } else {
-                        tracing::debug!(url = %self.label, error = %why, "remote write: request refused");
-                    }
-                    return !last;
-                }
-                Attempt::Retry(why) => {
-                    self.metrics.failures(&self.label).inc();
-                    if last {
-                        self.drop_samples("shutdown", batch.samples);
-                        return false;
-                    }
-                    if self.healthy.swap(false, Ordering::Relaxed) {
-                        tracing::warn!(url = %self.label, error = %why, "remote write failed; retrying with backoff");
-                    } else {
-                        tracing::debug!(url = %self.label, error = %why, ?backoff, "remote write failed; retrying");
-                    }
-                    tokio::select! {
-                        biased;
-                        _ = stopped(stop) => last = true,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
+                },
+            )
+            .await;
+        match delivered {
+            Delivered::Sent(()) => {
+                self.metrics.samples(&self.label).inc_by(batch.samples);
             }
+            Delivered::Rejected => self.drop_samples("rejected", batch.samples),
+            Delivered::GaveUp => self.drop_samples("shutdown", batch.samples),
         }
+        go_on
     }
 
-    async fn attempt(&self, batch: &Batch, timeout: Duration) -> Attempt {
+    async fn attempt(&self, batch: &Batch, timeout: Duration) -> Attempt<()> {
         let mut req = http::Request::new(Full::new(batch.body.clone()));
         *req.method_mut() = http::Method::POST;
         *req.uri_mut() = self.uri.clone();
@@ -395,7 +347,7 @@ impl Endpoint {
         match tokio::time::timeout(timeout, exchange).await {
             Err(_) => Attempt::Retry(format!("no answer within {timeout:?}")),
             Ok(Err(e)) => Attempt::Retry(e),
-            Ok(Ok((status, _))) if status.is_success() => Attempt::Sent,
+            Ok(Ok((status, _))) if status.is_success() => Attempt::Sent(()),
             Ok(Ok((status, text))) => {
                 let why = format!("answered {status}: {text}");
                 if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {

@@ -325,6 +325,7 @@ fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str,
         embedding: Vec::new(),
         prefix_key: None,
         text: None,
+        span: Default::default(),
     }
 }
 

@@ -120,6 +120,10 @@ pub struct Ingest {
     permits: Arc<Semaphore>,
     /// Prompt and completion text in spans and logs: dropped or masked before storage.
     text: TelemetryText,
+    /// Stored spans are exported too (`export.otlp.include_received`).
+    span_export: Option<crate::export::otlp::SpanExport>,
+    /// Stored log records are mined into templates too (`crate::logs`).
+    log_feed: Option<crate::logs::LogFeed>,
     pub stats: OtlpStats,
 }
 
@@ -137,10 +141,24 @@ impl Ingest {
             store,
             signals,
             text,
+            span_export: None,
+            log_feed: None,
             mapper: Mutex::new(MetricsMapper::default()),
             permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
             stats: OtlpStats::default(),
         }
+    }
+
+    /// Export the spans stored from now on (`export.otlp.include_received`).
+    pub fn with_span_export(mut self, export: Option<crate::export::otlp::SpanExport>) -> Ingest {
+        self.span_export = export;
+        self
+    }
+
+    /// Mine the log records received from now on into templates.
+    pub fn with_log_feed(mut self, feed: Option<crate::logs::LogFeed>) -> Ingest {
+        self.log_feed = feed;
+        self
     }
 
     /// A slot for one export, or `Busy` when `max_in_flight` are already being processed.
@@ -159,11 +177,16 @@ impl Ingest {
         let n_spans = spans.len();
         if n_spans > 0 {
             let text = self.text.clone();
+            let export = self.span_export.clone();
             tokio::task::spawn_blocking(move || {
                 for s in &mut spans {
                     s.attributes_json = text.attributes(std::mem::take(&mut s.attributes_json));
                 }
-                store.insert_spans(&spans)
+                store.insert_spans(&spans)?;
+                if let Some(export) = export {
+                    export.push_received(&spans);
+                }
+                Ok::<_, tokenwatch_store::StoreError>(())
             })
                 .await
                 .map_err(|e| Refused::Unavailable(format!("storing spans: {e}")))?
@@ -225,11 +248,13 @@ impl Ingest {
             let store = self.store.clone();
             let mut rows = batch.rows;
             let text = self.text.clone();
+            let feed = self.log_feed.clone();
             tokio::task::spawn_blocking(move || {
                 for r in &mut rows {
                     r.body = text.log_body(&r.attributes_json, std::mem::take(&mut r.body));
                     r.attributes_json = text.attributes(std::mem::take(&mut r.attributes_json));
                 }
+                crate::sources::otlp::logs::feed_templates(feed.as_ref(), &rows);
                 store.insert_logs(&rows)
             })
                 .await

@@ -72,6 +72,13 @@ pub fn map_logs(req: &ExportLogsServiceRequest) -> LogsBatch {
     out
 }
 
+/// Offer stored log records (their text already dropped or masked) to the template miner.
+pub fn feed_templates(feed: Option<&crate::logs::LogFeed>, rows: &[LogRow]) {
+    if let Some(f) = feed {
+        f.offer_rows(rows);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

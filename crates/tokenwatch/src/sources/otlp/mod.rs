@@ -126,7 +126,11 @@ impl super::Source for OtlpSource {
             let http_listener = tokio::net::TcpListener::bind(cfg.http_listen)
                 .await
                 .with_context(|| format!("binding the OTLP/HTTP listener on {} (otlp.http_listen)", cfg.http_listen))?;
-            let ingest = Arc::new(ingest::Ingest::new(ctx.queue, ctx.store, ctx.signals, MAX_IN_FLIGHT, ctx.telemetry_text));
+            let ingest = Arc::new(
+                ingest::Ingest::new(ctx.queue, ctx.store, ctx.signals, MAX_IN_FLIGHT, ctx.telemetry_text)
+                    .with_span_export(ctx.span_export)
+                    .with_log_feed(ctx.log_feed),
+            );
             ingest.stats.register(&ctx.metrics);
             let grpc_task = tokio::spawn(grpc::serve(
                 grpc_listener,

@@ -10,6 +10,13 @@ pub fn new_request_id() -> String {
     hex::encode(bytes)
 }
 
+/// A new span id: 16 lowercase hex digits, never all zero.
+pub fn new_span_id() -> String {
+    let mut bytes: [u8; 8] = rand::rng().random();
+    bytes[0] |= 1;
+    hex::encode(bytes)
+}
+
 /// A parsed `traceparent` header (version 00).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceParent {
@@ -45,6 +52,14 @@ impl TraceParent {
         let mut trace = trace;
         trace[0] |= 1;
         TraceParent { trace_id: hex::encode(trace), parent_id: hex::encode(parent), flags: "01".into() }
+    }
+
+    /// The context to send on to the next hop when this one came from the caller: the same
+    /// trace and flags with a new span id (the proxy's own span) as the parent. Returns it with
+    /// the caller's span id, the parent of the proxy's span.
+    pub fn child(self) -> (TraceParent, String) {
+        let TraceParent { trace_id, parent_id, flags } = self;
+        (TraceParent { trace_id, parent_id: new_span_id(), flags }, parent_id)
     }
 
     pub fn header_value(&self) -> String {
@@ -130,6 +145,11 @@ mod tests {
         assert!(TraceParent::parse("garbage").is_none());
         let g = TraceParent::generate();
         assert_eq!(TraceParent::parse(&g.header_value()), Some(g));
+        let (child, caller) = tp.clone().child();
+        assert_eq!(caller, "00f067aa0ba902b7");
+        assert_eq!((child.trace_id.as_str(), child.flags.as_str()), (tp.trace_id.as_str(), "01"));
+        assert_ne!(child.parent_id, caller);
+        assert_eq!(TraceParent::parse(&child.header_value()), Some(child));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use identity::TraceParent;
 use std::sync::Arc;
 use std::time::Duration;
 use tap::{InFlight, TapBody};
-use tokenwatch_core::model::{ErrorClass, RequestRecord, SeriesLabels};
+use tokenwatch_core::model::{ErrorClass, ProxySpan, RequestRecord, SeriesLabels};
 use tokio::time::Instant;
 
 pub const UNKNOWN_MODEL: &str = "unknown";
@@ -213,20 +213,26 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     };
     let peek: Peek = if llm { serde_json::from_slice(&body).unwrap_or_default() } else { Peek::default() };
 
-    let trace = match parts.headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceParent::parse) {
-        Some(tp) => tp,
-        None => {
-            let tp = TraceParent::generate();
-            if let Ok(v) = HeaderValue::from_str(&tp.header_value()) {
-                parts.headers.insert(TRACEPARENT, v);
-            }
-            tp
+    // An LLM request's own span (built on the pipeline thread from the record): a child of the
+    // caller's span when it sent a traceparent, else the root of a new trace. The upstream gets
+    // the proxy's span as its parent. Other requests pass the caller's traceparent on as it is.
+    let incoming = parts.headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceParent::parse);
+    let (trace, caller_span, rewrite) = match incoming {
+        Some(tp) if llm => {
+            let (own, caller) = tp.child();
+            (own, caller, true)
         }
+        Some(tp) => (tp, String::new(), false),
+        None => (TraceParent::generate(), String::new(), true),
     };
+    if rewrite && let Ok(v) = HeaderValue::from_str(&trace.header_value()) {
+        parts.headers.insert(TRACEPARENT, v);
+    }
 
     let mut record = RequestRecord {
         request_id: request_id.clone(),
-        trace_id: trace.trace_id.clone(),
+        trace_id: trace.trace_id,
+        span: ProxySpan { span_id: trace.parent_id, parent_span_id: caller_span, response_model: String::new() },
         labels: SeriesLabels {
             model_id: peek.model.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| UNKNOWN_MODEL.into()),
             runtime: String::new(),

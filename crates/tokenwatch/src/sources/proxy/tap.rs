@@ -190,10 +190,11 @@ fn take_observed(r: &mut RequestRecord, seen: &mut Observed, from_usage: bool) {
     r.reasoning_tokens = seen.reasoning_tokens;
     r.tokens_from_usage = from_usage;
     r.finish_reason = seen.finish_reason.take().unwrap_or_default();
-    if r.labels.model_id == super::UNKNOWN_MODEL
-        && let Some(m) = seen.model.take()
-    {
-        r.labels.model_id = m;
+    if let Some(m) = seen.model.take() {
+        if r.labels.model_id == super::UNKNOWN_MODEL {
+            r.labels.model_id = m.clone();
+        }
+        r.span.response_model = m;
     }
 }
 

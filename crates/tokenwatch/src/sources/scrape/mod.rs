@@ -4,6 +4,7 @@
 pub mod file_sd;
 pub mod mapping;
 pub mod rules;
+pub mod shard;
 pub mod status;
 pub mod tables;
 pub mod target;
@@ -34,6 +35,7 @@ use tokio::task::JoinHandle;
 ///       labels: {model_id: llama-3-8b}   # tie this GPU exporter to a model
 ///   file_sd: [/etc/tokenwatch/targets.json]   # Prometheus file_sd format, JSON or YAML
 ///   mappings: []            # extra rules, see `rules::MappingRule`
+///   shard: {index: 0, count: 2}   # scrape only this shard of the targets (`shard::ShardConfig`)
 /// ```
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -53,6 +55,9 @@ pub struct ScrapeConfig {
     pub latency_window: HumanDuration,
     /// User mapping rules, applied before (and winning over) the built-in tables.
     pub mappings: Vec<MappingRule>,
+    /// Split the targets among `count` instances (Prometheus `hashmod` of the address); this
+    /// instance scrapes shard `index`. None: every target.
+    pub shard: Option<shard::ShardConfig>,
 }
 
 impl Default for ScrapeConfig {
@@ -66,6 +71,7 @@ impl Default for ScrapeConfig {
             max_body_bytes: 32 * 1024 * 1024,
             latency_window: HumanDuration(Duration::from_secs(60)),
             mappings: Vec::new(),
+            shard: None,
         }
     }
 }
@@ -111,6 +117,15 @@ impl ScrapeConfig {
                 "scrape.file_sd_refresh".into(),
                 "must be at least 100ms".into(),
             ));
+        }
+        if let Some(s) = &self.shard {
+            s.check().map_err(|e| {
+                let key = match e {
+                    shard::ShardError::ZeroCount => "scrape.shard.count",
+                    _ => "scrape.shard.index",
+                };
+                (key.to_string(), e.to_string())
+            })?;
         }
         for (i, r) in self.mappings.iter().enumerate() {
             r.check()
@@ -211,10 +226,18 @@ impl Source for ScrapeSource {
                 files,
                 defaults,
                 cfg.file_sd_refresh.0,
+                cfg.shard,
                 shared,
             ));
+            let publisher = tokio::spawn(shard::publish(
+                registry.clone(),
+                ctx.store.clone(),
+                cfg.shard,
+                cfg.interval.0.min(Duration::from_secs(5)),
+                ctx.shutdown.clone(),
+            ));
             Ok(SourceHandle {
-                tasks: vec![manager],
+                tasks: vec![manager, publisher],
                 routes: Some(status::routes(registry)),
             })
         })
@@ -227,6 +250,7 @@ async fn manage(
     mut files: Vec<file_sd::WatchedFile>,
     defaults: file_sd::Defaults,
     refresh: Duration,
+    shard: Option<shard::ShardConfig>,
     shared: Shared,
 ) {
     let mut running: BTreeMap<String, (TargetSpec, JoinHandle<()>)> = BTreeMap::new();
@@ -247,6 +271,7 @@ async fn manage(
                     .entry(spec.url.clone())
                     .or_insert_with(|| spec.clone());
             }
+            let desired = split_shard(desired, shard, &shared);
             reconcile(&mut running, desired, &shared);
         }
         if !files.is_empty() {
@@ -285,6 +310,39 @@ async fn manage(
             abort.abort();
         }
     }
+}
+
+/// Keeps the targets of this instance's shard; records the others in the status (not errors).
+fn split_shard(
+    desired: BTreeMap<String, TargetSpec>,
+    shard: Option<shard::ShardConfig>,
+    shared: &Shared,
+) -> BTreeMap<String, TargetSpec> {
+    let Some(shard) = shard else {
+        shared
+            .registry
+            .set_shard(None, desired.len(), Vec::new(), &shared.health);
+        return desired;
+    };
+    let mut owned = BTreeMap::new();
+    let mut others = Vec::new();
+    for (url, spec) in desired {
+        let s = shard.shard_of(&shard::address(&spec.uri));
+        if s == shard.index {
+            owned.insert(url, spec);
+        } else {
+            others.push(status::OtherShardTarget {
+                url,
+                instance: spec.instance(),
+                shard: s,
+                origin: spec.origin,
+            });
+        }
+    }
+    shared
+        .registry
+        .set_shard(Some(shard), owned.len(), others, &shared.health);
+    owned
 }
 
 fn reconcile(

@@ -1,6 +1,7 @@
 // Target health as Prometheus keeps it: the `tokenwatch_scrape_*` series in `/metrics` and
 // the per-target status behind `GET /api/v1/targets`.
 
+use super::shard::ShardConfig;
 use super::target::TargetSpec;
 use axum::extract::State;
 use axum::response::{IntoResponse, Json};
@@ -34,10 +35,17 @@ pub struct FailureLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabel {
+    pub shard: String,
+}
+
 /// The scrape health series, registered in tokenwatch's `/metrics`.
 #[derive(Clone, Default)]
 pub struct Health {
     pub up: Family<UpLabels, Gauge>,
+    /// Discovered targets by the shard that owns them (`scrape.shard`; all in `0` without it).
+    pub shard_targets: Family<ShardLabel, Gauge>,
     pub duration: Family<TargetLabel, Gauge<f64, AtomicU64>>,
     pub samples: Family<TargetLabel, Gauge>,
     pub failures: Family<FailureLabels, Counter>,
@@ -59,6 +67,11 @@ impl Health {
             "tokenwatch_scrape_samples_scraped",
             "Samples the last successful scrape of the target returned",
             self.samples.clone(),
+        );
+        metrics.register(
+            "tokenwatch_scrape_shard_targets",
+            "Discovered scrape targets by the shard (scrape.shard index) that scrapes them",
+            self.shard_targets.clone(),
         );
         // prometheus-client appends `_total` to counters.
         metrics.register(
@@ -110,10 +123,33 @@ pub struct FileSdStatus {
     pub last_loaded: Option<String>,
 }
 
+/// A discovered target left to another shard's instance.
+#[derive(Debug, Clone, Serialize)]
+pub struct OtherShardTarget {
+    pub url: String,
+    pub instance: String,
+    /// The shard index that scrapes it.
+    pub shard: u64,
+    pub origin: String,
+}
+
 #[derive(Default)]
 struct Inner {
     targets: BTreeMap<String, TargetStatus>,
     files: Vec<FileSdStatus>,
+    shard: Option<ShardConfig>,
+    other_shards: Vec<OtherShardTarget>,
+}
+
+/// The shard part of `GET /api/v1/targets`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardStatus {
+    pub index: u64,
+    pub count: u64,
+    /// Targets this instance scrapes (listed under `targets`).
+    pub owned: usize,
+    /// Targets other shards scrape (listed under `other_shards`, not scraped here).
+    pub other: usize,
 }
 
 /// Status of every active target. Locked only for short, synchronous updates and reads.
@@ -249,6 +285,47 @@ impl Registry {
         }
     }
 
+    /// The split of the discovered targets: `owned` kept here, `others` left to other shards.
+    pub fn set_shard(
+        &self,
+        shard: Option<ShardConfig>,
+        owned: usize,
+        others: Vec<OtherShardTarget>,
+        health: &Health,
+    ) {
+        let index = shard.map_or(0, |s| s.index);
+        let mut counts: BTreeMap<u64, i64> = (0..shard.map_or(1, |s| s.count.min(1024)))
+            .map(|i| (i, 0))
+            .collect();
+        counts.insert(index, owned as i64);
+        for o in &others {
+            *counts.entry(o.shard).or_default() += 1;
+        }
+        for (s, n) in counts {
+            health
+                .shard_targets
+                .get_or_create(&ShardLabel {
+                    shard: s.to_string(),
+                })
+                .set(n);
+        }
+        let mut inner = self.lock();
+        inner.shard = shard;
+        inner.other_shards = others;
+    }
+
+    /// This instance's shard and the targets other shards scrape.
+    pub fn shard(&self) -> (Option<ShardStatus>, Vec<OtherShardTarget>) {
+        let inner = self.lock();
+        let status = inner.shard.map(|s| ShardStatus {
+            index: s.index,
+            count: s.count,
+            owned: inner.targets.len(),
+            other: inner.other_shards.len(),
+        });
+        (status, inner.other_shards.clone())
+    }
+
     pub fn set_files(&self, files: Vec<FileSdStatus>) {
         self.lock().files = files;
     }
@@ -271,6 +348,14 @@ pub fn routes(registry: Registry) -> axum::Router {
 
 async fn targets(State(registry): State<Registry>) -> impl IntoResponse {
     let (targets, files) = registry.snapshot();
+    let (shard, other_shards) = registry.shard();
     let up = targets.iter().filter(|t| t.health == "up").count();
-    Json(json!({ "count": targets.len(), "up": up, "targets": targets, "file_sd": files }))
+    Json(json!({
+        "count": targets.len(),
+        "up": up,
+        "targets": targets,
+        "file_sd": files,
+        "shard": shard,
+        "other_shards": other_shards,
+    }))
 }

@@ -1,0 +1,355 @@
+// The ClickHouse HTTP interface, blocking (the store runs on store threads): queries in the body,
+// inserts as RowBinary bodies, server errors parsed, transient failures retried with backoff.
+
+use crate::StoreError;
+use crate::clickhouse::ClickHouseConfig;
+use base64::Engine;
+use std::io::ErrorKind;
+use std::time::{Duration, Instant};
+
+/// Largest response read (a query answer); beyond it the query fails rather than eat memory.
+const MAX_RESPONSE_BYTES: u64 = 1 << 30;
+/// First wait between two attempts; doubled each time up to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// ClickHouse error codes worth retrying: timeouts, too many queries or parts, network errors,
+/// memory pressure, a read-only table (a replica catching up).
+const TRANSIENT_CODES: &[i64] = &[159, 202, 203, 209, 210, 241, 242, 252];
+
+/// Whether a request may be repeated after an unknown outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Reads and DDL: any transport failure is retried.
+    Idempotent,
+    /// Inserts: retried only when the request surely was not processed (no connection, or
+    /// the server answered with a transient error), so a retry never duplicates rows.
+    NotSent,
+}
+
+pub(crate) struct Client {
+    agent: ureq::Agent,
+    base: String,
+    database: String,
+    auth: Option<String>,
+    retry_for: Duration,
+    /// `clickhouse URL (database NAME)`, for error messages.
+    label: String,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // No credentials here: the password never reaches a log line.
+        f.debug_struct("Client")
+            .field("label", &self.label)
+            .finish()
+    }
+}
+
+impl Client {
+    pub(crate) fn new(
+        cfg: &ClickHouseConfig,
+        password: Option<&str>,
+    ) -> Result<Client, StoreError> {
+        let base = cfg.url.trim_end_matches('/').to_string();
+        let rest = base.strip_prefix("http://").ok_or_else(|| {
+            StoreError::Config(format!(
+                "clickhouse url {:?}: expected http://host:port (plain HTTP)",
+                cfg.url
+            ))
+        })?;
+        if rest.is_empty() || rest.contains(['@', '?', '#']) {
+            return Err(StoreError::Config(format!(
+                "clickhouse url {:?}: expected http://host:port without user info or query",
+                cfg.url
+            )));
+        }
+        if !valid_identifier(&cfg.database) {
+            return Err(StoreError::Config(format!(
+                "clickhouse database {:?}: letters, digits and _ only, not starting with a digit",
+                cfg.database
+            )));
+        }
+        let auth = if cfg.user.is_empty() && password.is_none() {
+            None
+        } else {
+            let pair = format!("{}:{}", cfg.user, password.unwrap_or(""));
+            Some(format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            ))
+        };
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(2)))
+            .timeout_global(Some(cfg.timeout))
+            // Below the server's keep-alive (10 s by default), so a pooled connection is not
+            // found closed by the server in the middle of an insert.
+            .max_idle_age(Duration::from_secs(5))
+            .build()
+            .into();
+        Ok(Client {
+            agent,
+            label: format!("clickhouse {base} (database {})", cfg.database),
+            base,
+            database: cfg.database.clone(),
+            auth,
+            retry_for: cfg.retry_for,
+        })
+    }
+
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub(crate) fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// Run one statement (the SQL is the request body) and return the response body. With
+    /// `in_database` false the statement runs without a current database (creating it).
+    pub(crate) fn query(
+        &self,
+        op: &'static str,
+        sql: &str,
+        in_database: bool,
+    ) -> Result<Vec<u8>, StoreError> {
+        self.request(op, None, sql.as_bytes(), in_database, Retry::Idempotent)
+    }
+
+    /// `INSERT INTO table (columns) FORMAT RowBinary` with `rows` (RowBinary-encoded) as body.
+    /// The pipeline batches records, so each call is one sizeable insert; servers from 21.11 on
+    /// could also take `async_insert=1` to merge small inserts server-side (18.16 has none).
+    pub(crate) fn insert(
+        &self,
+        op: &'static str,
+        table: &str,
+        columns: &str,
+        rows: &[u8],
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO {}.{table} ({columns}) FORMAT RowBinary",
+            self.database
+        );
+        self.request(op, Some(&sql), rows, true, Retry::NotSent)
+            .map(|_| ())
+    }
+
+    fn request(
+        &self,
+        op: &'static str,
+        query_param: Option<&str>,
+        body: &[u8],
+        in_database: bool,
+        retry: Retry,
+    ) -> Result<Vec<u8>, StoreError> {
+        let deadline = Instant::now() + self.retry_for;
+        let mut backoff = FIRST_BACKOFF;
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let outcome = self.send_once(query_param, body, in_database);
+            let (err, transient) = match outcome {
+                Ok((200, bytes)) => return Ok(bytes),
+                Ok((status, bytes)) => {
+                    let text = String::from_utf8_lossy(&bytes).trim().to_string();
+                    let code = error_code(&text);
+                    let transient = matches!(status, 502..=504)
+                        || code.is_some_and(|c| TRANSIENT_CODES.contains(&c));
+                    let err = StoreError::Server {
+                        database: self.label.clone(),
+                        op,
+                        status,
+                        code,
+                        message: truncate(text, 2000),
+                    };
+                    (err, transient)
+                }
+                Err(e) => {
+                    let transient = retryable(&e, retry);
+                    let err = if is_transport(&e) {
+                        StoreError::Unreachable {
+                            database: self.label.clone(),
+                            op,
+                            attempts,
+                            source: Box::new(e),
+                        }
+                    } else {
+                        StoreError::Backend {
+                            database: self.label.clone(),
+                            op,
+                            source: Box::new(e),
+                        }
+                    };
+                    (err, transient)
+                }
+            };
+            if !transient || Instant::now() + backoff > deadline {
+                return Err(err);
+            }
+            tracing::debug!(database = %self.label, op, attempts, error = %err, "retrying");
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    fn send_once(
+        &self,
+        query_param: Option<&str>,
+        body: &[u8],
+        in_database: bool,
+    ) -> Result<(u16, Vec<u8>), ureq::Error> {
+        let mut req = self.agent.post(format!("{}/", self.base));
+        if in_database {
+            req = req.query("database", &self.database);
+        }
+        if let Some(q) = query_param {
+            req = req.query("query", q);
+        }
+        if let Some(auth) = &self.auth {
+            req = req.header("Authorization", auth);
+        }
+        let mut resp = req.send(body)?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(MAX_RESPONSE_BYTES)
+            .read_to_vec()?;
+        Ok((status, bytes))
+    }
+}
+
+/// A database or table name usable unquoted.
+pub(crate) fn valid_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// `Code: 60, e.displayText() = ...` → 60.
+fn error_code(text: &str) -> Option<i64> {
+    let rest = text.strip_prefix("Code: ")?;
+    let end = rest.find(|c: char| !c.is_ascii_digit())?;
+    rest[..end].parse().ok()
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+/// The server could not be reached or the connection broke.
+fn is_transport(e: &ureq::Error) -> bool {
+    matches!(
+        e,
+        ureq::Error::Io(_)
+            | ureq::Error::Timeout(_)
+            | ureq::Error::HostNotFound
+            | ureq::Error::ConnectionFailed
+    )
+}
+
+fn retryable(e: &ureq::Error, retry: Retry) -> bool {
+    use ureq::Timeout;
+    let not_sent = match e {
+        ureq::Error::Io(io) => io.kind() == ErrorKind::ConnectionRefused,
+        ureq::Error::HostNotFound | ureq::Error::ConnectionFailed => true,
+        ureq::Error::Timeout(t) => matches!(t, Timeout::Connect | Timeout::Resolve),
+        _ => false,
+    };
+    not_sent || (retry == Retry::Idempotent && is_transport(e))
+}
+
+/// A SQL string literal: `'` and `\` escaped with a backslash.
+pub(crate) fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        match c {
+            '\'' => out.push_str("\\'"),
+            '\\' => out.push_str("\\\\"),
+            '\0' => out.push_str("\\0"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// `'a', 'b', 'c'` for an `IN (...)` list.
+pub(crate) fn quote_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
+    items.into_iter().map(quote).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_are_read_from_server_messages() {
+        let m = "Code: 60, e.displayText() = DB::Exception: Table default.nope doesn't exist.";
+        assert_eq!(error_code(m), Some(60));
+        assert_eq!(error_code("Bad Gateway"), None);
+    }
+
+    #[test]
+    fn literals_are_escaped() {
+        assert_eq!(quote("a'b\\c"), r"'a\'b\\c'");
+        assert_eq!(quote_list(["x", "y"]), "'x', 'y'");
+    }
+
+    #[test]
+    fn urls_and_databases_are_checked() {
+        let cfg = |url: &str, db: &str| ClickHouseConfig {
+            url: url.into(),
+            database: db.into(),
+            ..Default::default()
+        };
+        assert!(Client::new(&cfg("http://127.0.0.1:8123/", "tw"), None).is_ok());
+        for (url, db) in [
+            ("https://h:1", "tw"),
+            ("127.0.0.1:8123", "tw"),
+            ("http://u:p@h:1", "tw"),
+            ("http://h:1", "tw-x"),
+            ("http://h:1", "1tw"),
+        ] {
+            let err = Client::new(&cfg(url, db), None).unwrap_err().to_string();
+            assert!(err.contains("clickhouse"), "{err}");
+        }
+    }
+
+    #[test]
+    fn refused_connections_fail_within_the_retry_budget() {
+        // A port nothing listens on: bind, read the port, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = ClickHouseConfig {
+            url: format!("http://127.0.0.1:{port}"),
+            retry_for: Duration::from_millis(400),
+            ..Default::default()
+        };
+        let client = Client::new(&cfg, None).unwrap();
+        let started = Instant::now();
+        let err = client.query("ping", "SELECT 1", true).unwrap_err();
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        match &err {
+            StoreError::Unreachable { attempts, .. } => assert!(*attempts >= 2, "{err}"),
+            other => panic!("not Unreachable: {other:?}"),
+        }
+        assert!(err.to_string().contains(&cfg.url), "{err}");
+    }
+}

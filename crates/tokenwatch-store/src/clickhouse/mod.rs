@@ -1,0 +1,470 @@
+// ClickHouseStore: the `Store` on a ClickHouse server over HTTP (18.16 and newer) — batched
+// RowBinary inserts, query-time dedup of replacing tables, retention by dropping day partitions.
+
+mod client;
+mod insert;
+mod query;
+mod retention;
+mod rowbinary;
+mod schema;
+mod scrape_targets;
+
+use crate::{
+    AnnotationRow, EmbeddingRow, LogQuery, LogRow, RecordQuery, RetentionReport, RollupQuery,
+    RollupRow, SpanQuery, SpanRow, Store, StoreError, StoreOptions, StoreStats,
+};
+use client::{Client, quote};
+use retention::DayTable;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokenwatch_core::alert::Alert;
+use tokenwatch_core::model::RequestRecord;
+
+/// Where the ClickHouse store lives and how it is reached.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClickHouseConfig {
+    /// `http://host:port` of the server's HTTP interface.
+    pub url: String,
+    /// Database holding tokenwatch's tables; created when missing.
+    pub database: String,
+    /// User for HTTP basic authentication; empty sends none.
+    pub user: String,
+    /// File holding the user's password (first line; surrounding whitespace is trimmed).
+    pub password_file: Option<PathBuf>,
+    /// How long one operation keeps retrying transient failures (connection refused, 5xx).
+    pub retry_for: Duration,
+    /// Longest one HTTP request may take, response included.
+    pub timeout: Duration,
+}
+
+impl Default for ClickHouseConfig {
+    fn default() -> Self {
+        ClickHouseConfig {
+            url: "http://127.0.0.1:8123".into(),
+            database: "tokenwatch".into(),
+            user: "default".into(),
+            password_file: None,
+            retry_for: Duration::from_secs(10),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl std::fmt::Debug for ClickHouseConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClickHouseConfig")
+            .field("url", &self.url)
+            .field("database", &self.database)
+            .field("user", &self.user)
+            .field("password_file", &self.password_file)
+            .field("retry_for", &self.retry_for)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl ClickHouseConfig {
+    /// The password from `password_file`, if one is set.
+    fn password(&self) -> Result<Option<String>, StoreError> {
+        let Some(path) = &self.password_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            StoreError::Config(format!(
+                "cannot read clickhouse password file {}: {e}",
+                path.display()
+            ))
+        })?;
+        Ok(Some(text.lines().next().unwrap_or("").trim().to_string()))
+    }
+}
+
+/// Orders rows by insertion across batches and threads (SQLite's rowid): wall-clock
+/// nanoseconds, strictly increasing within the process.
+fn next_seq(n: usize) -> u64 {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let n = n.max(1) as u64;
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let start = now.max(last + 1);
+        match LAST.compare_exchange_weak(last, start + n - 1, Ordering::SeqCst, Ordering::Relaxed) {
+            Ok(_) => return start,
+            Err(seen) => last = seen,
+        }
+    }
+}
+
+pub(crate) fn now_unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn retention_cutoff(now_unix_ms: i64, keep: Duration) -> i64 {
+    now_unix_ms.saturating_sub(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX))
+}
+
+const COUNT_ROWS: &str = "SELECT count() FROM {t} WHERE {cond}";
+/// Distinct roll-up keys (a re-emitted minute not yet merged away counts once), hashed so the
+/// count needs little memory.
+const COUNT_ROLLUPS: &str = "SELECT uniqExact(cityHash64(minute_start_unix_ms, model_id, \
+    runtime, instance, tenant, ab_group, model_version, bucket, metric)) FROM {t} WHERE {cond}";
+
+/// Tables dropped by day with the raw-record retention, and the roll-ups' own.
+const RECORDS: DayTable = DayTable {
+    table: "records",
+    partition: schema::RECORDS_PARTITION,
+    count: Some(COUNT_ROWS),
+};
+const TEXT: DayTable = DayTable {
+    table: "record_text",
+    partition: schema::TEXT_PARTITION,
+    count: Some(COUNT_ROWS),
+};
+const ROLLUPS: DayTable = DayTable {
+    table: "rollups",
+    partition: schema::ROLLUPS_PARTITION,
+    count: Some(COUNT_ROLLUPS),
+};
+const RAW_TIER: &[DayTable] = &[
+    DayTable {
+        table: "spans",
+        partition: schema::SPANS_PARTITION,
+        count: None,
+    },
+    DayTable {
+        table: "logs",
+        partition: schema::LOGS_PARTITION,
+        count: None,
+    },
+    DayTable {
+        table: "embeddings",
+        partition: schema::EMBEDDINGS_PARTITION,
+        count: None,
+    },
+    DayTable {
+        table: "annotations",
+        partition: schema::ANNOTATIONS_PARTITION,
+        count: None,
+    },
+    DayTable {
+        table: "scrape_targets",
+        partition: schema::SCRAPE_TARGETS_PARTITION,
+        count: None,
+    },
+];
+
+/// The store on ClickHouse. Retention works by whole UTC days: a day's rows go once all of the
+/// day is older than the retention (so a row lives up to a day past it), except captured text
+/// of regions with a shorter retention, which is deleted row by row.
+pub struct ClickHouseStore {
+    client: Client,
+    opts: StoreOptions,
+}
+
+impl std::fmt::Debug for ClickHouseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClickHouseStore")
+            .field("database", &self.client.label())
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+impl ClickHouseStore {
+    /// Connects (retrying within `cfg.retry_for` while the server is unreachable), creates the
+    /// database and applies pending migrations. `opts.fsync` does not apply (the server owns
+    /// durability).
+    pub fn open(cfg: &ClickHouseConfig, opts: StoreOptions) -> Result<ClickHouseStore, StoreError> {
+        let password = cfg.password()?;
+        let client = Client::new(cfg, password.as_deref())?;
+        schema::migrate(&client)?;
+        tracing::debug!(database = %client.label(), "opened store");
+        Ok(ClickHouseStore { client, opts })
+    }
+
+    /// `clickhouse URL (database NAME)`.
+    pub fn label(&self) -> &str {
+        self.client.label()
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        &self.opts
+    }
+
+    /// Runs one statement and returns the raw answer (for tests and tools: e.g.
+    /// `SELECT count() FROM tokenwatch.records FORMAT TSV`).
+    pub fn raw_query(&self, sql: &str) -> Result<Vec<u8>, StoreError> {
+        self.client.query("raw query", sql, true)
+    }
+}
+
+impl Store for ClickHouseStore {
+    fn insert_records(&self, records: &[RequestRecord]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let seq = next_seq(records.len());
+        // Text first: a failed record insert leaves at most text without a record, which
+        // retention removes; never a record whose text was lost.
+        if let Some(body) = insert::texts(records, seq) {
+            self.client.insert(
+                "insert_records (captured text)",
+                "record_text",
+                insert::TEXT_COLUMNS,
+                &body,
+            )?;
+        }
+        let body = insert::records(records, seq);
+        self.client
+            .insert("insert_records", "records", insert::RECORD_COLUMNS, &body)
+    }
+
+    fn insert_rollups(&self, rows: &[RollupRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let body = insert::rollups(rows, next_seq(rows.len()));
+        self.client
+            .insert("insert_rollups", "rollups", insert::ROLLUP_COLUMNS, &body)
+    }
+
+    fn query_records(&self, q: &RecordQuery) -> Result<Vec<RequestRecord>, StoreError> {
+        query::records(&self.client, q)
+    }
+
+    fn query_rollups(&self, q: &RollupQuery) -> Result<Vec<RollupRow>, StoreError> {
+        query::rollups(&self.client, q)
+    }
+
+    fn apply_retention(&self, now_unix_ms: i64) -> Result<RetentionReport, StoreError> {
+        let c = &self.client;
+        let raw_cutoff = retention_cutoff(now_unix_ms, self.opts.raw_retention);
+        let rollup_cutoff = retention_cutoff(now_unix_ms, self.opts.rollup_retention);
+        let records_deleted =
+            retention::drop_old_partitions(c, &RECORDS, raw_cutoff, "retention of records")?;
+        let rollups_deleted =
+            retention::drop_old_partitions(c, &ROLLUPS, rollup_cutoff, "retention of rollups")?;
+        for t in RAW_TIER {
+            retention::drop_old_partitions(c, t, raw_cutoff, "retention of telemetry")?;
+        }
+        let mut texts_deleted =
+            retention::drop_old_partitions(c, &TEXT, raw_cutoff, "retention of captured text")?;
+        texts_deleted +=
+            retention::delete_region_text(c, now_unix_ms, raw_cutoff, &self.opts.text_retention)?;
+        let expired = query::expired_alert_ids(c, raw_cutoff)?;
+        if !expired.is_empty() {
+            let body = insert::alert_tombstones(&expired, next_seq(expired.len()), now_unix_ms);
+            c.insert(
+                "retention of alerts",
+                "alerts",
+                insert::ALERT_COLUMNS,
+                &body,
+            )?;
+        }
+        let report = RetentionReport {
+            records_deleted,
+            rollups_deleted,
+            texts_deleted,
+        };
+        tracing::debug!(database = %c.label(), ?report, "applied retention");
+        Ok(report)
+    }
+
+    fn stats(&self) -> Result<StoreStats, StoreError> {
+        let c = &self.client;
+        let db = c.database();
+        let records = query::scalar_u64(
+            c,
+            "counting records",
+            &format!("SELECT count() FROM {db}.records"),
+        )?;
+        let rollups = query::scalar_u64(
+            c,
+            "counting rollups",
+            &COUNT_ROLLUPS
+                .replace("{t}", &format!("{db}.rollups"))
+                .replace("{cond}", "1"),
+        )?;
+        let file_bytes = query::scalar_u64(
+            c,
+            "reading the size on disk",
+            &format!(
+                "SELECT toUInt64(sum(bytes_on_disk)) FROM system.parts WHERE database = {} \
+                 AND active",
+                quote(db)
+            ),
+        )?;
+        Ok(StoreStats {
+            records,
+            rollups,
+            file_bytes,
+        })
+    }
+
+    fn insert_spans(&self, spans: &[SpanRow]) -> Result<(), StoreError> {
+        if spans.is_empty() {
+            return Ok(());
+        }
+        let body = insert::spans(spans, next_seq(spans.len()));
+        self.client
+            .insert("insert_spans", "spans", insert::SPAN_COLUMNS, &body)
+    }
+
+    fn query_spans(&self, q: &SpanQuery) -> Result<Vec<SpanRow>, StoreError> {
+        query::spans(&self.client, q)
+    }
+
+    fn insert_logs(&self, logs: &[LogRow]) -> Result<(), StoreError> {
+        if logs.is_empty() {
+            return Ok(());
+        }
+        let body = insert::logs(logs, next_seq(logs.len()));
+        self.client
+            .insert("insert_logs", "logs", insert::LOG_COLUMNS, &body)
+    }
+
+    fn query_logs(&self, q: &LogQuery) -> Result<Vec<LogRow>, StoreError> {
+        query::logs(&self.client, q)
+    }
+
+    fn insert_embeddings(&self, rows: &[EmbeddingRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let body = insert::embeddings(rows, next_seq(rows.len()));
+        self.client.insert(
+            "insert_embeddings",
+            "embeddings",
+            insert::EMBEDDING_COLUMNS,
+            &body,
+        )
+    }
+
+    fn insert_annotations(&self, rows: &[AnnotationRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let body = insert::annotations(rows, next_seq(rows.len()));
+        self.client.insert(
+            "insert_annotations",
+            "annotations",
+            insert::ANNOTATION_COLUMNS,
+            &body,
+        )
+    }
+
+    fn query_annotations(&self, request_ids: &[String]) -> Result<Vec<AnnotationRow>, StoreError> {
+        if request_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        query::annotations(&self.client, request_ids)
+    }
+
+    fn upsert_alerts(&self, list: &[Alert]) -> Result<(), StoreError> {
+        if list.is_empty() {
+            return Ok(());
+        }
+        let body = insert::alerts(list, next_seq(list.len())).map_err(|(id, detail)| {
+            StoreError::InvalidInput {
+                database: self.client.label().to_string(),
+                what: format!("alert {id}"),
+                detail,
+            }
+        })?;
+        self.client
+            .insert("upsert_alerts", "alerts", insert::ALERT_COLUMNS, &body)
+    }
+
+    fn delete_alerts(&self, ids: &[String]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let body = insert::alert_tombstones(ids, next_seq(ids.len()), now_unix_ms());
+        self.client
+            .insert("delete_alerts", "alerts", insert::ALERT_COLUMNS, &body)
+    }
+
+    fn load_alerts(&self, resolved_since_unix_ms: i64) -> Result<Vec<Alert>, StoreError> {
+        query::alerts(&self.client, resolved_since_unix_ms)
+    }
+
+    fn upsert_scrape_targets(&self, rows: &[crate::ScrapeTargetRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let body = scrape_targets::rows(rows, next_seq(rows.len())).map_err(|(url, detail)| {
+            StoreError::InvalidInput {
+                database: self.client.label().to_string(),
+                what: format!("scrape target {url}"),
+                detail,
+            }
+        })?;
+        self.client.insert(
+            "upsert_scrape_targets",
+            "scrape_targets",
+            scrape_targets::COLUMNS,
+            &body,
+        )
+    }
+
+    fn load_scrape_targets(
+        &self,
+        updated_since_unix_ms: i64,
+    ) -> Result<Vec<crate::ScrapeTargetRow>, StoreError> {
+        scrape_targets::load(&self.client, updated_since_unix_ms)
+    }
+}
+
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod server_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seq_is_strictly_increasing_across_threads() {
+        let handles: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(|| (0..1000).map(|_| next_seq(3)).collect::<Vec<_>>()))
+            .collect();
+        let mut all: Vec<u64> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .flat_map(|s| [s, s + 1, s + 2])
+            .collect();
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n, "ranges never overlap");
+    }
+
+    #[test]
+    fn password_comes_from_its_file_and_never_shows_in_debug() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("pw");
+        std::fs::write(&f, "s3cret\n").unwrap();
+        let cfg = ClickHouseConfig {
+            password_file: Some(f),
+            ..Default::default()
+        };
+        assert_eq!(cfg.password().unwrap().as_deref(), Some("s3cret"));
+        assert!(!format!("{cfg:?}").contains("s3cret"));
+        let missing = ClickHouseConfig {
+            password_file: Some(dir.path().join("nope")),
+            ..Default::default()
+        };
+        let err = missing.password().unwrap_err().to_string();
+        assert!(
+            err.contains("password file") && err.contains("nope"),
+            "{err}"
+        );
+    }
+}

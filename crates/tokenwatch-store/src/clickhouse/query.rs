@@ -1,0 +1,486 @@
+// Every read of the `Store` trait as ClickHouse SQL answered in RowBinary, and the decoding of
+// those answers; duplicates of replacing tables are resolved at query time with `LIMIT 1 BY`.
+
+use crate::clickhouse::client::{Client, quote, quote_list};
+use crate::clickhouse::insert::{
+    ANNOTATION_COLUMNS, LOG_COLUMNS, RECORD_COLUMNS, ROLLUP_COLUMNS, SPAN_COLUMNS,
+};
+use crate::clickhouse::rowbinary::Reader;
+use crate::{
+    AnnotationRow, LogQuery, LogRow, RecordOutcome, RecordQuery, RollupQuery, RollupRow, SpanQuery,
+    SpanRow, StoreError,
+};
+use std::collections::{BTreeMap, HashMap};
+use tokenwatch_core::alert::Alert;
+use tokenwatch_core::model::{
+    CapturedText, ContextBucket, ErrorClass, GapSummary, LatencyMetric, RequestRecord, SeriesLabels,
+};
+
+/// Ids per `IN (...)` list, well under the server's 256 KiB query size limit.
+const IN_CHUNK: usize = 1000;
+
+fn where_clause(conds: &[String]) -> String {
+    if conds.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conds.join(" AND "))
+    }
+}
+
+/// Decodes every row of `body` with `row`; a failure names the table and row number.
+fn decode<T>(
+    client: &Client,
+    table: &'static str,
+    body: &[u8],
+    mut row: impl FnMut(&mut Reader<'_>) -> Result<T, String>,
+) -> Result<Vec<T>, StoreError> {
+    let mut r = Reader::new(body);
+    let mut out = Vec::new();
+    while !r.is_empty() {
+        let item = row(&mut r).map_err(|detail| StoreError::CorruptRow {
+            database: client.label().to_string(),
+            table,
+            row: format!("row {} of the answer", out.len()),
+            detail,
+        })?;
+        out.push(item);
+    }
+    Ok(out)
+}
+
+pub(crate) fn records(client: &Client, q: &RecordQuery) -> Result<Vec<RequestRecord>, StoreError> {
+    if q.limit == 0 {
+        return Ok(Vec::new());
+    }
+    let db = client.database();
+    let mut conds = Vec::new();
+    if let Some(m) = &q.model {
+        conds.push(format!("model_id = {}", quote(m)));
+    }
+    if let Some(since) = q.since_unix_ms {
+        conds.push(format!("arrival_unix_ms >= {since}"));
+    }
+    if let Some(t) = &q.tenant {
+        conds.push(format!("tenant = {}", quote(t)));
+    }
+    if let Some(id) = &q.request_id {
+        conds.push(format!("request_id = {}", quote(id)));
+    }
+    if let Some(id) = &q.trace_id {
+        conds.push(format!("trace_id = {}", quote(id)));
+    }
+    match q.outcome {
+        None => {}
+        Some(RecordOutcome::Ok) => conds.push("(isNull(error_class) AND status < 400)".into()),
+        Some(RecordOutcome::Error) => {
+            conds.push("NOT (isNull(error_class) AND status < 400)".into())
+        }
+        Some(RecordOutcome::Class(c)) => conds.push(format!("error_class = {}", quote(c.name()))),
+    }
+    if let Some(min) = q.min_e2e_s.filter(|v| v.is_finite()) {
+        conds.push(format!("end_s >= {min:?}"));
+    }
+    if q.annotated {
+        conds.push(format!(
+            "request_id IN (SELECT request_id FROM {db}.annotations)"
+        ));
+    }
+    let sql = format!(
+        "SELECT {RECORD_COLUMNS} FROM {db}.records{} ORDER BY arrival_unix_ms DESC, seq DESC \
+         LIMIT {} FORMAT RowBinary",
+        where_clause(&conds),
+        u64::try_from(q.limit).unwrap_or(u64::MAX)
+    );
+    let body = client.query("query_records", &sql, true)?;
+    let mut out = decode(client, "records", &body, record_from)?;
+    attach_embeddings(client, &mut out)?;
+    if q.with_text {
+        attach_text(client, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn record_from(r: &mut Reader<'_>) -> Result<RequestRecord, String> {
+    let _seq = r.u64()?;
+    let request_id = r.string()?;
+    let ctx = |e: String| format!("request_id {request_id:?}: {e}");
+    let rest = (|| -> Result<RequestRecord, String> {
+        let trace_id = r.string()?;
+        let labels = SeriesLabels {
+            model_id: r.string()?,
+            runtime: r.string()?,
+            instance: r.string()?,
+            tenant: r.string()?,
+            ab_group: r.string()?,
+            model_version: r.string()?,
+        };
+        let prompt_version = r.string()?;
+        let endpoint = r.string()?;
+        let stream = r.bool()?;
+        let arrival_unix_ms = r.i64()?;
+        let upstream_headers_s = r.nullable(Reader::f64)?;
+        let first_token_s = r.nullable(Reader::f64)?;
+        let end_s = r.f64()?;
+        let queue_s = r.nullable(Reader::f64)?;
+        let chunk_offsets_us = r.array_u32()?;
+        let gaps = GapSummary {
+            count: r.u32()?,
+            mean_s: r.f64()?,
+            max_s: r.f64()?,
+        };
+        let prompt_tokens = r.nullable(Reader::u64)?;
+        let output_tokens = r.nullable(Reader::u64)?;
+        let reasoning_tokens = r.nullable(Reader::u64)?;
+        let tokens_from_usage = r.bool()?;
+        let finish_reason = r.string()?;
+        let status = r.u16()?;
+        let error_class = match r.nullable(Reader::string)? {
+            None => None,
+            Some(s) => {
+                Some(ErrorClass::parse(&s).ok_or_else(|| format!("unknown error_class {s:?}"))?)
+            }
+        };
+        let embedding = r.array_f32()?;
+        let prefix_key = r.nullable(Reader::u64)?;
+        Ok(RequestRecord {
+            request_id: String::new(),
+            trace_id,
+            labels,
+            prompt_version,
+            endpoint,
+            stream,
+            arrival_unix_ms,
+            upstream_headers_s,
+            first_token_s,
+            end_s,
+            queue_s,
+            chunk_offsets_us,
+            gaps,
+            prompt_tokens,
+            output_tokens,
+            reasoning_tokens,
+            tokens_from_usage,
+            finish_reason,
+            status,
+            error_class,
+            embedding,
+            prefix_key,
+            text: None,
+            span: Default::default(),
+        })
+    })();
+    let mut rec = rest.map_err(ctx)?;
+    rec.request_id = request_id;
+    Ok(rec)
+}
+
+/// A record without its own embedding takes the latest one posted for its request id and model.
+fn attach_embeddings(client: &Client, records: &mut [RequestRecord]) -> Result<(), StoreError> {
+    let ids: Vec<&str> = records
+        .iter()
+        .filter(|r| r.embedding.is_empty())
+        .map(|r| r.request_id.as_str())
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let db = client.database();
+    let mut found: HashMap<(String, String), Vec<f32>> = HashMap::new();
+    for chunk in ids.chunks(IN_CHUNK) {
+        let sql = format!(
+            "SELECT request_id, model_id, embedding FROM {db}.embeddings WHERE request_id IN ({}) \
+             ORDER BY request_id, model_id, seq DESC LIMIT 1 BY request_id, model_id \
+             FORMAT RowBinary",
+            quote_list(chunk.iter().copied())
+        );
+        let body = client.query("query_records (embeddings)", &sql, true)?;
+        for (id, model, emb) in decode(client, "embeddings", &body, |r| {
+            Ok((r.string()?, r.string()?, r.array_f32()?))
+        })? {
+            found.insert((id, model), emb);
+        }
+    }
+    for r in records.iter_mut().filter(|r| r.embedding.is_empty()) {
+        if let Some(e) = found.get(&(r.request_id.clone(), r.labels.model_id.clone())) {
+            r.embedding = e.clone();
+        }
+    }
+    Ok(())
+}
+
+fn attach_text(client: &Client, records: &mut [RequestRecord]) -> Result<(), StoreError> {
+    let ids: Vec<&str> = records.iter().map(|r| r.request_id.as_str()).collect();
+    let db = client.database();
+    let mut found: HashMap<(String, i64), CapturedText> = HashMap::new();
+    for chunk in ids.chunks(IN_CHUNK) {
+        let sql = format!(
+            "SELECT request_id, arrival_unix_ms, region, prompt, completion, masked, truncated \
+             FROM {db}.record_text WHERE request_id IN ({}) FORMAT RowBinary",
+            quote_list(chunk.iter().copied())
+        );
+        let body = client.query("query_records (captured text)", &sql, true)?;
+        for (key, text) in decode(client, "record_text", &body, |r| {
+            let key = (r.string()?, r.i64()?);
+            let region = r.string()?;
+            let prompt = r.string()?;
+            let completion = r.string()?;
+            let masked: BTreeMap<String, u32> =
+                serde_json::from_str(&r.string()?).unwrap_or_default();
+            let truncated = r.bool()?;
+            Ok((
+                key,
+                CapturedText {
+                    region,
+                    prompt,
+                    completion,
+                    masked,
+                    truncated,
+                },
+            ))
+        })? {
+            found.insert(key, text);
+        }
+    }
+    for r in records.iter_mut() {
+        if let Some(t) = found.remove(&(r.request_id.clone(), r.arrival_unix_ms)) {
+            r.text = Some(Box::new(t));
+        }
+    }
+    Ok(())
+}
+
+/// The roll-up key, in the order of the table's sorting key minus the metric.
+const ROLLUP_KEY: &str = "minute_start_unix_ms, model_id, runtime, instance, tenant, ab_group, \
+    model_version, bucket, metric";
+
+pub(crate) fn rollups(client: &Client, q: &RollupQuery) -> Result<Vec<RollupRow>, StoreError> {
+    let db = client.database();
+    let mut conds = vec![
+        format!("minute_start_unix_ms >= {}", q.from_unix_ms),
+        format!("minute_start_unix_ms < {}", q.to_unix_ms),
+    ];
+    if let Some(m) = &q.model {
+        conds.push(format!("model_id = {}", quote(m)));
+    }
+    if let Some(m) = q.metric {
+        conds.push(format!("metric = {}", quote(m.name())));
+    }
+    // The newest row per key wins (replace semantics before the engine merges duplicates).
+    let sql = format!(
+        "SELECT {ROLLUP_COLUMNS} FROM {db}.rollups{} ORDER BY {ROLLUP_KEY}, seq DESC \
+         LIMIT 1 BY {ROLLUP_KEY} FORMAT RowBinary",
+        where_clause(&conds)
+    );
+    let body = client.query("query_rollups", &sql, true)?;
+    decode(client, "rollups", &body, rollup_from)
+}
+
+fn rollup_from(r: &mut Reader<'_>) -> Result<RollupRow, String> {
+    let labels = SeriesLabels {
+        model_id: r.string()?,
+        runtime: r.string()?,
+        instance: r.string()?,
+        tenant: r.string()?,
+        ab_group: r.string()?,
+        model_version: r.string()?,
+    };
+    let bucket = r.string()?;
+    let metric = r.string()?;
+    let minute = r.i64()?;
+    let desc = format!(
+        "model_id {:?}, minute_start_unix_ms {minute}, bucket {bucket:?}, metric {metric:?}",
+        labels.model_id
+    );
+    let bucket = ContextBucket::parse(&bucket)
+        .ok_or_else(|| format!("{desc}: unknown context bucket {bucket:?}"))?;
+    let metric = LatencyMetric::parse(&metric)
+        .ok_or_else(|| format!("{desc}: unknown latency metric {metric:?}"))?;
+    let count = r.u64()?;
+    let sketch = r.bytes()?;
+    let _seq = r.u64()?;
+    Ok(RollupRow {
+        labels,
+        bucket,
+        metric,
+        minute_start_unix_ms: minute,
+        count,
+        sketch,
+    })
+}
+
+fn telemetry_filters(
+    trace_id: &Option<String>,
+    from: Option<i64>,
+    to: Option<i64>,
+    time_col: &str,
+) -> Vec<String> {
+    let mut conds = Vec::new();
+    if let Some(t) = trace_id {
+        conds.push(format!("trace_id = {}", quote(&t.to_ascii_lowercase())));
+    }
+    if let Some(f) = from {
+        conds.push(format!("{time_col} >= {f}"));
+    }
+    if let Some(t) = to {
+        conds.push(format!("{time_col} < {t}"));
+    }
+    conds
+}
+
+pub(crate) fn spans(client: &Client, q: &SpanQuery) -> Result<Vec<SpanRow>, StoreError> {
+    if q.limit == 0 {
+        return Ok(Vec::new());
+    }
+    let db = client.database();
+    let conds = telemetry_filters(
+        &q.trace_id,
+        q.from_unix_nano,
+        q.to_unix_nano,
+        "start_unix_nano",
+    );
+    // The first copy of a re-sent span wins (lowest seq), then oldest start first.
+    let sql = format!(
+        "SELECT {SPAN_COLUMNS} FROM (SELECT {SPAN_COLUMNS} FROM {db}.spans{} \
+         ORDER BY trace_id, span_id, seq LIMIT 1 BY trace_id, span_id) \
+         ORDER BY start_unix_nano, seq LIMIT {} FORMAT RowBinary",
+        where_clause(&conds),
+        u64::try_from(q.limit).unwrap_or(u64::MAX)
+    );
+    let body = client.query("query_spans", &sql, true)?;
+    decode(client, "spans", &body, |r| {
+        let row = SpanRow {
+            trace_id: r.string()?,
+            span_id: r.string()?,
+            parent_span_id: r.string()?,
+            name: r.string()?,
+            kind: r.i32()?,
+            start_unix_nano: r.i64()?,
+            end_unix_nano: r.i64()?,
+            status_code: r.i32()?,
+            status_message: r.string()?,
+            service_name: r.string()?,
+            attributes_json: r.string()?,
+            events_count: r.u32()?,
+        };
+        let _seq = r.u64()?;
+        let _keep = r.u64()?;
+        Ok(row)
+    })
+}
+
+pub(crate) fn logs(client: &Client, q: &LogQuery) -> Result<Vec<LogRow>, StoreError> {
+    if q.limit == 0 {
+        return Ok(Vec::new());
+    }
+    let db = client.database();
+    let conds = telemetry_filters(
+        &q.trace_id,
+        q.from_unix_nano,
+        q.to_unix_nano,
+        "time_unix_nano",
+    );
+    let sql = format!(
+        "SELECT {LOG_COLUMNS} FROM {db}.logs{} ORDER BY time_unix_nano, seq LIMIT {} \
+         FORMAT RowBinary",
+        where_clause(&conds),
+        u64::try_from(q.limit).unwrap_or(u64::MAX)
+    );
+    let body = client.query("query_logs", &sql, true)?;
+    decode(client, "logs", &body, |r| {
+        let row = LogRow {
+            time_unix_nano: r.i64()?,
+            severity_number: r.i32()?,
+            severity_text: r.string()?,
+            body: r.string()?,
+            trace_id: r.string()?,
+            span_id: r.string()?,
+            service_name: r.string()?,
+            attributes_json: r.string()?,
+        };
+        let _seq = r.u64()?;
+        Ok(row)
+    })
+}
+
+pub(crate) fn annotations(
+    client: &Client,
+    request_ids: &[String],
+) -> Result<Vec<AnnotationRow>, StoreError> {
+    let db = client.database();
+    let mut out = Vec::new();
+    for chunk in request_ids.chunks(IN_CHUNK) {
+        let sql = format!(
+            "SELECT {ANNOTATION_COLUMNS} FROM {db}.annotations WHERE request_id IN ({}) \
+             ORDER BY at_unix_ms, seq FORMAT RowBinary",
+            quote_list(chunk.iter().map(String::as_str))
+        );
+        let body = client.query("query_annotations", &sql, true)?;
+        out.extend(decode(client, "annotations", &body, |r| {
+            let row = AnnotationRow {
+                request_id: r.string()?,
+                model_id: r.string()?,
+                instance: r.string()?,
+                at_unix_ms: r.i64()?,
+                detector: r.string()?,
+                score: r.f64()?,
+                joint_grade: r.string()?,
+                value: r.f64()?,
+                summary: r.string()?,
+                evidence: serde_json::from_str(&r.string()?).unwrap_or(serde_json::Value::Null),
+            };
+            let _seq = r.u64()?;
+            Ok(row)
+        })?);
+    }
+    out.sort_by_key(|r| r.at_unix_ms);
+    Ok(out)
+}
+
+/// The current row of every alert (its newest, tombstones included), as a subquery.
+fn latest_alerts(db: &str) -> String {
+    format!(
+        "(SELECT id, alert, deleted, state, active_at_unix_ms, resolved_at_unix_ms \
+         FROM {db}.alerts ORDER BY id, seq DESC LIMIT 1 BY id)"
+    )
+}
+
+pub(crate) fn alerts(
+    client: &Client,
+    resolved_since_unix_ms: i64,
+) -> Result<Vec<Alert>, StoreError> {
+    let sql = format!(
+        "SELECT id, alert FROM {} WHERE deleted = 0 AND (isNull(resolved_at_unix_ms) OR \
+         resolved_at_unix_ms >= {resolved_since_unix_ms}) \
+         ORDER BY coalesce(resolved_at_unix_ms, active_at_unix_ms) DESC, id FORMAT RowBinary",
+        latest_alerts(client.database())
+    );
+    let body = client.query("load_alerts", &sql, true)?;
+    let rows = decode(client, "alerts", &body, |r| Ok((r.string()?, r.string()?)))?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (id, json) in rows {
+        match serde_json::from_str::<Alert>(&json) {
+            Ok(a) => out.push(a),
+            Err(e) => {
+                tracing::warn!(alert = %id, error = %e, "stored alert does not decode; skipped")
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Ids of resolved alerts resolved before `cutoff` (due for retention).
+pub(crate) fn expired_alert_ids(client: &Client, cutoff: i64) -> Result<Vec<String>, StoreError> {
+    let sql = format!(
+        "SELECT id FROM {} WHERE deleted = 0 AND resolved_at_unix_ms < {cutoff} FORMAT RowBinary",
+        latest_alerts(client.database())
+    );
+    let body = client.query("retention of alerts", &sql, true)?;
+    decode(client, "alerts", &body, |r| r.string())
+}
+
+/// One unsigned number answered by `sql` (a count, a size).
+pub(crate) fn scalar_u64(client: &Client, op: &'static str, sql: &str) -> Result<u64, StoreError> {
+    let body = client.query(op, &format!("{sql} FORMAT RowBinary"), true)?;
+    let v = decode(client, "system", &body, |r| r.u64())?;
+    Ok(v.first().copied().unwrap_or(0))
+}

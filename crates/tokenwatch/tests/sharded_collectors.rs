@@ -1,0 +1,442 @@
+// Sharded collectors end to end: two tokenwatch instances (`--shard 0/2` and `scrape.shard`
+// 1/2), one target list, one real ClickHouse and Alertmanager: each target is scraped by exactly
+// one, the fleet API of either lists all of them, each alert reaches Alertmanager once.
+
+mod common;
+
+use common::clickhouse::start_clickhouse;
+use common::*;
+use md5::{Digest, Md5};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Prometheus `hashmod` over `__address__`, written out here apart from tokenwatch's own:
+/// `binary.BigEndian.Uint64(md5.Sum(addr)[8:]) % modulus`.
+fn prometheus_hashmod(address: &str, modulus: u64) -> u64 {
+    let d = Md5::digest(address.as_bytes());
+    let low: [u8; 8] = d[8..16].try_into().unwrap();
+    u64::from_be_bytes(low) % modulus
+}
+
+/// A /metrics endpoint counting the scrapes it answers (one request per connection).
+struct CountingTarget {
+    addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for CountingTarget {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl CountingTarget {
+    async fn start(model: String) -> CountingTarget {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        let body = format!(
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{model}\"}} 1\n\
+             # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{model}\"}} 0\n"
+        );
+        let task = tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let (h, body) = (h.clone(), body.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => got.extend_from_slice(&buf[..k]),
+                        }
+                    }
+                    h.fetch_add(1, Ordering::SeqCst);
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = sock.write_all(head.as_bytes()).await;
+                    let _ = sock.write_all(body.as_bytes()).await;
+                    let _ = sock.shutdown().await;
+                });
+            }
+        });
+        CountingTarget { addr, hits, task }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+const ALERTMANAGER: &str = "/usr/bin/prometheus-alertmanager";
+
+/// A real Alertmanager (Debian `prometheus-alertmanager`) on a free loopback port, no gossip,
+/// a receiver that sends nothing; killed when dropped.
+struct Alertmanager {
+    child: Child,
+    url: String,
+    log: PathBuf,
+}
+
+impl Alertmanager {
+    async fn start(dir: &Path) -> Alertmanager {
+        assert!(
+            Path::new(ALERTMANAGER).exists(),
+            "{ALERTMANAGER} is missing — run scripts/test.sh, which installs Debian's `prometheus-alertmanager`"
+        );
+        let cfg = dir.join("alertmanager.yml");
+        std::fs::write(
+            &cfg,
+            "route:\n  receiver: none\n  group_by: ['alertname']\nreceivers:\n  - name: none\n",
+        )
+        .unwrap();
+        let addr = free_addr();
+        let log = dir.join("alertmanager.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(ALERTMANAGER)
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!("--storage.path={}", dir.join("am-data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--cluster.listen-address=")
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {ALERTMANAGER}: {e}"));
+        let am = Alertmanager {
+            child,
+            url: format!("http://{addr}"),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = send("GET", &format!("{}/-/ready", am.url), None, &[]).await
+                && r.status == 200
+            {
+                return am;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Alertmanager never became ready; log:\n{}",
+                std::fs::read_to_string(&am.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn alerts(&self) -> Vec<Value> {
+        let r = get(&format!("{}/api/v2/alerts", self.url)).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json().as_array().cloned().unwrap_or_default()
+    }
+}
+
+impl Drop for Alertmanager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Scrape every target each second; alert (to `am`) on any model with a request running —
+/// only the counting endpoints report one.
+fn write_config(dir: &Path, targets: &[String], shard_in_file: Option<&str>, am: &str) -> String {
+    let mut y = format!(
+        "alerting:\n  default_rules: false\n  delivery: {{alertmanagers: ['{am}']}}\n  rules:\n    - name: counted_running\n      detector: threshold\n      signal: requests_running\n      group_by: [model_id]\n      params: {{op: '>', value: 0.5}}\n"
+    );
+    y.push_str("scrape:\n  interval: 1s\n  timeout: 1s\n  targets:\n");
+    for t in targets {
+        y.push_str(&format!("    - url: {t}\n"));
+    }
+    if let Some(s) = shard_in_file {
+        y.push_str(&format!("  shard: {s}\n"));
+    }
+    let p = dir.join("tw.yaml");
+    std::fs::write(&p, y).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+async fn targets_json(api: SocketAddr) -> Value {
+    get(&format!("http://{api}/api/v1/targets")).await.json()
+}
+
+/// Waits until `api` reports exactly `want` as its targets, all up; returns the status.
+async fn wait_all_up(api: SocketAddr, want: &BTreeSet<String>, tw: &Proc) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = targets_json(api).await;
+        let up: BTreeSet<String> = v["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["health"] == "up")
+            .filter_map(|t| t["url"].as_str().map(str::to_string))
+            .collect();
+        let all: BTreeSet<String> = v["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["url"].as_str().map(str::to_string))
+            .collect();
+        if &up == want && &all == want {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "targets of {api}: want {want:?} up, got {v}\n{}",
+            tw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn other_shards(v: &Value) -> BTreeMap<String, u64> {
+    v["other_shards"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            (
+                o["url"].as_str().unwrap().to_string(),
+                o["shard"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_shards_split_targets_as_hashmod_and_share_fleet_and_alertmanager() {
+    let ch = start_clickhouse();
+    let ch_url = ch.url();
+    let sim_dir = tempfile::tempdir().unwrap();
+    let am = Alertmanager::start(sim_dir.path()).await;
+
+    // Three simulators (vLLM-style /metrics) and five counting endpoints: ten targets.
+    let mut sims = Vec::new();
+    let mut urls = Vec::new();
+    for i in 0..3 {
+        let addr = free_addr();
+        let a = addr.to_string();
+        let model = format!("sim-model-{i}");
+        let p = Proc::start(
+            &format!("sim{i}"),
+            &["sim", "--listen", &a, "--model", &model],
+            sim_dir.path(),
+        );
+        wait_ready(&format!("http://{addr}/v1/models"), &p).await;
+        urls.push(format!("http://{addr}/metrics"));
+        sims.push((addr, p));
+    }
+    let mut counting = Vec::new();
+    for i in 0..5 {
+        let t = CountingTarget::start(format!("counted-model-{i}")).await;
+        urls.push(format!("http://{}/metrics", t.addr));
+        counting.push(t);
+    }
+    let shard_of = |url: &str| -> u64 {
+        let addr = url
+            .strip_prefix("http://")
+            .and_then(|r| r.split('/').next())
+            .unwrap();
+        prometheus_hashmod(addr, 2)
+    };
+    let expected: [BTreeSet<String>; 2] =
+        [0, 1].map(|s| urls.iter().filter(|u| shard_of(u) == s).cloned().collect());
+    let upstream = format!("http://{}", sims[0].0);
+
+    // Shard 0 alone first: it scrapes its share, and nothing of shard 1 is touched.
+    let dir0 = tempfile::tempdir().unwrap();
+    let cfg0 = write_config(dir0.path(), &urls, None, &am.url);
+    let (api0, proxy0) = (free_addr(), free_addr());
+    let tw0 = start_tokenwatch(
+        dir0.path(),
+        api0,
+        proxy0,
+        &upstream,
+        &[
+            "--config",
+            &cfg0,
+            "--clickhouse-url",
+            &ch_url,
+            "--shard",
+            "0/2",
+        ],
+    );
+    wait_ready(&format!("http://{api0}/readyz"), &tw0).await;
+    let st0 = wait_all_up(api0, &expected[0], &tw0).await;
+    assert_eq!(
+        other_shards(&st0),
+        expected[1].iter().map(|u| (u.clone(), 1)).collect(),
+        "{st0}"
+    );
+    assert_eq!(
+        st0["shard"],
+        serde_json::json!({"index": 0, "count": 2, "owned": expected[0].len(), "other": expected[1].len()})
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for t in &counting {
+        let url = format!("http://{}/metrics", t.addr);
+        if shard_of(&url) == 0 {
+            assert!(t.hits() > 0, "{url} (shard 0) never scraped");
+        } else {
+            assert_eq!(t.hits(), 0, "{url} belongs to shard 1 but was scraped");
+        }
+    }
+
+    // Shard 1 from the configuration file, the same targets and the same ClickHouse.
+    let dir1 = tempfile::tempdir().unwrap();
+    let cfg1 = write_config(dir1.path(), &urls, Some("{index: 1, count: 2}"), &am.url);
+    let (api1, proxy1) = (free_addr(), free_addr());
+    let tw1 = start_tokenwatch(
+        dir1.path(),
+        api1,
+        proxy1,
+        &upstream,
+        &["--config", &cfg1, "--clickhouse-url", &ch_url],
+    );
+    wait_ready(&format!("http://{api1}/readyz"), &tw1).await;
+    let st1 = wait_all_up(api1, &expected[1], &tw1).await;
+    assert_eq!(
+        other_shards(&st1),
+        expected[0].iter().map(|u| (u.clone(), 0)).collect(),
+        "{st1}"
+    );
+
+    // Both running: every counted target is scraped once a second, not twice.
+    let before: Vec<usize> = counting.iter().map(CountingTarget::hits).collect();
+    let window = Duration::from_secs(6);
+    tokio::time::sleep(window).await;
+    for (t, b) in counting.iter().zip(&before) {
+        let n = t.hits() - b;
+        assert!(
+            (1..=window.as_secs() as usize + 2).contains(&n),
+            "{}: {n} scrapes in {window:?} at a 1s interval (two collectors would double it)",
+            t.addr
+        );
+    }
+    // The union of the two instances' targets is every target, their intersection empty.
+    let mine = |v: &Value| -> BTreeSet<String> {
+        v["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["url"].as_str().map(str::to_string))
+            .collect()
+    };
+    let (m0, m1) = (
+        mine(&targets_json(api0).await),
+        mine(&targets_json(api1).await),
+    );
+    assert!(m0.is_disjoint(&m1), "{m0:?} {m1:?}");
+    assert_eq!(
+        m0.union(&m1).cloned().collect::<BTreeSet<_>>(),
+        urls.iter().cloned().collect()
+    );
+    // The split is exported on both.
+    for api in [api0, api1] {
+        let m = get(&format!("http://{api}/metrics")).await.body;
+        for s in 0..2 {
+            assert_eq!(
+                metric_value(
+                    &m,
+                    &format!("tokenwatch_scrape_shard_targets{{shard=\"{s}\"}}")
+                ),
+                Some(expected[s].len() as f64),
+                "{api}"
+            );
+        }
+    }
+    // The fleet API of either instance lists every target, each with the shard scraping it,
+    // read from what both published to the shared ClickHouse.
+    let want: BTreeMap<String, String> = urls
+        .iter()
+        .map(|u| (u.clone(), format!("{}/2", shard_of(u))))
+        .collect();
+    for (api, tw) in [(api0, &tw0), (api1, &tw1)] {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let v = get(&format!("http://{api}/api/v1/fleet")).await.json();
+            let got: BTreeMap<String, String> = v["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|t| t["health"] == "up" && t["stale"] == false)
+                .map(|t| {
+                    (
+                        t["url"].as_str().unwrap_or("").to_string(),
+                        t["shard"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect();
+            if got == want {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "fleet of {api}: want {want:?}, got {v}\n{}",
+                tw.log()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    // Each model's alert reaches Alertmanager once, from the instance that scrapes its target.
+    let owner_api = |model: &str| -> String {
+        let i: usize = model.trim_start_matches("counted-model-").parse().unwrap();
+        let url = format!("http://{}/metrics", counting[i].addr);
+        format!("http://{}", if shard_of(&url) == 0 { api0 } else { api1 })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let alerts: Vec<Value> = am
+            .alerts()
+            .await
+            .into_iter()
+            .filter(|a| a["labels"]["alertname"] == "counted_running")
+            .collect();
+        let mut per_model: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for a in &alerts {
+            per_model
+                .entry(a["labels"]["model_id"].as_str().unwrap_or("").to_string())
+                .or_default()
+                .push(a["generatorURL"].as_str().unwrap_or("").to_string());
+        }
+        let want: BTreeSet<String> = (0..counting.len())
+            .map(|i| format!("counted-model-{i}"))
+            .collect();
+        if per_model.keys().cloned().collect::<BTreeSet<_>>() == want {
+            for (model, gens) in &per_model {
+                assert_eq!(
+                    gens.len(),
+                    1,
+                    "{model} in Alertmanager {} times: {alerts:?}",
+                    gens.len()
+                );
+                assert!(
+                    gens[0].starts_with(&owner_api(model)),
+                    "{model} sent by {} (its target is scraped by {})",
+                    gens[0],
+                    owner_api(model)
+                );
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Alertmanager has {per_model:?}, want one alert for each of {want:?}\n{}\n{}",
+            tw0.log(),
+            tw1.log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    drop((tw0, tw1, sims, ch, am));
+}
