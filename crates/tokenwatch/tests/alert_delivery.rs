@@ -3,12 +3,11 @@
 
 mod common;
 
+use common::alertmanager::Alertmanager;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,92 +16,6 @@ use tokenwatch::config::HumanDuration;
 use tokenwatch::export::prometheus::Metrics;
 use tokenwatch_core::alert::{Alert, AlertState, CauseCandidate, Severity};
 use tokio::sync::watch;
-
-const ALERTMANAGER: &str = "/usr/bin/prometheus-alertmanager";
-
-/// A real Alertmanager on a free loopback port, killed when dropped.
-struct Alertmanager {
-    child: Child,
-    url: String,
-    log: PathBuf,
-}
-
-impl Alertmanager {
-    async fn start(dir: &Path, webhook: &str) -> Alertmanager {
-        Self::start_grouped(dir, webhook, "alertname").await
-    }
-
-    /// With the route grouping by `group_by` (one label name).
-    async fn start_grouped(dir: &Path, webhook: &str, group_by: &str) -> Alertmanager {
-        assert!(
-            Path::new(ALERTMANAGER).exists(),
-            "{ALERTMANAGER} is missing — run the README's test command (scripts/test.sh), which installs Debian's `prometheus-alertmanager`"
-        );
-        let cfg = dir.join("alertmanager.yml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "route:\n  receiver: hook\n  group_by: ['{group_by}']\n  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n\
-                 receivers:\n  - name: hook\n    webhook_configs:\n      - url: '{webhook}'\n        send_resolved: true\n"
-            ),
-        )
-        .unwrap();
-        let addr = common::free_addr();
-        let log = dir.join("alertmanager.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(ALERTMANAGER)
-            .arg(format!("--config.file={}", cfg.display()))
-            .arg(format!("--storage.path={}", dir.join("am-data").display()))
-            .arg(format!("--web.listen-address={addr}"))
-            // Empty: no gossip listener (it would bind 0.0.0.0:9094).
-            .arg("--cluster.listen-address=")
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {ALERTMANAGER}: {e}"));
-        let am = Alertmanager {
-            child,
-            url: format!("http://{addr}"),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(r) = common::send("GET", &format!("{}/-/ready", am.url), None, &[]).await
-                && r.status == 200
-            {
-                return am;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Alertmanager never became ready; log:\n{}",
-                am.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Every alert Alertmanager lists, resolved ones included if it lists them.
-    async fn alerts(&self) -> Vec<serde_json::Value> {
-        let url = format!(
-            "{}/api/v2/alerts?active=true&silenced=true&inhibited=true&unprocessed=true",
-            self.url
-        );
-        let r = common::get(&url).await;
-        assert_eq!(r.status, 200, "{url}: {}", r.body);
-        r.json().as_array().cloned().unwrap_or_default()
-    }
-}
-
-impl Drop for Alertmanager {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A webhook endpoint recording what it receives; answers 500 to the first `fail_first` requests.
 #[derive(Clone, Default)]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{BIN, Proc, free_addr, get, wait_ready};
+use common::{BIN, Proc, free_addr, get, start_demo_with_leak};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -225,28 +225,7 @@ async fn demo_sims(demo: &Proc) -> Vec<SocketAddr> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_panel_query_returns_data_from_a_real_prometheus() {
     let dir = tempfile::tempdir().unwrap();
-    let api = free_addr();
-    let addrs = [api, free_addr(), free_addr(), free_addr()].map(|a| a.to_string());
-    let data = dir.path().join("data").display().to_string();
-    let args = [
-        "demo",
-        "--listen",
-        &addrs[0],
-        "--proxy-listen",
-        &addrs[1],
-        "--otlp-grpc-listen",
-        &addrs[2],
-        "--otlp-http-listen",
-        &addrs[3],
-        "--data-dir",
-        &data,
-        "--fault",
-        "kv_leak",
-        "--fault-after",
-        "0s",
-    ];
-    let demo = Proc::start("demo", &args, dir.path());
-    wait_ready(&format!("http://{api}/readyz"), &demo).await;
+    let (demo, api, _otlp_http) = start_demo_with_leak(dir.path(), "0s").await;
     let sims = demo_sims(&demo).await;
     let prom = Prometheus::start(dir.path(), api, &sims).await;
 

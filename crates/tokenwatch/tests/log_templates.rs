@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Proc, free_addr, get, send, start_tokenwatch, wait_ready};
+use common::{Proc, free_addr, get, send, start_sim, start_tokenwatch, wait_ready};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -136,12 +136,7 @@ fn traffic(
 #[tokio::test]
 async fn vllm_log_templates_are_stable_across_restarts_and_a_cuda_oom_is_the_root_cause() {
     let dir = tempfile::tempdir().unwrap();
-    let sim = free_addr();
-    let sa = sim.to_string();
-    let mut args = vec!["sim", "--listen", &sa];
-    args.extend_from_slice(SIM_ARGS);
-    let sim_proc = Proc::start("sim", &args, dir.path());
-    wait_ready(&format!("http://{sim}/v1/models"), &sim_proc).await;
+    let (_sim_proc, sim) = start_sim(dir.path(), SIM_ARGS).await;
 
     let log = dir.path().join("vllm.log");
     let cfg = dir.path().join("tokenwatch.yaml");

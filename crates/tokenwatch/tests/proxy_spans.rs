@@ -228,24 +228,11 @@ async fn proxy_span_is_exported_and_parents_the_server_span(protocol: &str) {
     let (receiver, recv_grpc, recv_http) =
         start_otlp_collector(&recv_dir, recv_api, &recv_cfg).await;
 
-    let sim_addr = free_addr();
-    let sa = sim_addr.to_string();
-    let sim = Proc::start(
-        "sim",
-        &[
-            "sim",
-            "--listen",
-            &sa,
-            "--model",
-            "m1",
-            "--ttft-ms",
-            "40",
-            "--itl-ms",
-            "2",
-        ],
+    let (sim, sim_addr) = start_sim(
         dir.path(),
-    );
-    wait_ready(&format!("http://{sim_addr}/v1/models"), &sim).await;
+        &["--model", "m1", "--ttft-ms", "40", "--itl-ms", "2"],
+    )
+    .await;
     let (relay_addr, seen) = start_relay(sim_addr).await;
 
     // The proxying tokenwatch exports to the receiver; with gRPC the received spans go too.
@@ -485,24 +472,11 @@ async fn proxy_span_over_otlp_grpc_with_received_spans() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_caller_trace_the_proxy_span_is_the_root() {
     let dir = tempfile::tempdir().unwrap();
-    let sim_addr = free_addr();
-    let sa = sim_addr.to_string();
-    let sim = Proc::start(
-        "sim",
-        &[
-            "sim",
-            "--listen",
-            &sa,
-            "--model",
-            "m1",
-            "--ttft-ms",
-            "5",
-            "--itl-ms",
-            "1",
-        ],
+    let (sim, sim_addr) = start_sim(
         dir.path(),
-    );
-    wait_ready(&format!("http://{sim_addr}/v1/models"), &sim).await;
+        &["--model", "m1", "--ttft-ms", "5", "--itl-ms", "1"],
+    )
+    .await;
     let (relay_addr, seen) = start_relay(sim_addr).await;
     let cfg = dir.path().join("tw.yaml");
     // A configured rule names the proxy's component.

@@ -4,14 +4,14 @@
 
 mod common;
 
+use common::alertmanager::Alertmanager;
 use common::clickhouse::start_clickhouse;
 use common::*;
 use md5::{Digest, Md5};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -79,73 +79,13 @@ impl CountingTarget {
     }
 }
 
-const ALERTMANAGER: &str = "/usr/bin/prometheus-alertmanager";
-
-/// A real Alertmanager (Debian `prometheus-alertmanager`) on a free loopback port, no gossip,
-/// a receiver that sends nothing; killed when dropped.
-struct Alertmanager {
-    child: Child,
-    url: String,
-    log: PathBuf,
-}
-
-impl Alertmanager {
-    async fn start(dir: &Path) -> Alertmanager {
-        assert!(
-            Path::new(ALERTMANAGER).exists(),
-            "{ALERTMANAGER} is missing — run scripts/test.sh, which installs Debian's `prometheus-alertmanager`"
-        );
-        let cfg = dir.join("alertmanager.yml");
-        std::fs::write(
-            &cfg,
-            "route:\n  receiver: none\n  group_by: ['alertname']\nreceivers:\n  - name: none\n",
-        )
-        .unwrap();
-        let addr = free_addr();
-        let log = dir.join("alertmanager.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(ALERTMANAGER)
-            .arg(format!("--config.file={}", cfg.display()))
-            .arg(format!("--storage.path={}", dir.join("am-data").display()))
-            .arg(format!("--web.listen-address={addr}"))
-            .arg("--cluster.listen-address=")
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {ALERTMANAGER}: {e}"));
-        let am = Alertmanager {
-            child,
-            url: format!("http://{addr}"),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(r) = send("GET", &format!("{}/-/ready", am.url), None, &[]).await
-                && r.status == 200
-            {
-                return am;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Alertmanager never became ready; log:\n{}",
-                std::fs::read_to_string(&am.log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn alerts(&self) -> Vec<Value> {
-        let r = get(&format!("{}/api/v2/alerts", self.url)).await;
-        assert_eq!(r.status, 200, "{}", r.body);
-        r.json().as_array().cloned().unwrap_or_default()
-    }
-}
-
-impl Drop for Alertmanager {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A real Alertmanager whose receiver sends nothing: the test reads its alerts over its API.
+async fn start_alertmanager(dir: &Path) -> Alertmanager {
+    Alertmanager::start_with_config(
+        dir,
+        "route:\n  receiver: none\n  group_by: ['alertname']\nreceivers:\n  - name: none\n",
+    )
+    .await
 }
 
 /// Scrape every target each second; alert (to `am`) on any model with a request running —
@@ -219,7 +159,7 @@ async fn two_shards_split_targets_as_hashmod_and_share_fleet_and_alertmanager() 
     let ch = start_clickhouse();
     let ch_url = ch.url();
     let sim_dir = tempfile::tempdir().unwrap();
-    let am = Alertmanager::start(sim_dir.path()).await;
+    let am = start_alertmanager(sim_dir.path()).await;
 
     // Three simulators (vLLM-style /metrics) and five counting endpoints: ten targets.
     let mut sims = Vec::new();

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Proc, free_addr, get, wait_ready};
+use common::{get, start_demo_with_leak};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -47,34 +47,13 @@ async fn web_ui_pages_work_in_headless_chromium() {
     require_tools(&ui);
 
     let dir = tempfile::tempdir().unwrap();
-    let api = free_addr();
-    let addrs = [api, free_addr(), free_addr(), free_addr()].map(|a| a.to_string());
-    let data = dir.path().join("data").display().to_string();
-    let fault_after = format!("{}s", FAULT_AFTER.as_secs());
-    let args = [
-        "demo",
-        "--listen",
-        &addrs[0],
-        "--proxy-listen",
-        &addrs[1],
-        "--otlp-grpc-listen",
-        &addrs[2],
-        "--otlp-http-listen",
-        &addrs[3],
-        "--data-dir",
-        &data,
-        "--fault",
-        "kv_leak",
-        "--fault-after",
-        &fault_after,
-    ];
     // The fault switches on FAULT_AFTER after the demo starts: alerts older than that are not its.
     let not_before_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
         + FAULT_AFTER.as_millis() as u64;
-    let demo = Proc::start("demo", &args, dir.path());
-    wait_ready(&format!("http://{api}/readyz"), &demo).await;
+    let (demo, api, otlp_http) =
+        start_demo_with_leak(dir.path(), &format!("{}s", FAULT_AFTER.as_secs())).await;
 
     // The assets are in the binary and served with their types; unknown ones are 404.
     let index = get(&format!("http://{api}/")).await;
@@ -122,7 +101,7 @@ async fn web_ui_pages_work_in_headless_chromium() {
     let out = root.join("target/ui-artifacts");
     let _ = std::fs::remove_dir_all(&out);
     let base = format!("http://{api}");
-    let otlp_http = addrs[3].clone();
+    let otlp_http = otlp_http.to_string();
     let run = tokio::task::spawn_blocking(move || {
         run_browser(&ui, &base, &out, not_before_ms, &otlp_http)
     })

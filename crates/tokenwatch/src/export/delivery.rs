@@ -1,6 +1,12 @@
 // Delivery loop shared by the exporters (remote write, OTLP): attempts with a timeout,
 // exponential backoff between retryable failures, one short last attempt once shutdown is asked.
 
+use crate::sources::proxy::tls::{HttpsClient, UpstreamTls};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -12,6 +18,39 @@ pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Time allowed to each attempt made after shutdown was requested.
 pub const LAST_ATTEMPT: Duration = Duration::from_secs(2);
+
+/// An exporter's HTTP client: plain, or HTTPS with rustls as for https upstreams.
+#[derive(Clone)]
+pub enum HttpClient {
+    Plain(Client<HttpConnector, Full<Bytes>>),
+    Tls(HttpsClient),
+}
+
+impl HttpClient {
+    /// A pooled client with TCP_NODELAY and `connect_timeout`; HTTPS when `tls` is given.
+    pub fn new(tls: Option<&UpstreamTls>, connect_timeout: Duration) -> HttpClient {
+        let builder = Client::builder(TokioExecutor::new());
+        match tls {
+            Some(tls) => HttpClient::Tls(tls.client(&builder, connect_timeout)),
+            None => {
+                let mut http = HttpConnector::new();
+                http.set_nodelay(true);
+                http.set_connect_timeout(Some(connect_timeout));
+                HttpClient::Plain(builder.build(http))
+            }
+        }
+    }
+
+    pub fn request(
+        &self,
+        req: http::Request<Full<Bytes>>,
+    ) -> hyper_util::client::legacy::ResponseFuture {
+        match self {
+            HttpClient::Plain(c) => c.request(req),
+            HttpClient::Tls(c) => c.request(req),
+        }
+    }
+}
 
 /// What one attempt to send a batch gave.
 pub enum Attempt<T> {
@@ -38,6 +77,8 @@ pub struct Endpoint {
     what: &'static str,
     /// The endpoint as the logs and counters name it.
     label: String,
+    /// The counter that counts what a refused request drops, named in the log.
+    dropped_counter: &'static str,
     healthy: AtomicBool,
     rejection_logged: AtomicBool,
 }
@@ -50,10 +91,11 @@ pub async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 impl Endpoint {
-    pub fn new(what: &'static str, label: String) -> Endpoint {
+    pub fn new(what: &'static str, label: String, dropped_counter: &'static str) -> Endpoint {
         Endpoint {
             what,
             label,
+            dropped_counter,
             healthy: AtomicBool::new(true),
             rejection_logged: AtomicBool::new(false),
         }
@@ -78,7 +120,7 @@ impl Endpoint {
         F: FnMut(Duration) -> Fut,
         Fut: Future<Output = Attempt<T>>,
     {
-        let (what, label) = (self.what, self.label.as_str());
+        let (what, label, counter) = (self.what, self.label.as_str(), self.dropped_counter);
         let mut backoff = MIN_BACKOFF;
         let mut last = false;
         loop {
@@ -97,7 +139,7 @@ impl Endpoint {
                 Attempt::Rejected(why) => {
                     on_failure();
                     if !self.rejection_logged.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(endpoint = %label, error = %why, "{what}: request refused, its contents are dropped (logged once; see the exporter's dropped counter)");
+                        tracing::warn!(endpoint = %label, error = %why, "{what}: request refused, its contents are dropped (logged once; see {counter})");
                     } else {
                         tracing::debug!(endpoint = %label, error = %why, "{what}: request refused");
                     }
@@ -132,7 +174,7 @@ mod tests {
 
     #[tokio::test]
     async fn retries_with_doubling_backoff_until_sent() {
-        let ep = Endpoint::new("test export", "http://x".into());
+        let ep = Endpoint::new("test export", "http://x".into(), "test_dropped_total");
         let (_tx, mut rx) = watch::channel(false);
         let (tries, failures) = (AtomicU32::new(0), AtomicU32::new(0));
         let start = std::time::Instant::now();
@@ -166,7 +208,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_rejection_is_final_and_shutdown_gets_one_short_attempt() {
-        let ep = Endpoint::new("test export", "http://x".into());
+        let ep = Endpoint::new("test export", "http://x".into(), "test_dropped_total");
         let (_tx, mut rx) = watch::channel(false);
         let (out, go_on) = ep
             .deliver(

@@ -668,21 +668,26 @@ mod tests {
         }
     }
 
+    /// A writer over `gate` with room for `queue_rows` rows, batches of 4, and its own metrics.
+    fn start_writer(
+        gate: &Arc<Gate>,
+        queue_rows: usize,
+    ) -> (StoreWriter, StoreWriterThread, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        let config = StoreWriterConfig {
+            queue_rows,
+            batch_max: 4,
+            niceness: 0,
+        };
+        let (writer, thread) = StoreWriter::start(gate.clone(), config, metrics.clone()).unwrap();
+        (writer, thread, metrics)
+    }
+
     #[test]
     fn a_full_queue_counts_each_record_and_never_waits_then_the_writer_drains_in_order() {
         let (_dir, sqlite) = sqlite();
         let gate = Gate::over(sqlite.clone(), false);
-        let metrics = Arc::new(Metrics::new());
-        let (writer, thread) = StoreWriter::start(
-            gate.clone(),
-            StoreWriterConfig {
-                queue_rows: 10,
-                batch_max: 4,
-                niceness: 0,
-            },
-            metrics.clone(),
-        )
-        .unwrap();
+        let (writer, thread, metrics) = start_writer(&gate, 10);
         // The first batch is taken by the writer, which then waits on the closed gate.
         writer.records(records(0, 3));
         until("the writer holds the first batch", || {
@@ -775,17 +780,7 @@ mod tests {
         let (_dir, sqlite) = sqlite();
         let gate = Gate::over(sqlite, true);
         gate.failing.store(true, Ordering::SeqCst);
-        let metrics = Arc::new(Metrics::new());
-        let (writer, thread) = StoreWriter::start(
-            gate.clone(),
-            StoreWriterConfig {
-                queue_rows: 100,
-                batch_max: 4,
-                niceness: 0,
-            },
-            metrics.clone(),
-        )
-        .unwrap();
+        let (writer, thread, metrics) = start_writer(&gate, 100);
         let health = thread.health();
         assert_eq!(health.readiness(), Ok(()));
         writer.records(records(0, 6));
@@ -812,17 +807,7 @@ mod tests {
     fn readiness_reports_a_write_that_hangs_and_shutdown_counts_what_it_could_not_write() {
         let (_dir, sqlite) = sqlite();
         let gate = Gate::over(sqlite, false);
-        let metrics = Arc::new(Metrics::new());
-        let (writer, thread) = StoreWriter::start(
-            gate.clone(),
-            StoreWriterConfig {
-                queue_rows: 100,
-                batch_max: 4,
-                niceness: 0,
-            },
-            metrics.clone(),
-        )
-        .unwrap();
+        let (writer, thread, metrics) = start_writer(&gate, 100);
         let health = thread.health();
         writer.records(records(0, 2));
         until("the writer holds the first batch", || {

@@ -2,6 +2,7 @@
 // talk HTTP to it, find the external tools the tests need (and fail loudly if missing).
 #![allow(dead_code)]
 
+pub mod alertmanager;
 pub mod clickhouse;
 
 use bytes::Bytes;
@@ -208,6 +209,18 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// `tokenwatch sim` on a free port with `args` after `--listen`; waits until it serves
+/// `/v1/models` and returns (process, address).
+pub async fn start_sim(dir: &Path, args: &[&str]) -> (Proc, SocketAddr) {
+    let addr = free_addr();
+    let a = addr.to_string();
+    let mut all = vec!["sim", "--listen", &a];
+    all.extend_from_slice(args);
+    let sim = Proc::start("sim", &all, dir);
+    wait_ready(&format!("http://{addr}/v1/models"), &sim).await;
+    (sim, addr)
+}
+
 /// A started simulator + tokenwatch pair on free ports.
 pub struct Stack {
     pub sim: Proc,
@@ -223,13 +236,7 @@ pub struct Stack {
 impl Stack {
     pub async fn start(sim_args: &[&str], tw_extra: &[&str]) -> Stack {
         let dir = tempfile::tempdir().unwrap();
-        let sim_addr = free_addr();
-        let mut args = vec!["sim", "--listen"];
-        let sa = sim_addr.to_string();
-        args.push(&sa);
-        args.extend_from_slice(sim_args);
-        let sim = Proc::start("sim", &args, dir.path());
-        wait_ready(&format!("http://{sim_addr}/v1/models"), &sim).await;
+        let (sim, sim_addr) = start_sim(dir.path(), sim_args).await;
         let (api, proxy) = (free_addr(), free_addr());
         let tw = start_tokenwatch(
             dir.path(),
@@ -363,6 +370,38 @@ pub async fn start_otlp_collector(
     let tw = Proc::start("tokenwatch", &args, dir);
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
     (tw, grpc, http)
+}
+
+/// `tokenwatch demo` with its data under `dir/data`, every listener on a free port and the
+/// `kv_leak` fault switched on `fault_after` (e.g. "0s") after start; waits until ready and
+/// returns (process, API address, OTLP/HTTP address).
+pub async fn start_demo_with_leak(
+    dir: &Path,
+    fault_after: &str,
+) -> (Proc, SocketAddr, SocketAddr) {
+    let (api, otlp_http) = (free_addr(), free_addr());
+    let addrs = [api, free_addr(), free_addr(), otlp_http].map(|a| a.to_string());
+    let data = dir.join("data").display().to_string();
+    let args = [
+        "demo",
+        "--listen",
+        &addrs[0],
+        "--proxy-listen",
+        &addrs[1],
+        "--otlp-grpc-listen",
+        &addrs[2],
+        "--otlp-http-listen",
+        &addrs[3],
+        "--data-dir",
+        &data,
+        "--fault",
+        "kv_leak",
+        "--fault-after",
+        fault_after,
+    ];
+    let demo = Proc::start("demo", &args, dir);
+    wait_ready(&format!("http://{api}/readyz"), &demo).await;
+    (demo, api, otlp_http)
 }
 
 /// The Python interpreter of the test virtualenv holding the `openai` client.

@@ -4,13 +4,10 @@
 use super::convert::{ExportSpan, request_of};
 use super::queue::SpanQueue;
 use super::{Prepared, Protocol};
-use crate::export::delivery::{Attempt, Delivered, Endpoint, LAST_ATTEMPT, stopped};
+use crate::export::delivery::{Attempt, Delivered, Endpoint, HttpClient, LAST_ATTEMPT, stopped};
 use crate::export::prometheus::Metrics;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -89,25 +86,6 @@ impl ExportMetrics {
     }
 }
 
-/// A plain or an HTTPS client (rustls, as for https upstreams).
-#[derive(Clone)]
-pub(super) enum HttpClient {
-    Plain(Client<HttpConnector, Full<Bytes>>),
-    Tls(crate::sources::proxy::tls::HttpsClient),
-}
-
-impl HttpClient {
-    fn request(
-        &self,
-        req: http::Request<Full<Bytes>>,
-    ) -> hyper_util::client::legacy::ResponseFuture {
-        match self {
-            HttpClient::Plain(c) => c.request(req),
-            HttpClient::Tls(c) => c.request(req),
-        }
-    }
-}
-
 /// How requests reach the endpoint.
 pub(super) enum Transport {
     Http {
@@ -130,16 +108,7 @@ impl Transport {
     ) -> Result<Transport, String> {
         match protocol {
             Protocol::Http => {
-                let builder = Client::builder(TokioExecutor::new());
-                let client = match &p.tls {
-                    Some(tls) => HttpClient::Tls(tls.client(&builder, timeout)),
-                    None => {
-                        let mut http = HttpConnector::new();
-                        http.set_nodelay(true);
-                        http.set_connect_timeout(Some(timeout));
-                        HttpClient::Plain(builder.build(http))
-                    }
-                };
+                let client = HttpClient::new(p.tls.as_ref(), timeout);
                 Ok(Transport::Http {
                     client: Box::new(client),
                     uri: p.uri.clone(),
@@ -178,7 +147,11 @@ impl Sender {
         metrics: ExportMetrics,
     ) -> Sender {
         Sender {
-            endpoint: Endpoint::new("OTLP export", label.clone()),
+            endpoint: Endpoint::new(
+                "OTLP export",
+                label.clone(),
+                "tokenwatch_otlp_export_dropped_total",
+            ),
             label,
             transport,
             timeout,

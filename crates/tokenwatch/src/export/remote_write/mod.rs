@@ -30,9 +30,6 @@ pub use sender::{MAX_BACKOFF, MIN_BACKOFF, RemoteWriteMetrics};
 use crate::config::{HumanDuration, UpstreamTlsConfig};
 use crate::export::prometheus::Metrics;
 use crate::sources::proxy::tls::UpstreamTls;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -310,16 +307,7 @@ pub fn start(
     for (i, cfg) in endpoints.iter().enumerate() {
         let p = prepare(i, cfg)?;
         let timeout = cfg.timeout.0;
-        let builder = Client::builder(TokioExecutor::new());
-        let client = match &p.tls {
-            Some(tls) => sender::HttpClient::Tls(tls.client(&builder, timeout)),
-            None => {
-                let mut http = HttpConnector::new();
-                http.set_nodelay(true);
-                http.set_connect_timeout(Some(timeout));
-                sender::HttpClient::Plain(builder.build(http))
-            }
-        };
+        let client = sender::HttpClient::new(p.tls.as_ref(), timeout);
         tracing::info!(url = %p.label, interval = ?cfg.interval.0, shards = cfg.queue.max_shards, "remote write");
         let endpoint = Arc::new(sender::Endpoint::new(
             p.label,

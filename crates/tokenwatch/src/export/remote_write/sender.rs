@@ -3,12 +3,11 @@
 
 use super::convert;
 use super::proto::Label;
+pub use crate::export::delivery::HttpClient;
 use crate::export::delivery::{self, Attempt, Delivered, stopped};
 use crate::export::prometheus::Metrics;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -95,25 +94,6 @@ impl RemoteWriteMetrics {
                 reason: reason.into(),
             })
             .clone()
-    }
-}
-
-/// A plain or an HTTPS client (rustls, as for https upstreams).
-#[derive(Clone)]
-pub enum HttpClient {
-    Plain(Client<HttpConnector, Full<Bytes>>),
-    Tls(crate::sources::proxy::tls::HttpsClient),
-}
-
-impl HttpClient {
-    fn request(
-        &self,
-        req: http::Request<Full<Bytes>>,
-    ) -> hyper_util::client::legacy::ResponseFuture {
-        match self {
-            HttpClient::Plain(c) => c.request(req),
-            HttpClient::Tls(c) => c.request(req),
-        }
     }
 }
 
@@ -206,7 +186,11 @@ impl Endpoint {
     ) -> Endpoint {
         metrics.init(&label);
         Endpoint {
-            delivery: delivery::Endpoint::new("remote write", label.clone()),
+            delivery: delivery::Endpoint::new(
+                "remote write",
+                label.clone(),
+                "tokenwatch_remote_write_dropped_total",
+            ),
             label,
             uri,
             headers,
