@@ -165,6 +165,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("  requests:   http://{api}/api/v1/requests?model={first}&limit=10");
     println!("  signals:    http://{api}/api/v1/signals?model={first}  (KV cache, queue, GPU memory, scraped)");
     println!("  targets:    http://{api}/api/v1/targets");
+    println!("  SLOs:       http://{api}/api/v1/slos  (error budget and burn rate per model)");
+    println!("  alerts:     http://{api}/api/v1/alerts");
     println!("  data dir:   {}", data_dir.display());
     println!("\n  fault {:?} switches on for {first} in {:?}. Ctrl-C stops.\n", args.fault, args.fault_after);
 

@@ -520,9 +520,13 @@ pub fn start(
     for f in &cfg.sources.files {
         tracing::info!(path = %f.path.display(), runtime = %f.runtime, instance = %f.instance(), "tailing log file");
     }
+    let niceness = crate::runtimes::analysis_niceness_target(cfg.runtime.analysis_niceness);
     let handle = std::thread::Builder::new()
         .name("tw-log-templates".into())
-        .spawn(move || worker.run())?;
+        .spawn(move || {
+            crate::runtimes::set_current_thread_niceness(niceness);
+            worker.run()
+        })?;
     let mut stop = stop;
     let task = tokio::spawn(async move {
         let _ = stop.wait_for(|s| *s).await;
@@ -577,7 +581,14 @@ impl Worker {
                 .recv_timeout(if stopping { Duration::ZERO } else { wait })
             {
                 Ok(l) => otlp.push(l),
-                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+                Err(RecvTimeoutError::Timeout) => {}
+                // No OTLP feed (the receiver is off or gone): `recv_timeout` no longer waits, so
+                // wait for the next file poll here instead of spinning.
+                Err(RecvTimeoutError::Disconnected) => {
+                    if !stopping {
+                        std::thread::sleep(wait);
+                    }
+                }
             }
             while otlp.len() < 4_096
                 && let Ok(l) = self.rx.try_recv()
@@ -692,6 +703,52 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CPU time (user + system, clock ticks) of each of this process's threads named `name`
+    /// (as the kernel keeps it: cut to 15 bytes).
+    fn thread_ticks(name: &str) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let dir = task.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if comm.trim() != &name[..name.len().min(15)] {
+                continue;
+            }
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+            // Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+                + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            out.insert(task.file_name().to_string_lossy().into_owned(), ticks);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn without_an_otlp_feed_the_worker_waits_instead_of_spinning() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = crate::config::Config::default();
+        cfg.data_dir = dir.path().to_path_buf();
+        let (stop_tx, stop) = watch::channel(false);
+        let before = thread_ticks("tw-log-templates");
+        let started = start(&cfg, EventInbox::default(), &Metrics::new(), stop).unwrap();
+        // Nothing will ever be offered: the OTLP side of the channel is gone.
+        drop(started.feed);
+        std::thread::sleep(Duration::from_millis(600));
+        let mine: Vec<u64> = thread_ticks("tw-log-templates")
+            .into_iter()
+            .filter(|(tid, _)| !before.contains_key(tid))
+            .map(|(_, t)| t)
+            .collect();
+        assert!(!mine.is_empty(), "the worker thread was not found");
+        // 600 ms of spinning would be ~60 ticks; waiting for the 250 ms file poll is ~0.
+        assert!(mine.iter().all(|t| *t < 15), "CPU ticks of the worker: {mine:?}");
+        stop_tx.send(true).unwrap();
+        if let Some(task) = started.task {
+            task.await.unwrap();
+        }
+    }
 
     #[test]
     fn levels_and_messages_are_parsed() {
