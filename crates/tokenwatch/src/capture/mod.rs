@@ -211,7 +211,7 @@ impl TextCapture {
 }
 
 /// `s` cut to at most `max` bytes at a character boundary; true when it was cut.
-fn cut(mut s: String, max: usize) -> (String, bool) {
+pub(crate) fn cut(mut s: String, max: usize) -> (String, bool) {
     if s.len() <= max {
         return (s, false);
     }

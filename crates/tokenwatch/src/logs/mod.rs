@@ -308,14 +308,7 @@ impl LogFeed {
             if r.body.trim().is_empty() || r.attributes_json.contains("\"event.name\":\"gen_ai.") {
                 continue;
             }
-            let mut text = r.body.clone();
-            if text.len() > file_source::MAX_LINE_BYTES {
-                let mut cut = file_source::MAX_LINE_BYTES;
-                while !text.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                text.truncate(cut);
-            }
+            let (text, _) = crate::capture::cut(r.body.clone(), file_source::MAX_LINE_BYTES);
             let (parsed, _) = parse_line(&text);
             let severity = match Severity::from_otlp(r.severity_number, &r.severity_text) {
                 Severity::Unspecified => parsed,
