@@ -1,6 +1,7 @@
 // Charts: a uPlot time chart per panel that is updated in place with setData (re-created only
-// when its set of series changes), alert markers, series alignment and canvas sparklines.
+// when its set of series changes), alert and version markers, series alignment and sparklines.
 
+import { getJSON } from './api.js';
 import { h } from './dom.js';
 import { axisValues, byUnit } from './format.js';
 
@@ -91,6 +92,7 @@ function markersPlugin(getMarkers) {
           const dpr = window.devicePixelRatio || 1;
           ctx.save();
           ctx.font = `${11 * dpr}px system-ui, sans-serif`;
+          ctx.textAlign = 'left';
           for (const m of markers) {
             const x = Math.round(u.valToPos(m.t, 'x', true));
             if (x < left || x > left + width) continue;
@@ -116,14 +118,82 @@ function markersPlugin(getMarkers) {
   };
 }
 
+export const VERSION_MARKER_COLOR = '#7c3aed';
+/** How far back version markers are fetched, and how often (every time chart shares them). */
+const VERSION_MARKERS_SINCE = '7d';
+const VERSION_MARKERS_EVERY_MS = 30_000;
+const versionMarkers = { list: [], fetchedAt: 0, inflight: null, timer: null, charts: new Set() };
+
+/** Text drawn at a version marker's line: `model v1→v2`, or the kind and note of a deploy. */
+export function versionMarkerLabel(m) {
+  const change = m.to_version ? `${m.from_version ? `${m.from_version}→` : ''}${m.to_version}` : m.note;
+  const what = m.kind === 'model_version' || m.kind === 'prompt_version' ? m.kind.replace('_version', '') : m.kind;
+  return [what, change].filter(Boolean).join(' ').slice(0, 48);
+}
+
+/** Fetch the markers (GET /api/v1/markers) unless fetched within `maxAgeMs`; redraw every time chart. */
+function refreshVersionMarkers(maxAgeMs) {
+  if (versionMarkers.inflight || Date.now() - versionMarkers.fetchedAt < maxAgeMs) return;
+  versionMarkers.inflight = getJSON('/api/v1/markers', { since: VERSION_MARKERS_SINCE })
+    .then((body) => {
+      versionMarkers.list = (body?.markers ?? []).map((m) => ({ ...m, t: m.at_unix_ms / 1000, label: versionMarkerLabel(m) }));
+      versionMarkers.fetchedAt = Date.now();
+      for (const c of versionMarkers.charts) c.redraw();
+    })
+    .catch(() => { versionMarkers.fetchedAt = Date.now(); })
+    .finally(() => { versionMarkers.inflight = null; });
+}
+
+/** Solid lines at version/deploy markers, labelled at the bottom of the plot; the panel's
+ * `data-version-markers` counts those drawn and `data-version-marker-labels` joins their labels. */
+function versionMarkersPlugin(chart) {
+  return {
+    hooks: {
+      draw: [
+        (u) => {
+          const { ctx } = u;
+          const { left, top, width, height } = u.bbox;
+          const dpr = window.devicePixelRatio || 1;
+          const drawn = [];
+          ctx.save();
+          ctx.font = `${10 * dpr}px system-ui, sans-serif`;
+          ctx.textAlign = 'left';
+          ctx.setLineDash([]);
+          ctx.strokeStyle = VERSION_MARKER_COLOR;
+          ctx.fillStyle = VERSION_MARKER_COLOR;
+          ctx.lineWidth = 1.5 * dpr;
+          for (const m of versionMarkers.list) {
+            if (chart.opts.model && m.model && m.model !== chart.opts.model) continue;
+            const x = Math.round(u.valToPos(m.t, 'x', true));
+            if (!Number.isFinite(x) || x < left || x > left + width) continue;
+            ctx.beginPath();
+            ctx.moveTo(x, top);
+            ctx.lineTo(x, top + height);
+            ctx.stroke();
+            const label = chart.opts.model || !m.model ? m.label : `${m.model} ${m.label}`;
+            const tw = ctx.measureText(label).width;
+            const tx = x + 3 * dpr + tw > left + width ? x - 3 * dpr - tw : x + 3 * dpr;
+            ctx.fillText(label, tx, top + height - 4 * dpr);
+            drawn.push(label);
+          }
+          ctx.restore();
+          chart.el.dataset.versionMarkers = String(drawn.length);
+          chart.el.dataset.versionMarkerLabels = drawn.join(' | ');
+        },
+      ],
+    },
+  };
+}
+
 /**
  * One panel: title + uPlot chart over time. `xRange()` returns [min, max] unix seconds so every
- * panel of a page shares one time axis; `sync` links their cursors.
+ * panel of a page shares one time axis; `sync` links their cursors. Time axes also show the
+ * version and deploy markers (of `model` and of the whole fleet when `model` is given).
  */
 export class TimeChart {
-  constructor(host, { title, unit, sync, xRange, markers, height = 160, id, xUnit, bars = false }) {
+  constructor(host, { title, unit, sync, xRange, markers, height = 160, id, xUnit, bars = false, model }) {
     this.unit = unit;
-    this.opts = { sync, xRange, markers, height, xUnit, bars };
+    this.opts = { sync, xRange, markers, height, xUnit, bars, model };
     this.plotEl = h('div', { class: 'plot' });
     this.emptyEl = h('div', { class: 'empty' }, 'no data in this range yet');
     this.el = h('section', { class: 'panel', dataset: { chart: id ?? title, points: '0' } },
@@ -136,6 +206,13 @@ export class TimeChart {
       if (this.u && w > 0 && w !== this.u.width) this.u.setSize({ width: w, height: this.opts.height });
     });
     this.resize.observe(this.plotEl);
+    if (!xUnit) {
+      versionMarkers.charts.add(this);
+      refreshVersionMarkers(5_000);
+      versionMarkers.timer ??= setInterval(() => {
+        if (versionMarkers.charts.size) refreshVersionMarkers(VERSION_MARKERS_EVERY_MS - 1_000);
+      }, VERSION_MARKERS_EVERY_MS);
+    }
   }
 
   /** series: [{label, color?, dash?, width?}] matching data [t, ...ys]. */
@@ -193,11 +270,12 @@ export class TimeChart {
           label: axisLabel(this.unit), labelSize: 16, labelFont: '11px system-ui, sans-serif', labelGap: 0,
         }),
       ],
-      plugins: [markersPlugin(markers)],
+      plugins: xUnit ? [markersPlugin(markers)] : [markersPlugin(markers), versionMarkersPlugin(this)],
     };
   }
 
   destroy() {
+    versionMarkers.charts.delete(this);
     this.resize.disconnect();
     this.u?.destroy();
     this.u = null;

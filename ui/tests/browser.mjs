@@ -198,6 +198,23 @@ try {
   const uplots = await page.$$eval('.panel .uplot', (els) => els.length);
   check(uplots >= 10, `model page has ${uplots} uPlot charts, expected 10`);
   await checkLiveInPlace('[data-chart="ttft"] canvas');
+  // A version marker posted through the API is drawn, labelled, on every time axis of the page.
+  const posted = await fetch(`${base}/api/v1/markers`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ kind: 'model_version', model: faulted, from_version: 'v1', to_version: 'v2-ui-test', at_unix_ms: Date.now() - 5_000 }),
+  });
+  check(posted.status === 201, `POST /api/v1/markers answered ${posted.status}`);
+  const markerLabel = 'model v1→v2-ui-test';
+  try {
+    await page.waitForFunction((label) => {
+      const panels = [...document.querySelectorAll('.panel[data-chart]')].filter((p) => Number(p.dataset.points) > 0);
+      return panels.length > 0 && panels.every((p) => (p.dataset.versionMarkerLabels ?? '').includes(label));
+    }, markerLabel, { timeout: 45_000 });
+  } catch {
+    const seen = await page.$$eval('.panel[data-chart]', (ps) => ps.map((p) => `${p.dataset.chart}: ${p.dataset.versionMarkers ?? 'none'} ${p.dataset.versionMarkerLabels ?? ''}`));
+    check(false, `version marker "${markerLabel}" not drawn on every model chart: ${seen.join('; ')}`);
+  }
   await shot('02-model');
 
   // Alerts: wait for the fault's alert — its rule, on the faulted model, begun after the fault.

@@ -245,7 +245,9 @@ impl Aggregator {
         self.missed_rollup_values = self.missed_rollup_values.saturating_add(outcomes[1]);
     }
 
-    fn group_labels(
+    /// The labels of one answer group: `model_id` when the query names a model, plus
+    /// `{by: value}` with `by` (also used by the API for groups merged from stored roll-ups).
+    pub fn group_labels(
         model: Option<&str>,
         by: Option<GroupLabel>,
         value: Option<&str>,

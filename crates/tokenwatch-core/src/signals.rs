@@ -24,6 +24,16 @@ pub mod names {
     pub const GPU_UTILIZATION: &str = "gpu_utilization";
     pub const GPU_TEMPERATURE_CELSIUS: &str = "gpu_temperature_celsius";
     pub const GPU_POWER_WATTS: &str = "gpu_power_watts";
+    /// Profiling (DCGM DCP) ratios 0..1 per GPU, from dcgm-exporter's `DCGM_FI_PROF_*` fields:
+    /// time at least one warp is resident on an SM, resident warps / the SM's maximum, cycles the
+    /// tensor (HMMA) pipe, the device memory interface and the graphics engine are active.
+    pub const GPU_SM_ACTIVE_RATIO: &str = "gpu_sm_active_ratio";
+    pub const GPU_SM_OCCUPANCY_RATIO: &str = "gpu_sm_occupancy_ratio";
+    pub const GPU_TENSOR_ACTIVE_RATIO: &str = "gpu_tensor_active_ratio";
+    pub const GPU_DRAM_ACTIVE_RATIO: &str = "gpu_dram_active_ratio";
+    pub const GPU_GR_ENGINE_ACTIVE_RATIO: &str = "gpu_gr_engine_active_ratio";
+    /// The last XID error code the GPU reported (dcgm-exporter `DCGM_FI_DEV_XID_ERRORS`); 0: none.
+    pub const GPU_XID_LAST_CODE: &str = "gpu_xid_last_code";
 
     /// Latency percentile signal name, e.g. `latency_signal("ttft", "p99")` = `ttft_p99_seconds`.
     pub fn latency_signal(metric: &str, quantile: &str) -> String {

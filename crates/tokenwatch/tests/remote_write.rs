@@ -218,30 +218,31 @@ async fn series_arrive_queryable_with_their_labels(prom: &Receiver, dir: &Path) 
     chat(&stack, 3).await;
     let tw_log = || stack.tw.log();
 
-    // The request counter: the series' own labels (its instance is the upstream; the empty
-    // error_type is left out, as Prometheus and VictoriaMetrics do), plus job and the
-    // external label.
+    // The request counter: the series' own labels, those of the GenAI conventions (its
+    // instance is the upstream; error_type only on failures; empty labels are left out, as
+    // Prometheus and VictoriaMetrics do), plus job and the external label.
     let req = prom
         .wait_for(
-            r#"tokenwatch_requests_total{job="tokenwatch",cluster="test",model_id="m1"}"#,
+            r#"tokenwatch_requests_total{job="tokenwatch",cluster="test",gen_ai_request_model="m1"}"#,
             |_, v| v == 3.0,
             tw_log,
         )
         .await;
     let m = &req["metric"];
-    assert_eq!(m["runtime"], "sim", "{req}");
+    assert_eq!(m["gen_ai_provider_name"], "sim", "{req}");
+    assert_eq!(m["gen_ai_operation_name"], "chat", "{req}");
     assert_eq!(m["instance"], stack.sim_addr.to_string(), "{req}");
-    assert!(m.get("error_type").is_none(), "{req}");
+    assert!(m.get("error_type").is_none() && m.get("tenant").is_none(), "{req}");
 
     // A histogram: its +Inf bucket and count, and PromQL's histogram_quantile over the buckets.
     prom.wait_for(
-        r#"gen_ai_server_time_to_first_token_seconds_bucket{job="tokenwatch",model_id="m1",le="+Inf"}"#,
+        r#"gen_ai_server_time_to_first_token_seconds_bucket{job="tokenwatch",gen_ai_request_model="m1",le="+Inf"}"#,
         |_, v| v == 3.0,
         tw_log,
     )
     .await;
     prom.wait_for(
-        r#"gen_ai_server_request_duration_seconds_count{job="tokenwatch",model_id="m1",cluster="test"}"#,
+        r#"gen_ai_server_request_duration_seconds_count{job="tokenwatch",gen_ai_request_model="m1",cluster="test"}"#,
         |_, v| v == 3.0,
         tw_log,
     )
@@ -254,16 +255,16 @@ async fn series_arrive_queryable_with_their_labels(prom: &Receiver, dir: &Path) 
         "median TTFT from the remote-written buckets (sim: 5 ms): {q:?}"
     );
 
-    // Token counts equal what /metrics serves.
+    // Token counts (the token usage histogram's sum) equal what /metrics serves.
     let metrics = get(&format!("http://{}/metrics", stack.api)).await.body;
     let out_tokens = sum_of(
         &metrics,
-        "gen_ai_server_token_usage_total",
-        &["model_id=\"m1\"", "gen_ai_token_type=\"output\""],
+        "gen_ai_client_token_usage_sum",
+        &["gen_ai_request_model=\"m1\"", "gen_ai_token_type=\"output\""],
     );
     assert!(out_tokens > 0.0, "{metrics}");
     prom.wait_for(
-        r#"gen_ai_server_token_usage_total{job="tokenwatch",model_id="m1",gen_ai_token_type="output"}"#,
+        r#"gen_ai_client_token_usage_sum{job="tokenwatch",gen_ai_request_model="m1",gen_ai_token_type="output"}"#,
         |_, v| v == out_tokens,
         tw_log,
     )

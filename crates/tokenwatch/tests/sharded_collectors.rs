@@ -6,16 +6,14 @@ mod common;
 
 use common::alertmanager::Alertmanager;
 use common::clickhouse::start_clickhouse;
+use common::metrics_target::MetricsTarget;
 use common::*;
 use md5::{Digest, Md5};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Prometheus `hashmod` over `__address__`, written out here apart from tokenwatch's own:
 /// `binary.BigEndian.Uint64(md5.Sum(addr)[8:]) % modulus`.
@@ -25,58 +23,13 @@ fn prometheus_hashmod(address: &str, modulus: u64) -> u64 {
     u64::from_be_bytes(low) % modulus
 }
 
-/// A /metrics endpoint counting the scrapes it answers (one request per connection).
-struct CountingTarget {
-    addr: SocketAddr,
-    hits: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for CountingTarget {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl CountingTarget {
-    async fn start(model: String) -> CountingTarget {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let hits = Arc::new(AtomicUsize::new(0));
-        let h = hits.clone();
-        let body = format!(
-            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{model}\"}} 1\n\
-             # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{model}\"}} 0\n"
-        );
-        let task = tokio::spawn(async move {
-            while let Ok((mut sock, _)) = listener.accept().await {
-                let (h, body) = (h.clone(), body.clone());
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 4096];
-                    let mut got = Vec::new();
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match sock.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(k) => got.extend_from_slice(&buf[..k]),
-                        }
-                    }
-                    h.fetch_add(1, Ordering::SeqCst);
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = sock.write_all(head.as_bytes()).await;
-                    let _ = sock.write_all(body.as_bytes()).await;
-                    let _ = sock.shutdown().await;
-                });
-            }
-        });
-        CountingTarget { addr, hits, task }
-    }
-
-    fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
-    }
+/// A vLLM-shaped /metrics endpoint for `model` that counts the scrapes it answers.
+async fn counting_target(model: String) -> MetricsTarget {
+    let body = format!(
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{model}\"}} 1\n\
+         # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{model}\"}} 0\n"
+    );
+    MetricsTarget::start(move || body.clone()).await
 }
 
 /// A real Alertmanager whose receiver sends nothing: the test reads its alerts over its API.
@@ -179,7 +132,7 @@ async fn two_shards_split_targets_as_hashmod_and_share_fleet_and_alertmanager() 
     }
     let mut counting = Vec::new();
     for i in 0..5 {
-        let t = CountingTarget::start(format!("counted-model-{i}")).await;
+        let t = counting_target(format!("counted-model-{i}")).await;
         urls.push(format!("http://{}/metrics", t.addr));
         counting.push(t);
     }
@@ -253,7 +206,7 @@ async fn two_shards_split_targets_as_hashmod_and_share_fleet_and_alertmanager() 
     );
 
     // Both running: every counted target is scraped once a second, not twice.
-    let before: Vec<usize> = counting.iter().map(CountingTarget::hits).collect();
+    let before: Vec<usize> = counting.iter().map(MetricsTarget::hits).collect();
     let window = Duration::from_secs(6);
     tokio::time::sleep(window).await;
     for (t, b) in counting.iter().zip(&before) {

@@ -49,13 +49,13 @@ function mount(el, ctx) {
   el.append(
     h('div', { class: 'page-head' }, h('h1', {}, model), picker),
     alertsEl,
-    h('p', { class: 'muted' }, 'All charts share one time axis (your time zone; it starts where the data starts when that is later than the range); hover one to read all. Dashed lines mark when alerts began.'),
+    h('p', { class: 'muted' }, 'All charts share one time axis (your time zone; it starts where the data starts when that is later than the range); hover one to read all. Dashed lines mark when alerts began, solid purple ones version changes and deploys.'),
     grid);
   st = { model, range, alertsEl, markers: [], xmin: Date.now() / 1000 - RANGES[range], xmax: Date.now() / 1000, charts: {} };
   const xRange = () => [st.xmin, st.xmax];
   const markers = () => st.markers;
   for (const p of PANELS) {
-    st.charts[p.id] = new TimeChart(grid, { id: p.id, title: p.title, unit: p.unit, sync: 'model', xRange, markers, height: 150 });
+    st.charts[p.id] = new TimeChart(grid, { id: p.id, title: p.title, unit: p.unit, sync: 'model', xRange, markers, height: 150, model });
   }
 }
 

@@ -3,6 +3,7 @@
 
 mod client;
 mod insert;
+mod markers;
 mod query;
 mod retention;
 mod rowbinary;
@@ -10,7 +11,7 @@ mod schema;
 mod scrape_targets;
 
 use crate::{
-    AnnotationRow, EmbeddingRow, LogQuery, LogRow, RecordQuery, RetentionReport, RollupQuery,
+    AnnotationRow, EmbeddingRow, LogQuery, LogRow, MarkerQuery, MarkerRow, RecordQuery, RetentionReport, RollupQuery,
     RollupRow, SpanQuery, SpanRow, Store, StoreError, StoreOptions, StoreStats,
 };
 use client::{Client, quote};
@@ -131,6 +132,12 @@ const ROLLUPS: DayTable = DayTable {
     table: "rollups",
     partition: schema::ROLLUPS_PARTITION,
     count: Some(COUNT_ROLLUPS),
+};
+/// Markers are kept as long as roll-ups.
+const MARKERS: DayTable = DayTable {
+    table: "markers",
+    partition: schema::MARKERS_PARTITION,
+    count: None,
 };
 const RAW_TIER: &[DayTable] = &[
     DayTable {
@@ -254,6 +261,7 @@ impl Store for ClickHouseStore {
         for t in RAW_TIER {
             retention::drop_old_partitions(c, t, raw_cutoff, "retention of telemetry")?;
         }
+        retention::drop_old_partitions(c, &MARKERS, rollup_cutoff, "retention of markers")?;
         let mut texts_deleted =
             retention::drop_old_partitions(c, &TEXT, raw_cutoff, "retention of captured text")?;
         texts_deleted +=
@@ -419,6 +427,19 @@ impl Store for ClickHouseStore {
         updated_since_unix_ms: i64,
     ) -> Result<Vec<crate::ScrapeTargetRow>, StoreError> {
         scrape_targets::load(&self.client, updated_since_unix_ms)
+    }
+
+    fn insert_markers(&self, rows: &[MarkerRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let body = markers::rows(rows, next_seq(rows.len()));
+        self.client
+            .insert("insert_markers", "markers", markers::COLUMNS, &body)
+    }
+
+    fn query_markers(&self, q: &MarkerQuery) -> Result<Vec<MarkerRow>, StoreError> {
+        markers::query(&self.client, q)
     }
 }
 

@@ -39,6 +39,7 @@ pub(crate) const LOGS_PARTITION: &str = day_of_ns!("time_unix_nano");
 pub(crate) const EMBEDDINGS_PARTITION: &str = day_of_ms!("at_unix_ms");
 pub(crate) const ANNOTATIONS_PARTITION: &str = day_of_ms!("at_unix_ms");
 pub(crate) const SCRAPE_TARGETS_PARTITION: &str = day_of_ms!("updated_unix_ms");
+pub(crate) const MARKERS_PARTITION: &str = day_of_ms!("at_unix_ms");
 
 /// Append-only: never edit an applied migration, add a new one.
 pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
@@ -134,6 +135,17 @@ pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
         ) ENGINE = MergeTree PARTITION BY ",
         day_of_ms!("updated_unix_ms"),
         " ORDER BY (url, updated_unix_ms, seq)"
+    )],
+}, Migration {
+    version: 3,
+    name: "version and deploy markers",
+    statements: &[concat!(
+        "CREATE TABLE IF NOT EXISTS {db}.markers (
+            id String, kind String, model String, from_version String, to_version String,
+            source String, at_unix_ms Int64, note String, seq UInt64
+        ) ENGINE = MergeTree PARTITION BY ",
+        day_of_ms!("at_unix_ms"),
+        " ORDER BY (model, at_unix_ms, id, seq)"
     )],
 }];
 

@@ -1,5 +1,6 @@
 // Alert API on the API port: `GET /api/v1/alerts` (filters state, severity, model),
-// `GET /api/v1/alerts/{id}` (evidence, root-cause chain) and `/api/v1/alerts/{id}/snapshot`.
+// `GET /api/v1/alerts/{id}` (evidence, root-cause chain), `/api/v1/alerts/{id}/snapshot` and
+// `GET /api/v1/rules` (the rules evaluated now).
 
 use crate::alerting::engine::AlertBook;
 use crate::alerting::snapshot::{SNAPSHOT_CONTENT_TYPE, read_snapshot};
@@ -18,6 +19,7 @@ pub fn router(book: Arc<AlertBook>) -> axum::Router {
         .route("/api/v1/alerts", get(list))
         .route("/api/v1/alerts/{id}", get(one))
         .route("/api/v1/alerts/{id}/snapshot", get(snapshot))
+        .route("/api/v1/rules", get(rules))
         .with_state(book)
 }
 
@@ -45,6 +47,11 @@ async fn list(
         .filter(|a| model.is_none_or(|m| a.labels.get("model_id").map(String::as_str) == Some(m)))
         .collect();
     Ok(Json(json!({ "count": alerts.len(), "alerts": alerts })).into_response())
+}
+
+async fn rules(State(book): State<Arc<AlertBook>>) -> Response {
+    let rules = book.rules();
+    Json(json!({ "count": rules.len(), "rules": rules })).into_response()
 }
 
 async fn one(State(book): State<Arc<AlertBook>>, Path(id): Path<String>) -> Response {

@@ -377,6 +377,11 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   resolve_after: 30s
   severity: critical
   summary: "CUDA out-of-memory across one call chain"
+- name: gpu_xid_fatal
+  detector: gpu_xid_fatal
+  group_by: [instance, device_id]
+  severity: critical
+  summary: "GPU {{ labels.device_id }} on {{ labels.instance }}: XID {{ evidence.xid }} ({{ evidence.meaning }}) — {{ evidence.action }}"
 "#;
 
 pub fn default_rule_configs() -> Vec<RuleConfig> {

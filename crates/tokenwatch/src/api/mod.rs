@@ -3,6 +3,8 @@
 
 mod fleet;
 mod gpu_history;
+pub mod latency;
+mod markers;
 pub(crate) mod params;
 mod requests;
 mod scaling;
@@ -12,7 +14,6 @@ mod traces;
 pub mod timeline;
 
 use crate::export::prometheus::Metrics;
-use crate::pipeline::now_unix_ms;
 use crate::sources::Components;
 use tokenwatch_core::signals::SharedSignals;
 use axum::Json;
@@ -24,15 +25,14 @@ use params::{ParamError, Params};
 use serde_json::json;
 use std::sync::{Arc, Mutex, RwLock};
 use crate::alerting::engine::AlertBook;
-use tokenwatch_core::aggregate::{Aggregator, LatencyQuery};
-use tokenwatch_core::model::{GroupLabel, LatencyMetric};
-use tokenwatch_core::sketch::RELATIVE_ACCURACY;
-use tokenwatch_core::window::Window;
+use tokenwatch_core::aggregate::Aggregator;
 use tokenwatch_store::Store;
 
 pub struct ApiState {
     pub aggregator: Arc<Mutex<Aggregator>>,
     pub store: Arc<dyn Store>,
+    /// The backend behind `store`: `/api/v1/latency` answers from it by default when shared.
+    pub store_backend: crate::config::StoreBackendKind,
     /// What the store's writer thread last learnt of the store, for `/readyz`.
     pub store_health: Arc<crate::pipeline::StoreHealth>,
     pub metrics: Arc<Metrics>,
@@ -56,7 +56,7 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/api/v1/latency", get(latency))
+        .route("/api/v1/latency", get(latency::latency))
         .route("/api/v1/requests", get(requests::list))
         .route("/api/v1/requests/{id}", get(requests::one))
         .route("/api/v1/traces/{trace_id}", get(traces::trace))
@@ -67,6 +67,8 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/api/v1/slos", get(slos::list))
         .route("/api/v1/scaling", get(scaling::all))
         .route("/api/v1/scaling/{model}", get(scaling::one))
+        .route("/api/v1/markers", get(markers::list).post(markers::create))
+        .route("/api/v1/compare", get(markers::compare))
         .fallback(not_found)
         .with_state(state)
 }
@@ -79,7 +81,7 @@ impl IntoResponse for ParamError {
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     let msg = format!(
-        "no such endpoint {}; available: /, /api/v1/fleet, /api/v1/timeseries, /api/v1/latency, /api/v1/requests, /api/v1/requests/{{id}}, /api/v1/traces/{{trace_id}}, /api/v1/signals, /api/v1/alerts, /api/v1/slos, /api/v1/scaling/{{model}}, /api/v1/logs/templates, /api/v1/gpus/history, /api/v1/targets, /api/v1/gpus, /metrics, /healthz, /readyz",
+        "no such endpoint {}; available: /, /api/v1/fleet, /api/v1/timeseries, /api/v1/latency, /api/v1/requests, /api/v1/requests/{{id}}, /api/v1/traces/{{trace_id}}, /api/v1/signals, /api/v1/alerts, /api/v1/rules, /api/v1/slos, /api/v1/scaling/{{model}}, /api/v1/markers, /api/v1/compare?marker={{id}}, /api/v1/logs/templates, /api/v1/gpus/history, /api/v1/targets, /api/v1/gpus, /metrics, /healthz, /readyz",
         uri.path()
     );
     (StatusCode::NOT_FOUND, Json(json!({ "error": msg }))).into_response()
@@ -102,44 +104,6 @@ async fn readyz(State(st): State<Arc<ApiState>>) -> Response {
     components.insert("store".into(), json!(store));
     let code = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, Json(json!({ "ready": ready, "components": components }))).into_response()
-}
-
-async fn latency(State(st): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Result<Response, ParamError> {
-    let p = Params::parse(q.as_deref(), &["model", "metric", "window", "by"])?;
-    let model = p.get("model").map(str::to_string);
-    let metric = p.parse_with("metric", LatencyMetric::parse, "ttft, itl, e2e, queue")?.unwrap_or(LatencyMetric::Ttft);
-    let window = p.parse_with("window", Window::parse, "1m, 5m, 1h")?.unwrap_or(Window::M5);
-    let by = p.parse_with(
-        "by",
-        GroupLabel::parse,
-        "model_id, runtime, instance, tenant, ab_group, model_version, context_bucket",
-    )?;
-    let query = LatencyQuery { model: model.clone(), metric, window, by };
-    let groups = {
-        let agg = st.aggregator.lock().unwrap_or_else(|p| p.into_inner());
-        let total = agg.query(&LatencyQuery { by: None, ..query.clone() }, now_unix_ms());
-        let grouped = by.map(|_| agg.query(&query, now_unix_ms()));
-        (total, grouped)
-    };
-    let (total, grouped) = groups;
-    let summary = total.into_iter().next().map(|g| g.summary);
-    let mut body = json!({
-        "model": model,
-        "metric": metric.name(),
-        "window": window.name(),
-        "unit": "seconds",
-        "relative_error": RELATIVE_ACCURACY,
-    });
-    if let (Some(obj), Some(Ok(serde_json::Value::Object(fields)))) =
-        (body.as_object_mut(), summary.map(|s| serde_json::to_value(&s)))
-    {
-        obj.extend(fields);
-    }
-    if let (Some(obj), Some(groups), Some(by)) = (body.as_object_mut(), grouped, by) {
-        obj.insert("by".into(), json!(by.name()));
-        obj.insert("groups".into(), json!(groups));
-    }
-    Ok(Json(body).into_response())
 }
 
 /// Latest value of every normalised signal of a model (or of all models), with its source.

@@ -23,6 +23,8 @@ use tokenwatch_store::SpanRow;
 pub struct TracesConfig {
     /// Rules mapping spans to components, tried in order before the built-in ones.
     pub components: Vec<ComponentRule>,
+    /// Tail-based sampling of stored spans (`crate::pipeline::span_sampler`).
+    pub sampling: crate::pipeline::span_sampler::SamplingConfig,
 }
 
 /// One `traces.components[]` rule: every condition given must hold.
@@ -44,6 +46,7 @@ pub struct ComponentRule {
 impl TracesConfig {
     /// Check the rules; errors name the key.
     pub fn validate(&self) -> Result<(), (String, String)> {
+        self.sampling.validate()?;
         for (i, r) in self.components.iter().enumerate() {
             let key = |k: &str| format!("traces.components[{i}].{k}");
             if r.component.trim().is_empty() {

@@ -45,6 +45,20 @@ pub enum AuditEvent {
     TokensReloaded { file: String, tokens: usize },
     /// The tokens file changed but could not be read or parsed; the previous tokens stay.
     TokensReloadFailed { file: String, error: String },
+    /// The configuration file was reloaded (`trigger`: `sighup` or `api`): the sections applied
+    /// and the changed keys that wait for a restart.
+    ConfigReloaded {
+        file: String,
+        trigger: &'static str,
+        applied: Vec<String>,
+        restart_required: Vec<String>,
+    },
+    /// A configuration reload was refused (nothing applied).
+    ConfigReloadFailed {
+        file: String,
+        trigger: &'static str,
+        error: String,
+    },
 }
 
 /// What travels from the request path to the writer thread.
@@ -81,6 +95,12 @@ struct EventLine<'a> {
     tokens: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trigger: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    applied: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    restart_required: Option<&'a [String]>,
 }
 
 fn rfc3339_ms(ts: &DateTime<Utc>) -> String {
@@ -113,24 +133,47 @@ impl Record {
                 duration_ms: (r.duration_ms * 1000.0).round() / 1000.0,
             }),
             Record::Event { ts, event } => {
-                let (name, file, tokens, error) = match event {
-                    AuditEvent::TokensReloaded { file, tokens } => {
-                        ("auth_tokens_reloaded", file, Some(*tokens), None)
-                    }
-                    AuditEvent::TokensReloadFailed { file, error } => (
-                        "auth_tokens_reload_failed",
-                        file,
-                        None,
-                        Some(error.as_str()),
-                    ),
-                };
-                serde_json::to_string(&EventLine {
+                let mut line = EventLine {
                     ts: rfc3339_ms(ts),
-                    event: name,
-                    file,
-                    tokens,
-                    error,
-                })
+                    event: "",
+                    file: "",
+                    tokens: None,
+                    error: None,
+                    trigger: None,
+                    applied: None,
+                    restart_required: None,
+                };
+                match event {
+                    AuditEvent::TokensReloaded { file, tokens } => {
+                        (line.event, line.file, line.tokens) =
+                            ("auth_tokens_reloaded", file, Some(*tokens));
+                    }
+                    AuditEvent::TokensReloadFailed { file, error } => {
+                        (line.event, line.file, line.error) =
+                            ("auth_tokens_reload_failed", file, Some(error.as_str()));
+                    }
+                    AuditEvent::ConfigReloaded {
+                        file,
+                        trigger,
+                        applied,
+                        restart_required,
+                    } => {
+                        (line.event, line.file, line.trigger) =
+                            ("config_reloaded", file, Some(*trigger));
+                        (line.applied, line.restart_required) =
+                            (Some(applied.as_slice()), Some(restart_required.as_slice()));
+                    }
+                    AuditEvent::ConfigReloadFailed {
+                        file,
+                        trigger,
+                        error,
+                    } => {
+                        (line.event, line.file, line.trigger) =
+                            ("config_reload_failed", file, Some(*trigger));
+                        line.error = Some(error.as_str());
+                    }
+                }
+                serde_json::to_string(&line)
             }
         };
         // Serializing plain strings and numbers cannot fail; a NaN duration becomes `null`.
@@ -240,6 +283,31 @@ mod tests {
         assert_eq!(
             bad.to_line(),
             r#"{"ts":"2026-03-04T05:06:07.089Z","event":"auth_tokens_reload_failed","file":"t","error":"t:2: bad"}"#
+        );
+        let reloaded = Record::Event {
+            ts: ts(),
+            event: AuditEvent::ConfigReloaded {
+                file: "tw.yaml".into(),
+                trigger: "sighup",
+                applied: vec!["proxy.upstreams".into()],
+                restart_required: vec!["listen".into()],
+            },
+        };
+        assert_eq!(
+            reloaded.to_line(),
+            r#"{"ts":"2026-03-04T05:06:07.089Z","event":"config_reloaded","file":"tw.yaml","trigger":"sighup","applied":["proxy.upstreams"],"restart_required":["listen"]}"#
+        );
+        let refused = Record::Event {
+            ts: ts(),
+            event: AuditEvent::ConfigReloadFailed {
+                file: "tw.yaml".into(),
+                trigger: "api",
+                error: "bad".into(),
+            },
+        };
+        assert_eq!(
+            refused.to_line(),
+            r#"{"ts":"2026-03-04T05:06:07.089Z","event":"config_reload_failed","file":"tw.yaml","error":"bad","trigger":"api"}"#
         );
     }
 

@@ -25,7 +25,7 @@ pub fn api_role(method: &Method, path: &str) -> Option<Role> {
     if INGEST_PATHS.contains(&path) {
         return Some(Role::Ingest);
     }
-    // Anything that could change state (no such endpoint exists besides ingest today) is admin's.
+    // Anything that could change state (`POST /-/reload` and whatever comes later) is admin's.
     if read_only || *method == Method::OPTIONS {
         Some(Role::Read)
     } else {
@@ -141,6 +141,8 @@ mod tests {
             Some(Role::Admin)
         );
         assert_eq!(api_role(&Method::PUT, "/healthz"), Some(Role::Admin));
+        // A configuration reload (`crate::reload`) is an admin's.
+        assert_eq!(api_role(&Method::POST, "/-/reload"), Some(Role::Admin));
     }
 
     #[tokio::test]

@@ -16,8 +16,12 @@ pub const UID: &str = "tokenwatch-fleet";
 /// The datasource variable every panel and template variable reads from.
 pub const DATASOURCE_VAR: &str = "DS_PROMETHEUS";
 
+/// The model label of tokenwatch's request series: the GenAI conventions' `gen_ai.request.model`.
+const MODEL: &str = "gen_ai_request_model";
 /// Selector of tokenwatch's request series (labels of `export::prometheus::RequestLabels`).
-const TW: &str = r#"model_id=~"$model", instance=~"$instance""#;
+const TW: &str = r#"gen_ai_request_model=~"$model", instance=~"$instance""#;
+/// Selector of the normalised signals tokenwatch exports (`tokenwatch_kv_cache_usage_ratio`…).
+const SIG: &str = r#"model=~"$model", instance=~"$instance""#;
 /// Selector of vLLM's own series (`model_name` is the served model name).
 const VLLM: &str = r#"model_name=~"$model", instance=~"$instance""#;
 /// Grafana's rate window, which adapts to the scrape interval and the zoom.
@@ -175,9 +179,9 @@ fn percentiles(histogram: &str, by: &str, selector: &str) -> Vec<Target> {
 /// Failed share of tokenwatch's requests per model over `window`; 0 (not "no data") for a
 /// model without errors.
 fn error_ratio(window: &str) -> String {
-    let all = sum_rate("model_id", "tokenwatch_requests_total", TW, window);
+    let all = sum_rate(MODEL, "tokenwatch_requests_total", TW, window);
     let failed = sum_rate(
-        "model_id",
+        MODEL,
         "tokenwatch_requests_total",
         &format!(r#"{TW}, error_type!="""#),
         window,
@@ -196,12 +200,12 @@ pub fn variables() -> Vec<Variable> {
             name: "model",
             label: "Model",
             series: "tokenwatch_requests_total".into(),
-            label_name: "model_id",
+            label_name: MODEL,
         },
         Variable::LabelValues {
             name: "instance",
             label: "Instance",
-            series: r#"tokenwatch_requests_total{model_id=~"$model"}"#.into(),
+            series: r#"tokenwatch_requests_total{gen_ai_request_model=~"$model"}"#.into(),
             label_name: "instance",
         },
         Variable::Custom {
@@ -217,7 +221,9 @@ pub fn variables() -> Vec<Variable> {
 pub fn rows() -> Vec<Row> {
     use PanelKind::*;
     let tw_req = "tokenwatch_requests_total";
-    let tokens = "gen_ai_server_token_usage_total";
+    // Token usage is a histogram: its `_sum` counts tokens, its `_count` requests.
+    let tokens = "gen_ai_client_token_usage_sum";
+    let token_requests = "gen_ai_client_token_usage_count";
     let mut burn = panel(
         "Error-ratio burn rate",
         "From the request counters: error ratio divided by the error budget (1 − $slo_objective) over 5m, 30m, 1h and 6h. Lines: the multi-window alert thresholds (14.4× over 1h and 5m, 6× over 6h and 30m), as tokenwatch's slo_burn rule uses.",
@@ -229,7 +235,7 @@ pub fn rows() -> Vec<Row> {
             .map(|w| {
                 target(
                     format!("{} / (1 - $slo_objective)", error_ratio(w)),
-                    &format!("{{{{model_id}}}} {w}"),
+                    &format!("{{{{gen_ai_request_model}}}} {w}"),
                 )
             })
             .collect(),
@@ -245,7 +251,7 @@ pub fn rows() -> Vec<Row> {
                     TimeSeries,
                     "reqps",
                     8,
-                    vec![target(sum_rate("model_id", tw_req, TW, RATE), "{{model_id}}")],
+                    vec![target(sum_rate(MODEL, tw_req, TW, RATE), "{{gen_ai_request_model}}")],
                 ),
                 panel(
                     "Error rate",
@@ -253,7 +259,7 @@ pub fn rows() -> Vec<Row> {
                     TimeSeries,
                     "percentunit",
                     8,
-                    vec![target(error_ratio(RATE), "{{model_id}}")],
+                    vec![target(error_ratio(RATE), "{{gen_ai_request_model}}")],
                 ),
                 panel(
                     "Responses by outcome",
@@ -264,9 +270,9 @@ pub fn rows() -> Vec<Row> {
                     vec![target(
                         format!(
                             r#"label_replace({}, "error_type", "ok", "error_type", "")"#,
-                            sum_rate("model_id, error_type", tw_req, TW, RATE)
+                            sum_rate(&format!("{MODEL}, error_type"), tw_req, TW, RATE)
                         ),
-                        "{{model_id}} {{error_type}}",
+                        "{{gen_ai_request_model}} {{error_type}}",
                     )],
                 ),
                 panel(
@@ -276,8 +282,8 @@ pub fn rows() -> Vec<Row> {
                     "short",
                     12,
                     vec![target(
-                        sum_rate("model_id, gen_ai_token_type", tokens, TW, RATE),
-                        "{{model_id}} {{gen_ai_token_type}}",
+                        sum_rate(&format!("{MODEL}, gen_ai_token_type"), tokens, TW, RATE),
+                        "{{gen_ai_request_model}} {{gen_ai_token_type}}",
                     )],
                 ),
                 panel(
@@ -302,7 +308,7 @@ pub fn rows() -> Vec<Row> {
                     TimeSeries,
                     "s",
                     8,
-                    percentiles("gen_ai_server_time_to_first_token_seconds", "model_id", TW),
+                    percentiles("gen_ai_server_time_to_first_token_seconds", MODEL, TW),
                 ),
                 panel(
                     "Inter-token latency",
@@ -310,7 +316,7 @@ pub fn rows() -> Vec<Row> {
                     TimeSeries,
                     "s",
                     8,
-                    percentiles("gen_ai_server_time_per_output_token_seconds", "model_id", TW),
+                    percentiles("gen_ai_server_time_per_output_token_seconds", MODEL, TW),
                 ),
                 panel(
                     "End-to-end duration",
@@ -318,7 +324,7 @@ pub fn rows() -> Vec<Row> {
                     TimeSeries,
                     "s",
                     8,
-                    percentiles("gen_ai_server_request_duration_seconds", "model_id", TW),
+                    percentiles("gen_ai_server_request_duration_seconds", MODEL, TW),
                 ),
                 panel(
                     "Time to first token reported by the runtime",
@@ -383,15 +389,10 @@ pub fn rows() -> Vec<Row> {
                             target(
                                 format!(
                                     "{} / {}",
-                                    sum_rate(
-                                        "model_id",
-                                        tokens,
-                                        &format!(r#"{TW}, gen_ai_token_type="{kind}""#),
-                                        RATE
-                                    ),
-                                    sum_rate("model_id", tw_req, TW, RATE)
+                                    sum_rate(MODEL, tokens, &format!(r#"{TW}, gen_ai_token_type="{kind}""#), RATE),
+                                    sum_rate(MODEL, token_requests, &format!(r#"{TW}, gen_ai_token_type="{kind}""#), RATE)
                                 ),
-                                &format!("{{{{model_id}}}} {kind}"),
+                                &format!("{{{{gen_ai_request_model}}}} {kind}"),
                             )
                         })
                         .collect(),
@@ -462,6 +463,28 @@ pub fn rows() -> Vec<Row> {
                     8,
                     vec![target("max by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL)".into(), "{{Hostname}} GPU {{gpu}}")],
                 ),
+                panel(
+                    "KV cache usage, any runtime",
+                    "tokenwatch's normalised KV-cache signal (vLLM, SGLang, TensorRT-LLM… scraped or received over OTLP), per model and instance.",
+                    TimeSeries,
+                    "percentunit",
+                    12,
+                    vec![target(
+                        format!("max by (model, instance) (tokenwatch_kv_cache_usage_ratio{{{SIG}}})"),
+                        "{{model}} {{instance}}",
+                    )],
+                ),
+                panel(
+                    "Runtime queue, any runtime",
+                    "tokenwatch's normalised queue signals: requests running and waiting in the runtimes, per model.",
+                    TimeSeries,
+                    "short",
+                    12,
+                    vec![
+                        target(format!("sum by (model) (tokenwatch_runtime_requests_running{{{SIG}}})"), "{{model}} running"),
+                        target(format!("sum by (model) (tokenwatch_runtime_requests_waiting{{{SIG}}})"), "{{model}} waiting"),
+                    ],
+                ),
             ],
         },
         Row {
@@ -478,14 +501,14 @@ pub fn rows() -> Vec<Row> {
                         format!(
                             "{} / {}",
                             sum_rate(
-                                "model_id",
+                                MODEL,
                                 "gen_ai_server_time_to_first_token_seconds_bucket",
                                 &format!(r#"{TW}, le=~"1(\\.0)?""#),
                                 RATE
                             ),
-                            sum_rate("model_id", "gen_ai_server_time_to_first_token_seconds_count", TW, RATE)
+                            sum_rate(MODEL, "gen_ai_server_time_to_first_token_seconds_count", TW, RATE)
                         ),
-                        "{{model_id}}",
+                        "{{gen_ai_request_model}}",
                     )],
                 ),
                 panel(
@@ -935,7 +958,7 @@ mod tests {
         );
         assert_eq!(
             d["templating"]["list"][1]["definition"],
-            "label_values(tokenwatch_requests_total, model_id)"
+            "label_values(tokenwatch_requests_total, gen_ai_request_model)"
         );
     }
 }

@@ -10,6 +10,8 @@ pub mod remote_write;
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ExportConfig {
+    /// The `/metrics` exposition's options (`tenant_label`).
+    pub prometheus: prometheus::PrometheusExportConfig,
     /// Prometheus remote-write endpoints that receive what `/metrics` serves.
     pub remote_write: Vec<remote_write::RemoteWriteConfig>,
     /// An OTLP endpoint that receives the proxy's spans (and, optionally, received ones).

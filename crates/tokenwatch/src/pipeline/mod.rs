@@ -2,6 +2,7 @@
 // never blocks a request, and one thread that aggregates, stores and exports each batch.
 
 pub mod proxy_span;
+pub mod span_sampler;
 mod store_sink;
 mod store_writer;
 

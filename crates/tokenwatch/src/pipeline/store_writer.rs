@@ -1,5 +1,5 @@
-// The store's own writer thread behind a bounded queue: records, proxy spans, roll-ups and
-// retention reach the store in order, and a slow or unreachable store never holds the pipeline.
+// The store's own writer thread behind a bounded queue: records, spans, log records, roll-ups
+// and retention reach the store in order, and a slow or unreachable store never holds the pipeline.
 
 use crate::export::prometheus::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokenwatch_core::model::RequestRecord;
-use tokenwatch_store::{RollupRow, SpanRow, Store, StoreError};
+use tokenwatch_store::{LogRow, RollupRow, SpanRow, Store, StoreError};
 
 /// After this long without touching the store, the writer asks it for its stats, so that
 /// readiness notices a store gone away while no records arrive.
@@ -22,7 +22,7 @@ const SLOW_AFTER: Duration = Duration::from_secs(5);
 /// `store.write_queue_records` and the largest batch written in one call (`telemetry.batch_max`).
 #[derive(Debug, Clone, Copy)]
 pub struct StoreWriterConfig {
-    /// Records and span rows queued or being written, at most; more are dropped and counted.
+    /// Records, span and log rows queued or being written, at most; more are dropped and counted.
     pub queue_rows: usize,
     pub batch_max: usize,
     /// Niceness of the writer thread (the pipeline's, `runtime.analysis_niceness`).
@@ -32,6 +32,7 @@ pub struct StoreWriterConfig {
 enum Work {
     Records(Vec<RequestRecord>),
     Spans(Vec<SpanRow>),
+    Logs(Vec<LogRow>),
     Rollups(Vec<RollupRow>),
     Retention(i64),
 }
@@ -123,7 +124,7 @@ impl StoreHealth {
 
 struct Shared {
     capacity: usize,
-    /// Records and span rows queued or being written.
+    /// Records, span and log rows queued or being written.
     queued: AtomicUsize,
     /// Set when a drop for a full queue was logged; cleared when rows fit again.
     full_logged: AtomicBool,
@@ -140,13 +141,16 @@ impl Shared {
 }
 
 /// The pipeline's side of the writer: every method queues and returns at once. Rows that find
-/// the queue full are counted (`tokenwatch_store_{records,spans}_dropped_total{reason}`).
+/// the queue full are counted (`tokenwatch_store_{records,spans,logs}_dropped_total{reason}`).
 #[derive(Clone)]
 pub struct StoreWriter {
     tx: mpsc::Sender<Work>,
     shared: Arc<Shared>,
     records_lost: Lost,
     spans_lost: Lost,
+    logs_lost: Lost,
+    /// `traces.sampling`: spans pass through the sampler's thread, which forwards what it keeps.
+    sampler: Option<super::span_sampler::SpanSampler>,
 }
 
 /// The writer thread; `finish` drains it once every `StoreWriter` is dropped.
@@ -171,12 +175,17 @@ impl StoreWriter {
         let spans_lost = Lost::register(
             &metrics,
             "tokenwatch_store_spans_dropped",
-            "Proxy spans that never reached the store, by reason (queue_full, write_failed, shutdown)",
+            "Spans (the proxy's and those received over OTLP) that never reached the store, by reason (queue_full, write_failed, shutdown)",
+        );
+        let logs_lost = Lost::register(
+            &metrics,
+            "tokenwatch_store_logs_dropped",
+            "Log records received over OTLP that never reached the store, by reason (queue_full, write_failed, shutdown)",
         );
         let depth = Gauge::default();
         metrics.register(
             "tokenwatch_store_write_queue_rows",
-            "Records and spans queued for the store or being written",
+            "Records, spans and log records queued for the store or being written",
             depth.clone(),
         );
         let capacity = Gauge::<i64>::default();
@@ -204,6 +213,7 @@ impl StoreWriter {
             batch_max: cfg.batch_max.max(1),
             records_lost: records_lost.clone(),
             spans_lost: spans_lost.clone(),
+            logs_lost: logs_lost.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("tokenwatch-store-writer".into())
@@ -217,6 +227,8 @@ impl StoreWriter {
                 shared: shared.clone(),
                 records_lost,
                 spans_lost,
+                logs_lost,
+                sampler: None,
             },
             StoreWriterThread {
                 thread: Some(thread),
@@ -231,9 +243,40 @@ impl StoreWriter {
         self.bounded(records, &self.records_lost, Work::Records);
     }
 
-    /// Queue the proxy's spans; those without room are dropped and counted.
-    pub fn spans(&self, rows: Vec<SpanRow>) {
-        self.bounded(rows, &self.spans_lost, Work::Spans);
+    /// Queue spans (the proxy's, or received over OTLP); those without room are dropped and
+    /// counted. Returns how many were queued: the first that many of `rows`.
+    pub fn spans(&self, rows: Vec<SpanRow>) -> usize {
+        match &self.sampler {
+            Some(sampler) => sampler.push(rows),
+            None => self.bounded(rows, &self.spans_lost, Work::Spans),
+        }
+    }
+
+    /// Spans queued from now on go through a span sampler first (`traces.sampling`, when
+    /// enabled): it decides each trace on its own thread and queues the spans it keeps here.
+    pub fn with_span_sampler(
+        mut self,
+        cfg: &super::span_sampler::SamplingConfig,
+        metrics: &Metrics,
+        niceness: i32,
+    ) -> std::io::Result<StoreWriter> {
+        if cfg.enabled {
+            let inner = StoreWriter {
+                sampler: None,
+                ..self.clone()
+            };
+            let forward = Box::new(move |rows: Vec<SpanRow>| inner.spans(rows));
+            self.sampler = Some(super::span_sampler::SpanSampler::start(
+                cfg, metrics, niceness, forward,
+            )?);
+        }
+        Ok(self)
+    }
+
+    /// Queue log records received over OTLP; those without room are dropped and counted.
+    /// Returns how many were queued: the first that many of `rows`.
+    pub fn logs(&self, rows: Vec<LogRow>) -> usize {
+        self.bounded(rows, &self.logs_lost, Work::Logs)
     }
 
     /// Queue roll-ups. They are not bounded: at most one per series and minute, and losing
@@ -249,11 +292,12 @@ impl StoreWriter {
         let _ = self.tx.send(Work::Retention(now_unix_ms));
     }
 
-    /// Takes as many rows as there is room for, counting the rest as lost.
-    fn bounded<T>(&self, mut rows: Vec<T>, lost: &Lost, work: fn(Vec<T>) -> Work) {
+    /// Takes as many rows as there is room for (the first ones), counting the rest as lost;
+    /// returns how many it took.
+    fn bounded<T>(&self, mut rows: Vec<T>, lost: &Lost, work: fn(Vec<T>) -> Work) -> usize {
         let n = rows.len();
         if n == 0 {
-            return;
+            return 0;
         }
         let mut queued = self.shared.queued.load(Ordering::Acquire);
         let admitted = loop {
@@ -285,7 +329,7 @@ impl StoreWriter {
             self.shared.full_logged.store(false, Ordering::Relaxed);
         }
         if admitted == 0 {
-            return;
+            return 0;
         }
         self.shared.depth.set((queued + admitted) as i64);
         if let Err(mpsc::SendError(w)) = self.tx.send(work(rows)) {
@@ -294,11 +338,14 @@ impl StoreWriter {
             let n = match w {
                 Work::Records(r) => r.len(),
                 Work::Spans(s) => s.len(),
+                Work::Logs(l) => l.len(),
                 Work::Rollups(_) | Work::Retention(_) => 0,
             };
             lost.shutdown.inc_by(n as u64);
             self.shared.release(n);
+            return 0;
         }
+        admitted
     }
 }
 
@@ -347,10 +394,12 @@ struct Writer {
     batch_max: usize,
     records_lost: Lost,
     spans_lost: Lost,
+    logs_lost: Lost,
 }
 
 impl Writer {
-    /// Writes in queue order, records and spans batched together up to `batch_max` each;
+    /// Writes in queue order, records, spans and log records batched together up to
+    /// `batch_max` each;
     /// roll-ups and retention wait for everything queued before them. Ends once every sender
     /// is dropped and the queue is empty.
     fn run(self) {
@@ -375,12 +424,13 @@ impl Writer {
                 Work::Rollups(rows) => self.write_rollups(&rows),
                 Work::Retention(now) => self.retain(now),
                 first => {
-                    let (mut records, mut spans) = (Vec::new(), Vec::new());
+                    let (mut records, mut spans, mut logs) = (Vec::new(), Vec::new(), Vec::new());
                     let mut next = Some(first);
                     while let Some(w) = next.take() {
                         match w {
                             Work::Records(r) if records.len() < self.batch_max => records.extend(r),
                             Work::Spans(s) if spans.len() < self.batch_max => spans.extend(s),
+                            Work::Logs(l) if logs.len() < self.batch_max => logs.extend(l),
                             other => {
                                 held = Some(other);
                                 break;
@@ -402,6 +452,7 @@ impl Writer {
                         |s, c| s.insert_spans(c),
                         |_, _| {},
                     );
+                    self.write_rows(&logs, &self.logs_lost, |s, c| s.insert_logs(c), |_, _| {});
                 }
             }
             last_call = Instant::now();
@@ -578,6 +629,7 @@ mod tests {
             self.inner().query_spans(q)
         }
         fn insert_logs(&self, logs: &[tokenwatch_store::LogRow]) -> Result<(), StoreError> {
+            self.pass(format!("logs {}", logs.len()))?;
             self.inner().insert_logs(logs)
         }
         fn query_logs(
@@ -630,6 +682,15 @@ mod tests {
             since_unix_ms: i64,
         ) -> Result<Vec<tokenwatch_store::ScrapeTargetRow>, StoreError> {
             self.inner().load_scrape_targets(since_unix_ms)
+        }
+        fn insert_markers(&self, rows: &[tokenwatch_store::MarkerRow]) -> Result<(), StoreError> {
+            self.inner().insert_markers(rows)
+        }
+        fn query_markers(
+            &self,
+            q: &tokenwatch_store::MarkerQuery,
+        ) -> Result<Vec<tokenwatch_store::MarkerRow>, StoreError> {
+            self.inner().query_markers(q)
         }
     }
 
@@ -773,6 +834,57 @@ mod tests {
         ids.sort();
         let want: Vec<String> = (0..9).map(|i| format!("r{i:04}")).collect();
         assert_eq!(ids, want, "the records admitted are the ones stored");
+    }
+
+    fn log_rows(from: usize, n: usize) -> Vec<LogRow> {
+        (from..from + n)
+            .map(|i| LogRow {
+                time_unix_nano: 1_000 + i as i64,
+                body: format!("line {i}"),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn log_records_share_the_bounded_queue_and_are_counted_as_logs_when_it_is_full() {
+        let (_dir, sqlite) = sqlite();
+        let gate = Gate::over(sqlite.clone(), false);
+        let (writer, thread, metrics) = start_writer(&gate, 6);
+        assert_eq!(writer.logs(log_rows(0, 2)), 2);
+        until("the writer holds the first batch", || {
+            thread.health().state.lock().unwrap().busy_since.is_some()
+        });
+        // 2 rows held by the writer: room for 4 more, shared with records and spans; the
+        // first rows of each call are the ones queued.
+        assert_eq!(writer.spans(vec![SpanRow::default()]), 1);
+        assert_eq!(writer.logs(log_rows(2, 5)), 3);
+        assert_eq!(writer.logs(log_rows(7, 1)), 0);
+        assert_eq!(
+            value(
+                &metrics,
+                "tokenwatch_store_logs_dropped_total{reason=\"queue_full\"}"
+            ),
+            3.0
+        );
+        assert_eq!(
+            value(
+                &metrics,
+                "tokenwatch_store_spans_dropped_total{reason=\"queue_full\"}"
+            ),
+            0.0
+        );
+        gate.release();
+        drop(writer);
+        assert!(thread.finish(Duration::from_secs(5)));
+        let order = gate.order.lock().unwrap().clone();
+        assert_eq!(order, ["logs 2", "spans 1", "logs 3"]);
+        let stored = sqlite
+            .query_logs(&tokenwatch_store::LogQuery::default())
+            .unwrap();
+        let bodies: Vec<&str> = stored.iter().map(|r| r.body.as_str()).collect();
+        assert_eq!(bodies, ["line 0", "line 1", "line 2", "line 3", "line 4"]);
+        assert_eq!(value(&metrics, "tokenwatch_store_write_queue_rows"), 0.0);
     }
 
     #[test]

@@ -179,6 +179,40 @@ impl SloTracker {
         &self.slos
     }
 
+    /// Count `configs` from now on (a configuration reload): an SLO whose settings are the same
+    /// as before, by name, keeps its series and their counts; the others start empty.
+    pub fn reconfigure(&mut self, configs: &[SloConfig], now: i64) {
+        let next: Vec<Slo> = configs.iter().map(Slo::compile).collect();
+        let moved: Vec<Option<usize>> = self
+            .slos
+            .iter()
+            .map(|old| {
+                next.iter()
+                    .position(|n| n.name == old.name && format!("{n:?}") == format!("{old:?}"))
+            })
+            .collect();
+        let series = std::mem::take(&mut self.series);
+        self.series = series
+            .into_iter()
+            .filter_map(|(k, s)| {
+                let slo = moved.get(k.slo).copied().flatten()?;
+                Some((Key { slo, ..k }, s))
+            })
+            .collect();
+        self.slos = next;
+        self.statuses.clear();
+        self.last_refresh = None;
+        // `prune` publishes nothing without SLOs: say here that there are none any more.
+        if self.slos.is_empty() {
+            if let Some(m) = &self.metrics {
+                m.set(&self.statuses);
+            }
+            if let Some(b) = &self.book {
+                b.publish(now, Vec::new());
+            }
+        }
+    }
+
     /// Count `r` in every SLO it is an event of.
     pub fn observe(&mut self, r: &Rec, tenant: &Label) {
         for (i, s) in self.slos.iter().enumerate() {
@@ -453,6 +487,37 @@ mod tests {
         };
         assert!(det::slo_burn_over(&s.counts, &p, &s.lengths, det::BurnCondition::Any).is_none());
         assert!(s.budget_remaining.unwrap() > 0.4, "{s:?}");
+    }
+
+    #[test]
+    fn reconfigure_keeps_the_series_of_unchanged_slos() {
+        let mut t = SloTracker::new(&[short(Objective::TtftP95), short(Objective::Success)]);
+        let none = Label::default();
+        for k in 0..10i64 {
+            t.observe(
+                &rec("m", 1_000 + k * 100, if k < 3 { 2.0 } else { 0.2 }, k != 0),
+                &none,
+            );
+        }
+        // Success is dropped, TTFT stays as it was (now first), a tighter success SLO is new.
+        let mut strict = short(Objective::Success);
+        strict.name = "success_strict".into();
+        strict.window = HumanDuration(Duration::from_secs(300));
+        t.reconfigure(&[strict, short(Objective::TtftP95)], 2_000);
+        t.prune(2_000);
+        let st = t.statuses();
+        assert_eq!(st.len(), 2, "{st:#?}");
+        assert_eq!(
+            (st[0].slo.as_str(), st[0].status),
+            ("success_strict", "no_data")
+        );
+        assert_eq!(
+            (st[1].slo.as_str(), st[1].bad, st[1].total),
+            ("ttft_p95", 2, 9)
+        );
+        t.reconfigure(&[], 3_000);
+        t.prune(3_000);
+        assert!(t.statuses().is_empty());
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub struct SourceContext {
     /// Request records (the proxy, OTLP GenAI spans) go here.
     pub queue: TelemetryQueue,
     pub store: Arc<dyn Store>,
+    /// Received spans and log records reach the store through its writer thread.
+    pub store_writer: crate::pipeline::StoreWriter,
     /// Register the source's own health metrics with `metrics.register(..)`.
     pub metrics: Arc<Metrics>,
     pub components: Components,
@@ -55,6 +57,10 @@ pub struct SourceContext {
     pub log_feed: Option<crate::logs::LogFeed>,
     /// Received spans are exported too (`export.otlp.include_received`): stored rows go here.
     pub span_export: Option<crate::export::otlp::SpanExport>,
+    /// Anomaly events raised by a source (GPU XID errors) go to the alert engine's root cause.
+    pub events: crate::alerting::engine::enrich::EventInbox,
+    /// Where a source leaves what configuration reloads change in it (scrape targets).
+    pub reload: crate::reload::Hooks,
 }
 
 /// A started source: its tasks, and API routes it serves on the API port (if any).

@@ -4,6 +4,7 @@
 
 pub mod alertmanager;
 pub mod clickhouse;
+pub mod metrics_target;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -372,17 +373,13 @@ pub async fn start_otlp_collector(
     (tw, grpc, http)
 }
 
-/// `tokenwatch demo` with its data under `dir/data`, every listener on a free port and the
-/// `kv_leak` fault switched on `fault_after` (e.g. "0s") after start; waits until ready and
-/// returns (process, API address, OTLP/HTTP address).
-pub async fn start_demo_with_leak(
-    dir: &Path,
-    fault_after: &str,
-) -> (Proc, SocketAddr, SocketAddr) {
+/// `tokenwatch demo` with its data under `dir/data`, every listener on a free port and `extra`
+/// arguments after; waits until ready and returns (process, API address, OTLP/HTTP address).
+pub async fn start_demo(dir: &Path, extra: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
     let (api, otlp_http) = (free_addr(), free_addr());
     let addrs = [api, free_addr(), free_addr(), otlp_http].map(|a| a.to_string());
     let data = dir.join("data").display().to_string();
-    let args = [
+    let mut args = vec![
         "demo",
         "--listen",
         &addrs[0],
@@ -394,14 +391,16 @@ pub async fn start_demo_with_leak(
         &addrs[3],
         "--data-dir",
         &data,
-        "--fault",
-        "kv_leak",
-        "--fault-after",
-        fault_after,
     ];
+    args.extend_from_slice(extra);
     let demo = Proc::start("demo", &args, dir);
     wait_ready(&format!("http://{api}/readyz"), &demo).await;
     (demo, api, otlp_http)
+}
+
+/// [`start_demo`] with the `kv_leak` fault switched on `fault_after` (e.g. "0s") after start.
+pub async fn start_demo_with_leak(dir: &Path, fault_after: &str) -> (Proc, SocketAddr, SocketAddr) {
+    start_demo(dir, &["--fault", "kv_leak", "--fault-after", fault_after]).await
 }
 
 /// The Python interpreter of the test virtualenv holding the `openai` client.
@@ -429,4 +428,38 @@ pub fn promtool() -> PathBuf {
             .find(|p| p.exists())
     });
     found.expect("promtool is not installed — run the README's test command (scripts/test.sh), which installs Debian's `prometheus` package")
+}
+
+/// Chat requests for `model` through the proxy from `workers` clients until `stop`; `done`
+/// counts the answered ones. A failed send waits 50 ms before the next.
+pub fn chat_traffic(
+    proxy: SocketAddr,
+    model: &'static str,
+    workers: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    use std::sync::atomic::Ordering;
+    (0..workers)
+        .map(|w| {
+            let (stop, done) = (stop.clone(), done.clone());
+            tokio::spawn(async move {
+                let url = format!("http://{proxy}/v1/chat/completions");
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let body = serde_json::json!({
+                        "model": model,
+                        "messages": [{"role": "user", "content": format!("client {w} request {i}")}],
+                    })
+                    .to_string();
+                    if send("POST", &url, Some(&body), &[]).await.is_ok() {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            })
+        })
+        .collect()
 }

@@ -1,5 +1,6 @@
-# Exports GenAI spans and metrics with the real OpenTelemetry Python SDK to tokenwatch's OTLP
-# receiver (gRPC or HTTP/protobuf), and prints what it sent as one JSON line for the test to check.
+# Exports GenAI spans (and one OpenInference LLM span) and metrics (server histograms with explicit
+# buckets, client chunk histograms with exponential buckets) with the real OpenTelemetry Python SDK
+# to tokenwatch's OTLP receiver (gRPC or HTTP/protobuf), and prints what it sent as one JSON line.
 import argparse
 import json
 import sys
@@ -7,6 +8,7 @@ import time
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -72,6 +74,15 @@ def main():
             s.set_attribute("error.type", "500")
             s.set_status(Status(StatusCode.ERROR, "upstream failed"))
             sent["error_span_id"] = format(s.get_span_context().span_id, "016x")
+        # An OpenInference LLM span (as Arize/Phoenix instrumentations write them).
+        with tracer.start_as_current_span("ChatCompletion", kind=SpanKind.INTERNAL) as s:
+            s.set_attribute("openinference.span.kind", "LLM")
+            s.set_attribute("llm.model_name", f"{args.model}-oi")
+            s.set_attribute("llm.system", "openai")
+            s.set_attribute("llm.token_count.prompt", 7)
+            s.set_attribute("llm.token_count.completion", 3)
+            s.set_attribute("llm.token_count.total", 10)
+            sent["oi_span_id"] = format(s.get_span_context().span_id, "016x")
     tp.shutdown()
     sent["span_results"] = recording.results
 
@@ -96,6 +107,24 @@ def main():
             dur.record(1.5, attrs)
             usage.record(120, {**attrs, "gen_ai.token.type": "input"})
             usage.record(30, {**attrs, "gen_ai.token.type": "output"})
+        flushes.append(mp.force_flush(timeout_millis=10_000))
+        time.sleep(0.2)
+    mp.shutdown()
+
+    # The client's chunk metrics as exponential histograms (a view), two cumulative exports.
+    _, client_exp = exporters(args.transport, args.endpoint)
+    reader = PeriodicExportingMetricReader(client_exp, export_interval_millis=3_600_000)
+    views = [View(instrument_name="gen_ai.client.operation.*", aggregation=ExponentialBucketHistogramAggregation())]
+    mp = MeterProvider(resource=resource, metric_readers=[reader], views=views)
+    meter = mp.get_meter("tokenwatch-test-client")
+    ttfc = meter.create_histogram("gen_ai.client.operation.time_to_first_chunk", unit="s")
+    tpoc = meter.create_histogram("gen_ai.client.operation.time_per_output_chunk", unit="s")
+    client_attrs = {"gen_ai.request.model": f"{args.model}-client", "gen_ai.provider.name": "openai",
+                    "gen_ai.operation.name": "chat"}
+    for export in range(2):
+        for i in range(50):
+            ttfc.record(0.2 + 0.001 * i + 0.1 * export, client_attrs)
+            tpoc.record(0.02, client_attrs)
         flushes.append(mp.force_flush(timeout_millis=10_000))
         time.sleep(0.2)
     mp.shutdown()

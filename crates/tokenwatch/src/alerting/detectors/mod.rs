@@ -14,6 +14,7 @@ mod context_aware_threshold;
 pub mod drift_vote;
 mod error_burst;
 mod gpu_memory_leak;
+mod gpu_xid_fatal;
 mod kl_drift;
 mod ks_drift;
 mod kv_cache_pressure;
@@ -35,6 +36,7 @@ pub use context_aware_threshold::ContextAwareThreshold;
 pub use drift_vote::DriftVote;
 pub use error_burst::ErrorBurst;
 pub use gpu_memory_leak::GpuMemoryLeak;
+pub use gpu_xid_fatal::GpuXidFatal;
 pub use kl_drift::KlDrift;
 pub use ks_drift::KsDrift;
 pub use kv_cache_pressure::KvCachePressure;
@@ -170,6 +172,7 @@ pub const REGISTRY: &[Registration] = &[
     register::<TopologyConvergence>(),
     register::<CallChainConvergence>(),
     register::<Threshold>(),
+    register::<GpuXidFatal>(),
 ];
 
 /// Detector names a rule may use.

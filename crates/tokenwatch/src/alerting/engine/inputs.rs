@@ -160,6 +160,9 @@ pub struct Rec {
     /// Set on the records of an evaluation (`EvalCtx::new_records`: their annotations name
     /// the request); the copies `Inputs` keeps in its windows drop it (`Inputs::ingest`).
     pub request_id: Box<str>,
+    /// The request's W3C trace id, for the latency breakdown's lookup of the slowest requests'
+    /// traces (all zero without one).
+    pub trace_id: TraceKey,
     /// When the record became known: arrival + end.
     pub at_ms: i64,
     pub ttft: Option<f64>,
@@ -187,6 +190,7 @@ impl Rec {
             prompt_version: Label::new(&r.prompt_version),
             tenant: Label::new(&r.labels.tenant),
             request_id: r.request_id.as_str().into(),
+            trace_id: TraceKey::parse(&r.trace_id),
             at_ms: r.arrival_unix_ms + (r.end_s.max(0.0) * 1000.0) as i64,
             ttft: r.first_token_s,
             e2e: r.end_s,
@@ -214,6 +218,32 @@ impl Rec {
             _ => None,
         }
         .filter(|v| v.is_finite())
+    }
+}
+
+/// A W3C trace id in 16 bytes (8-byte aligned, so a `Rec` grows by no more); all zero, which
+/// W3C trace context forbids, stands for none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TraceKey([u64; 2]);
+
+impl TraceKey {
+    /// From 32 hex digits; anything else is none.
+    pub fn parse(s: &str) -> TraceKey {
+        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return TraceKey::default();
+        }
+        match (
+            u64::from_str_radix(&s[..16], 16),
+            u64::from_str_radix(&s[16..], 16),
+        ) {
+            (Ok(hi), Ok(lo)) => TraceKey([hi, lo]),
+            _ => TraceKey::default(),
+        }
+    }
+
+    /// The 32 lowercase hex digits; None for none.
+    pub fn hex(self) -> Option<String> {
+        (self.0 != [0, 0]).then(|| format!("{:016x}{:016x}", self.0[0], self.0[1]))
     }
 }
 
@@ -344,6 +374,18 @@ impl Inputs {
     /// The SLOs' latest statuses (refreshed by `prune`).
     pub fn slos(&self) -> &crate::slo::tracker::SloTracker {
         &self.slos
+    }
+
+    /// The SLOs, changed by a configuration reload (see `SloTracker::reconfigure`).
+    pub fn slos_mut(&mut self) -> &mut crate::slo::tracker::SloTracker {
+        &mut self.slos
+    }
+
+    /// New retentions after the rules changed (a configuration reload): what is kept now is
+    /// pruned by them from the next `prune` on.
+    pub fn set_retention(&mut self, retention_ms: i64, embedding_retention_ms: Option<i64>) {
+        self.retention_ms = retention_ms;
+        self.embedding_retention_ms = embedding_retention_ms.map(|m| m.max(1_000));
     }
 
     /// A model's embeddings take the dimension of its first one; others are skipped (the
@@ -644,8 +686,8 @@ mod tests {
         // another full record for a first token reported early, plus its id as a String.
         let (rec, early) = (size_of::<Rec>(), size_of::<EarlyTtft>());
         println!("size_of Rec = {rec} bytes, EarlyTtft = {early} bytes");
-        // 216 + the tenant label of per-tenant SLOs.
-        assert!(rec <= 232, "Rec is {rec} bytes");
+        // 216 + the tenant label of per-tenant SLOs + the trace id (latency breakdown).
+        assert!(rec <= 248, "Rec is {rec} bytes");
         assert!(early <= 40, "EarlyTtft is {early} bytes");
         assert!(size_of::<LatencySample>() <= 16);
     }

@@ -13,6 +13,8 @@ pub mod noise;
 pub mod persist;
 pub mod quality;
 #[cfg(test)]
+mod reload_tests;
+#[cfg(test)]
 mod restore_tests;
 pub mod vectors;
 
@@ -58,6 +60,36 @@ pub struct AlertBook {
 struct BookInner {
     active: Vec<Alert>,
     resolved: Vec<Alert>,
+    /// The rules evaluated now, in evaluation order (`GET /api/v1/rules`).
+    rules: Vec<RuleInfo>,
+}
+
+/// A rule as the rules listing shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RuleInfo {
+    pub name: String,
+    pub detector: String,
+    pub signal: String,
+    pub severity: tokenwatch_core::alert::Severity,
+    pub group_by: Vec<String>,
+    pub for_ms: i64,
+    pub window_ms: i64,
+    pub grade: Option<String>,
+}
+
+impl RuleInfo {
+    fn of(rule: &Rule) -> RuleInfo {
+        RuleInfo {
+            name: rule.name.clone(),
+            detector: rule.detector.clone(),
+            signal: rule.signal.clone(),
+            severity: rule.severity,
+            group_by: rule.group_by.clone(),
+            for_ms: rule.for_ms,
+            window_ms: rule.window_ms,
+            grade: rule.grade.clone(),
+        }
+    }
 }
 
 impl AlertBook {
@@ -77,11 +109,63 @@ impl AlertBook {
             .cloned()
     }
 
+    /// The rules evaluated now (empty while alerting is disabled).
+    pub fn rules(&self) -> Vec<RuleInfo> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).rules.clone()
+    }
+
     fn publish(&self, active: Vec<Alert>, resolved: Vec<Alert>) {
         let mut b = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         b.active = active;
         b.resolved = resolved;
     }
+
+    fn publish_rules(&self, rules: &[Rule]) {
+        let mut b = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        b.rules = rules.iter().map(RuleInfo::of).collect();
+    }
+}
+
+/// New rules and settings from a configuration reload, applied by the engine between two
+/// evaluations (`EngineControl::reconfigure`).
+pub struct Reconfigure {
+    /// The compiled rules of the new configuration, in evaluation order.
+    pub rules: Vec<Rule>,
+    /// Per rule of `rules`: its configuration is the same as the running rule's of that name,
+    /// so the running rule is kept with its detector's state (baselines, windows).
+    pub unchanged: Vec<bool>,
+    /// Inhibition, causal graph, resolve and pending timing, evaluation interval.
+    pub cfg: AlertingConfig,
+    /// The SLOs to count from now on; None: unchanged.
+    pub slos: Option<Vec<crate::slo::SloConfig>>,
+    /// The configuration snapshots show from now on (`redacted_config` of the running one).
+    pub config_json: Option<serde_json::Value>,
+}
+
+/// Hands configuration reloads to the running engine.
+#[derive(Clone)]
+pub struct EngineControl(mpsc::UnboundedSender<Reconfigure>);
+
+impl EngineControl {
+    /// Queue `r` for the engine; false when the engine has stopped.
+    pub fn reconfigure(&self, r: Reconfigure) -> bool {
+        self.0.send(r).is_ok()
+    }
+}
+
+/// How long request records must be kept for `rules`, and embeddings (None: not at all).
+fn retentions(rules: &[Rule]) -> (i64, Option<i64>) {
+    let retention = rules
+        .iter()
+        .map(|r| r.compiled.retention_ms(&r.spec))
+        .max()
+        .unwrap_or(120_000)
+        .clamp(120_000, 3_600_000);
+    let embedding_retention = rules
+        .iter()
+        .filter_map(|r| r.compiled.embedding_retention_ms(&r.spec))
+        .max();
+    (retention, embedding_retention)
 }
 
 /// What the engine needs from the rest of the process.
@@ -93,6 +177,8 @@ pub struct EngineDeps {
     /// Set when snapshots are enabled.
     pub snapshot: Option<SnapshotContext>,
     pub shutdown: watch::Receiver<bool>,
+    /// Maps spans to components for the latency breakdown measured from traces.
+    pub components: Arc<crate::api::trace_components::ComponentMap>,
 }
 
 pub struct Started {
@@ -106,6 +192,8 @@ pub struct Started {
     pub scaling: Arc<crate::slo::scaling::ScalingBook>,
     /// Anomaly events from outside the rules (log templates), for root cause.
     pub inbox: EventInbox,
+    /// Rules and settings of a configuration reload go to the engine through this.
+    pub control: EngineControl,
 }
 
 /// The causal graph: the spec's defaults (unless replaced) with configured edges added or replacing.
@@ -160,16 +248,7 @@ pub fn start_with_slos(
         },
     };
     let book = Arc::new(AlertBook::default());
-    let retention = rules
-        .iter()
-        .map(|r| r.compiled.retention_ms(&r.spec))
-        .max()
-        .unwrap_or(120_000)
-        .clamp(120_000, 3_600_000);
-    let embedding_retention = rules
-        .iter()
-        .filter_map(|r| r.compiled.embedding_retention_ms(&r.spec))
-        .max();
+    let (retention, embedding_retention) = retentions(&rules);
     let (snap_tx, snap_rx) = mpsc::channel(256);
     let slo_book = Arc::new(crate::slo::SloBook::default());
     let scaling_book = Arc::new(crate::slo::scaling::ScalingBook::default());
@@ -207,17 +286,29 @@ pub fn start_with_slos(
         notifier: deps.notifier,
         snapshot: deps.snapshot.map(Arc::new),
         snap_tx,
+        components: deps.components,
+        breakdowns: enrich::TraceBreakdowns::default(),
         persist: persist::Persist::start(deps.store.clone()),
         spans: Vec::new(),
         last_span_poll: i64::MIN,
         dropped,
         dropped_seen: 0,
+        interval: cfg.evaluation_interval.0.max(Duration::from_millis(10)),
     };
     engine.restore(now_unix_ms());
     engine.publish();
-    let interval = cfg.evaluation_interval.0.max(Duration::from_millis(10));
-    let task = tokio::spawn(engine.run(rx, snap_rx, wake, interval, deps.shutdown));
-    Started { slos: slo_book, scaling: scaling_book, book, sink, task, inbox }
+    book.publish_rules(&engine.rules);
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(engine.run(rx, snap_rx, control_rx, wake, deps.shutdown));
+    Started {
+        slos: slo_book,
+        scaling: scaling_book,
+        book,
+        sink,
+        task,
+        inbox,
+        control: EngineControl(control_tx),
+    }
 }
 
 struct Engine {
@@ -243,11 +334,16 @@ struct Engine {
     notifier: Option<Notifier>,
     snapshot: Option<Arc<SnapshotContext>>,
     snap_tx: mpsc::Sender<(String, String)>,
+    components: Arc<crate::api::trace_components::ComponentMap>,
+    /// Latency breakdowns measured from traces, read off the engine's thread after `enrich`.
+    breakdowns: enrich::TraceBreakdowns,
     persist: persist::Persist,
     spans: Vec<(String, bool)>,
     last_span_poll: i64,
     dropped: Arc<AtomicU64>,
     dropped_seen: u64,
+    /// Longest time between two evaluations (`alerting.evaluation_interval`).
+    interval: Duration,
 }
 
 impl Engine {
@@ -255,8 +351,8 @@ impl Engine {
         mut self,
         mut rx: mpsc::Receiver<inputs::Input>,
         mut snap_rx: mpsc::Receiver<(String, String)>,
+        mut control: mpsc::UnboundedReceiver<Reconfigure>,
         wake: Arc<Notify>,
-        interval: Duration,
         mut stop: watch::Receiver<bool>,
     ) {
         let mut last: Option<tokio::time::Instant> = None;
@@ -268,8 +364,9 @@ impl Engine {
             }
             tokio::select! {
                 _ = wake.notified() => {}
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep(self.interval) => {}
                 Some((id, path)) = snap_rx.recv() => { self.attach_snapshot(&id, path); continue; }
+                Some(r) = control.recv() => { self.reconfigure(r, now_unix_ms()); continue; }
                 _ = stop.wait_for(|s| *s) => break,
             }
             if let Some(since) = last.map(|l| l.elapsed())
@@ -371,6 +468,95 @@ impl Engine {
         self.resolved.truncate(MAX_RESOLVED);
     }
 
+    /// A configuration reload, between two evaluations: the new rules replace the old ones (a
+    /// rule whose configuration is unchanged stays as it is, detector state included); alerts of
+    /// rules that still exist keep their state, those of removed rules are resolved (and
+    /// announced as resolved); the inhibition, causal graph and timing settings are replaced.
+    fn reconfigure(&mut self, r: Reconfigure, now: i64) {
+        let old_names: Vec<String> = self.rules.iter().map(|x| x.name.clone()).collect();
+        let mut old: Vec<Option<Rule>> = std::mem::take(&mut self.rules)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut rules = Vec::with_capacity(r.rules.len());
+        let mut kept = 0;
+        for (i, new) in r.rules.into_iter().enumerate() {
+            let same = r.unchanged.get(i).copied().unwrap_or(false);
+            let running = old_names
+                .iter()
+                .position(|n| *n == new.name)
+                .filter(|_| same)
+                .and_then(|k| old[k].take());
+            kept += usize::from(running.is_some());
+            rules.push(running.unwrap_or(new));
+        }
+        let mut ended = Vec::new();
+        for (fp, t) in self.tracked.iter_mut() {
+            let name = old_names.get(t.rule_index).map(String::as_str).unwrap_or_default();
+            match rules.iter().position(|x| x.name == name) {
+                Some(i) => t.rule_index = i,
+                None => ended.push(fp.clone()),
+            }
+        }
+        for fp in &ended {
+            let Some(mut t) = self.tracked.remove(fp) else {
+                continue;
+            };
+            if let Some(Some(rule)) = old.get(t.rule_index) {
+                fill_annotations(rule, &mut t.alert);
+            }
+            t.alert.state = AlertState::Resolved;
+            t.alert.resolved_at_unix_ms = Some(now);
+            tracing::info!(
+                rule = %t.alert.rule,
+                alert = %t.alert.id,
+                "alert resolved: its rule was removed by a configuration reload"
+            );
+            if !t.alert.annotations.contains_key("inhibited_by")
+                && let Some(n) = &self.notifier
+            {
+                n.notify(&t.alert);
+            }
+            self.resolved.push_front(t.alert);
+        }
+        self.resolved.truncate(MAX_RESOLVED);
+        let (retention, embedding_retention) = retentions(&rules);
+        self.inputs.set_retention(retention, embedding_retention);
+        if let Some(slos) = &r.slos {
+            self.inputs.slos_mut().reconfigure(slos, now);
+        }
+        let cfg = &r.cfg;
+        self.inhibit = cfg
+            .inhibit_rules
+            .clone()
+            .unwrap_or_else(default_inhibit_rules);
+        self.graph = causal_graph(cfg);
+        self.resolve_after_ms = cfg.resolve_after.0.as_millis() as i64;
+        self.clean_evaluations = cfg.resolve_clean_evaluations;
+        self.pending_grace_ms = cfg.pending_grace.0.as_millis() as i64;
+        self.keep_resolved_ms = cfg.keep_resolved.0.as_millis() as i64;
+        self.interval = cfg.evaluation_interval.0.max(Duration::from_millis(10));
+        if let (Some(json), Some(ctx)) = (r.config_json, &self.snapshot) {
+            self.snapshot = Some(Arc::new(SnapshotContext {
+                signals: ctx.signals.clone(),
+                store: ctx.store.clone(),
+                aggregator: ctx.aggregator.clone(),
+                config_json: json,
+                data_dir: ctx.data_dir.clone(),
+                retention: ctx.retention,
+            }));
+        }
+        self.rules = rules;
+        tracing::info!(
+            rules = self.rules.len(),
+            kept,
+            resolved = ended.len(),
+            "alert rules reloaded"
+        );
+        self.book.publish_rules(&self.rules);
+        self.publish();
+    }
+
     async fn poll_spans(&mut self) {
         let Some(pattern) = self.rules.iter().find_map(|r| r.compiled.span_pattern()) else {
             return;
@@ -400,6 +586,7 @@ impl Engine {
 
     /// One evaluation of every rule at `now`.
     fn step(&mut self, new_records: Vec<inputs::Rec>, now: i64) {
+        self.apply_trace_breakdowns();
         for r in &new_records {
             self.inputs.ingest(r.clone());
         }
@@ -649,6 +836,15 @@ impl Engine {
                 alert
                     .annotations
                     .insert("latency_breakdown_json".into(), json.to_string());
+                // The slowest requests' stored traces replace the estimate when they hold
+                // spans (`apply_trace_breakdowns`, at a later evaluation).
+                enrich::measure_from_traces(
+                    self.store.clone(),
+                    self.components.clone(),
+                    alert.id.clone(),
+                    enrich::slowest_traces(&recs),
+                    self.breakdowns.clone(),
+                );
             }
         }
         if rule.compiled.gpu_memory(&rule.spec) && !model.is_empty() {
@@ -732,6 +928,18 @@ impl Engine {
         })
     }
 
+    /// Measured breakdowns that arrived since the last evaluation replace their alerts'
+    /// estimates; the alert goes out again with them.
+    fn apply_trace_breakdowns(&mut self) {
+        let changed = enrich::apply_breakdowns(self.breakdowns.take(), &mut self.tracked);
+        for fp in &changed {
+            self.notify(fp);
+        }
+        if !changed.is_empty() {
+            self.publish();
+        }
+    }
+
     fn attach_snapshot(&mut self, id: &str, path: String) {
         let fp = self
             .tracked
@@ -802,10 +1010,12 @@ pub struct AlertingHandle {
     pub scaling: Arc<crate::slo::scaling::ScalingBook>,
     /// Where anomaly events from outside the rules go (read only while alerting is enabled).
     pub events: EventInbox,
+    /// The running engine's reload entry point (None while alerting is disabled).
+    pub control: Option<EngineControl>,
 }
 
 /// The effective configuration for snapshots, secrets (tenant salt, receiver headers) redacted.
-fn redacted_config(cfg: &crate::config::Config) -> serde_json::Value {
+pub fn redacted_config(cfg: &crate::config::Config) -> serde_json::Value {
     let mut c = cfg.clone();
     if !c.proxy.tenant_salt.is_empty() {
         c.proxy.tenant_salt = "<redacted>".into();
@@ -839,6 +1049,7 @@ pub fn start_from_config(
             slos: Arc::default(),
             scaling: Arc::default(),
             events: EventInbox::default(),
+            control: None,
         });
     }
     let rules = crate::alerting::rules::compile(a)
@@ -865,6 +1076,7 @@ pub fn start_from_config(
             notifier: Some(notifier),
             snapshot,
             shutdown,
+            components: Arc::new(crate::api::trace_components::ComponentMap::new(&cfg.traces)),
         },
         &crate::slo::effective(&cfg.slos),
         &cfg.scaling,
@@ -879,5 +1091,6 @@ pub fn start_from_config(
         scaling: started.scaling,
         tasks,
         events: started.inbox,
+        control: Some(started.control),
     })
 }

@@ -6,7 +6,8 @@ use tokenwatch_core::alert::Severity;
 use tokenwatch_core::signals::SignalBoard;
 use tokenwatch_store::{SqliteStore, StoreOptions};
 
-fn stored(id: &str, rule: &str, state: AlertState, active: i64) -> Alert {
+/// An alert as the store would hold it (also used by `reload_tests`).
+pub(super) fn stored(id: &str, rule: &str, state: AlertState, active: i64) -> Alert {
     Alert {
         id: id.into(),
         fingerprint: format!("fp-{id}"),
@@ -29,6 +30,28 @@ fn stored(id: &str, rule: &str, state: AlertState, active: i64) -> Alert {
     }
 }
 
+/// The engine started on the default rules over `store`, with no notifier or snapshots; the
+/// sender stops it.
+pub(super) fn start_default(store: &Arc<dyn Store>) -> (watch::Sender<bool>, Started) {
+    let cfg = AlertingConfig::default();
+    let rules = crate::alerting::rules::compile(&cfg).unwrap();
+    let (stop, shutdown) = watch::channel(false);
+    let started = start(
+        &cfg,
+        rules,
+        EngineDeps {
+            signals: Arc::new(std::sync::RwLock::new(SignalBoard::default())),
+            store: store.clone(),
+            metrics: Arc::new(Metrics::new()),
+            notifier: None,
+            snapshot: None,
+            shutdown,
+            components: Default::default(),
+        },
+    );
+    (stop, started)
+}
+
 #[tokio::test]
 async fn stored_alerts_are_restored_and_those_of_removed_rules_resolved() {
     let dir = tempfile::tempdir().unwrap();
@@ -49,21 +72,7 @@ async fn stored_alerts_are_restored_and_those_of_removed_rules_resolved() {
         ])
         .unwrap();
 
-    let cfg = AlertingConfig::default();
-    let rules = crate::alerting::rules::compile(&cfg).unwrap();
-    let (stop, shutdown) = watch::channel(false);
-    let started = start(
-        &cfg,
-        rules,
-        EngineDeps {
-            signals: Arc::new(std::sync::RwLock::new(SignalBoard::default())),
-            store: store.clone(),
-            metrics: Arc::new(Metrics::new()),
-            notifier: None,
-            snapshot: None,
-            shutdown,
-        },
-    );
+    let (stop, started) = start_default(&store);
     // Listed at once, before any evaluation.
     // As stored, its summary rendered again from the rule.
     let mut a = started.book.get("a-1").unwrap();

@@ -133,16 +133,16 @@ mod tests {
     const TEXT: &str = "\
 # HELP tokenwatch_requests Requests seen by the proxy.
 # TYPE tokenwatch_requests counter
-tokenwatch_requests_total{model_id=\"m1\",runtime=\"sim\",instance=\"127.0.0.1:8000\",error_type=\"\"} 3
+tokenwatch_requests_total{gen_ai_request_model=\"m1\",gen_ai_provider_name=\"sim\",instance=\"127.0.0.1:8000\",ab_group=\"\"} 3
 # HELP tokenwatch_telemetry_queue_depth Records waiting.
 # TYPE tokenwatch_telemetry_queue_depth gauge
 tokenwatch_telemetry_queue_depth 7
 # HELP gen_ai_server_time_to_first_token_seconds TTFT.
 # TYPE gen_ai_server_time_to_first_token_seconds histogram
-gen_ai_server_time_to_first_token_seconds_sum{model_id=\"m1\"} 0.25
-gen_ai_server_time_to_first_token_seconds_count{model_id=\"m1\"} 2
-gen_ai_server_time_to_first_token_seconds_bucket{le=\"0.1\",model_id=\"m1\"} 1
-gen_ai_server_time_to_first_token_seconds_bucket{le=\"+Inf\",model_id=\"m1\"} 2
+gen_ai_server_time_to_first_token_seconds_sum{gen_ai_request_model=\"m1\"} 0.25
+gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model=\"m1\"} 2
+gen_ai_server_time_to_first_token_seconds_bucket{le=\"0.1\",gen_ai_request_model=\"m1\"} 1
+gen_ai_server_time_to_first_token_seconds_bucket{le=\"+Inf\",gen_ai_request_model=\"m1\"} 2
 stamped{a=\"b\"} 1.5 1700000000000
 ";
 
@@ -155,17 +155,17 @@ stamped{a=\"b\"} 1.5 1700000000000
         ];
         let s = series_from_exposition(TEXT, 42, &ext).unwrap();
         assert_eq!(s.len(), 7, "{:?}", names(&s));
-        // The series' own instance wins; the empty error_type is left out; byte order puts
+        // The series' own instance wins; the empty ab_group is left out; byte order puts
         // `Zone` before `__name__`.
         let req = find(
             &s,
             &[
                 ("Zone", "eu"),
                 ("__name__", "tokenwatch_requests_total"),
+                ("gen_ai_provider_name", "sim"),
+                ("gen_ai_request_model", "m1"),
                 ("instance", "127.0.0.1:8000"),
                 ("job", "tokenwatch"),
-                ("model_id", "m1"),
-                ("runtime", "sim"),
             ],
         );
         assert_eq!(
@@ -193,10 +193,10 @@ stamped{a=\"b\"} 1.5 1700000000000
                     "__name__",
                     "gen_ai_server_time_to_first_token_seconds_bucket",
                 ),
+                ("gen_ai_request_model", "m1"),
                 ("instance", "tw-1"),
                 ("job", "tokenwatch"),
                 ("le", "+Inf"),
-                ("model_id", "m1"),
             ],
         );
         assert_eq!(inf.samples[0].value, 2.0);
@@ -205,9 +205,9 @@ stamped{a=\"b\"} 1.5 1700000000000
             &[
                 ("Zone", "eu"),
                 ("__name__", "gen_ai_server_time_to_first_token_seconds_sum"),
+                ("gen_ai_request_model", "m1"),
                 ("instance", "tw-1"),
                 ("job", "tokenwatch"),
-                ("model_id", "m1"),
             ],
         );
         assert_eq!(sum.samples[0].value, 0.25);
@@ -232,6 +232,58 @@ stamped{a=\"b\"} 1.5 1700000000000
                 names(std::slice::from_ref(t))
             );
         }
+    }
+
+    #[test]
+    fn the_metrics_exposition_converts_with_its_genai_labels() {
+        use crate::export::prometheus::{Metrics, MetricsSink};
+        use crate::pipeline::RecordSink;
+        use tokenwatch_core::model::{RequestRecord, SeriesLabels};
+        let m = std::sync::Arc::new(Metrics::new());
+        let record = RequestRecord {
+            labels: SeriesLabels {
+                model_id: "m1".into(),
+                runtime: "vllm".into(),
+                instance: "gpu-1:8000".into(),
+                ..Default::default()
+            },
+            endpoint: "/v1/embeddings".into(),
+            status: 200,
+            end_s: 0.5,
+            prompt_tokens: Some(20),
+            ..Default::default()
+        };
+        MetricsSink(m.clone()).consume(&[record]).unwrap();
+        let s = series_from_exposition(&m.encode(), 7, &[l("job", "tokenwatch")]).unwrap();
+        let tokens = find(
+            &s,
+            &[
+                ("__name__", "gen_ai_client_token_usage_bucket"),
+                ("gen_ai_operation_name", "embeddings"),
+                ("gen_ai_provider_name", "vllm"),
+                ("gen_ai_request_model", "m1"),
+                ("gen_ai_response_model", "m1"),
+                ("gen_ai_token_type", "input"),
+                ("instance", "gpu-1:8000"),
+                ("job", "tokenwatch"),
+                ("le", "64"),
+            ],
+        );
+        assert_eq!(tokens.samples[0].value, 1.0);
+        // A successful request's duration has no error_type label at all.
+        let duration = find(
+            &s,
+            &[
+                ("__name__", "gen_ai_server_request_duration_seconds_count"),
+                ("gen_ai_operation_name", "embeddings"),
+                ("gen_ai_provider_name", "vllm"),
+                ("gen_ai_request_model", "m1"),
+                ("gen_ai_response_model", "m1"),
+                ("instance", "gpu-1:8000"),
+                ("job", "tokenwatch"),
+            ],
+        );
+        assert_eq!(duration.samples[0].value, 1.0);
     }
 
     #[test]

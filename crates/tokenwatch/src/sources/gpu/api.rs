@@ -1,22 +1,78 @@
 // `GET /api/v1/gpus`: whether GPU telemetry runs (and why not), its backend, and the latest
-// reading of every device with the processes on it and their container/pod.
+// reading of every device with the processes on it and their container/pod; GPUs read from
+// scraped exporters (dcgm-exporter) are listed beside them with their pod.
 
 use super::reader::{DeviceReading, ProcessReading};
 use super::sampler::{GpuState, SharedGpuState};
 use axum::Json;
 use axum::extract::State;
 use axum::routing::get;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+use tokenwatch_core::signals::{SharedSignals, SignalPoint};
 
-pub fn router(state: SharedGpuState) -> axum::Router {
+pub fn router(state: SharedGpuState, signals: SharedSignals) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/gpus", get(gpus))
-        .with_state(state)
+        .with_state((state, signals))
 }
 
-async fn gpus(State(state): State<SharedGpuState>) -> Json<Value> {
-    let st = state.read().unwrap_or_else(|p| p.into_inner());
-    Json(render(&st))
+async fn gpus(State((state, signals)): State<(SharedGpuState, SharedSignals)>) -> Json<Value> {
+    let mut body = {
+        let st = state.read().unwrap_or_else(|p| p.into_inner());
+        render(&st)
+    };
+    let points = signals.read().unwrap_or_else(|p| p.into_inner()).devices();
+    if let Some(obj) = body.as_object_mut() {
+        obj.insert("scraped".into(), Value::Array(scraped(&points)));
+    }
+    Json(body)
+}
+
+/// Notes of a scraped GPU's signals shown as fields of the device (dcgm-exporter labels).
+const SCRAPED_FIELDS: [(&str, &str); 7] = [
+    ("gpu", "gpu"),
+    ("pci_bus_id", "pci_bus_id"),
+    ("modelName", "name"),
+    ("hostname", "hostname"),
+    ("pod", "pod"),
+    ("namespace", "namespace"),
+    ("container", "container"),
+];
+
+/// GPUs whose signals come from a scraped exporter: one entry per (instance, device, model),
+/// its latest value of each signal, and where it is (host, Kubernetes pod) from the notes.
+pub fn scraped(points: &[SignalPoint]) -> Vec<Value> {
+    let mut by_device: BTreeMap<(&str, &str, &str), Vec<&SignalPoint>> = BTreeMap::new();
+    for p in points.iter().filter(|p| p.source.starts_with("scrape:")) {
+        by_device
+            .entry((&p.instance, &p.device_id, &p.model_id))
+            .or_default()
+            .push(p);
+    }
+    by_device
+        .into_iter()
+        .map(|((instance, device_id, model_id), ps)| {
+            let mut d = Map::new();
+            d.insert("instance".into(), json!(instance));
+            d.insert("uuid".into(), json!(device_id));
+            d.insert("model_id".into(), json!(model_id));
+            // The newest point's notes: the pod holding the GPU can change.
+            if let Some(newest) = ps.iter().max_by_key(|p| p.timestamp_unix_ms) {
+                d.insert("source".into(), json!(newest.source));
+                d.insert("updated_unix_ms".into(), json!(newest.timestamp_unix_ms));
+                for (note, field) in SCRAPED_FIELDS {
+                    if let Some(v) = newest.notes.get(note) {
+                        d.insert(field.into(), json!(v));
+                    }
+                }
+            }
+            let signals: BTreeMap<&str, f64> =
+                ps.iter().map(|p| (p.signal.as_str(), p.value)).collect();
+            d.insert("signals".into(), json!(signals));
+            Value::Object(d)
+        })
+        .collect()
 }
 
 /// The response body, built from the source's own latest snapshot.
@@ -76,6 +132,58 @@ fn device_json(d: &DeviceReading, model_id: &str, procs: &[&ProcessReading]) -> 
 mod tests {
     use super::*;
     use crate::sources::gpu::reader::{ContainerRef, GpuSnapshot};
+
+    #[test]
+    fn scraped_gpus_are_listed_with_their_pod() {
+        let point = |signal: &str, value: f64, source: &str, pod: Option<&str>| SignalPoint {
+            model_id: String::new(),
+            signal: signal.into(),
+            value,
+            source: source.into(),
+            runtime: "dcgm".into(),
+            instance: "gpu1".into(),
+            device_id: "GPU-a".into(),
+            timestamp_unix_ms: 5,
+            notes: pod
+                .map(|p| {
+                    BTreeMap::from([
+                        ("pod".to_string(), p.to_string()),
+                        ("namespace".to_string(), "serving".to_string()),
+                        ("gpu".to_string(), "0".to_string()),
+                    ])
+                })
+                .unwrap_or_default(),
+        };
+        let points = [
+            point("gpu_utilization", 0.5, "scrape:dcgm", Some("vllm-0")),
+            point(
+                "gpu_tensor_active_ratio",
+                0.25,
+                "scrape:dcgm",
+                Some("vllm-0"),
+            ),
+            point("gpu_utilization", 0.9, "nvml", None),
+        ];
+        let v = scraped(&points);
+        assert_eq!(
+            v.len(),
+            1,
+            "NVML points are the source's own devices: {v:#?}"
+        );
+        let d = &v[0];
+        assert_eq!(
+            (
+                d["uuid"].as_str(),
+                d["pod"].as_str(),
+                d["namespace"].as_str(),
+                d["gpu"].as_str()
+            ),
+            (Some("GPU-a"), Some("vllm-0"), Some("serving"), Some("0"))
+        );
+        assert_eq!(d["signals"]["gpu_tensor_active_ratio"], 0.25);
+        assert_eq!(d["signals"]["gpu_utilization"], 0.5);
+        assert!(d.get("container").is_none());
+    }
 
     #[test]
     fn disabled_state_says_why() {

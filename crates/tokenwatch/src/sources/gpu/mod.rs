@@ -145,7 +145,7 @@ impl super::Source for GpuSource {
                 disable("gpu.enabled is false in the configuration".into());
                 return Ok(super::SourceHandle {
                     tasks: Vec::new(),
-                    routes: Some(api::router(state)),
+                    routes: Some(api::router(state, ctx.signals.clone())),
                 });
             }
             let for_open = cfg.clone();
@@ -164,7 +164,7 @@ impl super::Source for GpuSource {
                     disable(e.to_string());
                     return Ok(super::SourceHandle {
                         tasks: Vec::new(),
-                        routes: Some(api::router(state)),
+                        routes: Some(api::router(state, ctx.signals.clone())),
                     });
                 }
             };
@@ -182,14 +182,14 @@ impl super::Source for GpuSource {
                 cfg.proc_root.clone(),
                 instance,
                 cfg.device_models.clone(),
-                ctx.signals,
+                ctx.signals.clone(),
                 state.clone(),
                 metrics,
             );
             let task = sampler.spawn(cfg.interval.0, ctx.shutdown);
             Ok(super::SourceHandle {
                 tasks: vec![task],
-                routes: Some(api::router(state)),
+                routes: Some(api::router(state, ctx.signals.clone())),
             })
         })
     }

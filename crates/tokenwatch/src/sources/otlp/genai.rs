@@ -1,5 +1,16 @@
 // Traces in: every span becomes a stored `SpanRow` (ids intact), and spans following the OTel
-// GenAI conventions also become `RequestRecord`s; spans with invalid ids are rejected and counted.
+// GenAI conventions (or OpenInference's `llm.*`) also become `RequestRecord`s; spans with invalid
+// ids are rejected and counted.
+//
+// OpenInference LLM and EMBEDDING spans (`openinference.span.kind`, or none) map to the same
+// fields as the GenAI attributes, which win when both are present (any GenAI model or provider
+// attribute keeps all of OpenInference's model or provider names out): `llm.request.model_name` →
+// request model, `llm.response.model_name` / `llm.model_name` / `embedding.model_name` → response
+// model, `llm.provider` → provider, `llm.system` → system, `llm.token_count.prompt|completion` →
+// input/output tokens (one of them derived from `llm.token_count.total` when missing),
+// `llm.token_count.completion_details.reasoning` → reasoning tokens; the span kind gives the
+// operation (`chat`, `embeddings`). Spans of other OpenInference kinds (CHAIN, TOOL, …) are not
+// model calls and stay plain spans.
 //
 // Our own span attributes on GenAI spans: `tokenwatch.output.embedding` (array of numbers, 1 to
 // 4096: the response's embedding, for semantic drift; kept on the record, not in the stored span
@@ -85,6 +96,48 @@ struct GenAi<'a> {
     model_version: Option<&'a Value>,
     embedding: Option<&'a Value>,
     prefix_hash: Option<&'a Value>,
+    /// `llm.token_count.total` (OpenInference), for a missing input or output count.
+    total_tokens: Option<&'a Value>,
+    /// The operation an OpenInference span kind implies when `gen_ai.operation.name` is absent.
+    kind_operation: Option<&'static str>,
+    oi: OpenInference<'a>,
+}
+
+/// OpenInference's `llm.*` attributes of one span, merged into the GenAI ones after the pass.
+#[derive(Default)]
+struct OpenInference<'a> {
+    span_kind: Option<&'a Value>,
+    model: Option<&'a Value>,
+    request_model: Option<&'a Value>,
+    response_model: Option<&'a Value>,
+    provider: Option<&'a Value>,
+    system: Option<&'a Value>,
+    prompt_tokens: Option<&'a Value>,
+    completion_tokens: Option<&'a Value>,
+    reasoning_tokens: Option<&'a Value>,
+    total_tokens: Option<&'a Value>,
+}
+
+impl OpenInference<'_> {
+    /// The operation of a model-call span kind; None for other kinds. A span without a kind
+    /// counts as an LLM call when it names a model.
+    fn operation(&self) -> Option<&'static str> {
+        match self.span_kind.and_then(as_str).as_deref() {
+            Some(k) if k.eq_ignore_ascii_case("llm") => Some("chat"),
+            Some(k) if k.eq_ignore_ascii_case("embedding") => Some("embeddings"),
+            Some(_) => None,
+            None => Some("chat"),
+        }
+    }
+
+    fn names_a_model_call(&self) -> bool {
+        self.span_kind.is_some()
+            || self.model.is_some()
+            || self.request_model.is_some()
+            || self.response_model.is_some()
+            || self.provider.is_some()
+            || self.system.is_some()
+    }
 }
 
 /// The response's embedding (array of numbers) on a GenAI span.
@@ -122,15 +175,49 @@ impl<'a> GenAi<'a> {
                 "gen_ai.request.model_version" | "tokenwatch.model_version" => &mut g.model_version,
                 EMBEDDING_ATTR => &mut g.embedding,
                 PREFIX_HASH_ATTR => &mut g.prefix_hash,
+                "openinference.span.kind" => &mut g.oi.span_kind,
+                "llm.model_name" | "embedding.model_name" => &mut g.oi.model,
+                "llm.request.model_name" => &mut g.oi.request_model,
+                "llm.response.model_name" => &mut g.oi.response_model,
+                "llm.provider" => &mut g.oi.provider,
+                "llm.system" => &mut g.oi.system,
+                "llm.token_count.prompt" => &mut g.oi.prompt_tokens,
+                "llm.token_count.completion" => &mut g.oi.completion_tokens,
+                "llm.token_count.completion_details.reasoning" => &mut g.oi.reasoning_tokens,
+                "llm.token_count.total" => &mut g.oi.total_tokens,
                 _ => continue,
             };
             *slot = v;
         }
+        g.merge_openinference();
         g
+    }
+
+    /// Fill what the GenAI attributes left empty from OpenInference's, on model-call spans.
+    fn merge_openinference(&mut self) {
+        let oi = std::mem::take(&mut self.oi);
+        let Some(operation) = oi.operation().filter(|_| oi.names_a_model_call()) else {
+            return;
+        };
+        self.kind_operation = Some(operation);
+        // The model and the provider as a whole: one GenAI name of either keeps all of OpenInference's out.
+        if self.request_model.is_none() && self.response_model.is_none() {
+            self.request_model = oi.request_model;
+            self.response_model = oi.response_model.or(oi.model);
+        }
+        if self.provider.is_none() && self.system.is_none() {
+            self.provider = oi.provider;
+            self.system = oi.system;
+        }
+        self.input_tokens = self.input_tokens.or(oi.prompt_tokens);
+        self.output_tokens = self.output_tokens.or(oi.completion_tokens);
+        self.reasoning_tokens = self.reasoning_tokens.or(oi.reasoning_tokens);
+        self.total_tokens = oi.total_tokens;
     }
 
     fn is_genai(&self) -> bool {
         self.operation.is_some()
+            || self.kind_operation.is_some()
             || self.request_model.is_some()
             || self.response_model.is_some()
             || self.provider.is_some()
@@ -161,8 +248,9 @@ fn embedding_of(v: &Value) -> Result<Vec<f32>, String> {
 /// `tokenwatch.prompt.prefix_hash`: 1 to 16 hex digits, or an integer (its 64 bits).
 fn prefix_key_of(v: &Value) -> Result<u64, String> {
     match v {
-        Value::StringValue(s) => parse_prefix_key(s.trim())
-            .ok_or_else(|| format!("{PREFIX_HASH_ATTR} {s:?} is not 1 to 16 hex digits")),
+        Value::StringValue(s) => {
+            parse_prefix_key(s.trim()).ok_or_else(|| format!("{PREFIX_HASH_ATTR} {s:?} is not 1 to 16 hex digits"))
+        }
         Value::IntValue(n) => Ok(*n as u64),
         _ => Err(format!("{PREFIX_HASH_ATTR} must be a hex string or an integer")),
     }
@@ -286,8 +374,12 @@ fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str,
     let start = span.start_time_unix_nano;
     let end_s = span.end_time_unix_nano.saturating_sub(start) as f64 / 1e9;
     let first_token_s = g.time_to_first_chunk.and_then(as_f64).filter(|t| *t >= 0.0);
-    let prompt_tokens = g.input_tokens.and_then(as_u64);
-    let output_tokens = g.output_tokens.and_then(as_u64);
+    let (prompt_tokens, output_tokens) =
+        match (g.input_tokens.and_then(as_u64), g.output_tokens.and_then(as_u64), g.total_tokens.and_then(as_u64)) {
+            (Some(p), None, Some(t)) => (Some(p), t.checked_sub(p)),
+            (None, Some(o), Some(t)) => (t.checked_sub(o), Some(o)),
+            (p, o, _) => (p, o),
+        };
     let span_error = span.status.as_ref().is_some_and(|s| s.code == StatusCode::Error as i32);
     let http_status =
         g.http_status.and_then(as_u64).and_then(|s| u16::try_from(s).ok()).filter(|s| (100..600).contains(s));
@@ -303,7 +395,10 @@ fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str,
         trace_id: trace_id.to_string(),
         labels,
         prompt_version: String::new(),
-        endpoint: text(g.route).or_else(|| text(g.operation)).unwrap_or_default(),
+        endpoint: text(g.route)
+            .or_else(|| text(g.operation))
+            .or_else(|| g.kind_operation.map(String::from))
+            .unwrap_or_default(),
         stream: match g.stream {
             Some(Value::BoolValue(b)) => *b,
             _ => first_token_s.is_some(),
@@ -443,9 +538,8 @@ mod tests {
         let mut nan = genai_span();
         nan.attributes.push(kv(EMBEDDING_ATTR, doubles(&[1.0, f64::NAN])));
         let mut text = genai_span();
-        text.attributes.push(kv(EMBEDDING_ATTR, Value::ArrayValue(ArrayValue {
-            values: vec![AnyValue { value: Some(s("x")) }],
-        })));
+        text.attributes
+            .push(kv(EMBEDDING_ATTR, Value::ArrayValue(ArrayValue { values: vec![AnyValue { value: Some(s("x")) }] })));
         let mut key = genai_span();
         key.attributes.push(kv(PREFIX_HASH_ATTR, s("not-hex")));
         for (span, want) in [
@@ -465,6 +559,87 @@ mod tests {
         let bad = Span { trace_id: vec![1; 15], span_id: vec![2; 8], name: "bad".into(), ..Default::default() };
         let b = map_traces(&request(vec![warn, bad]), true);
         assert!(b.first_error.unwrap_or_default().contains("trace_id"));
+    }
+
+    fn span_with(attributes: Vec<KeyValue>) -> Span {
+        Span {
+            trace_id: vec![0xcd; 16],
+            span_id: vec![0x05; 8],
+            name: "ChatCompletion".into(),
+            start_time_unix_nano: 1_700_000_000_000_000_000,
+            end_time_unix_nano: 1_700_000_001_500_000_000,
+            attributes,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn openinference_llm_spans_map_to_the_genai_fields() {
+        let llm = span_with(vec![
+            kv("openinference.span.kind", s("LLM")),
+            kv("llm.model_name", s("gpt-4o-2024-08-06")),
+            kv("llm.provider", s("azure")),
+            kv("llm.system", s("openai")),
+            kv("llm.token_count.prompt", Value::IntValue(120)),
+            kv("llm.token_count.completion", Value::IntValue(30)),
+            kv("llm.token_count.completion_details.reasoning", Value::IntValue(8)),
+            kv("llm.token_count.total", Value::IntValue(150)),
+        ]);
+        let mut embedding = span_with(vec![
+            kv("openinference.span.kind", s("EMBEDDING")),
+            kv("embedding.model_name", s("text-embedding-3-small")),
+            kv("llm.token_count.total", Value::IntValue(42)),
+            kv("llm.token_count.prompt", Value::IntValue(42)),
+        ]);
+        embedding.span_id = vec![0x06; 8];
+        // GenAI attributes win over OpenInference ones; a total fills the missing count.
+        let mut both = span_with(vec![
+            kv("gen_ai.request.model", s("llama-req")),
+            kv("gen_ai.provider.name", s("vllm")),
+            kv("llm.model_name", s("ignored")),
+            kv("llm.provider", s("ignored")),
+            kv("gen_ai.usage.input_tokens", Value::IntValue(10)),
+            kv("llm.token_count.prompt", Value::IntValue(99)),
+            kv("llm.token_count.total", Value::IntValue(25)),
+        ]);
+        both.span_id = vec![0x07; 8];
+        let b = map_traces(&request(vec![llm, embedding, both]), true);
+        assert_eq!((b.accepted, b.rejected, b.records.len()), (3, 0, 3));
+        let r = &b.records[0];
+        assert_eq!(r.labels.model_id, "gpt-4o-2024-08-06");
+        assert_eq!(r.labels.runtime, "azure");
+        assert_eq!((r.prompt_tokens, r.output_tokens, r.reasoning_tokens), (Some(120), Some(30), Some(8)));
+        assert!(r.tokens_from_usage);
+        assert_eq!(r.endpoint, "chat");
+        assert!((r.end_s - 1.5).abs() < 1e-9);
+        let e = &b.records[1];
+        assert_eq!(e.labels.model_id, "text-embedding-3-small");
+        assert_eq!(e.endpoint, "embeddings");
+        assert_eq!((e.prompt_tokens, e.output_tokens), (Some(42), Some(0)));
+        let w = &b.records[2];
+        assert_eq!((w.labels.model_id.as_str(), w.labels.runtime.as_str()), ("llama-req", "vllm"));
+        assert_eq!((w.prompt_tokens, w.output_tokens), (Some(10), Some(15)));
+        // The stored rows keep every attribute as sent.
+        assert!(b.spans[0].attributes_json.contains(r#""llm.model_name":"gpt-4o-2024-08-06""#));
+    }
+
+    #[test]
+    fn openinference_spans_that_are_not_model_calls_stay_plain_spans() {
+        let chain = span_with(vec![
+            kv("openinference.span.kind", s("CHAIN")),
+            kv("llm.model_name", s("gpt-4o")),
+            kv("input.value", s("hello")),
+        ]);
+        let mut tool = span_with(vec![kv("openinference.span.kind", s("TOOL"))]);
+        tool.span_id = vec![0x08; 8];
+        let mut bare = span_with(vec![kv("llm.model_name", s("gpt-4o"))]);
+        bare.span_id = vec![0x09; 8];
+        let b = map_traces(&request(vec![chain, tool, bare]), true);
+        assert_eq!((b.accepted, b.spans.len()), (3, 3));
+        // Only the span naming a model without a kind is taken for an LLM call.
+        assert_eq!(b.records.len(), 1);
+        assert_eq!(b.records[0].request_id, "0909090909090909");
+        assert_eq!(b.records[0].endpoint, "chat");
     }
 
     #[test]

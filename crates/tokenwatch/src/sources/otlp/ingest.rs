@@ -1,12 +1,13 @@
 // The transport-independent core of the OTLP receiver: bounded in-flight exports, mapping,
-// span/log storage, record queueing (all or "retry later"), signal updates and self-metrics.
+// span/log queueing for the store writer, record queueing (all or "retry later"), signal
+// updates and self-metrics.
 
 use super::genai;
 use super::logs;
 use super::metrics::MetricsMapper;
 use crate::capture::telemetry::TelemetryText;
 use crate::export::prometheus::Metrics;
-use crate::pipeline::TelemetryQueue;
+use crate::pipeline::{StoreWriter, TelemetryQueue};
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -15,7 +16,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use std::sync::{Arc, Mutex};
 use tokenwatch_core::signals::SharedSignals;
-use tokenwatch_store::Store;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Records queued per all-or-nothing reservation (at most the queue's capacity).
@@ -107,14 +107,15 @@ pub enum Refused {
     /// Retry later: HTTP 429 / gRPC RESOURCE_EXHAUSTED.
     #[error("{0}")]
     Busy(String),
-    /// The store failed: HTTP 503 / gRPC UNAVAILABLE.
+    /// The export could not be processed (its worker failed): HTTP 503 / gRPC UNAVAILABLE.
     #[error("{0}")]
     Unavailable(String),
 }
 
 pub struct Ingest {
     queue: TelemetryQueue,
-    store: Arc<dyn Store>,
+    /// Spans and log records reach the store through its writer thread (bounded queue).
+    writer: StoreWriter,
     signals: SharedSignals,
     mapper: Mutex<MetricsMapper>,
     permits: Arc<Semaphore>,
@@ -131,14 +132,14 @@ impl Ingest {
     /// `max_in_flight` exports are processed at once; more are told to retry later.
     pub fn new(
         queue: TelemetryQueue,
-        store: Arc<dyn Store>,
+        writer: StoreWriter,
         signals: SharedSignals,
         max_in_flight: usize,
         text: TelemetryText,
     ) -> Ingest {
         Ingest {
             queue,
-            store,
+            writer,
             signals,
             text,
             span_export: None,
@@ -172,25 +173,22 @@ impl Ingest {
     pub async fn traces(&self, req: ExportTraceServiceRequest, t: Transport) -> Result<Accepted, Refused> {
         let batch = genai::map_traces(&req, true);
         drop(req);
-        let store = self.store.clone();
-        let mut spans = batch.spans;
+        let spans = batch.spans;
         let n_spans = spans.len();
+        let mut dropped_spans = 0u64;
         if n_spans > 0 {
             let text = self.text.clone();
             let export = self.span_export.clone();
-            tokio::task::spawn_blocking(move || {
-                for s in &mut spans {
-                    s.attributes_json = text.attributes(std::mem::take(&mut s.attributes_json));
-                }
-                store.insert_spans(&spans)?;
-                if let Some(export) = export {
-                    export.push_received(&spans);
-                }
-                Ok::<_, tokenwatch_store::StoreError>(())
-            })
+            let writer = self.writer.clone();
+            // Masking is CPU work over every attribute: off the async workers.
+            let queued = tokio::task::spawn_blocking(move || queue_spans(spans, &text, &writer, export.as_ref()))
                 .await
-                .map_err(|e| Refused::Unavailable(format!("storing spans: {e}")))?
-                .map_err(|e| Refused::Unavailable(format!("storing spans: {e}")))?;
+                .map_err(|e| Refused::Unavailable(format!("processing spans: {e}")))?;
+            if queued == 0 {
+                self.stats.rejected("traces", "queue_full", batch.accepted);
+                return Err(Refused::Busy("the store write queue is full; retry later".into()));
+            }
+            dropped_spans = (n_spans - queued) as u64;
         }
         let mut records = batch.records;
         let mut dropped = 0u64;
@@ -210,15 +208,22 @@ impl Ingest {
         }
         self.stats.received("traces", t, batch.accepted);
         self.stats.rejected("traces", "invalid", batch.rejected);
-        self.stats.rejected("traces", "queue_full", dropped);
+        // A span counts as rejected once, whether its row or its GenAI record was dropped.
+        let lost = (dropped + dropped_spans).min(batch.accepted);
+        self.stats.rejected("traces", "queue_full", lost);
         let mut message = batch.first_error.unwrap_or_default();
-        if dropped > 0 {
-            if !message.is_empty() {
-                message.push_str("; ");
+        for (n, what) in [
+            (dropped, "GenAI request records dropped: the telemetry pipeline is full"),
+            (dropped_spans, "spans dropped: the store write queue is full (store.write_queue_records)"),
+        ] {
+            if n > 0 {
+                if !message.is_empty() {
+                    message.push_str("; ");
+                }
+                message.push_str(&format!("{n} {what}"));
             }
-            message.push_str(&format!("{dropped} GenAI request records dropped: the telemetry pipeline is full"));
         }
-        Ok(Accepted { rejected: i64::try_from(batch.rejected + dropped).unwrap_or(i64::MAX), message })
+        Ok(Accepted { rejected: i64::try_from(batch.rejected + lost).unwrap_or(i64::MAX), message })
     }
 
     pub fn metrics(&self, req: &ExportMetricsServiceRequest, t: Transport) -> Accepted {
@@ -244,28 +249,176 @@ impl Ingest {
     pub async fn logs(&self, req: ExportLogsServiceRequest, t: Transport) -> Result<Accepted, Refused> {
         let batch = logs::map_logs(&req);
         drop(req);
-        if !batch.rows.is_empty() {
-            let store = self.store.clone();
-            let mut rows = batch.rows;
+        let rows = batch.rows;
+        let n_rows = rows.len();
+        let mut dropped = 0u64;
+        if n_rows > 0 {
             let text = self.text.clone();
             let feed = self.log_feed.clone();
-            tokio::task::spawn_blocking(move || {
-                for r in &mut rows {
-                    r.body = text.log_body(&r.attributes_json, std::mem::take(&mut r.body));
-                    r.attributes_json = text.attributes(std::mem::take(&mut r.attributes_json));
-                }
-                crate::sources::otlp::logs::feed_templates(feed.as_ref(), &rows);
-                store.insert_logs(&rows)
-            })
+            let writer = self.writer.clone();
+            let queued = tokio::task::spawn_blocking(move || queue_logs(rows, &text, &writer, feed.as_ref()))
                 .await
-                .map_err(|e| Refused::Unavailable(format!("storing log records: {e}")))?
-                .map_err(|e| Refused::Unavailable(format!("storing log records: {e}")))?;
+                .map_err(|e| Refused::Unavailable(format!("processing log records: {e}")))?;
+            if queued == 0 {
+                self.stats.rejected("logs", "queue_full", batch.accepted);
+                return Err(Refused::Busy("the store write queue is full; retry later".into()));
+            }
+            dropped = (n_rows - queued) as u64;
         }
         self.stats.received("logs", t, batch.accepted);
         self.stats.rejected("logs", "invalid", batch.rejected);
-        Ok(Accepted {
-            rejected: i64::try_from(batch.rejected).unwrap_or(i64::MAX),
-            message: batch.first_error.unwrap_or_default(),
+        self.stats.rejected("logs", "queue_full", dropped);
+        let mut message = batch.first_error.unwrap_or_default();
+        if dropped > 0 {
+            if !message.is_empty() {
+                message.push_str("; ");
+            }
+            message.push_str(&format!(
+                "{dropped} log records dropped: the store write queue is full (store.write_queue_records)"
+            ));
+        }
+        Ok(Accepted { rejected: i64::try_from(batch.rejected + dropped).unwrap_or(i64::MAX), message })
+    }
+}
+
+/// Masks the spans' text and queues them for the store; the ones queued (the first ones) are
+/// exported too. Returns how many were queued.
+fn queue_spans(
+    mut spans: Vec<tokenwatch_store::SpanRow>,
+    text: &TelemetryText,
+    writer: &StoreWriter,
+    export: Option<&crate::export::otlp::SpanExport>,
+) -> usize {
+    for s in &mut spans {
+        s.attributes_json = text.attributes(std::mem::take(&mut s.attributes_json));
+    }
+    match export {
+        Some(export) => {
+            let queued = writer.spans(spans.clone());
+            export.push_received(&spans[..queued.min(spans.len())]);
+            queued
+        }
+        None => writer.spans(spans),
+    }
+}
+
+/// Masks the log records' text and queues them for the store; the ones queued (the first
+/// ones) are mined into templates too. Returns how many were queued.
+fn queue_logs(
+    mut rows: Vec<tokenwatch_store::LogRow>,
+    text: &TelemetryText,
+    writer: &StoreWriter,
+    feed: Option<&crate::logs::LogFeed>,
+) -> usize {
+    for r in &mut rows {
+        r.body = text.log_body(&r.attributes_json, std::mem::take(&mut r.body));
+        r.attributes_json = text.attributes(std::mem::take(&mut r.attributes_json));
+    }
+    match feed {
+        Some(_) => {
+            let queued = writer.logs(rows.clone());
+            logs::feed_templates(feed, &rows[..queued.min(rows.len())]);
+            queued
+        }
+        None => writer.logs(rows),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::{Pipeline, PipelineConfig, StoreWriterConfig, StoreWriterThread};
+    use opentelemetry_proto::tonic::common::v1::AnyValue;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+    use std::time::Duration;
+    use tokenwatch_core::aggregate::{Aggregator, AggregatorConfig};
+    use tokenwatch_store::{LogQuery, SqliteStore, Store};
+
+    /// An ingest whose store writer has room for `queue_rows` rows, over a fresh SQLite store.
+    fn ingest(
+        dir: &std::path::Path,
+        queue_rows: usize,
+    ) -> (Ingest, Pipeline, StoreWriterThread, Arc<dyn Store>, Arc<Metrics>) {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir, Default::default()).unwrap());
+        let metrics = Arc::new(Metrics::new());
+        let cfg = StoreWriterConfig { queue_rows, batch_max: 100, niceness: 0 };
+        let (writer, thread) = StoreWriter::start(store.clone(), cfg, metrics.clone()).unwrap();
+        let (pipeline, queue) = Pipeline::start(
+            PipelineConfig {
+                queue_capacity: 16,
+                batch_max: 16,
+                flush_interval: Duration::from_millis(20),
+                maintenance_interval: Duration::from_secs(600),
+                thread_niceness: 0,
+                text_capture: None,
+            },
+            Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default()))),
+            Vec::new(),
+            metrics.clone(),
+        );
+        let signals: SharedSignals =
+            Arc::new(std::sync::RwLock::new(tokenwatch_core::signals::SignalBoard::new(8, 8)));
+        let ingest = Ingest::new(queue, writer, signals, 4, TelemetryText::dropping());
+        (ingest, pipeline, thread, store, metrics)
+    }
+
+    fn logs(n: usize) -> ExportLogsServiceRequest {
+        let records = (0..n)
+            .map(|i| LogRecord {
+                time_unix_nano: 1_000 + i as u64,
+                body: Some(AnyValue { value: Some(Value::StringValue(format!("line {i}"))) }),
+                ..Default::default()
+            })
+            .collect();
+        ExportLogsServiceRequest {
+            resource_logs: vec![ResourceLogs {
+                scope_logs: vec![ScopeLogs { log_records: records, ..Default::default() }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn log_records_reach_the_store_through_the_writer_and_those_without_room_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ingest, pipeline, thread, store, metrics) = ingest(dir.path(), 3);
+        // One call: 3 rows fit the empty queue, the other 2 are dropped and reported.
+        let accepted = ingest.logs(logs(5), Transport::Http).await.unwrap();
+        assert_eq!(accepted.rejected, 2, "{accepted:?}");
+        assert!(accepted.message.contains("2 log records dropped: the store write queue is full"), "{accepted:?}");
+        drop(ingest);
+        tokio::task::spawn_blocking(move || {
+            pipeline.close_and_join();
+            assert!(thread.finish(Duration::from_secs(5)));
         })
+        .await
+        .unwrap();
+        let stored = store.query_logs(&LogQuery::default()).unwrap();
+        let bodies: Vec<&str> = stored.iter().map(|r| r.body.as_str()).collect();
+        assert_eq!(bodies, ["line 0", "line 1", "line 2"]);
+        let text = metrics.encode();
+        assert!(text.contains("tokenwatch_store_logs_dropped_total{reason=\"queue_full\"} 2"), "{text}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_export_with_no_room_at_all_is_told_to_retry_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ingest, pipeline, thread, store, _metrics) = ingest(dir.path(), 0);
+        match ingest.logs(logs(2), Transport::Grpc).await {
+            Err(Refused::Busy(m)) => assert!(m.contains("store write queue is full"), "{m}"),
+            other => panic!("expected Busy, got {other:?}"),
+        }
+        // Nothing to store: an empty export is accepted as before.
+        let empty = ingest.logs(logs(0), Transport::Grpc).await.unwrap();
+        assert_eq!(empty, Accepted::default());
+        drop(ingest);
+        tokio::task::spawn_blocking(move || {
+            pipeline.close_and_join();
+            assert!(thread.finish(Duration::from_secs(5)));
+        })
+        .await
+        .unwrap();
+        assert!(store.query_logs(&LogQuery::default()).unwrap().is_empty());
     }
 }

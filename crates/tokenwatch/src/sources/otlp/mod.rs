@@ -127,7 +127,7 @@ impl super::Source for OtlpSource {
                 .await
                 .with_context(|| format!("binding the OTLP/HTTP listener on {} (otlp.http_listen)", cfg.http_listen))?;
             let ingest = Arc::new(
-                ingest::Ingest::new(ctx.queue, ctx.store, ctx.signals, MAX_IN_FLIGHT, ctx.telemetry_text)
+                ingest::Ingest::new(ctx.queue, ctx.store_writer, ctx.signals, MAX_IN_FLIGHT, ctx.telemetry_text)
                     .with_span_export(ctx.span_export)
                     .with_log_feed(ctx.log_feed),
             );

@@ -22,7 +22,7 @@ use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use identity::TraceParent;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tap::{InFlight, TapBody};
 use tokenwatch_core::model::{ErrorClass, ProxySpan, RequestRecord, SeriesLabels};
@@ -35,9 +35,12 @@ const TRACEPARENT: &str = "traceparent";
 pub struct ProxyState {
     /// The client for plain-http upstreams (HTTP/1.1).
     client: Client<HttpConnector, Full<Bytes>>,
-    /// One HTTPS client per https upstream, by `Route::index` (`None` for plain http).
-    https: Box<[Option<tls::HttpsClient>]>,
-    routes: UpstreamRouter,
+    /// The routes and their HTTPS clients, read once per request: a configuration reload
+    /// swaps them (`swap_routes`) while requests in flight keep the set they started with.
+    routing: RwLock<Arc<Routing>>,
+    /// How the HTTPS clients of new routes are built.
+    client_builder: hyper_util::client::legacy::Builder,
+    connect_timeout: Duration,
     queue: TelemetryQueue,
     salt: Vec<u8>,
     tenant_header: String,
@@ -59,15 +62,12 @@ impl ProxyState {
         let mut builder = Client::builder(TokioExecutor::new());
         builder.pool_idle_timeout(Duration::from_secs(90)).pool_max_idle_per_host(1024);
         let client = builder.build(connector);
-        let https = routes
-            .routes()
-            .iter()
-            .map(|r| r.tls().map(|t| t.client(&builder, cfg.connect_timeout.0)))
-            .collect();
+        let routing = Routing::new(routes, &builder, cfg.connect_timeout.0);
         ProxyState {
             client,
-            https,
-            routes,
+            routing: RwLock::new(Arc::new(routing)),
+            client_builder: builder,
+            connect_timeout: cfg.connect_timeout.0,
             queue,
             salt,
             tenant_header: cfg.tenant_header.to_ascii_lowercase(),
@@ -87,13 +87,59 @@ impl ProxyState {
         self
     }
 
+    /// The routes new requests take now.
+    pub fn routing(&self) -> Arc<Routing> {
+        self.routing.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Route new requests by `routes` from now on (a configuration reload). Requests in flight
+    /// keep the routes they were given; upstreams present in both sets keep their in-flight
+    /// counts, so the balancing stays right while old streams finish.
+    pub fn swap_routes(&self, mut routes: UpstreamRouter) {
+        let old = self.routing();
+        routes.keep_counts_from(&old.routes);
+        let next = Arc::new(Routing::new(routes, &self.client_builder, self.connect_timeout));
+        *self.routing.write().unwrap_or_else(|p| p.into_inner()) = next;
+    }
+
     /// Send a request to `route`'s upstream: over its HTTPS client for an https upstream (HTTP/2
     /// when ALPN picks it), else over the shared plain-http client.
-    fn send(&self, route: &route::Route, req: http::Request<Full<Bytes>>) -> ResponseFuture {
-        match self.https.get(route.index()) {
+    fn send(
+        &self,
+        routing: &Routing,
+        route: &route::Route,
+        req: http::Request<Full<Bytes>>,
+    ) -> ResponseFuture {
+        match routing.https.get(route.index()) {
             Some(Some(c)) => c.request(req),
             _ => self.client.request(req),
         }
+    }
+}
+
+/// One generation of routes: the router and one HTTPS client per https upstream.
+pub struct Routing {
+    routes: UpstreamRouter,
+    /// By `Route::index` (`None` for plain http).
+    https: Box<[Option<tls::HttpsClient>]>,
+}
+
+impl Routing {
+    fn new(
+        routes: UpstreamRouter,
+        builder: &hyper_util::client::legacy::Builder,
+        connect_timeout: Duration,
+    ) -> Routing {
+        let https = routes
+            .routes()
+            .iter()
+            .map(|r| r.tls().map(|t| t.client(builder, connect_timeout)))
+            .collect();
+        Routing { routes, https }
+    }
+
+    pub fn router(&self) -> &UpstreamRouter {
+        &self.routes
     }
 }
 
@@ -250,7 +296,8 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     };
 
     // `slot` counts the request in its upstream pool until the response body is dropped.
-    let Some((route, slot)) = st.routes.route(peek.model.as_deref()) else {
+    let routing = st.routing();
+    let Some((route, slot)) = routing.routes.route(peek.model.as_deref()) else {
         let msg = format!("no upstream is configured for model {:?} (proxy.upstreams)", record.labels.model_id);
         if llm {
             record.status = 502;
@@ -284,7 +331,8 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     *upstream_req.uri_mut() = uri;
     *upstream_req.headers_mut() = headers;
 
-    let outcome = tokio::time::timeout(st.response_timeout, st.send(route, upstream_req)).await;
+    let outcome =
+        tokio::time::timeout(st.response_timeout, st.send(&routing, route, upstream_req)).await;
     let upstream = match outcome {
         Ok(Ok(resp)) => resp,
         Ok(Err(e)) => {

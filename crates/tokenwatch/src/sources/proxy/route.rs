@@ -150,6 +150,22 @@ impl Router {
         self.routes.is_empty()
     }
 
+    /// Share the in-flight counts of `old`'s routes to the same upstream (URL and instance), so
+    /// requests still running on the old routes count in the new pools (configuration reload).
+    pub fn keep_counts_from(&mut self, old: &Router) {
+        for r in &mut self.routes {
+            let same = old.routes.iter().find(|o| {
+                o.scheme == r.scheme
+                    && o.authority == r.authority
+                    && o.base_path == r.base_path
+                    && o.instance == r.instance
+            });
+            if let Some(o) = same {
+                r.in_flight = o.in_flight.clone();
+            }
+        }
+    }
+
     pub fn routes(&self) -> &[Route] {
         &self.routes
     }
@@ -340,6 +356,34 @@ mod tests {
         assert_eq!(loads(), [0, 0]);
         // `x` is listed by member 2 alone: a pool of one, uncounted.
         assert!(pick(&r, Some("x")).1.is_none());
+    }
+
+    #[test]
+    fn a_new_router_keeps_the_counts_of_the_same_upstreams() {
+        let old = Router::new(&[
+            up("http://127.0.0.1:1", &["m"]),
+            up("http://127.0.0.1:2", &["m"]),
+        ])
+        .unwrap();
+        let (_, held) = pick(&old, Some("m"));
+        assert_eq!(old.routes()[0].in_flight(), 1);
+        let mut new = Router::new(&[
+            up("http://127.0.0.1:3", &["m"]),
+            up("http://127.0.0.1:1", &["m"]),
+        ])
+        .unwrap();
+        new.keep_counts_from(&old);
+        assert_eq!(
+            new.routes()
+                .iter()
+                .map(Route::in_flight)
+                .collect::<Vec<_>>(),
+            [0, 1]
+        );
+        // The held request is on :1, so the next one goes to the idle :3.
+        assert_eq!(pick(&new, Some("m")).0, "127.0.0.1:3");
+        drop(held);
+        assert!(new.routes().iter().all(|x| x.in_flight() == 0));
     }
 
     #[test]

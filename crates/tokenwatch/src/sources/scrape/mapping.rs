@@ -3,9 +3,11 @@
 
 use super::rules::{Aggregate, Role, RuleKind, RuleSet};
 use super::tables::runtime_of;
+use super::xid::XidTracker;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_core::exposition::{MetricFamily, Sample};
 use tokenwatch_core::histogram::{CumulativeHistogram, counter_delta};
 use tokenwatch_core::signals::{SignalPoint, names};
@@ -18,7 +20,17 @@ const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p95", 0.95), 
 /// Labels tried for the model when a rule does not name one.
 const DEFAULT_MODEL_LABELS: [&str; 3] = ["model_id", "model_name", "model"];
 /// Labels of GPU series that name the host (dcgm-exporter: `Hostname` before 4.x, then `hostname`).
-const HOST_LABELS: [&str; 2] = ["Hostname", "hostname"];
+pub(super) const HOST_LABELS: [&str; 2] = ["Hostname", "hostname"];
+/// Labels of GPU series kept as notes of their signals: which GPU, and — dcgm-exporter's
+/// Kubernetes mode — the pod, namespace and container it is assigned to.
+const DEVICE_NOTE_LABELS: [&str; 6] = [
+    "gpu",
+    "pci_bus_id",
+    "modelName",
+    "pod",
+    "namespace",
+    "container",
+];
 
 /// Who the target is, for labelling what it yields.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +50,8 @@ pub struct MapOutput {
     pub detected: bool,
     pub samples: usize,
     pub points: Vec<SignalPoint>,
+    /// New GPU XID errors seen in this scrape (`super::xid`), for root cause.
+    pub events: Vec<AnomalyEvent>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -69,6 +83,7 @@ pub struct Mapper {
     prev_counters: HashMap<String, f64>,
     prev_time: Option<Instant>,
     histograms: HashMap<(usize, GroupKey), VecDeque<(Instant, CumulativeHistogram)>>,
+    xid: XidTracker,
 }
 
 impl Mapper {
@@ -80,6 +95,7 @@ impl Mapper {
             prev_counters: HashMap::new(),
             prev_time: None,
             histograms: HashMap::new(),
+            xid: XidTracker::default(),
         }
     }
 
@@ -143,11 +159,7 @@ impl Mapper {
                         Role::Count => *acc.count.get_or_insert(0.0) += s.value,
                     }
                     if rule.is_device_rule() && acc.notes.is_empty() {
-                        for l in ["gpu", "pci_bus_id", "modelName"] {
-                            if let Some(v) = s.label(l) {
-                                acc.notes.insert(l.to_string(), v.to_string());
-                            }
-                        }
+                        acc.notes = device_notes(s);
                     }
                 }
             }
@@ -250,6 +262,7 @@ impl Mapper {
             }
         }
         derive_gpu_memory(&mut points);
+        let events = self.xid.observe(families, &self.target, now_ms);
         // Histogram series that vanished (model unloaded, target changed) release their history.
         self.histograms
             .retain(|_, h| h.back().is_some_and(|(t, _)| *t == now));
@@ -260,6 +273,7 @@ impl Mapper {
             detected: self.target.runtime.is_none() && detected.is_some(),
             samples,
             points,
+            events,
         }
     }
 
@@ -342,13 +356,7 @@ fn group_key(model_label: Option<&str>, device_label: Option<&str>, s: &Sample<'
                 .or_else(|| s.label("gpu_uuid"))
                 .or_else(|| s.label("gpu"))
                 .unwrap_or("");
-            (
-                dev.to_string(),
-                HOST_LABELS
-                    .iter()
-                    .find_map(|l| s.label(l))
-                    .map(str::to_string),
-            )
+            (dev.to_string(), host_of(s).map(str::to_string))
         }
         None => (String::new(), None),
     };
@@ -357,6 +365,31 @@ fn group_key(model_label: Option<&str>, device_label: Option<&str>, s: &Sample<'
         device,
         instance,
     }
+}
+
+/// The host a GPU series names (`Hostname` or `hostname`, not empty).
+pub(super) fn host_of<'s>(s: &'s Sample<'_>) -> Option<&'s str> {
+    HOST_LABELS
+        .iter()
+        .find_map(|l| s.label(l))
+        .filter(|h| !h.is_empty())
+}
+
+/// Notes of a GPU series' signals: [`DEVICE_NOTE_LABELS`] that are not empty (dcgm-exporter
+/// writes `pod=""` for a GPU no pod holds) and the host as `hostname`, whichever label named it.
+pub(super) fn device_notes(s: &Sample<'_>) -> BTreeMap<String, String> {
+    let mut notes: BTreeMap<String, String> = DEVICE_NOTE_LABELS
+        .iter()
+        .filter_map(|l| {
+            s.label(l)
+                .filter(|v| !v.is_empty())
+                .map(|v| (l.to_string(), v.to_string()))
+        })
+        .collect();
+    if let Some(h) = host_of(s) {
+        notes.insert("hostname".into(), h.to_string());
+    }
+    notes
 }
 
 /// Identity of one series across scrapes: name and labels as exposed.

@@ -493,3 +493,146 @@ fn itl_falls_back_to_the_old_name_and_user_rules_win() {
     assert_eq!(kv.len(), 1);
     assert_eq!((kv[0].value, kv[0].source.as_str()), (0.4, "scrape:custom"));
 }
+
+/// The real dcgm-exporter sample (4.x, `Hostname`, not in Kubernetes mode).
+const DCGM_SAMPLE: &str = include_str!("../../../../../fixtures/dcgm-exporter.txt");
+const DCGM_UUID: &str = "GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43";
+
+fn map_text(m: &mut Mapper, text: &str, at_ms: i64) -> MapOutput {
+    let fams = tokenwatch_core::exposition::parse(
+        text,
+        tokenwatch_core::exposition::Format::PrometheusText,
+    )
+    .expect("exposition");
+    m.map(&fams, Instant::now(), at_ms)
+}
+
+fn device<'a>(out: &'a MapOutput, signal: &str) -> &'a SignalPoint {
+    out.points
+        .iter()
+        .find(|p| p.signal == signal && p.device_id == DCGM_UUID)
+        .unwrap_or_else(|| panic!("no {signal} in {:#?}", out.points))
+}
+
+#[test]
+fn dcgm_real_sample_profiling_ratios_and_host() {
+    let out = map_text(&mut mapper(&[]), DCGM_SAMPLE, 1);
+    assert_eq!(out.runtime, "dcgm");
+    assert_eq!(device(&out, names::GPU_GR_ENGINE_ACTIVE_RATIO).value, 0.0);
+    assert_eq!(device(&out, names::GPU_TENSOR_ACTIVE_RATIO).value, 0.0);
+    assert_eq!(device(&out, names::GPU_DRAM_ACTIVE_RATIO).value, 0.000131);
+    // SM active / occupancy are commented out of the default counters: not in the sample.
+    assert!(
+        !out.points
+            .iter()
+            .any(|p| p.signal == names::GPU_SM_ACTIVE_RATIO)
+    );
+    let p = device(&out, names::GPU_DRAM_ACTIVE_RATIO);
+    assert_eq!(
+        (p.instance.as_str(), p.source.as_str(), p.model_id.as_str()),
+        ("gpu1-wl8sg", "scrape:dcgm", "")
+    );
+    assert_eq!(
+        p.notes,
+        BTreeMap::from(
+            [
+                ("gpu", "0"),
+                ("pci_bus_id", "00000000:00:07.0"),
+                ("modelName", "NVIDIA L40S"),
+                ("hostname", "gpu1-wl8sg"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+        ),
+        "not in Kubernetes mode: no pod"
+    );
+    assert!(out.events.is_empty());
+}
+
+/// The sample as dcgm-exporter writes it in Kubernetes mode (4.5+: `hostname`, then the pod the
+/// GPU is assigned to), with the profiling fields the default counters leave out and the XID
+/// fields: the last code, and the window count of one code.
+fn dcgm_kubernetes(pod: &str, xid: u32, count: Option<f64>) -> String {
+    let k8s = format!(
+        r#"hostname="gpu1-wl8sg",container="{c}",namespace="{n}",pod="{pod}""#,
+        c = if pod.is_empty() { "" } else { "vllm" },
+        n = if pod.is_empty() { "" } else { "serving" }
+    );
+    let labels = format!(
+        r#"gpu="0",UUID="{DCGM_UUID}",pci_bus_id="00000000:00:07.0",device="nvidia0",modelName="NVIDIA L40S",{k8s},DCGM_FI_DRIVER_VERSION="595.58.03""#
+    );
+    let mut text = DCGM_SAMPLE.replace(r#"Hostname="gpu1-wl8sg""#, &k8s);
+    text.push_str(&format!(
+        "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\nDCGM_FI_PROF_SM_ACTIVE{{{labels}}} 0.812000\n\
+         # TYPE DCGM_FI_PROF_SM_OCCUPANCY gauge\nDCGM_FI_PROF_SM_OCCUPANCY{{{labels}}} 0.406000\n\
+         # TYPE DCGM_FI_DEV_XID_ERRORS gauge\nDCGM_FI_DEV_XID_ERRORS{{{labels}}} {xid}\n\
+         # TYPE DCGM_EXP_XID_ERRORS_COUNT gauge\n"
+    ));
+    match count {
+        Some(c) => text.push_str(&format!(
+            "DCGM_EXP_XID_ERRORS_COUNT{{{labels},window_size_in_ms=\"300000\",xid=\"{xid}\"}} {c}\n"
+        )),
+        None => text.push_str(&format!(
+            "DCGM_EXP_XID_ERRORS_COUNT{{{labels},window_size_in_ms=\"300000\"}} 0\n"
+        )),
+    }
+    text
+}
+
+#[test]
+fn dcgm_kubernetes_mode_keeps_the_pod_and_xid_errors_become_events() {
+    let mut m = mapper(&[]);
+    let out = map_text(&mut m, &dcgm_kubernetes("vllm-0", 0, None), 1);
+    let p = device(&out, names::GPU_SM_ACTIVE_RATIO);
+    assert_eq!(p.value, 0.812);
+    assert_eq!(device(&out, names::GPU_SM_OCCUPANCY_RATIO).value, 0.406);
+    assert_eq!(
+        (
+            p.notes["pod"].as_str(),
+            p.notes["namespace"].as_str(),
+            p.notes["container"].as_str(),
+            p.notes["hostname"].as_str()
+        ),
+        ("vllm-0", "serving", "vllm", "gpu1-wl8sg")
+    );
+    assert_eq!(
+        p.instance, "gpu1-wl8sg",
+        "lowercase hostname names the instance too"
+    );
+    assert_eq!(device(&out, names::GPU_XID_LAST_CODE).value, 0.0);
+    assert!(out.events.is_empty(), "the first scrape is history");
+
+    // XID 79: the last code changes and the window count of code 79 appears.
+    let out = map_text(&mut m, &dcgm_kubernetes("vllm-0", 79, Some(1.0)), 2);
+    assert_eq!(device(&out, names::GPU_XID_LAST_CODE).value, 79.0);
+    assert_eq!(out.events.len(), 1, "{:#?}", out.events);
+    let e = &out.events[0];
+    assert_eq!(e.detector, "gpu_xid_error");
+    assert_eq!(
+        (
+            e.labels["xid"].as_str(),
+            e.labels["pod"].as_str(),
+            e.labels["device_id"].as_str(),
+            e.labels["instance"].as_str()
+        ),
+        ("79", "vllm-0", DCGM_UUID, "gpu1-wl8sg")
+    );
+    assert_eq!(e.evidence["meaning"], "GPU has fallen off the bus");
+    assert_eq!(
+        e.evidence["reported_by"],
+        serde_json::json!(["DCGM_FI_DEV_XID_ERRORS", "DCGM_EXP_XID_ERRORS_COUNT"])
+    );
+    assert_eq!(e.at_unix_ms, 2);
+    // Nothing new on the next scrape.
+    assert!(
+        map_text(&mut m, &dcgm_kubernetes("vllm-0", 79, Some(1.0)), 3)
+            .events
+            .is_empty()
+    );
+
+    // A GPU no pod holds: dcgm-exporter writes empty strings, which are dropped.
+    let out = map_text(&mut mapper(&[]), &dcgm_kubernetes("", 0, None), 1);
+    let notes = &device(&out, names::GPU_UTILIZATION).notes;
+    for l in ["pod", "namespace", "container"] {
+        assert!(!notes.contains_key(l), "{l} in {notes:?}");
+    }
+}

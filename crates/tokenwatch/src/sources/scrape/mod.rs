@@ -8,6 +8,7 @@ pub mod shard;
 pub mod status;
 pub mod tables;
 pub mod target;
+pub mod xid;
 
 use crate::config::{Config, HumanDuration};
 use crate::sources::{Source, SourceContext, SourceHandle, StartFuture};
@@ -206,6 +207,7 @@ impl Source for ScrapeSource {
                 registry: registry.clone(),
                 health,
                 signals: ctx.signals.clone(),
+                events: ctx.events.clone(),
                 window: cfg.latency_window.0,
                 max_body: cfg.max_body_bytes,
                 shutdown: ctx.shutdown.clone(),
@@ -221,8 +223,11 @@ impl Source for ScrapeSource {
                 .map(file_sd::WatchedFile::new)
                 .collect();
             ctx.components.set("scrape", "ok");
+            // A configuration reload sends the new static targets here (`crate::reload`).
+            let (targets_tx, targets_rx) = tokio::sync::watch::channel(targets);
+            ctx.reload.set_scrape_targets(targets_tx);
             let manager = tokio::spawn(manage(
-                targets,
+                targets_rx,
                 files,
                 defaults,
                 cfg.file_sd_refresh.0,
@@ -244,9 +249,10 @@ impl Source for ScrapeSource {
     }
 }
 
-/// Keep one task per target: static targets plus whatever the file_sd files list now.
+/// Keep one task per target: static targets (replaced by configuration reloads) plus whatever
+/// the file_sd files list now. A target whose spec is unchanged keeps running (and its state).
 async fn manage(
-    static_targets: Vec<TargetSpec>,
+    mut static_targets: tokio::sync::watch::Receiver<Vec<TargetSpec>>,
     mut files: Vec<file_sd::WatchedFile>,
     defaults: file_sd::Defaults,
     refresh: Duration,
@@ -256,14 +262,19 @@ async fn manage(
     let mut running: BTreeMap<String, (TargetSpec, JoinHandle<()>)> = BTreeMap::new();
     let mut shutdown = shared.shutdown.clone();
     let mut first = true;
+    let mut statics = static_targets.borrow_and_update().clone();
+    // Once the reload side is gone (its sender dropped), the static targets stay as they are.
+    let mut reloadable = true;
+    let mut statics_changed = false;
     loop {
-        let mut changed = first;
+        let mut changed = first || statics_changed;
+        statics_changed = false;
         for f in &mut files {
             changed |= f.refresh(defaults);
         }
         if changed {
             let mut desired: BTreeMap<String, TargetSpec> = BTreeMap::new();
-            for spec in static_targets
+            for spec in statics
                 .iter()
                 .chain(files.iter().flat_map(|f| f.targets.iter()))
             {
@@ -296,6 +307,13 @@ async fn manage(
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = shutdown.changed() => {}
+            r = static_targets.changed(), if reloadable => match r {
+                Ok(()) => {
+                    statics = static_targets.borrow_and_update().clone();
+                    statics_changed = true;
+                }
+                Err(_) => reloadable = false,
+            },
         }
         if *shutdown.borrow() {
             break;

@@ -207,6 +207,8 @@ fn triton(out: &mut Vec<MappingRule>) {
 }
 
 /// Framebuffer fields are MiB; `gpu_memory_total_bytes` is derived as used + free + reserved.
+/// Profiling (`DCGM_FI_PROF_*`) fields are ratios 0..1 already. XID errors also become anomaly
+/// events (`super::xid`); the last code is kept as a signal too.
 fn dcgm(out: &mut Vec<MappingRule>) {
     const MIB: f64 = 1024.0 * 1024.0;
     let mut gpu = |metric: &str, signal: &str, scale: f64| {
@@ -215,7 +217,12 @@ fn dcgm(out: &mut Vec<MappingRule>) {
         r.model_label = Some(String::new());
         r.runtime = Some("dcgm".into());
         r.scale = scale;
-        r.aggregate = Aggregate::Mean;
+        r.aggregate = if signal == n::GPU_XID_LAST_CODE {
+            // MIG instances of one GPU share its UUID: any code is worth more than their mean.
+            Aggregate::Max
+        } else {
+            Aggregate::Mean
+        };
         out.push(r);
     };
     gpu("DCGM_FI_DEV_FB_USED", n::GPU_MEMORY_USED_BYTES, MIB);
@@ -232,6 +239,20 @@ fn dcgm(out: &mut Vec<MappingRule>) {
     gpu("DCGM_FI_DEV_GPU_UTIL", n::GPU_UTILIZATION, 0.01);
     gpu("DCGM_FI_DEV_GPU_TEMP", n::GPU_TEMPERATURE_CELSIUS, 1.0);
     gpu("DCGM_FI_DEV_POWER_USAGE", n::GPU_POWER_WATTS, 1.0);
+    gpu("DCGM_FI_PROF_SM_ACTIVE", n::GPU_SM_ACTIVE_RATIO, 1.0);
+    gpu("DCGM_FI_PROF_SM_OCCUPANCY", n::GPU_SM_OCCUPANCY_RATIO, 1.0);
+    gpu(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        n::GPU_TENSOR_ACTIVE_RATIO,
+        1.0,
+    );
+    gpu("DCGM_FI_PROF_DRAM_ACTIVE", n::GPU_DRAM_ACTIVE_RATIO, 1.0);
+    gpu(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        n::GPU_GR_ENGINE_ACTIVE_RATIO,
+        1.0,
+    );
+    gpu("DCGM_FI_DEV_XID_ERRORS", n::GPU_XID_LAST_CODE, 1.0);
 }
 
 impl MappingRule {

@@ -4,6 +4,7 @@
 use super::mapping::{Mapper, TargetIdentity};
 use super::rules::RuleSet;
 use super::status::{Health, Outcome, Registry};
+use crate::alerting::engine::enrich::EventInbox;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
@@ -194,6 +195,8 @@ pub struct Shared {
     pub registry: Registry,
     pub health: Health,
     pub signals: SharedSignals,
+    /// GPU XID errors go to the alert engine's root-cause history.
+    pub events: EventInbox,
     pub window: Duration,
     pub max_body: usize,
     pub shutdown: watch::Receiver<bool>,
@@ -250,6 +253,10 @@ async fn scrape_once(spec: &TargetSpec, shared: &Shared, mapper: &mut Mapper) {
                 for p in out.points {
                     board.update(p);
                 }
+            }
+            for e in out.events {
+                tracing::warn!(target_url = %spec.url, labels = ?e.labels, summary = %e.summary, "GPU XID error");
+                shared.events.push(e);
             }
             Outcome::Up {
                 runtime: out.runtime,

@@ -1,0 +1,760 @@
+// Configuration reload on SIGHUP and `POST /-/reload`: re-reads the file tokenwatch started from
+// (with the same flags), validates it, applies routes, rules, SLOs and scrape targets in place.
+
+use crate::alerting::engine::{EngineControl, Reconfigure};
+use crate::alerting::rules::AlertingConfig;
+use crate::audit::{AuditEvent, AuditLog};
+use crate::config::Config;
+use crate::export::prometheus::Metrics;
+use crate::sources::proxy::{ProxyState, UpstreamRouter};
+use crate::sources::scrape::target::TargetSpec;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::Serialize;
+use std::fmt::Debug;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The sections a reload applies in place (when the part that runs them is running).
+pub const RELOADABLE: [&str; 4] = ["proxy.upstreams", "alerting", "slos", "scrape.targets"];
+
+/// Builds the configuration as a start with the same command line would: the file read again,
+/// the same flags applied over it, validated. Errors name the file and the key path.
+pub type ConfigLoader = Arc<dyn Fn() -> anyhow::Result<Config> + Send + Sync>;
+
+/// The file tokenwatch started from and how to build the configuration from it again.
+#[derive(Clone)]
+pub struct ConfigSource {
+    pub file: PathBuf,
+    pub load: ConfigLoader,
+}
+
+/// What caused a reload (named in the audit log and the logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    Sighup,
+    Api,
+}
+
+impl Trigger {
+    pub fn name(self) -> &'static str {
+        match self {
+            Trigger::Sighup => "sighup",
+            Trigger::Api => "api",
+        }
+    }
+}
+
+/// Where sources leave what a reload changes in them (`SourceContext::reload`).
+#[derive(Clone, Default)]
+pub struct Hooks(Arc<Mutex<HookSet>>);
+
+#[derive(Default)]
+struct HookSet {
+    scrape_targets: Option<watch::Sender<Vec<TargetSpec>>>,
+}
+
+impl Hooks {
+    /// The running scrape source's static targets: a reload sends the new list here.
+    pub fn set_scrape_targets(&self, tx: watch::Sender<Vec<TargetSpec>>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .scrape_targets = Some(tx);
+    }
+
+    fn scrape_targets(&self) -> Option<watch::Sender<Vec<TargetSpec>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .scrape_targets
+            .clone()
+    }
+}
+
+/// A reload's answer: the sections applied, the changed keys that need a restart (by key path;
+/// their running values stay), and the reloadable sections that did not change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    pub applied: Vec<&'static str>,
+    pub restart_required: Vec<String>,
+    pub unchanged: Vec<&'static str>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("started without a config file: there is nothing to reload (start with --config)")]
+    NoFile,
+    /// The new configuration is invalid; nothing was applied.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What runs now and can take a reload.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Running {
+    /// The proxy listens (it had upstreams at start).
+    pub proxy: bool,
+    /// The alert engine runs (`alerting.enabled` at start).
+    pub engine: bool,
+    /// The scrape source runs (it had targets or file_sd files at start).
+    pub scrape: bool,
+}
+
+/// A checked reload, ready to apply: everything that can fail has been built.
+pub struct Plan {
+    /// The running configuration with the reloadable sections of the new one.
+    pub merged: Config,
+    pub outcome: Outcome,
+    routes: Option<UpstreamRouter>,
+    engine: Option<Reconfigure>,
+    targets: Option<Vec<TargetSpec>>,
+}
+
+/// Compare `new` with `running` and build what the changed reloadable sections need. Keys
+/// outside them (or of parts that do not run) are reported in `restart_required`.
+pub fn plan(running: &Config, new: &Config, parts: Running) -> Result<Plan, String> {
+    let differs = |a: &dyn Debug, b: &dyn Debug| format!("{a:?}") != format!("{b:?}");
+    let mut merged = running.clone();
+    let mut applied = Vec::new();
+    let mut routes = None;
+    if parts.proxy && differs(&running.proxy.upstreams, &new.proxy.upstreams) {
+        routes = Some(UpstreamRouter::new(&new.proxy.upstreams)?);
+        merged.proxy.upstreams = new.proxy.upstreams.clone();
+        applied.push("proxy.upstreams");
+    }
+    let mut slos_changed = false;
+    if parts.engine {
+        take_reloadable_alerting(&mut merged.alerting, &new.alerting);
+        slos_changed = differs(&running.slos, &new.slos);
+        if slos_changed {
+            merged.slos = new.slos.clone();
+            applied.push("slos");
+        }
+        if differs(&running.alerting, &merged.alerting) {
+            applied.push("alerting");
+        }
+    }
+    let mut targets = None;
+    if parts.scrape && differs(&running.scrape.targets, &new.scrape.targets) {
+        merged.scrape.targets = new.scrape.targets.clone();
+        // The other scrape keys stay as they run (defaults such as the interval included).
+        targets = Some(
+            merged
+                .scrape
+                .static_targets()
+                .map_err(|(path, msg)| format!("{path}: {msg}"))?,
+        );
+        applied.push("scrape.targets");
+    }
+    // The engine takes the rules (unchanged ones stay as they run) and, for its snapshots, the
+    // configuration that runs now, whenever anything is applied.
+    let mut engine = None;
+    if parts.engine && !applied.is_empty() {
+        let rules = crate::alerting::rules::compile(&merged.alerting)
+            .map_err(|(path, msg)| format!("{path}: {msg}"))?;
+        let unchanged = rules
+            .iter()
+            .map(|r| rule_unchanged(&running.alerting, &merged.alerting, &r.name))
+            .collect();
+        engine = Some(Reconfigure {
+            rules,
+            unchanged,
+            cfg: merged.alerting.clone(),
+            slos: slos_changed.then(|| crate::slo::effective(&merged.slos)),
+            config_json: Some(crate::alerting::engine::redacted_config(&merged)),
+        });
+    }
+    let restart_required = changed_keys(&merged, new);
+    let unchanged = RELOADABLE
+        .into_iter()
+        .filter(|s| !applied.contains(s) && !restart_required.iter().any(|k| within(k, s)))
+        .collect();
+    applied.sort_by_key(|s| RELOADABLE.iter().position(|r| r == s));
+    Ok(Plan {
+        merged,
+        outcome: Outcome {
+            applied,
+            restart_required,
+            unchanged,
+        },
+        routes,
+        engine,
+        targets,
+    })
+}
+
+/// Whether key path `key` is `section` or inside it.
+fn within(key: &str, section: &str) -> bool {
+    key == section
+        || key
+            .strip_prefix(section)
+            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+}
+
+/// The `alerting` keys the engine takes between two evaluations; the others (delivery,
+/// snapshots, incident window, event lookback, `enabled`) need a restart.
+fn take_reloadable_alerting(into: &mut AlertingConfig, from: &AlertingConfig) {
+    into.default_rules = from.default_rules;
+    into.rules = from.rules.clone();
+    into.overrides = from.overrides.clone();
+    into.inhibit_rules = from.inhibit_rules.clone();
+    into.causal_graph = from.causal_graph.clone();
+    into.resolve_after = from.resolve_after;
+    into.resolve_clean_evaluations = from.resolve_clean_evaluations;
+    into.pending_grace = from.pending_grace;
+    into.keep_resolved = from.keep_resolved;
+    into.evaluation_interval = from.evaluation_interval;
+}
+
+/// A rule's effective configuration comes from the default of its name (when the defaults are
+/// on), the configured rule of its name and the override of its name: all three the same, the
+/// rule is the same.
+fn rule_unchanged(old: &AlertingConfig, new: &AlertingConfig, name: &str) -> bool {
+    let configured = |c: &AlertingConfig| format!("{:?}", c.rules.iter().find(|r| r.name == name));
+    let overridden = |c: &AlertingConfig| format!("{:?}", c.overrides.get(name));
+    old.default_rules == new.default_rules
+        && configured(old) == configured(new)
+        && overridden(old) == overridden(new)
+}
+
+/// Key paths whose values differ between `a` and `b`, read from their `{:#?}` renderings: the
+/// fields of structs are followed down (`store.clickhouse.url`), anything else (lists, maps,
+/// options, plain values) is compared whole. A field added to the configuration later is
+/// covered without being listed anywhere.
+pub fn changed_keys<T: Debug>(a: &T, b: &T) -> Vec<String> {
+    let (a, b) = (format!("{a:#?}"), format!("{b:#?}"));
+    let (a, b): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    let mut out = Vec::new();
+    diff_values("", &a, &b, 0, &mut out);
+    out
+}
+
+fn diff_values(path: &str, a: &[&str], b: &[&str], indent: usize, out: &mut Vec<String>) {
+    if a == b {
+        return;
+    }
+    let (Some(fa), Some(fb)) = (struct_fields(a, indent), struct_fields(b, indent)) else {
+        out.push(path.to_string());
+        return;
+    };
+    let key = |name: &str| {
+        if path.is_empty() {
+            name.to_string()
+        } else {
+            format!("{path}.{name}")
+        }
+    };
+    for (name, va) in &fa {
+        match fb.iter().find(|(n, _)| n == name) {
+            Some((_, vb)) => diff_values(&key(name), va, vb, indent + 4, out),
+            None => out.push(key(name)),
+        }
+    }
+    for (name, _) in fb.iter().filter(|(n, _)| !fa.iter().any(|(m, _)| m == n)) {
+        out.push(key(name));
+    }
+}
+
+/// The fields of a struct rendered by `{:#?}` whose first line (the type name and `{`) is
+/// `lines[0]` and whose fields are at `indent + 4`: each field's value as lines, the first one
+/// without the `name: ` prefix. None when the value is not a struct with named fields.
+fn struct_fields<'a>(lines: &[&'a str], indent: usize) -> Option<Vec<(String, Vec<&'a str>)>> {
+    let head = lines.first()?.trim_start();
+    let type_name = head.strip_suffix(" {")?;
+    if type_name.is_empty()
+        || !type_name
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == ':')
+    {
+        return None;
+    }
+    let pad = " ".repeat(indent + 4);
+    let mut fields: Vec<(String, Vec<&'a str>)> = Vec::new();
+    for line in &lines[1..lines.len().saturating_sub(1)] {
+        let starts_field = line
+            .strip_prefix(pad.as_str())
+            .filter(|rest| !rest.starts_with(' '));
+        match starts_field.and_then(|rest| rest.split_once(": ")) {
+            Some((name, value)) if name.chars().all(|c| c.is_alphanumeric() || c == '_') => {
+                fields.push((name.to_string(), vec![value.trim_end_matches(',')]));
+            }
+            _ => fields.last_mut()?.1.push(line.trim_end_matches(',')),
+        }
+    }
+    Some(fields)
+}
+
+impl Plan {
+    /// Apply every part of the plan (none of this can fail): new requests take the new routes,
+    /// the engine takes the rules at its next evaluation boundary, the scrape source reconciles
+    /// its targets. Returns the configuration that now runs.
+    fn apply(
+        self,
+        proxy: Option<&ProxyState>,
+        engine: Option<&EngineControl>,
+        hooks: &Hooks,
+    ) -> Config {
+        if let (Some(routes), Some(p)) = (self.routes, proxy) {
+            for r in routes.routes() {
+                tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route (reloaded)");
+            }
+            p.swap_routes(routes);
+        }
+        if let (Some(r), Some(e)) = (self.engine, engine)
+            && !e.reconfigure(r)
+        {
+            tracing::warn!("the alert engine has stopped: the reloaded rules were not handed over");
+        }
+        if let (Some(t), Some(tx)) = (self.targets, hooks.scrape_targets()) {
+            tx.send_replace(t);
+        }
+        self.merged
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+/// The reload metrics, named as Prometheus names its own.
+struct ReloadMetrics {
+    successful: Gauge,
+    success_ts: Gauge<f64, AtomicU64>,
+    total: Family<ResultLabel, Counter>,
+}
+
+impl ReloadMetrics {
+    fn register(metrics: &Metrics) -> ReloadMetrics {
+        let m = ReloadMetrics {
+            successful: Gauge::default(),
+            success_ts: Gauge::default(),
+            total: Family::default(),
+        };
+        metrics.register(
+            "tokenwatch_config_last_reload_successful",
+            "Whether the last configuration reload attempt was successful",
+            m.successful.clone(),
+        );
+        metrics.register(
+            "tokenwatch_config_last_reload_success_timestamp_seconds",
+            "Timestamp of the last successful configuration reload (the start counts as one)",
+            m.success_ts.clone(),
+        );
+        metrics.register(
+            "tokenwatch_config_reloads",
+            "Configuration reload attempts by result",
+            m.total.clone(),
+        );
+        m.successful.set(1);
+        m.success_ts.set(now_s());
+        m
+    }
+
+    fn record(&self, ok: bool) {
+        self.successful.set(i64::from(ok));
+        if ok {
+            self.success_ts.set(now_s());
+        }
+        let result = if ok { "success" } else { "failure" };
+        self.total.get_or_create(&ResultLabel { result }).inc();
+    }
+}
+
+fn now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The running configuration and the handles a reload changes.
+pub struct Reloader {
+    source: Option<ConfigSource>,
+    /// Held for a whole reload: two reloads never interleave.
+    running: tokio::sync::Mutex<Config>,
+    parts: Running,
+    proxy: Option<Arc<ProxyState>>,
+    engine: Option<EngineControl>,
+    hooks: Hooks,
+    audit: AuditLog,
+    metrics: ReloadMetrics,
+}
+
+/// What `app.rs` hands over once everything is started.
+pub struct Handles {
+    pub proxy: Option<Arc<ProxyState>>,
+    pub engine: Option<EngineControl>,
+    pub hooks: Hooks,
+    pub audit: AuditLog,
+}
+
+impl Reloader {
+    pub fn new(
+        source: Option<ConfigSource>,
+        running: Config,
+        handles: Handles,
+        metrics: &Metrics,
+    ) -> Reloader {
+        let parts = Running {
+            proxy: handles.proxy.is_some(),
+            engine: handles.engine.is_some(),
+            scrape: handles.hooks.scrape_targets().is_some(),
+        };
+        Reloader {
+            source,
+            running: tokio::sync::Mutex::new(running),
+            parts,
+            proxy: handles.proxy,
+            engine: handles.engine,
+            hooks: handles.hooks,
+            audit: handles.audit,
+            metrics: ReloadMetrics::register(metrics),
+        }
+    }
+
+    pub fn has_file(&self) -> bool {
+        self.source.is_some()
+    }
+
+    /// Read, validate and apply the configuration file again. Invalid: nothing changes.
+    pub async fn reload(&self, trigger: Trigger) -> Result<Outcome, ReloadError> {
+        let Some(source) = &self.source else {
+            return Err(ReloadError::NoFile);
+        };
+        let file = source.file.display().to_string();
+        let mut running = self.running.lock().await;
+        let load = source.load.clone();
+        let result = match tokio::task::spawn_blocking(move || load()).await {
+            Ok(Ok(new)) => plan(&running, &new, self.parts),
+            Ok(Err(e)) => Err(format!("{e:#}")),
+            Err(e) => Err(format!("reading the configuration failed: {e}")),
+        };
+        match result {
+            Ok(plan) => {
+                let outcome = plan.outcome.clone();
+                *running = plan.apply(self.proxy.as_deref(), self.engine.as_ref(), &self.hooks);
+                self.metrics.record(true);
+                tracing::info!(file = %file, trigger = trigger.name(), applied = ?outcome.applied, restart_required = ?outcome.restart_required, "configuration reloaded");
+                self.audit.event(AuditEvent::ConfigReloaded {
+                    file,
+                    trigger: trigger.name(),
+                    applied: outcome.applied.iter().map(|s| s.to_string()).collect(),
+                    restart_required: outcome.restart_required.clone(),
+                });
+                Ok(outcome)
+            }
+            Err(error) => {
+                self.metrics.record(false);
+                tracing::warn!(file = %file, trigger = trigger.name(), %error, "configuration reload refused; the running configuration stays");
+                self.audit.event(AuditEvent::ConfigReloadFailed {
+                    file,
+                    trigger: trigger.name(),
+                    error: error.clone(),
+                });
+                Err(ReloadError::Invalid(error))
+            }
+        }
+    }
+}
+
+/// `POST /-/reload` on the API port (an admin's when tokens are on, see `auth::http::api_role`).
+pub fn router(reloader: Arc<Reloader>) -> axum::Router {
+    axum::Router::new()
+        .route("/-/reload", axum::routing::post(reload_endpoint))
+        .with_state(reloader)
+}
+
+async fn reload_endpoint(State(reloader): State<Arc<Reloader>>) -> Response {
+    match reloader.reload(Trigger::Api).await {
+        Ok(outcome) => Json(outcome).into_response(),
+        Err(e @ ReloadError::NoFile) => (
+            StatusCode::CONFLICT,
+            Json(serde_json::json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+        Err(e @ ReloadError::Invalid(_)) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+    }
+}
+
+/// Reload on every SIGHUP until shutdown (only when started from a file: without one SIGHUP
+/// keeps its default action).
+pub fn spawn_sighup(
+    reloader: Arc<Reloader>,
+    mut stop: watch::Receiver<bool>,
+) -> Option<JoinHandle<()>> {
+    if !reloader.has_file() {
+        return None;
+    }
+    #[cfg(unix)]
+    {
+        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP: reload with POST /-/reload");
+                return None;
+            }
+        };
+        Some(tokio::spawn(async move {
+            loop {
+                let stopped = async { stop.wait_for(|s| *s).await.is_ok() };
+                let signalled = tokio::select! {
+                    r = hup.recv() => r.is_some(),
+                    _ = stopped => false,
+                };
+                if !signalled {
+                    return;
+                }
+                tracing::info!("SIGHUP: reloading the configuration");
+                // The outcome is logged, audited and counted by `reload`.
+                let _ = reloader.reload(Trigger::Sighup).await;
+            }
+        }))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (&reloader, &mut stop);
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(yaml: &str) -> Config {
+        Config::from_yaml(yaml, "t.yaml").unwrap()
+    }
+
+    const ALL: Running = Running {
+        proxy: true,
+        engine: true,
+        scrape: true,
+    };
+
+    #[test]
+    fn changed_keys_follow_struct_fields_down() {
+        let a = cfg("listen: 127.0.0.1:9000\nstore:\n  raw_retention: 2d\n");
+        let b = cfg(
+            "listen: 127.0.0.1:9001\nstore:\n  raw_retention: 3d\n  clickhouse:\n    database: x\n",
+        );
+        assert_eq!(
+            changed_keys(&a, &b),
+            ["listen", "store.raw_retention", "store.clickhouse.database"]
+        );
+        assert!(changed_keys(&a, &a.clone()).is_empty());
+        let up = |m: &str| {
+            cfg(&format!(
+                "proxy:\n  upstreams:\n    - url: http://127.0.0.1:1\n      models: [{m}]\n"
+            ))
+        };
+        assert_eq!(changed_keys(&up("a"), &up("b")), ["proxy.upstreams"]);
+    }
+
+    #[test]
+    fn the_same_file_read_twice_changes_nothing() {
+        let y = "proxy:\n  upstreams:\n    - {url: 'http://127.0.0.1:1', models: [a]}\nalerting:\n  rules:\n    - {name: r, detector: threshold, signal: kv_cache_usage, params: {op: '>', value: 0.9}}\n  delivery:\n    webhooks:\n      - {url: 'http://127.0.0.1:2/h', headers: {a: '1', b: '2', c: '3', d: '4'}}\nscrape:\n  targets:\n    - {url: 'http://127.0.0.1:3/metrics', labels: {x: '1', y: '2'}}\n";
+        let p = plan(&cfg(y), &cfg(y), ALL).unwrap();
+        assert_eq!(p.outcome.applied, Vec::<&str>::new());
+        assert_eq!(p.outcome.restart_required, Vec::<String>::new());
+        assert_eq!(p.outcome.unchanged, RELOADABLE);
+        assert!(p.routes.is_none() && p.engine.is_none() && p.targets.is_none());
+    }
+
+    #[test]
+    fn reloadable_sections_apply_and_the_rest_waits_for_a_restart() {
+        let old = cfg("proxy:\n  upstreams:\n    - {url: 'http://127.0.0.1:1', models: [a]}\n");
+        let new = cfg(concat!(
+            "listen: 127.0.0.1:9999\n",
+            "proxy:\n  upstreams:\n    - {url: 'http://127.0.0.1:2', models: [a]}\n",
+            "alerting:\n  resolve_after: 1m\n  incident_window: 1m\n",
+            "  rules:\n    - {name: kv_high, detector: threshold, signal: kv_cache_usage, params: {op: '>', value: 0.9}}\n",
+            "scrape:\n  targets:\n    - {url: 'http://127.0.0.1:3/metrics'}\n",
+        ));
+        let p = plan(&old, &new, ALL).unwrap();
+        assert_eq!(
+            p.outcome.applied,
+            ["proxy.upstreams", "alerting", "scrape.targets"]
+        );
+        assert_eq!(
+            p.outcome.restart_required,
+            ["listen", "alerting.incident_window"]
+        );
+        assert_eq!(p.outcome.unchanged, ["slos"]);
+        // The running values stay for what needs a restart.
+        assert_eq!(p.merged.listen, old.listen);
+        assert_eq!(
+            p.merged.alerting.incident_window,
+            old.alerting.incident_window
+        );
+        assert_eq!(p.merged.alerting.resolve_after, new.alerting.resolve_after);
+        let routes = p.routes.as_ref().unwrap();
+        assert_eq!(routes.route(Some("a")).unwrap().0.instance, "127.0.0.1:2");
+        let e = p.engine.as_ref().unwrap();
+        assert!(e.rules.iter().any(|r| r.name == "kv_high"));
+        // Default rules are untouched: they keep their state; the new rule is new.
+        for (r, same) in e.rules.iter().zip(&e.unchanged) {
+            assert_eq!(*same, r.name != "kv_high", "{}", r.name);
+        }
+        assert!(e.slos.is_none());
+        // Snapshots show the configuration that runs now.
+        let shown = e.config_json.as_ref().unwrap()["config"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            shown.contains("http://127.0.0.1:2") && shown.contains("kv_high"),
+            "{shown}"
+        );
+        assert!(!shown.contains("127.0.0.1:9999"), "{shown}");
+        assert_eq!(p.targets.as_ref().unwrap().len(), 1);
+        // Reloading the merged configuration again reports only what still waits.
+        let again = plan(&p.merged, &new, ALL).unwrap();
+        assert!(again.outcome.applied.is_empty());
+        assert_eq!(
+            again.outcome.restart_required,
+            ["listen", "alerting.incident_window"]
+        );
+    }
+
+    #[test]
+    fn parts_that_do_not_run_need_a_restart() {
+        let old = cfg("");
+        let new = cfg(
+            "proxy:\n  upstreams:\n    - {url: 'http://127.0.0.1:2'}\nslos: []\nscrape:\n  targets:\n    - {url: 'http://127.0.0.1:3/metrics'}\n",
+        );
+        let p = plan(&old, &new, Running::default()).unwrap();
+        assert!(p.outcome.applied.is_empty());
+        assert_eq!(
+            p.outcome.restart_required,
+            ["proxy.upstreams", "scrape.targets", "slos"]
+        );
+        assert_eq!(p.outcome.unchanged, ["alerting"]);
+        let p = plan(
+            &old,
+            &new,
+            Running {
+                engine: true,
+                ..Running::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(p.outcome.applied, ["slos"]);
+        assert_eq!(
+            p.engine
+                .as_ref()
+                .and_then(|e| e.slos.as_ref())
+                .map(Vec::len),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn a_routes_only_reload_keeps_every_rule() {
+        let up = |port: u16| {
+            cfg(&format!(
+                "proxy:\n  upstreams:\n    - {{url: 'http://127.0.0.1:{port}'}}\n"
+            ))
+        };
+        let p = plan(&up(1), &up(2), ALL).unwrap();
+        assert_eq!(p.outcome.applied, ["proxy.upstreams"]);
+        let e = p.engine.unwrap();
+        assert!(!e.rules.is_empty() && e.unchanged.iter().all(|same| *same));
+        assert!(e.slos.is_none() && e.config_json.is_some());
+    }
+
+    #[test]
+    fn an_override_change_renews_only_its_rule() {
+        let old = cfg("");
+        let new = cfg("alerting:\n  overrides:\n    latency_spike: {for: 1m}\n");
+        let p = plan(&old, &new, ALL).unwrap();
+        let e = p.engine.unwrap();
+        let renewed: Vec<&str> = e
+            .rules
+            .iter()
+            .zip(&e.unchanged)
+            .filter(|(_, s)| !**s)
+            .map(|(r, _)| r.name.as_str())
+            .collect();
+        assert_eq!(renewed, ["latency_spike"]);
+    }
+
+    #[tokio::test]
+    async fn a_bad_file_changes_nothing_and_no_file_is_a_conflict() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tw.yaml");
+        std::fs::write(
+            &file,
+            "proxy:\n  upstreams:\n    - {url: 'http://127.0.0.1:1'}\n",
+        )
+        .unwrap();
+        let running = Config::load(&file).unwrap();
+        let f = file.clone();
+        let source = ConfigSource {
+            file: file.clone(),
+            load: Arc::new(move || Ok(Config::load(&f)?)),
+        };
+        let metrics = Metrics::new();
+        let handles = Handles {
+            proxy: None,
+            engine: None,
+            hooks: Hooks::default(),
+            audit: AuditLog::default(),
+        };
+        let r = Reloader::new(Some(source), running, handles, &metrics);
+        std::fs::write(&file, "proxy:\n  upstreams:\n    - {url: 'ftp://x'}\n").unwrap();
+        let err = r.reload(Trigger::Api).await.unwrap_err().to_string();
+        assert!(
+            err.contains("tw.yaml") && err.contains("proxy.upstreams[0].url"),
+            "{err}"
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains("tokenwatch_config_last_reload_successful 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tokenwatch_config_reloads_total{result=\"failure\"} 1"),
+            "{text}"
+        );
+        std::fs::write(
+            &file,
+            "listen: 127.0.0.1:1\nproxy:\n  upstreams:\n    - {url: 'http://127.0.0.1:1'}\n",
+        )
+        .unwrap();
+        let ok = r.reload(Trigger::Sighup).await.unwrap();
+        // No proxy runs here: only the listen key is reported.
+        assert_eq!(ok.restart_required, ["listen"]);
+        assert!(
+            metrics
+                .encode()
+                .contains("tokenwatch_config_last_reload_successful 1")
+        );
+
+        let handles = Handles {
+            proxy: None,
+            engine: None,
+            hooks: Hooks::default(),
+            audit: AuditLog::default(),
+        };
+        let none = Reloader::new(None, Config::default(), handles, &Metrics::new());
+        assert!(matches!(
+            none.reload(Trigger::Api).await,
+            Err(ReloadError::NoFile)
+        ));
+    }
+}
