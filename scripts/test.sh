@@ -65,6 +65,12 @@ done
 for t in "${DEPLOY_TOOLS[@]}"; do
   "$VENV/bin/$t" --version >/dev/null 2>&1 || { echo "error: $VENV/bin/$t is missing or broken after installing ${DEPLOY_PACKAGES[*]}" >&2; exit 1; }
 done
+# The reference JSON Schema validator and a YAML reader (tests/config_schema.rs).
+if ! "$VENV/bin/python" -c 'import jsonschema, yaml' >/dev/null 2>&1; then
+  echo "==> installing into $VENV: jsonschema pyyaml"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check jsonschema pyyaml
+fi
+"$VENV/bin/python" -c 'import jsonschema, yaml' || { echo "error: jsonschema or pyyaml missing in $VENV" >&2; exit 1; }
 export TOKENWATCH_TEST_PYTHON="$PWD/$VENV/bin/python"
 
 echo "==> cargo test"

@@ -17,7 +17,7 @@ pub struct InstanceLoad {
 
 /// When to attach an eviction ranking: memory ≥ `memory_ratio` and latency up by ≥ `latency_jump_s`;
 /// and the ranking's weights.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EvictionParams {
     pub memory_ratio: f64,
@@ -26,7 +26,7 @@ pub struct EvictionParams {
 }
 
 /// Weights of the eviction ranking (normalised memory use, P99 latency, queued requests).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EvictionWeights {
     pub memory: f64,
@@ -135,7 +135,7 @@ pub fn eviction_ranking_weighted(
 }
 
 /// Weights of the scaling score: GPU memory use, TTFT against its SLO, throughput.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScalingWeights {
     pub memory: f64,
@@ -154,7 +154,7 @@ impl Default for ScalingWeights {
 }
 
 /// The autoscaling recommendation of spec section 6.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScalingParams {
     pub weights: ScalingWeights,

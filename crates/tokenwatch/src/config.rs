@@ -22,7 +22,7 @@ pub enum ConfigError {
     Invalid { file: String, path: String, message: String },
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// API, `/metrics` and health endpoints.
@@ -67,7 +67,7 @@ pub struct Config {
     pub logs: crate::logs::LogsConfig,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SignalsConfig {
     /// Points of history kept per signal series (for detectors and charts).
@@ -114,7 +114,7 @@ impl Default for Config {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
     pub listen: SocketAddr,
@@ -161,7 +161,7 @@ impl Default for ProxyConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Base URL, `http://host:port[/base]` or `https://host[:port][/base]`.
@@ -181,7 +181,7 @@ pub struct UpstreamConfig {
 }
 
 /// `proxy.upstreams[].tls`: what an https upstream is trusted by and called.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTlsConfig {
     /// PEM file of CA certificates trusted for this upstream, in addition to the system's roots.
@@ -202,7 +202,7 @@ impl UpstreamConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// Bounded queue between the sources and the pipeline; when full, records are dropped and counted.
@@ -223,7 +223,7 @@ impl Default for TelemetryConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     pub raw_retention: HumanDuration,
@@ -251,7 +251,7 @@ impl Default for StoreConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 pub enum StoreBackendKind {
     #[serde(rename = "sqlite")]
     Sqlite,
@@ -260,7 +260,7 @@ pub enum StoreBackendKind {
 }
 
 /// `store.clickhouse`: the server's HTTP interface (plain `http://`), database and credentials.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClickHouseStoreConfig {
     pub url: String,
@@ -306,7 +306,7 @@ impl StoreConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AggregationConfig {
     /// Series with no data for this long are dropped from memory (their roll-ups stay stored).
@@ -337,6 +337,32 @@ impl<'de> Deserialize<'de> for HumanDuration {
         let s = String::deserialize(d)?;
         HumanDuration::parse(&s).map_err(serde::de::Error::custom)
     }
+}
+
+/// In the published schema: a string in the same syntax (checked by pattern; the loader's
+/// parser is the authority and names the key when a value is wrong).
+impl schemars::JsonSchema for HumanDuration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "A duration in Prometheus syntax (250ms, 5s, 1h30m, 7d, 2w) or with a decimal amount (1.5s)",
+            "pattern": duration::SCHEMA_PATTERN,
+        })
+    }
+}
+
+/// The JSON Schema (draft 2020-12) of `tokenwatch.yaml`, generated from these types: unknown keys
+/// are refused as the loader refuses them; cross-field checks stay the loader's (`check-config`).
+pub fn json_schema() -> String {
+    let mut schema = schemars::schema_for!(Config);
+    schema.insert("title".into(), "tokenwatch.yaml".into());
+    let mut text = serde_json::to_string_pretty(&schema).unwrap_or_default();
+    text.push('\n');
+    text
 }
 
 impl Config {

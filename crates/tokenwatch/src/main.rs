@@ -56,6 +56,13 @@ enum Command {
         #[command(subcommand)]
         command: DashboardsCommand,
     },
+    /// Print the JSON Schema of tokenwatch.yaml (for editors; also published as
+    /// `schemas/tokenwatch.schema.json`).
+    Schema {
+        /// Write to this file instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -259,6 +266,16 @@ fn main() -> std::process::ExitCode {
             clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "tokenwatch", &mut std::io::stdout());
             Ok(())
         }
+        Command::Schema { output } => {
+            let text = tokenwatch::config::json_schema();
+            match output {
+                Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display())),
+                None => {
+                    print!("{text}");
+                    Ok(())
+                }
+            }
+        }
         command => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -332,6 +349,6 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
         Command::Sim(args) => tokenwatch_sim::run(args).await.map_err(anyhow::Error::from),
         Command::Demo(args) => demo::run(args).await,
         Command::Top(args) => tokenwatch::top::run(args).await,
-        Command::CheckConfig { .. } | Command::Rules { .. } | Command::Dashboards { .. } | Command::Completions { .. } => unreachable!("handled before the runtime starts"),
+        Command::CheckConfig { .. } | Command::Rules { .. } | Command::Dashboards { .. } | Command::Completions { .. } | Command::Schema { .. } => unreachable!("handled before the runtime starts"),
     }
 }

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use tokio::runtime::Runtime;
 
 /// `runtime:` in the configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// Worker threads of the proxy's runtime; 0 = one per CPU.

@@ -51,7 +51,7 @@ use tokio::task::JoinHandle;
 use worker::{Job, Kind, Worker};
 
 /// One webhook receiver.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     /// `http://` URL the body is POSTed to.
@@ -62,7 +62,7 @@ pub struct WebhookConfig {
 }
 
 /// Where and how alerts are delivered.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeliveryConfig {
     /// Alertmanager base URLs, e.g. `http://127.0.0.1:9093` (the API path is appended).

@@ -33,7 +33,7 @@ use tokenwatch_core::alert::{AnomalyEvent, Severity};
 ///   causal_graph: {replace_defaults: false, edges: [{cause: a, effect: b, confidence: 0.8, delay: 2s}]}
 ///   delivery: {alertmanagers: [http://127.0.0.1:9093]}
 /// ```
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlertingConfig {
     /// Evaluate rules at all.
@@ -87,7 +87,7 @@ impl Default for AlertingConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     pub name: String,
@@ -126,7 +126,7 @@ fn default_severity() -> Severity {
     Severity::Warning
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuleOverride {
     /// `false` removes the rule.
@@ -143,7 +143,7 @@ pub struct RuleOverride {
     pub description: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CausalGraphConfig {
     /// Start from an empty graph instead of the spec's default edges.
@@ -151,7 +151,7 @@ pub struct CausalGraphConfig {
     pub edges: Vec<CausalEdgeConfig>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CausalEdgeConfig {
     pub cause: String,
@@ -162,7 +162,7 @@ pub struct CausalEdgeConfig {
 
 /// While an alert of a `source` rule (rule name or detector) fires, alerts of `target` rules
 /// whose `equal` labels match are kept but marked `inhibited_by` and not delivered.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InhibitRule {
     pub source: Vec<String>,

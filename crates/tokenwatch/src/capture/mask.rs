@@ -72,7 +72,7 @@ const MAX_PASSES: usize = 8;
 const MAX_NAME_LEN: usize = 32;
 
 /// The `capture.mask` configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct MaskConfig {
     /// Kinds masked; default all: email, phone, card, ipv4, ipv6, national_id.
@@ -101,7 +101,7 @@ impl MaskConfig {
 
 /// One national id shape: `name` (1 to 32 of `a-z`, `0-9`, `_`; not a built-in kind's name) and
 /// a regular expression of the `regex` crate, matched on word boundaries.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NationalIdPattern {
     pub name: String,
@@ -134,7 +134,7 @@ impl NationalIdPattern {
 }
 
 /// A kind of personal data the masker recognises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PiiKind {
     Email,

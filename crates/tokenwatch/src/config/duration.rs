@@ -17,6 +17,11 @@ const UNITS: [(&str, u128); 7] = [
     ("ms", 1_000_000),
 ];
 
+/// What the published JSON Schema accepts for a duration: the terms `parse` reads (it alone checks
+/// their order), `0`, or a value holding a `${NAME}` that is expanded before parsing.
+pub const SCHEMA_PATTERN: &str =
+    r"^\s*(0|([0-9]+(\.[0-9]+)?(ms|s|m|h|d|w|y))+|.*\$\{[A-Za-z_][A-Za-z0-9_]*\}.*)\s*$";
+
 /// Parse `s`: one or more `<amount><unit>` terms, units from largest to smallest and each at
 /// most once (`1h30m`, not `30m1h`), amounts whole or decimal; `0` alone is zero.
 pub fn parse(s: &str) -> Result<Duration, String> {

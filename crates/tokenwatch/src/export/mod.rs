@@ -7,7 +7,7 @@ pub mod prometheus;
 pub mod remote_write;
 
 /// `export:` in the configuration.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ExportConfig {
     /// The `/metrics` exposition's options (`tenant_label`).

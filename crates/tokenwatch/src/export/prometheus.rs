@@ -32,7 +32,7 @@ const STORE_WRITE_BUCKETS: [f64; 12] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
 
 /// `export.prometheus` in the configuration.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrometheusExportConfig {
     /// Add `tenant` to the request series. Off by default: tenants can be many, and per-tenant

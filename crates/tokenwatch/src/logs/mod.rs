@@ -37,14 +37,14 @@ const SAVE_EVERY: Duration = Duration::from_secs(10);
 pub type SharedMiner = Arc<Mutex<TemplateMiner>>;
 
 /// `sources:` — sources configured as a list (files tailed into the template miner).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SourcesConfig {
     pub files: Vec<FileSourceConfig>,
 }
 
 /// One tailed log file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileSourceConfig {
     pub path: PathBuf,
@@ -71,7 +71,7 @@ impl FileSourceConfig {
 }
 
 /// `logs:` — the template miner and its anomaly tests.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogsConfig {
     /// Mine OTLP logs and tailed files into templates.
@@ -172,7 +172,7 @@ impl LogsConfig {
 }
 
 /// A log line's level. Ordered: anything at `Error` or above is "error level".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Severity {
     Unspecified,

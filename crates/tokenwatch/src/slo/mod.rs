@@ -32,7 +32,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// What an SLO measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Objective {
     TtftP95,
@@ -82,7 +82,7 @@ impl Objective {
 }
 
 /// A label an SLO is computed per value of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SloLabel {
     Model,
@@ -101,7 +101,7 @@ pub enum SloLabel {
 ///     by: [model, tenant]    # one series per value ([] = one overall)
 ///     burn_windows: {fast_long: 1h, fast_short: 5m, slow_long: 6h, slow_short: 30m}
 /// ```
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SloConfig {
     pub name: String,
@@ -127,7 +127,7 @@ fn default_by() -> Vec<SloLabel> {
 }
 
 /// The two window pairs of the multi-window burn alerts.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BurnWindowsConfig {
     pub fast_long: HumanDuration,

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CallChainParams {
     pub min_spans: usize,

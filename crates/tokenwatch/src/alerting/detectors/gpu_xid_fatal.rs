@@ -22,7 +22,7 @@ use tokenwatch_core::signals::names;
 /// recovery action changed.
 pub const FATAL_CODES: [u32; 8] = [48, 64, 74, 79, 95, 119, 120, 154];
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct XidFatalParams {
     /// XID codes that page.

@@ -11,7 +11,7 @@ use tokenwatch_core::alert::{AnomalyEvent, Severity};
 use tokenwatch_detect as det;
 
 /// The rule's parameters. The objective and its window are the SLO's (`slos:`), not the rule's.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SloBurnRuleParams {
     pub fast_burn: f64,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ThresholdParams {
     /// `>`, `>=`, `<` or `<=`.

@@ -10,7 +10,7 @@ use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_core::signals::names;
 use tokenwatch_detect as det;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TopologyParams {
     pub min_gpus: usize,

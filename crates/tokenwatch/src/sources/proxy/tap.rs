@@ -151,6 +151,11 @@ impl TapBody {
             Mode::Sse(sse) => {
                 sse.finish();
                 let seen = &mut sse.seen;
+                // A client that closes once the terminal event reached it (before the upstream's
+                // end of body reached the proxy) had the whole answer: not a cancellation.
+                if error == Some(ErrorClass::ClientCancelled) && seen.done {
+                    error = None;
+                }
                 if seen.completion_tokens.is_none() {
                     // No usage: every content event is counted as one token.
                     seen.completion_tokens = Some(u64::from(sse.content_events));

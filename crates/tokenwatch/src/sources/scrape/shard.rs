@@ -19,7 +19,7 @@ use tokio::sync::watch;
 ///   - {source_labels: [__address__], modulus: 2, target_label: __tmp_hash, action: hashmod}
 ///   - {source_labels: [__tmp_hash], regex: "0", action: keep}
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShardConfig {
     /// This instance's shard, `0..count`.
