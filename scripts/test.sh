@@ -73,5 +73,9 @@ fi
 "$VENV/bin/python" -c 'import jsonschema, yaml' || { echo "error: jsonschema or pyyaml missing in $VENV" >&2; exit 1; }
 export TOKENWATCH_TEST_PYTHON="$PWD/$VENV/bin/python"
 
+# A one-off test build gains nothing from incremental compilation but ~4 GB of disk; print
+# the free space first so a CI run that runs out of disk says so at the top of its log.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+echo "==> disk free for the build: $(df -h --output=avail "${CARGO_TARGET_DIR:-target}" 2>/dev/null | tail -1 || df -h --output=avail . | tail -1)"
 echo "==> cargo test"
 cargo test --workspace --locked -- --test-threads=4

@@ -52,6 +52,13 @@ async fn broken_upstream() -> SocketAddr {
                     let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     // Drop the socket without the terminating chunk: a reset mid-stream.
+                } else if req.contains("\"model\":\"linger\"") {
+                    // The whole answer, then the end of the body only after a pause (below
+                    // proxy.idle_timeout): a client may close in between.
+                    let body = chunk("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n");
+                    let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                    let _ = s.write_all(b"0\r\n\r\n").await;
                 } else if req.contains("\"model\":\"silent\"") {
                     let body = chunk("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
                     let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
@@ -61,6 +68,27 @@ async fn broken_upstream() -> SocketAddr {
         }
     });
     addr
+}
+
+/// Sends `body` to the proxy on a raw connection, reads until `until` appears in the answer (or
+/// `give_up` passes), then closes the connection, as a client that stops reading would.
+async fn send_then_close(proxy: SocketAddr, body: &str, until: &str, give_up: Duration) {
+    let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {proxy}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut tmp = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + give_up;
+    while !String::from_utf8_lossy(&got).contains(until) {
+        match tokio::time::timeout_at(deadline, s.read(&mut tmp)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&tmp[..n]),
+            _ => break,
+        }
+    }
+    drop(s);
 }
 
 async fn records(api: SocketAddr, want: usize) -> Vec<serde_json::Value> {
@@ -130,12 +158,20 @@ async fn upstream_failures_reach_the_client_and_are_recorded() {
     let r = send("POST", &url, Some(&body("silent")), &[]).await;
     assert!(r.is_err());
 
-    let recs = records(api, 5).await;
+    // A client that closes once `[DONE]` reached it, before the upstream ended its body, had
+    // the whole answer; one that closes mid-stream cancelled.
+    send_then_close(proxy, &body("linger"), "[DONE]", Duration::from_secs(5)).await;
+    send_then_close(proxy, &body("silent"), "\"content\"", Duration::from_secs(5)).await;
+
+    let recs = records(api, 7).await;
+    assert_eq!(*class_of(&recs, "linger"), serde_json::Value::Null, "{recs:?}");
+    let cancelled = recs.iter().filter(|r| r["model_id"] == "silent").map(|r| r["error_class"].clone()).collect::<Vec<_>>();
+    assert!(cancelled.contains(&serde_json::json!("client_cancelled")), "{cancelled:?}");
     assert_eq!(*class_of(&recs, "refused"), "upstream_connect");
     assert_eq!(*class_of(&recs, "hang"), "upstream_timeout");
     assert_eq!(*class_of(&recs, "malformed"), "malformed_sse");
     assert_eq!(*class_of(&recs, "reset"), "upstream_reset");
-    assert_eq!(*class_of(&recs, "silent"), "upstream_timeout");
+    assert!(recs.iter().any(|r| r["model_id"] == "silent" && r["error_class"] == "upstream_timeout"), "{recs:?}");
     let malformed = recs.iter().find(|r| r["model_id"] == "malformed").unwrap();
     assert!(malformed["first_token_s"].as_f64().is_some());
     assert_eq!(malformed["runtime"], "vllm");
@@ -151,8 +187,17 @@ async fn upstream_5xx_passes_through_and_counts_as_error() {
     let recs = records(stack.api, 1).await;
     assert_eq!(recs[0]["error_class"], "upstream_5xx");
     assert_eq!(recs[0]["status"], r.status);
-    let m = get(&format!("http://{}/metrics", stack.api)).await.body;
-    assert!(m.contains("error_type=\"upstream_5xx\""), "{m}");
+    // The store writer thread may have the record queryable before the metrics sink, later in
+    // the same pipeline batch, has observed it: the series can land a moment after the record.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = get(&format!("http://{}/metrics", stack.api)).await.body;
+        if m.contains("error_type=\"upstream_5xx\"") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no upstream_5xx series on /metrics:\n{m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
