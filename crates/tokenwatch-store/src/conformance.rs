@@ -6,7 +6,7 @@
 
 use crate::{
     AnnotationRow, EmbeddingRow, LogQuery, LogRow, MarkerQuery, MarkerRow, RecordOutcome, RecordQuery, RetentionReport,
-    RollupQuery, RollupRow, ScrapeTargetRow, SpanQuery, SpanRow, Store, StoreOptions,
+    RollupQuery, RollupRow, ScoreRow, ScrapeTargetRow, SpanQuery, SpanRow, Store, StoreOptions,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,6 +39,7 @@ pub const CHECKS: &[Check] = &[
     ("alerts", alerts),
     ("scrape_targets", scrape_targets),
     ("markers", markers),
+    ("scores", scores),
     ("retention", retention),
     ("stats", stats),
 ];
@@ -550,6 +551,63 @@ pub fn annotations(store: &dyn Store) {
     nan_stored.score = 0.0;
     assert_eq!(got, vec![a("r2", 10, 1.5), a("r1", 20, 2.0), nan_stored]);
     assert!(store.query_annotations(&[]).unwrap().is_empty());
+}
+
+/// Scores of the asked request ids or trace ids, oldest first, each once; NaN stored as 0;
+/// retained like raw records.
+pub fn scores(store: &dyn Store) {
+    let s = |rid: &str, tid: &str, at: i64, name: &str, value: f64| ScoreRow {
+        request_id: rid.into(),
+        trace_id: tid.into(),
+        at_unix_ms: at,
+        name: name.into(),
+        value,
+        source: "scores".into(),
+    };
+    let tid = "0af7651916cd43dd8448eb211c80319c";
+    store
+        .insert_scores(&[
+            s("r1", tid, NOW - 10, "toxicity", 0.75),
+            s("r2", "", NOW - 30, "thumbs", 0.0),
+            s("", tid, NOW - 20, "guardrail", 1.0),
+            s("r3", "", NOW - 5, "bleu", 0.5),
+        ])
+        .unwrap();
+    store
+        .insert_scores(&[s("r1", "", NOW - 1, "factuality", f64::NAN)])
+        .unwrap();
+    let got = store
+        .query_scores(&["r1".to_string(), "r2".to_string()], &[tid.to_string()])
+        .unwrap();
+    assert_eq!(
+        got,
+        vec![
+            s("r2", "", NOW - 30, "thumbs", 0.0),
+            s("", tid, NOW - 20, "guardrail", 1.0),
+            s("r1", tid, NOW - 10, "toxicity", 0.75),
+            s("r1", "", NOW - 1, "factuality", 0.0),
+        ],
+        "r1's toxicity matches both ids and is listed once"
+    );
+    assert!(store.query_scores(&[], &[]).unwrap().is_empty());
+    assert!(
+        store
+            .query_scores(&[String::new()], &[String::new()])
+            .unwrap()
+            .is_empty(),
+        "an empty id matches nothing"
+    );
+    store
+        .insert_scores(&[s("old", "", NOW - 8 * DAY, "thumbs", 1.0)])
+        .unwrap();
+    store.apply_retention(NOW).unwrap();
+    assert!(
+        store
+            .query_scores(&["old".to_string()], &[])
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(store.query_scores(&["r3".to_string()], &[]).unwrap().len(), 1);
 }
 
 fn alert(id: &str, state: AlertState, active_at: i64, resolved_at: Option<i64>) -> Alert {

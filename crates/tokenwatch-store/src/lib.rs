@@ -9,6 +9,7 @@ mod embeddings;
 mod error;
 mod markers;
 mod schema;
+mod scores;
 mod scrape_targets;
 mod sqlite;
 mod telemetry;
@@ -26,6 +27,7 @@ pub use clickhouse::{ClickHouseConfig, ClickHouseStore};
 pub use embeddings::EmbeddingRow;
 pub use error::{BackendError, StoreError};
 pub use markers::{MarkerQuery, MarkerRow};
+pub use scores::ScoreRow;
 pub use scrape_targets::ScrapeTargetRow;
 pub use sqlite::SqliteStore;
 pub use telemetry::{LogQuery, LogRow, SpanQuery, SpanRow};
@@ -119,6 +121,15 @@ pub trait Store: Send + Sync + 'static {
     fn insert_markers(&self, rows: &[MarkerRow]) -> Result<(), StoreError>;
     /// The newest `q.limit` markers matching `q`, oldest first (by time, then id).
     fn query_markers(&self, q: &MarkerQuery) -> Result<Vec<MarkerRow>, StoreError>;
+    /// Store feedback and evaluation scores in one transaction (retained like raw records).
+    fn insert_scores(&self, rows: &[ScoreRow]) -> Result<(), StoreError>;
+    /// The scores given to any of these request ids or trace ids, oldest first (by time, then
+    /// insertion order); each row once even when it matches both.
+    fn query_scores(
+        &self,
+        request_ids: &[String],
+        trace_ids: &[String],
+    ) -> Result<Vec<ScoreRow>, StoreError>;
 }
 
 /// A storage-level roll-up: one minute of one latency sketch for one series and context bucket.

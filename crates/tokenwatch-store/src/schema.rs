@@ -228,6 +228,24 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         CREATE INDEX markers_at ON markers (at_unix_ms);
         ",
     },
+    Migration {
+        version: 12,
+        name: "feedback and evaluation scores",
+        sql: "
+        CREATE TABLE scores (
+            id         INTEGER PRIMARY KEY,
+            request_id TEXT    NOT NULL,
+            trace_id   TEXT    NOT NULL,
+            at_unix_ms INTEGER NOT NULL,
+            name       TEXT    NOT NULL,
+            value      REAL    NOT NULL,
+            source     TEXT    NOT NULL
+        );
+        CREATE INDEX scores_request_id ON scores (request_id);
+        CREATE INDEX scores_trace_id ON scores (trace_id);
+        CREATE INDEX scores_at ON scores (at_unix_ms);
+        ",
+    },
 ];
 
 /// The highest schema version this build knows.

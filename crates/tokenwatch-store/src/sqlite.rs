@@ -5,6 +5,7 @@ use crate::alerts;
 use crate::annotations::{self, AnnotationRow};
 use crate::codec::{self, RECORD_COLUMNS, RECORD_SELECT, ROLLUP_COLUMNS};
 use crate::embeddings::{self, EmbeddingRow};
+use crate::scores::{self, ScoreRow};
 use crate::markers::{self, MarkerQuery, MarkerRow};
 use crate::scrape_targets;
 use crate::telemetry::{self, LogQuery, LogRow, SpanQuery, SpanRow};
@@ -353,6 +354,7 @@ impl Store for SqliteStore {
             "retention of scrape targets",
         )?;
         self.delete_chunked(markers::RETENTION, rollup_cutoff, "retention of markers")?;
+        self.delete_chunked(scores::RETENTION, raw_cutoff, "retention of scores")?;
         let texts_deleted = text::apply_retention(
             &lock(&self.write),
             now_unix_ms,
@@ -403,6 +405,24 @@ impl Store for SqliteStore {
             return Ok(());
         }
         annotations::insert(&mut lock(&self.write), rows).map_err(self.err("insert_annotations"))
+    }
+
+    fn insert_scores(&self, rows: &[ScoreRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        scores::insert(&mut lock(&self.write), rows).map_err(self.err("insert_scores"))
+    }
+
+    fn query_scores(
+        &self,
+        request_ids: &[String],
+        trace_ids: &[String],
+    ) -> Result<Vec<ScoreRow>, StoreError> {
+        if request_ids.is_empty() && trace_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        scores::query(&lock(&self.read), request_ids, trace_ids).map_err(self.err("query_scores"))
     }
 
     fn query_annotations(&self, request_ids: &[String]) -> Result<Vec<AnnotationRow>, StoreError> {

@@ -130,7 +130,11 @@ impl RunningApp {
             crate::runtimes::proxy_runtime(runtimes_cfg).context("starting the proxy runtime")?,
         ));
         let analysis_niceness = crate::runtimes::analysis_niceness_target(runtimes_cfg.analysis_niceness);
-        let backend = cfg.store.backend(&cfg.data_dir);
+        let mut backend = cfg.store.backend(&cfg.data_dir);
+        if let tokenwatch_store::StoreBackend::ClickHouse(c) = &mut backend {
+            c.writer_id = crate::writer_id::resolve(cfg.store.writer_id.as_deref(), &cfg.data_dir, &[cfg.listen, cfg.proxy.listen])
+                .context("the store's writer id")?;
+        }
         let store_name = match &backend {
             tokenwatch_store::StoreBackend::Sqlite { data_dir } => format!("in {}", data_dir.display()),
             tokenwatch_store::StoreBackend::ClickHouse(c) => format!("at {} (database {})", c.url, c.database),
@@ -189,6 +193,7 @@ impl RunningApp {
             Box::new(ProxySpanSink::new(ProxySpanBuilder::new(&cfg.proxy.upstreams), writer.clone(), span_export.clone())),
             Box::new(MetricsSink(metrics.clone())),
         ];
+        let engine_feed = alerting.sink.as_ref().map(|s| s.feed.clone());
         if let Some(sink) = alerting.sink {
             sinks.push(Box::new(sink));
         }
@@ -218,6 +223,7 @@ impl RunningApp {
             sinks,
             metrics.clone(),
         );
+        let queue = crate::embed::start(&cfg.capture, queue, &metrics, analysis_niceness)?;
         let timeline = Arc::new(std::sync::RwLock::new(crate::api::timeline::Timeline::default()));
         let mut servers = alerting.tasks;
         servers.push(crate::api::timeline::spawn_sampler(aggregator.clone(), signals.clone(), timeline.clone(), stop.clone()));
@@ -254,13 +260,16 @@ impl RunningApp {
                 span_export: span_export.clone().filter(|e| e.includes_received()),
                 events: alerting.events.clone(),
                 reload: reload_hooks.clone(),
+                engine_feed: engine_feed.clone(),
             };
             let handle = source.start(ctx).await.with_context(|| format!("starting the {name} source"))?;
             servers.extend(handle.tasks);
             source_routes.extend(handle.routes);
         }
 
-        let routes = UpstreamRouter::new(&cfg.proxy.upstreams).map_err(anyhow::Error::msg)?;
+        let routes = UpstreamRouter::new(&cfg.proxy.upstreams)
+            .and_then(|r| r.with_splits(&cfg.proxy.routes))
+            .map_err(anyhow::Error::msg)?;
         let mut proxy_state = None;
         let proxy_addr = if routes.is_empty() {
             components.set("proxy", "disabled: no upstream configured (collector-only mode)");
@@ -312,6 +321,7 @@ impl RunningApp {
         app = app.merge(log_templates.routes);
         app = app.merge(crate::ui::router());
         app = app.merge(crate::reload::router(reloader));
+        app = app.merge(crate::api::routes::router());
         app = crate::auth::http::protect_api(app, &auth);
         app = crate::audit::http::audit_api(app, &audit);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));

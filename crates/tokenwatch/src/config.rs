@@ -121,6 +121,8 @@ pub struct ProxyConfig {
     /// Upstreams: those whose `models` contain the request's model, else those with
     /// `models: ["*"]` (or no models), are a pool balanced by requests in flight.
     pub upstreams: Vec<UpstreamConfig>,
+    /// Weighted splits of a model's requests between versions on named upstreams (canaries).
+    pub routes: Vec<crate::sources::proxy::split::RouteConfig>,
     /// Header carrying the tenant. Without it the tenant is a salted hash of the API key.
     pub tenant_header: String,
     pub ab_group_header: String,
@@ -146,6 +148,7 @@ impl Default for ProxyConfig {
         ProxyConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             upstreams: Vec::new(),
+            routes: Vec::new(),
             tenant_header: "x-tenant-id".into(),
             ab_group_header: "x-ab-group".into(),
             model_version_header: "x-model-version".into(),
@@ -236,6 +239,10 @@ pub struct StoreConfig {
     /// Records (and proxy spans) waiting for the store's writer thread, at most; when full,
     /// more are dropped and counted, and the pipeline never waits on the store.
     pub write_queue_records: usize,
+    /// This instance's name in shared roll-up keys (instances sharing a ClickHouse database
+    /// each need their own); by default derived once from hostname, listen addresses and
+    /// `data_dir`, and kept in `data_dir/writer_id`.
+    pub writer_id: Option<String>,
 }
 
 impl Default for StoreConfig {
@@ -247,6 +254,7 @@ impl Default for StoreConfig {
             backend: StoreBackendKind::Sqlite,
             clickhouse: ClickHouseStoreConfig::default(),
             write_queue_records: 65_536,
+            writer_id: None,
         }
     }
 }
@@ -425,6 +433,7 @@ impl Config {
                 (None, false) => {}
             }
         }
+        crate::sources::proxy::split::validate(&self.proxy.routes).map_err(|(path, message)| invalid(path, message))?;
         self.scrape.static_targets().map_err(|(path, message)| invalid(path, message))?;
         let listener_certs = crate::listen::tls::ListenerCerts::from_config(self).map_err(|e| invalid(e.key, e.message))?;
         listener_certs.check_files().map_err(|e| invalid(e.key, e.message))?;

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// The sections a reload applies in place (when the part that runs them is running).
-pub const RELOADABLE: [&str; 4] = ["proxy.upstreams", "alerting", "slos", "scrape.targets"];
+pub const RELOADABLE: [&str; 5] = ["proxy.upstreams", "proxy.routes", "alerting", "slos", "scrape.targets"];
 
 /// Builds the configuration as a start with the same command line would: the file read again,
 /// the same flags applied over it, validated. Errors name the file and the key path.
@@ -127,10 +127,18 @@ pub fn plan(running: &Config, new: &Config, parts: Running) -> Result<Plan, Stri
     let mut merged = running.clone();
     let mut applied = Vec::new();
     let mut routes = None;
-    if parts.proxy && differs(&running.proxy.upstreams, &new.proxy.upstreams) {
-        routes = Some(UpstreamRouter::new(&new.proxy.upstreams)?);
+    let upstreams_changed = differs(&running.proxy.upstreams, &new.proxy.upstreams);
+    let routes_changed = differs(&running.proxy.routes, &new.proxy.routes);
+    if parts.proxy && (upstreams_changed || routes_changed) {
+        routes = Some(UpstreamRouter::new(&new.proxy.upstreams)?.with_splits(&new.proxy.routes)?);
         merged.proxy.upstreams = new.proxy.upstreams.clone();
-        applied.push("proxy.upstreams");
+        merged.proxy.routes = new.proxy.routes.clone();
+        if upstreams_changed {
+            applied.push("proxy.upstreams");
+        }
+        if routes_changed {
+            applied.push("proxy.routes");
+        }
     }
     let mut slos_changed = false;
     if parts.engine {
@@ -309,6 +317,10 @@ impl Plan {
                 tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route (reloaded)");
             }
             p.swap_routes(routes);
+        } else if proxy.is_some() {
+            // The same routes: their weights go back to the file's (undoing rollbacks and
+            // weights set through the API).
+            crate::sources::proxy::split::board().reset_all();
         }
         if let (Some(r), Some(e)) = (self.engine, engine)
             && !e.reconfigure(r)

@@ -61,7 +61,7 @@ fn reloadable_sections_apply_and_the_rest_waits_for_a_restart() {
         p.outcome.restart_required,
         ["listen", "alerting.incident_window"]
     );
-    assert_eq!(p.outcome.unchanged, ["slos"]);
+    assert_eq!(p.outcome.unchanged, ["proxy.routes", "slos"]);
     // The running values stay for what needs a restart.
     assert_eq!(p.merged.listen, old.listen);
     assert_eq!(
@@ -110,7 +110,7 @@ fn parts_that_do_not_run_need_a_restart() {
         p.outcome.restart_required,
         ["proxy.upstreams", "scrape.targets", "slos"]
     );
-    assert_eq!(p.outcome.unchanged, ["alerting"]);
+    assert_eq!(p.outcome.unchanged, ["proxy.routes", "alerting"]);
     let p = plan(
         &old,
         &new,
@@ -223,4 +223,25 @@ async fn a_bad_file_changes_nothing_and_no_file_is_a_conflict() {
         none.reload(Trigger::Api).await,
         Err(ReloadError::NoFile)
     ));
+}
+
+#[test]
+fn changed_routes_build_new_splits_and_bad_ones_are_refused() {
+    let ups = "proxy:\n  upstreams:\n    - {url: 'http://127.0.0.1:1', instance: a}\n    - {url: 'http://127.0.0.1:2', instance: b}\n";
+    let old = cfg(ups);
+    let new = cfg(&format!(
+        "{ups}  routes:\n    - name: r\n      model: m\n      split: [{{upstream: a, version: v1, weight: 9}}, {{upstream: b, version: v2, weight: 1}}]\n"
+    ));
+    let p = plan(&old, &new, ALL).unwrap();
+    assert_eq!(p.outcome.applied, ["proxy.routes"]);
+    let routes = p.routes.as_ref().unwrap();
+    assert_eq!(routes.splits().len(), 1);
+    assert_eq!(routes.splits()[0].weights(), [("v1".to_string(), 9.0), ("v2".to_string(), 1.0)]);
+    let (_, _, version) = routes.route_for(Some("m"), "").unwrap();
+    assert!(matches!(version, Some("v1" | "v2")));
+    let bad = cfg(&format!(
+        "{ups}  routes:\n    - name: r\n      model: m\n      split: [{{upstream: c, version: v1, weight: 1}}]\n"
+    ));
+    let e = plan(&old, &bad, ALL).err().unwrap();
+    assert!(e.contains("proxy.routes[0].split[0].upstream"), "{e}");
 }

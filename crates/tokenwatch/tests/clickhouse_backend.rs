@@ -114,7 +114,7 @@ async fn the_api_answers_from_clickhouse_and_an_outage_never_blocks_the_proxy() 
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let stored_rows = ch
-        .query("SELECT sum(count) FROM tokenwatch.rollups WHERE model_id = 'm' AND metric = 'e2e'");
+        .query("SELECT sum(count) FROM tokenwatch.rollups_v2 WHERE model_id = 'm' AND metric = 'e2e'");
     assert_eq!(stored_rows.trim(), N.to_string());
     let mut merged = LatencySketch::default();
     for r in &rows {

@@ -14,7 +14,7 @@ pub(crate) const RECORD_COLUMNS: &str = "seq, request_id, trace_id, model_id, ru
 pub(crate) const TEXT_COLUMNS: &str =
     "seq, request_id, arrival_unix_ms, region, prompt, completion, masked, truncated";
 pub(crate) const ROLLUP_COLUMNS: &str = "model_id, runtime, instance, tenant, ab_group, \
-    model_version, bucket, metric, minute_start_unix_ms, count, sketch, seq";
+    model_version, bucket, metric, minute_start_unix_ms, writer, count, sketch, seq";
 pub(crate) const SPAN_COLUMNS: &str = "trace_id, span_id, parent_span_id, name, kind, \
     start_unix_nano, end_unix_nano, status_code, status_message, service_name, attributes, \
     events_count, seq, keep";
@@ -82,7 +82,7 @@ pub(crate) fn texts(rows: &[RequestRecord], seq: u64) -> Option<Vec<u8>> {
     (!w.buf.is_empty()).then_some(w.buf)
 }
 
-pub(crate) fn rollups(rows: &[RollupRow], seq: u64) -> Vec<u8> {
+pub(crate) fn rollups(rows: &[RollupRow], writer: &str, seq: u64) -> Vec<u8> {
     let mut w = Writer::default();
     for (i, r) in rows.iter().enumerate() {
         let l = &r.labels;
@@ -95,6 +95,7 @@ pub(crate) fn rollups(rows: &[RollupRow], seq: u64) -> Vec<u8> {
         w.str(r.bucket.name());
         w.str(r.metric.name());
         w.i64(r.minute_start_unix_ms);
+        w.str(writer);
         w.u64(r.count);
         w.bytes(&r.sketch);
         w.u64(seq + i as u64);

@@ -8,6 +8,7 @@ mod query;
 mod retention;
 mod rowbinary;
 mod schema;
+mod scores;
 mod scrape_targets;
 
 use crate::{
@@ -37,6 +38,9 @@ pub struct ClickHouseConfig {
     pub retry_for: Duration,
     /// Longest one HTTP request may take, response included.
     pub timeout: Duration,
+    /// This instance's name in the roll-up key: instances sharing the database must each have
+    /// their own (their minutes of one series are merged at query time, never replaced).
+    pub writer_id: String,
 }
 
 impl Default for ClickHouseConfig {
@@ -48,6 +52,7 @@ impl Default for ClickHouseConfig {
             password_file: None,
             retry_for: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
+            writer_id: String::new(),
         }
     }
 }
@@ -61,6 +66,7 @@ impl std::fmt::Debug for ClickHouseConfig {
             .field("password_file", &self.password_file)
             .field("retry_for", &self.retry_for)
             .field("timeout", &self.timeout)
+            .field("writer_id", &self.writer_id)
             .finish()
     }
 }
@@ -115,7 +121,8 @@ const COUNT_ROWS: &str = "SELECT count() FROM {t} WHERE {cond}";
 /// Distinct roll-up keys (a re-emitted minute not yet merged away counts once), hashed so the
 /// count needs little memory.
 const COUNT_ROLLUPS: &str = "SELECT uniqExact(cityHash64(minute_start_unix_ms, model_id, \
-    runtime, instance, tenant, ab_group, model_version, bucket, metric)) FROM {t} WHERE {cond}";
+    runtime, instance, tenant, ab_group, model_version, bucket, metric, writer)) FROM {t} \
+    WHERE {cond}";
 
 /// Tables dropped by day with the raw-record retention, and the roll-ups' own.
 const RECORDS: DayTable = DayTable {
@@ -129,9 +136,15 @@ const TEXT: DayTable = DayTable {
     count: Some(COUNT_ROWS),
 };
 const ROLLUPS: DayTable = DayTable {
-    table: "rollups",
+    table: "rollups_v2",
     partition: schema::ROLLUPS_PARTITION,
     count: Some(COUNT_ROLLUPS),
+};
+/// Roll-ups of schema version 1 (copied into `rollups_v2` by migration 4).
+const LEGACY_ROLLUPS: DayTable = DayTable {
+    table: "rollups",
+    partition: schema::LEGACY_ROLLUPS_PARTITION,
+    count: None,
 };
 /// Markers are kept as long as roll-ups.
 const MARKERS: DayTable = DayTable {
@@ -165,6 +178,11 @@ const RAW_TIER: &[DayTable] = &[
         partition: schema::SCRAPE_TARGETS_PARTITION,
         count: None,
     },
+    DayTable {
+        table: "scores",
+        partition: schema::SCORES_PARTITION,
+        count: None,
+    },
 ];
 
 /// The store on ClickHouse. Retention works by whole UTC days: a day's rows go once all of the
@@ -173,6 +191,7 @@ const RAW_TIER: &[DayTable] = &[
 pub struct ClickHouseStore {
     client: Client,
     opts: StoreOptions,
+    writer_id: String,
 }
 
 impl std::fmt::Debug for ClickHouseStore {
@@ -193,7 +212,11 @@ impl ClickHouseStore {
         let client = Client::new(cfg, password.as_deref())?;
         schema::migrate(&client)?;
         tracing::debug!(database = %client.label(), "opened store");
-        Ok(ClickHouseStore { client, opts })
+        Ok(ClickHouseStore {
+            client,
+            opts,
+            writer_id: cfg.writer_id.clone(),
+        })
     }
 
     /// `clickhouse URL (database NAME)`.
@@ -237,9 +260,9 @@ impl Store for ClickHouseStore {
         if rows.is_empty() {
             return Ok(());
         }
-        let body = insert::rollups(rows, next_seq(rows.len()));
+        let body = insert::rollups(rows, &self.writer_id, next_seq(rows.len()));
         self.client
-            .insert("insert_rollups", "rollups", insert::ROLLUP_COLUMNS, &body)
+            .insert("insert_rollups", "rollups_v2", insert::ROLLUP_COLUMNS, &body)
     }
 
     fn query_records(&self, q: &RecordQuery) -> Result<Vec<RequestRecord>, StoreError> {
@@ -258,6 +281,7 @@ impl Store for ClickHouseStore {
             retention::drop_old_partitions(c, &RECORDS, raw_cutoff, "retention of records")?;
         let rollups_deleted =
             retention::drop_old_partitions(c, &ROLLUPS, rollup_cutoff, "retention of rollups")?;
+        retention::drop_old_partitions(c, &LEGACY_ROLLUPS, rollup_cutoff, "retention of rollups")?;
         for t in RAW_TIER {
             retention::drop_old_partitions(c, t, raw_cutoff, "retention of telemetry")?;
         }
@@ -297,7 +321,7 @@ impl Store for ClickHouseStore {
             c,
             "counting rollups",
             &COUNT_ROLLUPS
-                .replace("{t}", &format!("{db}.rollups"))
+                .replace("{t}", &format!("{db}.rollups_v2"))
                 .replace("{cond}", "1"),
         )?;
         let file_bytes = query::scalar_u64(
@@ -440,6 +464,26 @@ impl Store for ClickHouseStore {
 
     fn query_markers(&self, q: &MarkerQuery) -> Result<Vec<MarkerRow>, StoreError> {
         markers::query(&self.client, q)
+    }
+
+    fn insert_scores(&self, rows: &[crate::ScoreRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let body = scores::rows(rows, next_seq(rows.len()));
+        self.client
+            .insert("insert_scores", "scores", scores::COLUMNS, &body)
+    }
+
+    fn query_scores(
+        &self,
+        request_ids: &[String],
+        trace_ids: &[String],
+    ) -> Result<Vec<crate::ScoreRow>, StoreError> {
+        if request_ids.is_empty() && trace_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        scores::query(&self.client, request_ids, trace_ids)
     }
 }
 

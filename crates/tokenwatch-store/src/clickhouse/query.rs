@@ -15,6 +15,7 @@ use tokenwatch_core::alert::Alert;
 use tokenwatch_core::model::{
     CapturedText, ContextBucket, ErrorClass, GapSummary, LatencyMetric, RequestRecord, SeriesLabels,
 };
+use tokenwatch_core::sketch::LatencySketch;
 
 /// Ids per `IN (...)` list, well under the server's 256 KiB query size limit.
 const IN_CHUNK: usize = 1000;
@@ -265,14 +266,62 @@ pub(crate) fn rollups(client: &Client, q: &RollupQuery) -> Result<Vec<RollupRow>
     if let Some(m) = q.metric {
         conds.push(format!("metric = {}", quote(m.name())));
     }
-    // The newest row per key wins (replace semantics before the engine merges duplicates).
+    // The newest row per key and writer wins (replace semantics before the engine merges
+    // duplicates); the writers' rows of one key are then merged into one.
     let sql = format!(
-        "SELECT {ROLLUP_COLUMNS} FROM {db}.rollups{} ORDER BY {ROLLUP_KEY}, seq DESC \
-         LIMIT 1 BY {ROLLUP_KEY} FORMAT RowBinary",
+        "SELECT {ROLLUP_COLUMNS} FROM {db}.rollups_v2{} ORDER BY {ROLLUP_KEY}, writer, seq DESC \
+         LIMIT 1 BY {ROLLUP_KEY}, writer FORMAT RowBinary",
         where_clause(&conds)
     );
     let body = client.query("query_rollups", &sql, true)?;
-    decode(client, "rollups", &body, rollup_from)
+    let rows = decode(client, "rollups_v2", &body, rollup_from)?;
+    Ok(merge_writers(rows))
+}
+
+/// One row per (labels, bucket, metric, minute): the rows several writers stored for the same
+/// key (adjacent, the query orders by key) merge into one sketch. Rows whose sketch does not
+/// decode are returned as they are, for the caller to count as unreadable.
+fn merge_writers(rows: Vec<RollupRow>) -> Vec<RollupRow> {
+    let same_key = |a: &RollupRow, b: &RollupRow| {
+        a.minute_start_unix_ms == b.minute_start_unix_ms
+            && a.labels == b.labels
+            && a.bucket == b.bucket
+            && a.metric == b.metric
+    };
+    let mut out: Vec<RollupRow> = Vec::with_capacity(rows.len());
+    let mut group: Vec<RollupRow> = Vec::new();
+    let flush = |group: &mut Vec<RollupRow>, out: &mut Vec<RollupRow>| {
+        if group.len() <= 1 {
+            out.append(group);
+            return;
+        }
+        let mut merged = LatencySketch::new();
+        let mut readable = Vec::new();
+        for r in group.drain(..) {
+            match merged.merge_bytes(&r.sketch) {
+                Ok(()) => readable.push(r),
+                Err(_) => out.push(r),
+            }
+        }
+        match readable.len() {
+            0 => {}
+            1 => out.extend(readable),
+            _ => {
+                let mut row = readable.swap_remove(0);
+                row.count = merged.count();
+                row.sketch = merged.to_bytes();
+                out.push(row);
+            }
+        }
+    };
+    for r in rows {
+        if group.last().is_some_and(|g| !same_key(g, &r)) {
+            flush(&mut group, &mut out);
+        }
+        group.push(r);
+    }
+    flush(&mut group, &mut out);
+    out
 }
 
 fn rollup_from(r: &mut Reader<'_>) -> Result<RollupRow, String> {
@@ -287,6 +336,7 @@ fn rollup_from(r: &mut Reader<'_>) -> Result<RollupRow, String> {
     let bucket = r.string()?;
     let metric = r.string()?;
     let minute = r.i64()?;
+    let _writer = r.string()?;
     let desc = format!(
         "model_id {:?}, minute_start_unix_ms {minute}, bucket {bucket:?}, metric {metric:?}",
         labels.model_id
@@ -457,15 +507,34 @@ pub(crate) fn alerts(
     let body = client.query("load_alerts", &sql, true)?;
     let rows = decode(client, "alerts", &body, |r| Ok((r.string()?, r.string()?)))?;
     let mut out = Vec::with_capacity(rows.len());
+    let mut seen = std::collections::HashSet::new();
     for (id, json) in rows {
         match serde_json::from_str::<Alert>(&json) {
-            Ok(a) => out.push(a),
+            Ok(a) => {
+                if seen.insert(same_alert_key(&a).unwrap_or_else(|| (id, String::new()))) {
+                    out.push(a)
+                }
+            }
             Err(e) => {
                 tracing::warn!(alert = %id, error = %e, "stored alert does not decode; skipped")
             }
         }
     }
     Ok(out)
+}
+
+/// Instances sharing the database each store their own copy (own id) of an alert they all
+/// fire: the copies share the fingerprint (rule + labels) and, once fired, the incident id
+/// (derived from the fingerprint and window, not the process); pending copies have no incident
+/// and share the fingerprint. Copies with one key are listed once (the first, newest).
+fn same_alert_key(a: &Alert) -> Option<(String, String)> {
+    match (&a.incident_id, a.state) {
+        (Some(inc), _) if !inc.is_empty() => Some((a.fingerprint.clone(), inc.clone())),
+        (_, tokenwatch_core::alert::AlertState::Pending) => {
+            Some((a.fingerprint.clone(), "pending".into()))
+        }
+        _ => None,
+    }
 }
 
 /// Ids of resolved alerts resolved before `cutoff` (due for retention).

@@ -34,12 +34,15 @@ macro_rules! day_of_ns {
 pub(crate) const RECORDS_PARTITION: &str = day_of_ms!("arrival_unix_ms");
 pub(crate) const TEXT_PARTITION: &str = day_of_ms!("arrival_unix_ms");
 pub(crate) const ROLLUPS_PARTITION: &str = day_of_ms!("minute_start_unix_ms");
+/// Version 1's roll-ups (without a writer), kept until retention drops them.
+pub(crate) const LEGACY_ROLLUPS_PARTITION: &str = day_of_ms!("minute_start_unix_ms");
 pub(crate) const SPANS_PARTITION: &str = day_of_ns!("start_unix_nano");
 pub(crate) const LOGS_PARTITION: &str = day_of_ns!("time_unix_nano");
 pub(crate) const EMBEDDINGS_PARTITION: &str = day_of_ms!("at_unix_ms");
 pub(crate) const ANNOTATIONS_PARTITION: &str = day_of_ms!("at_unix_ms");
 pub(crate) const SCRAPE_TARGETS_PARTITION: &str = day_of_ms!("updated_unix_ms");
 pub(crate) const MARKERS_PARTITION: &str = day_of_ms!("at_unix_ms");
+pub(crate) const SCORES_PARTITION: &str = day_of_ms!("at_unix_ms");
 
 /// Append-only: never edit an applied migration, add a new one.
 pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
@@ -147,6 +150,41 @@ pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
         day_of_ms!("at_unix_ms"),
         " ORDER BY (model, at_unix_ms, id, seq)"
     )],
+}, Migration {
+    version: 4,
+    name: "roll-ups keyed by writer (several instances fronting one upstream instance)",
+    statements: &[
+        // Version 1's `rollups` had no writer in its key, so two tokenwatch instances writing
+        // the same series' minute replaced each other's row. Each writer's row now stands on
+        // its own and queries merge the writers' sketches. Old rows are copied with writer ''
+        // (re-running the copy is harmless: the copies replace each other, `LIMIT 1 BY` at
+        // query time). `rollups` is left in place, read by nothing, dropped by retention.
+        concat!(
+            "CREATE TABLE IF NOT EXISTS {db}.rollups_v2 (
+            model_id String, runtime String, instance String, tenant String, ab_group String,
+            model_version String, bucket String, metric String, minute_start_unix_ms Int64,
+            writer String, count UInt64, sketch String, seq UInt64
+        ) ENGINE = ReplacingMergeTree(seq) PARTITION BY ",
+            day_of_ms!("minute_start_unix_ms"),
+            " ORDER BY (metric, model_id, runtime, instance, tenant, ab_group, model_version, \
+             bucket, minute_start_unix_ms, writer)"
+        ),
+        "INSERT INTO {db}.rollups_v2 (model_id, runtime, instance, tenant, ab_group, \
+         model_version, bucket, metric, minute_start_unix_ms, writer, count, sketch, seq) \
+         SELECT model_id, runtime, instance, tenant, ab_group, model_version, bucket, metric, \
+         minute_start_unix_ms, '', count, sketch, seq FROM {db}.rollups",
+    ],
+}, Migration {
+    version: 5,
+    name: "feedback and evaluation scores",
+    statements: &[concat!(
+        "CREATE TABLE IF NOT EXISTS {db}.scores (
+            request_id String, trace_id String, at_unix_ms Int64, name String, value Float64,
+            source String, seq UInt64
+        ) ENGINE = MergeTree PARTITION BY ",
+        day_of_ms!("at_unix_ms"),
+        " ORDER BY (request_id, trace_id, at_unix_ms, seq)"
+    )],
 }];
 
 /// The highest schema version this build knows.
@@ -157,6 +195,11 @@ pub(crate) fn latest_version() -> u32 {
 /// Creates the database and `schema_migrations` if needed, then applies each migration not
 /// yet recorded. A database migrated by a newer build is refused.
 pub(crate) fn migrate(client: &Client) -> Result<(), StoreError> {
+    migrate_up_to(client, latest_version())
+}
+
+/// As `migrate`, applying only the migrations up to `version` (tests build older schemas).
+pub(crate) fn migrate_up_to(client: &Client, version: u32) -> Result<(), StoreError> {
     let db = client.database();
     client.query(
         "creating the database",
@@ -180,7 +223,10 @@ pub(crate) fn migrate(client: &Client) -> Result<(), StoreError> {
             known: i64::from(latest_version()),
         });
     }
-    for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+    for m in MIGRATIONS
+        .iter()
+        .filter(|m| m.version <= version && !applied.contains(&m.version))
+    {
         let fail = |e: StoreError| StoreError::Migration {
             database: client.label().to_string(),
             version: i64::from(m.version),
@@ -241,7 +287,9 @@ mod tests {
         assert_eq!(MIGRATIONS[0].version, 1);
         for m in MIGRATIONS {
             for st in m.statements {
-                assert!(st.contains("IF NOT EXISTS {db}."), "not idempotent: {st}");
+                // Copies are idempotent through their target's replace semantics.
+                let copy = st.starts_with("INSERT INTO {db}.rollups_v2 ");
+                assert!(copy || st.contains("IF NOT EXISTS {db}."), "not idempotent: {st}");
             }
         }
     }

@@ -108,7 +108,7 @@ fn server_errors_and_corrupt_rows_name_the_database() {
         "{text}"
     );
 
-    server.query("DROP TABLE tw.rollups");
+    server.query("DROP TABLE tw.rollups_v2");
     let err = store
         .query_rollups(&crate::RollupQuery {
             model: None,
@@ -180,4 +180,168 @@ fn the_password_is_sent_from_its_file_and_never_shown() {
         "{text}"
     );
     assert!(!text.contains("not-the-password"), "{text}");
+}
+
+fn e2e_rollup(minute: i64, values: &[f64]) -> crate::RollupRow {
+    let mut s = tokenwatch_core::sketch::LatencySketch::new();
+    for v in values {
+        s.add(*v);
+    }
+    crate::RollupRow {
+        count: s.count(),
+        sketch: s.to_bytes(),
+        ..conformance::rollup("m", tokenwatch_core::model::LatencyMetric::E2e, minute, 0)
+    }
+}
+
+fn all_rollups(store: &ClickHouseStore) -> Vec<crate::RollupRow> {
+    store
+        .query_rollups(&crate::RollupQuery {
+            model: None,
+            metric: None,
+            from_unix_ms: i64::MIN,
+            to_unix_ms: i64::MAX,
+        })
+        .unwrap()
+}
+
+#[test]
+fn writers_of_one_series_minute_are_merged_not_replaced() {
+    let server = ClickHouseServer::start();
+    let writer = |id: &str| {
+        let cfg = ClickHouseConfig {
+            writer_id: id.into(),
+            ..server.config("tw")
+        };
+        ClickHouseStore::open(&cfg, conformance::options()).unwrap()
+    };
+    let (a, b) = (writer("a"), writer("b"));
+    a.insert_rollups(&[e2e_rollup(0, &[0.1, 0.2])]).unwrap();
+    b.insert_rollups(&[e2e_rollup(0, &[0.4, 0.8, 1.6])])
+        .unwrap();
+    // a re-emits its minute: it replaces a's row only.
+    a.insert_rollups(&[e2e_rollup(0, &[0.1, 0.2, 0.3]), e2e_rollup(60_000, &[0.5])])
+        .unwrap();
+    for store in [&a, &b] {
+        let rows = all_rollups(store);
+        assert_eq!(rows.len(), 2, "one row per minute: {rows:?}");
+        assert_eq!((rows[0].minute_start_unix_ms, rows[0].count), (0, 6));
+        let merged = tokenwatch_core::sketch::LatencySketch::from_bytes(&rows[0].sketch).unwrap();
+        assert_eq!(merged.count(), 6);
+        let max = merged.quantile(1.0).unwrap();
+        assert!((max - 1.6).abs() < 0.02 * 1.6, "{max}");
+        assert_eq!((rows[1].minute_start_unix_ms, rows[1].count), (60_000, 1));
+    }
+    assert_eq!(
+        a.stats().unwrap().rollups,
+        3,
+        "stored rows: a's two minutes and b's one"
+    );
+    let keyed = server.query(
+        "SELECT writer, sum(count) FROM tw.rollups_v2 FINAL GROUP BY writer ORDER BY writer",
+    );
+    assert_eq!(keyed.trim(), "a\t4\nb\t3");
+}
+
+#[test]
+fn roll_ups_of_the_writerless_schema_stay_readable_after_the_migration() {
+    let server = ClickHouseServer::start();
+    let cfg = server.config("tw");
+    let client = Client::new(&cfg, None).unwrap();
+    schema::migrate_up_to(&client, 3).unwrap();
+    let old = e2e_rollup(120_000, &[0.25, 0.5]);
+    let body = {
+        let mut w = super::rowbinary::Writer::default();
+        let l = &old.labels;
+        for s in [
+            &l.model_id,
+            &l.runtime,
+            &l.instance,
+            &l.tenant,
+            &l.ab_group,
+            &l.model_version,
+        ] {
+            w.str(s);
+        }
+        w.str(old.bucket.name());
+        w.str(old.metric.name());
+        w.i64(old.minute_start_unix_ms);
+        w.u64(old.count);
+        w.bytes(&old.sketch);
+        w.u64(1);
+        w.buf
+    };
+    client
+        .insert(
+            "legacy roll-up",
+            "rollups",
+            "model_id, runtime, instance, tenant, ab_group, model_version, bucket, metric, \
+             minute_start_unix_ms, count, sketch, seq",
+            &body,
+        )
+        .unwrap();
+    let store = ClickHouseStore::open(
+        &ClickHouseConfig {
+            writer_id: "new".into(),
+            ..cfg
+        },
+        conformance::options(),
+    )
+    .unwrap();
+    assert_eq!(
+        all_rollups(&store),
+        [old.clone()],
+        "copied with the migration"
+    );
+    // A writer of the new schema adds to the migrated minute.
+    store
+        .insert_rollups(&[e2e_rollup(120_000, &[1.0])])
+        .unwrap();
+    let rows = all_rollups(&store);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].count, 3);
+}
+
+#[test]
+fn copies_of_one_alert_from_several_instances_load_once() {
+    use tokenwatch_core::alert::{Alert, AlertState, Severity};
+    let server = ClickHouseServer::start();
+    let store = open(&server, "tw");
+    let copy = |id: &str, incident: Option<&str>, state: AlertState, at: i64| Alert {
+        id: id.into(),
+        fingerprint: "fp1".into(),
+        rule: "ttft_high".into(),
+        labels: std::collections::BTreeMap::new(),
+        annotations: std::collections::BTreeMap::new(),
+        severity: Severity::Warning,
+        grade: None,
+        state,
+        active_at_unix_ms: at,
+        fired_at_unix_ms: (state != AlertState::Pending).then_some(at),
+        resolved_at_unix_ms: None,
+        last_event: None,
+        root_cause: Vec::new(),
+        incident_id: incident.map(String::from),
+        snapshot: None,
+    };
+    store
+        .upsert_alerts(&[
+            // Instances a and b fired the same alert (one incident), and both hold a pending
+            // copy of its next activation.
+            copy("fp1-100", Some("inc-0-fp1"), AlertState::Firing, 100),
+            copy("fp1-130", Some("inc-0-fp1"), AlertState::Firing, 130),
+            copy("fp1-900", None, AlertState::Pending, 900),
+            copy("fp1-910", None, AlertState::Pending, 910),
+            // The same alert in a later incident is another alert.
+            copy("fp1-500", Some("inc-480-fp1"), AlertState::Firing, 500),
+        ])
+        .unwrap();
+    let mut ids: Vec<String> = store
+        .load_alerts(0)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["fp1-130", "fp1-500", "fp1-910"]);
 }

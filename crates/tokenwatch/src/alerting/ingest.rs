@@ -117,6 +117,8 @@ pub struct IngestState {
 pub fn router(state: Arc<IngestState>) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/embeddings", post(post_embeddings))
+        .route("/api/v1/feedback", post(crate::alerting::feedback::post_feedback))
+        .route("/api/v1/scores", post(crate::alerting::feedback::post_scores))
         .with_state(state)
 }
 
@@ -146,7 +148,7 @@ pub struct ItemError {
     pub message: String,
 }
 
-fn item_error(index: usize, field: String, why: impl std::fmt::Display) -> ItemError {
+pub(crate) fn item_error(index: usize, field: String, why: impl std::fmt::Display) -> ItemError {
     ItemError {
         index,
         message: format!("{field} {why}"),
@@ -163,7 +165,7 @@ pub struct Item {
     pub at_unix_ms: i64,
 }
 
-fn json_type(v: &Value) -> &'static str {
+pub(crate) fn json_type(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -281,57 +283,123 @@ pub fn parse_item(i: usize, v: &Value, now: i64) -> Result<Item, ItemError> {
     })
 }
 
-fn refuse(status: StatusCode, msg: String) -> Response {
+pub(crate) fn refuse(status: StatusCode, msg: String) -> Response {
     (status, Json(json!({ "error": msg }))).into_response()
 }
 
-async fn post_embeddings(State(st): State<Arc<IngestState>>, body: Body) -> Response {
+/// How a partial-success endpoint names itself and its items in its refusals.
+pub(crate) struct ItemsEndpoint {
+    /// `POST /api/v1/embeddings`.
+    pub route: &'static str,
+    /// The fields of an item, `a, b, c`.
+    pub fields: &'static str,
+    /// What the items are, plural (`embeddings`).
+    pub noun: &'static str,
+    /// A bare JSON array is taken as the items too.
+    pub bare_array: bool,
+}
+
+/// Reads the body of a partial-success endpoint: `{"items": [...]}` (or, with `bare_array`, a
+/// JSON array) of 1 to `MAX_ITEMS` items within `MAX_BODY_BYTES`; anything else is the answer.
+pub(crate) async fn read_items(body: Body, ep: &ItemsEndpoint) -> Result<Vec<Value>, Response> {
     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
         Err(e) if crate::listen::limits::is_length_limit(&e) => {
             // Counted by the API listener in `tokenwatch_rejected_requests{reason="body_too_large"}`.
-            let msg = format!("the request body is over the limit of {MAX_BODY_BYTES} bytes (fixed for POST /api/v1/embeddings)");
-            return crate::listen::limits::mark_body_too_large(refuse(StatusCode::PAYLOAD_TOO_LARGE, msg));
+            let msg = format!(
+                "the request body is over the limit of {MAX_BODY_BYTES} bytes (fixed for {})",
+                ep.route
+            );
+            return Err(crate::listen::limits::mark_body_too_large(refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                msg,
+            )));
         }
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("could not read the body: {e}")),
+        Err(e) => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the body: {e}"),
+            ));
+        }
     };
     let body: Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,
         Err(e) => {
-            return refuse(
+            return Err(refuse(
                 StatusCode::BAD_REQUEST,
                 format!("the body is not valid JSON: {e}"),
-            );
+            ));
         }
     };
-    let Some(items) = body
-        .as_object()
-        .and_then(|o| o.get("items"))
-        .and_then(Value::as_array)
-    else {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            format!("the body must be an object {{\"items\": [{{{ITEM_FIELDS}}}, ...]}}"),
-        );
+    let fields = ep.fields;
+    let items = match body {
+        Value::Array(a) if ep.bare_array => a,
+        Value::Object(mut o) => {
+            let Some(Value::Array(a)) = o.remove("items") else {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("the body must be an object {{\"items\": [{{{fields}}}, ...]}}"),
+                ));
+            };
+            if let Some(k) = o.keys().next() {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown field {k:?}; allowed: items"),
+                ));
+            }
+            a
+        }
+        _ => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                format!("the body must be an object {{\"items\": [{{{fields}}}, ...]}}"),
+            ));
+        }
     };
-    if let Some(k) = body
-        .as_object()
-        .and_then(|o| o.keys().find(|k| *k != "items"))
-    {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            format!("unknown field {k:?}; allowed: items"),
-        );
-    }
     if items.is_empty() || items.len() > MAX_ITEMS {
-        return refuse(
+        return Err(refuse(
             StatusCode::BAD_REQUEST,
             format!(
-                "items must hold 1 to {MAX_ITEMS} embeddings, has {}",
+                "items must hold 1 to {MAX_ITEMS} {}, has {}",
+                ep.noun,
                 items.len()
             ),
-        );
+        ));
     }
+    Ok(items)
+}
+
+/// The partial-success answer: 200 with `accepted`, `rejected` and each refused item's index,
+/// field and reason; 400 (with `error` naming the first problem) when nothing was accepted.
+pub(crate) fn items_answer(total: usize, errors: Vec<ItemError>) -> Response {
+    let n_ok = total - errors.len();
+    let status = if n_ok == 0 {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::OK
+    };
+    let mut out = json!({ "accepted": n_ok, "rejected": errors.len(), "errors": errors });
+    if let Some(first) = errors.first().filter(|_| n_ok == 0) {
+        out["error"] = json!(format!(
+            "no item was accepted; first problem: {}",
+            first.message
+        ));
+    }
+    (status, Json(out)).into_response()
+}
+
+const EMBEDDINGS: ItemsEndpoint = ItemsEndpoint {
+    route: "POST /api/v1/embeddings",
+    fields: ITEM_FIELDS,
+    noun: "embeddings",
+    bare_array: false,
+};
+
+async fn post_embeddings(State(st): State<Arc<IngestState>>, body: Body) -> Response {
+    let items = match read_items(body, &EMBEDDINGS).await {
+        Ok(items) => items,
+        Err(answer) => return answer,
+    };
     let now = now_unix_ms();
     let mut errors = Vec::new();
     let mut accepted = Vec::new();
@@ -377,20 +445,7 @@ async fn post_embeddings(State(st): State<Arc<IngestState>>, body: Body) -> Resp
             feed.send_embeddings(inputs).await;
         }
     }
-    let n_ok = items.len() - errors.len();
-    let status = if n_ok == 0 {
-        StatusCode::BAD_REQUEST
-    } else {
-        StatusCode::OK
-    };
-    let mut out = json!({ "accepted": n_ok, "rejected": errors.len(), "errors": errors });
-    if let Some(first) = errors.first().filter(|_| n_ok == 0) {
-        out["error"] = json!(format!(
-            "no item was accepted; first problem: {}",
-            first.message
-        ));
-    }
-    (status, Json(out)).into_response()
+    items_answer(items.len(), errors)
 }
 
 #[cfg(test)]

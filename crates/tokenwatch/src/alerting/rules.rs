@@ -359,6 +359,14 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   for: 1m
   severity: warning
   summary: "A/B regression on {{ labels.model_id }}"
+- name: canary_rollback
+  detector: canary_rollback
+  group_by: [route, model_version]
+  window: 1m
+  resolve_after: 1m
+  severity: critical
+  summary: "Canary {{ labels.model_version }} of route {{ labels.route }} rolled back to weight 0 — restore with POST /api/v1/routes/{{ labels.route }}/weights"
+  description: "{{ evidence.reason }}; traffic goes to {{ evidence.stable_version }}. Restore: {{ evidence.restore }}"
 - name: prompt_version_decay
   detector: prompt_version_decay
   group_by: [model_id, prompt_version]

@@ -7,6 +7,7 @@ pub mod latency;
 mod markers;
 pub(crate) mod params;
 mod requests;
+pub mod routes;
 mod scaling;
 mod slos;
 pub mod trace_components;

@@ -1,7 +1,7 @@
 // `GET /api/v1/requests` (filters: model, tenant, status, min_e2e_s, request_id, annotated, since,
 // limit) and `GET /api/v1/requests/{id}`: stored request records with their per-chunk token
 // timeline, their `annotations` (per-request anomalies such as output length outliers) and, for
-// one request, its captured `text` (masked; only when `capture.text` is on).
+// one request, its captured `text` (masked; only when `capture.text` is on) and its `scores`.
 
 use super::ApiState;
 use super::params::{ParamError, Params};
@@ -128,6 +128,14 @@ pub(super) async fn list(
     })
 }
 
+fn internal_error(e: String) -> Response {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Json(json!({ "error": e })),
+    )
+        .into_response()
+}
+
 pub(super) async fn one(State(st): State<Arc<ApiState>>, Path(id): Path<String>) -> Response {
     let query = RecordQuery {
         request_id: Some(id.clone()),
@@ -137,7 +145,25 @@ pub(super) async fn one(State(st): State<Arc<ApiState>>, Path(id): Path<String>)
     };
     match run_query(st.store.clone(), query).await {
         Ok(mut records) => match records.pop() {
-            Some(r) => Json(r).into_response(),
+            Some(mut r) => {
+                // Its feedback and evaluation scores (`POST /api/v1/feedback`, `/api/v1/scores`),
+                // given for its request id or its trace id.
+                let trace = r["trace_id"].as_str().unwrap_or_default().to_string();
+                let store = st.store.clone();
+                let (ids, traces) = (vec![id.clone()], vec![trace]);
+                let scores =
+                    tokio::task::spawn_blocking(move || store.query_scores(&ids, &traces)).await;
+                match scores {
+                    Ok(Ok(rows)) => {
+                        if let Some(o) = r.as_object_mut() {
+                            o.insert("scores".into(), json!(rows));
+                        }
+                    }
+                    Ok(Err(e)) => return internal_error(e.to_string()),
+                    Err(e) => return internal_error(e.to_string()),
+                }
+                Json(r).into_response()
+            }
             None => (
                 StatusCode::NOT_FOUND,
                 Json(json!({ "error": format!("no stored request with id {id:?} (records are kept for the raw retention period)") })),

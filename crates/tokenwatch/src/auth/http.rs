@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 /// Routes that take data in: they need `ingest` (an `admin` token also passes).
-const INGEST_PATHS: &[&str] = &["/api/v1/embeddings"];
+const INGEST_PATHS: &[&str] = &["/api/v1/embeddings", "/api/v1/feedback", "/api/v1/scores"];
 
 /// What a request to the API port needs; `None` for what stays open: the probes, and the UI's
 /// page and static assets (they hold no data, and a browser cannot add a bearer header when it

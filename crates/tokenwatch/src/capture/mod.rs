@@ -32,6 +32,8 @@ pub struct CaptureConfig {
     pub tenant_regions: BTreeMap<String, String>,
     /// What counts as personal data.
     pub mask: mask::MaskConfig,
+    /// Local embeddings of responses (for semantic drift), text not kept.
+    pub embeddings: crate::embed::EmbeddingsConfig,
 }
 
 impl Default for CaptureConfig {
@@ -42,6 +44,7 @@ impl Default for CaptureConfig {
             region_header: "x-tokenwatch-region".into(),
             tenant_regions: BTreeMap::new(),
             mask: mask::MaskConfig::default(),
+            embeddings: crate::embed::EmbeddingsConfig::default(),
         }
     }
 }
@@ -62,6 +65,7 @@ impl CaptureConfig {
                 return Err((format!("capture.tenant_regions.{tenant}"), m));
             }
         }
+        self.embeddings.validate()?;
         match mask::Masker::new(&self.mask, b"check") {
             Ok(_) => Ok(()),
             Err(mask::MaskError::Invalid { path, message }) => Err((path, message)),
@@ -159,6 +163,11 @@ impl RawText {
         } else {
             self.response_cut = true;
         }
+    }
+
+    /// The completion text of the response kept so far, unmasked (for local embeddings).
+    pub fn completion_text(&self) -> String {
+        extract::completion(self.format, &self.response_bytes(), self.event_stream)
     }
 
     fn response_bytes(&self) -> Vec<u8> {

@@ -3,6 +3,7 @@
 
 pub mod compare;
 pub mod detect;
+pub mod scraped;
 pub mod sink;
 pub mod stats;
 
@@ -52,6 +53,8 @@ pub enum MarkerSource {
     Otlp,
     /// `POST /api/v1/markers`.
     Api,
+    /// A scraped runtime's `model_version` (`scraped`).
+    Scrape,
 }
 
 impl MarkerSource {
@@ -60,6 +63,7 @@ impl MarkerSource {
             MarkerSource::Proxy => "proxy",
             MarkerSource::Otlp => "otlp",
             MarkerSource::Api => "api",
+            MarkerSource::Scrape => "scrape",
         }
     }
 }

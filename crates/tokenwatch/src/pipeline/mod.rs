@@ -30,6 +30,11 @@ pub enum SinkError {
 pub trait RecordSink: Send {
     fn name(&self) -> &'static str;
     fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError>;
+    /// The pipeline's call: the batch shared, so that a sink keeping the records past the call
+    /// (the store's writer queue) takes a reference instead of a copy. Default: `consume`.
+    fn consume_shared(&mut self, batch: &Arc<Vec<RequestRecord>>) -> Result<(), SinkError> {
+        self.consume(batch)
+    }
     /// Per-minute sketch roll-ups completed by the aggregator.
     fn consume_rollups(&mut self, _rollups: &[Rollup]) -> Result<(), SinkError> {
         Ok(())
@@ -61,6 +66,8 @@ pub struct TelemetryQueue {
     /// uncounted: its record carries the same time, only later.
     first: mpsc::Sender<FirstToken>,
     metrics: Arc<Metrics>,
+    /// `capture.embeddings`: records with response bytes pass the embedding thread first.
+    embed: Option<crate::embed::EmbedQueue>,
 }
 
 impl TelemetryQueue {
@@ -70,6 +77,13 @@ impl TelemetryQueue {
 
     /// `submit`, with the request's and response's bytes for text capture.
     pub fn submit_with_text(&self, record: RequestRecord, raw: Option<Box<RawText>>) {
+        let (record, raw) = match (&self.embed, raw) {
+            (Some(embed), Some(raw)) => match embed.offer(record, raw) {
+                Ok(()) => return,
+                Err((record, raw)) => (record, Some(raw)),
+            },
+            (_, raw) => (record, raw),
+        };
         match self.tx.try_send(Queued { record, raw }) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -79,6 +93,12 @@ impl TelemetryQueue {
                 self.metrics.dropped_records_closed.inc();
             }
         }
+    }
+
+    /// This queue with records that carry response bytes sent through the local embedder.
+    pub fn with_embeddings(mut self, embed: crate::embed::EmbedQueue) -> TelemetryQueue {
+        self.embed = Some(embed);
+        self
     }
 
     /// Report a response's first token while it is still streaming; never waits.
@@ -140,7 +160,7 @@ impl Pipeline {
         let (tx, rx) = mpsc::channel(cfg.queue_capacity);
         let (first, first_rx) = mpsc::channel(cfg.queue_capacity);
         metrics.queue_capacity.set(cfg.queue_capacity as i64);
-        let queue = TelemetryQueue { tx, first, metrics: metrics.clone() };
+        let queue = TelemetryQueue { tx, first, metrics: metrics.clone(), embed: None };
         let handle = tokio::runtime::Handle::current();
         let close = Arc::new(AtomicBool::new(false));
         let worker = Worker { cfg, aggregator, sinks, metrics, rx, first_rx, handle, close: close.clone() };
@@ -269,10 +289,10 @@ impl Worker {
                 record
             })
             .collect();
-        let batch = &batch[..];
+        let batch = Arc::new(batch);
         {
             let mut agg = self.aggregator.lock().unwrap_or_else(|p| p.into_inner());
-            for r in batch {
+            for r in batch.iter() {
                 agg.observe(r);
             }
             self.metrics.aggregator_series.set(agg.series_count() as i64);
@@ -280,7 +300,7 @@ impl Worker {
         }
         self.metrics.pipeline_records.inc_by(batch.len() as u64);
         for sink in &mut self.sinks {
-            if let Err(e) = sink.consume(batch) {
+            if let Err(e) = sink.consume_shared(&batch) {
                 tracing::warn!(sink = sink.name(), error = %e, "sink failed on a batch");
             }
         }

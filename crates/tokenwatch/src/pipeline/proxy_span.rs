@@ -15,6 +15,7 @@
 //! class; status ERROR) and `tokenwatch.request_id`, `tokenwatch.tenant`, `tokenwatch.ab_group`,
 //! `tokenwatch.model_version` when set. Resource `service.name` is `tokenwatch`.
 
+use super::store_writer::StoreWriter;
 use super::{RecordSink, SinkError};
 use crate::config::{UpstreamConfig, parse_upstream_url};
 use crate::export::otlp::{ExportSpan, SpanExport};
@@ -24,7 +25,6 @@ use opentelemetry_proto::tonic::trace::v1::span::{Event, SpanKind};
 use opentelemetry_proto::tonic::trace::v1::{Span, Status, status::StatusCode};
 use std::collections::HashMap;
 use tokenwatch_core::model::RequestRecord;
-use super::store_writer::StoreWriter;
 use tokenwatch_store::SpanRow;
 
 /// `service.name` of the proxy's spans.
@@ -47,14 +47,6 @@ fn kv(key: &str, value: Value) -> KeyValue {
     }
 }
 
-fn s(v: &str) -> Value {
-    Value::StringValue(v.to_string())
-}
-
-fn int(v: u64) -> Value {
-    Value::IntValue(i64::try_from(v).unwrap_or(i64::MAX))
-}
-
 /// `gen_ai.operation.name` of a proxied endpoint.
 pub fn operation_of(endpoint: &str) -> &'static str {
     match endpoint {
@@ -64,10 +56,118 @@ pub fn operation_of(endpoint: &str) -> &'static str {
     }
 }
 
+/// A hex id of `len` bytes (what `hex::decode` accepts), checked without decoding it.
+fn is_hex_id(hex_id: &str, len: usize) -> bool {
+    hex_id.len() == 2 * len && hex_id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 fn span_id_bytes(hex_id: &str, len: usize) -> Option<Vec<u8>> {
-    (hex_id.len() == 2 * len)
+    is_hex_id(hex_id, len)
         .then(|| hex::decode(hex_id).ok())
         .flatten()
+}
+
+/// One attribute value of the proxy's span, borrowed from the record.
+#[derive(Debug, Clone, Copy)]
+enum Attr<'a> {
+    Str(&'a str),
+    Int(i64),
+    Bool(bool),
+    Double(f64),
+    /// An array of one string (`gen_ai.response.finish_reasons`).
+    OneStr(&'a str),
+}
+
+impl Attr<'_> {
+    fn to_value(self) -> Value {
+        match self {
+            Attr::Str(v) => Value::StringValue(v.to_string()),
+            Attr::Int(v) => Value::IntValue(v),
+            Attr::Bool(v) => Value::BoolValue(v),
+            Attr::Double(v) => Value::DoubleValue(v),
+            Attr::OneStr(v) => Value::ArrayValue(ArrayValue {
+                values: vec![AnyValue {
+                    value: Some(Value::StringValue(v.to_string())),
+                }],
+            }),
+        }
+    }
+
+    /// As `attrs::to_json_object` writes the same value.
+    fn write_json(self, out: &mut Vec<u8>) {
+        use std::io::Write as _;
+        match self {
+            Attr::Str(v) => write_json_str(out, v),
+            Attr::Int(v) => {
+                let _ = write!(out, "{v}");
+            }
+            Attr::Bool(v) => out.extend_from_slice(if v { b"true" } else { b"false" }),
+            Attr::Double(v) if v.is_finite() => {
+                let _ = serde_json::to_writer(&mut *out, &v);
+            }
+            Attr::Double(_) => out.extend_from_slice(b"null"),
+            Attr::OneStr(v) => {
+                out.push(b'[');
+                write_json_str(out, v);
+                out.push(b']');
+            }
+        }
+    }
+}
+
+fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing a &str into a Vec cannot fail: a quoted, escaped JSON string.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+fn saturating_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// What the exported span and the stored row share, derived from the record once.
+struct Shape<'a> {
+    operation: &'static str,
+    request_model: Option<&'a str>,
+    start: u64,
+    end: u64,
+    first_token: Option<u64>,
+}
+
+impl<'a> Shape<'a> {
+    /// None for records the proxy did not make (or with bad ids).
+    fn of(r: &'a RequestRecord) -> Option<Shape<'a>> {
+        if !is_hex_id(&r.span.span_id, 8)
+            || !is_hex_id(&r.trace_id, 16)
+            || !(r.span.parent_span_id.is_empty() || is_hex_id(&r.span.parent_span_id, 8))
+        {
+            return None;
+        }
+        let start = u64::try_from(r.arrival_unix_ms)
+            .unwrap_or(0)
+            .saturating_mul(1_000_000);
+        let at = |secs: f64| start.saturating_add((secs.max(0.0) * 1e9) as u64);
+        Some(Shape {
+            operation: operation_of(&r.endpoint),
+            request_model: (r.labels.model_id != crate::sources::proxy::UNKNOWN_MODEL)
+                .then_some(r.labels.model_id.as_str()),
+            start,
+            end: at(r.end_s),
+            first_token: r.first_token_s.map(at),
+        })
+    }
+
+    fn name(&self) -> String {
+        match self.request_model {
+            Some(m) => {
+                let mut name = String::with_capacity(self.operation.len() + 1 + m.len());
+                name.push_str(self.operation);
+                name.push(' ');
+                name.push_str(m);
+                name
+            }
+            None => self.operation.to_string(),
+        }
+    }
 }
 
 impl ProxySpanBuilder {
@@ -92,29 +192,15 @@ impl ProxySpanBuilder {
         ProxySpanBuilder { upstreams: map }
     }
 
-    /// The proxy's span of `r`; None for records the proxy did not make (or with bad ids).
-    pub fn build(&self, r: &RequestRecord) -> Option<Span> {
-        let span_id = span_id_bytes(&r.span.span_id, 8)?;
-        let trace_id = span_id_bytes(&r.trace_id, 16)?;
-        let parent_span_id = if r.span.parent_span_id.is_empty() {
-            Vec::new()
-        } else {
-            span_id_bytes(&r.span.parent_span_id, 8)?
-        };
-        let operation = operation_of(&r.endpoint);
-        let request_model = (r.labels.model_id != crate::sources::proxy::UNKNOWN_MODEL)
-            .then_some(&r.labels.model_id);
-        let name = match request_model {
-            Some(m) => format!("{operation} {m}"),
-            None => operation.to_string(),
-        };
-        let start = u64::try_from(r.arrival_unix_ms)
-            .unwrap_or(0)
-            .saturating_mul(1_000_000);
-        let at = |secs: f64| start.saturating_add((secs.max(0.0) * 1e9) as u64);
-
-        let mut a = Vec::with_capacity(20);
-        a.push(kv("gen_ai.operation.name", s(operation)));
+    /// The span's attributes, in order, each handed to `f`: the one list both the exported
+    /// span (`build`) and the stored row (`row`) are made from.
+    fn attributes<'a>(
+        &'a self,
+        r: &'a RequestRecord,
+        shape: &Shape<'a>,
+        mut f: impl FnMut(&'static str, Attr<'a>),
+    ) {
+        f("gen_ai.operation.name", Attr::Str(shape.operation));
         let provider = if !r.labels.runtime.is_empty() {
             r.labels.runtime.as_str()
         } else if r.endpoint == "/v1/messages" {
@@ -122,96 +208,142 @@ impl ProxySpanBuilder {
         } else {
             "openai"
         };
-        a.push(kv("gen_ai.provider.name", s(provider)));
-        if let Some(m) = request_model {
-            a.push(kv("gen_ai.request.model", s(m)));
+        f("gen_ai.provider.name", Attr::Str(provider));
+        if let Some(m) = shape.request_model {
+            f("gen_ai.request.model", Attr::Str(m));
         }
         if !r.span.response_model.is_empty() {
-            a.push(kv("gen_ai.response.model", s(&r.span.response_model)));
+            f("gen_ai.response.model", Attr::Str(&r.span.response_model));
         }
-        a.push(kv("gen_ai.request.stream", Value::BoolValue(r.stream)));
+        f("gen_ai.request.stream", Attr::Bool(r.stream));
         if let Some(n) = r.prompt_tokens {
-            a.push(kv("gen_ai.usage.input_tokens", int(n)));
+            f("gen_ai.usage.input_tokens", Attr::Int(saturating_i64(n)));
         }
         if let Some(n) = r.output_tokens {
-            a.push(kv("gen_ai.usage.output_tokens", int(n)));
+            f("gen_ai.usage.output_tokens", Attr::Int(saturating_i64(n)));
         }
         if let Some(n) = r.reasoning_tokens {
-            a.push(kv("gen_ai.usage.reasoning.output_tokens", int(n)));
+            f(
+                "gen_ai.usage.reasoning.output_tokens",
+                Attr::Int(saturating_i64(n)),
+            );
         }
         if !r.finish_reason.is_empty() {
-            let reasons = ArrayValue {
-                values: vec![AnyValue {
-                    value: Some(s(&r.finish_reason)),
-                }],
-            };
-            a.push(kv(
+            f(
                 "gen_ai.response.finish_reasons",
-                Value::ArrayValue(reasons),
-            ));
+                Attr::OneStr(&r.finish_reason),
+            );
         }
-        let mut events = Vec::new();
         if let Some(t) = r.first_token_s {
-            a.push(kv(
-                "gen_ai.response.time_to_first_chunk",
-                Value::DoubleValue(t),
-            ));
-            events.push(Event {
-                time_unix_nano: at(t),
-                name: FIRST_TOKEN_EVENT.into(),
-                ..Default::default()
-            });
+            f("gen_ai.response.time_to_first_chunk", Attr::Double(t));
         }
         match self.upstreams.get(&r.labels.instance) {
             Some((host, port)) => {
-                a.push(kv("server.address", s(host)));
-                a.push(kv("server.port", Value::IntValue(*port)));
+                f("server.address", Attr::Str(host));
+                f("server.port", Attr::Int(*port));
             }
             None if !r.labels.instance.is_empty() => {
-                a.push(kv("server.address", s(&r.labels.instance)))
+                f("server.address", Attr::Str(&r.labels.instance))
             }
             None => {}
         }
-        a.push(kv("http.request.method", s("POST")));
-        a.push(kv("url.path", s(&r.endpoint)));
+        f("http.request.method", Attr::Str("POST"));
+        f("url.path", Attr::Str(&r.endpoint));
         if r.status != 0 {
-            a.push(kv(
-                "http.response.status_code",
-                Value::IntValue(i64::from(r.status)),
-            ));
+            f("http.response.status_code", Attr::Int(i64::from(r.status)));
         }
-        let status = match r.error_class {
-            Some(class) => {
-                a.push(kv("error.type", s(class.name())));
-                Some(Status {
-                    code: StatusCode::Error as i32,
-                    message: class.name().into(),
-                })
-            }
-            None => None,
-        };
-        a.push(kv("tokenwatch.request_id", s(&r.request_id)));
+        if let Some(class) = r.error_class {
+            f("error.type", Attr::Str(class.name()));
+        }
+        f("tokenwatch.request_id", Attr::Str(&r.request_id));
         for (key, v) in [
             ("tokenwatch.tenant", &r.labels.tenant),
             ("tokenwatch.ab_group", &r.labels.ab_group),
             ("tokenwatch.model_version", &r.labels.model_version),
         ] {
             if !v.is_empty() {
-                a.push(kv(key, s(v)));
+                f(key, Attr::Str(v));
             }
         }
+    }
+
+    /// The proxy's span of `r`, for OTLP export; None for records the proxy did not make (or
+    /// with bad ids).
+    pub fn build(&self, r: &RequestRecord) -> Option<Span> {
+        let shape = Shape::of(r)?;
+        let span_id = span_id_bytes(&r.span.span_id, 8)?;
+        let trace_id = span_id_bytes(&r.trace_id, 16)?;
+        let parent_span_id = if r.span.parent_span_id.is_empty() {
+            Vec::new()
+        } else {
+            span_id_bytes(&r.span.parent_span_id, 8)?
+        };
+        let mut a = Vec::with_capacity(20);
+        self.attributes(r, &shape, |key, v| a.push(kv(key, v.to_value())));
+        let events = shape
+            .first_token
+            .map(|t| Event {
+                time_unix_nano: t,
+                name: FIRST_TOKEN_EVENT.into(),
+                ..Default::default()
+            })
+            .into_iter()
+            .collect();
+        let status = r.error_class.map(|class| Status {
+            code: StatusCode::Error as i32,
+            message: class.name().into(),
+        });
         Some(Span {
             trace_id,
             span_id,
             parent_span_id,
-            name,
+            name: shape.name(),
             kind: SpanKind::Client as i32,
-            start_time_unix_nano: start,
-            end_time_unix_nano: at(r.end_s),
+            start_time_unix_nano: shape.start,
+            end_time_unix_nano: shape.end,
             attributes: a,
             events,
             status,
             ..Default::default()
+        })
+    }
+
+    /// The stored row of the proxy's span of `r`, made straight from the record (no span is
+    /// built: its attributes are written as JSON as they are visited); the same row as
+    /// `row_of(&build(r)?, r)`. None where `build` gives none.
+    pub fn row(&self, r: &RequestRecord) -> Option<SpanRow> {
+        let shape = Shape::of(r)?;
+        let mut json = Vec::with_capacity(640);
+        json.push(b'{');
+        self.attributes(r, &shape, |key, v| {
+            if json.len() > 1 {
+                json.push(b',');
+            }
+            write_json_str(&mut json, key);
+            json.push(b':');
+            v.write_json(&mut json);
+        });
+        json.push(b'}');
+        Some(SpanRow {
+            trace_id: r.trace_id.clone(),
+            span_id: r.span.span_id.clone(),
+            parent_span_id: r.span.parent_span_id.clone(),
+            name: shape.name(),
+            kind: SpanKind::Client as i32,
+            start_unix_nano: saturating_i64(shape.start),
+            end_unix_nano: saturating_i64(shape.end),
+            status_code: if r.error_class.is_some() {
+                StatusCode::Error as i32
+            } else {
+                0
+            },
+            status_message: r
+                .error_class
+                .map(|c| c.name().to_string())
+                .unwrap_or_default(),
+            service_name: SERVICE_NAME.into(),
+            attributes_json: String::from_utf8(json).unwrap_or_default(),
+            events_count: u32::from(shape.first_token.is_some()),
         })
     }
 }
@@ -263,12 +395,15 @@ impl RecordSink for ProxySpanSink {
     }
 
     fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError> {
-        let mut rows = Vec::new();
+        let mut rows = Vec::with_capacity(batch.len());
         let mut spans = Vec::new();
         for r in batch.iter().filter(|r| !r.span.span_id.is_empty()) {
-            if let Some(span) = self.builder.build(r) {
-                rows.push(row_of(&span, r));
-                if self.export.is_some() {
+            // The row is written straight from the record; a span is built only for export.
+            if let Some(row) = self.builder.row(r) {
+                rows.push(row);
+                if self.export.is_some()
+                    && let Some(span) = self.builder.build(r)
+                {
                     spans.push(ExportSpan {
                         service_name: SERVICE_NAME.into(),
                         span,
@@ -324,6 +459,10 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    fn s(v: &str) -> Value {
+        Value::StringValue(v.to_string())
     }
 
     fn attr(span: &Span, key: &str) -> Option<Value> {
@@ -442,19 +581,71 @@ mod tests {
     }
 
     #[test]
+    fn the_row_made_from_the_record_is_the_row_of_the_exported_span() {
+        let b = ProxySpanBuilder::new(&upstreams());
+        let mut variants = vec![record()];
+        let mut r = record();
+        r.span.parent_span_id.clear();
+        r.labels.instance = "gpu-b".into();
+        r.labels.model_id = crate::sources::proxy::UNKNOWN_MODEL.into();
+        r.labels.ab_group = "b".into();
+        r.labels.model_version = "v2 \"quoted\"\n".into();
+        r.endpoint = "/v1/completions".into();
+        r.first_token_s = None;
+        r.reasoning_tokens = Some(7);
+        r.status = 502;
+        r.error_class = Some(ErrorClass::UpstreamTimeout);
+        variants.push(r);
+        let mut r = record();
+        r.labels.instance = "elsewhere:9".into();
+        r.labels.runtime.clear();
+        r.endpoint = "/v1/messages".into();
+        r.first_token_s = Some(f64::NAN);
+        r.finish_reason.clear();
+        r.prompt_tokens = Some(u64::MAX);
+        r.arrival_unix_ms = -5;
+        r.status = 0;
+        variants.push(r);
+        let mut r = record();
+        r.labels.instance.clear();
+        r.trace_id = r.trace_id.to_uppercase();
+        variants.push(r);
+        for r in &variants {
+            let span = b.build(r).unwrap();
+            assert_eq!(b.row(r).unwrap(), row_of(&span, r), "{r:?}");
+        }
+        let mut bad = record();
+        bad.span.parent_span_id = "b7ad6b716920333".into();
+        assert!(b.build(&bad).is_none() && b.row(&bad).is_none());
+        bad.span.parent_span_id = "g7ad6b7169203331".into();
+        assert!(b.build(&bad).is_none() && b.row(&bad).is_none());
+        let mut bad = record();
+        bad.trace_id = "4bf92f3577b34da6".into();
+        assert!(b.build(&bad).is_none() && b.row(&bad).is_none());
+    }
+
+    #[test]
     fn the_sink_stores_spans_and_queues_them_for_export() {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn tokenwatch_store::Store> =
             Arc::new(tokenwatch_store::SqliteStore::open(dir.path(), Default::default()).unwrap());
-        let cfg = crate::pipeline::StoreWriterConfig { queue_rows: 16, batch_max: 16, niceness: 0 };
-        let (writer, thread) = StoreWriter::start(store.clone(), cfg, Arc::new(Metrics::new())).unwrap();
+        let cfg = crate::pipeline::StoreWriterConfig {
+            queue_rows: 16,
+            batch_max: 16,
+            niceness: 0,
+        };
+        let (writer, thread) =
+            StoreWriter::start(store.clone(), cfg, Arc::new(Metrics::new())).unwrap();
         let mut sink = ProxySpanSink::new(ProxySpanBuilder::new(&upstreams()), writer, None);
         let mut other = record();
         other.span = ProxySpan::default();
         other.request_id = "otlp".into();
         sink.consume(&[record(), other]).unwrap();
         drop(sink);
-        assert!(thread.finish(std::time::Duration::from_secs(5)), "the writer drained");
+        assert!(
+            thread.finish(std::time::Duration::from_secs(5)),
+            "the writer drained"
+        );
         let spans = store
             .query_spans(&tokenwatch_store::SpanQuery {
                 trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),

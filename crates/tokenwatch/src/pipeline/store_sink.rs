@@ -3,6 +3,7 @@
 
 use super::store_writer::StoreWriter;
 use super::{RecordSink, SinkError};
+use std::sync::Arc;
 use tokenwatch_core::aggregate::Rollup;
 use tokenwatch_core::model::RequestRecord;
 use tokenwatch_store::RollupRow;
@@ -26,6 +27,12 @@ impl RecordSink for StoreSink {
     /// (`tokenwatch_store_records_dropped_total{reason}`).
     fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError> {
         self.writer.records(batch.to_vec());
+        Ok(())
+    }
+
+    /// The pipeline's batch is queued as it is, shared: no copy of the records.
+    fn consume_shared(&mut self, batch: &Arc<Vec<RequestRecord>>) -> Result<(), SinkError> {
+        self.writer.records_shared(batch.clone());
         Ok(())
     }
 

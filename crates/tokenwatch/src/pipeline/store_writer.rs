@@ -30,7 +30,8 @@ pub struct StoreWriterConfig {
 }
 
 enum Work {
-    Records(Vec<RequestRecord>),
+    /// Shared with the pipeline's batch (no copy is made to queue it).
+    Records(Arc<Vec<RequestRecord>>),
     Spans(Vec<SpanRow>),
     Logs(Vec<LogRow>),
     Rollups(Vec<RollupRow>),
@@ -240,7 +241,29 @@ impl StoreWriter {
 
     /// Queue request records; those without room are dropped and counted.
     pub fn records(&self, records: Vec<RequestRecord>) {
-        self.bounded(records, &self.records_lost, Work::Records);
+        self.records_shared(Arc::new(records));
+    }
+
+    /// Queue a batch of request records shared with the pipeline's other sinks, without
+    /// copying it; those without room are dropped and counted (only then is a part copied).
+    pub fn records_shared(&self, batch: Arc<Vec<RequestRecord>>) {
+        let n = batch.len();
+        let admitted = self.admit(n, &self.records_lost);
+        if admitted == 0 {
+            return;
+        }
+        let batch = if admitted < n {
+            Arc::new(match Arc::try_unwrap(batch) {
+                Ok(mut v) => {
+                    v.truncate(admitted);
+                    v
+                }
+                Err(shared) => shared[..admitted].to_vec(),
+            })
+        } else {
+            batch
+        };
+        self.send(Work::Records(batch), &self.records_lost);
     }
 
     /// Queue spans (the proxy's, or received over OTLP); those without room are dropped and
@@ -295,7 +318,17 @@ impl StoreWriter {
     /// Takes as many rows as there is room for (the first ones), counting the rest as lost;
     /// returns how many it took.
     fn bounded<T>(&self, mut rows: Vec<T>, lost: &Lost, work: fn(Vec<T>) -> Work) -> usize {
-        let n = rows.len();
+        let admitted = self.admit(rows.len(), lost);
+        if admitted == 0 {
+            return 0;
+        }
+        rows.truncate(admitted);
+        self.send(work(rows), lost)
+    }
+
+    /// Reserves room for as many of `n` rows as fit (the first ones), counting the rest as
+    /// lost; returns how many.
+    fn admit(&self, n: usize, lost: &Lost) -> usize {
         if n == 0 {
             return 0;
         }
@@ -324,15 +357,25 @@ impl StoreWriter {
                     "the store write queue is full; rows are dropped and counted until it drains (store.write_queue_records)"
                 );
             }
-            rows.truncate(admitted);
         } else {
             self.shared.full_logged.store(false, Ordering::Relaxed);
         }
-        if admitted == 0 {
-            return 0;
+        if admitted > 0 {
+            self.shared.depth.set((queued + admitted) as i64);
         }
-        self.shared.depth.set((queued + admitted) as i64);
-        if let Err(mpsc::SendError(w)) = self.tx.send(work(rows)) {
+        admitted
+    }
+
+    /// Queues `work`, whose rows `admit` made room for; returns how many rows it holds (0
+    /// when the writer thread is gone: they are counted as lost).
+    fn send(&self, work: Work, lost: &Lost) -> usize {
+        let admitted = match &work {
+            Work::Records(r) => r.len(),
+            Work::Spans(s) => s.len(),
+            Work::Logs(l) => l.len(),
+            Work::Rollups(_) | Work::Retention(_) => 0,
+        };
+        if let Err(mpsc::SendError(w)) = self.tx.send(work) {
             // The writer thread is gone (it only stops once every sender is dropped, or by a
             // panic): nothing will write these.
             let n = match w {
@@ -424,11 +467,15 @@ impl Writer {
                 Work::Rollups(rows) => self.write_rollups(&rows),
                 Work::Retention(now) => self.retain(now),
                 first => {
-                    let (mut records, mut spans, mut logs) = (Vec::new(), Vec::new(), Vec::new());
+                    let (mut batches, mut spans, mut logs) = (Vec::new(), Vec::new(), Vec::new());
+                    let mut n_records = 0;
                     let mut next = Some(first);
                     while let Some(w) = next.take() {
                         match w {
-                            Work::Records(r) if records.len() < self.batch_max => records.extend(r),
+                            Work::Records(r) if n_records < self.batch_max => {
+                                n_records += r.len();
+                                batches.push(r);
+                            }
                             Work::Spans(s) if spans.len() < self.batch_max => spans.extend(s),
                             Work::Logs(l) if logs.len() < self.batch_max => logs.extend(l),
                             other => {
@@ -438,8 +485,9 @@ impl Writer {
                         }
                         next = self.rx.try_recv().ok();
                     }
+                    let records = Self::contiguous(batches, n_records);
                     self.write_rows(
-                        &records,
+                        &records[..],
                         &self.records_lost,
                         |s, c| s.insert_records(c),
                         |m, n| {
@@ -457,6 +505,24 @@ impl Writer {
             }
             last_call = Instant::now();
         }
+    }
+
+    /// The queued batches as one slice: the only one as it is, several moved into one (a
+    /// batch the pipeline still shares, rarely, is copied).
+    fn contiguous(mut batches: Vec<Arc<Vec<RequestRecord>>>, n: usize) -> Arc<Vec<RequestRecord>> {
+        if batches.len() == 1
+            && let Some(only) = batches.pop()
+        {
+            return only;
+        }
+        let mut all = Vec::with_capacity(n);
+        for b in batches {
+            match Arc::try_unwrap(b) {
+                Ok(v) => all.extend(v),
+                Err(shared) => all.extend_from_slice(&shared),
+            }
+        }
+        Arc::new(all)
     }
 
     fn abandoning(&self) -> bool {
@@ -655,6 +721,16 @@ mod tests {
             ids: &[String],
         ) -> Result<Vec<tokenwatch_store::AnnotationRow>, StoreError> {
             self.inner().query_annotations(ids)
+        }
+        fn insert_scores(&self, rows: &[tokenwatch_store::ScoreRow]) -> Result<(), StoreError> {
+            self.inner().insert_scores(rows)
+        }
+        fn query_scores(
+            &self,
+            request_ids: &[String],
+            trace_ids: &[String],
+        ) -> Result<Vec<tokenwatch_store::ScoreRow>, StoreError> {
+            self.inner().query_scores(request_ids, trace_ids)
         }
         fn upsert_alerts(
             &self,

@@ -12,9 +12,9 @@
 //   counted). Failed requests count against `success`, not against the latency SLOs.
 // - `success` (default: 99.5 %): every request counts; a server-side failure is bad (client
 //   errors and cancellations are the caller's, as the error-burst detector counts them).
-// - `guardrail_rate` (default: < 3.5 % flagged, target 96.5 %): a request is counted when its
-//   record carries a guardrail or hallucination verdict, bad when flagged. Records do not carry
-//   one yet, so this SLO reports "no data" (no SLI, no budget) rather than an invented value.
+// - `guardrail_rate` (default: < 3.5 % flagged, target 96.5 %): each guardrail or hallucination
+//   verdict posted for a request (`POST /api/v1/feedback`, `/api/v1/scores`) is counted, bad
+//   when flagged. Without verdicts this SLO reports "no data" (no SLI, no budget).
 //
 // Error budget = 1 − target. Budget remaining = 1 − (bad / counted) / budget over the SLO window
 // (1: untouched, 0: spent, below 0: overspent). Burn rate over a window = (bad / counted) /

@@ -5,6 +5,7 @@
 use super::metrics::SloMetrics;
 use super::{Objective, SloBook, SloConfig, SloLabel, SloStatus};
 use crate::alerting::engine::inputs::{Label, Rec};
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use tokenwatch_detect as det;
@@ -75,7 +76,7 @@ impl Slo {
             Objective::Success => Some(!r.server_failure),
             Objective::TtftP95 => under(r.ttft),
             Objective::ItlP99 => under(r.itl),
-            // Records carry no guardrail verdict yet: nothing is counted (status "no data").
+            // Counted from posted verdicts instead (`observe_verdict`).
             Objective::GuardrailRate => None,
         }
     }
@@ -215,14 +216,30 @@ impl SloTracker {
 
     /// Count `r` in every SLO it is an event of.
     pub fn observe(&mut self, r: &Rec, tenant: &Label) {
-        for (i, s) in self.slos.iter().enumerate() {
-            let Some(good) = s.outcome(r) else {
-                continue;
-            };
+        for i in 0..self.slos.len() {
+            if let Some(good) = self.slos[i].outcome(r) {
+                self.count(i, &r.model, tenant, r.at_ms, !good);
+            }
+        }
+    }
+
+    /// A guardrail or hallucination verdict on a request of `model` for `tenant`: counted by
+    /// the `guardrail_rate` SLOs, bad when flagged.
+    pub fn observe_verdict(&mut self, model: &Label, tenant: &Label, at_ms: i64, flagged: bool) {
+        for i in 0..self.slos.len() {
+            if self.slos[i].objective == Objective::GuardrailRate {
+                self.count(i, model, tenant, at_ms, flagged);
+            }
+        }
+    }
+
+    fn count(&mut self, i: usize, model: &Label, tenant: &Label, at_ms: i64, bad: bool) {
+        let s = &self.slos[i];
+        {
             let key = Key {
                 slo: i,
                 model: if s.by_model {
-                    r.model.clone()
+                    model.clone()
                 } else {
                     Label::default()
                 },
@@ -232,16 +249,21 @@ impl SloTracker {
                     Label::default()
                 },
             };
-            if !self.series.contains_key(&key) && self.series.len() >= MAX_SERIES {
-                self.overflow += 1;
-                continue;
-            }
-            let series = self.series.entry(key).or_insert_with(|| Series {
-                fine: Buckets::new(s.fine_ms, s.longest_burn_ms),
-                coarse: Buckets::new(s.coarse_ms, s.window_ms),
-            });
-            series.fine.add(r.at_ms, !good);
-            series.coarse.add(r.at_ms, !good);
+            // One hash lookup per SLO (the key's labels are shared, not copied).
+            let full = self.series.len() >= MAX_SERIES;
+            let series = match self.series.entry(key) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(_) if full => {
+                    self.overflow += 1;
+                    return;
+                }
+                Entry::Vacant(e) => e.insert(Series {
+                    fine: Buckets::new(s.fine_ms, s.longest_burn_ms),
+                    coarse: Buckets::new(s.coarse_ms, s.window_ms),
+                }),
+            };
+            series.fine.add(at_ms, bad);
+            series.coarse.add(at_ms, bad);
         }
     }
 
@@ -543,6 +565,23 @@ mod tests {
         t.prune(700_000);
         assert_eq!(t.statuses().len(), 2);
         assert!(t.statuses().iter().all(|s| s.status == "no_data"));
+    }
+
+    #[test]
+    fn guardrail_verdicts_are_counted_by_the_guardrail_slo_only() {
+        let mut t = SloTracker::new(&[short(Objective::Success), short(Objective::GuardrailRate)]);
+        let (m, none) = (Label::from("m"), Label::default());
+        for k in 0..10i64 {
+            t.observe_verdict(&m, &none, 1_000 + k * 100, k < 4);
+        }
+        t.prune(2_500);
+        let st = t.statuses();
+        assert_eq!(st.len(), 2, "{st:#?}");
+        assert_eq!((st[0].slo.as_str(), st[0].status), ("success", "no_data"));
+        let g = &st[1];
+        assert_eq!((g.slo.as_str(), g.bad, g.total), ("guardrail_rate", 4, 10));
+        assert!((g.sli.unwrap() - 0.6).abs() < 1e-9, "{g:?}");
+        assert!(g.budget_remaining.unwrap() < 0.0, "40% flagged overspends a 3.5% budget");
     }
 
     #[test]

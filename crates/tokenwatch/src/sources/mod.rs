@@ -61,6 +61,8 @@ pub struct SourceContext {
     pub events: crate::alerting::engine::enrich::EventInbox,
     /// Where a source leaves what configuration reloads change in it (scrape targets).
     pub reload: crate::reload::Hooks,
+    /// The alert engine's input queue (scores sent as span attributes); None: alerting is off.
+    pub engine_feed: Option<crate::alerting::engine::inputs::EngineFeed>,
 }
 
 /// A started source: its tasks, and API routes it serves on the API port (if any).

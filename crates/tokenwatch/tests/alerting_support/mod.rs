@@ -2,7 +2,9 @@
 // a test configuration, alert polling, a webhook receiver, and streaming traffic with headers.
 #![allow(dead_code)]
 
-use crate::common::{Proc, free_addr, get, send, start_otlp_collector, start_tokenwatch, wait_ready};
+use crate::common::{
+    Proc, free_addr, get, send, start_otlp_collector, start_tokenwatch, wait_ready,
+};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::Path;

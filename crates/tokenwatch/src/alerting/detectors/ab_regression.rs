@@ -14,6 +14,9 @@ use tokenwatch_detect as det;
 pub struct AbParams {
     /// Share of traffic meant for arm B (0..1).
     pub target_share_b: f64,
+    /// The evaluation score read as the arms' quality (higher is better); without any, the
+    /// first quality score given in the window.
+    pub quality_score: String,
     #[serde(flatten)]
     pub detect: serde_json::Map<String, serde_json::Value>,
 }
@@ -22,6 +25,7 @@ impl Default for AbParams {
     fn default() -> Self {
         AbParams {
             target_share_b: 0.5,
+            quality_score: crate::alerting::engine::scores::DEFAULT_QUALITY.to_string(),
             detect: Default::default(),
         }
     }
@@ -30,6 +34,8 @@ impl Default for AbParams {
 pub struct AbRegression {
     pub params: det::AbRegressionParams,
     pub target_share_b: f64,
+    /// See `AbParams::quality_score`.
+    pub quality_score: String,
 }
 
 impl Detector for AbRegression {
@@ -49,10 +55,17 @@ impl Detector for AbRegression {
         let params = rule.validated_from(&serde_json::Value::Object(ab.detect))?;
         let signal = rule.signal(&["ttft", "e2e"], "ttft")?;
         let target_share_b = ab.target_share_b;
+        if !crate::alerting::feedback::valid_score_name(&ab.quality_score) {
+            return Err(rule.error(
+                "params.quality_score",
+                "must be a score name (a-z, 0-9, '_' and '.')",
+            ));
+        }
         Ok((
             AbRegression {
                 params,
                 target_share_b,
+                quality_score: ab.quality_score,
             },
             signal,
         ))
@@ -74,6 +87,12 @@ impl Detector for AbRegression {
             if groups.len() != 2 {
                 continue;
             }
+            let book = cx.inputs.scores();
+            let quality_name = book.quality_name(&m, &self.quality_score, now - w, now);
+            let mean = |name: &str, g: &str| {
+                book.mean(&m, name, now - w, now, |s| s.ab_group == g)
+                    .map(|(mean, _)| mean)
+            };
             let arm = |g: &str| {
                 let rs: Vec<&Rec> = win.iter().copied().filter(|r| r.ab_group == g).collect();
                 let mut v = values(rs.iter().copied(), &rule.signal);
@@ -81,8 +100,8 @@ impl Detector for AbRegression {
                 let stats = det::ArmStats {
                     requests: rs.len() as u64,
                     p99_s: quantile(v.clone(), 0.99).unwrap_or(0.0),
-                    quality: None,
-                    toxicity: None,
+                    quality: quality_name.as_deref().and_then(|q| mean(q, g)),
+                    toxicity: mean(crate::alerting::engine::scores::TOXICITY, g),
                 };
                 (stats, v)
             };
@@ -92,6 +111,7 @@ impl Detector for AbRegression {
                 let f = f
                     .with("arm_a", groups[0])
                     .with("arm_b", groups[1])
+                    .with("quality_score", quality_name.as_deref().unwrap_or(""))
                     .with("p99_increase_required", tuned.p99_increase)
                     .with("split_tolerance_points", tuned.split_tolerance * 100.0);
                 out.push(model_event(f, &rule.detector, &rule.signal, &m, now));
@@ -118,7 +138,7 @@ const P99_Z: f64 = 2.58;
 /// tolerance is at least `SPLIT_Z` binomial standard errors of the share at this sample size, and
 /// a P99 rise counts only when B's P99 lower bound clears A's upper bound by the configured
 /// margin (distribution-free order-statistic bounds). Large windows keep the spec's thresholds.
-fn ab_noise_floor(
+pub(super) fn ab_noise_floor(
     p: &det::AbRegressionParams,
     (a, a_sorted): (&det::ArmStats, &[f64]),
     (b, b_sorted): (&det::ArmStats, &[f64]),

@@ -10,6 +10,7 @@ mod absolute_latency;
 mod batch_jitter;
 mod cache_pollution;
 mod call_chain_convergence;
+mod canary_rollback;
 mod context_aware_threshold;
 pub mod drift_vote;
 mod error_burst;
@@ -32,6 +33,7 @@ pub use absolute_latency::AbsoluteLatency;
 pub use batch_jitter::BatchJitter;
 pub use cache_pollution::CachePollution;
 pub use call_chain_convergence::{CallChainConvergence, CallChainParams};
+pub use canary_rollback::CanaryRollback;
 pub use context_aware_threshold::ContextAwareThreshold;
 pub use drift_vote::DriftVote;
 pub use error_burst::ErrorBurst;
@@ -168,6 +170,7 @@ pub const REGISTRY: &[Registration] = &[
     register::<BatchJitter>(),
     register::<TripleSignalHealth>(),
     register::<AbRegression>(),
+    register::<CanaryRollback>(),
     register::<PromptVersionDecay>(),
     register::<TopologyConvergence>(),
     register::<CallChainConvergence>(),

@@ -25,7 +25,9 @@ impl Detector for PromptVersionDecay {
 
     fn compile(rule: &RuleInput) -> Result<(Self, String), RuleError> {
         let params = rule.validated()?;
-        let signal = rule.signal(&["success_ratio"], "success_ratio")?;
+        // `quality`: mean of the quality score (`factuality`, else the first given);
+        // `feedback`: share of thumbs-up (see `engine::scores`).
+        let signal = rule.signal(&["success_ratio", "quality", "feedback"], "success_ratio")?;
         let d = PromptVersionDecay {
             params,
             models: HashMap::new(),
@@ -39,16 +41,22 @@ impl Detector for PromptVersionDecay {
         if self.period.due(now, w) {
             let mut held = Vec::new();
             for m in cx.inputs.models() {
-                let mut per: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-                for r in cx
-                    .inputs
-                    .window(&m, now - w, now)
-                    .filter(|r| !r.prompt_version.is_empty())
-                {
-                    let e = per.entry(r.prompt_version.to_string()).or_default();
-                    e.0 += u64::from(r.ok);
-                    e.1 += 1;
-                }
+                let per = match rule.signal.as_str() {
+                    "quality" | "feedback" => score_periods(cx, &m, &rule.signal, now - w, now),
+                    _ => {
+                        let mut per: BTreeMap<String, (f64, u64)> = BTreeMap::new();
+                        for r in cx
+                            .inputs
+                            .window(&m, now - w, now)
+                            .filter(|r| !r.prompt_version.is_empty())
+                        {
+                            let e = per.entry(r.prompt_version.to_string()).or_default();
+                            e.0 += f64::from(u8::from(r.ok));
+                            e.1 += 1;
+                        }
+                        per
+                    }
+                };
                 let d = self
                     .models
                     .entry(m.clone())
@@ -57,10 +65,10 @@ impl Detector for PromptVersionDecay {
                     if (n as usize) < MIN_WINDOW_SAMPLES {
                         continue;
                     }
-                    if let Some(f) = d.observe_period(&v, ok as f64 / n as f64) {
+                    if let Some(f) = d.observe_period(&v, ok / n as f64) {
                         held.push(f.into_event(
                             &rule.detector,
-                            "success_ratio",
+                            &rule.signal,
                             labels(&[("model_id", &m), ("prompt_version", &v)]),
                             now,
                         ));
@@ -75,4 +83,35 @@ impl Detector for PromptVersionDecay {
     fn promql(&self, x: &PromCtx) -> Result<Vec<PromRule>, String> {
         Err(x.no_promql(super::ab_regression::PER_REQUEST_LABELS))
     }
+}
+
+/// Per prompt version of `model` in `[from, to)`: the sum and count of the quality score
+/// (`quality`) or of thumbs-up (`feedback`, thumbs are 1 up / 0 down).
+fn score_periods(
+    cx: &EvalCtx,
+    model: &str,
+    signal: &str,
+    from: i64,
+    to: i64,
+) -> BTreeMap<String, (f64, u64)> {
+    use crate::alerting::engine::scores::{DEFAULT_QUALITY, THUMBS};
+    let book = cx.inputs.scores();
+    let name = if signal == "feedback" {
+        Some(THUMBS.into())
+    } else {
+        book.quality_name(model, DEFAULT_QUALITY, from, to)
+    };
+    let mut per: BTreeMap<String, (f64, u64)> = BTreeMap::new();
+    let Some(name) = name else {
+        return per;
+    };
+    for s in book
+        .window(model, from, to)
+        .filter(|s| s.name == name && !s.prompt_version.is_empty())
+    {
+        let e = per.entry(s.prompt_version.to_string()).or_default();
+        e.0 += s.value;
+        e.1 += 1;
+    }
+    per
 }

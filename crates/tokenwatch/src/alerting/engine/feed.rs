@@ -29,6 +29,7 @@ pub enum Input {
     FirstToken(FirstToken),
     Embedding(EmbeddingInput),
     Prefix(PrefixAccess),
+    Score(super::scores::ScoreInput),
 }
 
 /// How long an API post waits for room in the engine's queue before giving up on evaluation
@@ -58,6 +59,19 @@ impl EngineFeed {
         for e in items {
             if !matches!(
                 self.tx.send_timeout(Input::Embedding(e), FEED_WAIT).await,
+                Ok(())
+            ) {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// Posted feedback and scores, as `send_embeddings`.
+    pub async fn send_scores(&self, items: impl IntoIterator<Item = super::scores::ScoreInput>) {
+        for s in items {
+            if !matches!(
+                self.tx.send_timeout(Input::Score(s), FEED_WAIT).await,
                 Ok(())
             ) {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -129,6 +143,7 @@ pub fn drain(rx: &mut mpsc::Receiver<Input>, inputs: &mut Inputs) -> Vec<Rec> {
             Input::FirstToken(f) => inputs.add_first_token(&f),
             Input::Embedding(e) => inputs.add_embedding(e),
             Input::Prefix(p) => inputs.add_prefix(p),
+            Input::Score(s) => inputs.add_score(s, now_unix_ms()),
         }
     }
     records

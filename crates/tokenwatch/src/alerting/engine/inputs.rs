@@ -2,6 +2,7 @@
 // `feed.rs`), per-model record windows, SLO counters, signal reads, and the sampled output
 // embeddings and prefix-cache accesses of records or of `POST /api/v1/embeddings`.
 
+use super::kept::{KeptQueue, Timed};
 use super::vectors::{EmbeddingSamples, PrefixLog};
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -181,6 +182,12 @@ pub struct Rec {
     pub ttft_early: bool,
 }
 
+impl Timed for Rec {
+    fn at_ms(&self) -> i64 {
+        self.at_ms
+    }
+}
+
 impl Rec {
     pub fn from_record(r: &RequestRecord) -> Rec {
         Rec {
@@ -223,7 +230,7 @@ impl Rec {
 
 /// A W3C trace id in 16 bytes (8-byte aligned, so a `Rec` grows by no more); all zero, which
 /// W3C trace context forbids, stands for none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct TraceKey([u64; 2]);
 
 impl TraceKey {
@@ -322,7 +329,8 @@ fn shrink_set<T: Eq + std::hash::Hash>(s: &mut HashSet<T>) {
 
 /// Per-model recent records, SLO counters, sampled embeddings and prefix-cache accesses.
 pub struct Inputs {
-    records: HashMap<Label, VecDeque<Rec>>,
+    /// Per model, in chunks: memory follows what is kept, and windows skip what is outside.
+    records: HashMap<Label, KeptQueue<Rec>>,
     /// Early copies of requests that have their first token (`add_first_token`).
     first_tokens: HashMap<Label, VecDeque<EarlyTtft>>,
     /// Per model, the request ids (hashed with `ids`) in `first_tokens` whose records have not
@@ -332,6 +340,8 @@ pub struct Inputs {
     slos: crate::slo::tracker::SloTracker,
     embeddings: HashMap<String, EmbeddingSamples>,
     prefixes: HashMap<String, PrefixLog>,
+    /// Feedback and evaluation scores joined to their requests.
+    scores: super::scores::ScoreBook,
     /// The label values of the kept records and early copies.
     labels: Interner,
     /// Hashes request ids (keyed per process: ids may come from clients).
@@ -340,6 +350,8 @@ pub struct Inputs {
     /// How long embeddings are kept; None: they are not kept (no rule reads them).
     embedding_retention_ms: Option<i64>,
     cap_per_model: usize,
+    /// Records dropped for `cap_per_model` before their retention ran out.
+    evicted: u64,
 }
 
 impl Inputs {
@@ -351,11 +363,14 @@ impl Inputs {
             slos: Default::default(),
             embeddings: HashMap::new(),
             prefixes: HashMap::new(),
+            // Request and trace ids of the last 100,000 records (about 7 MB) join scores.
+            scores: super::scores::ScoreBook::new(200_000, cap_per_model.max(1)),
             labels: Interner::default(),
             ids: RandomState::new(),
             retention_ms,
             embedding_retention_ms: Some(retention_ms),
             cap_per_model: cap_per_model.max(1),
+            evicted: 0,
         }
     }
 
@@ -479,6 +494,8 @@ impl Inputs {
             r.ttft_early =
                 !r.request_id.is_empty() && ids.remove(&self.ids.hash_one(&*r.request_id));
         }
+        self.scores.note_record(&r);
+        self.count_verdicts();
         r.request_id = Box::default();
         let mut tenant = std::mem::take(&mut r.tenant);
         self.labels.intern(&mut tenant);
@@ -486,6 +503,7 @@ impl Inputs {
         let q = self.records.entry(r.model.clone()).or_default();
         if q.len() >= self.cap_per_model {
             q.pop_front();
+            self.evicted += 1;
         }
         q.push_back(r);
     }
@@ -498,7 +516,6 @@ impl Inputs {
             while q.front().is_some_and(|r| now - r.at_ms > keep) {
                 q.pop_front();
             }
-            shrink(q);
         }
         self.records.retain(|_, q| !q.is_empty());
         for (model, q) in self.first_tokens.iter_mut() {
@@ -523,7 +540,33 @@ impl Inputs {
         self.embeddings
             .retain(|_, e| !e.prune(now, keep_embeddings));
         self.prefixes.retain(|_, p| !p.prune(now, keep));
+        self.scores.prune(now, keep);
         self.labels.prune();
+    }
+
+    /// A posted score (`POST /api/v1/feedback`, `/api/v1/scores`), joined to its request.
+    pub fn add_score(&mut self, s: super::scores::ScoreInput, now: i64) {
+        self.scores.add(s, now);
+        self.count_verdicts();
+    }
+
+    /// Guardrail and hallucination verdicts joined to their requests count in the SLOs.
+    fn count_verdicts(&mut self) {
+        for (model, tenant, at, flagged) in self.scores.take_verdicts() {
+            self.slos.observe_verdict(&model, &tenant, at, flagged);
+        }
+    }
+
+    /// The feedback and evaluation scores, per model.
+    pub fn scores(&self) -> &super::scores::ScoreBook {
+        &self.scores
+    }
+
+    /// Publish the scores' trend gauges on `/metrics`.
+    pub fn with_score_metrics(mut self, m: super::scores::ScoreMetrics) -> Inputs {
+        self.scores = std::mem::replace(&mut self.scores, super::scores::ScoreBook::new(1, 1))
+            .publishing(m);
+        self
     }
 
     pub fn models(&self) -> Vec<String> {
@@ -537,13 +580,28 @@ impl Inputs {
         m
     }
 
-    /// Records of `model` known in `(from, to]`.
+    /// Records of `model` known in `(from, to]` (chunks of kept records wholly outside are
+    /// not read).
     pub fn window(&self, model: &str, from: i64, to: i64) -> impl Iterator<Item = &Rec> {
         self.records
             .get(model)
             .into_iter()
-            .flatten()
+            .flat_map(move |q| q.overlapping(from, to))
             .filter(move |r| r.at_ms > from && r.at_ms <= to)
+    }
+
+    /// Records dropped because their model had `cap_per_model` kept, before their retention
+    /// ran out (the windows of the longest rules then start later than configured).
+    pub fn evicted_records(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Bytes allocated for kept records and early first tokens (their labels are shared and
+    /// not counted): the engine's per-request memory.
+    pub fn kept_bytes(&self) -> usize {
+        let records: usize = self.records.values().map(|q| q.capacity()).sum();
+        let early: usize = self.first_tokens.values().map(|q| q.capacity()).sum();
+        records * size_of::<Rec>() + early * size_of::<EarlyTtft>()
     }
 
     /// What a latency rule reads of `signal` in `(from, to]`: the records, except that for
@@ -726,6 +784,34 @@ mod tests {
     }
 
     #[test]
+    fn kept_memory_follows_the_records_kept_and_the_cap_is_counted() {
+        // As the engine keeps records (200,000 per model), after a run of 80,000 requests: a
+        // queue that doubles would hold room for 131,072 (and both buffers while growing).
+        let n: usize = 80_000;
+        let mut i = Inputs::new(3_600_000, 200_000);
+        for t in 0..n as i64 {
+            i.ingest(rec("m", t, 1.0, true));
+        }
+        let per = size_of::<Rec>();
+        let doubling = n.next_power_of_two() * per;
+        println!(
+            "kept after {n} records: {} bytes (a doubling queue: {doubling} bytes)",
+            i.kept_bytes()
+        );
+        assert!(i.kept_bytes() >= n * per);
+        assert!(i.kept_bytes() <= (n + super::super::kept::CHUNK) * per);
+        assert_eq!(i.evicted_records(), 0);
+        // Past the cap the oldest go, counted.
+        let mut capped = Inputs::new(3_600_000, 1_000);
+        for t in 0..2_500 {
+            capped.ingest(rec("m", t, 1.0, true));
+        }
+        assert_eq!(capped.window("m", i64::MIN, i64::MAX).count(), 1_000);
+        assert_eq!(capped.evicted_records(), 1_500);
+        assert_eq!(capped.window("m", i64::MIN, i64::MAX).next().map(|r| r.at_ms), Some(1_500));
+    }
+
+    #[test]
     fn a_burst_does_not_pin_its_memory() {
         let mut i = Inputs::new(10_000, 1_000_000);
         for t in 0..20_000 {
@@ -743,7 +829,7 @@ mod tests {
         // The newest 100 ms are kept.
         i.prune(29_900);
         assert_eq!(i.window("m", i64::MIN, i64::MAX).count(), 100);
-        assert!(i.records["m"].capacity() <= 2 * 100 + 1024);
+        assert!(i.records["m"].capacity() <= 100 + 2 * super::super::kept::CHUNK);
         assert!(i.first_tokens["m"].capacity() <= 2 * 100 + 1024);
         assert!(i.awaiting_record["m"].capacity() <= 2 * 100 + 1024);
     }

@@ -6,12 +6,14 @@ pub mod enrich;
 pub mod eval;
 pub mod feed;
 pub mod inputs;
+pub mod kept;
 pub mod latency;
 pub mod length;
 pub mod lifecycle;
 pub mod noise;
 pub mod persist;
 pub mod quality;
+pub mod scores;
 #[cfg(test)]
 mod reload_tests;
 #[cfg(test)]
@@ -265,7 +267,8 @@ pub fn start_with_slos(
         resolved: VecDeque::new(),
         inputs: inputs::Inputs::new(retention, RECORDS_PER_MODEL)
             .with_embedding_retention(embedding_retention)
-            .with_slos(slo_tracker),
+            .with_slos(slo_tracker)
+            .with_score_metrics(scores::ScoreMetrics::register(&deps.metrics)),
         scaler,
         history: EventHistory::new(cfg.event_lookback.0.as_millis() as i64),
         inbox: inbox.clone(),

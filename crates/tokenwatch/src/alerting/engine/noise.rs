@@ -155,8 +155,20 @@ impl Incidents {
             inc.last_activity_ms = inc.last_activity_ms.max(now);
             return id;
         }
-        self.seq += 1;
-        let id = format!("inc-{now}-{}", self.seq);
+        // Named by what opened it (the alert's rule + labels fingerprint) and the incident window
+        // it opened in, not by this process: instances sharing Alertmanager and a store that
+        // fire the same alert name the same incident (Alertmanager dedups by label set, and
+        // `incident_id` is a label). Firings straddling a window boundary still make two.
+        let start = if window > 0 {
+            now.div_euclid(window) * window
+        } else {
+            now
+        };
+        let mut id = format!("inc-{start}-{}", alert.fingerprint);
+        if self.open.contains_key(&id) {
+            self.seq += 1;
+            id = format!("{id}-{}", self.seq);
+        }
         self.open.insert(
             id.clone(),
             Incident {
@@ -413,6 +425,20 @@ mod tests {
         // A cause whose incident has closed does not hold the symptom: it opens its own.
         assert_eq!(inc.close_idle(5000), vec![2]);
         assert_ne!(inc.assign(&latency, Some(&il), 5000), il);
+    }
+
+    #[test]
+    fn instances_firing_the_same_alert_name_the_same_incident() {
+        // Two processes, each with its own incidents, see the same alert fire 40 ms apart.
+        let (mut a, mut b) = (Incidents::new(60_000), Incidents::new(60_000));
+        let spike = alert("latency_spike", "m", AlertState::Firing);
+        let (ia, ib) = (a.assign(&spike, None, 120_010), b.assign(&spike, None, 120_050));
+        assert_eq!(ia, ib);
+        assert_eq!(ia, format!("inc-120000-{}", spike.fingerprint));
+        // Another alert name, or another window, is another incident.
+        let other = alert("latency_spike", "n", AlertState::Firing);
+        assert_ne!(b.assign(&other, None, 120_060), ib);
+        assert_ne!(Incidents::new(60_000).assign(&spike, None, 180_000), ia);
     }
 
     #[test]

@@ -107,8 +107,8 @@ pub fn semantic_drift(
     st.held.clone()
 }
 
-/// KS on the rule's per-request series and the embedding centroid cosine (same windows as the
-/// two detectors), user feedback having no opinion until it is collected.
+/// KS on the rule's per-request series, the embedding centroid cosine (same windows as the
+/// two detectors) and the share of thumbs-down feedback (`scores::thumbs_down_drift`).
 pub fn drift_vote(
     rule: &RuleSpec,
     cfg: &DriftVoteRule,
@@ -121,6 +121,7 @@ pub fn drift_vote(
     }
     let mut models = cx.inputs.models();
     models.extend(cx.inputs.embedding_models());
+    models.extend(cx.inputs.scores().models().iter().map(|m| m.to_string()));
     models.sort();
     models.dedup();
     st.votes.retain(|m, _| models.binary_search(m).is_ok());
@@ -142,14 +143,27 @@ pub fn drift_vote(
             }
             None => (None, None),
         };
+        // Share of thumbs-down, as many thumbs as the KS test wants samples.
+        let book = cx.inputs.scores();
+        let feedback = super::scores::thumbs_down_drift(
+            super::scores::thumbs(book, &m, now - 7 * w, now - w),
+            super::scores::thumbs(book, &m, now - w, now),
+            cfg.ks.min_samples,
+        );
+        let fb = feedback.map(|(drift, ..)| drift);
         let vs = st
             .votes
             .entry(m.clone())
             .or_insert_with(|| VoteState::new(cfg.vote.clone()));
-        vs.learn([ks, emb, None]);
-        let Some(mut f) = vs.vote.vote(ks, emb, None) else {
+        vs.learn([ks, emb, fb]);
+        let Some(mut f) = vs.vote.vote(ks, emb, fb) else {
             continue;
         };
+        if let Some((_, reference, current)) = feedback {
+            f = f
+                .with("feedback_thumbs_down_reference", reference)
+                .with("feedback_thumbs_down_current", current);
+        }
         f = f
             .with("signal", rule.signal.clone())
             .with("window_s", w as f64 / 1000.0)

@@ -37,6 +37,8 @@ pub struct TraceBatch {
     pub first_error: Option<String>,
     /// Spans accepted.
     pub accepted: u64,
+    /// Feedback and scores sent as span attributes (`span_scores`).
+    pub scores: Vec<tokenwatch_store::ScoreRow>,
 }
 
 /// Labels and facts shared by every span of one resource.
@@ -47,6 +49,7 @@ struct ResourceInfo<'a> {
     tenant: Option<&'a Value>,
     ab_group: Option<&'a Value>,
     model_version: Option<&'a Value>,
+    prompt_version: Option<&'a Value>,
 }
 
 impl<'a> ResourceInfo<'a> {
@@ -64,6 +67,7 @@ impl<'a> ResourceInfo<'a> {
                 "tenant.id" | "tokenwatch.tenant" => r.tenant = r.tenant.or(v),
                 "tokenwatch.ab_group" => r.ab_group = v,
                 "gen_ai.request.model_version" | "tokenwatch.model_version" => r.model_version = r.model_version.or(v),
+                PROMPT_VERSION_ATTR | TW_PROMPT_VERSION_ATTR => r.prompt_version = r.prompt_version.or(v),
                 _ => {}
             }
         }
@@ -94,6 +98,7 @@ struct GenAi<'a> {
     tenant: Option<&'a Value>,
     ab_group: Option<&'a Value>,
     model_version: Option<&'a Value>,
+    prompt_version: Option<&'a Value>,
     embedding: Option<&'a Value>,
     prefix_hash: Option<&'a Value>,
     /// `llm.token_count.total` (OpenInference), for a missing input or output count.
@@ -142,6 +147,10 @@ impl OpenInference<'_> {
 
 /// The response's embedding (array of numbers) on a GenAI span.
 pub const EMBEDDING_ATTR: &str = "tokenwatch.output.embedding";
+/// The prompt (template) version of a request, on the span or its resource; a change of the
+/// version most requests carry is a version marker.
+pub const PROMPT_VERSION_ATTR: &str = "gen_ai.prompt.version";
+pub const TW_PROMPT_VERSION_ATTR: &str = "tokenwatch.prompt.version";
 /// The prompt's prefix-cache key on a GenAI span.
 pub const PREFIX_HASH_ATTR: &str = "tokenwatch.prompt.prefix_hash";
 
@@ -173,6 +182,7 @@ impl<'a> GenAi<'a> {
                 "tenant.id" | "tokenwatch.tenant" => &mut g.tenant,
                 "tokenwatch.ab_group" => &mut g.ab_group,
                 "gen_ai.request.model_version" | "tokenwatch.model_version" => &mut g.model_version,
+                PROMPT_VERSION_ATTR | TW_PROMPT_VERSION_ATTR => &mut g.prompt_version,
                 EMBEDDING_ATTR => &mut g.embedding,
                 PREFIX_HASH_ATTR => &mut g.prefix_hash,
                 "openinference.span.kind" => &mut g.oi.span_kind,
@@ -268,6 +278,18 @@ pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatc
                 match map_span(span, &res, want_rows) {
                     Ok((record, row, warning)) => {
                         out.accepted += 1;
+                        let (scores, score_warning) = super::span_scores::of(&span.attributes);
+                        if !scores.is_empty()
+                            && let Ok(trace_id) = attrs::trace_id(&span.trace_id)
+                        {
+                            let request_id = record.as_ref().map(|r| r.request_id.as_str());
+                            let at = match nanos(span.end_time_unix_nano) / 1_000_000 {
+                                0 => crate::pipeline::now_unix_ms(),
+                                ms => ms,
+                            };
+                            out.scores.extend(super::span_scores::rows(scores, &trace_id, request_id, at));
+                        }
+                        let warning = warning.or(score_warning);
                         out.records.extend(record);
                         out.spans.extend(row);
                         if let Some(w) = warning
@@ -394,7 +416,7 @@ fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str,
         request_id: span_id.to_string(),
         trace_id: trace_id.to_string(),
         labels,
-        prompt_version: String::new(),
+        prompt_version: text(g.prompt_version.or(res.prompt_version)).unwrap_or_default(),
         endpoint: text(g.route)
             .or_else(|| text(g.operation))
             .or_else(|| g.kind_operation.map(String::from))

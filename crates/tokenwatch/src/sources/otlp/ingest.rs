@@ -125,6 +125,8 @@ pub struct Ingest {
     span_export: Option<crate::export::otlp::SpanExport>,
     /// Stored log records are mined into templates too (`crate::logs`).
     log_feed: Option<crate::logs::LogFeed>,
+    /// Scores sent as span attributes are stored here and handed to the alert engine.
+    scores: Option<(Arc<dyn tokenwatch_store::Store>, Option<crate::alerting::engine::inputs::EngineFeed>)>,
     pub stats: OtlpStats,
 }
 
@@ -144,6 +146,7 @@ impl Ingest {
             text,
             span_export: None,
             log_feed: None,
+            scores: None,
             mapper: Mutex::new(MetricsMapper::default()),
             permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
             stats: OtlpStats::default(),
@@ -160,6 +163,47 @@ impl Ingest {
     pub fn with_log_feed(mut self, feed: Option<crate::logs::LogFeed>) -> Ingest {
         self.log_feed = feed;
         self
+    }
+
+    /// Store the scores of span attributes in `store` and feed them to the engine behind `feed`.
+    pub fn with_scores(
+        mut self,
+        store: Arc<dyn tokenwatch_store::Store>,
+        feed: Option<crate::alerting::engine::inputs::EngineFeed>,
+    ) -> Ingest {
+        self.scores = Some((store, feed));
+        self
+    }
+
+    /// Scores of span attributes: stored (off the async workers) then given to the engine; a
+    /// failed store write is logged (the spans and records are accepted either way).
+    async fn keep_scores(&self, rows: Vec<tokenwatch_store::ScoreRow>) {
+        let Some((store, feed)) = &self.scores else {
+            return;
+        };
+        if rows.is_empty() {
+            return;
+        }
+        let inputs: Vec<crate::alerting::engine::scores::ScoreInput> = rows
+            .iter()
+            .map(|r| crate::alerting::engine::scores::ScoreInput {
+                request_id: r.request_id.clone(),
+                trace_id: r.trace_id.clone(),
+                model: String::new(),
+                at_ms: r.at_unix_ms,
+                name: r.name.clone(),
+                value: r.value,
+            })
+            .collect();
+        let store = store.clone();
+        match tokio::task::spawn_blocking(move || store.insert_scores(&rows)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "storing the scores of received spans failed"),
+            Err(e) => tracing::warn!(error = %e, "storing the scores of received spans failed"),
+        }
+        if let Some(feed) = feed {
+            feed.send_scores(inputs).await;
+        }
     }
 
     /// A slot for one export, or `Busy` when `max_in_flight` are already being processed.
@@ -190,6 +234,7 @@ impl Ingest {
             }
             dropped_spans = (n_spans - queued) as u64;
         }
+        self.keep_scores(batch.scores).await;
         let mut records = batch.records;
         let mut dropped = 0u64;
         let mut first = true;

@@ -16,6 +16,7 @@ mod http;
 pub mod ingest;
 pub mod logs;
 pub mod metrics;
+pub mod span_scores;
 
 /// The OTLP protobuf types (for fuzz targets and benchmarks built on this crate).
 pub use opentelemetry_proto as proto;
@@ -129,7 +130,8 @@ impl super::Source for OtlpSource {
             let ingest = Arc::new(
                 ingest::Ingest::new(ctx.queue, ctx.store_writer, ctx.signals, MAX_IN_FLIGHT, ctx.telemetry_text)
                     .with_span_export(ctx.span_export)
-                    .with_log_feed(ctx.log_feed),
+                    .with_log_feed(ctx.log_feed)
+                    .with_scores(ctx.store.clone(), ctx.engine_feed.clone()),
             );
             ingest.stats.register(&ctx.metrics);
             let grpc_task = tokio::spawn(grpc::serve(

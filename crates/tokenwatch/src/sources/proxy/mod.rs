@@ -4,6 +4,7 @@
 pub mod identity;
 pub mod prefix;
 mod route;
+pub mod split;
 pub mod sse;
 mod tap;
 pub mod tls;
@@ -62,6 +63,7 @@ impl ProxyState {
         let mut builder = Client::builder(TokioExecutor::new());
         builder.pool_idle_timeout(Duration::from_secs(90)).pool_max_idle_per_host(1024);
         let client = builder.build(connector);
+        split::board().publish(routes.splits().to_vec());
         let routing = Routing::new(routes, &builder, cfg.connect_timeout.0);
         ProxyState {
             client,
@@ -83,7 +85,7 @@ impl ProxyState {
 
     /// Keep each LLM request's body and response bytes for text capture (`capture.text`).
     pub fn with_capture(mut self, cfg: &crate::capture::CaptureConfig) -> ProxyState {
-        self.capture = cfg.text.then(|| cfg.clone());
+        self.capture = (cfg.text || cfg.embeddings.enabled).then(|| cfg.clone());
         self
     }
 
@@ -98,6 +100,7 @@ impl ProxyState {
     pub fn swap_routes(&self, mut routes: UpstreamRouter) {
         let old = self.routing();
         routes.keep_counts_from(&old.routes);
+        split::board().publish(routes.splits().to_vec());
         let next = Arc::new(Routing::new(routes, &self.client_builder, self.connect_timeout));
         *self.routing.write().unwrap_or_else(|p| p.into_inner()) = next;
     }
@@ -297,7 +300,7 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
 
     // `slot` counts the request in its upstream pool until the response body is dropped.
     let routing = st.routing();
-    let Some((route, slot)) = routing.routes.route(peek.model.as_deref()) else {
+    let Some((route, slot, version)) = routing.routes.route_for(peek.model.as_deref(), &record.labels.tenant) else {
         let msg = format!("no upstream is configured for model {:?} (proxy.upstreams)", record.labels.model_id);
         if llm {
             record.status = 502;
@@ -307,6 +310,11 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     };
     record.labels.runtime = route.runtime.clone();
     record.labels.instance = route.instance.clone();
+    if let Some(v) = version {
+        // A split's arm: its version is the record's, and the arm is its A/B group.
+        record.labels.model_version = v.to_string();
+        record.labels.ab_group = v.to_string();
+    }
     let raw = match (&st.capture, format) {
         (Some(c), Some(f)) => {
             let region = c.region_of(&parts.headers, &record.labels.tenant);

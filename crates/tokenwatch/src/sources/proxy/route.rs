@@ -113,6 +113,8 @@ pub struct Router {
     by_model: Vec<(String, Pool)>,
     /// The upstreams with `models: ['*']` (or none listed); empty when there are none.
     any_model: Option<Pool>,
+    /// Weighted splits between model versions (`proxy.routes`), taking their models first.
+    splits: Vec<Arc<super::split::SplitTable>>,
 }
 
 impl Router {
@@ -143,7 +145,39 @@ impl Router {
                 .map(|(m, members)| (m, Pool::new(members)))
                 .collect(),
             any_model: (!any.is_empty()).then(|| Pool::new(any)),
+            splits: Vec::new(),
         })
+    }
+
+    /// Add the weighted splits of `proxy.routes` (errors name the key path).
+    pub fn with_splits(mut self, routes: &[super::split::RouteConfig]) -> Result<Router, String> {
+        super::split::validate(routes).map_err(|(path, msg)| format!("{path}: {msg}"))?;
+        for (i, cfg) in routes.iter().enumerate() {
+            let key = format!("proxy.routes[{i}]");
+            self.splits.push(Arc::new(super::split::SplitTable::new(&key, cfg, &self.routes)?));
+        }
+        Ok(self)
+    }
+
+    /// The weighted splits, in configuration order.
+    pub fn splits(&self) -> &[Arc<super::split::SplitTable>] {
+        &self.splits
+    }
+
+    /// The upstream for a request naming `model` from `tenant`: a split's arm when a route of
+    /// `proxy.routes` covers the model (with the arm's version), else `route`'s choice.
+    pub fn route_for(
+        &self,
+        model: Option<&str>,
+        tenant: &str,
+    ) -> Option<(&Route, Option<Slot>, Option<&str>)> {
+        if let Some(t) = model.and_then(|m| self.splits.iter().find(|t| t.model == m)) {
+            let (index, version) = t.pick(tenant);
+            let route = self.routes.get(index)?;
+            route.in_flight.fetch_add(1, Ordering::Relaxed);
+            return Some((route, Some(Slot(route.in_flight.clone())), Some(version)));
+        }
+        self.route(model).map(|(r, s)| (r, s, None))
     }
 
     pub fn is_empty(&self) -> bool {

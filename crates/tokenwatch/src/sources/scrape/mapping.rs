@@ -52,6 +52,8 @@ pub struct MapOutput {
     pub points: Vec<SignalPoint>,
     /// New GPU XID errors seen in this scrape (`super::xid`), for root cause.
     pub events: Vec<AnomalyEvent>,
+    /// (model, version) the target reports (`crate::markers::scraped`), for version markers.
+    pub versions: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -108,6 +110,7 @@ impl Mapper {
         let mut models: HashSet<String> = HashSet::new();
         let mut detected: Option<&'static str> = None;
         let mut samples = 0usize;
+        let mut versions = crate::markers::scraped::ScrapeVersions::default();
 
         for fam in families {
             if let Some(rt) = runtime_of(fam.name) {
@@ -118,6 +121,9 @@ impl Mapper {
             }
             for s in &fam.samples {
                 samples += 1;
+                if let Some((model, version)) = crate::markers::scraped::version_of(fam.name, s) {
+                    versions.add(model, version);
+                }
                 for &(idx, role) in rules.lookup(s.name) {
                     let rule = &rules.rules[idx];
                     if !rule
@@ -274,6 +280,7 @@ impl Mapper {
             samples,
             points,
             events,
+            versions: versions.finish(),
         }
     }
 

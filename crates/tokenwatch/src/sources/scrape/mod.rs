@@ -208,6 +208,7 @@ impl Source for ScrapeSource {
                 health,
                 signals: ctx.signals.clone(),
                 events: ctx.events.clone(),
+                versions: crate::markers::scraped::ScrapedMarkers::new(ctx.store.clone()),
                 window: cfg.latency_window.0,
                 max_body: cfg.max_body_bytes,
                 shutdown: ctx.shutdown.clone(),

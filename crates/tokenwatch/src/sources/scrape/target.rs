@@ -197,6 +197,8 @@ pub struct Shared {
     pub signals: SharedSignals,
     /// GPU XID errors go to the alert engine's root-cause history.
     pub events: EventInbox,
+    /// Scraped model versions become version markers.
+    pub versions: crate::markers::scraped::ScrapedMarkers,
     pub window: Duration,
     pub max_body: usize,
     pub shutdown: watch::Receiver<bool>,
@@ -243,11 +245,12 @@ async fn scrape_once(spec: &TargetSpec, shared: &Shared, mapper: &mut Mapper) {
         let text = std::str::from_utf8(&body).map_err(|_| ScrapeError::NotUtf8)?;
         let families = exposition::parse(text, Format::from_content_type(&content_type))?;
         let now_ms = chrono::Utc::now().timestamp_millis();
-        Ok(mapper.map(&families, Instant::now(), now_ms))
+        Ok((mapper.map(&families, Instant::now(), now_ms), now_ms))
     });
     let duration = started.elapsed();
     let outcome = match result {
-        Ok(out) => {
+        Ok((out, now_ms)) => {
+            shared.versions.observe(&spec.instance(), &out.versions, now_ms);
             if !out.points.is_empty() {
                 let mut board = shared.signals.write().unwrap_or_else(|p| p.into_inner());
                 for p in out.points {

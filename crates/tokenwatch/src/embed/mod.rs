@@ -1,0 +1,321 @@
+// Local embeddings of proxied responses (`capture.embeddings`): the settings, and one analysis
+// thread behind a bounded queue that embeds each completion, drops its text and sets the vector.
+
+#[cfg(feature = "embeddings")]
+pub mod bert;
+
+use crate::capture::RawText;
+use crate::export::prometheus::Metrics;
+use crate::pipeline::TelemetryQueue;
+use prometheus_client::metrics::counter::Counter;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use tokenwatch_core::model::RequestRecord;
+
+/// `capture.embeddings`: embed the responses the proxy sees with a local model.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddingsConfig {
+    /// Embed each proxied response's completion text in memory (the text is dropped after,
+    /// and stored only when `capture.text` is on). Off by default.
+    pub enabled: bool,
+    /// Directory of a BERT sentence-embedding model (all-MiniLM-L6-v2 kind):
+    /// `model.safetensors`, `config.json`, `tokenizer.json`, optionally
+    /// `sentence_bert_config.json`. Required when enabled.
+    pub model_dir: Option<PathBuf>,
+    /// Most characters of a completion that are embedded (the model reads at most its token
+    /// limit, 256 for all-MiniLM-L6-v2, of them).
+    pub max_chars: usize,
+    /// CPU threads the model may use.
+    pub threads: usize,
+    /// Responses waiting for the embedder; when full, a response goes on without embedding
+    /// (counted in `tokenwatch_embeddings_dropped_total`).
+    pub queue_capacity: usize,
+}
+
+impl Default for EmbeddingsConfig {
+    fn default() -> Self {
+        EmbeddingsConfig {
+            enabled: false,
+            model_dir: None,
+            max_chars: 4096,
+            threads: 1,
+            queue_capacity: 256,
+        }
+    }
+}
+
+impl EmbeddingsConfig {
+    /// (key path, message) of the first invalid setting. The model itself is read at startup.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.max_chars == 0 {
+            return Err((
+                "capture.embeddings.max_chars".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        if !(1..=256).contains(&self.threads) {
+            return Err((
+                "capture.embeddings.threads".into(),
+                "must be 1 to 256".into(),
+            ));
+        }
+        if self.queue_capacity == 0 {
+            return Err((
+                "capture.embeddings.queue_capacity".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        if self.enabled && self.model_dir.is_none() {
+            return Err((
+                "capture.embeddings.model_dir".into(),
+                "is required when capture.embeddings.enabled is true".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmbedError {
+    /// The model directory or one of its files cannot be used.
+    #[error("capture.embeddings.model_dir: {}: {message}", path.display())]
+    Model { path: PathBuf, message: String },
+    #[error(
+        "capture.embeddings.enabled: this tokenwatch was built without the `embeddings` feature"
+    )]
+    NotBuilt,
+    #[error("embedding failed: {0}")]
+    Compute(String),
+    #[error("starting the embedding thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A loaded model that runs on its own thread pool of `threads` threads.
+#[cfg(feature = "embeddings")]
+pub struct Embedder {
+    model: bert::SentenceEmbedder,
+    pool: rayon::ThreadPool,
+}
+
+#[cfg(feature = "embeddings")]
+impl Embedder {
+    pub fn load(dir: &Path, threads: usize) -> Result<Embedder, EmbedError> {
+        let model = bert::SentenceEmbedder::load(dir)?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("tokenwatch-embed-{i}"))
+            .build()
+            .map_err(|e| EmbedError::Thread(std::io::Error::other(e)))?;
+        Ok(Embedder { model, pool })
+    }
+
+    /// The unit-length embedding of `text`.
+    pub fn embed(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
+        self.pool.install(|| self.model.embed(text))
+    }
+
+    /// Token ids of `text` (what `embed` reads), for comparing tokenizer and model cost.
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, EmbedError> {
+        self.model.tokenize(text)
+    }
+
+    pub fn dim(&self) -> usize {
+        self.model.dim()
+    }
+}
+
+#[cfg(not(feature = "embeddings"))]
+pub struct Embedder(());
+
+#[cfg(not(feature = "embeddings"))]
+impl Embedder {
+    pub fn load(_dir: &Path, _threads: usize) -> Result<Embedder, EmbedError> {
+        Err(EmbedError::NotBuilt)
+    }
+
+    pub fn embed(&self, _text: &str) -> Result<Vec<f32>, EmbedError> {
+        Err(EmbedError::NotBuilt)
+    }
+}
+
+/// The first `max_chars` characters of `text` (cut on a character boundary).
+pub fn cut_chars(text: &str, max_chars: usize) -> &str {
+    match text.char_indices().nth(max_chars) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
+
+/// The proxy side of the embedder's queue: `offer` never waits.
+#[derive(Clone)]
+pub struct EmbedQueue {
+    tx: SyncSender<(RequestRecord, Box<RawText>)>,
+    dropped: Counter,
+}
+
+impl EmbedQueue {
+    /// Queue a record with its response bytes; a full queue hands them back (counted), and
+    /// the caller sends the record on without an embedding. (The large error is the record
+    /// itself, handed back by value: boxing it would cost an allocation per refusal.)
+    #[allow(clippy::result_large_err)]
+    pub fn offer(
+        &self,
+        record: RequestRecord,
+        raw: Box<RawText>,
+    ) -> Result<(), (RequestRecord, Box<RawText>)> {
+        match self.tx.try_send((record, raw)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(back)) => {
+                self.dropped.inc();
+                Err(back)
+            }
+            Err(TrySendError::Disconnected(back)) => Err(back),
+        }
+    }
+}
+
+/// With `capture.embeddings.enabled`: loads the model (an error names the key and the path),
+/// starts the embedding thread and returns `queue` routed through it; else `queue` unchanged.
+/// The thread sends each record on through `queue` and ends when the returned queue's last
+/// clone is dropped.
+pub fn start(
+    cfg: &crate::capture::CaptureConfig,
+    queue: TelemetryQueue,
+    metrics: &Metrics,
+    niceness: i32,
+) -> Result<TelemetryQueue, EmbedError> {
+    let e = &cfg.embeddings;
+    if !e.enabled {
+        return Ok(queue);
+    }
+    let dir = e.model_dir.as_deref().ok_or_else(|| EmbedError::Model {
+        path: PathBuf::new(),
+        message: "is required when capture.embeddings.enabled is true".into(),
+    })?;
+    let embedder = Embedder::load(dir, e.threads)?;
+    let dropped = Counter::default();
+    let computed = Counter::default();
+    let failed = Counter::default();
+    metrics.register(
+        "tokenwatch_embeddings_dropped",
+        "Responses not embedded because the embedding queue was full (capture.embeddings)",
+        dropped.clone(),
+    );
+    metrics.register(
+        "tokenwatch_embeddings_computed",
+        "Responses embedded by the local model (capture.embeddings)",
+        computed.clone(),
+    );
+    metrics.register(
+        "tokenwatch_embeddings_failed",
+        "Responses whose embedding failed (capture.embeddings)",
+        failed.clone(),
+    );
+    let (tx, rx) = std::sync::mpsc::sync_channel(e.queue_capacity);
+    let worker = Worker {
+        embedder,
+        max_chars: e.max_chars,
+        keep_text: cfg.text,
+        forward: queue.clone(),
+        computed,
+        failed,
+    };
+    std::thread::Builder::new()
+        .name("tokenwatch-embed".into())
+        .spawn(move || {
+            crate::runtimes::set_current_thread_niceness(niceness);
+            for (record, raw) in rx {
+                worker.handle(record, raw);
+            }
+        })
+        .map_err(EmbedError::Thread)?;
+    tracing::info!(model_dir = %dir.display(), "local embeddings of responses are on (capture.embeddings)");
+    Ok(queue.with_embeddings(EmbedQueue { tx, dropped }))
+}
+
+struct Worker {
+    embedder: Embedder,
+    max_chars: usize,
+    keep_text: bool,
+    forward: TelemetryQueue,
+    computed: Counter,
+    failed: Counter,
+}
+
+impl Worker {
+    fn handle(&self, mut record: RequestRecord, raw: Box<RawText>) {
+        if record.embedding.is_empty() {
+            let text = raw.completion_text();
+            let text = cut_chars(&text, self.max_chars);
+            if !text.trim().is_empty() {
+                match self.embedder.embed(text) {
+                    Ok(v) => {
+                        record.embedding = v;
+                        self.computed.inc();
+                    }
+                    Err(e) => {
+                        self.failed.inc();
+                        tracing::debug!(request_id = %record.request_id, error = %e, "response not embedded");
+                    }
+                }
+            }
+        }
+        // The response bytes go on only for text capture, which masks them; else dropped here.
+        let raw = self.keep_text.then_some(raw);
+        self.forward.submit_with_text(record, raw);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_chars_keeps_whole_characters() {
+        assert_eq!(cut_chars("héllo", 2), "hé");
+        assert_eq!(cut_chars("héllo", 10), "héllo");
+        assert_eq!(cut_chars("日本語", 1), "日");
+        assert_eq!(cut_chars("", 3), "");
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let on = EmbeddingsConfig {
+            enabled: true,
+            ..Default::default()
+        };
+        assert_eq!(on.validate().unwrap_err().0, "capture.embeddings.model_dir");
+        let zero = EmbeddingsConfig {
+            max_chars: 0,
+            ..Default::default()
+        };
+        assert_eq!(
+            zero.validate().unwrap_err().0,
+            "capture.embeddings.max_chars"
+        );
+        let threads = EmbeddingsConfig {
+            threads: 0,
+            ..Default::default()
+        };
+        assert_eq!(
+            threads.validate().unwrap_err().0,
+            "capture.embeddings.threads"
+        );
+        assert!(EmbeddingsConfig::default().validate().is_ok());
+    }
+
+    #[cfg(feature = "embeddings")]
+    #[test]
+    fn a_missing_model_dir_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let err = Embedder::load(&missing, 1).err().unwrap().to_string();
+        assert!(err.starts_with("capture.embeddings.model_dir: "), "{err}");
+        assert!(err.contains(&missing.display().to_string()), "{err}");
+        std::fs::write(dir.path().join("config.json"), "{").unwrap();
+        let err = Embedder::load(dir.path(), 1).err().unwrap().to_string();
+        assert!(err.contains("config.json"), "{err}");
+    }
+}
