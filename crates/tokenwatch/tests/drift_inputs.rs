@@ -351,19 +351,7 @@ async fn otlp_span_embeddings_reach_the_record_and_the_drift_vote() {
     for i in 40..70 {
         spans.push(span(i, model, 0, 395 + (i % 10) as u64, 1));
     }
-    let body = json!({"resourceSpans": [{
-        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "rag-app"}}]},
-        "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]
-    }]});
-    let r = send(
-        "POST",
-        &format!("http://{}/v1/traces", tw.otlp_http),
-        Some(&body.to_string()),
-        &[],
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+    let r = common::post_otlp_spans(tw.otlp_http, "rag-app", spans).await;
     assert!(!r.body.contains("ignored"), "{}", r.body);
 
     let a = tw

@@ -255,19 +255,7 @@ async fn thumbs_down_burst_turns_the_drift_vote() {
             }
         }
     }
-    let body = json!({"resourceSpans": [{
-        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "rag-app"}}]},
-        "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]
-    }]});
-    let r = send(
-        "POST",
-        &format!("http://{}/v1/traces", s.otlp_http),
-        Some(&body.to_string()),
-        &[],
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+    common::post_otlp_spans(s.otlp_http, "rag-app", spans).await;
     let r = post(s.api, "/api/v1/feedback", &json!({ "items": feedback })).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["accepted"], 70, "{}", r.body);
@@ -454,19 +442,7 @@ async fn span_attribute_scores_reach_the_request() {
         "endTimeUnixNano": (now_ms() as i128 * 1_000_000).to_string(),
         "attributes": [{"key": "tokenwatch.guardrail.flagged", "value": {"boolValue": true}}]
     });
-    let body = json!({"resourceSpans": [{
-        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "rag-app"}}]},
-        "scopeSpans": [{"scope": {"name": "t"}, "spans": [genai, eval]}]
-    }]});
-    let r = send(
-        "POST",
-        &format!("http://{}/v1/traces", s.otlp_http),
-        Some(&body.to_string()),
-        &[],
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+    common::post_otlp_spans(s.otlp_http, "rag-app", vec![genai, eval]).await;
     // The out-of-range recall is ignored (as a bad embedding attribute is: the span is kept).
     let id = format!("{:016x}", 0xdef000 + 7);
     let rec = common::stored_record(s.api, &id, &s.tw).await;

@@ -185,6 +185,20 @@ pub async fn wait_ready(url: &str, proc_: &Proc) {
 
 /// The stored record of request `id` (`GET /api/v1/requests/{id}`), once the pipeline has
 /// written it; fails with `tw`'s log after 20 s.
+/// POSTs OTLP/JSON spans of one resource (`service.name` = `service`) to an OTLP/HTTP listener's
+/// `/v1/traces` and asserts the listener answered 200; returns the reply (partial-success text).
+pub async fn post_otlp_spans(otlp_http: SocketAddr, service: &str, spans: Vec<serde_json::Value>) -> Reply {
+    let body = serde_json::json!({"resourceSpans": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
+        "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]
+    }]});
+    let r = send("POST", &format!("http://{otlp_http}/v1/traces"), Some(&body.to_string()), &[])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    r
+}
+
 pub async fn stored_record(api: SocketAddr, id: &str, tw: &Proc) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
