@@ -146,6 +146,7 @@ fn run(full: bool, batches: Vec<Arc<Vec<RequestRecord>>>, batch_max: usize) -> R
         queue_rows: 1_000_000,
         batch_max,
         niceness: 0,
+        flush_interval: Duration::ZERO,
     };
     let (writer, thread) = StoreWriter::start(store.clone(), cfg, metrics.clone()).expect("writer");
     let mut sinks: Vec<Box<dyn RecordSink>> = vec![Box::new(StoreSink::new(writer.clone()))];

@@ -177,7 +177,8 @@ impl RunningApp {
             store.clone(),
             StoreWriterConfig {
                 queue_rows: cfg.store.write_queue_records,
-                batch_max: cfg.telemetry.batch_max,
+                batch_max: cfg.store.batch_rows(cfg.telemetry.batch_max),
+                flush_interval: cfg.store.flush_interval(),
                 niceness: analysis_niceness,
             },
             metrics.clone(),

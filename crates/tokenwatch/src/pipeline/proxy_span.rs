@@ -633,6 +633,7 @@ mod tests {
             queue_rows: 16,
             batch_max: 16,
             niceness: 0,
+            flush_interval: std::time::Duration::ZERO,
         };
         let (writer, thread) =
             StoreWriter::start(store.clone(), cfg, Arc::new(Metrics::new())).unwrap();

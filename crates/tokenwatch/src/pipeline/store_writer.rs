@@ -19,12 +19,16 @@ const PROBE_AFTER: Duration = Duration::from_secs(10);
 /// A store call still running after this long makes readiness report the store as slow.
 const SLOW_AFTER: Duration = Duration::from_secs(5);
 
-/// `store.write_queue_records` and the largest batch written in one call (`telemetry.batch_max`).
+/// `store.write_queue_records`, the largest batch written in one call (`store.batch_rows`) and
+/// how long rows are gathered before a call (`store.flush_interval`).
 #[derive(Debug, Clone, Copy)]
 pub struct StoreWriterConfig {
     /// Records, span and log rows queued or being written, at most; more are dropped and counted.
     pub queue_rows: usize,
     pub batch_max: usize,
+    /// After the first row of a batch arrives, wait this long for more (up to `batch_max`)
+    /// before writing; zero writes whatever is queued at once.
+    pub flush_interval: Duration,
     /// Niceness of the writer thread (the pipeline's, `runtime.analysis_niceness`).
     pub niceness: i32,
 }
@@ -212,6 +216,7 @@ impl StoreWriter {
             health: health.clone(),
             metrics,
             batch_max: cfg.batch_max.max(1),
+            flush_interval: cfg.flush_interval,
             records_lost: records_lost.clone(),
             spans_lost: spans_lost.clone(),
             logs_lost: logs_lost.clone(),
@@ -435,6 +440,7 @@ struct Writer {
     health: Arc<StoreHealth>,
     metrics: Arc<Metrics>,
     batch_max: usize,
+    flush_interval: Duration,
     records_lost: Lost,
     spans_lost: Lost,
     logs_lost: Lost,
@@ -442,7 +448,7 @@ struct Writer {
 
 impl Writer {
     /// Writes in queue order, records, spans and log records batched together up to
-    /// `batch_max` each;
+    /// `batch_max` each, gathered for up to `flush_interval` after a batch's first row;
     /// roll-ups and retention wait for everything queued before them. Ends once every sender
     /// is dropped and the queue is empty.
     fn run(self) {
@@ -470,6 +476,7 @@ impl Writer {
                     let (mut batches, mut spans, mut logs) = (Vec::new(), Vec::new(), Vec::new());
                     let mut n_records = 0;
                     let mut next = Some(first);
+                    let flush_at = Instant::now() + self.flush_interval;
                     while let Some(w) = next.take() {
                         match w {
                             Work::Records(r) if n_records < self.batch_max => {
@@ -483,7 +490,14 @@ impl Writer {
                                 break;
                             }
                         }
-                        next = self.rx.try_recv().ok();
+                        let full = n_records >= self.batch_max
+                            || spans.len() >= self.batch_max
+                            || logs.len() >= self.batch_max;
+                        next = if full {
+                            self.rx.try_recv().ok()
+                        } else {
+                            self.next_before(flush_at)
+                        };
                     }
                     let records = Self::contiguous(batches, n_records);
                     self.write_rows(
@@ -523,6 +537,23 @@ impl Writer {
             }
         }
         Arc::new(all)
+    }
+
+    /// The next queued work, waiting for it until `flush_at` (not at all once shutdown has
+    /// begun); None when there is none by then.
+    fn next_before(&self, flush_at: Instant) -> Option<Work> {
+        let wait = flush_at.saturating_duration_since(Instant::now());
+        let stopping = || {
+            self.shared
+                .abandon_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
+        };
+        if wait.is_zero() || stopping() {
+            return self.rx.try_recv().ok();
+        }
+        self.rx.recv_timeout(wait).ok()
     }
 
     fn abandoning(&self) -> bool {
@@ -815,6 +846,7 @@ mod tests {
             queue_rows,
             batch_max: 4,
             niceness: 0,
+            flush_interval: Duration::ZERO,
         };
         let (writer, thread) = StoreWriter::start(gate.clone(), config, metrics.clone()).unwrap();
         (writer, thread, metrics)
@@ -910,6 +942,55 @@ mod tests {
         ids.sort();
         let want: Vec<String> = (0..9).map(|i| format!("r{i:04}")).collect();
         assert_eq!(ids, want, "the records admitted are the ones stored");
+    }
+
+    #[test]
+    fn a_flush_interval_gathers_batches_into_one_insert_and_a_full_batch_goes_at_once() {
+        let (_dir, sqlite) = sqlite();
+        let gate = Gate::over(sqlite.clone(), true);
+        let metrics = Arc::new(Metrics::new());
+        let config = StoreWriterConfig {
+            queue_rows: 1_000,
+            batch_max: 10,
+            niceness: 0,
+            flush_interval: Duration::from_millis(400),
+        };
+        let (writer, thread) = StoreWriter::start(gate.clone(), config, metrics.clone()).unwrap();
+        // Three small batches within the interval: one insert, not before the interval ends.
+        let started = Instant::now();
+        for i in 0..3 {
+            writer.records(records(i * 2, 2));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        until("the gathered batch is written", || {
+            !gate.order.lock().unwrap().is_empty()
+        });
+        assert!(
+            started.elapsed() >= Duration::from_millis(390),
+            "written after {:?}, before the flush interval",
+            started.elapsed()
+        );
+        // A batch that fills `batch_max` is written without waiting for the interval.
+        let started = Instant::now();
+        writer.records(records(6, 10));
+        until("the full batch is written", || gate.order.lock().unwrap().len() == 2);
+        assert!(
+            started.elapsed() < Duration::from_millis(300),
+            "a full batch waited {:?}",
+            started.elapsed()
+        );
+        // Shutdown writes what is gathered without waiting for the interval either.
+        writer.records(records(16, 1));
+        drop(writer);
+        let started = Instant::now();
+        assert!(thread.finish(Duration::from_secs(5)));
+        assert!(started.elapsed() < Duration::from_millis(300));
+        let order = gate.order.lock().unwrap().clone();
+        assert_eq!(order, ["records 6", "records 10", "records 1"]);
+        assert_eq!(
+            value(&metrics, "tokenwatch_store_records_written_total"),
+            17.0
+        );
     }
 
     fn log_rows(from: usize, n: usize) -> Vec<LogRow> {

@@ -387,7 +387,7 @@ mod tests {
     ) -> (Ingest, Pipeline, StoreWriterThread, Arc<dyn Store>, Arc<Metrics>) {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir, Default::default()).unwrap());
         let metrics = Arc::new(Metrics::new());
-        let cfg = StoreWriterConfig { queue_rows, batch_max: 100, niceness: 0 };
+        let cfg = StoreWriterConfig { queue_rows, batch_max: 100, niceness: 0, flush_interval: Duration::ZERO };
         let (writer, thread) = StoreWriter::start(store.clone(), cfg, metrics.clone()).unwrap();
         let (pipeline, queue) = Pipeline::start(
             PipelineConfig {
