@@ -177,16 +177,9 @@ async fn two_busy_gpus_are_below_the_convergence_threshold() {
     assert_eq!(hook.firing().len(), 2, "{:?}", hook.firing());
 }
 
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 /// One trace: a root span and `oom` children (a call chain) reporting CUDA out-of-memory.
-fn oom_trace(trace_id: &str, oom: usize) -> Value {
-    let start = now_ns() - 1_000_000_000;
+fn oom_trace(trace_id: &str, oom: usize) -> Vec<Value> {
+    let start = common::now_ns() - 1_000_000_000;
     let mut spans = vec![json!({
         "traceId": trace_id, "spanId": format!("{:016x}", 1), "name": "POST /v1/chat/completions",
         "kind": 2, "startTimeUnixNano": start.to_string(), "endTimeUnixNano": (start + 900_000_000).to_string(),
@@ -211,22 +204,12 @@ fn oom_trace(trace_id: &str, oom: usize) -> Value {
             "status": {"code": 2, "message": "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.10 GiB total capacity)"}
         }));
     }
-    json!({"resourceSpans": [{
-        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "llm-gateway"}}]},
-        "scopeSpans": [{"scope": {"name": "test"}, "spans": spans}]
-    }]})
+    spans
 }
 
-async fn post_spans(s: &Stack, body: &Value) {
-    let r = common::send(
-        "POST",
-        &format!("http://{}/v1/traces", s.otlp_http),
-        Some(&body.to_string()),
-        &[],
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+/// POSTs the spans of a trace as the `llm-gateway` service.
+async fn post_spans(s: &Stack, spans: Vec<Value>) {
+    common::otlp::post_otlp_spans(s.otlp_http, "llm-gateway", spans).await;
 }
 
 #[tokio::test]
@@ -237,11 +220,11 @@ async fn cuda_oom_spans_of_one_trace_page_once() {
     ))
     .await;
     // Below the threshold: four OOM spans in one trace, and scattered single ones.
-    post_spans(&s, &oom_trace("11111111111111111111111111111111", 4)).await;
+    post_spans(&s, oom_trace("11111111111111111111111111111111", 4)).await;
     for t in 0..3 {
         post_spans(
             &s,
-            &oom_trace(&format!("2222222222222222222222222222222{t}"), 1),
+            oom_trace(&format!("2222222222222222222222222222222{t}"), 1),
         )
         .await;
     }
@@ -251,7 +234,7 @@ async fn cuda_oom_spans_of_one_trace_page_once() {
 
     // One failure spreading along a call chain: seven spans of one root trace.
     let root = "33333333333333333333333333333333";
-    post_spans(&s, &oom_trace(root, 7)).await;
+    post_spans(&s, oom_trace(root, 7)).await;
     let a = s
         .wait_firing("cuda_oom_call_chain", Duration::from_secs(20), |_| true)
         .await;
@@ -262,7 +245,7 @@ async fn cuda_oom_spans_of_one_trace_page_once() {
         "{a:#}"
     );
     // A second chain within the suppression window joins the same alert.
-    post_spans(&s, &oom_trace("44444444444444444444444444444444", 6)).await;
+    post_spans(&s, oom_trace("44444444444444444444444444444444", 6)).await;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let alerts = s.alerts().await;

@@ -26,28 +26,7 @@ async fn chat(
     });
     let mut h = vec![("x-request-id", id)];
     h.extend_from_slice(headers);
-    let r = send(
-        "POST",
-        &format!("http://{proxy}/v1/chat/completions"),
-        Some(&body.to_string()),
-        &h,
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    if !stream {
-        return r.json()["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-    }
-    let mut text = String::new();
-    for data in r.body.lines().filter_map(|l| l.strip_prefix("data: ")) {
-        if let Ok(v) = serde_json::from_str::<Value>(data) {
-            text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
-        }
-    }
-    text
+    chat_answer(proxy, &body, &h).await
 }
 
 /// The `[kind:hash]` token that replaced a value of `kind` in `text`.
@@ -59,35 +38,12 @@ fn token<'a>(text: &'a str, kind: &str) -> &'a str {
     &text[start..end]
 }
 
-/// Every file under `dir` (the database, its WAL), as bytes.
-fn all_bytes(dir: &std::path::Path) -> Vec<u8> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        if e.path().is_file() {
-            out.extend(std::fs::read(e.path()).unwrap());
-        }
-    }
-    out
-}
-
-fn contains(hay: &[u8], needle: &str) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn captured_text_is_masked_before_storage_joinable_and_regioned() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("tw.yaml");
-    std::fs::write(
-        &config,
+    let stack = Stack::start_with_config(
+        &["--model", "m", "--ttft-ms", "20", "--itl-ms", "5"],
         "capture:\n  text: true\n  tenant_regions: {acme: eu}\n\
          retention:\n  regions: {eu: 7d, default: 30d}\n",
-    )
-    .unwrap();
-    let cfg = config.to_string_lossy().into_owned();
-    let stack = Stack::start(
-        &["--model", "m", "--ttft-ms", "20", "--itl-ms", "5"],
-        &["-c", &cfg],
     )
     .await;
 
@@ -172,13 +128,16 @@ async fn captured_text_is_masked_before_storage_joinable_and_regioned() {
             .all(|r| r.get("text").is_none()),
         "{list}"
     );
-    let stored = all_bytes(&stack.data_dir());
+    let stored = dir_bytes(&stack.data_dir());
     assert!(
-        contains(&stored, "Be brief."),
+        bytes_contain(&stored, "Be brief."),
         "the text is in the data directory"
     );
     for raw in [EMAIL, &EMAIL.to_lowercase(), PHONE, CARD, "10.1.2.3"] {
-        assert!(!contains(&stored, raw), "{raw} reached the data directory");
+        assert!(
+            !bytes_contain(&stored, raw),
+            "{raw} reached the data directory"
+        );
     }
 }
 
@@ -189,7 +148,7 @@ async fn without_capture_no_text_is_kept_and_bad_settings_are_refused() {
     let r = stored_record(stack.api, "plain-1", &stack.tw).await;
     assert!(r.get("text").is_none(), "{r}");
     assert!(
-        !contains(&all_bytes(&stack.data_dir()), "Be brief."),
+        !bytes_contain(&dir_bytes(&stack.data_dir()), "Be brief."),
         "no text stored when capture is off"
     );
 
@@ -222,11 +181,7 @@ async fn without_capture_no_text_is_kept_and_bad_settings_are_refused() {
 
 /// A collector-only tokenwatch with OTLP/HTTP on a free port and `capture.text` as given.
 async fn otlp_collector(dir: &std::path::Path, capture: bool) -> (Proc, SocketAddr, SocketAddr) {
-    let config = dir.join("tw.yaml");
-    std::fs::write(&config, format!("capture:\n  text: {capture}\n")).unwrap();
-    let api = free_addr();
-    let (tw, _grpc, http) = start_otlp_collector(dir, api, &config).await;
-    (tw, api, http)
+    start_otlp_collector_with(dir, &format!("capture:\n  text: {capture}\n")).await
 }
 
 /// Sends a GenAI span whose attributes carry the prompt (as the OpenTelemetry GenAI
@@ -234,10 +189,7 @@ async fn otlp_collector(dir: &std::path::Path, capture: bool) -> (Proc, SocketAd
 /// stored: (the span's attributes, the log's body).
 async fn send_content(api: SocketAddr, otlp: SocketAddr, tw: &Proc) -> (Value, String) {
     let trace = "6b8efff798038103d269b633813fc60d";
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
+    let now = now_ns();
     let messages = serde_json::json!([{"role": "user", "parts": [{"type": "text", "content": format!("mail {EMAIL}")}]}]);
     let attr = |k: &str, v: Value| serde_json::json!({"key": k, "value": v});
     let span = serde_json::json!({"resourceSpans": [{"scopeSpans": [{"spans": [{
@@ -295,7 +247,7 @@ async fn prompt_text_in_received_spans_and_logs_is_dropped_or_masked() {
         "capture off: the content event's body is not stored"
     );
     drop(tw);
-    assert!(!contains(&all_bytes(&off.path().join("data")), EMAIL));
+    assert!(!bytes_contain(&dir_bytes(&off.path().join("data")), EMAIL));
 
     let on = tempfile::tempdir().unwrap();
     let (tw, api, otlp) = otlp_collector(on.path(), true).await;
@@ -312,5 +264,5 @@ async fn prompt_text_in_received_spans_and_logs_is_dropped_or_masked() {
         "{body}"
     );
     drop(tw);
-    assert!(!contains(&all_bytes(&on.path().join("data")), EMAIL));
+    assert!(!bytes_contain(&dir_bytes(&on.path().join("data")), EMAIL));
 }

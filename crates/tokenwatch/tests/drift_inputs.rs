@@ -4,11 +4,12 @@
 
 mod common;
 
-use common::{Proc, Reply, free_addr, get, send, wait_ready};
+use common::otlp::{attr, numbered_chat_span, span_id, str_attr};
+use common::{Proc, Reply, assert_partial, free_addr, get, now_ms, send, wait_ready};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// The tests share the machine's cores: one at a time, so none's windows are starved.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -24,13 +25,6 @@ alerting:
 "#;
 
 const DIMS: usize = 384;
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 /// A 384-dimension vector near axis `axis`, with deterministic jitter from `i`.
 fn vector(axis: usize, i: usize) -> Vec<f64> {
@@ -116,14 +110,7 @@ impl Tw {
     }
 
     async fn post_embeddings(&self, body: &str) -> Reply {
-        send(
-            "POST",
-            &format!("http://{}/api/v1/embeddings", self.api),
-            Some(body),
-            &[],
-        )
-        .await
-        .unwrap()
+        common::post(&format!("http://{}/api/v1/embeddings", self.api), body).await
     }
 
     async fn alerts(&self) -> Vec<Value> {
@@ -190,11 +177,7 @@ async fn posted_embeddings_raise_semantic_drift_and_bad_items_are_named() {
     let r = tw
         .post_embeddings(&json!({ "items": items }).to_string())
         .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(
-        (r.json()["accepted"].as_u64(), r.json()["rejected"].as_u64()),
-        (Some(140), Some(0))
-    );
+    assert_partial(&r, 140, 0);
 
     let a = tw
         .wait_fired(
@@ -240,13 +223,7 @@ async fn posted_embeddings_raise_semantic_drift_and_bad_items_are_named() {
         item("ok-2", "api-other", vec![1.0, 2.0], None),
     ]});
     let r = tw.post_embeddings(&mixed.to_string()).await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v = r.json();
-    assert_eq!(
-        (v["accepted"].as_u64(), v["rejected"].as_u64()),
-        (Some(2), Some(6)),
-        "{v:#}"
-    );
+    let v = assert_partial(&r, 2, 6);
     let fields: Vec<&str> = v["errors"]
         .as_array()
         .unwrap()
@@ -309,27 +286,20 @@ async fn posted_embeddings_raise_semantic_drift_and_bad_items_are_named() {
 /// OTLP/JSON spans of `model`: start `ago_ms` before now, 1 s long, with output tokens and the
 /// embedding and prefix-hash attributes.
 fn span(i: usize, model: &str, ago_ms: i64, output_tokens: u64, axis: usize) -> Value {
-    let end_ns = (now_ms() - ago_ms) as i128 * 1_000_000;
-    let start_ns = end_ns - 1_000_000_000;
     let doubles: Vec<Value> = vector(axis, i)
         .into_iter()
         .map(|d| json!({"doubleValue": d}))
         .collect();
-    json!({
-        "traceId": format!("{:032x}", 0xabc000 + i),
-        "spanId": format!("{:016x}", 0xdef000 + i),
-        "name": format!("chat {model}"),
-        "kind": 3,
-        "startTimeUnixNano": start_ns.to_string(),
-        "endTimeUnixNano": end_ns.to_string(),
-        "attributes": [
-            {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
-            {"key": "gen_ai.request.model", "value": {"stringValue": model}},
-            {"key": "gen_ai.usage.output_tokens", "value": {"intValue": output_tokens.to_string()}},
-            {"key": "tokenwatch.output.embedding", "value": {"arrayValue": {"values": doubles}}},
-            {"key": "tokenwatch.prompt.prefix_hash", "value": {"stringValue": format!("{:x}", 0xfeed0000u64 + (i % 3) as u64)}},
-        ]
-    })
+    let prefix_hash = format!("{:x}", 0xfeed0000u64 + (i % 3) as u64);
+    let mut span = numbered_chat_span(i, model, ago_ms, output_tokens);
+    span["attributes"].as_array_mut().unwrap().extend([
+        attr(
+            "tokenwatch.output.embedding",
+            json!({"arrayValue": {"values": doubles}}),
+        ),
+        str_attr("tokenwatch.prompt.prefix_hash", &prefix_hash),
+    ]);
+    span
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,7 +321,7 @@ async fn otlp_span_embeddings_reach_the_record_and_the_drift_vote() {
     for i in 40..70 {
         spans.push(span(i, model, 0, 395 + (i % 10) as u64, 1));
     }
-    let r = common::post_otlp_spans(tw.otlp_http, "rag-app", spans).await;
+    let r = common::otlp::post_otlp_spans(tw.otlp_http, "rag-app", spans).await;
     assert!(!r.body.contains("ignored"), "{}", r.body);
 
     let a = tw
@@ -380,7 +350,7 @@ async fn otlp_span_embeddings_reach_the_record_and_the_drift_vote() {
     assert_eq!(recs.len(), 70, "{v:#}");
     let r0 = recs
         .iter()
-        .find(|r| r["request_id"] == format!("{:016x}", 0xdef000 + 41))
+        .find(|r| r["request_id"] == span_id(41))
         .unwrap();
     let emb: Vec<f64> = r0["embedding"]
         .as_array()

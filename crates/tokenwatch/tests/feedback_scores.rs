@@ -6,32 +6,19 @@ mod alerting_support;
 mod common;
 
 use alerting_support::{FAST, MODEL, Req, Stack, Traffic, prompt};
-use common::{Reply, get, send};
+use common::otlp::{numbered_chat_span as span, span_id, trace_id as trace};
+use common::{Reply, assert_partial, get, now_ms, send};
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// The tests share the machine's cores: one at a time, so none's windows are starved.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
 async fn post(api: SocketAddr, path: &str, body: &Value) -> Reply {
-    send(
-        "POST",
-        &format!("http://{api}{path}"),
-        Some(&body.to_string()),
-        &[],
-    )
-    .await
-    .unwrap()
+    common::post(&format!("http://{api}{path}"), &body.to_string()).await
 }
 
 /// Stored records of the simulator's model (newest first, up to 500).
@@ -100,13 +87,7 @@ async fn bad_items_are_named_and_good_ones_show_on_the_request() {
         ]),
     )
     .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v = r.json();
-    assert_eq!(
-        (v["accepted"].as_u64(), v["rejected"].as_u64()),
-        (Some(1), Some(2)),
-        "{v:#}"
-    );
+    let v = assert_partial(&r, 1, 2);
     assert_eq!(v["errors"][0]["index"], 1, "{v:#}");
     assert_eq!(v["errors"][0]["field"], "items[1].thumbs", "{v:#}");
     assert!(
@@ -136,13 +117,7 @@ async fn bad_items_are_named_and_good_ones_show_on_the_request() {
         ]}),
     )
     .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v = r.json();
-    assert_eq!(
-        (v["accepted"].as_u64(), v["rejected"].as_u64()),
-        (Some(1), Some(2)),
-        "{v:#}"
-    );
+    let v = assert_partial(&r, 1, 2);
     assert_eq!(v["errors"][0]["field"], "items[1].name", "{v:#}");
     assert_eq!(v["errors"][1]["field"], "items[2].value", "{v:#}");
 
@@ -157,14 +132,7 @@ async fn bad_items_are_named_and_good_ones_show_on_the_request() {
         "{}",
         r.body
     );
-    let r = send(
-        "POST",
-        &format!("http://{}/api/v1/feedback", s.api),
-        Some("{"),
-        &[],
-    )
-    .await
-    .unwrap();
+    let r = common::post(&format!("http://{}/api/v1/feedback", s.api), "{").await;
     assert_eq!(r.status, 400, "{}", r.body);
 
     let rec = get(&format!("http://{}/api/v1/requests/fb-req-1", s.api))
@@ -193,29 +161,6 @@ async fn bad_items_are_named_and_good_ones_show_on_the_request() {
     .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
     .collect();
     assert_eq!(got, want, "{rec:#}");
-}
-
-/// OTLP/JSON span of `model`, `ago_ms` before now, with `output_tokens`; trace id from `i`.
-fn span(i: usize, model: &str, ago_ms: i64, output_tokens: u64) -> Value {
-    let end_ns = (now_ms() - ago_ms) as i128 * 1_000_000;
-    let start_ns = end_ns - 1_000_000_000;
-    json!({
-        "traceId": trace(i),
-        "spanId": format!("{:016x}", 0xdef000 + i),
-        "name": format!("chat {model}"),
-        "kind": 3,
-        "startTimeUnixNano": start_ns.to_string(),
-        "endTimeUnixNano": end_ns.to_string(),
-        "attributes": [
-            {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
-            {"key": "gen_ai.request.model", "value": {"stringValue": model}},
-            {"key": "gen_ai.usage.output_tokens", "value": {"intValue": output_tokens.to_string()}},
-        ]
-    })
-}
-
-fn trace(i: usize) -> String {
-    format!("{:032x}", 0xabc000 + i)
 }
 
 const DRIFT_CONFIG: &str = r#"
@@ -255,7 +200,7 @@ async fn thumbs_down_burst_turns_the_drift_vote() {
             }
         }
     }
-    common::post_otlp_spans(s.otlp_http, "rag-app", spans).await;
+    common::otlp::post_otlp_spans(s.otlp_http, "rag-app", spans).await;
     let r = post(s.api, "/api/v1/feedback", &json!({ "items": feedback })).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["accepted"], 70, "{}", r.body);
@@ -442,9 +387,9 @@ async fn span_attribute_scores_reach_the_request() {
         "endTimeUnixNano": (now_ms() as i128 * 1_000_000).to_string(),
         "attributes": [{"key": "tokenwatch.guardrail.flagged", "value": {"boolValue": true}}]
     });
-    common::post_otlp_spans(s.otlp_http, "rag-app", vec![genai, eval]).await;
+    common::otlp::post_otlp_spans(s.otlp_http, "rag-app", vec![genai, eval]).await;
     // The out-of-range recall is ignored (as a bad embedding attribute is: the span is kept).
-    let id = format!("{:016x}", 0xdef000 + 7);
+    let id = span_id(7);
     let rec = common::stored_record(s.api, &id, &s.tw).await;
     let mut got: Vec<(String, f64, String)> = rec["scores"]
         .as_array()

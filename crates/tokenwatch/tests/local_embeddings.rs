@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokenwatch::embed::Embedder;
 
@@ -86,15 +86,13 @@ fn vectors_match_sentence_transformers() {
 fn a_missing_model_dir_fails_startup_naming_key_and_path() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-model-here");
-    let config = dir.path().join("tw.yaml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = write_config(
+        dir.path(),
+        &format!(
             "capture:\n  embeddings:\n    enabled: true\n    model_dir: {}\n",
             missing.display()
         ),
-    )
-    .unwrap();
+    );
     let (api, proxy) = (free_addr(), free_addr());
     let cfg = config.to_string_lossy().into_owned();
     let mut tw = start_tokenwatch(dir.path(), api, proxy, "http://127.0.0.1:9", &["-c", &cfg]);
@@ -131,60 +129,24 @@ async fn chat(proxy: SocketAddr, id: &str, prompt: &str, stream: bool) -> String
         "model": "m", "stream": stream, "max_tokens": 16,
         "messages": [{"role": "user", "content": prompt}],
     });
-    let r = send(
-        "POST",
-        &format!("http://{proxy}/v1/chat/completions"),
-        Some(&body.to_string()),
-        &[("x-request-id", id)],
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    if !stream {
-        return r.json()["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-    }
-    let mut text = String::new();
-    for data in r.body.lines().filter_map(|l| l.strip_prefix("data: ")) {
-        if let Ok(v) = serde_json::from_str::<Value>(data) {
-            text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
-        }
-    }
-    text
+    chat_answer(proxy, &body, &[("x-request-id", id)]).await
 }
 
-/// Every file under `dir` (the database, its WAL), as bytes.
-fn all_bytes(dir: &std::path::Path) -> Vec<u8> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        if e.path().is_file() {
-            out.extend(std::fs::read(e.path()).unwrap());
-        }
-    }
-    out
+/// A simulator serving model `m` and tokenwatch in front of it with `embeddings` as the body of
+/// `capture.embeddings` (indented by four) after `enabled: true` and `model_dir: {model}`, and
+/// `capture_extra` (indented by two) before it.
+async fn embedding_stack(model: &Path, capture_extra: &str, embeddings: &str) -> Stack {
+    let yaml = format!(
+        "capture:\n{capture_extra}  embeddings:\n    enabled: true\n    model_dir: {}\n{embeddings}",
+        model.display()
+    );
+    Stack::start_with_config(&["--model", "m", "--ttft-ms", "10", "--itl-ms", "2"], &yaml).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxied_responses_are_embedded_and_their_text_not_stored() {
     let model = model_dir();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("tw.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "capture:\n  embeddings:\n    enabled: true\n    model_dir: {}\n    max_chars: 2000\n",
-            model.display()
-        ),
-    )
-    .unwrap();
-    let cfg = config.to_string_lossy().into_owned();
-    let stack = Stack::start(
-        &["--model", "m", "--ttft-ms", "10", "--itl-ms", "2"],
-        &["-c", &cfg],
-    )
-    .await;
+    let stack = embedding_stack(&model, "", "    max_chars: 2000\n").await;
 
     let streamed = chat(stack.proxy, "emb-1", "Tell me about latency.", true).await;
     let whole = chat(stack.proxy, "emb-2", "And about throughput?", false).await;
@@ -219,34 +181,15 @@ async fn proxied_responses_are_embedded_and_their_text_not_stored() {
         Some(0.0)
     );
     // Neither the completion nor the prompt reached the database files.
-    let bytes = all_bytes(&stack.data_dir());
+    let bytes = dir_bytes(&stack.data_dir());
     for needle in [streamed.trim(), whole.trim(), "Tell me about latency."] {
-        assert!(
-            !bytes.windows(needle.len()).any(|w| w == needle.as_bytes()),
-            "{needle:?} stored"
-        );
+        assert!(!bytes_contain(&bytes, needle), "{needle:?} stored");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_text_capture_on_the_record_keeps_both_text_and_vector() {
-    let model = model_dir();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("tw.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "capture:\n  text: true\n  embeddings:\n    enabled: true\n    model_dir: {}\n",
-            model.display()
-        ),
-    )
-    .unwrap();
-    let cfg = config.to_string_lossy().into_owned();
-    let stack = Stack::start(
-        &["--model", "m", "--ttft-ms", "10", "--itl-ms", "2"],
-        &["-c", &cfg],
-    )
-    .await;
+    let stack = embedding_stack(&model_dir(), "  text: true\n", "").await;
     let answer = chat(
         stack.proxy,
         "emb-text-1",

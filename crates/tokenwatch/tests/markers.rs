@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::{Stack, free_addr, get, send, start_otlp_collector, wait_ready};
+use common::otlp::{chat_span, post_resource_spans, str_attr};
+use common::{Stack, get, now_ns, send, start_otlp_collector_with, wait_markers, wait_ready};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -216,75 +217,43 @@ async fn a_rollout_marker_compares_before_and_after_and_survives_a_restart() {
     assert!(stack.tw.terminate().success());
 }
 
-/// OTLP/JSON: `n` GenAI chat spans of `model` from a service whose resource attribute
+/// POSTs to `otlp_http` `n` GenAI chat spans of `model` from a service whose resource attribute
 /// `tokenwatch.model_version` is `version`.
-fn otlp_spans(model: &str, version: &str, first: usize, n: usize) -> String {
-    let now_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
+async fn post_model_version_spans(
+    otlp_http: std::net::SocketAddr,
+    model: &str,
+    version: &str,
+    first: usize,
+    n: usize,
+) {
+    let now_ns = now_ns();
     let spans: Vec<Value> = (first..first + n)
         .map(|i| {
-            json!({
-                "traceId": format!("{:032x}", 0xabc0_0000_u128 + i as u128),
-                "spanId": format!("{:016x}", 0x5eed_0000_u64 + i as u64),
-                "name": format!("chat {model}"),
-                "kind": 3,
-                "startTimeUnixNano": (now_ns - 300_000_000).to_string(),
-                "endTimeUnixNano": now_ns.to_string(),
-                "attributes": [
-                    {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
-                    {"key": "gen_ai.request.model", "value": {"stringValue": model}},
-                    {"key": "gen_ai.usage.output_tokens", "value": {"intValue": 12}},
-                ],
-            })
+            chat_span(
+                &format!("{:032x}", 0xabc0_0000_u128 + i as u128),
+                &format!("{:016x}", 0x5eed_0000_u64 + i as u64),
+                model,
+                now_ns - 300_000_000,
+                now_ns,
+                12,
+            )
         })
         .collect();
-    json!({"resourceSpans": [{
-        "resource": {"attributes": [
-            {"key": "service.name", "value": {"stringValue": "chat-app"}},
-            {"key": "tokenwatch.model_version", "value": {"stringValue": version}},
-        ]},
-        "scopeSpans": [{"scope": {"name": "test"}, "spans": spans}],
-    }]})
-    .to_string()
+    let resource = vec![
+        str_attr("service.name", "chat-app"),
+        str_attr("tokenwatch.model_version", version),
+    ];
+    post_resource_spans(otlp_http, resource, spans).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn otlp_resource_versions_make_a_marker() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("tw.yaml");
-    std::fs::write(&config, "capture:\n  text: false\n").unwrap();
-    let api = free_addr();
-    let (tw, _grpc, http) = start_otlp_collector(dir.path(), api, &config).await;
-    let url = format!("http://{http}/v1/traces");
+    let (tw, api, http) = start_otlp_collector_with(dir.path(), "capture:\n  text: false\n").await;
     for (version, first) in [("2025-01", 0), ("2025-02", 100)] {
-        let r = send(
-            "POST",
-            &url,
-            Some(&otlp_spans("otel-model", version, first, 60)),
-            &[],
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200, "{}", r.body);
+        post_model_version_spans(http, "otel-model", version, first, 60).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let found = loop {
-        let r = get(&format!("http://{api}/api/v1/markers?model=otel-model"))
-            .await
-            .json();
-        let list = r["markers"].as_array().cloned().unwrap_or_default();
-        if !list.is_empty() {
-            break list;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no marker from OTLP; log:\n{}",
-            tw.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let found = wait_markers(api, "otel-model", 1, || tw.log()).await;
     assert_eq!(found.len(), 1, "{found:#?}");
     assert_eq!(
         (

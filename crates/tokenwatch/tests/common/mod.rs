@@ -5,6 +5,7 @@
 pub mod alertmanager;
 pub mod clickhouse;
 pub mod metrics_target;
+pub mod otlp;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -167,6 +168,42 @@ pub async fn get(url: &str) -> Reply {
         .unwrap_or_else(|e| panic!("GET {e}"))
 }
 
+/// POSTs `body` (sent as JSON) to `url`; fails the test when no answer comes.
+pub async fn post(url: &str, body: &str) -> Reply {
+    send("POST", url, Some(body), &[])
+        .await
+        .unwrap_or_else(|e| panic!("POST {e}"))
+}
+
+/// A batch endpoint's partial-success answer (`/api/v1/feedback`, `/scores`, `/embeddings`):
+/// asserts 200 and the `accepted` and `rejected` counts; returns the body.
+pub fn assert_partial(r: &Reply, accepted: u64, rejected: u64) -> serde_json::Value {
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(
+        (v["accepted"].as_u64(), v["rejected"].as_u64()),
+        (Some(accepted), Some(rejected)),
+        "{v:#}"
+    );
+    v
+}
+
+/// Wall-clock time in Unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Wall-clock time in Unix nanoseconds.
+pub fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
 /// Poll until `url` answers 200 or the deadline passes.
 pub async fn wait_ready(url: &str, proc_: &Proc) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -185,20 +222,6 @@ pub async fn wait_ready(url: &str, proc_: &Proc) {
 
 /// The stored record of request `id` (`GET /api/v1/requests/{id}`), once the pipeline has
 /// written it; fails with `tw`'s log after 20 s.
-/// POSTs OTLP/JSON spans of one resource (`service.name` = `service`) to an OTLP/HTTP listener's
-/// `/v1/traces` and asserts the listener answered 200; returns the reply (partial-success text).
-pub async fn post_otlp_spans(otlp_http: SocketAddr, service: &str, spans: Vec<serde_json::Value>) -> Reply {
-    let body = serde_json::json!({"resourceSpans": [{
-        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
-        "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]
-    }]});
-    let r = send("POST", &format!("http://{otlp_http}/v1/traces"), Some(&body.to_string()), &[])
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    r
-}
-
 pub async fn stored_record(api: SocketAddr, id: &str, tw: &Proc) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -214,6 +237,80 @@ pub async fn stored_record(api: SocketAddr, id: &str, tw: &Proc) -> serde_json::
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The version markers of `model` (`GET /api/v1/markers?model=`) once there are at least `want`;
+/// fails after 30 s naming what there was and `log()` (the collector's log).
+pub async fn wait_markers(
+    api: SocketAddr,
+    model: &str,
+    want: usize,
+    log: impl Fn() -> String,
+) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = get(&format!("http://{api}/api/v1/markers?model={model}"))
+            .await
+            .json();
+        let list = r["markers"].as_array().cloned().unwrap_or_default();
+        if list.len() >= want {
+            return list;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "markers of {model}: {r}\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// POSTs the chat request `body` through the proxy with `headers`, asserts 200 and returns the
+/// answer's text as the client received it (the deltas of a stream put together).
+pub async fn chat_answer(
+    proxy: SocketAddr,
+    body: &serde_json::Value,
+    headers: &[(&str, &str)],
+) -> String {
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let r = send(
+        "POST",
+        &format!("http://{proxy}/v1/chat/completions"),
+        Some(&body.to_string()),
+        headers,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    if !stream {
+        return r.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+    }
+    let mut text = String::new();
+    for data in r.body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(data) {
+            text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+        }
+    }
+    text
+}
+
+/// Every file directly under `dir` (the database, its WAL), as bytes.
+pub fn dir_bytes(dir: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.path().is_file() {
+            out.extend(std::fs::read(e.path()).unwrap());
+        }
+    }
+    out
+}
+
+/// Whether `needle`'s bytes stand anywhere in `hay`.
+pub fn bytes_contain(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
 
 /// Read one sample's value from Prometheus text (exact series text before the value).
@@ -250,7 +347,19 @@ pub struct Stack {
 
 impl Stack {
     pub async fn start(sim_args: &[&str], tw_extra: &[&str]) -> Stack {
+        Self::start_in(tempfile::tempdir().unwrap(), sim_args, tw_extra).await
+    }
+
+    /// [`Stack::start`] with `yaml` as tokenwatch's configuration (`-c`), written to `tw.yaml`
+    /// in the stack's directory.
+    pub async fn start_with_config(sim_args: &[&str], yaml: &str) -> Stack {
         let dir = tempfile::tempdir().unwrap();
+        let cfg = write_config(dir.path(), yaml);
+        let cfg = cfg.to_string_lossy().into_owned();
+        Self::start_in(dir, sim_args, &["-c", &cfg]).await
+    }
+
+    async fn start_in(dir: tempfile::TempDir, sim_args: &[&str], tw_extra: &[&str]) -> Stack {
         let (sim, sim_addr) = start_sim(dir.path(), sim_args).await;
         let (api, proxy) = (free_addr(), free_addr());
         let tw = start_tokenwatch(
@@ -321,6 +430,13 @@ pub fn start_tokenwatch(
     Proc::start("tokenwatch", &args, dir)
 }
 
+/// Writes `yaml` to `dir/tw.yaml`; returns the file's path.
+pub fn write_config(dir: &Path, yaml: &str) -> PathBuf {
+    let config = dir.join("tw.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    config
+}
+
 /// Write `tokens` (the tokens file's text) to `dir/tokens` and a `dir/tw.yaml` that points
 /// `auth.tokens_file` at it, re-read every 200 ms; returns (tokens file, config file).
 pub fn write_auth_files(dir: &Path, tokens: &str) -> (PathBuf, PathBuf) {
@@ -385,6 +501,15 @@ pub async fn start_otlp_collector(
     let tw = Proc::start("tokenwatch", &args, dir);
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
     (tw, grpc, http)
+}
+
+/// [`start_otlp_collector`] with `yaml` written to `dir/tw.yaml` and its API on a free port;
+/// returns (process, API address, OTLP/HTTP address).
+pub async fn start_otlp_collector_with(dir: &Path, yaml: &str) -> (Proc, SocketAddr, SocketAddr) {
+    let config = write_config(dir, yaml);
+    let api = free_addr();
+    let (tw, _grpc, http) = start_otlp_collector(dir, api, &config).await;
+    (tw, api, http)
 }
 
 /// `tokenwatch demo` with its data under `dir/data`, every listener on a free port and `extra`
