@@ -65,6 +65,23 @@ enum Command {
     },
 }
 
+/// Transparent huge pages off for this process, first thing (before the allocator has touched
+/// much): mimalloc asks for them on its arenas (`madvise(MADV_HUGEPAGE)`), so the kernel backs
+/// each 2 MiB region the heap touches with a whole huge page. Measured on `tokenwatch run` (proxy
+/// bench, 1,000 held streams): 32 of the 35 MiB of anonymous memory when idle were huge pages, a
+/// held stream on new connections cost 63 KiB instead of 38, and the peak RSS was 174 MiB instead
+/// of 103. The heap here is many small objects touched sparsely, where huge pages save little TLB
+/// work and cost that RSS.
+#[cfg(target_os = "linux")]
+fn transparent_huge_pages_off() -> std::io::Result<()> {
+    rustix::thread::disable_transparent_huge_pages(true).map_err(std::io::Error::from)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn transparent_huge_pages_off() -> std::io::Result<()> {
+    Ok(())
+}
+
 #[derive(Subcommand)]
 enum DashboardsCommand {
     /// Write a dashboard over tokenwatch's /metrics and the runtimes' own metrics, e.g. Grafana JSON.
@@ -256,8 +273,12 @@ fn init_logging(filter: &str, format: LogFormat) {
 }
 
 fn main() -> std::process::ExitCode {
+    let thp = transparent_huge_pages_off();
     let cli = Cli::parse();
     init_logging(&cli.log, cli.log_format);
+    if let Err(e) = thp {
+        tracing::debug!(error = %e, "could not turn transparent huge pages off; RSS may be higher");
+    }
     let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Rules { command } => rules_command(command),

@@ -63,6 +63,10 @@ pub struct AlertingConfig {
     pub event_lookback: HumanDuration,
     /// Write a snapshot archive when an alert fires.
     pub snapshots: bool,
+    /// Request records the engine keeps per model for its windows (≈ 250 bytes each); beyond
+    /// it the oldest go first, counted in `tokenwatch_alerting_evicted_records_total`, and the
+    /// longest windows then start later than configured.
+    pub max_records_per_model: usize,
 }
 
 impl Default for AlertingConfig {
@@ -83,6 +87,7 @@ impl Default for AlertingConfig {
             incident_window: HumanDuration(Duration::from_secs(300)),
             event_lookback: HumanDuration(Duration::from_secs(600)),
             snapshots: true,
+            max_records_per_model: 200_000,
         }
     }
 }

@@ -4,6 +4,7 @@
 use super::{DRIFT_SIGNALS, Detector, EvalCtx, PromCtx, PromRule, RuleInput};
 use crate::alerting::engine::eval::model_event;
 use crate::alerting::engine::inputs::values;
+use crate::alerting::engine::windows::Slot;
 use crate::alerting::rules::{RuleError, RuleSpec};
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;
@@ -34,9 +35,21 @@ impl Detector for KsDrift {
     fn evaluate(&mut self, rule: &RuleSpec, cx: &EvalCtx) -> Vec<AnomalyEvent> {
         let (now, w) = (cx.now, rule.window_ms);
         let mut out = Vec::new();
+        let mut windows = cx.inputs.latency_windows();
         for m in cx.inputs.models() {
-            let cur = values(cx.inputs.window(&m, now - w, now), &rule.signal);
-            let reference = values(cx.inputs.window(&m, now - 7 * w, now - w), &rule.signal);
+            // Read incrementally, sorted (the test is blind to order); from the records else.
+            let slots = [
+                (Slot::Current(w), (now - w, now)),
+                (Slot::Baseline(6 * w), (now - 7 * w, now - w)),
+            ];
+            let (cur, reference) =
+                match windows.record_windows(cx.inputs, (&m, &rule.signal), (now, 7 * w), slots) {
+                    Some([cur, reference]) => (cur, reference),
+                    None => (
+                        values(cx.inputs.window(&m, now - w, now), &rule.signal),
+                        values(cx.inputs.window(&m, now - 7 * w, now - w), &rule.signal),
+                    ),
+                };
             if let Some(f) = det::ks_drift(&reference, &cur, &self.params) {
                 out.push(model_event(f, &rule.detector, &rule.signal, &m, now));
             }

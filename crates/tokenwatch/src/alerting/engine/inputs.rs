@@ -352,6 +352,29 @@ pub struct Inputs {
     cap_per_model: usize,
     /// Records dropped for `cap_per_model` before their retention ran out.
     evicted: u64,
+    /// Per model, how many records and early first tokens its queues were pushed (the latency
+    /// rules' incremental windows follow the queues by it).
+    pushed: HashMap<Label, Pushed>,
+    /// Names each model's queues as they are made (queues emptied and made again differ).
+    epochs: u64,
+    /// The latency rules' incremental windows (`super::windows`), shared by them.
+    latency_windows: std::sync::Mutex<super::windows::LatencyWindows>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pushed {
+    epoch: u64,
+    records: u64,
+    early: u64,
+}
+
+/// Where a model's kept records and early first tokens stand by push sequence: `[front, end)`
+/// of each, under the `epoch` of its queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeptSeq {
+    pub epoch: u64,
+    pub records: (u64, u64),
+    pub early: (u64, u64),
 }
 
 impl Inputs {
@@ -371,6 +394,9 @@ impl Inputs {
             embedding_retention_ms: Some(retention_ms),
             cap_per_model: cap_per_model.max(1),
             evicted: 0,
+            pushed: HashMap::new(),
+            epochs: 0,
+            latency_windows: Default::default(),
         }
     }
 
@@ -475,6 +501,7 @@ impl Inputs {
             ids.remove(&old.id);
         }
         q.push_back(early);
+        self.pushed_to(&model).early += 1;
     }
 
     /// Keep a record: its labels shared with the kept records' (see `Label`), its request id
@@ -505,7 +532,76 @@ impl Inputs {
             q.pop_front();
             self.evicted += 1;
         }
+        let model = r.model.clone();
         q.push_back(r);
+        self.pushed_to(&model).records += 1;
+    }
+
+    fn pushed_to(&mut self, model: &Label) -> &mut Pushed {
+        let epochs = &mut self.epochs;
+        self.pushed.entry(model.clone()).or_insert_with(|| {
+            *epochs += 1;
+            Pushed {
+                epoch: *epochs,
+                records: 0,
+                early: 0,
+            }
+        })
+    }
+
+    /// Where `model`'s kept samples stand by push sequence; None when it keeps nothing.
+    pub fn kept_seq(&self, model: &str) -> Option<KeptSeq> {
+        let p = self.pushed.get(model)?;
+        let records = self.records.get(model).map_or(0, |q| q.len()) as u64;
+        let early = self.first_tokens.get(model).map_or(0, |q| q.len()) as u64;
+        Some(KeptSeq {
+            epoch: p.epoch,
+            records: (p.records.saturating_sub(records), p.records),
+            early: (p.early.saturating_sub(early), p.early),
+        })
+    }
+
+    /// `model`'s kept records pushed at or after push sequence `seq`, with theirs.
+    pub fn records_since<'a>(
+        &'a self,
+        model: &str,
+        seq: u64,
+    ) -> impl Iterator<Item = (u64, &'a Rec)> + 'a {
+        let front = self.kept_seq(model).map_or(0, |k| k.records.0);
+        let skip = usize::try_from(seq.saturating_sub(front)).unwrap_or(usize::MAX);
+        self.records
+            .get(model)
+            .into_iter()
+            .flat_map(move |q| q.iter_from(skip))
+            .zip(front.max(seq)..)
+            .map(|(r, s)| (s, r))
+    }
+
+    /// `model`'s kept early first tokens pushed at or after push sequence `seq`, with theirs.
+    pub fn early_since<'a>(
+        &'a self,
+        model: &str,
+        seq: u64,
+    ) -> impl Iterator<Item = (u64, &'a EarlyTtft)> + 'a {
+        let front = self.kept_seq(model).map_or(0, |k| k.early.0);
+        let skip = usize::try_from(seq.saturating_sub(front)).unwrap_or(usize::MAX);
+        self.first_tokens
+            .get(model)
+            .into_iter()
+            .flat_map(move |q| q.range(skip.min(q.len())..))
+            .zip(front.max(seq)..)
+            .map(|(f, s)| (s, f))
+    }
+
+    /// The latency rules' incremental windows (a poisoned lock, after a panic while they were
+    /// changed, starts them afresh).
+    pub fn latency_windows(&self) -> std::sync::MutexGuard<'_, super::windows::LatencyWindows> {
+        self.latency_windows.lock().unwrap_or_else(|poisoned| {
+            self.latency_windows.clear_poison();
+            let mut g = poisoned.into_inner();
+            *g = Default::default();
+            g
+        })
     }
 
     /// Forget what is older than the retention, give back the memory of queues a burst grew,
@@ -532,6 +628,9 @@ impl Inputs {
         }
         self.first_tokens.retain(|_, q| !q.is_empty());
         self.awaiting_record.retain(|_, ids| !ids.is_empty());
+        let (records, early) = (&self.records, &self.first_tokens);
+        self.pushed
+            .retain(|m, _| records.contains_key(m) || early.contains_key(m));
         for ids in self.awaiting_record.values_mut() {
             shrink_set(ids);
         }
@@ -766,9 +865,10 @@ mod tests {
         for field in fields {
             assert!(Arc::ptr_eq(&field(kept[0]), &field(kept[2])));
         }
-        // The map key, the records and the interner hold the model; nothing else.
+        // The map keys (records, push counts), the records and the interner hold the model;
+        // nothing else.
         let model = kept[0].model.0.clone();
-        assert_eq!(Arc::strong_count(&model), 1 + 1 + 3 + 1);
+        assert_eq!(Arc::strong_count(&model), 1 + 2 + 3 + 1);
         // Empty labels all share one value, never interned.
         assert!(Arc::ptr_eq(&kept[0].ab_group.0, &Label::default().0));
         assert!(Arc::ptr_eq(

@@ -1,6 +1,10 @@
 // The queue each model's kept records live in: fixed-size chunks (memory follows the records
-// kept, never twice that after a burst) that know their time span, so a window skips whole chunks.
+// kept, never twice that after a burst) that know their time span, so a window skips whole chunks;
+// and the kept state's figures on `/metrics` (records evicted at the per-model cap, bytes kept).
 
+use crate::export::prometheus::Metrics;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use std::collections::VecDeque;
 
 /// Records per chunk: at ~250 bytes a record, 256 KiB; a model's queue holds at most two
@@ -98,9 +102,71 @@ impl<T: Timed> KeptQueue<T> {
         self.chunks.iter().flat_map(|c| c.items.iter())
     }
 
+    /// The items from the `start`-th on, in order (whole chunks before it are skipped).
+    pub fn iter_from(&self, start: usize) -> impl Iterator<Item = &T> {
+        let mut skip = start;
+        let mut first = self.chunks.len();
+        for (k, c) in self.chunks.iter().enumerate() {
+            if skip < c.items.len() {
+                first = k;
+                break;
+            }
+            skip -= c.items.len();
+        }
+        self.chunks
+            .range(first..)
+            .enumerate()
+            .flat_map(move |(k, c)| c.items.range(if k == 0 { skip } else { 0 }..))
+    }
+
     /// Room allocated, in items (what the queue's memory follows).
     pub fn capacity(&self) -> usize {
         self.chunks.iter().map(|c| c.items.capacity()).sum()
+    }
+}
+
+/// The engine's kept analysis state on `/metrics`, set by the engine after each evaluation
+/// (prometheus-client's metrics are atomics: the scrape reads them from another thread).
+pub struct KeptMetrics {
+    evicted: Counter,
+    bytes: Gauge,
+    /// The engine's eviction count at the last `publish` (the counter takes the difference).
+    evicted_seen: u64,
+}
+
+impl KeptMetrics {
+    pub fn register(m: &Metrics) -> KeptMetrics {
+        let k = KeptMetrics {
+            evicted: Counter::default(),
+            bytes: Gauge::default(),
+            evicted_seen: 0,
+        };
+        m.register(
+            "tokenwatch_alerting_evicted_records",
+            "Request records the alert engine dropped before their retention ran out because \
+             their model had alerting.max_records_per_model kept",
+            k.evicted.clone(),
+        );
+        m.register(
+            "tokenwatch_alerting_kept_bytes",
+            "Bytes the alert engine holds for the request records and first tokens its windows \
+             read (labels shared between records not counted)",
+            k.bytes.clone(),
+        );
+        k
+    }
+
+    /// Publish the engine's figures: `evicted_total`, its eviction count since start (a count
+    /// below the last one, after the kept state was rebuilt, counts from zero again), and
+    /// `kept_bytes` now.
+    pub fn publish(&mut self, evicted_total: u64, kept_bytes: usize) {
+        let new = evicted_total
+            .checked_sub(self.evicted_seen)
+            .unwrap_or(evicted_total);
+        self.evicted.inc_by(new);
+        self.evicted_seen = evicted_total;
+        self.bytes
+            .set(i64::try_from(kept_bytes).unwrap_or(i64::MAX));
     }
 }
 
@@ -137,6 +203,34 @@ mod tests {
         assert_eq!(all, ((2 * CHUNK + 3) as u32..n as u32).collect::<Vec<_>>());
         while q.pop_front().is_some() {}
         assert!(q.is_empty() && q.capacity() == 0 && q.front().is_none());
+    }
+
+    #[test]
+    fn metrics_count_evictions_once_and_show_bytes_kept() {
+        let m = Metrics::new();
+        let mut k = KeptMetrics::register(&m);
+        let read = |name: &str| -> Option<f64> {
+            m.encode()
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        };
+        k.publish(0, 0);
+        assert_eq!(read("tokenwatch_alerting_evicted_records_total"), Some(0.0));
+        assert_eq!(read("tokenwatch_alerting_kept_bytes"), Some(0.0));
+        k.publish(7, 4096);
+        k.publish(7, 8192);
+        k.publish(10, 1024);
+        assert_eq!(
+            read("tokenwatch_alerting_evicted_records_total"),
+            Some(10.0)
+        );
+        assert_eq!(read("tokenwatch_alerting_kept_bytes"), Some(1024.0));
+        // The engine's count started again (its kept state was rebuilt): counted on top.
+        k.publish(2, 0);
+        assert_eq!(
+            read("tokenwatch_alerting_evicted_records_total"),
+            Some(12.0)
+        );
     }
 
     #[test]

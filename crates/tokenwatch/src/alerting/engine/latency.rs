@@ -4,6 +4,7 @@
 
 use super::eval::{EvalCtx, labels};
 use super::inputs::{self, LatencySample};
+use super::windows::{LatencyWindows, Slot};
 use crate::alerting::rules::RuleSpec;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tokenwatch_core::alert::AnomalyEvent;
@@ -142,8 +143,133 @@ fn scaled_by_instance<'a>(
     (values, spans)
 }
 
+/// Sorted values per instance.
+type ByInstance = BTreeMap<String, Vec<f64>>;
+
+fn owned(m: BTreeMap<&str, Vec<f64>>) -> ByInstance {
+    m.into_iter().map(|(i, v)| (i.to_string(), v)).collect()
+}
+
+/// The windows a rule reads of one model's `signal` at `now`: each instance's current window,
+/// its stretched one (with its length) and, from `short_from`, its short one; and, read
+/// incrementally, the model's current and short windows whole.
+struct Views {
+    cur: ByInstance,
+    scaled: ByInstance,
+    spans: BTreeMap<String, i64>,
+    short: ByInstance,
+    cur_all: Option<Vec<f64>>,
+    short_all: Option<Vec<f64>>,
+}
+
+/// What a rule asks of a model's windows.
+struct Ask<'a> {
+    model: &'a str,
+    signal: &'a str,
+    now: i64,
+    w: i64,
+    min_samples: u64,
+    /// Start of the short window (None: none read).
+    short_from: Option<i64>,
+    /// How far before `now` the rule reads (its reference periods included).
+    reach: i64,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: read every window from the kept records, as before the incremental windows.
+    pub(super) static FROM_RECORDS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn from_records_only() -> bool {
+    #[cfg(test)]
+    return FROM_RECORDS.with(|f| f.get());
+    #[cfg(not(test))]
+    false
+}
+
+/// `Views` from the kept records (sorting every window).
+fn views_from_records(inputs: &inputs::Inputs, a: &Ask) -> Views {
+    let (now, w) = (a.now, a.w);
+    let recs: Vec<LatencySample> = inputs
+        .latency_window(a.model, a.signal, now - MAX_STRETCH_WINDOWS * w, now)
+        .collect();
+    let (scaled, spans) = scaled_by_instance(&recs, a.signal, now, w, a.min_samples);
+    Views {
+        cur: owned(by_instance(&recs, a.signal, now - w, now)),
+        scaled: owned(scaled),
+        spans: spans.into_iter().map(|(i, s)| (i.to_string(), s)).collect(),
+        short: a
+            .short_from
+            .map(|f| owned(by_instance(&recs, a.signal, f, now)))
+            .unwrap_or_default(),
+        cur_all: None,
+        short_all: None,
+    }
+}
+
+/// `Views` from the incremental windows; None where they cannot answer.
+fn views_incremental(lw: &mut LatencyWindows, inputs: &inputs::Inputs, a: &Ask) -> Option<Views> {
+    let (now, w) = (a.now, a.w);
+    let series = (a.model, a.signal, a.signal);
+    if from_records_only() || !lw.sync(inputs, series, a.reach, now) {
+        return None;
+    }
+    // Samples per instance in (now - k·w, now] for k = 1..=MAX_STRETCH_WINDOWS, then short.
+    let mut ranges: Vec<(i64, i64)> = (1..=MAX_STRETCH_WINDOWS)
+        .map(|k| (now - k * w, now))
+        .collect();
+    ranges.push((a.short_from.unwrap_or(now), now));
+    let counts = lw.counts(series, now, &ranges)?;
+    let mut v = Views {
+        cur: BTreeMap::new(),
+        scaled: BTreeMap::new(),
+        spans: BTreeMap::new(),
+        short: BTreeMap::new(),
+        cur_all: None,
+        short_all: None,
+    };
+    for (i, n) in counts {
+        let i = i.as_str();
+        if n[0] > 0 {
+            let cur = lw.window(series, now, Some(i), Slot::Current(w), (now - w, now))?;
+            v.cur.insert(i.to_string(), cur.to_vec());
+        }
+        let k = (1..=MAX_STRETCH_WINDOWS)
+            .find(|k| n[*k as usize - 1] as u64 >= a.min_samples)
+            .unwrap_or(MAX_STRETCH_WINDOWS);
+        if n[k as usize - 1] > 0 {
+            let span = k * w;
+            let scaled = lw.window(series, now, Some(i), Slot::Scaled(w), (now - span, now))?;
+            v.scaled.insert(i.to_string(), scaled.to_vec());
+            v.spans.insert(i.to_string(), span);
+        }
+        if let Some(f) = a.short_from
+            && n[MAX_STRETCH_WINDOWS as usize] > 0
+        {
+            let short = lw.window(series, now, Some(i), Slot::Short(now - f), (f, now))?;
+            v.short.insert(i.to_string(), short.to_vec());
+        }
+    }
+    v.cur_all = Some(
+        lw.window(series, now, None, Slot::Current(w), (now - w, now))?
+            .to_vec(),
+    );
+    if let Some(f) = a.short_from {
+        v.short_all = Some(
+            lw.window(series, now, None, Slot::Short(now - f), (f, now))?
+                .to_vec(),
+        );
+    }
+    Some(v)
+}
+
+fn views(lw: &mut LatencyWindows, inputs: &inputs::Inputs, a: &Ask) -> Views {
+    views_incremental(lw, inputs, a).unwrap_or_else(|| views_from_records(inputs, a))
+}
+
 /// Instances of a window that can be told apart (named, and at least two of them).
-fn named(cur: &BTreeMap<&str, Vec<f64>>) -> Vec<String> {
+fn named(cur: &ByInstance) -> Vec<String> {
     let names: Vec<String> = cur
         .keys()
         .filter(|i| !i.is_empty())
@@ -154,7 +280,7 @@ fn named(cur: &BTreeMap<&str, Vec<f64>>) -> Vec<String> {
 
 /// The instance's peer comparison when it is more than `ratio` times its peers' median.
 fn outlier_among_peers(
-    cur: &BTreeMap<&str, Vec<f64>>,
+    cur: &ByInstance,
     instance: &str,
     min_samples: u64,
     min_tail: u64,
@@ -169,11 +295,17 @@ fn outlier_among_peers(
     det::compare_with_peers(own, &peers, min_samples, min_tail).filter(|c| c.ratio > ratio)
 }
 
-/// The model's current window without the flagged instances, sorted.
-fn model_window(cur: &BTreeMap<&str, Vec<f64>>, flagged: &BTreeSet<String>) -> Vec<f64> {
+/// The model's current window without the flagged instances, sorted: `all`, the whole window
+/// when known, if none of its instances is flagged.
+fn model_window(cur: &ByInstance, all: Option<Vec<f64>>, flagged: &BTreeSet<String>) -> Vec<f64> {
+    if let Some(all) = all
+        && !cur.keys().any(|i| flagged.contains(i))
+    {
+        return all;
+    }
     let mut v: Vec<f64> = cur
         .iter()
-        .filter(|(i, _)| !flagged.contains(**i))
+        .filter(|(i, _)| !flagged.contains(i.as_str()))
         .flat_map(|(_, v)| v.iter().copied())
         .collect();
     v.sort_by(f64::total_cmp);
@@ -181,11 +313,11 @@ fn model_window(cur: &BTreeMap<&str, Vec<f64>>, flagged: &BTreeSet<String>) -> V
 }
 
 /// The slowest instance of the window at quantile `q`, as evidence for a model-level event.
-fn with_slowest(f: det::Finding, cur: &BTreeMap<&str, Vec<f64>>, q: f64) -> det::Finding {
+fn with_slowest(f: det::Finding, cur: &ByInstance, q: f64) -> det::Finding {
     let slowest = cur
         .iter()
         .filter(|(i, _)| !i.is_empty())
-        .filter_map(|(i, v)| det::sorted_quantile(v, q).map(|x| (*i, x)))
+        .filter_map(|(i, v)| det::sorted_quantile(v, q).map(|x| (i.as_str(), x)))
         .max_by(|a, b| a.1.total_cmp(&b.1));
     match slowest {
         Some((i, x)) if cur.len() >= 2 => {
@@ -235,7 +367,7 @@ fn named_event(
 /// when its share of slow requests is also over `peer_ratio` × its peers' share above the same
 /// line (None without peer traffic to compare with).
 fn fast_among_peers(
-    short: &BTreeMap<&str, Vec<f64>>,
+    short: &ByInstance,
     instance: &str,
     base: &[f64],
     p: &det::LatencySpikeParams,
@@ -285,10 +417,12 @@ fn model_event(f: det::Finding, rule: &RuleSpec, model: &str, now: i64) -> Anoma
 }
 
 /// A series' reference period `(from, to]`, its own and its instance's episodes left out,
-/// sorted; cached for a fraction of the window (the model's records are read only then).
+/// sorted; cached for a fraction of the window (the model's records are read only then, or
+/// its incremental window while the model has no episode to leave out).
 #[allow(clippy::too_many_arguments)] // the series key, its records and the period
 fn baseline(
     st: &mut SeriesState,
+    lw: &mut LatencyWindows,
     model: &str,
     instance: Option<&str>,
     inputs: &inputs::Inputs,
@@ -305,6 +439,23 @@ fn baseline(
         && now - t < refresh_ms
     {
         return v.clone();
+    }
+    let no_episodes = st
+        .series
+        .iter()
+        .filter(|((m, _), _)| m == model)
+        .all(|(_, s)| s.episodes == det::Episodes::default());
+    let incremental = no_episodes && !from_records_only();
+    if let Some(v) = incremental
+        .then(|| {
+            let series = (model, signal, signal);
+            lw.window(series, now, instance, Slot::Baseline(to - from), (from, to))
+        })
+        .flatten()
+    {
+        let v = v.to_vec();
+        st.get(model, key).cached = Some((now, v.clone()));
+        return v;
     }
     let covered = st.coverage(model);
     let mut v: Vec<f64> = inputs
@@ -356,14 +507,25 @@ pub fn spike(
     let refresh = (w / BASELINE_REFRESH_DIVISOR).max(100);
     let fast_ms = (p.fast_window_s * 1000.0) as i64;
     let mut out = Vec::new();
+    let mut lw = cx.inputs.latency_windows();
     for m in cx.inputs.models() {
-        let recs: Vec<LatencySample> = cx
-            .inputs
-            .latency_window(&m, &rule.signal, now - MAX_STRETCH_WINDOWS * w, now)
-            .collect();
-        let cur = by_instance(&recs, &rule.signal, now - w, now);
-        let (scaled, spans) = scaled_by_instance(&recs, &rule.signal, now, w, p.min_samples);
-        let short = by_instance(&recs, &rule.signal, now - fast_ms, now);
+        let ask = Ask {
+            model: &m,
+            signal: &rule.signal,
+            now,
+            w,
+            min_samples: p.min_samples,
+            short_from: Some((now - fast_ms).max(now - MAX_STRETCH_WINDOWS * w)),
+            reach: MAX_STRETCH_WINDOWS * w + span,
+        };
+        let Views {
+            cur,
+            scaled,
+            spans,
+            short,
+            cur_all,
+            short_all,
+        } = views(&mut lw, cx.inputs, &ask);
         let period = (now - w - span, now - w);
         let mut flagged = BTreeSet::new();
         for i in named(&scaled) {
@@ -376,6 +538,7 @@ pub fn spike(
             let stretch = spans.get(i.as_str()).copied().unwrap_or(w);
             let base = baseline(
                 st,
+                &mut lw,
                 &m,
                 Some(&i),
                 cx.inputs,
@@ -406,10 +569,21 @@ pub fn spike(
             s.frozen = None;
             s.cached = None;
         }
-        let current = model_window(&cur, &flagged);
-        let base = baseline(st, &m, None, cx.inputs, &rule.signal, period, refresh, now);
-        let f = det::latency_spike(&current, &base, p)
-            .or_else(|| det::latency_exceedance(&model_window(&short, &flagged), &base, p));
+        let current = model_window(&cur, cur_all, &flagged);
+        let base = baseline(
+            st,
+            &mut lw,
+            &m,
+            None,
+            cx.inputs,
+            &rule.signal,
+            period,
+            refresh,
+            now,
+        );
+        let f = det::latency_spike(&current, &base, p).or_else(|| {
+            det::latency_exceedance(&model_window(&short, short_all, &flagged), &base, p)
+        });
         track(st, &m, "", f.is_some(), &base, w, now);
         if let Some(f) = f {
             let q = f.evidence["quantile"].as_f64().unwrap_or(det::P99);
@@ -429,13 +603,23 @@ pub fn absolute(
 ) -> Vec<AnomalyEvent> {
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
+    let mut lw = cx.inputs.latency_windows();
     for m in cx.inputs.models() {
-        let recs: Vec<LatencySample> = cx
-            .inputs
-            .latency_window(&m, &rule.signal, now - MAX_STRETCH_WINDOWS * w, now)
-            .collect();
-        let cur = by_instance(&recs, &rule.signal, now - w, now);
-        let (scaled, _) = scaled_by_instance(&recs, &rule.signal, now, w, p.min_samples);
+        let ask = Ask {
+            model: &m,
+            signal: &rule.signal,
+            now,
+            w,
+            min_samples: p.min_samples,
+            short_from: None,
+            reach: MAX_STRETCH_WINDOWS * w,
+        };
+        let Views {
+            cur,
+            scaled,
+            cur_all,
+            ..
+        } = views(&mut lw, cx.inputs, &ask);
         let mut flagged = BTreeSet::new();
         for i in named(&scaled) {
             let Some(cmp) =
@@ -448,7 +632,7 @@ pub fn absolute(
             }
             flagged.insert(i);
         }
-        if let Some(f) = det::absolute_latency(&model_window(&cur, &flagged), p) {
+        if let Some(f) = det::absolute_latency(&model_window(&cur, cur_all, &flagged), p) {
             let q = f.evidence["quantile"].as_f64().unwrap_or(det::P99);
             out.push(model_event(with_slowest(f, &cur, q), rule, &m, now));
         }
@@ -473,6 +657,69 @@ fn context_finding(
     det::context_aware_threshold(tail, prompt, kv, p).map(|f| f.with("quantile", q))
 }
 
+/// The context rule's current window of each instance and whole, incrementally (None where
+/// the incremental windows cannot answer).
+fn context_windows(
+    lw: &mut LatencyWindows,
+    inputs: &inputs::Inputs,
+    (model, signal): (&str, &str),
+    w: i64,
+    now: i64,
+) -> Option<(ByInstance, Option<Vec<f64>>)> {
+    let series = (model, signal, signal);
+    let prompts = (model, signal, "prompt_tokens");
+    if from_records_only() || !lw.sync(inputs, series, w, now) || !lw.sync(inputs, prompts, w, now)
+    {
+        return None;
+    }
+    let mut cur = BTreeMap::new();
+    for (i, n) in lw.counts(series, now, &[(now - w, now)])? {
+        if n[0] > 0 {
+            let v = lw.window(series, now, Some(&i), Slot::Current(w), (now - w, now))?;
+            cur.insert(i.to_string(), v.to_vec());
+        }
+    }
+    let all = lw.window(series, now, None, Slot::Current(w), (now - w, now))?;
+    Some((cur, Some(all.to_vec())))
+}
+
+/// Prompt lengths of the successful requests of `model` in `(from, to]` (those a rule on
+/// `signal` reads), of the instances `keep` keeps (`whole`: of all of them), from the
+/// incremental windows when `context_windows` could read them, else from the records.
+fn prompts_of(
+    lw: &mut LatencyWindows,
+    inputs: &inputs::Inputs,
+    (model, signal): (&str, &str),
+    (from, to): (i64, i64),
+    keep: &dyn Fn(&str) -> bool,
+    whole: bool,
+) -> Vec<f64> {
+    let series = (model, signal, "prompt_tokens");
+    let slot = Slot::Current(to - from);
+    let mut incremental = || -> Option<Vec<f64>> {
+        if from_records_only() {
+            return None;
+        }
+        if whole {
+            return Some(lw.window(series, to, None, slot, (from, to))?.to_vec());
+        }
+        let mut v = Vec::new();
+        for (i, n) in lw.counts(series, to, &[(from, to)])? {
+            if n[0] > 0 && keep(&i) {
+                v.extend_from_slice(lw.window(series, to, Some(&i), slot, (from, to))?);
+            }
+        }
+        Some(v)
+    };
+    incremental().unwrap_or_else(|| {
+        inputs
+            .latency_window(model, signal, from, to)
+            .filter(|r| r.ok() && keep(r.instance()))
+            .filter_map(|r| r.value("prompt_tokens"))
+            .collect()
+    })
+}
+
 /// `context_aware_threshold`: as `absolute`, with each window's limit from its median prompt
 /// length and its instance's (or, for the model, the highest) KV-cache usage.
 pub fn context(
@@ -482,18 +729,27 @@ pub fn context(
 ) -> Vec<AnomalyEvent> {
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
+    let mut lw = cx.inputs.latency_windows();
     for m in cx.inputs.models() {
-        let recs: Vec<LatencySample> = cx
-            .inputs
-            .latency_window(&m, &rule.signal, now - w, now)
-            .filter(|r| r.ok())
-            .collect();
-        let cur = by_instance(&recs, &rule.signal, now - w, now);
-        let prompts = |keep: &dyn Fn(&str) -> bool| -> Vec<f64> {
-            recs.iter()
-                .filter(|r| keep(r.instance()))
-                .filter_map(|r| r.value("prompt_tokens"))
-                .collect()
+        let sig = rule.signal.as_str();
+        let (cur, cur_all) = match context_windows(&mut lw, cx.inputs, (&m, sig), w, now) {
+            Some(v) => v,
+            None => {
+                let recs: Vec<LatencySample> =
+                    cx.inputs.latency_window(&m, sig, now - w, now).collect();
+                (owned(by_instance(&recs, sig, now - w, now)), None)
+            }
+        };
+        let whole = cur_all.is_some();
+        let mut prompts = |keep: &dyn Fn(&str) -> bool, all: bool| -> Vec<f64> {
+            prompts_of(
+                &mut lw,
+                cx.inputs,
+                (&m, sig),
+                (now - w, now),
+                keep,
+                whole && all,
+            )
         };
         let model_kv = inputs::latest(cx.board, &m, names::KV_CACHE_USAGE, None).unwrap_or(0.0);
         let mut flagged = BTreeSet::new();
@@ -505,13 +761,14 @@ pub fn context(
             };
             let kv =
                 inputs::latest(cx.board, &m, names::KV_CACHE_USAGE, Some(&i)).unwrap_or(model_kv);
-            if let Some(f) = context_finding(&cur[i.as_str()], &prompts(&|x| x == i), kv, p) {
+            let own = prompts(&|x| x == i, false);
+            if let Some(f) = context_finding(&cur[i.as_str()], &own, kv, p) {
                 out.push(instance_event(f, &cmp, rule, &m, &i, now));
             }
             flagged.insert(i);
         }
-        let lat = model_window(&cur, &flagged);
-        let prompts = prompts(&|x| !flagged.contains(x));
+        let prompts = prompts(&|x| !flagged.contains(x), flagged.is_empty());
+        let lat = model_window(&cur, cur_all, &flagged);
         if let Some(f) = context_finding(&lat, &prompts, model_kv, p) {
             out.push(model_event(f, rule, &m, now));
         }

@@ -19,6 +19,7 @@ mod reload_tests;
 #[cfg(test)]
 mod restore_tests;
 pub mod vectors;
+pub mod windows;
 
 pub use inputs::AlertSink;
 
@@ -43,8 +44,6 @@ use tokio::task::JoinHandle;
 
 /// Records waiting for the engine; beyond this the sink drops (and counts) them.
 const RECORD_QUEUE: usize = 65_536;
-/// Records kept per model for windowed detectors.
-const RECORDS_PER_MODEL: usize = 200_000;
 /// Shortest time between two evaluations.
 const MIN_EVAL_GAP: Duration = Duration::from_millis(50);
 const SPAN_POLL_MS: i64 = 5_000;
@@ -265,7 +264,7 @@ pub fn start_with_slos(
         rules,
         tracked: HashMap::new(),
         resolved: VecDeque::new(),
-        inputs: inputs::Inputs::new(retention, RECORDS_PER_MODEL)
+        inputs: inputs::Inputs::new(retention, cfg.max_records_per_model)
             .with_embedding_retention(embedding_retention)
             .with_slos(slo_tracker)
             .with_score_metrics(scores::ScoreMetrics::register(&deps.metrics)),
@@ -274,6 +273,7 @@ pub fn start_with_slos(
         inbox: inbox.clone(),
         incidents: Incidents::new(cfg.incident_window.0.as_millis() as i64),
         metrics: AlertMetrics::register(&deps.metrics),
+        kept_metrics: kept::KeptMetrics::register(&deps.metrics),
         inhibit: cfg
             .inhibit_rules
             .clone()
@@ -325,6 +325,7 @@ struct Engine {
     inbox: EventInbox,
     incidents: Incidents,
     metrics: AlertMetrics,
+    kept_metrics: kept::KeptMetrics,
     inhibit: Vec<InhibitRule>,
     graph: det::CausalGraph,
     resolve_after_ms: i64,
@@ -594,6 +595,8 @@ impl Engine {
             self.inputs.ingest(r.clone());
         }
         self.inputs.prune(now);
+        self.kept_metrics
+            .publish(self.inputs.evicted_records(), self.inputs.kept_bytes());
         self.history.prune(now);
         for e in self.inbox.take() {
             self.history.record(&e);

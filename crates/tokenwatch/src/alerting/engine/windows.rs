@@ -1,0 +1,482 @@
+// Incremental sorted windows of the latency rules: each model's latency samples mirrored from the
+// kept records by push sequence, per instance in time order, and sorted value windows slid on them.
+
+use super::inputs::{Inputs, KeptSeq, Label, LatencySample};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Which window of a series: windows of different slots are kept apart (each moves wherever it
+/// is asked to next, by difference when the move is small, rebuilt otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Slot {
+    /// A rule's current window, by its length.
+    Current(i64),
+    /// The spike's short window.
+    Short(i64),
+    /// An instance's stretched window (1..=3 windows, `latency::MAX_STRETCH_WINDOWS`).
+    Scaled(i64),
+    /// A reference period, by its length.
+    Baseline(i64),
+}
+
+/// A mirrored sample: (at_ms, id, value); id = push sequence << 1 | source (0 record, 1 early
+/// first token), so that (at_ms, id) orders samples and names each one.
+type Point = (i64, u64, f64);
+
+/// A change to a window's samples since it was last read: (at_ms, value, added).
+type Change = (i64, f64, bool);
+
+/// Fewest changes worth merging in one pass rather than inserting one by one.
+const MERGE_FROM: usize = 24;
+
+/// A window (from, to] of one scope (an instance, or all of them): its values sorted.
+struct Window {
+    from: i64,
+    to: i64,
+    vals: Vec<f64>,
+    /// Samples added to and removed from the mirror since the window was read.
+    log: Vec<Change>,
+    /// The log overflowed (or a removal did not match): rebuild on the next read.
+    stale: bool,
+    used: i64,
+    /// Times the window was read from scratch.
+    rebuilds: u64,
+}
+
+/// One model's samples of one value as one rule signal sees them (`Inputs::latency_window`),
+/// successful requests only, and the windows read on them.
+struct Mirror {
+    epoch: u64,
+    /// Next push sequence to read, per source.
+    next: [u64; 2],
+    /// Samples known at or before this are not kept (no window reaches that far back).
+    horizon: i64,
+    /// The reach before `now` each caller asked for, and when it last did.
+    spans: Vec<(i64, i64)>,
+    /// The samples kept, per source in push order (to drop those the kept queue evicts).
+    order: [VecDeque<(u64, i64, Label)>; 2],
+    lines: BTreeMap<Label, VecDeque<Point>>,
+    windows: HashMap<(Option<Label>, Slot), Window>,
+    used: i64,
+}
+
+/// Forget windows and mirrors not read for this long (beyond their own reach).
+const IDLE_MS: i64 = 60_000;
+
+/// The mirrors of every (model, signal, value) a latency rule reads; shared by the rules.
+#[derive(Default)]
+pub struct LatencyWindows {
+    mirrors: HashMap<(String, String, String), Mirror>,
+    last_gc: i64,
+}
+
+fn lower(pts: &VecDeque<Point>, at: i64) -> usize {
+    pts.partition_point(|p| p.0 <= at)
+}
+
+fn range(pts: &VecDeque<Point>, from: i64, to: i64) -> impl Iterator<Item = f64> + '_ {
+    let (a, b) = (lower(pts, from), lower(pts, to));
+    pts.range(a..b.max(a)).map(|p| p.2)
+}
+
+/// The sample of a kept item for this view, if it counts: successful, with a value, and (for
+/// `ttft`) its early first-token copy standing for a record that has one.
+fn record_value(s: LatencySample<'_>, view: &str, value: &str) -> Option<f64> {
+    if !s.ok() {
+        return None;
+    }
+    if let LatencySample::Record(r) = s
+        && view == "ttft"
+        && r.ttft_early
+    {
+        return None;
+    }
+    s.value(value)
+}
+
+impl Mirror {
+    fn new(epoch: u64, next: [u64; 2], horizon: i64) -> Mirror {
+        Mirror {
+            epoch,
+            next,
+            horizon,
+            spans: Vec::new(),
+            order: [VecDeque::new(), VecDeque::new()],
+            lines: BTreeMap::new(),
+            windows: HashMap::new(),
+            used: i64::MIN,
+        }
+    }
+
+    fn log(&mut self, instance: &Label, at: i64, v: f64, added: bool) {
+        for ((scope, _), w) in self.windows.iter_mut() {
+            if w.stale || scope.as_ref().is_some_and(|s| s != instance) {
+                continue;
+            }
+            if w.log.len() > w.vals.len().max(MERGE_FROM) {
+                w.stale = true;
+                w.log = Vec::new();
+            } else {
+                w.log.push((at, v, added));
+            }
+        }
+    }
+
+    fn add(&mut self, src: usize, seq: u64, at: i64, instance: &Label, v: f64) {
+        if at <= self.horizon {
+            return;
+        }
+        let id = seq << 1 | src as u64;
+        let pts = self.lines.entry(instance.clone()).or_default();
+        let i = pts.partition_point(|p| (p.0, p.1) < (at, id));
+        pts.insert(i, (at, id, v));
+        self.order[src].push_back((seq, at, instance.clone()));
+        self.log(instance, at, v, true);
+    }
+
+    fn remove(&mut self, src: usize, seq: u64, at: i64, instance: &Label) {
+        let id = seq << 1 | src as u64;
+        let Some(pts) = self.lines.get_mut(instance) else {
+            return;
+        };
+        let i = pts.partition_point(|p| (p.0, p.1) < (at, id));
+        if !pts.get(i).is_some_and(|p| p.0 == at && p.1 == id) {
+            return;
+        }
+        let v = pts.remove(i).map_or(f64::NAN, |p| p.2);
+        if pts.is_empty() {
+            self.lines.remove(instance);
+        }
+        self.log(instance, at, v, false);
+    }
+
+    /// Drop what the kept queue evicted, read what it was pushed since, and forget samples at
+    /// or before `horizon`.
+    fn follow(&mut self, inputs: &Inputs, model: &str, view: &str, value: &str, kept: KeptSeq) {
+        let fronts = [kept.records.0, kept.early.0];
+        for (src, front) in fronts.into_iter().enumerate() {
+            while let Some((seq, at, inst)) = self.order[src].front().cloned() {
+                if seq >= front && at > self.horizon {
+                    break;
+                }
+                self.order[src].pop_front();
+                self.remove(src, seq, at, &inst);
+            }
+        }
+        let start = self.next[0].max(kept.records.0);
+        for (seq, r) in inputs.records_since(model, start) {
+            if let Some(v) = record_value(LatencySample::Record(r), view, value) {
+                self.add(0, seq, r.at_ms, &r.instance, v);
+            }
+        }
+        if view == "ttft" {
+            let start = self.next[1].max(kept.early.0);
+            for (seq, f) in inputs.early_since(model, start) {
+                if let Some(v) = record_value(LatencySample::FirstToken(f), view, value) {
+                    self.add(1, seq, f.at_ms, &f.instance, v);
+                }
+            }
+        }
+        self.next = [kept.records.1, kept.early.1];
+        let horizon = self.horizon;
+        let mut dropped = Vec::new();
+        for (inst, pts) in self.lines.iter_mut() {
+            while let Some(p) = pts.front().copied().filter(|p| p.0 <= horizon) {
+                pts.pop_front();
+                dropped.push((inst.clone(), p.0, p.2));
+            }
+        }
+        for (inst, at, v) in dropped {
+            self.log(&inst, at, v, false);
+        }
+        self.lines.retain(|_, pts| !pts.is_empty());
+    }
+}
+
+/// Values of `pts` in (from, to] of the chosen instance(s).
+fn collect(
+    lines: &BTreeMap<Label, VecDeque<Point>>,
+    scope: Option<&str>,
+    from: i64,
+    to: i64,
+) -> Vec<f64> {
+    let mut v: Vec<f64> = match scope {
+        Some(i) => lines
+            .get(i)
+            .map(|pts| range(pts, from, to).collect())
+            .unwrap_or_default(),
+        None => lines
+            .values()
+            .flat_map(|pts| range(pts, from, to))
+            .collect(),
+    };
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// Parts of (a0, a1] outside (b0, b1], when the two overlap; None when they do not.
+fn outside(a: (i64, i64), b: (i64, i64)) -> Option<[(i64, i64); 2]> {
+    if a.1 <= b.0 || b.1 <= a.0 {
+        return None;
+    }
+    Some([(a.0, a.1.min(b.0)), (a.0.max(b.1), a.1)])
+}
+
+/// `vals` (sorted) with `add` merged in and `del` taken out (each of `del` once, an equal value
+/// standing for it); None when one of `del` is not there.
+fn apply(vals: &mut Vec<f64>, mut add: Vec<f64>, mut del: Vec<f64>) -> Option<()> {
+    if add.len() + del.len() < MERGE_FROM {
+        for v in add {
+            let i = vals.partition_point(|x| x.total_cmp(&v).is_lt());
+            vals.insert(i, v);
+        }
+        for v in del {
+            let i = vals.partition_point(|x| x.total_cmp(&v).is_lt());
+            if !vals.get(i).is_some_and(|x| x.total_cmp(&v).is_eq()) {
+                return None;
+            }
+            vals.remove(i);
+        }
+        return Some(());
+    }
+    add.sort_by(f64::total_cmp);
+    del.sort_by(f64::total_cmp);
+    let mut out = Vec::with_capacity(vals.len() + add.len());
+    let (mut i, mut j) = (0, 0);
+    while i < vals.len() || j < add.len() {
+        if j >= add.len() || (i < vals.len() && vals[i].total_cmp(&add[j]).is_le()) {
+            out.push(vals[i]);
+            i += 1;
+        } else {
+            out.push(add[j]);
+            j += 1;
+        }
+    }
+    let mut k = 0;
+    out.retain(|x| {
+        if k < del.len() && x.total_cmp(&del[k]).is_eq() {
+            k += 1;
+            false
+        } else {
+            true
+        }
+    });
+    if k < del.len() {
+        return None;
+    }
+    *vals = out;
+    Some(())
+}
+
+impl Window {
+    /// Bring the window to (from, to] of the mirror's samples now.
+    fn read(
+        &mut self,
+        lines: &BTreeMap<Label, VecDeque<Point>>,
+        scope: Option<&str>,
+        from: i64,
+        to: i64,
+    ) {
+        let moves = (!self.stale)
+            .then(|| {
+                let old = (self.from, self.to);
+                Some((outside(old, (from, to))?, outside((from, to), old)?))
+            })
+            .flatten();
+        let Some((leaving, entering)) = moves else {
+            return self.rebuild(lines, scope, from, to);
+        };
+        let (mut add, mut del) = (Vec::new(), Vec::new());
+        for &(at, v, added) in &self.log {
+            if at > self.from && at <= self.to {
+                if added { add.push(v) } else { del.push(v) }
+            }
+        }
+        let pick = |parts: [(i64, i64); 2], out: &mut Vec<f64>| {
+            for (a, b) in parts.into_iter().filter(|(a, b)| a < b) {
+                match scope {
+                    Some(i) => out.extend(lines.get(i).into_iter().flat_map(|p| range(p, a, b))),
+                    None => out.extend(lines.values().flat_map(|p| range(p, a, b))),
+                }
+            }
+        };
+        pick(entering, &mut add);
+        pick(leaving, &mut del);
+        if add.len() + del.len() > self.vals.len() + MERGE_FROM {
+            return self.rebuild(lines, scope, from, to);
+        }
+        // Adds first: a sample added and removed since the last read cancels out.
+        let mut vals = std::mem::take(&mut self.vals);
+        let mut merged = apply(&mut vals, add, Vec::new());
+        if merged.is_some() {
+            merged = apply(&mut vals, Vec::new(), del);
+        }
+        if merged.is_none() {
+            return self.rebuild(lines, scope, from, to);
+        }
+        self.vals = vals;
+        self.log.clear();
+        (self.from, self.to) = (from, to);
+    }
+
+    fn rebuild(
+        &mut self,
+        lines: &BTreeMap<Label, VecDeque<Point>>,
+        scope: Option<&str>,
+        from: i64,
+        to: i64,
+    ) {
+        self.vals = collect(lines, scope, from, to);
+        self.log = Vec::new();
+        self.stale = false;
+        self.rebuilds += 1;
+        (self.from, self.to) = (from, to);
+    }
+}
+
+type Key = (String, String, String);
+
+fn key(model: &str, view: &str, value: &str) -> Key {
+    (model.to_string(), view.to_string(), value.to_string())
+}
+
+impl LatencyWindows {
+    /// Bring the mirror of `model`'s `value` as the rules on `view` (their signal) read it up to
+    /// date, its windows reaching back `span` before `now`. False when the model keeps no
+    /// records.
+    pub fn sync(
+        &mut self,
+        inputs: &Inputs,
+        (model, view, value): (&str, &str, &str),
+        span: i64,
+        now: i64,
+    ) -> bool {
+        if now - self.last_gc >= IDLE_MS / 4 || now < self.last_gc {
+            self.last_gc = now;
+            self.mirrors.retain(|_, m| {
+                let reach = m.spans.iter().map(|s| s.0).max().unwrap_or(0);
+                now >= m.used && now - m.used <= IDLE_MS + reach
+            });
+        }
+        let Some(kept) = inputs.kept_seq(model) else {
+            self.mirrors.remove(&key(model, view, value));
+            return false;
+        };
+        let m = self
+            .mirrors
+            .entry(key(model, view, value))
+            .or_insert_with(|| Mirror::new(kept.epoch, [0, 0], i64::MAX));
+        match m.spans.iter_mut().find(|s| s.0 == span) {
+            Some(s) => s.1 = now,
+            None => m.spans.push((span, now)),
+        }
+        m.spans.retain(|s| now >= s.1 && now - s.1 <= IDLE_MS);
+        let reach = m.spans.iter().map(|s| s.0).max().unwrap_or(span);
+        let horizon = now.saturating_sub(reach);
+        if kept.epoch != m.epoch
+            || horizon < m.horizon
+            || now < m.used
+            || m.next[0] > kept.records.1
+            || m.next[1] > kept.early.1
+        {
+            // A new queue, a longer reach or the clock going back: read everything again.
+            let spans = std::mem::take(&mut m.spans);
+            *m = Mirror::new(kept.epoch, [kept.records.0, kept.early.0], horizon);
+            m.spans = spans;
+        }
+        m.horizon = horizon;
+        m.used = now;
+        m.follow(inputs, model, view, value, kept);
+        true
+    }
+
+    /// The sorted values in (from, to] of an instance (or, with None, of all), as `sync` left
+    /// them at `now`; None when the mirror was not synced at `now` or does not reach `from`.
+    pub fn window(
+        &mut self,
+        (model, view, value): (&str, &str, &str),
+        now: i64,
+        scope: Option<&str>,
+        slot: Slot,
+        (from, to): (i64, i64),
+    ) -> Option<&[f64]> {
+        let m = self.mirrors.get_mut(&key(model, view, value))?;
+        if m.used != now || from < m.horizon || to < from {
+            return None;
+        }
+        let lines = &m.lines;
+        let w = m
+            .windows
+            .entry((scope.map(Label::new), slot))
+            .or_insert_with(|| Window {
+                from,
+                to,
+                vals: Vec::new(),
+                log: Vec::new(),
+                stale: true,
+                used: now,
+                rebuilds: 0,
+            });
+        w.read(lines, scope, from, to);
+        w.used = now;
+        let idle = |w: &Window| now >= w.used && now - w.used <= IDLE_MS + (w.to - w.from);
+        if m.windows.len() > 64 || m.windows.values().any(|w| !idle(w)) {
+            m.windows.retain(|_, w| idle(w));
+        }
+        m.windows
+            .get(&(scope.map(Label::new), slot))
+            .map(|w| w.vals.as_slice())
+    }
+
+    /// Sorted values of `value` of `model`'s successful records (as `inputs::values` reads
+    /// them: no early first tokens) in each of `ranges`, all of its instances, synced at `now`
+    /// with a reach of `reach`; None where the windows cannot answer.
+    pub fn record_windows<const N: usize>(
+        &mut self,
+        inputs: &Inputs,
+        (model, value): (&str, &str),
+        (now, reach): (i64, i64),
+        ranges: [(Slot, (i64, i64)); N],
+    ) -> Option<[Vec<f64>; N]> {
+        let series = (model, "", value);
+        if !self.sync(inputs, series, reach, now) {
+            return None;
+        }
+        let mut out = [(); N].map(|_| Vec::new());
+        for (k, (slot, range)) in ranges.into_iter().enumerate() {
+            out[k] = self.window(series, now, None, slot, range)?.to_vec();
+        }
+        Some(out)
+    }
+
+    /// Instances with samples in the mirror synced at `now`, in order, with how many are in
+    /// each of `ranges`; None as for `window`.
+    pub fn counts(
+        &self,
+        (model, view, value): (&str, &str, &str),
+        now: i64,
+        ranges: &[(i64, i64)],
+    ) -> Option<Vec<(Label, Vec<usize>)>> {
+        let m = self.mirrors.get(&key(model, view, value))?;
+        if m.used != now || ranges.iter().any(|r| r.0 < m.horizon || r.1 < r.0) {
+            return None;
+        }
+        Some(
+            m.lines
+                .iter()
+                .map(|(i, pts)| {
+                    (
+                        i.clone(),
+                        ranges
+                            .iter()
+                            .map(|&(a, b)| lower(pts, b).saturating_sub(lower(pts, a)))
+                            .collect(),
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+#[path = "windows_tests.rs"]
+mod tests;

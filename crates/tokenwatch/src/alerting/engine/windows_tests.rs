@@ -1,0 +1,332 @@
+// The incremental windows against a from-scratch read of the kept records after every step of
+// random traffic: late and bursty arrivals, early first tokens, evictions, models that go and come.
+
+use super::super::inputs::{Inputs, Rec};
+use super::{LatencyWindows, Slot};
+use proptest::prelude::*;
+use tokenwatch_core::model::FirstToken;
+
+const INSTANCES: &[&str] = &["", "a:1", "b:1", "c:1"];
+const MODELS: &[&str] = &["m1", "m2"];
+/// Few distinct values: windows hold many equal ones.
+const VALUES: &[f64] = &[0.1, 0.2, 0.25, 0.5, 1.0, 2.0];
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A request: model, instance, known this late (ms) before the clock, its TTFT's index,
+    /// success, whether its first token is reported ahead of it.
+    Request {
+        model: usize,
+        instance: usize,
+        late: i64,
+        value: usize,
+        ok: bool,
+        early: bool,
+        has_ttft: bool,
+    },
+    /// A first token whose record never comes.
+    Orphan {
+        model: usize,
+        instance: usize,
+        late: i64,
+        value: usize,
+    },
+    /// The clock moves (and the kept records are pruned).
+    Tick(i64),
+    /// The clock goes back.
+    Back(i64),
+    /// Compare every window, the rules' window length given.
+    Check { w: i64, stretch: i64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..MODELS.len(), 0..INSTANCES.len(), prop_oneof![4 => 0..500i64, 1 => 0..40_000i64],
+              0..VALUES.len(), prop::bool::weighted(0.9), any::<bool>(), prop::bool::weighted(0.9))
+            .prop_map(|(model, instance, late, value, ok, early, has_ttft)| Op::Request {
+                model, instance, late, value, ok, early, has_ttft
+            }),
+        1 => (0..MODELS.len(), 0..INSTANCES.len(), 0..3_000i64, 0..VALUES.len())
+            .prop_map(|(model, instance, late, value)| Op::Orphan { model, instance, late, value }),
+        3 => prop_oneof![6 => 0..2_000i64, 1 => 0..200_000i64].prop_map(Op::Tick),
+        1 => (0..5_000i64).prop_map(Op::Back),
+        4 => (prop_oneof![4 => Just(10_000i64), 1 => Just(7_000i64)], 1..=3i64)
+            .prop_map(|(w, stretch)| Op::Check { w, stretch }),
+    ]
+}
+
+/// Sorted values of `value` of the successful samples of (model, view) in (from, to] of the
+/// instance (None: all), read from the kept records.
+fn naive(
+    inputs: &Inputs,
+    (model, view, value): (&str, &str, &str),
+    scope: Option<&str>,
+    (from, to): (i64, i64),
+) -> Vec<f64> {
+    let mut v: Vec<f64> = inputs
+        .latency_window(model, view, from, to)
+        .filter(|s| s.ok() && scope.is_none_or(|i| s.instance() == i))
+        .filter_map(|s| s.value(value))
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+struct World {
+    inputs: Inputs,
+    windows: LatencyWindows,
+    now: i64,
+    seq: u64,
+}
+
+impl World {
+    fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        match *op {
+            Op::Request {
+                model,
+                instance,
+                late,
+                value,
+                ok,
+                early,
+                has_ttft,
+            } => {
+                self.seq += 1;
+                let id = format!("r{}", self.seq);
+                let ttft = VALUES[value];
+                let at = self.now - late;
+                if early && ok {
+                    self.inputs.add_first_token(&FirstToken {
+                        request_id: id.clone(),
+                        model_id: MODELS[model].into(),
+                        instance: INSTANCES[instance].into(),
+                        arrival_unix_ms: at - 1_000,
+                        first_token_s: ttft,
+                    });
+                }
+                self.inputs.ingest(Rec {
+                    model: MODELS[model].into(),
+                    instance: INSTANCES[instance].into(),
+                    request_id: id.into(),
+                    at_ms: at,
+                    ttft: has_ttft.then_some(ttft),
+                    e2e: ttft * 4.0,
+                    prompt_tokens: (value % 3 != 0).then_some(100 * value as u64),
+                    ok,
+                    ..Rec::default()
+                });
+            }
+            Op::Orphan {
+                model,
+                instance,
+                late,
+                value,
+            } => {
+                self.seq += 1;
+                self.inputs.add_first_token(&FirstToken {
+                    request_id: format!("r{}", self.seq),
+                    model_id: MODELS[model].into(),
+                    instance: INSTANCES[instance].into(),
+                    arrival_unix_ms: self.now - late - 500,
+                    first_token_s: VALUES[value],
+                });
+            }
+            Op::Tick(ms) => {
+                self.now += ms;
+                self.inputs.prune(self.now);
+            }
+            Op::Back(ms) => self.now -= ms,
+            Op::Check { w, stretch } => self.check(w, stretch)?,
+        }
+        Ok(())
+    }
+
+    /// Every window a latency rule reads, incrementally and from scratch.
+    fn check(&mut self, w: i64, stretch: i64) -> Result<(), TestCaseError> {
+        let now = self.now;
+        let span = 5 * w;
+        for model in MODELS {
+            // ("", _): the records alone (`LatencyWindows::record_windows`).
+            let series = [
+                ("ttft", "ttft"),
+                ("e2e", "e2e"),
+                ("ttft", "prompt_tokens"),
+                ("", "ttft"),
+            ];
+            for (view, value) in series {
+                let series = (*model, view, value);
+                let reach = 3 * w + span;
+                if !self.windows.sync(&self.inputs, series, reach, now) {
+                    prop_assert!(self.inputs.kept_seq(model).is_none());
+                    continue;
+                }
+                let ranges = [(now - w, now), (now - 2 * w, now), (now - 3 * w, now)];
+                let counts = self.windows.counts(series, now, &ranges);
+                prop_assert!(counts.is_some());
+                let counts = counts.unwrap_or_default();
+                let known: Vec<&str> = counts.iter().map(|(i, _)| i.as_str()).collect();
+                for inst in INSTANCES {
+                    let want: Vec<usize> = ranges
+                        .iter()
+                        .map(|r| naive(&self.inputs, series, Some(inst), *r).len())
+                        .collect();
+                    let got = counts
+                        .iter()
+                        .find(|(i, _)| i.as_str() == *inst)
+                        .map(|(_, n)| n.clone())
+                        .unwrap_or(vec![0; ranges.len()]);
+                    prop_assert_eq!(&got, &want, "counts of {:?} {} at {}", series, inst, now);
+                    if want[2] > 0 {
+                        prop_assert!(known.contains(inst));
+                    }
+                }
+                let stretched = stretch * w;
+                let windows = [
+                    (Slot::Current(w), (now - w, now)),
+                    (Slot::Scaled(w), (now - stretched, now)),
+                    (Slot::Short(w / 6), (now - w / 6, now)),
+                    (
+                        Slot::Baseline(span),
+                        (now - stretched - span, now - stretched),
+                    ),
+                ];
+                let scopes = INSTANCES.iter().map(|i| Some(*i)).chain([None]);
+                for scope in scopes {
+                    for (slot, range) in windows {
+                        let want = naive(&self.inputs, series, scope, range);
+                        let got = self
+                            .windows
+                            .window(series, now, scope, slot, range)
+                            .map(|v| v.to_vec());
+                        prop_assert_eq!(
+                            got.as_deref(),
+                            Some(want.as_slice()),
+                            "{:?} {:?} {:?} {:?} at {}",
+                            series,
+                            scope,
+                            slot,
+                            range,
+                            now
+                        );
+                    }
+                }
+                // Windows reaching before every reach asked for are not answered.
+                let early = (now - 200_000, now);
+                prop_assert!(
+                    self.windows
+                        .window(series, now, None, Slot::Baseline(0), early)
+                        .is_none()
+                );
+                prop_assert!(
+                    self.windows
+                        .window(series, now + 1, None, Slot::Current(w), (now - w, now))
+                        .is_none(),
+                    "not synced at that time"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn incremental_windows_equal_a_fresh_read_after_every_step(
+        ops in prop::collection::vec(op(), 1..160),
+        cap in prop_oneof![Just(12usize), Just(100_000usize)],
+    ) {
+        let mut world = World {
+            inputs: Inputs::new(90_000, cap),
+            windows: LatencyWindows::default(),
+            now: 1_700_000_000_000,
+            seq: 0,
+        };
+        for op in &ops {
+            world.apply(op)?;
+        }
+        world.apply(&Op::Check { w: 10_000, stretch: 2 })?;
+    }
+}
+
+#[test]
+fn a_steady_stream_slides_its_windows_without_rebuilding_them() {
+    let mut inputs = Inputs::new(600_000, 1_000_000);
+    let mut windows = LatencyWindows::default();
+    let t0 = 1_700_000_000_000;
+    let series = ("m", "e2e", "e2e");
+    let mut seq = 0u64;
+    for step in 0..200i64 {
+        let now = t0 + step * 250;
+        for k in 0..50 {
+            seq += 1;
+            inputs.ingest(Rec {
+                model: "m".into(),
+                instance: INSTANCES[(seq % 4) as usize].into(),
+                at_ms: now - 250 + k * 5 - (seq % 7) as i64 * 30,
+                e2e: VALUES[(seq % 6) as usize] * (1.0 + (seq % 11) as f64),
+                ok: seq % 13 != 0,
+                ..Rec::default()
+            });
+        }
+        assert!(windows.sync(&inputs, series, 40_000, now));
+        for scope in [None, Some("a:1")] {
+            let range = (now - 10_000, now);
+            let got = windows
+                .window(series, now, scope, Slot::Current(10_000), range)
+                .map(|v| v.to_vec());
+            assert_eq!(got, Some(naive(&inputs, series, scope, range)));
+        }
+    }
+    // The windows moved by difference, read from scratch only when made.
+    let m = &windows.mirrors[&super::key("m", "e2e", "e2e")];
+    assert_eq!(m.windows.len(), 2);
+    assert!(m.windows.values().all(|w| w.rebuilds == 1 && !w.stale));
+}
+
+#[test]
+fn records_evicted_at_the_cap_leave_the_windows_and_a_model_that_comes_back_starts_afresh() {
+    let mut inputs = Inputs::new(600_000, 10);
+    let mut windows = LatencyWindows::default();
+    let series = ("m", "e2e", "e2e");
+    let now = 1_700_000_000_000;
+    let push = |inputs: &mut Inputs, at: i64, e2e: f64| {
+        inputs.ingest(Rec {
+            model: "m".into(),
+            instance: "a:1".into(),
+            at_ms: at,
+            e2e,
+            ok: true,
+            ..Rec::default()
+        })
+    };
+    let read = |windows: &mut LatencyWindows, inputs: &Inputs, now: i64| {
+        assert!(windows.sync(inputs, series, 60_000, now));
+        let range = (now - 10_000, now);
+        let got = windows
+            .window(series, now, Some("a:1"), Slot::Current(10_000), range)
+            .map(|v| v.to_vec());
+        assert_eq!(got, Some(naive(inputs, series, Some("a:1"), range)));
+        got.unwrap_or_default()
+    };
+    for k in 0..10 {
+        push(&mut inputs, now - 5_000 + k, k as f64);
+    }
+    assert_eq!(read(&mut windows, &inputs, now).len(), 10);
+    // Five more, late (known inside the window): the five oldest pushed are evicted.
+    for k in 0..5 {
+        push(&mut inputs, now - 9_000 + k, 100.0 + k as f64);
+    }
+    let v = read(&mut windows, &inputs, now);
+    assert_eq!(v.len(), 10);
+    assert_eq!(v[0], 5.0, "the evicted values are gone: {v:?}");
+    // The model goes (pruned) and comes back: its new queue is read from scratch.
+    inputs.prune(now + 1_000_000);
+    assert!(!windows.sync(&inputs, series, 60_000, now + 1_000_000));
+    let later = now + 1_000_000;
+    for k in 0..3 {
+        push(&mut inputs, later - 100 + k, 7.0);
+    }
+    assert_eq!(read(&mut windows, &inputs, later), vec![7.0; 3]);
+}
