@@ -484,6 +484,34 @@ pub fn spans(store: &dyn Store) {
         ..Default::default()
     };
     assert_eq!(store.query_spans(&q).unwrap(), vec![b]);
+    span_attributes_come_back_as_written(store);
+}
+
+/// Attributes JSON comes back byte for byte: the proxy's span (well-known keys), keys in values,
+/// escapes, non-ASCII, control characters, and text that is not JSON at all.
+fn span_attributes_come_back_as_written(store: &dyn Store) {
+    let texts = [
+        r#"{"gen_ai.operation.name":"chat","gen_ai.provider.name":"vllm","gen_ai.request.model":"llama","gen_ai.response.model":"llama-3.1-8b","gen_ai.request.stream":true,"gen_ai.usage.input_tokens":12,"gen_ai.usage.output_tokens":30,"gen_ai.response.finish_reasons":["stop"],"gen_ai.response.time_to_first_chunk":0.25,"server.address":"127.0.0.1","server.port":8000,"http.request.method":"POST","url.path":"/v1/chat/completions","http.response.status_code":200,"tokenwatch.request_id":"req-1","tokenwatch.tenant":"acme"}"#,
+        r#"{"custom":"gen_ai.request.model","x":"\"server.port\":1","é":"🦀"}"#,
+        "{\"tab\":\"a\tb\",\"nl\":\"\n\"}",
+        "{\"raw\":\"\u{1}\u{1f}\"}",
+        "not json",
+        "",
+    ];
+    let rows: Vec<SpanRow> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| SpanRow {
+            attributes_json: (*t).to_string(),
+            ..span("cc", &format!("{i:02}"), 1_000 + i as i64)
+        })
+        .collect();
+    store.insert_spans(&rows).unwrap();
+    let q = SpanQuery {
+        trace_id: Some("cc".into()),
+        ..Default::default()
+    };
+    assert_eq!(store.query_spans(&q).unwrap(), rows);
 }
 
 /// Log records by trace and time, oldest first; identical records are both kept.

@@ -11,6 +11,7 @@ mod markers;
 mod schema;
 mod scores;
 mod scrape_targets;
+mod span_attrs;
 mod sqlite;
 mod telemetry;
 mod text;

@@ -246,6 +246,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         CREATE INDEX scores_at ON scores (at_unix_ms);
         ",
     },
+    Migration {
+        version: 13,
+        name: "compact span attributes",
+        // No table changes: `spans.attributes` may now hold the compact form (a BLOB, see
+        // span_attrs.rs) beside JSON text. The version makes builds that only read text refuse
+        // the file (SchemaTooNew) instead of failing on the first compact row.
+        sql: "SELECT 1;",
+    },
 ];
 
 /// The highest schema version this build knows.

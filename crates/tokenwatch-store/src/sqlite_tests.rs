@@ -270,3 +270,73 @@ fn passes_the_conformance_suite() {
         Arc::new(SqliteStore::open(&dir.path().join(name), crate::conformance::options()).unwrap())
     });
 }
+
+#[test]
+fn span_attributes_are_stored_compact_and_older_text_rows_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let proxy_json = r#"{"gen_ai.operation.name":"chat","gen_ai.provider.name":"vllm","gen_ai.request.model":"llama","gen_ai.request.stream":true,"gen_ai.usage.input_tokens":12,"gen_ai.usage.output_tokens":30,"server.address":"127.0.0.1","server.port":8000,"http.request.method":"POST","url.path":"/v1/chat/completions","http.response.status_code":200,"tokenwatch.request_id":"req-1"}"#;
+    let span = |id: &str, attrs: &str| SpanRow {
+        trace_id: "aa".into(),
+        span_id: id.into(),
+        name: "chat llama".into(),
+        kind: 3,
+        start_unix_nano: 100,
+        end_unix_nano: 200,
+        service_name: "tokenwatch".into(),
+        attributes_json: attrs.into(),
+        ..Default::default()
+    };
+    let compact = span("01", proxy_json);
+    let control = span("02", "{\"a\":\"\u{7}\"}");
+    store
+        .insert_spans(&[compact.clone(), control.clone()])
+        .unwrap();
+    // A row as builds before the compact form wrote it: the JSON as TEXT.
+    let older = span("03", proxy_json);
+    lock(&store.write)
+        .execute(
+            "INSERT INTO spans (trace_id, span_id, parent_span_id, name, kind, start_unix_nano, \
+             end_unix_nano, status_code, status_message, service_name, attributes, events_count) \
+             VALUES ('aa', '03', '', 'chat llama', 3, 100, 200, 0, '', 'tokenwatch', ?1, 0)",
+            [proxy_json],
+        )
+        .unwrap();
+    let stored: Vec<(String, String, i64)> = {
+        let conn = lock(&store.read);
+        let mut st = conn
+            .prepare("SELECT span_id, typeof(attributes), length(attributes) FROM spans ORDER BY span_id")
+            .unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert_eq!(stored[0].1, "blob", "the proxy's attributes are compacted");
+    assert!(
+        stored[0].2 * 3 < proxy_json.len() as i64,
+        "{} compact bytes of {}",
+        stored[0].2,
+        proxy_json.len()
+    );
+    assert_eq!(stored[1].1, "text", "control bytes: stored as given");
+    assert_eq!(stored[2].1, "text");
+    let q = SpanQuery {
+        trace_id: Some("aa".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        store.query_spans(&q).unwrap(),
+        vec![compact, control, older]
+    );
+
+    // A damaged compact row is an error, not a wrong answer.
+    lock(&store.write)
+        .execute(
+            "UPDATE spans SET attributes = X'7B1F7D' WHERE span_id = '01'",
+            [],
+        )
+        .unwrap();
+    let err = store.query_spans(&q).unwrap_err().to_string();
+    assert!(err.contains("0x1f"), "{err}");
+}

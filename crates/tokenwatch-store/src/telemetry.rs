@@ -1,7 +1,8 @@
 // Stored OpenTelemetry data: span and log-record rows, their queries, and the SQL that writes
 // and reads them (one transaction per batch; a re-sent span is ignored, not duplicated).
 
-use rusqlite::types::Value;
+use crate::span_attrs;
+use rusqlite::types::{ToSqlOutput, Type, Value, ValueRef};
 use rusqlite::{Connection, Row, TransactionBehavior, params, params_from_iter};
 use serde::Serialize;
 
@@ -90,13 +91,23 @@ const SPAN_COLUMNS: &str = "trace_id, span_id, parent_span_id, name, kind, start
      status_code, status_message, service_name, attributes, events_count";
 const LOG_COLUMNS: &str = "time_unix_nano, severity_number, severity_text, body, trace_id, span_id, service_name, attributes";
 
+/// The attributes column: the compact form (a BLOB, `span_attrs`), or the JSON as it is
+/// (TEXT) when it cannot be compacted.
+fn attributes_value(json: &str) -> ToSqlOutput<'_> {
+    match span_attrs::encode(json) {
+        Some(blob) => ToSqlOutput::Owned(Value::Blob(blob)),
+        None => ToSqlOutput::Borrowed(ValueRef::Text(json.as_bytes())),
+    }
+}
+
+const INSERT_SPAN: &str = "INSERT OR IGNORE INTO spans (trace_id, span_id, parent_span_id, name, \
+     kind, start_unix_nano, end_unix_nano, status_code, status_message, service_name, attributes, \
+     events_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
 pub(crate) fn insert_spans(conn: &mut Connection, spans: &[SpanRow]) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     {
-        let sql = format!(
-            "INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        );
-        let mut st = tx.prepare_cached(&sql)?;
+        let mut st = tx.prepare_cached(INSERT_SPAN)?;
         for s in spans {
             st.execute(params![
                 s.trace_id,
@@ -109,7 +120,7 @@ pub(crate) fn insert_spans(conn: &mut Connection, spans: &[SpanRow]) -> rusqlite
                 s.status_code,
                 s.status_message,
                 s.service_name,
-                s.attributes_json,
+                attributes_value(&s.attributes_json),
                 s.events_count,
             ])?;
         }
@@ -210,9 +221,18 @@ fn span_from_row(r: &Row<'_>) -> rusqlite::Result<SpanRow> {
         status_code: r.get(7)?,
         status_message: r.get(8)?,
         service_name: r.get(9)?,
-        attributes_json: r.get(10)?,
+        attributes_json: attributes_from(r, 10)?,
         events_count: r.get(11)?,
     })
+}
+
+/// The attributes JSON of a span row, stored as it is (TEXT) or compact (BLOB).
+fn attributes_from(r: &Row<'_>, idx: usize) -> rusqlite::Result<String> {
+    match r.get_ref(idx)? {
+        ValueRef::Blob(blob) => span_attrs::decode(blob)
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Blob, e.into())),
+        _ => r.get(idx),
+    }
 }
 
 fn log_from_row(r: &Row<'_>) -> rusqlite::Result<LogRow> {

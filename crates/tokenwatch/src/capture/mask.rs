@@ -774,7 +774,7 @@ fn luhn(digits: &str) -> bool {
         }
         sum += d;
     }
-    !digits.is_empty() && sum % 10 == 0
+    !digits.is_empty() && sum.is_multiple_of(10)
 }
 
 fn find_ipv4(text: &str, out: &mut Vec<Candidate>) {

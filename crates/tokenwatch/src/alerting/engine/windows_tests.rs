@@ -266,7 +266,7 @@ fn a_steady_stream_slides_its_windows_without_rebuilding_them() {
                 instance: INSTANCES[(seq % 4) as usize].into(),
                 at_ms: now - 250 + k * 5 - (seq % 7) as i64 * 30,
                 e2e: VALUES[(seq % 6) as usize] * (1.0 + (seq % 11) as f64),
-                ok: seq % 13 != 0,
+                ok: !seq.is_multiple_of(13),
                 ..Rec::default()
             });
         }
