@@ -339,13 +339,19 @@ async fn otlp_span_embeddings_reach_the_record_and_the_drift_vote() {
     tw.wait_fired("semantic_drift", "model_id", model, Duration::from_secs(5))
         .await;
 
-    // The record carries the embedding and the prefix key.
-    let v = get(&format!(
-        "http://{}/api/v1/requests?model={model}&limit=100",
-        tw.api
-    ))
-    .await
-    .json();
+    // The record carries the embedding and the prefix key. The engine and the store writer
+    // get each batch at the same time: the alert can fire before the rows are written.
+    let url = format!("http://{}/api/v1/requests?model={model}&limit=100", tw.api);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let v = loop {
+        let v = get(&url).await.json();
+        if v["requests"].as_array().map_or(0, |r| r.len()) >= 70
+            || std::time::Instant::now() > deadline
+        {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let recs = v["requests"].as_array().unwrap();
     assert_eq!(recs.len(), 70, "{v:#}");
     let r0 = recs
