@@ -139,6 +139,11 @@ struct Shared {
 }
 
 impl Shared {
+    /// When shutdown gives up on what is still queued (None until `finish` is called).
+    fn abandon_at(&self) -> Option<Instant> {
+        *self.abandon_at.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn release(&self, n: usize) {
         let left = self.queued.fetch_sub(n, Ordering::AcqRel).saturating_sub(n);
         self.depth.set(left as i64);
@@ -543,14 +548,7 @@ impl Writer {
     /// begun); None when there is none by then.
     fn next_before(&self, flush_at: Instant) -> Option<Work> {
         let wait = flush_at.saturating_duration_since(Instant::now());
-        let stopping = || {
-            self.shared
-                .abandon_at
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_some()
-        };
-        if wait.is_zero() || stopping() {
+        if wait.is_zero() || self.shared.abandon_at().is_some() {
             return self.rx.try_recv().ok();
         }
         self.rx.recv_timeout(wait).ok()
@@ -558,9 +556,7 @@ impl Writer {
 
     fn abandoning(&self) -> bool {
         self.shared
-            .abandon_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .abandon_at()
             .is_some_and(|t| Instant::now() >= t)
     }
 
@@ -973,7 +969,9 @@ mod tests {
         // A batch that fills `batch_max` is written without waiting for the interval.
         let started = Instant::now();
         writer.records(records(6, 10));
-        until("the full batch is written", || gate.order.lock().unwrap().len() == 2);
+        until("the full batch is written", || {
+            gate.order.lock().unwrap().len() == 2
+        });
         assert!(
             started.elapsed() < Duration::from_millis(300),
             "a full batch waited {:?}",
