@@ -2,10 +2,10 @@
 // compares each canary arm with the stable one (`ab_regression` plus error rate) and, after the
 // route's `rollback.windows` bad windows in a row, sets the canary's weight to 0 and alerts.
 
-use super::ab_regression::ab_noise_floor;
+use super::ab_regression::{Tail, ab_noise_floor};
 use super::{Detector, EvalCtx, PromCtx, PromRule, RuleInput};
 use crate::alerting::engine::eval::labels;
-use crate::alerting::engine::inputs::{Rec, quantile, values};
+use crate::alerting::engine::inputs::{Rec, values};
 use crate::alerting::rules::{RuleError, RuleSpec};
 use crate::sources::proxy::split::{ArmWindow, RollbackOn, SplitTable, WindowView, board};
 use serde::Deserialize;
@@ -136,16 +136,17 @@ struct ArmRecs<'a> {
 }
 
 impl ArmRecs<'_> {
-    fn stats(&self, signal: &str) -> (det::ArmStats, Vec<f64>) {
+    fn stats(&self, signal: &str) -> (det::ArmStats, Tail) {
         let mut v = values(self.recs.iter().copied(), signal);
         v.sort_by(f64::total_cmp);
+        let tail = Tail::of(&v);
         let stats = det::ArmStats {
             requests: self.recs.len() as u64,
-            p99_s: quantile(v.clone(), 0.99).unwrap_or(0.0),
+            p99_s: tail.p99_s,
             quality: None,
             toxicity: None,
         };
-        (stats, v)
+        (stats, tail)
     }
 
     fn error_rate(&self) -> f64 {
@@ -279,7 +280,7 @@ impl CanaryRollback {
         condition: RollbackOn,
     ) -> Verdict {
         let p = &self.params;
-        let ((a, va), (b, vb)) = (stable.stats(&rule.signal), canary.stats(&rule.signal));
+        let ((a, ta), (b, tb)) = (stable.stats(&rule.signal), canary.stats(&rule.signal));
         let share_b = canary_w / (stable_w + canary_w).max(f64::MIN_POSITIVE);
         let base = json!({
             "stable_version": stable_v,
@@ -296,7 +297,7 @@ impl CanaryRollback {
                 evidence: base,
             };
         }
-        let tuned = ab_noise_floor(p, (&a, &va), (&b, &vb), share_b);
+        let tuned = ab_noise_floor(p, (&a, ta), (&b, tb), share_b);
         let finding = det::ab_regression(&a, &b, share_b, &tuned);
         let flag = |k: &str| {
             finding

@@ -357,7 +357,8 @@ pub struct Inputs {
     pushed: HashMap<Label, Pushed>,
     /// Names each model's queues as they are made (queues emptied and made again differ).
     epochs: u64,
-    /// The latency rules' incremental windows (`super::windows`), shared by them.
+    /// The incremental windows (`super::windows`) the latency rules, `ks_drift` and
+    /// `ab_regression` share.
     latency_windows: std::sync::Mutex<super::windows::LatencyWindows>,
 }
 
@@ -695,12 +696,22 @@ impl Inputs {
         self.evicted
     }
 
-    /// Bytes allocated for kept records and early first tokens (their labels are shared and
-    /// not counted): the engine's per-request memory.
+    /// Bytes allocated for kept records and early first tokens, the ids of those awaiting
+    /// their record, the incremental windows' mirrored samples and values, the index of request
+    /// ids that joins scores (and the scores), and the prefix-cache accesses: the engine's
+    /// per-request memory (labels are shared and not counted). Read from the containers' room,
+    /// never sample by sample.
     pub fn kept_bytes(&self) -> usize {
         let records: usize = self.records.values().map(|q| q.capacity()).sum();
         let early: usize = self.first_tokens.values().map(|q| q.capacity()).sum();
-        records * size_of::<Rec>() + early * size_of::<EarlyTtft>()
+        let awaiting: usize = self.awaiting_record.values().map(|s| s.capacity()).sum();
+        let prefixes: usize = self.prefixes.values().map(PrefixLog::bytes).sum();
+        records * size_of::<Rec>()
+            + early * size_of::<EarlyTtft>()
+            + super::kept::table_bytes::<u64>(awaiting)
+            + self.latency_windows().bytes()
+            + self.scores.bytes()
+            + prefixes
     }
 
     /// What a latency rule reads of `signal` in `(from, to]`: the records, except that for
@@ -741,10 +752,15 @@ pub fn values<'a>(recs: impl Iterator<Item = &'a Rec>, name: &str) -> Vec<f64> {
 
 /// Nearest-rank quantile of unsorted values (None when empty).
 pub fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    sorted_rank_quantile(&v, q)
+}
+
+/// `quantile` of values already sorted (by `f64::total_cmp`).
+pub fn sorted_rank_quantile(v: &[f64], q: f64) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
-    v.sort_by(f64::total_cmp);
     let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
     Some(v[rank - 1])
 }
@@ -909,6 +925,61 @@ mod tests {
         assert_eq!(capped.window("m", i64::MIN, i64::MAX).count(), 1_000);
         assert_eq!(capped.evicted_records(), 1_500);
         assert_eq!(capped.window("m", i64::MIN, i64::MAX).next().map(|r| r.at_ms), Some(1_500));
+    }
+
+    #[test]
+    fn kept_bytes_count_the_samples_the_windows_mirror() {
+        use super::super::windows::{SAMPLE_BYTES, Slot};
+        let n: usize = 4096;
+        let mut i = Inputs::new(3_600_000, 1_000_000);
+        for t in 0..n as i64 {
+            let mut r = rec("m", t, 1.0 + (t % 7) as f64, t % 5 != 0);
+            r.ab_group = if t % 2 == 0 { "a" } else { "b" }.into();
+            i.ingest(r);
+        }
+        let records = i.kept_bytes();
+        assert!(records >= n * size_of::<Rec>());
+        // A value per sample in the one window read on each mirror.
+        let per = SAMPLE_BYTES + size_of::<f64>();
+        println!("mirrored per record: {SAMPLE_BYTES} bytes + 8 per window holding it");
+        let now = n as i64;
+        let range = (now - 60_000, now);
+        let ok = (0..n).filter(|t| t % 5 != 0).count();
+        let series = ("m", "e2e", "e2e");
+        {
+            let mut lw = i.latency_windows();
+            assert!(lw.sync(&i, series, 60_000, now));
+            let all = lw.window(series, now, None, Slot::Current(60_000), range);
+            // The successful records: 4 in 5.
+            assert_eq!(all.map(<[f64]>::len), Some(ok));
+        }
+        let latency = i.kept_bytes() - records;
+        assert!(
+            latency >= ok * per && latency <= 2 * ok * per,
+            "{latency} bytes for {ok} samples"
+        );
+        // The arms' mirror counts every record with an arm, failed ones too.
+        {
+            let mut lw = i.latency_windows();
+            assert!(lw.sync_arms(&i, ("m", "e2e"), 60_000, now));
+            for arm in ["a", "b"] {
+                let v = lw.arm_window(("m", "e2e"), now, arm, Slot::Current(60_000), range);
+                assert!(v.is_some_and(|v| !v.is_empty()));
+            }
+        }
+        let arms = i.kept_bytes() - records - latency;
+        let lines = n * SAMPLE_BYTES + ok * size_of::<f64>();
+        assert!(
+            arms >= lines && arms <= 2 * lines,
+            "{arms} bytes for {n} records ({ok} with values)"
+        );
+        // The records go: their samples go with them.
+        let later = now + 10_000_000;
+        i.prune(later);
+        assert!(!i.latency_windows().sync(&i, series, 60_000, later));
+        let arms = ("m", "e2e");
+        assert!(!i.latency_windows().sync_arms(&i, arms, 60_000, later));
+        assert_eq!(i.kept_bytes(), 0);
     }
 
     #[test]

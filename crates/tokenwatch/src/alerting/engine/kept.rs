@@ -125,6 +125,12 @@ impl<T: Timed> KeptQueue<T> {
     }
 }
 
+/// About the bytes a hash table (`HashMap`, `HashSet`) of `T` with room for `capacity`
+/// allocates: its buckets (usable room is 7/8 of them) of one `T` and one control byte each.
+pub fn table_bytes<T>(capacity: usize) -> usize {
+    capacity.div_ceil(7) * 8 * (size_of::<T>() + 1)
+}
+
 /// The engine's kept analysis state on `/metrics`, set by the engine after each evaluation
 /// (prometheus-client's metrics are atomics: the scrape reads them from another thread).
 pub struct KeptMetrics {
@@ -149,8 +155,10 @@ impl KeptMetrics {
         );
         m.register(
             "tokenwatch_alerting_kept_bytes",
-            "Bytes the alert engine holds for the request records and first tokens its windows \
-             read (labels shared between records not counted)",
+            "Bytes the alert engine holds per request: the request records and first tokens its \
+             windows read, the latency and A/B windows' mirrored samples, the request ids that \
+             join scores and the prefix-cache accesses (labels shared between records not \
+             counted)",
             k.bytes.clone(),
         );
         k

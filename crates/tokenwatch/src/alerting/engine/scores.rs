@@ -358,6 +358,15 @@ impl ScoreBook {
         }
     }
 
+    /// Bytes allocated per request and per score: the index of the requests' ids that join
+    /// scores, and the scores kept (their labels shared and not counted).
+    pub fn bytes(&self) -> usize {
+        let samples: usize = self.samples.values().map(VecDeque::capacity).sum();
+        super::kept::table_bytes::<(u64, u32)>(self.known.capacity())
+            + self.known_order.capacity() * size_of::<(i64, u64)>()
+            + samples * size_of::<ScoreSample>()
+    }
+
     /// The verdicts joined since the last call (for the SLOs).
     pub fn take_verdicts(&mut self) -> Vec<(Label, Label, i64, bool)> {
         std::mem::take(&mut self.verdicts)
@@ -370,17 +379,19 @@ impl ScoreBook {
         m
     }
 
-    /// A model's scores given in `[from, to)`, oldest first.
+    /// A model's scores given in `[from, to)`, oldest first (found by bisection: a model's
+    /// scores are kept in time order, see `keep`).
     pub fn window<'a>(
         &'a self,
         model: &str,
         from: i64,
         to: i64,
     ) -> impl Iterator<Item = &'a ScoreSample> + 'a {
-        self.samples
-            .get(model)
-            .into_iter()
-            .flat_map(move |q| q.iter().filter(move |s| s.at_ms >= from && s.at_ms < to))
+        self.samples.get(model).into_iter().flat_map(move |q| {
+            let a = q.partition_point(|s| s.at_ms < from);
+            let b = q.partition_point(|s| s.at_ms < to);
+            q.range(a..b.max(a))
+        })
     }
 
     /// Mean and count of the `name` scores of a model in `[from, to)` that pass `keep`.
@@ -613,6 +624,45 @@ mod tests {
         }
         let v: Vec<f64> = b.window("m", 0, i64::MAX).map(|s| s.value).collect();
         assert_eq!(v, [2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn windows_found_by_bisection_equal_a_walk_of_every_score() {
+        let mut b = ScoreBook::new(10, 400);
+        let mut at = 10_000;
+        for i in 0..1_000i64 {
+            // Mostly in order; every 7th late (put in its place); repeated times; the cap
+            // drops the oldest.
+            at += i % 3;
+            let t = if i % 7 == 0 { at - 500 } else { at };
+            let mut s = score(&format!("r{i}"), "bleu", i as f64, t);
+            s.model = "m".into();
+            b.add(s, t);
+        }
+        let q = &b.samples["m"];
+        assert_eq!(q.len(), 400);
+        assert!(
+            q.iter()
+                .zip(q.iter().skip(1))
+                .all(|(x, y)| x.at_ms <= y.at_ms)
+        );
+        let (lo, hi) = (q[0].at_ms, q[q.len() - 1].at_ms);
+        for (from, to) in [
+            (i64::MIN, i64::MAX),
+            (lo, hi),
+            (lo + 1, hi),
+            (lo + 100, lo + 101),
+            (lo + 250, lo + 250),
+            (hi, lo),
+            (hi + 1, i64::MAX),
+        ] {
+            let walk: Vec<&ScoreSample> = q
+                .iter()
+                .filter(|s| s.at_ms >= from && s.at_ms < to)
+                .collect();
+            let got: Vec<&ScoreSample> = b.window("m", from, to).collect();
+            assert_eq!(got, walk, "[{from}, {to})");
+        }
     }
 
     #[test]

@@ -141,13 +141,18 @@ pub struct PrefixAccess {
 #[derive(Default)]
 pub struct PrefixLog {
     accesses: VecDeque<(String, u64, i64)>,
+    /// Bytes of the kept accesses' tenant names.
+    tenant_bytes: usize,
 }
 
 impl PrefixLog {
     pub fn add(&mut self, tenant: String, key: u64, at_ms: i64) {
-        if self.accesses.len() >= MAX_PREFIX_ACCESSES {
-            self.accesses.pop_front();
+        if self.accesses.len() >= MAX_PREFIX_ACCESSES
+            && let Some((t, _, _)) = self.accesses.pop_front()
+        {
+            self.tenant_bytes -= t.capacity();
         }
+        self.tenant_bytes += tenant.capacity();
         self.accesses.push_back((tenant, key, at_ms));
     }
 
@@ -158,9 +163,19 @@ impl PrefixLog {
             .front()
             .is_some_and(|(_, _, t)| now - t > keep_ms)
         {
-            self.accesses.pop_front();
+            if let Some((t, _, _)) = self.accesses.pop_front() {
+                self.tenant_bytes -= t.capacity();
+            }
+        }
+        if self.accesses.capacity() > 2 * self.accesses.len() + 1024 {
+            self.accesses.shrink_to_fit();
         }
         self.accesses.is_empty()
+    }
+
+    /// Bytes allocated for the accesses kept and their tenant names.
+    pub fn bytes(&self) -> usize {
+        self.accesses.capacity() * size_of::<(String, u64, i64)>() + self.tenant_bytes
     }
 
     /// Accesses in `(from, to]` as (tenant, key, time).
@@ -249,8 +264,16 @@ mod tests {
             l.window(9, 12).map(|(_, k, _)| k).collect::<Vec<_>>(),
             vec![10, 11, 12]
         );
+        // Their bytes: the accesses' room and their tenant names (one byte each).
+        let per = size_of::<(String, u64, i64)>();
+        assert_eq!(l.tenant_bytes, MAX_PREFIX_ACCESSES);
+        assert!(l.bytes() >= MAX_PREFIX_ACCESSES * (per + 1));
         assert!(!l.prune(MAX_PREFIX_ACCESSES as i64 + 10, 5));
         assert_eq!(l.window(-1, i64::MAX).count(), 5);
+        // The room a full log took is given back once it holds a few.
+        assert_eq!(l.bytes(), l.accesses.capacity() * per + 5);
+        assert!(l.accesses.capacity() < 1024);
         assert!(l.prune(i64::MAX / 2, 5));
+        assert_eq!(l.tenant_bytes, 0);
     }
 }

@@ -1,7 +1,7 @@
-// Incremental sorted windows of the latency rules: each model's latency samples mirrored from the
-// kept records by push sequence, per instance in time order, and sorted value windows slid on them.
+// Incremental sorted windows of the latency rules and the A/B arms: each model's samples mirrored
+// from the kept records by push sequence, per instance or arm in time order; windows slide on them.
 
-use super::inputs::{Inputs, KeptSeq, Label, LatencySample};
+use super::inputs::{Inputs, KeptSeq, Label, LatencySample, Rec};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Which window of a series: windows of different slots are kept apart (each moves wherever it
@@ -19,8 +19,27 @@ pub enum Slot {
 }
 
 /// A mirrored sample: (at_ms, id, value); id = push sequence << 1 | source (0 record, 1 early
-/// first token), so that (at_ms, id) orders samples and names each one.
+/// first token), so that (at_ms, id) orders samples and names each one. A NaN value (never a
+/// record's: `Rec::value` keeps finite values only) marks a record counted without a value
+/// (an arm's failed requests, see `By::Arm`): in `counts`, in no window.
 type Point = (i64, u64, f64);
+
+/// A mirrored sample in push order: (push sequence, at_ms, its line).
+type Order = (u64, i64, Label);
+
+/// Bytes a mirrored sample takes: its point in its line and its place in the push order (each
+/// window holding it adds its value, 8 bytes).
+pub const SAMPLE_BYTES: usize = size_of::<Point>() + size_of::<Order>();
+
+/// What a mirror's lines are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum By {
+    /// Each instance's successful samples with a value (the latency rules).
+    Instance,
+    /// Each A/B arm's records (those with an A/B group), every one counted and the successful
+    /// ones' values in the windows (`ab_regression`).
+    Arm,
+}
 
 /// A change to a window's samples since it was last read: (at_ms, value, added).
 type Change = (i64, f64, bool);
@@ -43,8 +62,10 @@ struct Window {
 }
 
 /// One model's samples of one value as one rule signal sees them (`Inputs::latency_window`),
-/// successful requests only, and the windows read on them.
+/// successful requests only, per instance (or its records per A/B arm, see `By`), and the
+/// windows read on them.
 struct Mirror {
+    by: By,
     epoch: u64,
     /// Next push sequence to read, per source.
     next: [u64; 2],
@@ -53,7 +74,7 @@ struct Mirror {
     /// The reach before `now` each caller asked for, and when it last did.
     spans: Vec<(i64, i64)>,
     /// The samples kept, per source in push order (to drop those the kept queue evicts).
-    order: [VecDeque<(u64, i64, Label)>; 2],
+    order: [VecDeque<Order>; 2],
     lines: BTreeMap<Label, VecDeque<Point>>,
     windows: HashMap<(Option<Label>, Slot), Window>,
     used: i64,
@@ -62,10 +83,11 @@ struct Mirror {
 /// Forget windows and mirrors not read for this long (beyond their own reach).
 const IDLE_MS: i64 = 60_000;
 
-/// The mirrors of every (model, signal, value) a latency rule reads; shared by the rules.
+/// The mirrors of every (model, signal, value) a latency rule reads and of every (model, value)
+/// `ab_regression` reads by arm; shared by the rules.
 #[derive(Default)]
 pub struct LatencyWindows {
-    mirrors: HashMap<(String, String, String), Mirror>,
+    mirrors: HashMap<Key, Mirror>,
     last_gc: i64,
 }
 
@@ -75,7 +97,7 @@ fn lower(pts: &VecDeque<Point>, at: i64) -> usize {
 
 fn range(pts: &VecDeque<Point>, from: i64, to: i64) -> impl Iterator<Item = f64> + '_ {
     let (a, b) = (lower(pts, from), lower(pts, to));
-    pts.range(a..b.max(a)).map(|p| p.2)
+    pts.range(a..b.max(a)).map(|p| p.2).filter(|v| !v.is_nan())
 }
 
 /// The sample of a kept item for this view, if it counts: successful, with a value, and (for
@@ -93,9 +115,27 @@ fn record_value(s: LatencySample<'_>, view: &str, value: &str) -> Option<f64> {
     s.value(value)
 }
 
+/// The arm and sample of a record for an arm mirror, if it has an arm: its value when it
+/// succeeded and has one, else NaN (counted, no value).
+fn arm_value<'a>(r: &'a Rec, value: &str) -> Option<(&'a Label, f64)> {
+    if r.ab_group.is_empty() {
+        return None;
+    }
+    let v = if r.ok { r.value(value) } else { None };
+    Some((&r.ab_group, v.unwrap_or(f64::NAN)))
+}
+
+/// Give back the room of a queue a burst grew far beyond what it holds now.
+fn shrink<T>(q: &mut VecDeque<T>) {
+    if q.capacity() > 2 * q.len() + 1024 {
+        q.shrink_to_fit();
+    }
+}
+
 impl Mirror {
-    fn new(epoch: u64, next: [u64; 2], horizon: i64) -> Mirror {
+    fn new(by: By, epoch: u64, next: [u64; 2], horizon: i64) -> Mirror {
         Mirror {
+            by,
             epoch,
             next,
             horizon,
@@ -108,6 +148,9 @@ impl Mirror {
     }
 
     fn log(&mut self, instance: &Label, at: i64, v: f64, added: bool) {
+        if v.is_nan() {
+            return;
+        }
         for ((scope, _), w) in self.windows.iter_mut() {
             if w.stale || scope.as_ref().is_some_and(|s| s != instance) {
                 continue;
@@ -164,11 +207,17 @@ impl Mirror {
         }
         let start = self.next[0].max(kept.records.0);
         for (seq, r) in inputs.records_since(model, start) {
-            if let Some(v) = record_value(LatencySample::Record(r), view, value) {
-                self.add(0, seq, r.at_ms, &r.instance, v);
+            let sample = match self.by {
+                By::Instance => {
+                    record_value(LatencySample::Record(r), view, value).map(|v| (&r.instance, v))
+                }
+                By::Arm => arm_value(r, value),
+            };
+            if let Some((line, v)) = sample {
+                self.add(0, seq, r.at_ms, line, v);
             }
         }
-        if view == "ttft" {
+        if view == "ttft" && self.by == By::Instance {
             let start = self.next[1].max(kept.early.0);
             for (seq, f) in inputs.early_since(model, start) {
                 if let Some(v) = record_value(LatencySample::FirstToken(f), view, value) {
@@ -189,6 +238,22 @@ impl Mirror {
             self.log(&inst, at, v, false);
         }
         self.lines.retain(|_, pts| !pts.is_empty());
+        self.lines.values_mut().for_each(shrink);
+        self.order.iter_mut().for_each(shrink);
+    }
+
+    /// Bytes allocated for its samples: the lines, the push order and the windows' values and
+    /// logs (labels are shared with the kept records and not counted; nor are the few bytes of
+    /// each line's, window's and the mirror's own header).
+    fn bytes(&self) -> usize {
+        let lines: usize = self.lines.values().map(VecDeque::capacity).sum();
+        let order: usize = self.order.iter().map(VecDeque::capacity).sum();
+        let windows: usize = self
+            .windows
+            .values()
+            .map(|w| w.vals.capacity() * size_of::<f64>() + w.log.capacity() * size_of::<Change>())
+            .sum();
+        lines * size_of::<Point>() + order * size_of::<Order>() + windows
     }
 }
 
@@ -313,6 +378,9 @@ impl Window {
         if merged.is_none() {
             return self.rebuild(lines, scope, from, to);
         }
+        if vals.capacity() > 2 * vals.len() + 1024 {
+            vals.shrink_to_fit();
+        }
         self.vals = vals;
         self.log.clear();
         (self.from, self.to) = (from, to);
@@ -333,10 +401,19 @@ impl Window {
     }
 }
 
-type Key = (String, String, String);
+type Key = (String, String, String, By);
 
 fn key(model: &str, view: &str, value: &str) -> Key {
-    (model.to_string(), view.to_string(), value.to_string())
+    (
+        model.to_string(),
+        view.to_string(),
+        value.to_string(),
+        By::Instance,
+    )
+}
+
+fn arm_key(model: &str, value: &str) -> Key {
+    (model.to_string(), String::new(), value.to_string(), By::Arm)
 }
 
 impl LatencyWindows {
@@ -350,6 +427,10 @@ impl LatencyWindows {
         span: i64,
         now: i64,
     ) -> bool {
+        self.sync_key(inputs, key(model, view, value), span, now)
+    }
+
+    fn sync_key(&mut self, inputs: &Inputs, k: Key, span: i64, now: i64) -> bool {
         if now - self.last_gc >= IDLE_MS / 4 || now < self.last_gc {
             self.last_gc = now;
             self.mirrors.retain(|_, m| {
@@ -357,14 +438,18 @@ impl LatencyWindows {
                 now >= m.used && now - m.used <= IDLE_MS + reach
             });
         }
-        let Some(kept) = inputs.kept_seq(model) else {
-            self.mirrors.remove(&key(model, view, value));
+        let Some(kept) = inputs.kept_seq(&k.0) else {
+            self.mirrors.remove(&k);
             return false;
         };
-        let m = self
-            .mirrors
-            .entry(key(model, view, value))
-            .or_insert_with(|| Mirror::new(kept.epoch, [0, 0], i64::MAX));
+        let by = k.3;
+        if !self.mirrors.contains_key(&k) {
+            let m = Mirror::new(by, kept.epoch, [0, 0], i64::MAX);
+            self.mirrors.insert(k.clone(), m);
+        }
+        let Some(m) = self.mirrors.get_mut(&k) else {
+            return false;
+        };
         match m.spans.iter_mut().find(|s| s.0 == span) {
             Some(s) => s.1 = now,
             None => m.spans.push((span, now)),
@@ -380,12 +465,12 @@ impl LatencyWindows {
         {
             // A new queue, a longer reach or the clock going back: read everything again.
             let spans = std::mem::take(&mut m.spans);
-            *m = Mirror::new(kept.epoch, [kept.records.0, kept.early.0], horizon);
+            *m = Mirror::new(by, kept.epoch, [kept.records.0, kept.early.0], horizon);
             m.spans = spans;
         }
         m.horizon = horizon;
         m.used = now;
-        m.follow(inputs, model, view, value, kept);
+        m.follow(inputs, &k.0, &k.1, &k.2, kept);
         true
     }
 
@@ -397,9 +482,20 @@ impl LatencyWindows {
         now: i64,
         scope: Option<&str>,
         slot: Slot,
+        range: (i64, i64),
+    ) -> Option<&[f64]> {
+        self.window_key(&key(model, view, value), now, scope, slot, range)
+    }
+
+    fn window_key(
+        &mut self,
+        k: &Key,
+        now: i64,
+        scope: Option<&str>,
+        slot: Slot,
         (from, to): (i64, i64),
     ) -> Option<&[f64]> {
-        let m = self.mirrors.get_mut(&key(model, view, value))?;
+        let m = self.mirrors.get_mut(k)?;
         if m.used != now || from < m.horizon || to < from {
             return None;
         }
@@ -456,7 +552,16 @@ impl LatencyWindows {
         now: i64,
         ranges: &[(i64, i64)],
     ) -> Option<Vec<(Label, Vec<usize>)>> {
-        let m = self.mirrors.get(&key(model, view, value))?;
+        self.counts_key(&key(model, view, value), now, ranges)
+    }
+
+    fn counts_key(
+        &self,
+        k: &Key,
+        now: i64,
+        ranges: &[(i64, i64)],
+    ) -> Option<Vec<(Label, Vec<usize>)>> {
+        let m = self.mirrors.get(k)?;
         if m.used != now || ranges.iter().any(|r| r.0 < m.horizon || r.1 < r.0) {
             return None;
         }
@@ -474,6 +579,55 @@ impl LatencyWindows {
                 })
                 .collect(),
         )
+    }
+
+    /// Bring the mirror of `model`'s records by A/B arm (`value` of the successful ones) up to
+    /// date, its windows reaching back `span` before `now`. False when the model keeps no
+    /// records.
+    pub fn sync_arms(
+        &mut self,
+        inputs: &Inputs,
+        (model, value): (&str, &str),
+        span: i64,
+        now: i64,
+    ) -> bool {
+        self.sync_key(inputs, arm_key(model, value), span, now)
+    }
+
+    /// The A/B arms (non-empty groups) with records in `(from, to]` of the arm mirror synced at
+    /// `now`, in order, with how many (successful or not); None as for `window`.
+    pub fn arm_counts(
+        &self,
+        (model, value): (&str, &str),
+        now: i64,
+        (from, to): (i64, i64),
+    ) -> Option<Vec<(Label, usize)>> {
+        let counts = self.counts_key(&arm_key(model, value), now, &[(from, to)])?;
+        Some(
+            counts
+                .into_iter()
+                .filter_map(|(arm, n)| Some((arm, n.first().copied().filter(|n| *n > 0)?)))
+                .collect(),
+        )
+    }
+
+    /// Sorted values of `value` of the successful records of `arm` in `(from, to]`, as
+    /// `sync_arms` left them at `now`; None as for `window`.
+    pub fn arm_window(
+        &mut self,
+        (model, value): (&str, &str),
+        now: i64,
+        arm: &str,
+        slot: Slot,
+        range: (i64, i64),
+    ) -> Option<&[f64]> {
+        self.window_key(&arm_key(model, value), now, Some(arm), slot, range)
+    }
+
+    /// Bytes allocated for the mirrored samples and the windows' values: what the windows keep
+    /// per record within the rules' reach (read from the containers' room, not by sample).
+    pub fn bytes(&self) -> usize {
+        self.mirrors.values().map(Mirror::bytes).sum()
     }
 }
 

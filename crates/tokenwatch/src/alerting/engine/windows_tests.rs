@@ -1,5 +1,6 @@
 // The incremental windows against a from-scratch read of the kept records after every step of
-// random traffic: late and bursty arrivals, early first tokens, evictions, models that go and come.
+// random traffic: late and bursty arrivals, early first tokens, evictions, models and A/B arms
+// that go and come.
 
 use super::super::inputs::{Inputs, Rec};
 use super::{LatencyWindows, Slot};
@@ -8,6 +9,8 @@ use tokenwatch_core::model::FirstToken;
 
 const INSTANCES: &[&str] = &["", "a:1", "b:1", "c:1"];
 const MODELS: &[&str] = &["m1", "m2"];
+/// A/B groups ("": none); an arm is used only by some steps, so arms come and go.
+const ARMS: &[&str] = &["", "a", "b", "c"];
 /// Few distinct values: windows hold many equal ones.
 const VALUES: &[f64] = &[0.1, 0.2, 0.25, 0.5, 1.0, 2.0];
 
@@ -18,6 +21,7 @@ enum Op {
     Request {
         model: usize,
         instance: usize,
+        arm: usize,
         late: i64,
         value: usize,
         ok: bool,
@@ -42,9 +46,10 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (0..MODELS.len(), 0..INSTANCES.len(), prop_oneof![4 => 0..500i64, 1 => 0..40_000i64],
-              0..VALUES.len(), prop::bool::weighted(0.9), any::<bool>(), prop::bool::weighted(0.9))
-            .prop_map(|(model, instance, late, value, ok, early, has_ttft)| Op::Request {
-                model, instance, late, value, ok, early, has_ttft
+              0..VALUES.len(), prop::bool::weighted(0.9), any::<bool>(), prop::bool::weighted(0.9),
+              prop_oneof![3 => 0..3usize, 1 => 0..ARMS.len()])
+            .prop_map(|(model, instance, late, value, ok, early, has_ttft, arm)| Op::Request {
+                model, instance, arm, late, value, ok, early, has_ttft
             }),
         1 => (0..MODELS.len(), 0..INSTANCES.len(), 0..3_000i64, 0..VALUES.len())
             .prop_map(|(model, instance, late, value)| Op::Orphan { model, instance, late, value }),
@@ -85,6 +90,7 @@ impl World {
             Op::Request {
                 model,
                 instance,
+                arm,
                 late,
                 value,
                 ok,
@@ -107,6 +113,7 @@ impl World {
                 self.inputs.ingest(Rec {
                     model: MODELS[model].into(),
                     instance: INSTANCES[instance].into(),
+                    ab_group: ARMS[arm].into(),
                     request_id: id.into(),
                     at_ms: at,
                     ttft: has_ttft.then_some(ttft),
@@ -141,8 +148,9 @@ impl World {
         Ok(())
     }
 
-    /// Every window a latency rule reads, incrementally and from scratch.
+    /// Every window a latency rule or `ab_regression` reads, incrementally and from scratch.
     fn check(&mut self, w: i64, stretch: i64) -> Result<(), TestCaseError> {
+        self.check_arms(w, stretch)?;
         let now = self.now;
         let span = 5 * w;
         for model in MODELS {
@@ -229,6 +237,76 @@ impl World {
     }
 }
 
+impl World {
+    /// The arms' counts and windows (`LatencyWindows::sync_arms`) against the kept records.
+    fn check_arms(&mut self, w: i64, stretch: i64) -> Result<(), TestCaseError> {
+        let now = self.now;
+        for model in MODELS {
+            for value in ["ttft", "e2e"] {
+                let series = (*model, value);
+                // The rule's window, or (as another rule's) a longer one: a longer reach
+                // reads everything again.
+                if !self
+                    .windows
+                    .sync_arms(&self.inputs, series, stretch * w, now)
+                {
+                    prop_assert!(self.inputs.kept_seq(model).is_none());
+                    continue;
+                }
+                let slots = [
+                    (Slot::Current(w), (now - w, now)),
+                    (Slot::Scaled(w), (now - stretch * w, now)),
+                ];
+                for (slot, range) in slots {
+                    let inside = || self.inputs.window(model, range.0, range.1);
+                    let want: Vec<(String, usize)> = ARMS[1..]
+                        .iter()
+                        .map(|a| (a.to_string(), inside().filter(|r| r.ab_group == *a).count()))
+                        .filter(|(_, n)| *n > 0)
+                        .collect();
+                    let got: Option<Vec<(String, usize)>> = self
+                        .windows
+                        .arm_counts(series, now, range)
+                        .map(|c| c.into_iter().map(|(a, n)| (a.to_string(), n)).collect());
+                    prop_assert_eq!(got, Some(want), "arms of {:?} in {:?}", series, range);
+                    for arm in ARMS {
+                        let mut want: Vec<f64> = inside()
+                            .filter(|r| r.ab_group == *arm && r.ok)
+                            .filter_map(|r| r.value(value))
+                            .collect();
+                        want.sort_by(f64::total_cmp);
+                        // The records without an arm are not mirrored.
+                        if arm.is_empty() {
+                            want.clear();
+                        }
+                        let got = self
+                            .windows
+                            .arm_window(series, now, arm, slot, range)
+                            .map(|v| v.to_vec());
+                        prop_assert_eq!(
+                            got.as_deref(),
+                            Some(want.as_slice()),
+                            "arm {:?} of {:?} {:?} {:?} at {}",
+                            arm,
+                            series,
+                            slot,
+                            range,
+                            now
+                        );
+                    }
+                }
+                prop_assert!(
+                    self.windows
+                        .arm_counts(series, now, (now - 200_000, now))
+                        .is_none(),
+                    "before the reach"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -283,6 +361,55 @@ fn a_steady_stream_slides_its_windows_without_rebuilding_them() {
     let m = &windows.mirrors[&super::key("m", "e2e", "e2e")];
     assert_eq!(m.windows.len(), 2);
     assert!(m.windows.values().all(|w| w.rebuilds == 1 && !w.stale));
+}
+
+#[test]
+fn a_steady_stream_slides_the_arms_windows_without_rebuilding_them() {
+    let mut inputs = Inputs::new(600_000, 1_000_000);
+    let mut windows = LatencyWindows::default();
+    let t0 = 1_700_000_000_000;
+    let series = ("m", "e2e");
+    let mut seq = 0u64;
+    for step in 0..200i64 {
+        let now = t0 + step * 250;
+        for k in 0..50 {
+            seq += 1;
+            inputs.ingest(Rec {
+                model: "m".into(),
+                ab_group: ARMS[(seq % 3) as usize].into(),
+                at_ms: now - 250 + k * 5 - (seq % 7) as i64 * 30,
+                e2e: VALUES[(seq % 6) as usize] * (1.0 + (seq % 11) as f64),
+                ok: !seq.is_multiple_of(13),
+                ..Rec::default()
+            });
+        }
+        let range = (now - 10_000, now);
+        assert!(windows.sync_arms(&inputs, series, 10_000, now));
+        let counts = windows.arm_counts(series, now, range).unwrap_or_default();
+        assert_eq!(counts.len(), 2);
+        for (arm, n) in counts {
+            let recs = || {
+                inputs
+                    .window("m", range.0, range.1)
+                    .filter(|r| r.ab_group == arm)
+            };
+            assert_eq!(n, recs().count());
+            let mut want: Vec<f64> = recs().filter(|r| r.ok).map(|r| r.e2e).collect();
+            want.sort_by(f64::total_cmp);
+            let got = windows.arm_window(series, now, &arm, Slot::Current(10_000), range);
+            assert_eq!(got, Some(want.as_slice()));
+        }
+    }
+    let m = &windows.mirrors[&super::arm_key("m", "e2e")];
+    assert_eq!(m.windows.len(), 2);
+    assert!(m.windows.values().all(|w| w.rebuilds == 1 && !w.stale));
+    // Records without an arm (a third of them) are not mirrored.
+    let mirrored: usize = m.lines.values().map(|l| l.len()).sum();
+    let with_arm = inputs
+        .window("m", t0 + 199 * 250 - 10_000, i64::MAX)
+        .filter(|r| !r.ab_group.is_empty())
+        .count();
+    assert_eq!(mirrored, with_arm);
 }
 
 #[test]
