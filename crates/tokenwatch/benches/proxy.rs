@@ -78,6 +78,10 @@ struct Settings {
     max_inflight: usize,
     client_threads: usize,
     upstream_threads: usize,
+    /// TW_BENCH_PIN=`bench_cpus:tokenwatch_cpus` (taskset lists, e.g. `0:1`): the bench's client and
+    /// upstream on some CPUs, tokenwatch on others, so the added latency is the proxy's own path
+    /// rather than a wait for a CPU the load generator holds (both layouts are worth a number).
+    pin: Option<(String, String)>,
     out: std::path::PathBuf,
 }
 
@@ -123,6 +127,10 @@ impl Settings {
             max_inflight: env_or("TW_BENCH_MAX_INFLIGHT", 2000),
             client_threads: env_or("TW_BENCH_CLIENT_THREADS", 2),
             upstream_threads: env_or("TW_BENCH_UPSTREAM_THREADS", 2),
+            pin: std::env::var("TW_BENCH_PIN").ok().filter(|p| !p.trim().is_empty()).map(|p| match p.split_once(':') {
+                Some((bench, tw)) if !bench.is_empty() && !tw.is_empty() => (bench.trim().to_string(), tw.trim().to_string()),
+                _ => panic!("TW_BENCH_PIN={p:?}: expected bench_cpus:tokenwatch_cpus, e.g. 0:1"),
+            }),
             out,
         }
     }
@@ -331,7 +339,7 @@ fn free_addr() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
-fn start_tokenwatch(upstream: SocketAddr, data_dir: &std::path::Path) -> (ChildGuard, SocketAddr, SocketAddr) {
+fn start_tokenwatch(upstream: SocketAddr, data_dir: &std::path::Path, pin: Option<&str>) -> (ChildGuard, SocketAddr, SocketAddr) {
     let api = free_addr();
     let proxy = free_addr();
     let log = data_dir.join("tokenwatch.log");
@@ -339,7 +347,16 @@ fn start_tokenwatch(upstream: SocketAddr, data_dir: &std::path::Path) -> (ChildG
     let err = out.try_clone().unwrap();
     // TW_BENCH_BIN runs another build (an older release, for a before/after comparison).
     let bin = std::env::var_os("TW_BENCH_BIN").unwrap_or_else(|| BIN.into());
-    let child = Command::new(&bin)
+    // Pinned: `taskset` execs tokenwatch in place (same pid), every thread it starts inherits the CPUs.
+    let mut command = match pin {
+        Some(cpus) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", cpus]).arg(&bin);
+            c
+        }
+        None => Command::new(&bin),
+    };
+    let child = command
         .args([
             "run",
             "--listen",
@@ -363,6 +380,26 @@ fn start_tokenwatch(upstream: SocketAddr, data_dir: &std::path::Path) -> (ChildG
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", std::path::Path::new(&bin).display()));
     (ChildGuard { child, log }, api, proxy)
+}
+
+/// Restrict this process (and every thread it starts afterwards) to the CPUs of a taskset list
+/// such as `0` or `0-1,3`.
+#[cfg(target_os = "linux")]
+fn pin_this_process(cpus: &str) {
+    let mut set = rustix::thread::CpuSet::new();
+    for part in cpus.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let parse = |v: &str| v.trim().parse::<usize>().unwrap_or_else(|_| panic!("TW_BENCH_PIN: {cpus:?} is not a CPU list"));
+        for cpu in parse(lo)..=parse(hi) {
+            set.set(cpu);
+        }
+    }
+    rustix::thread::sched_setaffinity(None, &set).unwrap_or_else(|e| panic!("TW_BENCH_PIN: pinning the bench to {cpus}: {e}"));
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_this_process(_cpus: &str) {
+    panic!("TW_BENCH_PIN is only supported on Linux");
 }
 
 fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
@@ -806,13 +843,16 @@ fn machine() -> String {
 
 fn main() {
     let s = Settings::from_env();
+    if let Some((bench_cpus, _)) = &s.pin {
+        pin_this_process(bench_cpus);
+    }
     let _ = epoch();
     let load_at_start = load_avg();
     let machine_desc = machine();
     eprintln!("proxy bench: {s:?}");
     let upstream = start_upstream(&s);
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tw, api, proxy) = start_tokenwatch(upstream, dir.path());
+    let (tw, api, proxy) = start_tokenwatch(upstream, dir.path(), s.pin.as_ref().map(|(_, tw)| tw.as_str()));
     let pid = tw.pid();
     let rt = runtime(s.client_threads, "bench-client");
     let report = rt.block_on(async {
@@ -900,7 +940,7 @@ fn main() {
             machine_desc,
             load_avg(),
             open_files_limit(),
-            ["TW_BENCH_BIN", "TW_BENCH_CONFIG", "TW_BENCH_CONCURRENCY", "TW_BENCH_RATES", "TW_BENCH_SECS"]
+            ["TW_BENCH_BIN", "TW_BENCH_CONFIG", "TW_BENCH_CONCURRENCY", "TW_BENCH_RATES", "TW_BENCH_SECS", "TW_BENCH_PIN"]
                 .iter()
                 .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v} ")))
                 .collect::<String>()
@@ -912,8 +952,20 @@ fn main() {
              every {:?}; {} s measured per run after {} s warm-up; direct and proxied runs back to back against the \
              same in-process upstream. Client ({} thread) and upstream ({} thread) run in the bench process; \
              tokenwatch is the release binary (`tokenwatch run`, default config: full per-token recording, \
-             SQLite store); all share the same CPUs.\n",
-            s.closed_first, s.closed_gap, s.chunks, s.first, s.gap, s.secs, s.warmup_secs, s.client_threads, s.upstream_threads
+             SQLite store); {}.\n",
+            s.closed_first,
+            s.closed_gap,
+            s.chunks,
+            s.first,
+            s.gap,
+            s.secs,
+            s.warmup_secs,
+            s.client_threads,
+            s.upstream_threads,
+            match &s.pin {
+                Some((bench, tw)) => format!("the bench process is pinned to CPU(s) {bench} and tokenwatch to CPU(s) {tw}"),
+                None => "all share the same CPUs".into(),
+            }
         );
         let _ = writeln!(
             out,
