@@ -2,50 +2,75 @@
 // a short window against the SLO budget and the usual error rate (own baseline, and peers').
 
 use super::eval::{EvalCtx, labels};
-use super::inputs::{Inputs, Rec};
+use super::inputs::Label;
 use super::latency::SeriesState;
+use super::windows::Outcomes;
 use crate::alerting::rules::RuleSpec;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;
 
-/// (failed, total) of records.
-fn count<'a>(recs: impl Iterator<Item = &'a &'a Rec>) -> (u64, u64) {
-    recs.fold((0, 0), |(b, n), r| (b + u64::from(r.server_failure), n + 1))
-}
-
-/// The short window of one series: the rule's window, grown (up to `max_ms`) until it holds
-/// `min_requests`. `times` are the series' record times, newest first.
-fn short_window(times: &[i64], now: i64, window: i64, max_ms: i64, min_requests: u64) -> i64 {
-    let min = min_requests.max(1) as usize;
-    let within = times.iter().take_while(|t| now - **t < window).count();
-    if within >= min || times.len() < min {
+/// The short window of a series (the records of `lines`): the rule's window, grown (up to
+/// `max_ms`) until it holds `min_requests` of the series' records in `(now - max_ms, now]`.
+fn short_window(
+    o: &Outcomes,
+    lines: &[&Label],
+    now: i64,
+    window: i64,
+    max_ms: i64,
+    min_requests: u64,
+) -> i64 {
+    let min = min_requests.max(1);
+    // Records in `(from, now]`.
+    let n = |from: i64| -> u64 { lines.iter().map(|l| o.count(l, (from, now)).1).sum() };
+    let reach = now - max_ms;
+    if n(now - window.min(max_ms)) >= min || n(reach) < min {
         return window;
     }
-    (now - times[min - 1] + 1).clamp(window, max_ms.max(window))
+    // The time of the `min`-th newest record: the latest `t` with `min` records in `[t, now]`.
+    let (mut lo, mut hi) = (reach + 1, now);
+    while lo < hi {
+        let mid = lo + (hi - lo + 1) / 2;
+        if n(mid - 1) >= min {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    (now - lo + 1).clamp(window, max_ms.max(window))
 }
 
-/// The series' usual error ratio over `(from, to]`, anomaly episodes left out; None with
-/// fewer than `min_requests`.
+/// The series' usual error ratio over `(from, to]` (the records of `instance`, or of all with
+/// None), anomaly episodes left out; None with fewer than `min_requests`.
 fn usual(
     st: &SeriesState,
     model: &str,
-    inputs: &Inputs,
+    o: &Outcomes,
     instance: Option<&str>,
-    (from, to): (i64, i64),
+    period: (i64, i64),
     min_requests: u64,
 ) -> Option<f64> {
     let covered = st.coverage(model);
-    let (bad, total) = inputs
-        .window(model, from, to)
-        .filter(|r| instance.is_none_or(|i| r.instance == i))
-        .filter(|r| !covered(&r.instance, r.at_ms))
-        .fold((0, 0), |(b, n), r| (b + u64::from(r.server_failure), n + 1));
+    let (mut bad, mut total) = (0u64, 0u64);
+    for i in o
+        .instances()
+        .filter(|i| instance.is_none_or(|x| x == i.as_str()))
+    {
+        let uncovered = |failed: bool| {
+            o.times(i, failed, period)
+                .filter(|t| !covered(i, *t))
+                .count() as u64
+        };
+        bad += uncovered(true);
+        total += uncovered(false);
+    }
     (total >= min_requests.max(1)).then(|| bad as f64 / total as f64)
 }
 
 /// `error_burst`: an instance bursts when its errors are improbable against its own usual rate
-/// and its peers' rate in the same window; the model on its other instances.
+/// and its peers' rate in the same window; the model on its other instances. The records are
+/// counted on the incremental per-instance mirrors (`LatencyWindows::sync_outcomes`), by binary
+/// search on their times.
 pub fn error_burst(
     rule: &RuleSpec,
     p: &det::ErrorBurstParams,
@@ -59,34 +84,37 @@ pub fn error_burst(
     let max_hold = (p.max_hold_s * 1000.0) as i64;
     // The reference period is long: its rate is recounted once per max window fraction.
     let refresh = (max_w / super::latency::BASELINE_REFRESH_DIVISOR).max(100);
+    // The longest short window and the reference period before it.
+    let reach = max_w.saturating_add(span.max(0));
     let mut out = Vec::new();
+    let mut lw = cx.inputs.latency_windows();
     for m in cx.inputs.models() {
-        // The short windows' records, newest first (the reference period is counted apart).
-        let mut recent: Vec<&Rec> = cx.inputs.window(&m, now - max_w, now).collect();
-        recent.sort_by_key(|r| std::cmp::Reverse(r.at_ms));
-        let mut times: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
-        for r in &recent {
-            times.entry(r.instance.as_str()).or_default().push(r.at_ms);
-        }
-        let instances: Vec<String> = times
-            .keys()
-            .filter(|i| !i.is_empty())
-            .map(|i| i.to_string())
-            .collect();
+        // A model listed keeps records: its mirrors are synced at `now` with this reach.
+        let o = match lw.sync_outcomes(cx.inputs, &m, reach, now) {
+            true => lw.outcomes(&m, now, now.saturating_sub(reach)),
+            false => None,
+        };
+        let Some(o) = o else { continue };
+        let recent = (now - max_w, now);
+        // The instances with records in the short windows' reach ("" among them).
+        let lines: Vec<&Label> = o.instances().filter(|i| o.count(i, recent).1 > 0).collect();
+        let instances: Vec<&Label> = lines.iter().copied().filter(|i| !i.is_empty()).collect();
         let mut flagged = BTreeSet::new();
         if instances.len() >= 2 {
-            for i in &instances {
-                let win = short_window(&times[i.as_str()], now, w, max_w, p.min_requests);
-                let in_win = |r: &&&Rec| now - r.at_ms < win;
-                let (bad, total) = count(recent.iter().filter(in_win).filter(|r| r.instance == *i));
-                let peers = count(recent.iter().filter(in_win).filter(|r| r.instance != *i));
+            for i in instances {
+                let win = short_window(&o, &[i], now, w, max_w, p.min_requests);
+                let range = (now - win, now);
+                let (bad, total) = o.count(i, range);
+                let peers = lines
+                    .iter()
+                    .filter(|j| **j != i)
+                    .map(|j| o.count(j, range))
+                    .fold((0, 0), |(b, n), (jb, jn)| (b + jb, n + jn));
+                let period = (now - win - span, now - win);
                 let own = observe(
                     st,
-                    &m,
-                    i,
-                    cx.inputs,
-                    (now - win - span, now - win),
-                    p,
+                    (&m, i),
+                    |st| usual(st, &m, &o, Some(i.as_str()), period, p.min_requests),
                     (max_hold, refresh),
                     now,
                 );
@@ -114,27 +142,24 @@ pub fn error_burst(
                     labels(&[("model_id", &m), ("instance", i)]),
                     now,
                 ));
-                flagged.insert(i.clone());
+                flagged.insert(i);
             }
         }
-        let model_times: Vec<i64> = recent
+        let rest: Vec<&Label> = lines
             .iter()
-            .filter(|r| !flagged.contains(r.instance.as_str()))
-            .map(|r| r.at_ms)
+            .copied()
+            .filter(|i| !flagged.contains(i))
             .collect();
-        let win = short_window(&model_times, now, w, max_w, p.min_requests);
-        let (bad, total) = count(
-            recent
-                .iter()
-                .filter(|r| now - r.at_ms < win && !flagged.contains(r.instance.as_str())),
-        );
+        let win = short_window(&o, &rest, now, w, max_w, p.min_requests);
+        let (bad, total) = rest
+            .iter()
+            .map(|i| o.count(i, (now - win, now)))
+            .fold((0, 0), |(b, n), (ib, i_n)| (b + ib, n + i_n));
+        let period = (now - win - span, now - win);
         let own = observe(
             st,
-            &m,
-            "",
-            cx.inputs,
-            (now - win - span, now - win),
-            p,
+            (&m, ""),
+            |st| usual(st, &m, &o, None, period, p.min_requests),
             (max_hold, refresh),
             now,
         );
@@ -154,15 +179,11 @@ pub fn error_burst(
 }
 
 /// The usual error ratio of a series: frozen at the onset of its ongoing burst, else measured
-/// over its reference period.
-#[allow(clippy::too_many_arguments)] // the series key, its records and the period
+/// (`usual`) over its reference period.
 fn observe(
     st: &mut SeriesState,
-    model: &str,
-    instance: &str,
-    inputs: &Inputs,
-    period: (i64, i64),
-    p: &det::ErrorBurstParams,
+    (model, instance): (&str, &str),
+    usual: impl FnOnce(&SeriesState) -> Option<f64>,
     (max_hold, refresh_ms): (i64, i64),
     now: i64,
 ) -> Option<f64> {
@@ -178,8 +199,7 @@ fn observe(
     {
         return r;
     }
-    let who = (!instance.is_empty()).then_some(instance);
-    let r = usual(st, model, inputs, who, period, p.min_requests);
+    let r = usual(st);
     st.get(model, instance).cached_rate = Some((now, r));
     r
 }
@@ -205,3 +225,7 @@ fn track(
         _ => {}
     }
 }
+
+#[cfg(test)]
+#[path = "burst_tests.rs"]
+mod tests;

@@ -1,5 +1,6 @@
-// Incremental sorted windows of the latency rules and the A/B arms: each model's samples mirrored
-// from the kept records by push sequence, per instance or arm in time order; windows slide on them.
+// Incremental sorted windows of the latency rules and the A/B arms, and the records and failures
+// `error_burst` counts: each model's samples mirrored from the kept records by push sequence, per
+// instance or arm in time order; windows slide on them.
 
 use super::inputs::{Inputs, KeptSeq, Label, LatencySample, Rec};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -21,7 +22,8 @@ pub enum Slot {
 /// A mirrored sample: (at_ms, id, value); id = push sequence << 1 | source (0 record, 1 early
 /// first token), so that (at_ms, id) orders samples and names each one. A NaN value (never a
 /// record's: `Rec::value` keeps finite values only) marks a record counted without a value
-/// (an arm's failed requests, see `By::Arm`): in `counts`, in no window.
+/// (an arm's failed requests, see `By::Arm`; every sample of `By::Records` and `By::Failures`):
+/// in `counts`, in no window.
 type Point = (i64, u64, f64);
 
 /// A mirrored sample in push order: (push sequence, at_ms, its line).
@@ -39,6 +41,10 @@ enum By {
     /// Each A/B arm's records (those with an A/B group), every one counted and the successful
     /// ones' values in the windows (`ab_regression`).
     Arm,
+    /// Each instance's records (the empty instance too), counted without values (`error_burst`).
+    Records,
+    /// Each instance's records that count as server failures, as `Records`.
+    Failures,
 }
 
 /// A change to a window's samples since it was last read: (at_ms, value, added).
@@ -212,6 +218,8 @@ impl Mirror {
                     record_value(LatencySample::Record(r), view, value).map(|v| (&r.instance, v))
                 }
                 By::Arm => arm_value(r, value),
+                By::Records => Some((&r.instance, f64::NAN)),
+                By::Failures => r.server_failure.then_some((&r.instance, f64::NAN)),
             };
             if let Some((line, v)) = sample {
                 self.add(0, seq, r.at_ms, line, v);
@@ -414,6 +422,50 @@ fn key(model: &str, view: &str, value: &str) -> Key {
 
 fn arm_key(model: &str, value: &str) -> Key {
     (model.to_string(), String::new(), value.to_string(), By::Arm)
+}
+
+fn outcome_key(model: &str, by: By) -> Key {
+    (model.to_string(), String::new(), String::new(), by)
+}
+
+/// A model's records and server failures per instance, as `LatencyWindows::sync_outcomes` left
+/// them, every kept record after `from` among them: counted in time ranges by binary search.
+/// Ranges are meant to start at or after `from` (before it, only what is mirrored counts).
+pub struct Outcomes<'a> {
+    records: &'a Mirror,
+    failures: &'a Mirror,
+}
+
+impl<'a> Outcomes<'a> {
+    /// The instances with records in the mirror (the empty one among them), in order.
+    pub fn instances(&self) -> impl Iterator<Item = &'a Label> + 'a {
+        self.records.lines.keys()
+    }
+
+    /// (server failures, records) of `instance` in `(from, to]` (none when `to <= from`).
+    pub fn count(&self, instance: &str, (from, to): (i64, i64)) -> (u64, u64) {
+        let n = |m: &Mirror| {
+            m.lines.get(instance).map_or(0, |pts| {
+                lower(pts, to).saturating_sub(lower(pts, from)) as u64
+            })
+        };
+        (n(self.failures), n(self.records))
+    }
+
+    /// The times of `instance`'s records (with `failed`, of its server failures) in
+    /// `(from, to]`, oldest first.
+    pub fn times(
+        &self,
+        instance: &str,
+        failed: bool,
+        (from, to): (i64, i64),
+    ) -> impl Iterator<Item = i64> + 'a {
+        let m = if failed { self.failures } else { self.records };
+        let pts = m.lines.get(instance);
+        let (a, b) = pts.map_or((0, 0), |p| (lower(p, from), lower(p, to)));
+        pts.into_iter()
+            .flat_map(move |p| p.range(a..b.max(a)).map(|p| p.0))
+    }
 }
 
 impl LatencyWindows {
@@ -622,6 +674,29 @@ impl LatencyWindows {
         range: (i64, i64),
     ) -> Option<&[f64]> {
         self.window_key(&arm_key(model, value), now, Some(arm), slot, range)
+    }
+
+    /// Bring the mirrors of `model`'s records and of its server failures, per instance, up to
+    /// date, reaching back `span` before `now` (`error_burst`). False when the model keeps no
+    /// records.
+    pub fn sync_outcomes(&mut self, inputs: &Inputs, model: &str, span: i64, now: i64) -> bool {
+        self.sync_key(inputs, outcome_key(model, By::Records), span, now)
+            && self.sync_key(inputs, outcome_key(model, By::Failures), span, now)
+    }
+
+    /// `model`'s records and server failures as `sync_outcomes` left them at `now`, every kept
+    /// record after `from` among them; None when they were not synced at `now` or do not reach
+    /// back to `from`.
+    pub fn outcomes(&self, model: &str, now: i64, from: i64) -> Option<Outcomes<'_>> {
+        let get = |by| {
+            self.mirrors
+                .get(&outcome_key(model, by))
+                .filter(|m| m.used == now && from >= m.horizon)
+        };
+        Some(Outcomes {
+            records: get(By::Records)?,
+            failures: get(By::Failures)?,
+        })
     }
 
     /// Bytes allocated for the mirrored samples and the windows' values: what the windows keep

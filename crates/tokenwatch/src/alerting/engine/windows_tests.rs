@@ -120,6 +120,7 @@ impl World {
                     e2e: ttft * 4.0,
                     prompt_tokens: (value % 3 != 0).then_some(100 * value as u64),
                     ok,
+                    server_failure: !ok && value % 2 == 0,
                     ..Rec::default()
                 });
             }
@@ -151,6 +152,7 @@ impl World {
     /// Every window a latency rule or `ab_regression` reads, incrementally and from scratch.
     fn check(&mut self, w: i64, stretch: i64) -> Result<(), TestCaseError> {
         self.check_arms(w, stretch)?;
+        self.check_outcomes(w, stretch)?;
         let now = self.now;
         let span = 5 * w;
         for model in MODELS {
@@ -301,6 +303,61 @@ impl World {
                         .is_none(),
                     "before the reach"
                 );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl World {
+    /// The records and server failures per instance (`LatencyWindows::sync_outcomes`) against
+    /// the kept records.
+    fn check_outcomes(&mut self, w: i64, stretch: i64) -> Result<(), TestCaseError> {
+        let now = self.now;
+        let reach = stretch * w;
+        for model in MODELS {
+            if !self.windows.sync_outcomes(&self.inputs, model, reach, now) {
+                prop_assert!(self.inputs.kept_seq(model).is_none());
+                continue;
+            }
+            prop_assert!(self.windows.outcomes(model, now, now - 200_000).is_none());
+            prop_assert!(self.windows.outcomes(model, now + 1, now - reach).is_none());
+            let Some(o) = self.windows.outcomes(model, now, now - reach) else {
+                return Err(TestCaseError::fail("synced outcomes not answered"));
+            };
+            let ranges = [
+                (now - w, now),
+                (now - reach, now - w),
+                (now - reach, now + 500),
+            ];
+            let mut seen: Vec<String> = o.instances().map(|i| i.to_string()).collect();
+            seen.sort();
+            seen.dedup();
+            for inst in INSTANCES {
+                for (from, to) in ranges {
+                    let recs = || {
+                        self.inputs
+                            .window(model, from, to)
+                            .filter(|r| r.instance == *inst)
+                    };
+                    let want = (
+                        recs().filter(|r| r.server_failure).count() as u64,
+                        recs().count() as u64,
+                    );
+                    prop_assert_eq!(o.count(inst, (from, to)), want, "{} {:?}", inst, (from, to));
+                    let mut times: Vec<i64> = recs().map(|r| r.at_ms).collect();
+                    times.sort();
+                    prop_assert_eq!(o.times(inst, false, (from, to)).collect::<Vec<_>>(), times);
+                    let mut failed: Vec<i64> = recs()
+                        .filter(|r| r.server_failure)
+                        .map(|r| r.at_ms)
+                        .collect();
+                    failed.sort();
+                    prop_assert_eq!(o.times(inst, true, (from, to)).collect::<Vec<_>>(), failed);
+                    if want.1 > 0 {
+                        prop_assert!(seen.iter().any(|i| i == inst));
+                    }
+                }
             }
         }
         Ok(())
