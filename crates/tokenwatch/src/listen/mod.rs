@@ -1,6 +1,6 @@
 // Serving tokenwatch's listeners: axum routers (under the request limits of `limits`) and the
 // OTLP gRPC server over plain TCP or TLS, TCP_NODELAY on every connection, TLS handshakes in
-// their own tasks with a deadline.
+// their own tasks with a deadline, each connection's protocol told before hyper reads from it.
 
 pub mod limits;
 pub mod tls;
@@ -64,13 +64,112 @@ pub async fn serve_router(
     tracing::debug!(listener = what, addr = ?local, "server stopped");
 }
 
-/// The hyper connection builder for `limits`.
-fn connection_builder(limits: &limits::LimitsConfig) -> ConnBuilder<TokioExecutor> {
-    let mut builder = ConnBuilder::new(TokioExecutor::new());
-    builder.http1().max_buf_size(limits.hyper_max_buf_size()).max_headers(limits.hyper_max_headers());
-    let h2_list = u32::try_from(limits.hyper_max_buf_size()).unwrap_or(u32::MAX);
-    builder.http2().enable_connect_protocol().max_header_list_size(h2_list);
-    builder
+/// The HTTP/2 connection preface: a client speaking HTTP/2 without TLS starts with it.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The protocol a new connection speaks, told without consuming any of its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    Http2,
+    /// Not told yet (a partial HTTP/2 preface, no ALPN over TLS, an error): hyper_util's auto
+    /// detection reads it.
+    Unknown,
+}
+
+impl Protocol {
+    /// The protocol of a plain-TCP connection whose first bytes are `first`.
+    fn of_first_bytes(first: &[u8]) -> Protocol {
+        if first.is_empty() {
+            Protocol::Unknown
+        } else if !H2_PREFACE.starts_with(first) {
+            Protocol::Http1
+        } else if first.len() == H2_PREFACE.len() {
+            Protocol::Http2
+        } else {
+            Protocol::Unknown
+        }
+    }
+}
+
+/// Connections that can tell their protocol before hyper reads from them. Serving a told
+/// connection with hyper's own HTTP/1 or HTTP/2 server, rather than hyper_util's auto detection,
+/// keeps hyper's HTTP/1 read buffer at its initial 8 KiB: the auto detection hands hyper the
+/// 24 bytes it read as a separate first read, and hyper then doubles its buffer to 16 KiB to
+/// read the rest of the head, on every connection and for as long as the connection lives.
+pub trait Sniff {
+    fn sniff(&self) -> impl std::future::Future<Output = Protocol> + Send;
+}
+
+impl Sniff for TcpStream {
+    /// The first bytes, peeked (waits for the client's first bytes, as reading would).
+    async fn sniff(&self) -> Protocol {
+        let mut first = [0u8; H2_PREFACE.len()];
+        match self.peek(&mut first).await {
+            Ok(n) => Protocol::of_first_bytes(&first[..n]),
+            Err(_) => Protocol::Unknown,
+        }
+    }
+}
+
+impl Sniff for TlsStream<TcpStream> {
+    /// The protocol ALPN chose in the handshake.
+    fn sniff(&self) -> impl std::future::Future<Output = Protocol> + Send {
+        let protocol = match self.get_ref().1.alpn_protocol() {
+            Some(b"h2") => Protocol::Http2,
+            Some(b"http/1.1") => Protocol::Http1,
+            _ => Protocol::Unknown,
+        };
+        std::future::ready(protocol)
+    }
+}
+
+/// hyper's connection builders for `limits`: HTTP/1.1 and HTTP/2 for told connections, and
+/// the auto-detecting one (both protocols, the same settings) for the rest.
+struct ConnBuilders {
+    http1: hyper::server::conn::http1::Builder,
+    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+    auto: ConnBuilder<TokioExecutor>,
+}
+
+impl ConnBuilders {
+    fn new(limits: &limits::LimitsConfig) -> ConnBuilders {
+        let max_buf = limits.hyper_max_buf_size();
+        let max_headers = limits.hyper_max_headers();
+        let h2_list = u32::try_from(max_buf).unwrap_or(u32::MAX);
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1.max_buf_size(max_buf).max_headers(max_headers);
+        let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        http2.enable_connect_protocol().max_header_list_size(h2_list);
+        let mut auto = ConnBuilder::new(TokioExecutor::new());
+        auto.http1().max_buf_size(max_buf).max_headers(max_headers);
+        auto.http2().enable_connect_protocol().max_header_list_size(h2_list);
+        ConnBuilders { http1, http2, auto }
+    }
+}
+
+/// Serve one connection until it ends; once `shutting_down` resolves it finishes its requests
+/// and closes (`graceful` starts that).
+async fn drive<C, E>(
+    conn: C,
+    graceful: impl Fn(Pin<&mut C>),
+    mut shutting_down: Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    C: std::future::Future<Output = Result<(), E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut conn = std::pin::pin!(conn);
+    let mut graceful_started = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => return result.map_err(Into::into),
+            _ = &mut shutting_down, if !graceful_started => {
+                graceful_started = true;
+                graceful(conn.as_mut());
+            }
+        }
+    }
 }
 
 /// Accept until `stop`, each connection in a task of its own; then let the connections finish
@@ -78,8 +177,9 @@ fn connection_builder(limits: &limits::LimitsConfig) -> ConnBuilder<TokioExecuto
 async fn serve_connections<L>(mut listener: L, app: axum::Router, mut stop: watch::Receiver<bool>, guard: limits::Guard)
 where
     L: axum::serve::Listener<Addr = SocketAddr>,
+    L::Io: Sniff,
 {
-    let builder = Arc::new(connection_builder(&guard.limits));
+    let builders = Arc::new(ConnBuilders::new(&guard.limits));
     // Receivers dropped at shutdown: connections see `closed()` and shut down gracefully.
     let (signal_tx, signal_rx) = watch::channel(());
     // One receiver per live connection: `closed()` resolves once all are gone.
@@ -91,31 +191,41 @@ where
         };
         let service = connection_service(app.clone(), guard.clone(), peer);
         let conn_guard = guard.clone();
-        let builder = builder.clone();
+        let builders = builders.clone();
         let signal_tx = signal_tx.clone();
         let close_rx = close_rx.clone();
         tokio::spawn(async move {
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-            let mut conn = std::pin::pin!(conn);
             let mut shutting_down = std::pin::pin!(signal_tx.closed());
-            let mut graceful = false;
-            loop {
-                tokio::select! {
-                    result = conn.as_mut() => {
-                        if let Err(e) = result {
-                            if head_over_hyper_limit(e.as_ref()) {
-                                // hyper answered its own bare 431 (a head over the backstop).
-                                conn_guard.count(limits::Reason::HeadersTooLarge);
-                            }
-                            tracing::trace!(%peer, error = %e, "connection ended with an error");
-                        }
-                        break;
-                    }
-                    _ = &mut shutting_down, if !graceful => {
-                        graceful = true;
-                        conn.as_mut().graceful_shutdown();
-                    }
+            // Shutting down before the client sent anything closes the connection at once.
+            let protocol = tokio::select! {
+                protocol = io.sniff() => protocol,
+                _ = &mut shutting_down => return drop(close_rx),
+            };
+            let io = TokioIo::new(io);
+            let shutting_down = shutting_down.as_mut();
+            // The task is sized for its largest state, kept for the connection's life: the
+            // HTTP/2 and auto-detecting connections (twice an HTTP/1 one) live in a box of
+            // their own, so the HTTP/1 connections that carry most streams stay small.
+            let result = match protocol {
+                Protocol::Http1 => {
+                    let conn = builders.http1.serve_connection(io, service).with_upgrades();
+                    drive(conn, |c| c.graceful_shutdown(), shutting_down).await
                 }
+                Protocol::Http2 => {
+                    let conn = builders.http2.serve_connection(io, service);
+                    Box::pin(drive(conn, |c| c.graceful_shutdown(), shutting_down)).await
+                }
+                Protocol::Unknown => {
+                    let conn = builders.auto.serve_connection_with_upgrades(io, service);
+                    Box::pin(drive(conn, |c| c.graceful_shutdown(), shutting_down)).await
+                }
+            };
+            if let Err(e) = result {
+                if head_over_hyper_limit(e.as_ref()) {
+                    // hyper answered its own bare 431 (a head over the backstop).
+                    conn_guard.count(limits::Reason::HeadersTooLarge);
+                }
+                tracing::trace!(%peer, error = %e, "connection ended with an error");
             }
             drop(close_rx);
         });
@@ -410,6 +520,96 @@ mod tests {
 
         stop_tx.send(true).unwrap();
         tokio::time::timeout(Duration::from_secs(5), server).await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn first_bytes_tell_http1_from_the_http2_preface() {
+        assert_eq!(Protocol::of_first_bytes(b"POST /v1/chat/completions HTTP/1.1\r\n"), Protocol::Http1);
+        assert_eq!(Protocol::of_first_bytes(b"G"), Protocol::Http1);
+        // "PRI" is also how an HTTP/1 method could start: only the whole preface is HTTP/2.
+        assert_eq!(Protocol::of_first_bytes(b"PRI * HTTP/2.0\r\n"), Protocol::Unknown);
+        assert_eq!(Protocol::of_first_bytes(b"PRIX"), Protocol::Http1);
+        assert_eq!(Protocol::of_first_bytes(H2_PREFACE), Protocol::Http2);
+        assert_eq!(Protocol::of_first_bytes(b""), Protocol::Unknown);
+    }
+
+    #[tokio::test]
+    async fn plain_router_serves_http1_http2_prior_knowledge_and_a_preface_sent_in_pieces() {
+        use http_body_util::{BodyExt, Empty};
+        let app = axum::Router::new().route("/", axum::routing::get(|req: axum::extract::Request| async move {
+            format!("{:?}", req.version())
+        }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop_tx, stop) = watch::channel(false);
+        let guard = limits::Guard::new("api", &Default::default(), &crate::export::prometheus::Metrics::new());
+        let server = tokio::spawn(serve_router(listener, None, app, stop, guard));
+
+        // HTTP/1.1, two requests on one connection.
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\nGET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_string(&mut answer)).await.unwrap().unwrap();
+        assert_eq!(answer.matches("HTTP/1.1 200").count(), 2, "{answer}");
+        assert!(answer.ends_with("HTTP/1.1"), "{answer}");
+
+        // HTTP/2 with prior knowledge: whole preface first, then in two pieces (told by hyper_util).
+        for split in [None, Some(5)] {
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            if let Some(at) = split {
+                tcp.write_all(&H2_PREFACE[..at]).await.unwrap();
+                tcp.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let io = TokioIo::new(Prefixed { sent: split.map(|at| &H2_PREFACE[..at]), tcp });
+            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.unwrap();
+            tokio::spawn(conn);
+            let req = http::Request::get(format!("http://{addr}/")).body(Empty::<bytes::Bytes>::new()).unwrap();
+            let resp = tokio::time::timeout(Duration::from_secs(5), send.send_request(req)).await.unwrap().unwrap();
+            assert_eq!(resp.status(), http::StatusCode::OK);
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], b"HTTP/2.0", "split {split:?}");
+        }
+
+        stop_tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server).await.unwrap().unwrap();
+    }
+
+    /// A client socket whose first bytes were already written by the test: the HTTP/2 client
+    /// writes its whole preface, so the part sent is skipped once.
+    struct Prefixed {
+        sent: Option<&'static [u8]>,
+        tcp: TcpStream,
+    }
+
+    impl AsyncRead for Prefixed {
+        fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.tcp).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for Prefixed {
+        fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            if let Some(sent) = self.sent {
+                // The preface is written first and whole (hyper's h2 client writes it in one piece).
+                assert!(buf.starts_with(sent), "the client did not start with the preface");
+                let rest = &buf[sent.len()..];
+                let n = std::task::ready!(Pin::new(&mut self.tcp).poll_write(cx, rest))?;
+                self.sent = None;
+                return Poll::Ready(Ok(n + sent.len()));
+            }
+            Pin::new(&mut self.tcp).poll_write(cx, buf)
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.tcp).poll_flush(cx)
+        }
+
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.tcp).poll_shutdown(cx)
+        }
     }
 
     #[tokio::test]

@@ -18,7 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokenwatch_core::alert::AnomalyEvent;
@@ -296,8 +297,68 @@ struct OwnedLine {
 /// The OTLP receiver's way in: never blocks; a full queue drops (counted).
 #[derive(Clone)]
 pub struct LogFeed {
-    tx: SyncSender<OwnedLine>,
+    tx: FeedSender,
     dropped: Counter,
+}
+
+/// A bounded queue of lines whose memory grows with what is queued: `std::sync::mpsc`'s
+/// bounded channel allocates and writes all its slots up front (65,536 lines ≈ 6 MiB resident
+/// from startup, whether any OTLP log ever arrives); its unbounded one allocates as it goes,
+/// and a count of queued lines keeps the bound.
+fn feed_channel(capacity: usize) -> (FeedSender, FeedReceiver) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let queued = Arc::new(AtomicUsize::new(0));
+    (
+        FeedSender { tx, queued: queued.clone(), capacity },
+        FeedReceiver { rx, queued },
+    )
+}
+
+#[derive(Clone)]
+struct FeedSender {
+    tx: Sender<OwnedLine>,
+    queued: Arc<AtomicUsize>,
+    capacity: usize,
+}
+
+impl FeedSender {
+    /// Queue `line` unless `capacity` lines are queued or the receiver is gone (false).
+    fn try_send(&self, line: OwnedLine) -> bool {
+        let reserved = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.capacity).then_some(n + 1))
+            .is_ok();
+        if !reserved {
+            return false;
+        }
+        if self.tx.send(line).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+}
+
+struct FeedReceiver {
+    rx: Receiver<OwnedLine>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl FeedReceiver {
+    fn took<E>(&self, got: Result<OwnedLine, E>) -> Result<OwnedLine, E> {
+        if got.is_ok() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        got
+    }
+
+    fn recv_timeout(&self, wait: Duration) -> Result<OwnedLine, RecvTimeoutError> {
+        self.took(self.rx.recv_timeout(wait))
+    }
+
+    fn try_recv(&self) -> Result<OwnedLine, TryRecvError> {
+        self.took(self.rx.try_recv())
+    }
 }
 
 impl LogFeed {
@@ -325,11 +386,8 @@ impl LogFeed {
                 runtime: "otlp".into(),
                 instance,
             };
-            match self.tx.try_send(line) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                    self.dropped.inc();
-                }
+            if !self.tx.try_send(line) {
+                self.dropped.inc();
             }
         }
     }
@@ -480,7 +538,7 @@ pub fn start(
     }
     let m = LogMetrics::default();
     m.register(metrics);
-    let (tx, rx) = std::sync::mpsc::sync_channel(FEED_CAPACITY);
+    let (tx, rx) = feed_channel(FEED_CAPACITY);
     let feed = LogFeed {
         tx,
         dropped: m.dropped.clone(),
@@ -546,7 +604,7 @@ fn raise(events: Vec<AnomalyEvent>, metrics: &LogMetrics, inbox: &EventInbox) {
 struct Worker {
     miner: SharedMiner,
     tailers: Vec<(Tailer, String, String)>,
-    rx: Receiver<OwnedLine>,
+    rx: FeedReceiver,
     inbox: EventInbox,
     metrics: LogMetrics,
     state_path: PathBuf,
@@ -862,7 +920,7 @@ mod tests {
 
     #[test]
     fn otlp_rows_are_offered_with_their_level_and_genai_events_are_not() {
-        let (tx, rx) = std::sync::mpsc::sync_channel(2);
+        let (tx, rx) = feed_channel(2);
         let feed = LogFeed {
             tx,
             dropped: Counter::default(),
@@ -880,7 +938,7 @@ mod tests {
             row("WARNING 12-03 10:00:01 [scheduler.py:1] preempted", 0, "{}"),
             row("third fills the queue", 9, "{}"),
         ]);
-        let got: Vec<OwnedLine> = rx.try_iter().collect();
+        let got: Vec<OwnedLine> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
         assert_eq!(got.len(), 2);
         assert_eq!(
             (got[0].severity, got[0].instance.as_str()),
