@@ -18,6 +18,8 @@
 //                               charged to the proxy: +20 ms TTFT p99 at 50 streams with 1, +0.7 ms with 2)
 //   TW_BENCH_OUT [<workspace>/target/bench-proxy.md]
 //   TW_BENCH_BIN [this build's tokenwatch]  the tokenwatch binary to run (an older build, for before/after)
+//   TW_BENCH_PIN [none]         `bench_cpus:tokenwatch_cpus` (taskset lists, e.g. 0:1): load generator and
+//                               tokenwatch on separate CPUs
 //
 // What is measured, all client-side: TTFT = request sent → first content-bearing chunk read; gap =
 // every interval between consecutive content chunks read; delivery = upstream wrote a content chunk →
