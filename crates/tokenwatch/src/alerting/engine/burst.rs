@@ -10,6 +10,17 @@ use std::collections::BTreeSet;
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;
 
+/// (failed, total) of the records of `lines` (instances) in `(from, to]`.
+fn count_lines<'a>(
+    o: &Outcomes,
+    lines: impl Iterator<Item = &'a Label>,
+    range: (i64, i64),
+) -> (u64, u64) {
+    lines
+        .map(|l| o.count(l, range))
+        .fold((0, 0), |(b, n), (lb, ln)| (b + lb, n + ln))
+}
+
 /// The short window of a series (the records of `lines`): the rule's window, grown (up to
 /// `max_ms`) until it holds `min_requests` of the series' records in `(now - max_ms, now]`.
 fn short_window(
@@ -22,7 +33,7 @@ fn short_window(
 ) -> i64 {
     let min = min_requests.max(1);
     // Records in `(from, now]`.
-    let n = |from: i64| -> u64 { lines.iter().map(|l| o.count(l, (from, now)).1).sum() };
+    let n = |from: i64| -> u64 { count_lines(o, lines.iter().copied(), (from, now)).1 };
     let reach = now - max_ms;
     if n(now - window.min(max_ms)) >= min || n(reach) < min {
         return window;
@@ -105,11 +116,7 @@ pub fn error_burst(
                 let win = short_window(&o, &[i], now, w, max_w, p.min_requests);
                 let range = (now - win, now);
                 let (bad, total) = o.count(i, range);
-                let peers = lines
-                    .iter()
-                    .filter(|j| **j != i)
-                    .map(|j| o.count(j, range))
-                    .fold((0, 0), |(b, n), (jb, jn)| (b + jb, n + jn));
+                let peers = count_lines(&o, lines.iter().copied().filter(|j| *j != i), range);
                 let period = (now - win - span, now - win);
                 let own = observe(
                     st,
@@ -151,10 +158,7 @@ pub fn error_burst(
             .filter(|i| !flagged.contains(i))
             .collect();
         let win = short_window(&o, &rest, now, w, max_w, p.min_requests);
-        let (bad, total) = rest
-            .iter()
-            .map(|i| o.count(i, (now - win, now)))
-            .fold((0, 0), |(b, n), (ib, i_n)| (b + ib, n + i_n));
+        let (bad, total) = count_lines(&o, rest.iter().copied(), (now - win, now));
         let period = (now - win - span, now - win);
         let own = observe(
             st,
