@@ -20,6 +20,8 @@
 //   TW_BENCH_BIN [this build's tokenwatch]  the tokenwatch binary to run (an older build, for before/after)
 //   TW_BENCH_PIN [none]         `bench_cpus:tokenwatch_cpus` (taskset lists, e.g. 0:1): load generator and
 //                               tokenwatch on separate CPUs
+//   TW_BENCH_REFERENCE [none]   `nginx`: every run's load also goes through nginx (needs `nginx` on PATH or at
+//                               /usr/sbin/nginx: `apt-get install nginx-light`), the floor of any proxy hop here
 //
 // What is measured, all client-side: TTFT = request sent → first content-bearing chunk read; gap =
 // every interval between consecutive content chunks read; delivery = upstream wrote a content chunk →
@@ -28,6 +30,8 @@
 
 #[path = "proxy/closed.rs"]
 mod closed;
+#[path = "proxy/reference.rs"]
+mod reference;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, Uri};
@@ -84,6 +88,8 @@ struct Settings {
     /// upstream on some CPUs, tokenwatch on others, so the added latency is the proxy's own path
     /// rather than a wait for a CPU the load generator holds (both layouts are worth a number).
     pin: Option<(String, String)>,
+    /// TW_BENCH_REFERENCE=nginx: the same load through nginx after each tokenwatch run.
+    reference: bool,
     out: std::path::PathBuf,
 }
 
@@ -133,6 +139,7 @@ impl Settings {
                 Some((bench, tw)) if !bench.is_empty() && !tw.is_empty() => (bench.trim().to_string(), tw.trim().to_string()),
                 _ => panic!("TW_BENCH_PIN={p:?}: expected bench_cpus:tokenwatch_cpus, e.g. 0:1"),
             }),
+            reference: reference::wanted(),
             out,
         }
     }
@@ -312,7 +319,8 @@ fn start_upstream(s: &Settings) -> SocketAddr {
 
 // ---------------------------------------------------------------- the tokenwatch child
 
-/// The `tokenwatch run` child, killed (SIGKILL) and reaped when dropped, panics included.
+/// A child process (`tokenwatch run`, the reference nginx), killed (SIGKILL) and reaped when dropped,
+/// panics included.
 struct ChildGuard {
     child: Child,
     log: std::path::PathBuf,
@@ -414,14 +422,33 @@ fn rss_kib(pid: u32) -> u64 {
     proc_status_kib(pid, "VmRSS:").unwrap_or(0)
 }
 
-/// utime + stime of a process, in clock ticks (USER_HZ, 100 on Linux).
+/// utime + stime of a process, in clock ticks (USER_HZ, 100 on Linux); for a numbered process, plus
+/// those of its live children (nginx's workers; tokenwatch has none). `self`, the bench, counts
+/// alone: its children are the proxies under test.
 fn cpu_ticks(pid: &str) -> u64 {
+    let children: u64 = if pid == "self" { 0 } else { child_pids(pid).iter().map(|c| own_cpu_ticks(&c.to_string())).sum() };
+    own_cpu_ticks(pid) + children
+}
+
+fn own_cpu_ticks(pid: &str) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
     let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     get(11) + get(12)
+}
+
+/// The live processes whose parent is `pid`, from `/proc/<pid>/stat` (field 4, ppid).
+fn child_pids(pid: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            let text = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            text.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)) == Some(pid)
+        })
+        .collect()
 }
 
 const TICKS_PER_S: f64 = 100.0;
@@ -853,6 +880,8 @@ fn main() {
     let machine_desc = machine();
     eprintln!("proxy bench: {s:?}");
     let upstream = start_upstream(&s);
+    // Started first, so a missing nginx fails the bench before anything else runs.
+    let reference = s.reference.then(|| reference::Nginx::start(upstream, s.pin.as_ref().map(|(_, tw)| tw.as_str())));
     let dir = tempfile::tempdir().expect("tempdir");
     let (tw, api, proxy) = start_tokenwatch(upstream, dir.path(), s.pin.as_ref().map(|(_, tw)| tw.as_str()));
     let pid = tw.pid();
@@ -883,6 +912,9 @@ fn main() {
                 Err(e) => panic!("{u}: {e}; tokenwatch log:\n{}", tw.log_tail()),
             }
         }
+        if let Some(nginx) = &reference {
+            nginx.check_stream(&c, s.chunks).await;
+        }
         let rss_idle = rss_kib(pid);
         for _ in 0..20 {
             let _ = one_stream(&c, &proxy_uri, None, None).await;
@@ -904,7 +936,14 @@ fn main() {
             let d = closed::closed_loop(&c, direct_uri.clone(), &s, n, None).await;
             eprintln!("{n} concurrent streams through the proxy...");
             let p = closed::closed_loop(&c, proxy_uri.clone(), &s, n, Some(pid)).await;
-            runs.push((d, p));
+            let r = match &reference {
+                Some(nginx) => {
+                    eprintln!("{n} concurrent streams through the reference nginx...");
+                    Some(closed::closed_loop(&c, nginx.uri.clone(), &s, n, Some(nginx.pid())).await)
+                }
+                None => None,
+            };
+            runs.push((d, p, r));
         }
         PACE_US[0].store(0, Ordering::Relaxed);
         PACE_US[1].store(0, Ordering::Relaxed);
@@ -913,7 +952,14 @@ fn main() {
             let d = load(&c, direct_uri.clone(), &s, rate, None).await;
             eprintln!("{rate} req/s through the proxy...");
             let p = load(&c, proxy_uri.clone(), &s, rate, Some(pid)).await;
-            runs.push((d, p));
+            let r = match &reference {
+                Some(nginx) => {
+                    eprintln!("{rate} req/s through the reference nginx...");
+                    Some(load(&c, nginx.uri.clone(), &s, rate, Some(nginx.pid())).await)
+                }
+                None => None,
+            };
+            runs.push((d, p, r));
         }
 
         let polled = match poller {
@@ -934,7 +980,8 @@ fn main() {
         // ------------------------------------------------------------ report
         let mut out = String::new();
         let date = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC");
-        let _ = writeln!(out, "## Proxy overhead — {date}\n");
+        let reference_note = reference.as_ref().map(|n| format!(" (reference: {})", n.version)).unwrap_or_default();
+        let _ = writeln!(out, "## Proxy overhead — {date}{reference_note}\n");
         let _ = writeln!(
             out,
             "Machine: {}. Load average (1/5/15 min) at start: {load_at_start}, at end: {}. Open-files limit: {}. \
@@ -942,7 +989,7 @@ fn main() {
             machine_desc,
             load_avg(),
             open_files_limit(),
-            ["TW_BENCH_BIN", "TW_BENCH_CONFIG", "TW_BENCH_CONCURRENCY", "TW_BENCH_RATES", "TW_BENCH_SECS", "TW_BENCH_PIN"]
+            ["TW_BENCH_BIN", "TW_BENCH_CONFIG", "TW_BENCH_CONCURRENCY", "TW_BENCH_RATES", "TW_BENCH_SECS", "TW_BENCH_PIN", "TW_BENCH_REFERENCE"]
                 .iter()
                 .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v} ")))
                 .collect::<String>()
@@ -981,8 +1028,14 @@ fn main() {
                 None => "nothing read tokenwatch's API (TW_BENCH_UI_POLL=0); the alert engine and the timeline sampler ran".into(),
             }
         );
-        for (d, p) in &runs {
+        if let Some(nginx) = &reference {
+            let _ = writeln!(out, "{}", nginx.describe());
+        }
+        for (d, p, r) in &runs {
             compare_table(&mut out, d, p);
+            if let (Some(nginx), Some(r)) = (&reference, r) {
+                nginx.table(&mut out, d, p, r);
+            }
         }
         let _ = writeln!(out, "### Memory per open stream (tokenwatch RSS, `/proc/<pid>/status` VmRSS)\n");
         let _ = writeln!(out, "| phase | RSS before (KiB) | RSS with streams open (KiB) | open streams | KiB per open stream | spec target |");
@@ -1007,7 +1060,7 @@ fn main() {
         if let Some(e) = FIRST_CONNECT_ERROR.get() {
             let _ = writeln!(out, "\nFirst client connect error seen: `{e}`\n");
         }
-        let proxied_total: u64 = runs.iter().map(|(_, p)| p.stats.ok + p.stats.errors.values().sum::<u64>()).sum();
+        let proxied_total: u64 = runs.iter().map(|(_, p, _)| p.stats.ok + p.stats.errors.values().sum::<u64>()).sum();
         let _ = writeln!(
             out,
             "\nProxied streams scheduled in the measured windows: {proxied_total} (plus warm-up, sanity and hold streams). Newest stored record \
@@ -1017,6 +1070,7 @@ fn main() {
         );
         out
     });
+    drop(reference);
     drop(tw);
     drop(dir);
     print!("{report}");
