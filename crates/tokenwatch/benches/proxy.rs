@@ -357,16 +357,7 @@ fn start_tokenwatch(upstream: SocketAddr, data_dir: &std::path::Path, pin: Optio
     let err = out.try_clone().unwrap();
     // TW_BENCH_BIN runs another build (an older release, for a before/after comparison).
     let bin = std::env::var_os("TW_BENCH_BIN").unwrap_or_else(|| BIN.into());
-    // Pinned: `taskset` execs tokenwatch in place (same pid), every thread it starts inherits the CPUs.
-    let mut command = match pin {
-        Some(cpus) => {
-            let mut c = Command::new("taskset");
-            c.args(["-c", cpus]).arg(&bin);
-            c
-        }
-        None => Command::new(&bin),
-    };
-    let child = command
+    let child = pinned_command(&bin, pin)
         .args([
             "run",
             "--listen",
@@ -390,6 +381,19 @@ fn start_tokenwatch(upstream: SocketAddr, data_dir: &std::path::Path, pin: Optio
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", std::path::Path::new(&bin).display()));
     (ChildGuard { child, log }, api, proxy)
+}
+
+/// A command running `bin`, on the CPUs of `pin` (a taskset list) when set: `taskset` execs it in
+/// place (same pid), and every thread or process it starts inherits the CPUs.
+fn pinned_command(bin: &std::ffi::OsStr, pin: Option<&str>) -> Command {
+    match pin {
+        Some(cpus) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", cpus]).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    }
 }
 
 /// Restrict this process (and every thread it starts afterwards) to the CPUs of a taskset list

@@ -1,7 +1,9 @@
 // The reference proxy of the proxy bench (TW_BENCH_REFERENCE=nginx): an nginx child in front of the
 // same upstream, its configuration, and the report table setting its added latency beside tokenwatch's.
 
-use super::{ChildGuard, HttpClient, RunResult, achieved, child_pids, errors_text, free_addr, ms, one_stream, pct, ratio, signed_ms};
+use super::{
+    ChildGuard, HttpClient, RunResult, achieved, child_pids, errors_text, free_addr, ms, one_stream, pct, pinned_command, ratio, signed_ms,
+};
 use http::Uri;
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpStream};
@@ -49,16 +51,8 @@ impl Nginx {
         let log = dir.path().join("error.log");
         let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("create nginx log");
         let err = out.try_clone().expect("nginx log handle");
-        let mut command = match pin {
-            Some(cpus) => {
-                let mut c = Command::new("taskset");
-                c.args(["-c", cpus]).arg(&bin);
-                c
-            }
-            None => Command::new(&bin),
-        };
         // What nginx says before it has read `error_log` goes to stderr (Debian's build), so to `log` too.
-        let child = command
+        let child = pinned_command(bin.as_os_str(), pin)
             .arg("-p")
             .arg(dir.path())
             .arg("-c")

@@ -779,8 +779,7 @@ mod tests {
     #[tokio::test]
     async fn without_an_otlp_feed_the_worker_waits_instead_of_spinning() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = crate::config::Config::default();
-        cfg.data_dir = dir.path().to_path_buf();
+        let cfg = crate::config::Config { data_dir: dir.path().to_path_buf(), ..Default::default() };
         let (stop_tx, stop) = watch::channel(false);
         let before = thread_ticks("tw-log-templates");
         let started = start(&cfg, EventInbox::default(), &Metrics::new(), stop).unwrap();
