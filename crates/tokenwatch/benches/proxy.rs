@@ -626,6 +626,9 @@ struct RunResult {
     /// CPU seconds used by tokenwatch / by this process during the measured window.
     cpu_tw_s: Option<f64>,
     cpu_self_s: f64,
+    /// tokenwatch's `tokenwatch_alerting_kept_bytes` right after the run (the alert engine's
+    /// records and window samples, which grow with the request rate up to the per-model cap).
+    kept_bytes: Option<f64>,
 }
 
 fn pct(sorted: &[u64], p: f64) -> f64 {
@@ -708,6 +711,7 @@ async fn load(c: &HttpClient, uri: Uri, s: &Settings, rate: u32, tw_pid: Option<
         mem,
         cpu_tw_s,
         cpu_self_s,
+        kept_bytes: None,
     }
 }
 
@@ -769,6 +773,12 @@ fn metric_sum(text: &str, name: &str) -> Option<f64> {
         }
     }
     found
+}
+
+/// The alert engine's kept bytes as tokenwatch reports them on `/metrics`.
+async fn kept_bytes(c: &HttpClient, api: SocketAddr) -> Option<f64> {
+    let (_, text) = get_text(c, &format!("http://{api}/metrics")).await.ok()?;
+    metric_sum(&text, "tokenwatch_alerting_kept_bytes")
 }
 
 // ---------------------------------------------------------------- report
@@ -855,6 +865,9 @@ fn compare_table(out: &mut String, d: &RunResult, p: &RunResult) {
         );
         let _ = writeln!(out, "| RSS growth during load ÷ mean open streams (KiB, upper bound) | — | {} | | | ≤ 16 KiB |", if per.is_nan() { "n/a".into() } else { format!("{per:.1}") });
     }
+    if let Some(kept) = p.kept_bytes {
+        let _ = writeln!(out, "| alert engine's kept records and window samples after the run (MiB, `tokenwatch_alerting_kept_bytes`) | — | {:.1} | | | |", kept / 1048576.0);
+    }
     let _ = writeln!(out);
 }
 
@@ -939,7 +952,8 @@ fn main() {
             eprintln!("{n} concurrent streams direct...");
             let d = closed::closed_loop(&c, direct_uri.clone(), &s, n, None).await;
             eprintln!("{n} concurrent streams through the proxy...");
-            let p = closed::closed_loop(&c, proxy_uri.clone(), &s, n, Some(pid)).await;
+            let mut p = closed::closed_loop(&c, proxy_uri.clone(), &s, n, Some(pid)).await;
+            p.kept_bytes = kept_bytes(&c, api).await;
             let r = match &reference {
                 Some(nginx) => {
                     eprintln!("{n} concurrent streams through the reference nginx...");
@@ -955,7 +969,8 @@ fn main() {
             eprintln!("{rate} req/s direct...");
             let d = load(&c, direct_uri.clone(), &s, rate, None).await;
             eprintln!("{rate} req/s through the proxy...");
-            let p = load(&c, proxy_uri.clone(), &s, rate, Some(pid)).await;
+            let mut p = load(&c, proxy_uri.clone(), &s, rate, Some(pid)).await;
+            p.kept_bytes = kept_bytes(&c, api).await;
             let r = match &reference {
                 Some(nginx) => {
                     eprintln!("{rate} req/s through the reference nginx...");

@@ -75,6 +75,7 @@ pub async fn closed_loop(c: &HttpClient, uri: Uri, s: &Settings, concurrency: us
         mem,
         cpu_tw_s: tw_pid.map(|_| cpu1.0.saturating_sub(cpu0.0) as f64 / TICKS_PER_S),
         cpu_self_s: cpu1.1.saturating_sub(cpu0.1) as f64 / TICKS_PER_S,
+        kept_bytes: None,
     }
 }
 
