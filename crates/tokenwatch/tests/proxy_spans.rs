@@ -446,12 +446,18 @@ async fn proxy_span_is_exported_and_parents_the_server_span(protocol: &str) {
         );
     }
 
-    // Sent counted; nothing dropped.
-    let metrics = get(&format!("http://{api}/metrics")).await.body;
-    assert!(
-        metric_value(&metrics, "tokenwatch_otlp_export_spans_total").unwrap_or(0.0) >= 1.0,
-        "{metrics}"
-    );
+    // Sent counted (once the exporter has read the receiver's answer, which may come after the
+    // receiver stored the span); nothing dropped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let metrics = get(&format!("http://{api}/metrics")).await.body;
+        let sent = metric_value(&metrics, "tokenwatch_otlp_export_spans_total").unwrap_or(0.0);
+        if sent >= 1.0 {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     for reason in ["queue_full", "rejected", "shutdown"] {
         let series = format!("tokenwatch_otlp_export_dropped_total{{reason=\"{reason}\"}}");
         assert_eq!(metric_value(&metrics, &series), Some(0.0), "{series}");
