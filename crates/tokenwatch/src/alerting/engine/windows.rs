@@ -97,13 +97,17 @@ pub struct LatencyWindows {
     last_gc: i64,
 }
 
-fn lower(pts: &VecDeque<Point>, at: i64) -> usize {
-    pts.partition_point(|p| p.0 <= at)
+/// The places in `pts` of the samples in `(from, to]` (empty when `to <= from`).
+fn between(pts: &VecDeque<Point>, from: i64, to: i64) -> std::ops::Range<usize> {
+    let lower = |at: i64| pts.partition_point(|p| p.0 <= at);
+    let (a, b) = (lower(from), lower(to));
+    a..b.max(a)
 }
 
 fn range(pts: &VecDeque<Point>, from: i64, to: i64) -> impl Iterator<Item = f64> + '_ {
-    let (a, b) = (lower(pts, from), lower(pts, to));
-    pts.range(a..b.max(a)).map(|p| p.2).filter(|v| !v.is_nan())
+    pts.range(between(pts, from, to))
+        .map(|p| p.2)
+        .filter(|v| !v.is_nan())
 }
 
 /// The sample of a kept item for this view, if it counts: successful, with a value, and (for
@@ -445,9 +449,9 @@ impl<'a> Outcomes<'a> {
     /// (server failures, records) of `instance` in `(from, to]` (none when `to <= from`).
     pub fn count(&self, instance: &str, (from, to): (i64, i64)) -> (u64, u64) {
         let n = |m: &Mirror| {
-            m.lines.get(instance).map_or(0, |pts| {
-                lower(pts, to).saturating_sub(lower(pts, from)) as u64
-            })
+            m.lines
+                .get(instance)
+                .map_or(0, |pts| between(pts, from, to).len() as u64)
         };
         (n(self.failures), n(self.records))
     }
@@ -461,10 +465,10 @@ impl<'a> Outcomes<'a> {
         (from, to): (i64, i64),
     ) -> impl Iterator<Item = i64> + 'a {
         let m = if failed { self.failures } else { self.records };
-        let pts = m.lines.get(instance);
-        let (a, b) = pts.map_or((0, 0), |p| (lower(p, from), lower(p, to)));
-        pts.into_iter()
-            .flat_map(move |p| p.range(a..b.max(a)).map(|p| p.0))
+        m.lines
+            .get(instance)
+            .into_iter()
+            .flat_map(move |pts| pts.range(between(pts, from, to)).map(|p| p.0))
     }
 }
 
@@ -625,7 +629,7 @@ impl LatencyWindows {
                         i.clone(),
                         ranges
                             .iter()
-                            .map(|&(a, b)| lower(pts, b).saturating_sub(lower(pts, a)))
+                            .map(|&(a, b)| between(pts, a, b).len())
                             .collect(),
                     )
                 })
