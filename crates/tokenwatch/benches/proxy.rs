@@ -396,17 +396,26 @@ fn pinned_command(bin: &std::ffi::OsStr, pin: Option<&str>) -> Command {
     }
 }
 
+/// The CPUs of a taskset list such as `1` or `0-1,3` (TW_BENCH_PIN); panics on anything else.
+fn cpu_list(cpus: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for part in cpus.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        match (lo.trim().parse::<usize>(), hi.trim().parse::<usize>()) {
+            (Ok(lo), Ok(hi)) if hi >= lo => out.extend(lo..=hi),
+            _ => panic!("TW_BENCH_PIN: {cpus:?} is not a CPU list"),
+        }
+    }
+    out
+}
+
 /// Restrict this process (and every thread it starts afterwards) to the CPUs of a taskset list
 /// such as `0` or `0-1,3`.
 #[cfg(target_os = "linux")]
 fn pin_this_process(cpus: &str) {
     let mut set = rustix::thread::CpuSet::new();
-    for part in cpus.split(',') {
-        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
-        let parse = |v: &str| v.trim().parse::<usize>().unwrap_or_else(|_| panic!("TW_BENCH_PIN: {cpus:?} is not a CPU list"));
-        for cpu in parse(lo)..=parse(hi) {
-            set.set(cpu);
-        }
+    for cpu in cpu_list(cpus) {
+        set.set(cpu);
     }
     rustix::thread::sched_setaffinity(None, &set).unwrap_or_else(|e| panic!("TW_BENCH_PIN: pinning the bench to {cpus}: {e}"));
 }
@@ -807,6 +816,18 @@ fn achieved(r: &RunResult) -> f64 {
     r.stats.ok as f64 / r.issue_window_s.max(1e-9)
 }
 
+/// Quantile `q` (ms) of the series a report row names: TTFT, inter-chunk gaps or chunk delivery.
+fn quantile_ms(r: &RunResult, row: &str, q: f64) -> f64 {
+    let v = if row.starts_with("TTFT") {
+        &r.stats.ttft
+    } else if row.starts_with("inter") {
+        &r.stats.gaps
+    } else {
+        &r.stats.delivery
+    };
+    pct(v, q)
+}
+
 fn compare_table(out: &mut String, d: &RunResult, p: &RunResult) {
     let _ = writeln!(out, "### {}\n", d.label);
     let _ = writeln!(out, "| metric | direct | proxied | added (proxied − direct) | ratio proxied/direct | spec target (added) |");
@@ -823,17 +844,7 @@ fn compare_table(out: &mut String, d: &RunResult, p: &RunResult) {
         ("chunk delivery upstream→client p99.9 (ms)", 0.999, ""),
     ];
     for (name, q, target) in rows {
-        let pick = |r: &RunResult| {
-            let v = if name.starts_with("TTFT") {
-                &r.stats.ttft
-            } else if name.starts_with("inter") {
-                &r.stats.gaps
-            } else {
-                &r.stats.delivery
-            };
-            pct(v, q)
-        };
-        let (a, b) = (pick(d), pick(p));
+        let (a, b) = (quantile_ms(d, name, q), quantile_ms(p, name, q));
         let _ = writeln!(out, "| {name} | {} | {} | {} | {} | {target} |", ms(a), ms(b), signed_ms(b - a), ratio(b, a));
     }
     let (ad, ap) = (achieved(d), achieved(p));

@@ -2,7 +2,8 @@
 // same upstream, its configuration, and the report table setting its added latency beside tokenwatch's.
 
 use super::{
-    ChildGuard, HttpClient, RunResult, achieved, child_pids, errors_text, free_addr, ms, one_stream, pct, pinned_command, ratio, signed_ms,
+    ChildGuard, HttpClient, RunResult, achieved, child_pids, cpu_list, errors_text, free_addr, ms, one_stream, pinned_command, quantile_ms,
+    ratio, signed_ms,
 };
 use http::Uri;
 use std::fmt::Write as _;
@@ -45,7 +46,9 @@ impl Nginx {
         let dir = tempfile::Builder::new().prefix("tw-bench-nginx").tempdir().expect("tempdir for nginx");
         let listen = free_addr();
         // One worker per CPU the proxy may use, as tokenwatch's proxy runtime has one thread per CPU.
-        let workers = pin.map(cpu_count).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        let workers = pin
+            .map(|cpus| cpu_list(cpus).len().max(1))
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         let conf = dir.path().join("nginx.conf");
         std::fs::write(&conf, render_config(dir.path(), listen, upstream, workers, running_as_root())).expect("write nginx.conf");
         let log = dir.path().join("error.log");
@@ -131,7 +134,7 @@ impl Nginx {
             ("chunk delivery upstream→client p99.9 (ms)", 0.999),
         ];
         for (name, q) in rows {
-            let pick = |r: &RunResult| if name.starts_with("TTFT") { pct(&r.stats.ttft, q) } else { pct(&r.stats.delivery, q) };
+            let pick = |r: &RunResult| quantile_ms(r, name, q);
             let (d, n, t) = (pick(direct), pick(nginx), pick(tokenwatch));
             let _ =
                 writeln!(out, "| {name} | {} | {} | {} | {} | {} |", ms(d), ms(n), signed_ms(n - d), signed_ms(t - d), signed_ms(t - n));
@@ -270,21 +273,6 @@ fn find_binary() -> PathBuf {
 fn version(bin: &Path) -> String {
     let text = Command::new(bin).arg("-v").output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
     text.trim().strip_prefix("nginx version: ").map(str::to_string).unwrap_or_else(|| "nginx".into())
-}
-
-/// How many CPUs a taskset list such as `1` or `0-1,3` names.
-fn cpu_count(cpus: &str) -> usize {
-    let count = cpus
-        .split(',')
-        .map(|part| {
-            let (lo, hi) = part.split_once('-').unwrap_or((part, part));
-            match (lo.trim().parse::<usize>(), hi.trim().parse::<usize>()) {
-                (Ok(lo), Ok(hi)) if hi >= lo => hi - lo + 1,
-                _ => panic!("TW_BENCH_PIN: {cpus:?} is not a CPU list"),
-            }
-        })
-        .sum::<usize>();
-    count.max(1)
 }
 
 /// Effective user id 0, from `/proc/self/status` (`Uid: real effective saved fs`).
