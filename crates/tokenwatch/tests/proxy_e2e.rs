@@ -153,3 +153,41 @@ async fn request_id_and_traceparent_are_propagated() {
     let second = recs.iter().find(|r| r["request_id"] == generated_id.as_str()).unwrap();
     assert_ne!(second["trace_id"], first["trace_id"]);
 }
+
+/// Two upstreams routed by model and none for requests without one (the demo's shape): the
+/// OpenAI client's model list is answered by the proxy from its routes, not refused, and the
+/// models it names are served through the same proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_list_comes_from_the_routes_when_no_upstream_takes_every_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_sim_a, a) = start_sim(dir.path(), &["--model", "m-a"]).await;
+    let (_sim_b, b) = start_sim(dir.path(), &["--model", "m-b"]).await;
+    let yaml = format!(
+        "data_dir: {data}\nproxy:\n  upstreams:\n    - url: http://{a}\n      models: [m-a]\n      runtime: vllm\n    - url: http://{b}\n      models: [m-b]\n      runtime: sglang\n",
+        data = dir.path().join("data").display()
+    );
+    let cfg = write_config(dir.path(), &yaml);
+    let (api, proxy) = (free_addr(), free_addr());
+    let tw = Proc::start(
+        "tokenwatch",
+        &[
+            "run", "-c", cfg.to_str().unwrap(), "--listen", &api.to_string(), "--proxy-listen", &proxy.to_string(),
+            "--otlp-grpc-listen", &free_addr().to_string(), "--otlp-http-listen", &free_addr().to_string(),
+        ],
+        dir.path(),
+    );
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let listing = "import json, sys\nfrom openai import OpenAI\n\
+        c = OpenAI(base_url=sys.argv[1], api_key='sk-test', max_retries=0, timeout=10)\n\
+        models = [(m.id, m.owned_by) for m in c.models.list()]\n\
+        answers = [c.chat.completions.create(model=m, messages=[{'role': 'user', 'content': 'hi'}], max_tokens=4).model for m, _ in models]\n\
+        print(json.dumps({'models': models, 'answers': answers}))\n";
+    let out = Command::new(python())
+        .args(["-c", listing, &format!("http://{proxy}/v1")])
+        .output()
+        .expect("running the OpenAI client");
+    assert!(out.status.success(), "openai client failed: {}\n{}", String::from_utf8_lossy(&out.stderr), tw.log());
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(seen["models"], serde_json::json!([["m-a", "vllm"], ["m-b", "sglang"]]));
+    assert_eq!(seen["answers"], serde_json::json!(["m-a", "m-b"]));
+}

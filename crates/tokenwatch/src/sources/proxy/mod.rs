@@ -2,6 +2,7 @@
 // streams responses back untouched, and records one `RequestRecord` per LLM request.
 
 pub mod identity;
+mod models;
 pub mod prefix;
 mod route;
 pub mod split;
@@ -125,6 +126,8 @@ pub struct Routing {
     routes: UpstreamRouter,
     /// By `Route::index` (`None` for plain http).
     https: Box<[Option<tls::HttpsClient>]>,
+    /// When these routes were loaded (Unix seconds): `created` of the proxy's model list.
+    loaded_unix_s: i64,
 }
 
 impl Routing {
@@ -138,7 +141,7 @@ impl Routing {
             .iter()
             .map(|r| r.tls().map(|t| t.client(builder, connect_timeout)))
             .collect();
-        Routing { routes, https }
+        Routing { routes, https, loaded_unix_s: now_unix_ms() / 1000 }
     }
 
     pub fn router(&self) -> &UpstreamRouter {
@@ -301,6 +304,10 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     // `slot` counts the request in its upstream pool until the response body is dropped.
     let routing = st.routing();
     let Some((route, slot, version)) = routing.routes.route_for(peek.model.as_deref(), &record.labels.tenant) else {
+        if parts.method == http::Method::GET && path == models::MODELS_PATH {
+            // No upstream takes requests without a model: the routes say which models there are.
+            return models::list(&routing.routes, routing.loaded_unix_s);
+        }
         let msg = format!("no upstream is configured for model {:?} (proxy.upstreams)", record.labels.model_id);
         if llm {
             record.status = 502;

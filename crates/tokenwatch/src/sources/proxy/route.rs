@@ -204,6 +204,21 @@ impl Router {
         &self.routes
     }
 
+    /// The model names requests are routed by, each with the runtime of the upstream serving
+    /// it (a split's stable arm, else the first upstream listing it): splits first, then the
+    /// models the upstreams list, in configuration order, each once.
+    pub fn named_models(&self) -> Vec<(&str, &str)> {
+        let mut named: Vec<(&str, &str)> = Vec::new();
+        let splits = self.splits.iter().map(|t| (t.model.as_str(), t.stable_route()));
+        let listed = self.by_model.iter().map(|(m, pool)| (m.as_str(), pool.members[0]));
+        for (model, route) in splits.chain(listed) {
+            if !named.iter().any(|(m, _)| *m == model) {
+                named.push((model, self.routes[route].runtime.as_str()));
+            }
+        }
+        named
+    }
+
     /// The upstream for a request naming `model`: the pool of upstreams listing the model, else
     /// the pool of catch-all upstreams. A pool of one is that upstream (no counting); in a larger
     /// pool the member with the fewest requests in flight wins, ties going round-robin, and the

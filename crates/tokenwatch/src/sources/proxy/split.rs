@@ -345,6 +345,11 @@ impl SplitTable {
         last_positive
     }
 
+    /// `Router` index of the stable arm's upstream.
+    pub fn stable_route(&self) -> usize {
+        self.arms[self.stable].route
+    }
+
     pub fn stable_version(&self) -> &str {
         &self.arms[self.stable].version
     }
