@@ -145,7 +145,7 @@ fn run(full: bool, batches: Vec<Arc<Vec<RequestRecord>>>, batch_max: usize) -> R
     let cfg = StoreWriterConfig {
         queue_rows: 1_000_000,
         batch_max,
-        niceness: 0,
+        priority: Default::default(),
         flush_interval: Duration::ZERO,
     };
     let (writer, thread) = StoreWriter::start(store.clone(), cfg, metrics.clone()).expect("writer");

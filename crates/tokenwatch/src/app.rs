@@ -129,7 +129,7 @@ impl RunningApp {
         let proxy_rt = OwnedRuntime(Some(
             crate::runtimes::proxy_runtime(runtimes_cfg).context("starting the proxy runtime")?,
         ));
-        let analysis_niceness = crate::runtimes::analysis_niceness_target(runtimes_cfg.analysis_niceness);
+        let analysis_priority = crate::runtimes::analysis_priority(runtimes_cfg);
         let mut backend = cfg.store.backend(&cfg.data_dir);
         if let tokenwatch_store::StoreBackend::ClickHouse(c) = &mut backend {
             c.writer_id = crate::writer_id::resolve(cfg.store.writer_id.as_deref(), &cfg.data_dir, &[cfg.listen, cfg.proxy.listen])
@@ -179,14 +179,14 @@ impl RunningApp {
                 queue_rows: cfg.store.write_queue_records,
                 batch_max: cfg.store.batch_rows(cfg.telemetry.batch_max),
                 flush_interval: cfg.store.flush_interval(),
-                niceness: analysis_niceness,
+                priority: analysis_priority,
             },
             metrics.clone(),
         )
         .context("starting the store writer thread")?;
         // `traces.sampling`: spans pass the tail sampler's thread on their way to the writer.
         let writer = writer
-            .with_span_sampler(&cfg.traces.sampling, &metrics, analysis_niceness)
+            .with_span_sampler(&cfg.traces.sampling, &metrics, analysis_priority)
             .context("starting the span sampler thread")?;
         let store_health = store_writer.health();
         let mut sinks: Vec<Box<dyn RecordSink>> = vec![
@@ -217,14 +217,14 @@ impl RunningApp {
                 batch_max: cfg.telemetry.batch_max,
                 flush_interval: cfg.telemetry.flush_interval.0,
                 maintenance_interval: Duration::from_secs(600),
-                thread_niceness: analysis_niceness,
+                thread_priority: analysis_priority,
                 text_capture,
             },
             aggregator.clone(),
             sinks,
             metrics.clone(),
         );
-        let queue = crate::embed::start(&cfg.capture, queue, &metrics, analysis_niceness)?;
+        let queue = crate::embed::start(&cfg.capture, queue, &metrics, analysis_priority)?;
         let timeline = Arc::new(std::sync::RwLock::new(crate::api::timeline::Timeline::default()));
         let mut servers = alerting.tasks;
         servers.push(crate::api::timeline::spawn_sampler(aggregator.clone(), signals.clone(), timeline.clone(), stop.clone()));

@@ -14,11 +14,16 @@ pub struct RuntimeConfig {
     /// the pipeline's aggregation and store writes): 0–19, 0 = same priority as the proxy.
     /// On a busy machine the scheduler then gives a forwarded byte the CPU before analysis.
     pub analysis_niceness: i32,
+    /// Linux: run the analysis threads under SCHED_IDLE instead (niceness then has no effect):
+    /// a proxy thread that wakes takes the CPU from them at once, rather than after their
+    /// slice. For a proxy that shares its CPUs with analysis and wants the flattest tail; on a
+    /// host whose CPUs other work keeps busy, analysis (and so alerting) then gets almost none.
+    pub analysis_idle: bool,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        RuntimeConfig { proxy_threads: 0, analysis_niceness: 10 }
+        RuntimeConfig { proxy_threads: 0, analysis_niceness: 10, analysis_idle: false }
     }
 }
 
@@ -50,20 +55,64 @@ pub fn proxy_runtime(cfg: &RuntimeConfig) -> std::io::Result<Runtime> {
 }
 
 /// The analysis runtime: one worker (evaluation is sequential) plus its blocking pool, all at
-/// `analysis_niceness` above the calling thread's.
+/// the analysis priority (`analysis_priority`).
 pub fn analysis_runtime(cfg: &RuntimeConfig) -> std::io::Result<Runtime> {
-    let target = analysis_niceness_target(cfg.analysis_niceness);
+    let priority = analysis_priority(cfg);
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("tw-analysis")
-        .on_thread_start(move || set_current_thread_niceness(target))
+        .on_thread_start(move || lower_current_thread_priority(priority))
         .enable_all()
         .build()
 }
 
+/// The priority every analysis thread lowers itself to when it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AnalysisPriority {
+    /// Absolute niceness (the default, 0, is the serving threads' own).
+    pub niceness: i32,
+    /// SCHED_IDLE (`runtime.analysis_idle`), in place of the niceness.
+    pub idle: bool,
+}
+
+/// The analysis threads' priority under `cfg`, relative to the calling (serving) thread.
+pub fn analysis_priority(cfg: &RuntimeConfig) -> AnalysisPriority {
+    AnalysisPriority { niceness: analysis_niceness_target(cfg.analysis_niceness), idle: cfg.analysis_idle }
+}
+
+/// Lower the calling thread to `priority`. Lowering needs no privilege; a failure is logged and
+/// the thread keeps running at its priority.
+pub fn lower_current_thread_priority(priority: AnalysisPriority) {
+    if priority.idle {
+        set_current_thread_idle();
+    } else {
+        set_current_thread_niceness(priority.niceness);
+    }
+}
+
+/// SCHED_IDLE for the calling thread. The crate also resets the thread's niceness to 0, which an
+/// unprivileged thread at a higher niceness may not do; that error is moot once the policy took.
+#[cfg(target_os = "linux")]
+fn set_current_thread_idle() {
+    use thread_priority::unix::{
+        NormalThreadSchedulePolicy, ThreadSchedulePolicy, set_thread_priority_and_policy, thread_native_id,
+        thread_schedule_policy,
+    };
+    let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
+    let set = set_thread_priority_and_policy(thread_native_id(), thread_priority::ThreadPriority::Min, idle);
+    if thread_schedule_policy().ok() != Some(idle) {
+        tracing::warn!(error = ?set.err(), "could not put an analysis thread under SCHED_IDLE");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_current_thread_idle() {
+    tracing::debug!("SCHED_IDLE is only set on Linux");
+}
+
 /// The absolute niceness analysis threads get: the calling (serving) thread's plus `niceness`.
 /// Absolute, because a thread inherits its creator's niceness: adding again would compound.
-pub fn analysis_niceness_target(niceness: i32) -> i32 {
+fn analysis_niceness_target(niceness: i32) -> i32 {
     (current_thread_niceness() + niceness.max(0)).min(19)
 }
 
@@ -78,9 +127,8 @@ fn current_thread_niceness() -> i32 {
 }
 
 /// Set the calling thread's niceness (Linux schedules threads individually, so this touches no
-/// other thread). Lowering priority needs no privilege; a failure is logged and the thread
-/// keeps running at its priority.
-pub fn set_current_thread_niceness(target: i32) {
+/// other thread).
+fn set_current_thread_niceness(target: i32) {
     if current_thread_niceness() == target {
         return;
     }
@@ -109,10 +157,36 @@ mod tests {
         assert_eq!(bad.validate().unwrap_err().0, "runtime.analysis_niceness");
     }
 
+    /// `runtime.analysis_idle`: every analysis thread, the runtime's workers and blocking pool
+    /// as the pipeline's own threads, runs under SCHED_IDLE; the proxy's do not.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn analysis_idle_puts_analysis_threads_under_sched_idle() {
+        use thread_priority::unix::{NormalThreadSchedulePolicy, ThreadSchedulePolicy, thread_schedule_policy};
+        let idle = Ok(ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle));
+        let cfg = RuntimeConfig { analysis_idle: true, ..Default::default() };
+        let rt = analysis_runtime(&cfg).unwrap();
+        let worker = rt.block_on(async { tokio::spawn(async { thread_schedule_policy() }).await.unwrap() });
+        assert_eq!(worker, idle);
+        let blocking = rt.block_on(async { tokio::task::spawn_blocking(thread_schedule_policy).await.unwrap() });
+        assert_eq!(blocking, idle);
+        rt.shutdown_background();
+        let priority = analysis_priority(&cfg);
+        let own_thread = std::thread::spawn(move || {
+            lower_current_thread_priority(priority);
+            thread_schedule_policy()
+        });
+        assert_eq!(own_thread.join().unwrap(), idle);
+        let proxy = proxy_runtime(&cfg).unwrap();
+        let serving = proxy.block_on(async { tokio::spawn(async { thread_schedule_policy() }).await.unwrap() });
+        assert_eq!(serving, Ok(ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Other)));
+        proxy.shutdown_background();
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn analysis_threads_run_at_the_configured_niceness() {
-        let rt = analysis_runtime(&RuntimeConfig { proxy_threads: 0, analysis_niceness: 7 }).unwrap();
+        let rt = analysis_runtime(&RuntimeConfig { analysis_niceness: 7, ..Default::default() }).unwrap();
         let base = std::thread::spawn(|| rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap())
             .join()
             .unwrap();

@@ -184,7 +184,7 @@ pub fn start(
     cfg: &crate::capture::CaptureConfig,
     queue: TelemetryQueue,
     metrics: &Metrics,
-    niceness: i32,
+    priority: crate::runtimes::AnalysisPriority,
 ) -> Result<TelemetryQueue, EmbedError> {
     let e = &cfg.embeddings;
     if !e.enabled {
@@ -225,7 +225,7 @@ pub fn start(
     std::thread::Builder::new()
         .name("tokenwatch-embed".into())
         .spawn(move || {
-            crate::runtimes::set_current_thread_niceness(niceness);
+            crate::runtimes::lower_current_thread_priority(priority);
             for (record, raw) in rx {
                 worker.handle(record, raw);
             }

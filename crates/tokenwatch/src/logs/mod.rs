@@ -571,11 +571,11 @@ pub fn start(
     for f in &cfg.sources.files {
         tracing::info!(path = %f.path.display(), runtime = %f.runtime, instance = %f.instance(), "tailing log file");
     }
-    let niceness = crate::runtimes::analysis_niceness_target(cfg.runtime.analysis_niceness);
+    let priority = crate::runtimes::analysis_priority(&cfg.runtime);
     let handle = std::thread::Builder::new()
         .name("tw-log-templates".into())
         .spawn(move || {
-            crate::runtimes::set_current_thread_niceness(niceness);
+            crate::runtimes::lower_current_thread_priority(priority);
             worker.run()
         })?;
     let mut stop = stop;

@@ -135,8 +135,8 @@ pub struct PipelineConfig {
     pub batch_max: usize,
     pub flush_interval: Duration,
     pub maintenance_interval: Duration,
-    /// Niceness of the pipeline thread (`runtime.analysis_niceness` above the proxy's).
-    pub thread_niceness: i32,
+    /// Priority of the pipeline thread (`runtime.analysis_niceness` / `analysis_idle`).
+    pub thread_priority: crate::runtimes::AnalysisPriority,
     /// Masks captured text (`capture.text`); None: capture is off.
     pub text_capture: Option<TextCapture>,
 }
@@ -167,7 +167,7 @@ impl Pipeline {
         let thread = std::thread::Builder::new()
             .name("tokenwatch-pipeline".into())
             .spawn(move || {
-                crate::runtimes::set_current_thread_niceness(worker.cfg.thread_niceness);
+                crate::runtimes::lower_current_thread_priority(worker.cfg.thread_priority);
                 worker.run()
             })
             .expect("spawning the pipeline thread");
@@ -378,7 +378,7 @@ mod tests {
             batch_max: 64,
             flush_interval: Duration::from_millis(20),
             maintenance_interval: Duration::from_secs(600),
-            thread_niceness: 0,
+            thread_priority: Default::default(),
             text_capture: None,
         };
         let agg = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default())));

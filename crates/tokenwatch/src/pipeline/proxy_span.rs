@@ -632,7 +632,7 @@ mod tests {
         let cfg = crate::pipeline::StoreWriterConfig {
             queue_rows: 16,
             batch_max: 16,
-            niceness: 0,
+            priority: Default::default(),
             flush_interval: std::time::Duration::ZERO,
         };
         let (writer, thread) =

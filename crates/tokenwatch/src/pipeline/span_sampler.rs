@@ -446,11 +446,11 @@ pub struct SpanSampler {
 }
 
 impl SpanSampler {
-    /// Start the sampler thread at `niceness`; kept spans go to `forward`.
+    /// Start the sampler thread at `priority`; kept spans go to `forward`.
     pub fn start(
         cfg: &SamplingConfig,
         metrics: &Metrics,
-        niceness: i32,
+        priority: crate::runtimes::AnalysisPriority,
         forward: Forward,
     ) -> std::io::Result<SpanSampler> {
         let depth = Gauge::default();
@@ -476,7 +476,7 @@ impl SpanSampler {
         std::thread::Builder::new()
             .name("tokenwatch-span-sampler".into())
             .spawn(move || {
-                crate::runtimes::set_current_thread_niceness(niceness);
+                crate::runtimes::lower_current_thread_priority(priority);
                 worker.run(rx)
             })?;
         Ok(SpanSampler { tx, shared })

@@ -254,7 +254,7 @@ fn overflow_is_stored_and_counted_and_the_thread_decides_after_the_delay() {
     let sampler = SpanSampler::start(
         &cfg,
         &metrics,
-        0,
+        Default::default(),
         Box::new(move |rows| {
             let n = rows.len();
             sink.lock().unwrap().extend(rows);

@@ -29,8 +29,8 @@ pub struct StoreWriterConfig {
     /// After the first row of a batch arrives, wait this long for more (up to `batch_max`)
     /// before writing; zero writes whatever is queued at once.
     pub flush_interval: Duration,
-    /// Niceness of the writer thread (the pipeline's, `runtime.analysis_niceness`).
-    pub niceness: i32,
+    /// Priority of the writer thread (the pipeline's, `runtime.analysis_niceness` / `analysis_idle`).
+    pub priority: crate::runtimes::AnalysisPriority,
 }
 
 enum Work {
@@ -229,7 +229,7 @@ impl StoreWriter {
         let thread = std::thread::Builder::new()
             .name("tokenwatch-store-writer".into())
             .spawn(move || {
-                crate::runtimes::set_current_thread_niceness(cfg.niceness);
+                crate::runtimes::lower_current_thread_priority(cfg.priority);
                 writer.run()
             })?;
         Ok((
@@ -291,7 +291,7 @@ impl StoreWriter {
         mut self,
         cfg: &super::span_sampler::SamplingConfig,
         metrics: &Metrics,
-        niceness: i32,
+        priority: crate::runtimes::AnalysisPriority,
     ) -> std::io::Result<StoreWriter> {
         if cfg.enabled {
             let inner = StoreWriter {
@@ -300,7 +300,7 @@ impl StoreWriter {
             };
             let forward = Box::new(move |rows: Vec<SpanRow>| inner.spans(rows));
             self.sampler = Some(super::span_sampler::SpanSampler::start(
-                cfg, metrics, niceness, forward,
+                cfg, metrics, priority, forward,
             )?);
         }
         Ok(self)
@@ -841,7 +841,7 @@ mod tests {
         let config = StoreWriterConfig {
             queue_rows,
             batch_max: 4,
-            niceness: 0,
+            priority: Default::default(),
             flush_interval: Duration::ZERO,
         };
         let (writer, thread) = StoreWriter::start(gate.clone(), config, metrics.clone()).unwrap();
@@ -948,7 +948,7 @@ mod tests {
         let config = StoreWriterConfig {
             queue_rows: 1_000,
             batch_max: 10,
-            niceness: 0,
+            priority: Default::default(),
             flush_interval: Duration::from_millis(400),
         };
         let (writer, thread) = StoreWriter::start(gate.clone(), config, metrics.clone()).unwrap();

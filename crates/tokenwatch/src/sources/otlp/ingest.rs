@@ -387,7 +387,7 @@ mod tests {
     ) -> (Ingest, Pipeline, StoreWriterThread, Arc<dyn Store>, Arc<Metrics>) {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir, Default::default()).unwrap());
         let metrics = Arc::new(Metrics::new());
-        let cfg = StoreWriterConfig { queue_rows, batch_max: 100, niceness: 0, flush_interval: Duration::ZERO };
+        let cfg = StoreWriterConfig { queue_rows, batch_max: 100, priority: Default::default(), flush_interval: Duration::ZERO };
         let (writer, thread) = StoreWriter::start(store.clone(), cfg, metrics.clone()).unwrap();
         let (pipeline, queue) = Pipeline::start(
             PipelineConfig {
@@ -395,7 +395,7 @@ mod tests {
                 batch_max: 16,
                 flush_interval: Duration::from_millis(20),
                 maintenance_interval: Duration::from_secs(600),
-                thread_niceness: 0,
+                thread_priority: Default::default(),
                 text_capture: None,
             },
             Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default()))),
