@@ -167,16 +167,7 @@ async fn model_list_comes_from_the_routes_when_no_upstream_takes_every_model() {
         data = dir.path().join("data").display()
     );
     let cfg = write_config(dir.path(), &yaml);
-    let (api, proxy) = (free_addr(), free_addr());
-    let tw = Proc::start(
-        "tokenwatch",
-        &[
-            "run", "-c", cfg.to_str().unwrap(), "--listen", &api.to_string(), "--proxy-listen", &proxy.to_string(),
-            "--otlp-grpc-listen", &free_addr().to_string(), "--otlp-http-listen", &free_addr().to_string(),
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, _api, proxy) = run_with_config(dir.path(), &cfg).await;
     let listing = "import json, sys\nfrom openai import OpenAI\n\
         c = OpenAI(base_url=sys.argv[1], api_key='sk-test', max_retries=0, timeout=10)\n\
         models = [(m.id, m.owned_by) for m in c.models.list()]\n\

@@ -119,16 +119,7 @@ async fn upstream_failures_reach_the_client_and_are_recorded() {
     );
     let cfg_path = dir.path().join("tokenwatch.yaml");
     std::fs::write(&cfg_path, cfg).unwrap();
-    let (api, proxy) = (free_addr(), free_addr());
-    let tw = Proc::start(
-        "tokenwatch",
-        &[
-            "run", "-c", cfg_path.to_str().unwrap(), "--listen", &api.to_string(), "--proxy-listen", &proxy.to_string(),
-            "--otlp-grpc-listen", &free_addr().to_string(), "--otlp-http-listen", &free_addr().to_string(),
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api, proxy) = run_with_config(dir.path(), &cfg_path).await;
     let url = format!("http://{proxy}/v1/chat/completions");
     let body = |m: &str| CHAT.replace("\"m1\"", &format!("\"{m}\""));
 

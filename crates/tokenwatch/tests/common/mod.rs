@@ -430,6 +430,23 @@ pub fn start_tokenwatch(
     Proc::start("tokenwatch", &args, dir)
 }
 
+/// `tokenwatch run -c config` on free ports (API, proxy, OTLP), started in `dir`, once ready;
+/// returns (process, API address, proxy address). For configurations that set their own
+/// upstreams (no `--upstream`).
+pub async fn run_with_config(dir: &Path, config: &Path) -> (Proc, SocketAddr, SocketAddr) {
+    let (api, proxy) = (free_addr(), free_addr());
+    let tw = Proc::start(
+        "tokenwatch",
+        &[
+            "run", "-c", &config.to_string_lossy(), "--listen", &api.to_string(), "--proxy-listen", &proxy.to_string(),
+            "--otlp-grpc-listen", &free_addr().to_string(), "--otlp-http-listen", &free_addr().to_string(),
+        ],
+        dir,
+    );
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    (tw, api, proxy)
+}
+
 /// Writes `yaml` to `dir/tw.yaml`; returns the file's path.
 pub fn write_config(dir: &Path, yaml: &str) -> PathBuf {
     let config = dir.join("tw.yaml");
