@@ -119,7 +119,7 @@ async fn upstream_failures_reach_the_client_and_are_recorded() {
     );
     let cfg_path = dir.path().join("tokenwatch.yaml");
     std::fs::write(&cfg_path, cfg).unwrap();
-    let (tw, api, proxy) = run_with_config(dir.path(), &cfg_path).await;
+    let (_tw, api, proxy) = run_with_config(dir.path(), &cfg_path).await;
     let url = format!("http://{proxy}/v1/chat/completions");
     let body = |m: &str| CHAT.replace("\"m1\"", &format!("\"{m}\""));
 

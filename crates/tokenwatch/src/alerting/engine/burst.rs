@@ -52,7 +52,8 @@ fn short_window(
 }
 
 /// The series' usual error ratio over `(from, to]` (the records of `instance`, or of all with
-/// None), anomaly episodes left out; None with fewer than `min_requests`.
+/// None), anomaly episodes left out, read at the period's own thinning level; None with fewer
+/// than `min_requests`.
 fn usual(
     st: &SeriesState,
     model: &str,
@@ -62,6 +63,7 @@ fn usual(
     min_requests: u64,
 ) -> Option<f64> {
     let covered = st.coverage(model);
+    let o = o.reading_from(period.0);
     let (mut bad, mut total) = (0u64, 0u64);
     for i in o
         .instances()
@@ -105,7 +107,9 @@ pub fn error_burst(
             true => lw.outcomes(&m, now, now.saturating_sub(reach)),
             false => None,
         };
-        let Some(o) = o else { continue };
+        let Some(all) = o else { continue };
+        // The short windows are read at the level of the longest (`Outcomes::reading_from`).
+        let o = all.reading_from(now - max_w);
         let recent = (now - max_w, now);
         // The instances with records in the short windows' reach ("" among them).
         let lines: Vec<&Label> = o.instances().filter(|i| o.count(i, recent).1 > 0).collect();
@@ -121,7 +125,7 @@ pub fn error_burst(
                 let own = observe(
                     st,
                     (&m, i),
-                    |st| usual(st, &m, &o, Some(i.as_str()), period, p.min_requests),
+                    |st| usual(st, &m, &all, Some(i.as_str()), period, p.min_requests),
                     (max_hold, refresh),
                     now,
                 );
@@ -163,7 +167,7 @@ pub fn error_burst(
         let own = observe(
             st,
             (&m, ""),
-            |st| usual(st, &m, &o, None, period, p.min_requests),
+            |st| usual(st, &m, &all, None, period, p.min_requests),
             (max_hold, refresh),
             now,
         );

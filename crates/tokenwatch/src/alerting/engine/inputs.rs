@@ -3,9 +3,10 @@
 // embeddings and prefix-cache accesses of records or of `POST /api/v1/embeddings`.
 
 use super::kept::{KeptQueue, Timed};
+use super::thin::{Cuts, Schedule, level, sample_id};
 use super::vectors::{EmbeddingSamples, PrefixLog};
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::ops::Deref;
@@ -180,11 +181,17 @@ pub struct Rec {
     /// The record of a request whose first token was reported while it streamed: that early
     /// copy stands for its TTFT in time-to-first-token windows, this one does not.
     pub ttft_early: bool,
+    /// Its push sequence among its model's kept records (set by `Inputs::ingest`).
+    pub seq: u64,
 }
 
 impl Timed for Rec {
+    const SOURCE: u64 = 0;
     fn at_ms(&self) -> i64 {
         self.at_ms
+    }
+    fn seq(&self) -> u64 {
+        self.seq
     }
 }
 
@@ -210,6 +217,7 @@ impl Rec {
             server_failure: r.is_server_failure(),
             finish_reason: Label::new(&r.finish_reason),
             ttft_early: false,
+            seq: 0,
         }
     }
 
@@ -269,6 +277,18 @@ pub struct EarlyTtft {
     pub ttft: f64,
     pub instance: Label,
     id: u64,
+    /// Its push sequence among its model's early first tokens.
+    pub seq: u64,
+}
+
+impl Timed for EarlyTtft {
+    const SOURCE: u64 = 1;
+    fn at_ms(&self) -> i64 {
+        self.at_ms
+    }
+    fn seq(&self) -> u64 {
+        self.seq
+    }
 }
 
 /// One request as a latency rule reads it (`Inputs::latency_window`): its record, or the early
@@ -314,13 +334,6 @@ impl<'a> LatencySample<'a> {
     }
 }
 
-/// Give back the memory of a queue that a burst grew far beyond what it holds now.
-fn shrink<T>(q: &mut VecDeque<T>) {
-    if q.capacity() > 2 * q.len() + 1024 {
-        q.shrink_to_fit();
-    }
-}
-
 fn shrink_set<T: Eq + std::hash::Hash>(s: &mut HashSet<T>) {
     if s.capacity() > 2 * s.len() + 1024 {
         s.shrink_to_fit();
@@ -332,7 +345,7 @@ pub struct Inputs {
     /// Per model, in chunks: memory follows what is kept, and windows skip what is outside.
     records: HashMap<Label, KeptQueue<Rec>>,
     /// Early copies of requests that have their first token (`add_first_token`).
-    first_tokens: HashMap<Label, VecDeque<EarlyTtft>>,
+    first_tokens: HashMap<Label, KeptQueue<EarlyTtft>>,
     /// Per model, the request ids (hashed with `ids`) in `first_tokens` whose records have not
     /// arrived yet.
     awaiting_record: HashMap<Label, HashSet<u64>>,
@@ -349,9 +362,16 @@ pub struct Inputs {
     retention_ms: i64,
     /// How long embeddings are kept; None: they are not kept (no rule reads them).
     embedding_retention_ms: Option<i64>,
+    /// Records kept per model before older ones are thinned (`super::thin`); a quarter more
+    /// before the oldest are dropped.
     cap_per_model: usize,
     /// Records dropped for `cap_per_model` before their retention ran out.
     evicted: u64,
+    /// Records thinned out of the older part of the windows (`super::thin`).
+    thinned: u64,
+    /// Per model, how its kept records and early first tokens are thinned, and the cuts its
+    /// queues were thinned by so far.
+    thinning: HashMap<Label, (Schedule, Cuts)>,
     /// Per model, how many records and early first tokens its queues were pushed (the latency
     /// rules' incremental windows follow the queues by it).
     pushed: HashMap<Label, Pushed>,
@@ -395,6 +415,8 @@ impl Inputs {
             embedding_retention_ms: Some(retention_ms),
             cap_per_model: cap_per_model.max(1),
             evicted: 0,
+            thinned: 0,
+            thinning: HashMap::new(),
             pushed: HashMap::new(),
             epochs: 0,
             latency_windows: Default::default(),
@@ -484,18 +506,21 @@ impl Inputs {
         }
         let model = self.labels.get(&f.model_id);
         let id = self.ids.hash_one(f.request_id.as_str());
+        let seq = self.pushed_to(&model).early;
         let early = EarlyTtft {
             at_ms: first_token_at_ms(f),
             ttft: f.first_token_s,
             instance: self.labels.get(&f.instance),
             id,
+            seq,
         };
         self.awaiting_record
             .entry(model.clone())
             .or_default()
             .insert(id);
+        let hard_cap = self.hard_cap();
         let q = self.first_tokens.entry(model.clone()).or_default();
-        if q.len() >= self.cap_per_model
+        if q.len() >= hard_cap
             && let Some(old) = q.pop_front()
             && let Some(ids) = self.awaiting_record.get_mut(&model)
         {
@@ -528,14 +553,36 @@ impl Inputs {
         let mut tenant = std::mem::take(&mut r.tenant);
         self.labels.intern(&mut tenant);
         self.slos.observe(&r, &tenant);
-        let q = self.records.entry(r.model.clone()).or_default();
-        if q.len() >= self.cap_per_model {
+        let model = r.model.clone();
+        r.seq = self.pushed_to(&model).records;
+        let hard_cap = self.hard_cap();
+        let q = self.records.entry(model.clone()).or_default();
+        if q.len() >= hard_cap {
             q.pop_front();
             self.evicted += 1;
         }
-        let model = r.model.clone();
         q.push_back(r);
         self.pushed_to(&model).records += 1;
+    }
+
+    /// Kept records (or early first tokens) of a model beyond which the oldest are dropped:
+    /// thinning keeps them under `cap_per_model`, short of a burst faster than it narrows.
+    fn hard_cap(&self) -> usize {
+        self.cap_per_model + self.cap_per_model / 4
+    }
+
+    /// How `model`'s kept samples are thinned now (`super::thin`): windows reaching back past
+    /// a cut read a uniform sample.
+    pub fn cuts(&self, model: &str) -> Cuts {
+        self.thinning
+            .get(model)
+            .map(|(s, _)| *s.cuts())
+            .unwrap_or_default()
+    }
+
+    /// `model`'s dense span (all samples kept) when its older samples are thinned.
+    pub fn dense_ms(&self, model: &str) -> Option<i64> {
+        self.thinning.get(model).and_then(|(s, _)| s.dense_ms())
     }
 
     fn pushed_to(&mut self, model: &Label) -> &mut Pushed {
@@ -553,12 +600,12 @@ impl Inputs {
     /// Where `model`'s kept samples stand by push sequence; None when it keeps nothing.
     pub fn kept_seq(&self, model: &str) -> Option<KeptSeq> {
         let p = self.pushed.get(model)?;
-        let records = self.records.get(model).map_or(0, |q| q.len()) as u64;
-        let early = self.first_tokens.get(model).map_or(0, |q| q.len()) as u64;
+        let records = self.records.get(model).and_then(|q| q.front()).map(|r| r.seq);
+        let early = self.first_tokens.get(model).and_then(|q| q.front()).map(|f| f.seq);
         Some(KeptSeq {
             epoch: p.epoch,
-            records: (p.records.saturating_sub(records), p.records),
-            early: (p.early.saturating_sub(early), p.early),
+            records: (records.unwrap_or(p.records), p.records),
+            early: (early.unwrap_or(p.early), p.early),
         })
     }
 
@@ -568,14 +615,11 @@ impl Inputs {
         model: &str,
         seq: u64,
     ) -> impl Iterator<Item = (u64, &'a Rec)> + 'a {
-        let front = self.kept_seq(model).map_or(0, |k| k.records.0);
-        let skip = usize::try_from(seq.saturating_sub(front)).unwrap_or(usize::MAX);
         self.records
             .get(model)
             .into_iter()
-            .flat_map(move |q| q.iter_from(skip))
-            .zip(front.max(seq)..)
-            .map(|(r, s)| (s, r))
+            .flat_map(move |q| q.from_seq(seq))
+            .map(|r| (r.seq, r))
     }
 
     /// `model`'s kept early first tokens pushed at or after push sequence `seq`, with theirs.
@@ -584,14 +628,11 @@ impl Inputs {
         model: &str,
         seq: u64,
     ) -> impl Iterator<Item = (u64, &'a EarlyTtft)> + 'a {
-        let front = self.kept_seq(model).map_or(0, |k| k.early.0);
-        let skip = usize::try_from(seq.saturating_sub(front)).unwrap_or(usize::MAX);
         self.first_tokens
             .get(model)
             .into_iter()
-            .flat_map(move |q| q.range(skip.min(q.len())..))
-            .zip(front.max(seq)..)
-            .map(|(f, s)| (s, f))
+            .flat_map(move |q| q.from_seq(seq))
+            .map(|f| (f.seq, f))
     }
 
     /// The latency rules' incremental windows (a poisoned lock, after a panic while they were
@@ -625,13 +666,15 @@ impl Inputs {
                 }
                 q.pop_front();
             }
-            shrink(q);
         }
+        self.thin(now);
         self.first_tokens.retain(|_, q| !q.is_empty());
         self.awaiting_record.retain(|_, ids| !ids.is_empty());
         let (records, early) = (&self.records, &self.first_tokens);
         self.pushed
             .retain(|m, _| records.contains_key(m) || early.contains_key(m));
+        let pushed = &self.pushed;
+        self.thinning.retain(|m, _| pushed.contains_key(m));
         for ids in self.awaiting_record.values_mut() {
             shrink_set(ids);
         }
@@ -642,6 +685,36 @@ impl Inputs {
         self.prefixes.retain(|_, p| !p.prune(now, keep));
         self.scores.prune(now, keep);
         self.labels.prune();
+    }
+
+    /// Steer each model's thinning by its kept records against `cap_per_model` and thin its
+    /// queues by it. An early first token thinned no longer awaits its record (which then
+    /// stands for its TTFT itself, as a request's without one).
+    fn thin(&mut self, now: i64) {
+        let (cap, retention) = (self.cap_per_model, self.retention_ms);
+        for (model, q) in &mut self.records {
+            let Some(oldest) = q.front().map(|r| r.at_ms) else {
+                continue;
+            };
+            let (schedule, applied) = self.thinning.entry(model.clone()).or_default();
+            schedule.step(now, (q.len(), cap), oldest, retention);
+            let cuts = *schedule.cuts();
+            if !cuts.moved_since(applied) {
+                continue;
+            }
+            self.thinned += q.thin(applied, &cuts, |_| {}) as u64;
+            if let Some(early) = self.first_tokens.get_mut(model) {
+                let awaiting = self.awaiting_record.get_mut(model);
+                let mut thinned = Vec::new();
+                early.thin(applied, &cuts, |f| thinned.push(f.id));
+                if let Some(ids) = awaiting {
+                    thinned.iter().for_each(|id| {
+                        ids.remove(id);
+                    });
+                }
+            }
+            *applied = cuts;
+        }
     }
 
     /// A posted score (`POST /api/v1/feedback`, `/api/v1/scores`), joined to its request.
@@ -682,18 +755,27 @@ impl Inputs {
 
     /// Records of `model` known in `(from, to]` (chunks of kept records wholly outside are
     /// not read).
+    /// Where the model's records are thinned, a window reaching back past a cut reads the
+    /// uniform sample of that cut's level everywhere in it (`super::thin`).
     pub fn window(&self, model: &str, from: i64, to: i64) -> impl Iterator<Item = &Rec> {
+        let lvl = self.cuts(model).window_level(from);
         self.records
             .get(model)
             .into_iter()
             .flat_map(move |q| q.overlapping(from, to))
             .filter(move |r| r.at_ms > from && r.at_ms <= to)
+            .filter(move |r| lvl == 0 || level(sample_id(r.seq, Rec::SOURCE)) >= lvl)
     }
 
     /// Records dropped because their model had `cap_per_model` kept, before their retention
     /// ran out (the windows of the longest rules then start later than configured).
     pub fn evicted_records(&self) -> u64 {
         self.evicted
+    }
+
+    /// Records thinned out of the older part of the windows since start (`super::thin`).
+    pub fn thinned_records(&self) -> u64 {
+        self.thinned
     }
 
     /// Bytes allocated for kept records and early first tokens, the ids of those awaiting
@@ -730,14 +812,16 @@ impl Inputs {
         } else {
             None
         };
+        let lvl = self.cuts(model).window_level(from);
         self.window(model, from, to)
             .filter(move |r| !(ttft && r.ttft_early))
             .map(LatencySample::Record)
             .chain(
                 early
                     .into_iter()
-                    .flatten()
+                    .flat_map(move |q| q.overlapping(from, to))
                     .filter(move |f| f.at_ms > from && f.at_ms <= to)
+                    .filter(move |f| lvl == 0 || level(sample_id(f.seq, EarlyTtft::SOURCE)) >= lvl)
                     .map(LatencySample::FirstToken),
             )
     }
@@ -859,9 +943,10 @@ mod tests {
         // another full record for a first token reported early, plus its id as a String.
         let (rec, early) = (size_of::<Rec>(), size_of::<EarlyTtft>());
         println!("size_of Rec = {rec} bytes, EarlyTtft = {early} bytes");
-        // 216 + the tenant label of per-tenant SLOs + the trace id (latency breakdown).
-        assert!(rec <= 248, "Rec is {rec} bytes");
-        assert!(early <= 40, "EarlyTtft is {early} bytes");
+        // 216 + the tenant label of per-tenant SLOs + the trace id (latency breakdown) + the
+        // push sequence (thinning, reads by sequence).
+        assert!(rec <= 256, "Rec is {rec} bytes");
+        assert!(early <= 48, "EarlyTtft is {early} bytes");
         assert!(size_of::<LatencySample>() <= 16);
     }
 
@@ -917,14 +1002,14 @@ mod tests {
         assert!(i.kept_bytes() >= n * per);
         assert!(i.kept_bytes() <= (n + super::super::kept::CHUNK) * per);
         assert_eq!(i.evicted_records(), 0);
-        // Past the cap the oldest go, counted.
+        // Past the budget and a quarter (between two prunes, which thin) the oldest go, counted.
         let mut capped = Inputs::new(3_600_000, 1_000);
         for t in 0..2_500 {
             capped.ingest(rec("m", t, 1.0, true));
         }
-        assert_eq!(capped.window("m", i64::MIN, i64::MAX).count(), 1_000);
-        assert_eq!(capped.evicted_records(), 1_500);
-        assert_eq!(capped.window("m", i64::MIN, i64::MAX).next().map(|r| r.at_ms), Some(1_500));
+        assert_eq!(capped.window("m", i64::MIN, i64::MAX).count(), 1_250);
+        assert_eq!(capped.evicted_records(), 1_250);
+        assert_eq!(capped.window("m", i64::MIN, i64::MAX).next().map(|r| r.at_ms), Some(1_250));
     }
 
     #[test]
@@ -1095,8 +1180,71 @@ mod tests {
     }
 
     #[test]
+    fn past_the_budget_old_records_are_thinned_to_a_uniform_sample_over_the_whole_retention() {
+        use super::super::windows::{LatencyWindows, Slot};
+        // 200 requests/s for 40 minutes against a budget of 20,000 and 35 minutes' retention
+        // (the drift rules' 7 windows of 5 minutes): the e2e of a request is its minute.
+        let (retention, budget) = (35 * 60_000, 20_000);
+        let mut i = Inputs::new(retention, budget);
+        let mut lw = LatencyWindows::default();
+        let series = ("m", "e2e", "e2e");
+        let (t0, end) = (1_700_000_000_000i64, 40 * 60_000);
+        let mut most = 0;
+        for t in (0..end).step_by(5) {
+            let mut r = rec("m", t0 + t, 1.0, t % 50 != 0);
+            r.e2e = (t / 60_000) as f64;
+            i.ingest(r);
+            if t % 250 == 0 {
+                i.prune(t0 + t);
+                most = most.max(i.records["m"].len());
+                if t % 60_000 == 0 {
+                    // A latency rule reading 6 minutes keeps its mirror in step.
+                    assert!(lw.sync(&i, series, 360_000, t0 + t));
+                }
+            }
+        }
+        let now = t0 + end - 5;
+        assert!(most <= budget + budget / 4, "kept up to {most}");
+        assert_eq!(i.evicted_records(), 0, "thinned, never evicted at a steady rate");
+        let dense = i.dense_ms("m").expect("thinned");
+        assert!(dense >= 2_000 && dense < 60_000, "dense span {dense} ms");
+        // The dense span is read whole.
+        let recent = i.window("m", now - dense / 2, now).count() as i64;
+        assert!((recent - dense / 2 / 5).abs() <= 1, "{recent} in {} ms", dense / 2);
+        // The drift rules' reference (the six windows before the last) is a uniform sample of
+        // its whole span: as many of each minute, within chance.
+        let (from, to) = (now - retention, now - 5 * 60_000);
+        let mut per_minute = BTreeMap::<i64, usize>::new();
+        for r in i.window("m", from, to) {
+            *per_minute.entry(r.e2e as i64).or_default() += 1;
+        }
+        let full: Vec<usize> = per_minute.values().copied().skip(1).take(28).collect();
+        assert_eq!(full.len(), 28, "{per_minute:?}");
+        let mean = full.iter().sum::<usize>() as f64 / full.len() as f64;
+        assert!(mean >= 20.0, "{mean} a minute");
+        for n in &full {
+            assert!((*n as f64 - mean).abs() < 5.0 * mean.sqrt() + 2.0, "{per_minute:?}");
+        }
+        // The mirrored windows read what the records read, thinned the same way.
+        assert!(lw.sync(&i, series, 360_000, now));
+        for (slot, range) in [
+            (Slot::Current(30_000), (now - 30_000, now)),
+            (Slot::Baseline(300_000), (now - 330_000, now - 30_000)),
+        ] {
+            let mut want = values(i.window("m", range.0, range.1), "e2e");
+            want.sort_by(f64::total_cmp);
+            let got = lw.window(series, now, None, slot, range).map(<[f64]>::to_vec);
+            assert_eq!(got, Some(want), "{slot:?}");
+        }
+        // The mirror dropped what the records' thinning dropped.
+        let kept_bytes = i.kept_bytes();
+        assert!(kept_bytes < 3 * budget * size_of::<Rec>(), "{kept_bytes} bytes");
+    }
+
+    #[test]
     fn cap_and_quantile() {
-        let mut i = Inputs::new(1_000_000, 5);
+        // A budget of 4 keeps 5 between two prunes.
+        let mut i = Inputs::new(1_000_000, 4);
         for t in 0..10 {
             i.ingest(rec("m", t, 1.0, true));
         }

@@ -2,6 +2,7 @@
 // kept, never twice that after a burst) that know their time span, so a window skips whole chunks;
 // and the kept state's figures on `/metrics` (records evicted at the per-model cap, bytes kept).
 
+use super::thin::{Cuts, sample_id};
 use crate::export::prometheus::Metrics;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -11,9 +12,13 @@ use std::collections::VecDeque;
 /// chunks' worth of unused room.
 pub const CHUNK: usize = 1024;
 
-/// What the queue needs of an item: when it became known.
+/// What the queue needs of an item: when it became known, and its push sequence (ascending
+/// in the queue, so that thinned queues are still read from a sequence on).
 pub trait Timed {
+    /// Its source in sample ids (`thin::sample_id`).
+    const SOURCE: u64;
     fn at_ms(&self) -> i64;
+    fn seq(&self) -> u64;
 }
 
 #[derive(Debug, Clone)]
@@ -102,21 +107,51 @@ impl<T: Timed> KeptQueue<T> {
         self.chunks.iter().flat_map(|c| c.items.iter())
     }
 
-    /// The items from the `start`-th on, in order (whole chunks before it are skipped).
-    pub fn iter_from(&self, start: usize) -> impl Iterator<Item = &T> {
-        let mut skip = start;
-        let mut first = self.chunks.len();
-        for (k, c) in self.chunks.iter().enumerate() {
-            if skip < c.items.len() {
-                first = k;
-                break;
-            }
-            skip -= c.items.len();
-        }
+    /// The items pushed at or after push sequence `seq`, in order (whole chunks before it are
+    /// skipped).
+    pub fn from_seq(&self, seq: u64) -> impl Iterator<Item = &T> {
+        let first = self
+            .chunks
+            .partition_point(|c| c.items.back().is_none_or(|x| x.seq() < seq));
         self.chunks
             .range(first..)
             .enumerate()
-            .flat_map(move |(k, c)| c.items.range(if k == 0 { skip } else { 0 }..))
+            .flat_map(move |(k, c)| {
+                let skip = match k {
+                    0 => c.items.partition_point(|x| x.seq() < seq),
+                    _ => 0,
+                };
+                c.items.range(skip..)
+            })
+    }
+
+    /// Drop the items `now` thins that `before` (what the queue was thinned by so far) did not,
+    /// each handed to `dropped`; chunks no cut moved across are not read. How many went.
+    pub fn thin(&mut self, before: &Cuts, now: &Cuts, mut dropped: impl FnMut(&T)) -> usize {
+        if !now.moved_since(before) {
+            return 0;
+        }
+        let mut gone = 0;
+        for c in self.chunks.iter_mut() {
+            if !now.moved_across(before, c.min_at, c.max_at) {
+                continue;
+            }
+            let n = c.items.len();
+            c.items.retain(|x| {
+                let keep = now.keeps(x.at_ms(), sample_id(x.seq(), T::SOURCE));
+                if !keep {
+                    dropped(x);
+                }
+                keep
+            });
+            gone += n - c.items.len();
+            if c.items.capacity() > 2 * c.items.len() + 16 {
+                c.items.shrink_to_fit();
+            }
+        }
+        self.chunks.retain(|c| !c.items.is_empty());
+        self.len -= gone;
+        gone
     }
 
     /// Room allocated, in items (what the queue's memory follows).
@@ -135,23 +170,33 @@ pub fn table_bytes<T>(capacity: usize) -> usize {
 /// (prometheus-client's metrics are atomics: the scrape reads them from another thread).
 pub struct KeptMetrics {
     evicted: Counter,
+    thinned: Counter,
     bytes: Gauge,
-    /// The engine's eviction count at the last `publish` (the counter takes the difference).
-    evicted_seen: u64,
+    /// The engine's eviction and thinning counts at the last `publish` (the counters take the
+    /// difference).
+    seen: (u64, u64),
 }
 
 impl KeptMetrics {
     pub fn register(m: &Metrics) -> KeptMetrics {
         let k = KeptMetrics {
             evicted: Counter::default(),
+            thinned: Counter::default(),
             bytes: Gauge::default(),
-            evicted_seen: 0,
+            seen: (0, 0),
         };
         m.register(
             "tokenwatch_alerting_evicted_records",
             "Request records the alert engine dropped before their retention ran out because \
              their model had alerting.max_records_per_model kept",
             k.evicted.clone(),
+        );
+        m.register(
+            "tokenwatch_alerting_thinned_records",
+            "Request records the alert engine dropped from its windows' older part because their \
+             model kept more than alerting.max_records_per_model: windows reaching back there read \
+             a uniform sample of their span",
+            k.thinned.clone(),
         );
         m.register(
             "tokenwatch_alerting_kept_bytes",
@@ -164,15 +209,14 @@ impl KeptMetrics {
         k
     }
 
-    /// Publish the engine's figures: `evicted_total`, its eviction count since start (a count
+    /// Publish the engine's figures: its eviction and thinning counts since start (a count
     /// below the last one, after the kept state was rebuilt, counts from zero again), and
     /// `kept_bytes` now.
-    pub fn publish(&mut self, evicted_total: u64, kept_bytes: usize) {
-        let new = evicted_total
-            .checked_sub(self.evicted_seen)
-            .unwrap_or(evicted_total);
-        self.evicted.inc_by(new);
-        self.evicted_seen = evicted_total;
+    pub fn publish(&mut self, (evicted_total, thinned_total): (u64, u64), kept_bytes: usize) {
+        let new = |total: u64, seen: u64| total.checked_sub(seen).unwrap_or(total);
+        self.evicted.inc_by(new(evicted_total, self.seen.0));
+        self.thinned.inc_by(new(thinned_total, self.seen.1));
+        self.seen = (evicted_total, thinned_total);
         self.bytes
             .set(i64::try_from(kept_bytes).unwrap_or(i64::MAX));
     }
@@ -183,8 +227,12 @@ mod tests {
     use super::*;
 
     impl Timed for (i64, u32) {
+        const SOURCE: u64 = 0;
         fn at_ms(&self) -> i64 {
             self.0
+        }
+        fn seq(&self) -> u64 {
+            u64::from(self.1)
         }
     }
 
@@ -222,19 +270,20 @@ mod tests {
                 .lines()
                 .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         };
-        k.publish(0, 0);
+        k.publish((0, 0), 0);
         assert_eq!(read("tokenwatch_alerting_evicted_records_total"), Some(0.0));
         assert_eq!(read("tokenwatch_alerting_kept_bytes"), Some(0.0));
-        k.publish(7, 4096);
-        k.publish(7, 8192);
-        k.publish(10, 1024);
+        k.publish((7, 0), 4096);
+        k.publish((7, 100), 8192);
+        k.publish((10, 150), 1024);
         assert_eq!(
             read("tokenwatch_alerting_evicted_records_total"),
             Some(10.0)
         );
         assert_eq!(read("tokenwatch_alerting_kept_bytes"), Some(1024.0));
+        assert_eq!(read("tokenwatch_alerting_thinned_records_total"), Some(150.0));
         // The engine's count started again (its kept state was rebuilt): counted on top.
-        k.publish(2, 0);
+        k.publish((2, 0), 0);
         assert_eq!(
             read("tokenwatch_alerting_evicted_records_total"),
             Some(12.0)
@@ -279,5 +328,43 @@ mod tests {
         let read = q.overlapping(CHUNK as i64 + 10, CHUNK as i64 + 20).count();
         assert_eq!(read, 2 * CHUNK);
         assert_eq!(q.overlapping(5_000_000, 6_000_000).count(), 0);
+    }
+
+    #[test]
+    fn thinning_keeps_a_uniform_sample_of_the_old_items_and_reads_on_by_sequence() {
+        use crate::alerting::engine::thin::Schedule;
+        let mut q = KeptQueue::default();
+        let n = 20 * CHUNK;
+        for i in 0..n {
+            q.push_back((i as i64, i as u32));
+        }
+        let mut s = Schedule::default();
+        let before = *s.cuts();
+        // Over budget: the dense span narrows to 3/4 of half the age of the oldest item.
+        s.step(n as i64, (n, n / 2), 0, 10 * n as i64);
+        let mut seen = Vec::new();
+        let gone = q.thin(&before, s.cuts(), |x| seen.push(x.1));
+        assert_eq!(gone, seen.len());
+        assert_eq!(q.len(), n - gone);
+        assert!(gone > n / 4, "{gone} of {n}");
+        // What went is what the cuts do not keep; what stayed, what they keep.
+        let cuts = *s.cuts();
+        let keeps = |x: &(i64, u32)| cuts.keeps(x.0, sample_id(x.1.into(), 0));
+        assert!(q.iter().all(keeps));
+        assert!(seen.iter().all(|&i| !keeps(&(i as i64, i))));
+        // The dense part is whole; the memory follows what is kept.
+        let dense = s.dense_ms().unwrap();
+        let recent = q.iter().filter(|x| x.0 > n as i64 - dense).count();
+        assert_eq!(recent, dense as usize - 1);
+        assert!(q.capacity() <= 2 * q.len() + 21 * (16 + 1));
+        // Read on by push sequence, thinned or not.
+        for from in [0u64, 1, 777, (n - 1) as u64, n as u64] {
+            let got: Vec<u32> = q.from_seq(from).map(|x| x.1).collect();
+            let want: Vec<u32> = q.iter().map(|x| x.1).filter(|&i| u64::from(i) >= from).collect();
+            assert_eq!(got, want, "from {from}");
+        }
+        // The same cuts again thin nothing more.
+        assert_eq!(q.thin(&cuts, &cuts, |_| {}), 0);
+        assert_eq!(q.thin(&Cuts::default(), &cuts, |_| {}), 0);
     }
 }

@@ -14,6 +14,7 @@ pub mod noise;
 pub mod persist;
 pub mod quality;
 pub mod scores;
+pub mod thin;
 #[cfg(test)]
 mod reload_tests;
 #[cfg(test)]
@@ -596,7 +597,10 @@ impl Engine {
         }
         self.inputs.prune(now);
         self.kept_metrics
-            .publish(self.inputs.evicted_records(), self.inputs.kept_bytes());
+            .publish(
+                (self.inputs.evicted_records(), self.inputs.thinned_records()),
+                self.inputs.kept_bytes(),
+            );
         self.history.prune(now);
         for e in self.inbox.take() {
             self.history.record(&e);

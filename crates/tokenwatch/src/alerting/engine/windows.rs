@@ -1,8 +1,9 @@
 // Incremental sorted windows of the latency rules and the A/B arms, and the records and failures
 // `error_burst` counts: each model's samples mirrored from the kept records by push sequence, per
-// instance or arm in time order; windows slide on them.
+// instance or arm in time order, thinned as the kept records are; windows slide on them.
 
 use super::inputs::{Inputs, KeptSeq, Label, LatencySample, Rec};
+use super::thin::{Cuts, level};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Which window of a series: windows of different slots are kept apart (each moves wherever it
@@ -62,6 +63,8 @@ struct Window {
     log: Vec<Change>,
     /// The log overflowed (or a removal did not match): rebuild on the next read.
     stale: bool,
+    /// Its samples' thinning level (`super::thin`): only samples of this level or above are in.
+    level: u8,
     used: i64,
     /// Times the window was read from scratch.
     rebuilds: u64,
@@ -84,7 +87,15 @@ struct Mirror {
     lines: BTreeMap<Label, VecDeque<Point>>,
     windows: HashMap<(Option<Label>, Slot), Window>,
     used: i64,
+    /// The model's thinning as of the last sync: what the windows read at.
+    cuts: Cuts,
+    /// The thinning the samples were last dropped by, and when.
+    thinned: (Cuts, i64),
 }
+
+/// Shortest time between two passes dropping the samples the kept records' thinning dropped
+/// (until then the windows skip them by their level).
+const THIN_EVERY_MS: i64 = 1_000;
 
 /// Forget windows and mirrors not read for this long (beyond their own reach).
 const IDLE_MS: i64 = 60_000;
@@ -104,10 +115,26 @@ fn between(pts: &VecDeque<Point>, from: i64, to: i64) -> std::ops::Range<usize> 
     a..b.max(a)
 }
 
-fn range(pts: &VecDeque<Point>, from: i64, to: i64) -> impl Iterator<Item = f64> + '_ {
+/// Whether the sample `p` is read at thinning level `lvl`.
+fn at_level(p: &Point, lvl: u8) -> bool {
+    lvl == 0 || level(p.1) >= lvl
+}
+
+/// The values of the samples in `(from, to]` read at `lvl`.
+fn range(pts: &VecDeque<Point>, from: i64, to: i64, lvl: u8) -> impl Iterator<Item = f64> + '_ {
     pts.range(between(pts, from, to))
+        .filter(move |p| at_level(p, lvl))
         .map(|p| p.2)
         .filter(|v| !v.is_nan())
+}
+
+/// How many samples of `pts` are in `(from, to]` at `lvl` (by binary search when unthinned).
+fn count(pts: &VecDeque<Point>, from: i64, to: i64, lvl: u8) -> usize {
+    let r = between(pts, from, to);
+    match lvl {
+        0 => r.len(),
+        _ => pts.range(r).filter(|p| at_level(p, lvl)).count(),
+    }
 }
 
 /// The sample of a kept item for this view, if it counts: successful, with a value, and (for
@@ -154,15 +181,20 @@ impl Mirror {
             lines: BTreeMap::new(),
             windows: HashMap::new(),
             used: i64::MIN,
+            cuts: Cuts::default(),
+            thinned: (Cuts::default(), i64::MIN),
         }
     }
 
-    fn log(&mut self, instance: &Label, at: i64, v: f64, added: bool) {
+    fn log(&mut self, instance: &Label, (at, id): (i64, u64), v: f64, added: bool) {
         if v.is_nan() {
             return;
         }
         for ((scope, _), w) in self.windows.iter_mut() {
-            if w.stale || scope.as_ref().is_some_and(|s| s != instance) {
+            if w.stale
+                || scope.as_ref().is_some_and(|s| s != instance)
+                || (w.level > 0 && level(id) < w.level)
+            {
                 continue;
             }
             if w.log.len() > w.vals.len().max(MERGE_FROM) {
@@ -183,7 +215,7 @@ impl Mirror {
         let i = pts.partition_point(|p| (p.0, p.1) < (at, id));
         pts.insert(i, (at, id, v));
         self.order[src].push_back((seq, at, instance.clone()));
-        self.log(instance, at, v, true);
+        self.log(instance, (at, id), v, true);
     }
 
     fn remove(&mut self, src: usize, seq: u64, at: i64, instance: &Label) {
@@ -199,7 +231,7 @@ impl Mirror {
         if pts.is_empty() {
             self.lines.remove(instance);
         }
-        self.log(instance, at, v, false);
+        self.log(instance, (at, id), v, false);
     }
 
     /// Drop what the kept queue evicted, read what it was pushed since, and forget samples at
@@ -243,15 +275,45 @@ impl Mirror {
         for (inst, pts) in self.lines.iter_mut() {
             while let Some(p) = pts.front().copied().filter(|p| p.0 <= horizon) {
                 pts.pop_front();
-                dropped.push((inst.clone(), p.0, p.2));
+                dropped.push((inst.clone(), p));
             }
         }
-        for (inst, at, v) in dropped {
-            self.log(&inst, at, v, false);
+        self.cuts = inputs.cuts(model);
+        let (done, at) = self.thinned;
+        if self.cuts.moved_since(&done) && (self.used < at || self.used.saturating_sub(at) >= THIN_EVERY_MS) {
+            self.drop_thinned(&mut dropped);
+        }
+        for (inst, p) in dropped {
+            self.log(&inst, (p.0, p.1), p.2, false);
         }
         self.lines.retain(|_, pts| !pts.is_empty());
         self.lines.values_mut().for_each(shrink);
         self.order.iter_mut().for_each(shrink);
+    }
+
+    /// Drop the samples the thinning now leaves out (handed to `dropped`) and their places in
+    /// the push order.
+    fn drop_thinned(&mut self, dropped: &mut Vec<(Label, Point)>) {
+        let (cuts, done) = (self.cuts, self.thinned.0);
+        for (inst, pts) in self.lines.iter_mut() {
+            let (Some(first), Some(last)) = (pts.front(), pts.back()) else {
+                continue;
+            };
+            if !cuts.moved_across(&done, first.0, last.0) {
+                continue;
+            }
+            pts.retain(|p| {
+                let keep = cuts.keeps(p.0, p.1);
+                if !keep {
+                    dropped.push((inst.clone(), *p));
+                }
+                keep
+            });
+        }
+        for (src, order) in self.order.iter_mut().enumerate() {
+            order.retain(|o| cuts.keeps(o.1, super::thin::sample_id(o.0, src as u64)));
+        }
+        self.thinned = (cuts, self.used);
     }
 
     /// Bytes allocated for its samples: the lines, the push order and the windows' values and
@@ -273,17 +335,17 @@ impl Mirror {
 fn collect(
     lines: &BTreeMap<Label, VecDeque<Point>>,
     scope: Option<&str>,
-    from: i64,
-    to: i64,
+    (from, to): (i64, i64),
+    lvl: u8,
 ) -> Vec<f64> {
     let mut v: Vec<f64> = match scope {
         Some(i) => lines
             .get(i)
-            .map(|pts| range(pts, from, to).collect())
+            .map(|pts| range(pts, from, to, lvl).collect())
             .unwrap_or_default(),
         None => lines
             .values()
-            .flat_map(|pts| range(pts, from, to))
+            .flat_map(|pts| range(pts, from, to, lvl))
             .collect(),
     };
     v.sort_by(f64::total_cmp);
@@ -345,14 +407,17 @@ fn apply(vals: &mut Vec<f64>, mut add: Vec<f64>, mut del: Vec<f64>) -> Option<()
 }
 
 impl Window {
-    /// Bring the window to (from, to] of the mirror's samples now.
+    /// Bring the window to (from, to] of the mirror's samples now, read at `lvl`.
     fn read(
         &mut self,
         lines: &BTreeMap<Label, VecDeque<Point>>,
         scope: Option<&str>,
-        from: i64,
-        to: i64,
+        (from, to): (i64, i64),
+        lvl: u8,
     ) {
+        if lvl != self.level {
+            return self.rebuild(lines, scope, (from, to), lvl);
+        }
         let moves = (!self.stale)
             .then(|| {
                 let old = (self.from, self.to);
@@ -360,7 +425,7 @@ impl Window {
             })
             .flatten();
         let Some((leaving, entering)) = moves else {
-            return self.rebuild(lines, scope, from, to);
+            return self.rebuild(lines, scope, (from, to), lvl);
         };
         let (mut add, mut del) = (Vec::new(), Vec::new());
         for &(at, v, added) in &self.log {
@@ -371,15 +436,17 @@ impl Window {
         let pick = |parts: [(i64, i64); 2], out: &mut Vec<f64>| {
             for (a, b) in parts.into_iter().filter(|(a, b)| a < b) {
                 match scope {
-                    Some(i) => out.extend(lines.get(i).into_iter().flat_map(|p| range(p, a, b))),
-                    None => out.extend(lines.values().flat_map(|p| range(p, a, b))),
+                    Some(i) => {
+                        out.extend(lines.get(i).into_iter().flat_map(|p| range(p, a, b, lvl)))
+                    }
+                    None => out.extend(lines.values().flat_map(|p| range(p, a, b, lvl))),
                 }
             }
         };
         pick(entering, &mut add);
         pick(leaving, &mut del);
         if add.len() + del.len() > self.vals.len() + MERGE_FROM {
-            return self.rebuild(lines, scope, from, to);
+            return self.rebuild(lines, scope, (from, to), lvl);
         }
         // Adds first: a sample added and removed since the last read cancels out.
         let mut vals = std::mem::take(&mut self.vals);
@@ -388,7 +455,7 @@ impl Window {
             merged = apply(&mut vals, Vec::new(), del);
         }
         if merged.is_none() {
-            return self.rebuild(lines, scope, from, to);
+            return self.rebuild(lines, scope, (from, to), lvl);
         }
         if vals.capacity() > 2 * vals.len() + 1024 {
             vals.shrink_to_fit();
@@ -402,12 +469,13 @@ impl Window {
         &mut self,
         lines: &BTreeMap<Label, VecDeque<Point>>,
         scope: Option<&str>,
-        from: i64,
-        to: i64,
+        (from, to): (i64, i64),
+        lvl: u8,
     ) {
-        self.vals = collect(lines, scope, from, to);
+        self.vals = collect(lines, scope, (from, to), lvl);
         self.log = Vec::new();
         self.stale = false;
+        self.level = lvl;
         self.rebuilds += 1;
         (self.from, self.to) = (from, to);
     }
@@ -435,12 +503,29 @@ fn outcome_key(model: &str, by: By) -> Key {
 /// A model's records and server failures per instance, as `LatencyWindows::sync_outcomes` left
 /// them, every kept record after `from` among them: counted in time ranges by binary search.
 /// Ranges are meant to start at or after `from` (before it, only what is mirrored counts).
+/// Where the records are thinned, every range is read at the level of a window reaching back
+/// to `from` (see `reading_from`), so counts of nested ranges grow with the range.
+#[derive(Clone, Copy)]
 pub struct Outcomes<'a> {
     records: &'a Mirror,
     failures: &'a Mirror,
+    level: u8,
+}
+
+/// The thinning level a range of a mirror is read at.
+fn range_level(m: &Mirror, from: i64) -> u8 {
+    m.cuts.window_level(from)
 }
 
 impl<'a> Outcomes<'a> {
+    /// The same outcomes read at the level of a window reaching back to `from`.
+    pub fn reading_from(self, from: i64) -> Outcomes<'a> {
+        Outcomes {
+            level: range_level(self.records, from),
+            ..self
+        }
+    }
+
     /// The instances with records in the mirror (the empty one among them), in order.
     pub fn instances(&self) -> impl Iterator<Item = &'a Label> + 'a {
         self.records.lines.keys()
@@ -451,7 +536,7 @@ impl<'a> Outcomes<'a> {
         let n = |m: &Mirror| {
             m.lines
                 .get(instance)
-                .map_or(0, |pts| between(pts, from, to).len() as u64)
+                .map_or(0, |pts| count(pts, from, to, self.level) as u64)
         };
         (n(self.failures), n(self.records))
     }
@@ -465,10 +550,13 @@ impl<'a> Outcomes<'a> {
         (from, to): (i64, i64),
     ) -> impl Iterator<Item = i64> + 'a {
         let m = if failed { self.failures } else { self.records };
+        let lvl = self.level;
         m.lines
             .get(instance)
             .into_iter()
-            .flat_map(move |pts| pts.range(between(pts, from, to)).map(|p| p.0))
+            .flat_map(move |pts| pts.range(between(pts, from, to)))
+            .filter(move |p| at_level(p, lvl))
+            .map(|p| p.0)
     }
 }
 
@@ -565,10 +653,11 @@ impl LatencyWindows {
                 vals: Vec::new(),
                 log: Vec::new(),
                 stale: true,
+                level: 0,
                 used: now,
                 rebuilds: 0,
             });
-        w.read(lines, scope, from, to);
+        w.read(lines, scope, (from, to), m.cuts.window_level(from));
         w.used = now;
         let idle = |w: &Window| now >= w.used && now - w.used <= IDLE_MS + (w.to - w.from);
         if m.windows.len() > 64 || m.windows.values().any(|w| !idle(w)) {
@@ -629,7 +718,7 @@ impl LatencyWindows {
                         i.clone(),
                         ranges
                             .iter()
-                            .map(|&(a, b)| between(pts, a, b).len())
+                            .map(|&(a, b)| count(pts, a, b, range_level(m, a)))
                             .collect(),
                     )
                 })
@@ -697,9 +786,11 @@ impl LatencyWindows {
                 .get(&outcome_key(model, by))
                 .filter(|m| m.used == now && from >= m.horizon)
         };
+        let records = get(By::Records)?;
         Some(Outcomes {
-            records: get(By::Records)?,
+            records,
             failures: get(By::Failures)?,
+            level: range_level(records, from),
         })
     }
 

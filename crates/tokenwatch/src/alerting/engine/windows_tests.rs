@@ -335,6 +335,8 @@ impl World {
             seen.dedup();
             for inst in INSTANCES {
                 for (from, to) in ranges {
+                    // Read at the level of a window reaching back to `from`, as the records.
+                    let o = o.reading_from(from);
                     let recs = || {
                         self.inputs
                             .window(model, from, to)
@@ -471,7 +473,8 @@ fn a_steady_stream_slides_the_arms_windows_without_rebuilding_them() {
 
 #[test]
 fn records_evicted_at_the_cap_leave_the_windows_and_a_model_that_comes_back_starts_afresh() {
-    let mut inputs = Inputs::new(600_000, 10);
+    // A budget of 8: between two prunes, a quarter more (10) are kept before the oldest go.
+    let mut inputs = Inputs::new(600_000, 8);
     let mut windows = LatencyWindows::default();
     let series = ("m", "e2e", "e2e");
     let now = 1_700_000_000_000;
