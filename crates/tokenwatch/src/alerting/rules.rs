@@ -63,9 +63,14 @@ pub struct AlertingConfig {
     pub event_lookback: HumanDuration,
     /// Write a snapshot archive when an alert fires.
     pub snapshots: bool,
-    /// Request records the engine keeps per model for its windows (≈ 250 bytes each); beyond
-    /// it the oldest go first, counted in `tokenwatch_alerting_evicted_records_total`, and the
-    /// longest windows then start later than configured.
+    /// Request records the engine keeps for its windows, all models together (≈ 250 bytes
+    /// each, and the latency, A/B and error-burst windows' copies); each model gets an equal
+    /// share (at least 1,000, at most `max_records_per_model`). Past its share a model's older
+    /// records are thinned to a uniform sample (`tokenwatch_alerting_thinned_records_total`):
+    /// windows keep their span, those reaching back past the newest records read fewer of them.
+    pub max_records: usize,
+    /// At most this many request records per model; a quarter more, between two evaluations,
+    /// and the oldest go first (`tokenwatch_alerting_evicted_records_total`).
     pub max_records_per_model: usize,
 }
 
@@ -87,6 +92,7 @@ impl Default for AlertingConfig {
             incident_window: HumanDuration(Duration::from_secs(300)),
             event_lookback: HumanDuration(Duration::from_secs(600)),
             snapshots: true,
+            max_records: 30_000,
             max_records_per_model: 200_000,
         }
     }

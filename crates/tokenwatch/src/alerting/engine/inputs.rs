@@ -340,6 +340,9 @@ fn shrink_set<T: Eq + std::hash::Hash>(s: &mut HashSet<T>) {
     }
 }
 
+/// The fewest records a model keeps before thinning, however many models share the budget.
+pub const MIN_MODEL_BUDGET: usize = 1_000;
+
 /// Per-model recent records, SLO counters, sampled embeddings and prefix-cache accesses.
 pub struct Inputs {
     /// Per model, in chunks: memory follows what is kept, and windows skip what is outside.
@@ -363,8 +366,10 @@ pub struct Inputs {
     /// How long embeddings are kept; None: they are not kept (no rule reads them).
     embedding_retention_ms: Option<i64>,
     /// Records kept per model before older ones are thinned (`super::thin`); a quarter more
-    /// before the oldest are dropped.
+    /// before the oldest are dropped. Less where `total_budget` shared by the models is less.
     cap_per_model: usize,
+    /// Records kept by all models together, shared equally (see `budget`).
+    total_budget: usize,
     /// Records dropped for `cap_per_model` before their retention ran out.
     evicted: u64,
     /// Records thinned out of the older part of the windows (`super::thin`).
@@ -414,6 +419,7 @@ impl Inputs {
             retention_ms,
             embedding_retention_ms: Some(retention_ms),
             cap_per_model: cap_per_model.max(1),
+            total_budget: usize::MAX,
             evicted: 0,
             thinned: 0,
             thinning: HashMap::new(),
@@ -421,6 +427,13 @@ impl Inputs {
             epochs: 0,
             latency_windows: Default::default(),
         }
+    }
+
+    /// Keep at most this many records over all models, shared equally (each at least
+    /// `MIN_MODEL_BUDGET`, at most `cap_per_model`).
+    pub fn with_total_budget(mut self, records: usize) -> Inputs {
+        self.total_budget = records.max(1);
+        self
     }
 
     /// Keep embeddings this long (the sample budget spreads over it) or, with None, not at all.
@@ -565,10 +578,17 @@ impl Inputs {
         self.pushed_to(&model).records += 1;
     }
 
+    /// Records a model keeps before its older ones are thinned: its share of the total budget.
+    fn budget(&self) -> usize {
+        let share = self.total_budget / self.records.len().max(1);
+        self.cap_per_model.min(share.max(MIN_MODEL_BUDGET))
+    }
+
     /// Kept records (or early first tokens) of a model beyond which the oldest are dropped:
-    /// thinning keeps them under `cap_per_model`, short of a burst faster than it narrows.
+    /// thinning keeps them under `budget`, short of a burst faster than it narrows.
     fn hard_cap(&self) -> usize {
-        self.cap_per_model + self.cap_per_model / 4
+        let b = self.budget();
+        b + b / 4
     }
 
     /// How `model`'s kept samples are thinned now (`super::thin`): windows reaching back past
@@ -691,7 +711,7 @@ impl Inputs {
     /// queues by it. An early first token thinned no longer awaits its record (which then
     /// stands for its TTFT itself, as a request's without one).
     fn thin(&mut self, now: i64) {
-        let (cap, retention) = (self.cap_per_model, self.retention_ms);
+        let (cap, retention) = (self.budget(), self.retention_ms);
         for (model, q) in &mut self.records {
             let Some(oldest) = q.front().map(|r| r.at_ms) else {
                 continue;

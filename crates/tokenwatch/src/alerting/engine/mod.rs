@@ -266,6 +266,7 @@ pub fn start_with_slos(
         tracked: HashMap::new(),
         resolved: VecDeque::new(),
         inputs: inputs::Inputs::new(retention, cfg.max_records_per_model)
+            .with_total_budget(cfg.max_records)
             .with_embedding_retention(embedding_retention)
             .with_slos(slo_tracker)
             .with_score_metrics(scores::ScoreMetrics::register(&deps.metrics)),
