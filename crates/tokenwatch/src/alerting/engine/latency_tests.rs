@@ -74,6 +74,11 @@ struct Harness {
 
 impl Harness {
     fn new(seed: u64) -> Harness {
+        Harness::with_budget(seed, 200_000)
+    }
+
+    /// With `budget` records kept before the older ones are thinned (`alerting.max_records`).
+    fn with_budget(seed: u64, budget: usize) -> Harness {
         let rules: Vec<Rule> = compile(&AlertingConfig::default())
             .unwrap()
             .into_iter()
@@ -82,7 +87,7 @@ impl Harness {
         assert_eq!(rules.len(), RULES.len());
         Harness {
             rules,
-            inputs: Inputs::new(15 * MIN, 200_000),
+            inputs: Inputs::new(15 * MIN, budget),
             board: SignalBoard::new(10, 10),
             tracked: HashMap::new(),
             events: Vec::new(),
@@ -358,8 +363,13 @@ fn poisson(rng: &mut StdRng, lambda: f64) -> u64 {
 
 /// One hour of healthy traffic per seed (two seeds: two hours, in parallel).
 fn healthy_hour(seed: u64) {
+    healthy_hour_within(seed, 200_000);
+}
+
+/// One hour of healthy traffic, `budget` records kept.
+fn healthy_hour_within(seed: u64, budget: usize) {
     {
-        let mut h = Harness::new(seed);
+        let mut h = Harness::with_budget(seed, budget);
         h.run(0, 60 * 60, &[]);
         let by_rule: BTreeMap<&str, usize> =
             h.events.iter().fold(BTreeMap::new(), |mut m, (r, _, _)| {
@@ -372,9 +382,40 @@ fn healthy_hour(seed: u64) {
             h.events.iter().take(5).collect::<Vec<_>>()
         );
         assert!(h.fired.is_empty());
-        let n = h.inputs.window("llama", T0, T0 + 61 * MIN).count();
-        assert!(n > 5_000, "the last minutes hold traffic: {n}");
+        let n = h
+            .inputs
+            .window("llama", T0 + 59 * MIN, T0 + 61 * MIN)
+            .count();
+        assert!(n > 200, "the last minutes hold traffic: {n}");
+        if budget == THINNED {
+            let dense = h.inputs.dense_ms("llama");
+            eprintln!(
+                "thinned: dense span {dense:?} ms, {} records thinned",
+                h.inputs.thinned_records()
+            );
+            assert!(dense.is_some_and(|d| d < 5 * MIN) && h.inputs.thinned_records() > 10_000);
+        }
     }
+}
+
+/// Budget for the thinned runs: at ≈ 14 requests/s and 15 minutes' retention the engine keeps
+/// about a quarter of its records, the newest minute or so whole and the rest thinned, so the
+/// latency spike's baseline and the error burst's usual rate read uniform samples.
+const THINNED: usize = 3_000;
+
+#[test]
+fn an_hour_of_healthy_traffic_read_through_thinned_windows_raises_nothing() {
+    healthy_hour_within(3, THINNED);
+}
+
+#[test]
+fn a_five_fold_ttft_spike_on_one_instance_of_four_is_named_through_thinned_windows() {
+    let h = five_fold_spike_on_one_instance_of_four(THINNED);
+    let dense = h
+        .inputs
+        .dense_ms("llama")
+        .expect("the records were thinned");
+    assert!(dense < 5 * MIN, "dense span {dense} ms");
 }
 
 #[test]
@@ -389,7 +430,13 @@ fn another_hour_of_healthy_traffic_with_other_draws_raises_nothing_either() {
 
 #[test]
 fn a_five_fold_ttft_spike_on_one_instance_of_four_alerts_naming_it() {
-    let mut h = Harness::new(7);
+    five_fold_spike_on_one_instance_of_four(200_000);
+}
+
+/// Ten minutes of a ×5 TTFT on one instance of four, `budget` records kept: one alert naming
+/// it, its condition held to the end, resolved after.
+fn five_fold_spike_on_one_instance_of_four(budget: usize) -> Harness {
+    let mut h = Harness::with_budget(7, budget);
     let onset = 20 * MIN;
     let faults = [Injected {
         fault: Fault::Slow { factor: 5.0 },
@@ -426,11 +473,23 @@ fn a_five_fold_ttft_spike_on_one_instance_of_four_alerts_naming_it() {
         !h.is_firing("latency_spike", "10.0.0.3:8000"),
         "resolved after the fault"
     );
+    h
 }
 
 #[test]
 fn a_twenty_percent_error_burst_alerts_within_ten_seconds_for_the_model_and_an_instance() {
-    let mut h = Harness::new(11);
+    twenty_percent_error_bursts(200_000);
+}
+
+#[test]
+fn twenty_percent_error_bursts_are_paged_within_ten_seconds_through_thinned_windows() {
+    twenty_percent_error_bursts(THINNED);
+}
+
+/// A 20 % error burst on the whole model, later one on one instance of four, `budget` records
+/// kept: each alerts within 10 s, for the model and then the instance, and nothing else does.
+fn twenty_percent_error_bursts(budget: usize) {
+    let mut h = Harness::with_budget(11, budget);
     let (a, b) = (15 * MIN, 30 * MIN);
     let faults = [
         Injected {
