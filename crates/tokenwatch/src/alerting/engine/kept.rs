@@ -187,15 +187,16 @@ impl KeptMetrics {
         };
         m.register(
             "tokenwatch_alerting_evicted_records",
-            "Request records the alert engine dropped before their retention ran out because \
-             their model had alerting.max_records_per_model kept",
+            "Request records the alert engine dropped, oldest first, before their retention ran \
+             out because their model kept a quarter more than its share of alerting.max_records \
+             between two evaluations (a burst faster than thinning narrows)",
             k.evicted.clone(),
         );
         m.register(
             "tokenwatch_alerting_thinned_records",
             "Request records the alert engine dropped from its windows' older part because their \
-             model kept more than alerting.max_records_per_model: windows reaching back there read \
-             a uniform sample of their span",
+             model kept more than its share of alerting.max_records: windows reaching back there \
+             read a uniform sample of their span",
             k.thinned.clone(),
         );
         m.register(
