@@ -436,6 +436,13 @@ impl Inputs {
         self
     }
 
+    /// New record budgets after a configuration reload (`alerting.max_records_per_model`,
+    /// `alerting.max_records`): thinning steers by them from the next `prune` on.
+    pub fn set_budget(&mut self, cap_per_model: usize, total: usize) {
+        self.cap_per_model = cap_per_model.max(1);
+        self.total_budget = total.max(1);
+    }
+
     /// Keep embeddings this long (the sample budget spreads over it) or, with None, not at all.
     pub fn with_embedding_retention(mut self, ms: Option<i64>) -> Inputs {
         self.embedding_retention_ms = ms.map(|m| m.max(1_000));
@@ -1259,6 +1266,29 @@ mod tests {
         // The mirror dropped what the records' thinning dropped.
         let kept_bytes = i.kept_bytes();
         assert!(kept_bytes < 3 * budget * size_of::<Rec>(), "{kept_bytes} bytes");
+    }
+
+    #[test]
+    fn a_reloaded_budget_steers_the_thinning_from_the_next_prunes() {
+        let mut i = Inputs::new(3_600_000, 1_000_000).with_total_budget(1_000_000);
+        for t in 0..20_000 {
+            i.ingest(rec("m", t * 10, 1.0, true));
+        }
+        let now = 200_000;
+        i.prune(now);
+        assert_eq!((i.thinned_records(), i.dense_ms("m")), (0, None));
+        // Two models share 8,000: 4,000 each.
+        i.set_budget(1_000_000, 8_000);
+        i.ingest(rec("other", now, 1.0, true));
+        for k in 1..=40 {
+            i.prune(now + k * 250);
+        }
+        let kept = i.records["m"].len();
+        assert!((2_000..=4_000).contains(&kept), "kept {kept}");
+        assert_eq!(i.evicted_records(), 0);
+        assert!(i.dense_ms("m").is_some());
+        // The whole span is still read, as a uniform sample.
+        assert!(i.window("m", -1, 1_000).count() > 0);
     }
 
     #[test]

@@ -532,6 +532,8 @@ impl Engine {
             self.inputs.slos_mut().reconfigure(slos, now);
         }
         let cfg = &r.cfg;
+        self.inputs
+            .set_budget(cfg.max_records_per_model, cfg.max_records);
         self.inhibit = cfg
             .inhibit_rules
             .clone()
