@@ -3,7 +3,7 @@
 // embeddings and prefix-cache accesses of records or of `POST /api/v1/embeddings`.
 
 use super::kept::{KeptQueue, Timed};
-use super::thin::{Cuts, Schedule, level, sample_id};
+use super::thin::{Cuts, Schedule, read_at, sample_id};
 use super::vectors::{EmbeddingSamples, PrefixLog};
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -714,7 +714,7 @@ impl Inputs {
         self.labels.prune();
     }
 
-    /// Steer each model's thinning by its kept records against `cap_per_model` and thin its
+    /// Steer each model's thinning by its kept records against its `budget` and thin its
     /// queues by it. An early first token thinned no longer awaits its record (which then
     /// stands for its TTFT itself, as a request's without one).
     fn thin(&mut self, now: i64) {
@@ -731,14 +731,12 @@ impl Inputs {
             }
             self.thinned += q.thin(applied, &cuts, |_| {}) as u64;
             if let Some(early) = self.first_tokens.get_mut(model) {
-                let awaiting = self.awaiting_record.get_mut(model);
-                let mut thinned = Vec::new();
-                early.thin(applied, &cuts, |f| thinned.push(f.id));
-                if let Some(ids) = awaiting {
-                    thinned.iter().for_each(|id| {
-                        ids.remove(id);
-                    });
-                }
+                let mut awaiting = self.awaiting_record.get_mut(model);
+                early.thin(applied, &cuts, |f| {
+                    if let Some(ids) = awaiting.as_mut() {
+                        ids.remove(&f.id);
+                    }
+                });
             }
             *applied = cuts;
         }
@@ -791,7 +789,7 @@ impl Inputs {
             .into_iter()
             .flat_map(move |q| q.overlapping(from, to))
             .filter(move |r| r.at_ms > from && r.at_ms <= to)
-            .filter(move |r| lvl == 0 || level(sample_id(r.seq, Rec::SOURCE)) >= lvl)
+            .filter(move |r| read_at(sample_id(r.seq, Rec::SOURCE), lvl))
     }
 
     /// Records dropped because their model had `cap_per_model` kept, before their retention
@@ -848,7 +846,7 @@ impl Inputs {
                     .into_iter()
                     .flat_map(move |q| q.overlapping(from, to))
                     .filter(move |f| f.at_ms > from && f.at_ms <= to)
-                    .filter(move |f| lvl == 0 || level(sample_id(f.seq, EarlyTtft::SOURCE)) >= lvl)
+                    .filter(move |f| read_at(sample_id(f.seq, EarlyTtft::SOURCE), lvl))
                     .map(LatencySample::FirstToken),
             )
     }

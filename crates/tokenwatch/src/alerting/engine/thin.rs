@@ -23,6 +23,12 @@ pub fn level(id: u64) -> u8 {
     z.trailing_zeros().min(u32::from(MAX_LEVEL)) as u8
 }
 
+/// Whether the sample `id` is read at thinning level `lvl` (every sample at level 0; the hash
+/// is not computed there, so unthinned reads cost nothing more).
+pub fn read_at(id: u64, lvl: u8) -> bool {
+    lvl == 0 || level(id) >= lvl
+}
+
 /// How far a model's kept samples were thinned: every sample known at or before `applied[k]`
 /// that is kept has level ≥ k (so `applied` never rises with k). A window reaching back past a
 /// cut reads only the samples of that cut's level, everywhere in it: a uniform sample.
@@ -59,8 +65,7 @@ impl Cuts {
 
     /// Whether the sample `id` known at `at` is kept.
     pub fn keeps(&self, at: i64, id: u64) -> bool {
-        let need = self.required(at);
-        need == 0 || level(id) >= need
+        read_at(id, self.required(at))
     }
 
     /// Whether nothing was thinned.

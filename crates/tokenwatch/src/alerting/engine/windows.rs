@@ -3,7 +3,7 @@
 // instance or arm in time order, thinned as the kept records are; windows slide on them.
 
 use super::inputs::{Inputs, KeptSeq, Label, LatencySample, Rec};
-use super::thin::{Cuts, level};
+use super::thin::{Cuts, read_at};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Which window of a series: windows of different slots are kept apart (each moves wherever it
@@ -115,15 +115,10 @@ fn between(pts: &VecDeque<Point>, from: i64, to: i64) -> std::ops::Range<usize> 
     a..b.max(a)
 }
 
-/// Whether the sample `p` is read at thinning level `lvl`.
-fn at_level(p: &Point, lvl: u8) -> bool {
-    lvl == 0 || level(p.1) >= lvl
-}
-
 /// The values of the samples in `(from, to]` read at `lvl`.
 fn range(pts: &VecDeque<Point>, from: i64, to: i64, lvl: u8) -> impl Iterator<Item = f64> + '_ {
     pts.range(between(pts, from, to))
-        .filter(move |p| at_level(p, lvl))
+        .filter(move |p| read_at(p.1, lvl))
         .map(|p| p.2)
         .filter(|v| !v.is_nan())
 }
@@ -133,7 +128,7 @@ fn count(pts: &VecDeque<Point>, from: i64, to: i64, lvl: u8) -> usize {
     let r = between(pts, from, to);
     match lvl {
         0 => r.len(),
-        _ => pts.range(r).filter(|p| at_level(p, lvl)).count(),
+        _ => pts.range(r).filter(|p| read_at(p.1, lvl)).count(),
     }
 }
 
@@ -193,7 +188,7 @@ impl Mirror {
         for ((scope, _), w) in self.windows.iter_mut() {
             if w.stale
                 || scope.as_ref().is_some_and(|s| s != instance)
-                || (w.level > 0 && level(id) < w.level)
+                || !read_at(id, w.level)
             {
                 continue;
             }
@@ -555,7 +550,7 @@ impl<'a> Outcomes<'a> {
             .get(instance)
             .into_iter()
             .flat_map(move |pts| pts.range(between(pts, from, to)))
-            .filter(move |p| at_level(p, lvl))
+            .filter(move |p| read_at(p.1, lvl))
             .map(|p| p.0)
     }
 }
