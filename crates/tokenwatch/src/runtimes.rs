@@ -2,6 +2,7 @@
 // there), and the analysis runtime whose threads run at a lower CPU priority than serving.
 
 use serde::Deserialize;
+use std::time::Duration;
 use tokio::runtime::Runtime;
 
 /// `runtime:` in the configuration.
@@ -19,18 +20,44 @@ pub struct RuntimeConfig {
     /// slice. For a proxy that shares its CPUs with analysis and wants the flattest tail; on a
     /// host whose CPUs other work keeps busy, analysis (and so alerting) then gets almost none.
     pub analysis_idle: bool,
+    /// Linux 6.12+ (EEVDF): the scheduler slice the proxy's threads ask for, in µs (100–100,000;
+    /// 0 = the kernel's default, a few ms). A woken thread with a shorter slice than the running
+    /// one preempts it at once, so a forwarded chunk does not wait out an analysis thread's
+    /// slice on a shared CPU; unlike SCHED_IDLE, analysis keeps the share its niceness gives it.
+    pub proxy_slice_us: u64,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        RuntimeConfig { proxy_threads: 0, analysis_niceness: 10, analysis_idle: false }
+        RuntimeConfig { proxy_threads: 0, analysis_niceness: 10, analysis_idle: false, proxy_slice_us: 100 }
     }
 }
 
 impl RuntimeConfig {
+    /// The slice the proxy's threads ask for; `None` leaves the kernel's default.
+    pub fn proxy_slice(&self) -> Result<Option<Duration>, String> {
+        if self.proxy_slice_us == 0 {
+            return Ok(None);
+        }
+        let slice = Duration::from_micros(self.proxy_slice_us);
+        let (min, max) = (tokenwatch_sched::MIN_SLICE, tokenwatch_sched::MAX_SLICE);
+        if !(min..=max).contains(&slice) {
+            return Err(format!(
+                "must be 0 (the kernel's default) or {}–{} µs, got {}",
+                min.as_micros(),
+                max.as_micros(),
+                self.proxy_slice_us
+            ));
+        }
+        Ok(Some(slice))
+    }
+
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         if !(0..=19).contains(&self.analysis_niceness) {
             return Err(("runtime.analysis_niceness", format!("must be 0–19, got {}", self.analysis_niceness)));
+        }
+        if let Err(e) = self.proxy_slice() {
+            return Err(("runtime.proxy_slice_us", e));
         }
         if self.proxy_threads > 1024 {
             return Err(("runtime.proxy_threads", format!("must be at most 1024, got {}", self.proxy_threads)));
@@ -47,9 +74,16 @@ pub fn proxy_runtime(cfg: &RuntimeConfig) -> std::io::Result<Runtime> {
     } else {
         cfg.proxy_threads
     };
+    let slice = cfg.proxy_slice().ok().flatten();
+    let told = std::sync::Once::new();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name("tw-proxy")
+        .on_thread_start(move || {
+            if let Some(slice) = slice {
+                set_current_thread_slice(slice, &told);
+            }
+        })
         .enable_all()
         .build()
 }
@@ -87,6 +121,17 @@ pub fn lower_current_thread_priority(priority: AnalysisPriority) {
         set_current_thread_idle();
     } else {
         set_current_thread_niceness(priority.niceness);
+    }
+}
+
+/// Ask for `slice` on the calling proxy thread. A kernel without slices per thread (before 6.12)
+/// or one that refuses leaves the default; `told` logs that once, not for every thread.
+fn set_current_thread_slice(slice: Duration, told: &std::sync::Once) {
+    match tokenwatch_sched::set_current_thread_slice(slice) {
+        Ok(()) => told.call_once(|| tracing::debug!(?slice, "proxy threads run with a short scheduler slice")),
+        Err(e) => told.call_once(|| {
+            tracing::info!(error = %e, "proxy threads keep the kernel's scheduler slice (runtime.proxy_slice_us)")
+        }),
     }
 }
 
@@ -155,6 +200,40 @@ mod tests {
         assert!(RuntimeConfig::default().validate().is_ok());
         let bad = RuntimeConfig { analysis_niceness: 25, ..Default::default() };
         assert_eq!(bad.validate().unwrap_err().0, "runtime.analysis_niceness");
+        for us in [1, 99, 100_001] {
+            let bad = RuntimeConfig { proxy_slice_us: us, ..Default::default() };
+            let (key, why) = bad.validate().unwrap_err();
+            assert_eq!(key, "runtime.proxy_slice_us");
+            assert!(why.contains(&us.to_string()) && why.contains("100–100000"), "{why}");
+        }
+        for us in [0, 100, 100_000] {
+            assert!(RuntimeConfig { proxy_slice_us: us, ..Default::default() }.validate().is_ok(), "{us}");
+        }
+    }
+
+    /// The proxy's workers and its blocking pool ask for the configured slice where the kernel
+    /// keeps one (6.12+); the analysis runtime's threads keep the kernel's.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn proxy_threads_get_the_configured_slice() {
+        use std::time::Duration;
+        let slice = || tokenwatch_sched::current_thread_slice().unwrap();
+        let cfg = RuntimeConfig { proxy_slice_us: 700, ..Default::default() };
+        let proxy = proxy_runtime(&cfg).unwrap();
+        let worker = proxy.block_on(async move { tokio::spawn(async move { slice() }).await.unwrap() });
+        let blocking = proxy.block_on(async move { tokio::task::spawn_blocking(move || slice()).await.unwrap() });
+        proxy.shutdown_background();
+        let analysis = analysis_runtime(&cfg).unwrap();
+        let other = analysis.block_on(async move { tokio::spawn(async move { slice() }).await.unwrap() });
+        analysis.shutdown_background();
+        let Some(default) = other else {
+            // A kernel before 6.12 keeps no slice per thread: nothing was set anywhere.
+            assert_eq!((worker, blocking), (None, None));
+            return;
+        };
+        assert_eq!(worker, Some(Duration::from_micros(700)));
+        assert_eq!(blocking, Some(Duration::from_micros(700)));
+        assert_ne!(default, Duration::from_micros(700));
     }
 
     /// `runtime.analysis_idle`: every analysis thread, the runtime's workers and blocking pool
