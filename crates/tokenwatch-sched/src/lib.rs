@@ -84,20 +84,24 @@ mod sys {
         Ok(attr)
     }
 
-    pub(super) fn slice() -> Result<Option<Duration>, SliceError> {
+    /// The calling thread's attributes, if it is under a fair (normal) policy, the only ones
+    /// whose slice the kernel keeps per thread.
+    fn get_fair() -> Result<SchedAttr, SliceError> {
         let attr = get()?;
         if attr.sched_policy != SCHED_OTHER && attr.sched_policy != SCHED_BATCH {
             return Err(SliceError::NotFair);
         }
+        Ok(attr)
+    }
+
+    pub(super) fn slice() -> Result<Option<Duration>, SliceError> {
+        let attr = get_fair()?;
         Ok((attr.sched_runtime > 0).then(|| Duration::from_nanos(attr.sched_runtime)))
     }
 
     #[allow(unsafe_code)]
     pub(super) fn set_slice(slice: Duration) -> Result<(), SliceError> {
-        let now = get()?;
-        if now.sched_policy != SCHED_OTHER && now.sched_policy != SCHED_BATCH {
-            return Err(SliceError::NotFair);
-        }
+        let now = get_fair()?;
         let attr = SchedAttr {
             size: SIZE,
             sched_policy: now.sched_policy,
@@ -143,7 +147,12 @@ mod tests {
     #[test]
     fn a_thread_gets_the_slice_it_asks_for_and_keeps_its_niceness() {
         std::thread::spawn(|| {
+            // A niceness other than 0, so a call that reset it would show.
+            let tid = rustix::thread::gettid();
+            let base = rustix::process::getpriority_process(Some(tid)).unwrap();
+            rustix::process::setpriority_process(Some(tid), base + 5).unwrap();
             let nice_before = std::fs::read_to_string("/proc/thread-self/stat").ok().map(|s| field(&s, 19));
+            assert_eq!(nice_before, Some((base + 5).to_string()));
             let set = set_current_thread_slice(Duration::from_micros(250));
             if kernel_has_slices() {
                 set.expect("slice set");

@@ -12,18 +12,26 @@ use common::*;
 /// SCHED_IDLE in `/proc/<pid>/task/<tid>/stat`'s policy field (the 41st).
 const SCHED_IDLE: u32 = 5;
 
-/// (thread name, scheduling policy) of every thread of `pid`.
-fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+/// (thread name, what `read` finds in its `/proc/<pid>/task/<tid>` directory) of every thread
+/// of `pid` it finds something for.
+fn per_thread<T>(pid: u32, read: impl Fn(&std::path::Path) -> Option<T>) -> Vec<(String, T)> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("reading the process's threads");
     tasks
         .filter_map(|t| {
-            let stat = std::fs::read_to_string(t.ok()?.path().join("stat")).ok()?;
-            let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
-            // `rest` starts at field 3 (state), so the policy (field 41) is its 39th.
-            let policy = rest.split(' ').nth(38)?.parse().ok()?;
-            Some((name.to_string(), policy))
+            let dir = t.ok()?.path();
+            let name = std::fs::read_to_string(dir.join("comm")).ok()?.trim().to_string();
+            Some((name, read(&dir)?))
         })
         .collect()
+}
+
+/// (thread name, scheduling policy) of every thread of `pid`.
+fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+    per_thread(pid, |dir| {
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        // After the name, the fields start at 3 (state), so the policy (field 41) is the 39th.
+        stat.rsplit_once(") ")?.1.split(' ').nth(38)?.parse().ok()
+    })
 }
 
 fn is_analysis(name: &str) -> bool {
@@ -55,16 +63,10 @@ async fn analysis_idle_puts_only_the_analysis_threads_under_sched_idle() {
 
 /// (thread name, scheduler slice in ns from `/proc/<pid>/task/<tid>/sched`) of every thread.
 fn thread_slices(pid: u32) -> Vec<(String, u64)> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("reading the process's threads");
-    tasks
-        .filter_map(|t| {
-            let dir = t.ok()?.path();
-            let name = std::fs::read_to_string(dir.join("comm")).ok()?.trim().to_string();
-            let sched = std::fs::read_to_string(dir.join("sched")).ok()?;
-            let slice = sched.lines().find(|l| l.starts_with("se.slice"))?.rsplit(' ').next()?.trim().parse().ok()?;
-            Some((name, slice))
-        })
-        .collect()
+    per_thread(pid, |dir| {
+        let sched = std::fs::read_to_string(dir.join("sched")).ok()?;
+        sched.lines().find(|l| l.starts_with("se.slice"))?.rsplit(' ').next()?.trim().parse().ok()
+    })
 }
 
 /// Whether this kernel keeps a slice per normal thread (Linux 6.12+), asked on a thread of the
