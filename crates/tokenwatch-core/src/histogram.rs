@@ -58,6 +58,26 @@ impl CumulativeHistogram {
         }
     }
 
+    /// Observations above `t`, interpolating linearly inside the bucket that holds it (as the
+    /// quantiles do); None when empty or malformed. Above the largest finite bound: the +Inf
+    /// bucket's count is taken as all above.
+    pub fn count_above(&self, t: f64) -> Option<f64> {
+        if self.bounds.len() != self.cumulative.len() || self.bounds.is_empty() || !t.is_finite() {
+            return None;
+        }
+        let total = *self.cumulative.last()?;
+        let idx = match self.bounds.iter().position(|b| *b >= t) {
+            Some(i) => i,
+            None => return Some(0.0),
+        };
+        let upper = self.bounds[idx];
+        let lower = if idx == 0 { 0.0_f64.min(upper) } else { self.bounds[idx - 1] };
+        let below = if idx == 0 { 0.0 } else { self.cumulative[idx - 1] };
+        let in_bucket = self.cumulative[idx] - below;
+        let share_below_t = if upper.is_infinite() || upper <= lower { 0.0 } else { ((t - lower) / (upper - lower)).clamp(0.0, 1.0) };
+        Some((total - below - in_bucket * share_below_t).max(0.0))
+    }
+
     /// The q-quantile (0 < q < 1). None when empty or malformed. When it falls in the +Inf
     /// bucket the largest finite bound is returned (as PromQL does) and the error is unbounded.
     pub fn quantile(&self, q: f64) -> Option<BucketQuantile> {
@@ -90,6 +110,19 @@ impl CumulativeHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn count_above_interpolates_inside_the_bucket_like_the_quantiles() {
+        let h = CumulativeHistogram { bounds: vec![1.0, 2.0, f64::INFINITY], cumulative: vec![10.0, 30.0, 40.0], sum: 0.0, count: 40.0 };
+        assert_eq!(h.count_above(0.5), Some(35.0));
+        assert_eq!(h.count_above(1.5), Some(20.0));
+        assert_eq!(h.count_above(2.0), Some(10.0));
+        assert_eq!(h.count_above(5.0), Some(10.0), "the +Inf bucket is all above");
+        // The quantile's value has the matching share above it.
+        let q = h.quantile(0.75).unwrap().value;
+        assert!((h.count_above(q).unwrap() - 10.0).abs() < 1e-9, "{q}");
+        assert_eq!(h.count_above(f64::NAN), None);
+    }
 
     fn h(cum: &[f64], sum: f64) -> CumulativeHistogram {
         CumulativeHistogram {

@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod alert;
+pub mod counts;
 pub mod exposition;
 pub mod histogram;
 pub mod model;

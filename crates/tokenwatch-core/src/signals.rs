@@ -14,6 +14,9 @@ pub mod names {
     pub const REQUESTS_RUNNING: &str = "requests_running";
     pub const REQUESTS_WAITING: &str = "requests_waiting";
     pub const REQUESTS_PER_SECOND: &str = "requests_per_second";
+    /// Requests the server failed, per second (vLLM `finished_reason="error"`, TGI failures);
+    /// a part of `requests_per_second`.
+    pub const REQUEST_ERRORS_PER_SECOND: &str = "request_errors_per_second";
     pub const PROMPT_TOKENS_PER_SECOND: &str = "prompt_tokens_per_second";
     pub const OUTPUT_TOKENS_PER_SECOND: &str = "output_tokens_per_second";
     pub const GPU_MEMORY_USED_BYTES: &str = "gpu_memory_used_bytes";
@@ -81,6 +84,8 @@ pub struct SignalBoard {
     history_len: usize,
     max_series: usize,
     refused: u64,
+    /// What each scrape of a serving instance added (`crate::counts`), for per-replica tests.
+    counts: crate::counts::CountsLog,
 }
 
 impl Default for SignalBoard {
@@ -92,7 +97,23 @@ impl Default for SignalBoard {
 impl SignalBoard {
     /// `history_len` points kept per series; at most `max_series` series (new ones refused beyond).
     pub fn new(history_len: usize, max_series: usize) -> SignalBoard {
-        SignalBoard { series: BTreeMap::new(), history_len: history_len.max(1), max_series, refused: 0 }
+        SignalBoard {
+            series: BTreeMap::new(),
+            history_len: history_len.max(1),
+            max_series,
+            refused: 0,
+            counts: crate::counts::CountsLog::default(),
+        }
+    }
+
+    /// Keep what one scrape of one (model, instance) added (read through `counts`).
+    pub fn record_counts(&mut self, c: crate::counts::ScrapeCounts) {
+        self.counts.push(c);
+    }
+
+    /// The log of scraped counts, read incrementally by sequence number.
+    pub fn counts(&self) -> &crate::counts::CountsLog {
+        &self.counts
     }
 
     /// Record a value. Non-finite values are ignored (returns false).

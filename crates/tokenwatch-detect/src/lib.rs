@@ -16,6 +16,7 @@ pub mod quality;
 pub mod resources;
 pub mod robust;
 pub mod rootcause;
+pub mod sequential;
 pub mod slo;
 mod stats;
 mod text;
@@ -29,6 +30,7 @@ pub use noise::*;
 pub use quality::*;
 pub use resources::*;
 pub use rootcause::*;
+pub use sequential::ReplicaShiftParams;
 pub use slo::*;
 pub use stats::{LinearFit, kolmogorov_sf, ks_two_sample, linear_fit};
 
@@ -54,6 +56,7 @@ pub mod names {
     pub const AB_REGRESSION: &str = "ab_regression";
     pub const PROMPT_VERSION_DECAY: &str = "prompt_version_decay";
     pub const TRIPLE_SIGNAL_HEALTH: &str = "triple_signal_health";
+    pub const REPLICA_SHIFT: &str = "replica_shift";
 
     /// Every detector of spec section 4 (for validating rules).
     pub const ALL: &[&str] = &[
@@ -74,6 +77,7 @@ pub mod names {
         AB_REGRESSION,
         PROMPT_VERSION_DECAY,
         TRIPLE_SIGNAL_HEALTH,
+        REPLICA_SHIFT,
     ];
 }
 

@@ -61,6 +61,9 @@ impl Default for CausalGraph {
                 edge(KV_CACHE_PRESSURE, LATENCY_SPIKE, 0.8, 30_000),
                 edge(KV_CACHE_PRESSURE, ABSOLUTE_LATENCY, 0.75, 30_000),
                 edge(KV_CACHE_PRESSURE, CONTEXT_AWARE_THRESHOLD, 0.7, 30_000),
+                // A replica's own metrics shifting (slow or failing requests) follows the
+                // same causes as the proxy's latency and error detectors.
+                edge(KV_CACHE_PRESSURE, REPLICA_SHIFT, 0.8, 30_000),
                 edge(CACHE_POLLUTION, LATENCY_SPIKE, 0.89, 142),
                 edge(CACHE_POLLUTION, ABSOLUTE_LATENCY, 0.8, 142),
                 edge("cpu_contention", "upstream_timeout", 0.72, 86),
@@ -74,6 +77,8 @@ impl Default for CausalGraph {
                 edge(LOG_PREEMPTION, ABSOLUTE_LATENCY, 0.7, 10_000),
                 edge(LOG_PREEMPTION, CONTEXT_AWARE_THRESHOLD, 0.65, 10_000),
                 edge(LOG_ERROR, ERROR_BURST, 0.4, 5_000),
+                edge(LOG_CUDA_OOM, REPLICA_SHIFT, 0.8, 5_000),
+                edge(LOG_PREEMPTION, REPLICA_SHIFT, 0.7, 10_000),
                 // Ours: an XID error (a fault, an ECC error, the GPU off the bus) ends or stalls
                 // the CUDA work on that GPU: requests in flight fail within seconds, and those
                 // retried or queued elsewhere wait longer.
@@ -81,6 +86,7 @@ impl Default for CausalGraph {
                 edge(GPU_XID_ERROR, SLO_BURN, 0.65, 30_000),
                 edge(GPU_XID_ERROR, LATENCY_SPIKE, 0.6, 15_000),
                 edge(GPU_XID_ERROR, ABSOLUTE_LATENCY, 0.55, 15_000),
+                edge(GPU_XID_ERROR, REPLICA_SHIFT, 0.75, 5_000),
             ],
         }
     }

@@ -318,6 +318,11 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   window: 5s
   severity: critical
   summary: "Error burst on {{ labels.model_id }} {{ labels.instance }}: {{ evidence.error_ratio }} of requests failing"
+- name: replica_shift
+  detector: replica_shift
+  group_by: [model_id, instance]
+  severity: critical
+  summary: "{{ summary }}"
 - name: batch_jitter
   detector: batch_jitter
   for: 2m

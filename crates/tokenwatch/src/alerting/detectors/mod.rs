@@ -22,6 +22,7 @@ mod kv_cache_pressure;
 mod latency_spike;
 mod output_length_outlier;
 mod prompt_version_decay;
+mod replica_shift;
 mod semantic_drift;
 mod slo_burn;
 mod threshold;
@@ -45,6 +46,7 @@ pub use kv_cache_pressure::KvCachePressure;
 pub use latency_spike::LatencySpike;
 pub use output_length_outlier::OutputLengthOutlier;
 pub use prompt_version_decay::PromptVersionDecay;
+pub use replica_shift::ReplicaShift;
 pub use semantic_drift::SemanticDrift;
 pub use slo_burn::SloBurn;
 pub use threshold::{Threshold, ThresholdParams};
@@ -167,6 +169,7 @@ pub const REGISTRY: &[Registration] = &[
     register::<CachePollution>(),
     register::<SloBurn>(),
     register::<ErrorBurst>(),
+    register::<ReplicaShift>(),
     register::<BatchJitter>(),
     register::<TripleSignalHealth>(),
     register::<AbRegression>(),

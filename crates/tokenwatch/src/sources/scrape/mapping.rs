@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokenwatch_core::alert::AnomalyEvent;
+use tokenwatch_core::counts::ScrapeCounts;
 use tokenwatch_core::exposition::{MetricFamily, Sample};
 use tokenwatch_core::histogram::{CumulativeHistogram, counter_delta};
 use tokenwatch_core::signals::{SignalPoint, names};
@@ -54,6 +55,8 @@ pub struct MapOutput {
     pub events: Vec<AnomalyEvent>,
     /// (model, version) the target reports (`crate::markers::scraped`), for version markers.
     pub versions: Vec<(String, String)>,
+    /// What each (model, instance) added since the previous scrape (none on the first).
+    pub counts: Vec<ScrapeCounts>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -195,6 +198,7 @@ impl Mapper {
 
         let mut points = Vec::new();
         let mut emitted: HashSet<(String, String, String, String)> = HashSet::new();
+        let mut counts: BTreeMap<(String, String), ScrapeCounts> = BTreeMap::new();
         for (idx, groups) in accs.into_iter().enumerate() {
             let rule = &rules.rules[idx];
             let point_runtime = rule.runtime.clone().unwrap_or_else(|| runtime.clone());
@@ -221,6 +225,32 @@ impl Mapper {
                     notes: acc.notes.clone(),
                 };
                 let mut out: Vec<SignalPoint> = Vec::new();
+                // Per-scrape counts of serving instances (not of GPUs), from the second scrape on.
+                let mut counted = match (elapsed, key.device.is_empty()) {
+                    (Some(e), true) => {
+                        let k = (base.model_id.clone(), base.instance.clone());
+                        Some(counts.entry(k).or_insert_with(|| ScrapeCounts {
+                            model_id: base.model_id.clone(),
+                            instance: base.instance.clone(),
+                            runtime: point_runtime.clone(),
+                            at_unix_ms: now_ms,
+                            interval_ms: (e * 1000.0).round() as i64,
+                            finished: None,
+                            failed: None,
+                            latency: Vec::new(),
+                        }))
+                    }
+                    _ => None,
+                };
+                if let (Some(c), RuleKind::CounterRate, true) =
+                    (counted.as_deref_mut(), rule.kind, acc.has_prev)
+                {
+                    if rule.signal == names::REQUESTS_PER_SECOND && c.finished.is_none() {
+                        c.finished = Some(acc.delta);
+                    } else if rule.signal == names::REQUEST_ERRORS_PER_SECOND && c.failed.is_none() {
+                        c.failed = Some(acc.delta);
+                    }
+                }
                 match rule.kind {
                     RuleKind::Gauge => {
                         if let Some(v) = aggregate(&acc.values, rule.aggregate) {
@@ -250,7 +280,14 @@ impl Mapper {
                         if let Some(h) =
                             build_histogram(acc.buckets, acc.sum, acc.count, rule.scale)
                         {
-                            out.extend(self.window_quantiles(idx, key.clone(), h, now, &base));
+                            let (quantiles, step) =
+                                self.window_quantiles(idx, key.clone(), h, now, &base);
+                            out.extend(quantiles);
+                            if let (Some(c), Some(step)) = (counted, step)
+                                && c.histogram(&rule.signal).is_none()
+                            {
+                                c.latency.push((rule.signal.clone(), step));
+                            }
                         }
                     }
                 }
@@ -281,10 +318,12 @@ impl Mapper {
             points,
             events,
             versions: versions.finish(),
+            counts: counts.into_values().collect(),
         }
     }
 
-    /// Percentiles and mean of the observations since the reading about one window ago.
+    /// Percentiles and mean of the observations since the reading about one window ago, and
+    /// the observations since the previous scrape (None on the first reading).
     fn window_quantiles(
         &mut self,
         idx: usize,
@@ -292,15 +331,16 @@ impl Mapper {
         current: CumulativeHistogram,
         now: Instant,
         base: &SignalPoint,
-    ) -> Vec<SignalPoint> {
+    ) -> (Vec<SignalPoint>, Option<CumulativeHistogram>) {
         let history = self.histograms.entry((idx, key)).or_default();
+        let step = history.back().map(|(_, prev)| current.delta_since(prev));
         history.push_back((now, current.clone()));
         let cutoff = now.checked_sub(self.window);
         while history.len() > 2 && cutoff.is_some_and(|c| history[1].0 <= c) {
             history.pop_front();
         }
         if history.len() < 2 {
-            return Vec::new();
+            return (Vec::new(), step);
         }
         let (then, earlier) = &history[0];
         let delta = current.delta_since(earlier);
@@ -335,7 +375,7 @@ impl Mapper {
                 ..base.clone()
             });
         }
-        out
+        (out, step)
     }
 }
 

@@ -636,3 +636,55 @@ fn dcgm_kubernetes_mode_keeps_the_pod_and_xid_errors_become_events() {
         assert!(!notes.contains_key(l), "{l} in {notes:?}");
     }
 }
+
+/// A vLLM exposition with `ok` + `err` finished requests and TTFT observations per bucket.
+fn vllm_counts_text(ok: f64, err: f64, abort: f64, ttft: [f64; 3]) -> String {
+    let m = "model_name=\"m\",engine=\"0\"";
+    let (b1, b2, b3) = (ttft[0], ttft[0] + ttft[1], ttft[0] + ttft[1] + ttft[2]);
+    format!(
+        "# TYPE vllm:request_success_total counter\n\
+         vllm:request_success_total{{{m},finished_reason=\"stop\"}} {ok}\n\
+         vllm:request_success_total{{{m},finished_reason=\"error\"}} {err}\n\
+         vllm:request_success_total{{{m},finished_reason=\"abort\"}} {abort}\n\
+         # TYPE vllm:time_to_first_token_seconds histogram\n\
+         vllm:time_to_first_token_seconds_bucket{{{m},le=\"0.1\"}} {b1}\n\
+         vllm:time_to_first_token_seconds_bucket{{{m},le=\"1.0\"}} {b2}\n\
+         vllm:time_to_first_token_seconds_bucket{{{m},le=\"+Inf\"}} {b3}\n\
+         vllm:time_to_first_token_seconds_sum{{{m}}} 1.0\n\
+         vllm:time_to_first_token_seconds_count{{{m}}} {b3}\n"
+    )
+}
+
+#[test]
+fn per_scrape_counts_of_requests_errors_and_latency_buckets() {
+    let mut m = mapper(&[]);
+    let t0 = Instant::now();
+    let scrape = |m: &mut Mapper, text: &str, at: Duration, at_ms: i64| {
+        let f = tokenwatch_core::exposition::parse(text, tokenwatch_core::exposition::Format::PrometheusText).unwrap();
+        m.map(&f, t0 + at, at_ms)
+    };
+    let first = scrape(&mut m, &vllm_counts_text(100.0, 2.0, 5.0, [90.0, 10.0, 4.0]), Duration::ZERO, 1_000);
+    assert!(first.counts.is_empty(), "the first scrape has nothing to count against");
+    let second = scrape(&mut m, &vllm_counts_text(130.0, 7.0, 9.0, [110.0, 15.0, 8.0]), Duration::from_secs(2), 3_000);
+    assert_eq!(second.counts.len(), 1);
+    let c = &second.counts[0];
+    assert_eq!((c.model_id.as_str(), c.instance.as_str(), c.runtime.as_str()), ("m", "127.0.0.1:8000", "vllm"));
+    assert_eq!((c.at_unix_ms, c.interval_ms), (3_000, 2_000));
+    // Finished: every reason (30 + 5 + 4); failed: `error` only (aborts are clients cancelling).
+    assert_eq!(c.finished, Some(39.0));
+    assert_eq!(c.failed, Some(5.0));
+    let h = c.histogram("ttft").expect("ttft");
+    assert_eq!(h.cumulative, vec![20.0, 25.0, 29.0]);
+    assert_eq!(h.count, 29.0);
+    // A missed scrape: the next interval is longer and counts everything since.
+    let third = scrape(&mut m, &vllm_counts_text(190.0, 7.0, 9.0, [160.0, 25.0, 8.0]), Duration::from_secs(32), 33_000);
+    assert_eq!(third.counts[0].interval_ms, 30_000);
+    assert_eq!(third.counts[0].finished, Some(60.0));
+    assert_eq!(third.counts[0].failed, Some(0.0));
+    assert_eq!(third.counts[0].histogram("ttft").unwrap().cumulative, vec![50.0, 60.0, 60.0]);
+    // A restart: counters start again; the new readings are the increase.
+    let fourth = scrape(&mut m, &vllm_counts_text(3.0, 1.0, 0.0, [2.0, 1.0, 1.0]), Duration::from_secs(33), 34_000);
+    assert_eq!(fourth.counts[0].finished, Some(4.0));
+    assert_eq!(fourth.counts[0].failed, Some(1.0));
+    assert_eq!(fourth.counts[0].histogram("ttft").unwrap().cumulative, vec![2.0, 3.0, 4.0]);
+}

@@ -52,8 +52,8 @@ impl T<'_> {
         r.aggregate = Aggregate::Mean;
         r
     }
-    fn rate(&mut self, metric: &str, signal: &str) {
-        self.push(metric, signal, RuleKind::CounterRate);
+    fn rate(&mut self, metric: &str, signal: &str) -> &mut MappingRule {
+        self.push(metric, signal, RuleKind::CounterRate)
     }
     fn ratio(&mut self, metric: &str, denominator: &str, signal: &str) {
         self.push(metric, signal, RuleKind::CounterRatio)
@@ -90,6 +90,9 @@ fn vllm(out: &mut Vec<MappingRule>) {
     t.gauge("vllm:num_requests_running", n::REQUESTS_RUNNING);
     t.gauge("vllm:num_requests_waiting", n::REQUESTS_WAITING);
     t.rate("vllm:request_success", n::REQUESTS_PER_SECOND);
+    // Failed by the engine; `abort` is left out: clients cancelling is not a server fault.
+    t.rate("vllm:request_success", n::REQUEST_ERRORS_PER_SECOND)
+        .match_labels(&[("finished_reason", "error")]);
     t.rate("vllm:prompt_tokens", n::PROMPT_TOKENS_PER_SECOND);
     t.rate("vllm:generation_tokens", n::OUTPUT_TOKENS_PER_SECOND);
     t.hist("vllm:time_to_first_token_seconds", "ttft");
@@ -134,6 +137,7 @@ fn tgi(out: &mut Vec<MappingRule>) {
     t.gauge("tgi_batch_current_size", n::REQUESTS_RUNNING);
     t.gauge("tgi_queue_size", n::REQUESTS_WAITING);
     t.rate("tgi_request_count", n::REQUESTS_PER_SECOND);
+    t.rate("tgi_request_failure", n::REQUEST_ERRORS_PER_SECOND);
     t.rate("tgi_request_input_length_sum", n::PROMPT_TOKENS_PER_SECOND);
     t.rate(
         "tgi_request_generated_tokens_sum",

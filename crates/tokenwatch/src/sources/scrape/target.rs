@@ -251,10 +251,13 @@ async fn scrape_once(spec: &TargetSpec, shared: &Shared, mapper: &mut Mapper) {
     let outcome = match result {
         Ok((out, now_ms)) => {
             shared.versions.observe(&spec.instance(), &out.versions, now_ms);
-            if !out.points.is_empty() {
+            if !out.points.is_empty() || !out.counts.is_empty() {
                 let mut board = shared.signals.write().unwrap_or_else(|p| p.into_inner());
                 for p in out.points {
                     board.update(p);
+                }
+                for c in out.counts {
+                    board.record_counts(c);
                 }
             }
             for e in out.events {

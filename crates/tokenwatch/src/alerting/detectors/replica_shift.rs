@@ -1,0 +1,711 @@
+// `replica_shift`: sequential tests (banks of Bernoulli CUSUMs spending a stated false-alarm
+// budget) on what each serving instance's own metrics count every scrape — requests the server
+// failed, requests slower than the anchor says they should be — and names the replica that is
+// worse than its peers and than itself, or the model when all of it shifts. Works behind one
+// Service and without the proxy: it reads scraped counts only (`tokenwatch_core::counts`).
+//
+// Two kinds of test per series (a replica, or the model as a whole):
+// - errors: the failed share, against the series' clean baseline (and, for a replica, its
+//   peers' over the same baseline);
+// - latency: the share of observations beyond a multiple of a recent quantile of an anchor —
+//   the replica's peers, or the model itself — against the series' own clean baseline of that
+//   share. The anchor moves with the load, so a swing that slows every request alike is no
+//   shift; a fault on some requests (or on one replica) is.
+
+use super::{BuiltinExport, Detector, EvalCtx, RuleInput};
+use crate::alerting::engine::eval::labels;
+use crate::alerting::rules::{RuleError, RuleSpec};
+use std::collections::{BTreeMap, VecDeque};
+use tokenwatch_core::alert::AnomalyEvent;
+use tokenwatch_core::counts::ScrapeCounts;
+use tokenwatch_core::histogram::CumulativeHistogram;
+use tokenwatch_detect::sequential as seq;
+use tokenwatch_detect::{self as det, Finding};
+
+/// Counts are kept per minute: the references sum minutes, and overdispersion compares them.
+const MINUTE_MS: i64 = 60_000;
+/// Overdispersion assumed until enough clean minutes are seen to estimate it.
+const DEFAULT_OVERDISPERSION: f64 = 2.0;
+/// Largest overdispersion used (a test slowed beyond this is better off not counting).
+const MAX_OVERDISPERSION: f64 = 10.0;
+
+pub struct ReplicaShift {
+    pub params: det::ReplicaShiftParams,
+    /// Last sequence read from the board's counts log.
+    read_seq: u64,
+    models: BTreeMap<String, ModelState>,
+}
+
+/// What one test counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Kind {
+    /// Requests the server failed.
+    Errors,
+    /// Observations beyond `tail_multiple` × the anchor's quantile with these bits.
+    Beyond(u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct TestKey {
+    /// The latency signal; empty for errors.
+    signal: String,
+    kind: Kind,
+}
+
+impl TestKey {
+    fn errors() -> TestKey {
+        TestKey {
+            signal: String::new(),
+            kind: Kind::Errors,
+        }
+    }
+
+    /// "failed", "TTFT beyond 3 × the P90 of its peers".
+    fn describe(&self, multiple: f64, anchor: &str) -> String {
+        match self.kind {
+            Kind::Errors => "failed".into(),
+            Kind::Beyond(q) => format!(
+                "{} beyond {multiple} × the P{} of {anchor}",
+                self.signal.to_uppercase(),
+                (f64::from_bits(q) * 100.0).round()
+            ),
+        }
+    }
+
+    /// The evidence key: `errors`, `ttft_beyond_p90`.
+    fn evidence_key(&self) -> String {
+        match self.kind {
+            Kind::Errors => "errors".into(),
+            Kind::Beyond(q) => format!(
+                "{}_beyond_p{}",
+                self.signal,
+                (f64::from_bits(q) * 100.0).round()
+            ),
+        }
+    }
+}
+
+/// Adds `h` to the histogram of `signal` in `into` (a changed bucket layout starts it again).
+fn merge(into: &mut BTreeMap<String, CumulativeHistogram>, signal: &str, h: &CumulativeHistogram) {
+    match into.get_mut(signal) {
+        Some(acc) if acc.bounds == h.bounds => {
+            for (a, b) in acc.cumulative.iter_mut().zip(&h.cumulative) {
+                *a += b;
+            }
+            acc.sum += h.sum;
+            acc.count += h.count;
+        }
+        _ => {
+            into.insert(signal.to_string(), h.clone());
+        }
+    }
+}
+
+/// A per-token histogram (ITL) counts as many trials as there were requests, its share of slow
+/// observations kept: one slow request is not hundreds of independent ones.
+fn per_request(n: f64, x: f64, requests: f64) -> (f64, f64) {
+    if n > requests && requests > 0.0 {
+        (requests, x * requests / n)
+    } else {
+        (n, x)
+    }
+}
+
+/// Requests in counts: finished, else the TTFT or E2E observations.
+fn requests_in(finished: f64, latency: &BTreeMap<String, CumulativeHistogram>) -> f64 {
+    if finished > 0.0 {
+        return finished;
+    }
+    ["ttft", "e2e"]
+        .iter()
+        .find_map(|s| latency.get(*s).map(|h| h.count))
+        .unwrap_or(0.0)
+}
+
+/// One minute of one series' counts.
+#[derive(Debug, Default)]
+struct Minute {
+    start: i64,
+    finished: f64,
+    failed: f64,
+    latency: BTreeMap<String, CumulativeHistogram>,
+    /// (trials, events) of the latency tests, counted as the scrapes arrived (their threshold
+    /// moves with the anchor).
+    beyond: BTreeMap<TestKey, (f64, f64)>,
+    /// Each test's Pearson residuals of the scrapes in it against the reference rate then:
+    /// (sum of squared residuals, scrapes) — the overdispersion at the scale the CUSUMs see.
+    pearson: BTreeMap<TestKey, (f64, f64)>,
+    /// A test of the series was alarmed in it: left out of its own reference.
+    alarmed: bool,
+}
+
+impl Minute {
+    /// One scrape's counts, its latency tests' (trials, events), and whether the series is
+    /// alarmed (the minute then stays out of its reference).
+    fn add(&mut self, c: &ScrapeCounts, latency_trials: &[(TestKey, (f64, f64))], alarmed: bool) {
+        self.finished += c.finished.unwrap_or(0.0);
+        self.failed += c.failed.unwrap_or(0.0);
+        for (s, h) in &c.latency {
+            merge(&mut self.latency, s, h);
+        }
+        for (k, (n, x)) in latency_trials.iter().filter(|(k, _)| k.kind != Kind::Errors) {
+            let acc = self.beyond.entry(k.clone()).or_default();
+            acc.0 += n;
+            acc.1 += x;
+        }
+        self.alarmed |= alarmed;
+    }
+
+    /// (trials, events) of a test in this minute.
+    fn trials(&self, k: &TestKey) -> Option<(f64, f64)> {
+        match k.kind {
+            Kind::Errors => (self.finished > 0.0)
+                .then_some((self.finished, self.failed.min(self.finished))),
+            Kind::Beyond(_) => self.beyond.get(k).copied(),
+        }
+    }
+}
+
+/// A test's counts over a reference period: in all, per minute of each block, and the
+/// scrapes' Pearson residuals.
+#[derive(Debug, Default)]
+struct Reference {
+    n: f64,
+    x: f64,
+    blocks: Vec<Vec<(f64, f64)>>,
+    pearson: (f64, f64),
+}
+
+/// Fewest scrapes whose residuals estimate the per-scrape overdispersion.
+const MIN_PEARSON_SCRAPES: f64 = 20.0;
+
+impl Reference {
+    fn add(&mut self, o: Reference) {
+        self.n += o.n;
+        self.x += o.x;
+        self.blocks.extend(o.blocks);
+        self.pearson.0 += o.pearson.0;
+        self.pearson.1 += o.pearson.1;
+    }
+
+    /// How much more its counts vary than a binomial's, at the larger of two scales: between
+    /// minutes of a block, and between scrapes (batches fail or stall requests together).
+    fn overdispersion(&self) -> Option<f64> {
+        let minutes = seq::overdispersion(&self.blocks);
+        let scrapes = (self.pearson.1 >= MIN_PEARSON_SCRAPES).then(|| self.pearson.0 / self.pearson.1);
+        minutes.into_iter().chain(scrapes).reduce(f64::max).map(|v| v.max(1.0))
+    }
+
+    /// The reference rate: the upper confidence bound over the whole period.
+    fn rate(&self, p: &det::ReplicaShiftParams) -> Option<f64> {
+        if self.n < p.min_reference {
+            return None;
+        }
+        seq::rate_upper(self.x, self.n, p.reference_z)
+    }
+
+}
+
+/// A test's CUSUMs and what they last compared, for the alert's evidence.
+#[derive(Debug, Default, Clone)]
+struct Shift {
+    cusum: seq::CusumBank,
+    reference: f64,
+    own: Option<f64>,
+    peers: Option<f64>,
+    design: f64,
+    threshold: f64,
+    overdispersion: f64,
+}
+
+/// A series: an instance, or the model as a whole (all its instances' counts).
+#[derive(Debug, Default)]
+struct Series {
+    minutes: VecDeque<Minute>,
+    tests: BTreeMap<TestKey, Shift>,
+    alarmed_since: Option<i64>,
+    last_seen: i64,
+}
+
+impl Series {
+    fn minute(&mut self, at: i64) -> &mut Minute {
+        let start = at - at.rem_euclid(MINUTE_MS);
+        if self.minutes.back().is_none_or(|m| m.start < start) {
+            self.minutes.push_back(Minute {
+                start,
+                ..Minute::default()
+            });
+        }
+        self.minutes.back_mut().expect("just pushed")
+    }
+
+    fn prune(&mut self, before: i64) {
+        while self.minutes.front().is_some_and(|m| m.start < before) {
+            self.minutes.pop_front();
+        }
+    }
+
+    /// The counts of `k` over minutes starting in `[from, to)`, clean ones only when `clean`,
+    /// grouped in blocks of `block_ms`.
+    fn reference(&self, k: &TestKey, from: i64, to: i64, clean: bool, block_ms: i64) -> Reference {
+        let mut r = Reference::default();
+        let mut blocks: BTreeMap<i64, Vec<(f64, f64)>> = BTreeMap::new();
+        for m in self.minutes.iter().filter(|m| m.start >= from && m.start < to) {
+            if clean && m.alarmed {
+                continue;
+            }
+            if let Some(&(sq, scrapes)) = m.pearson.get(k) {
+                r.pearson.0 += sq;
+                r.pearson.1 += scrapes;
+            }
+            if let Some((n, x)) = m.trials(k) {
+                r.n += n;
+                r.x += x;
+                blocks
+                    .entry((m.start - from) / block_ms.max(1))
+                    .or_default()
+                    .push((n, x));
+            }
+        }
+        r.blocks = blocks.into_values().collect();
+        r
+    }
+
+    /// The latency histograms of the minutes starting at or after `from`, merged.
+    fn recent_latency(&self, from: i64) -> BTreeMap<String, CumulativeHistogram> {
+        let mut out = BTreeMap::new();
+        for m in self.minutes.iter().filter(|m| m.start >= from) {
+            for (s, h) in &m.latency {
+                merge(&mut out, s, h);
+            }
+        }
+        out
+    }
+
+    /// Requests per second over the kept minutes (the current one included).
+    fn request_rate(&self, now: i64) -> f64 {
+        let Some(first) = self.minutes.front() else {
+            return 0.0;
+        };
+        let n: f64 = self
+            .minutes
+            .iter()
+            .map(|m| requests_in(m.finished, &m.latency))
+            .sum();
+        n / ((now - first.start) as f64 / 1000.0).max(1.0)
+    }
+
+    fn alarmed(&self) -> bool {
+        self.tests.values().any(|t| t.cusum.alarmed())
+    }
+
+    /// Start (or end) the alarm's clock; true when the alarm is young enough to keep its
+    /// minutes out of the reference (`max_hold_s`).
+    fn hold(&mut self, now: i64, max_hold_ms: i64) -> bool {
+        self.alarmed_since = match (self.alarmed(), self.alarmed_since) {
+            (true, None) => Some(now),
+            (true, since) => since,
+            (false, _) => None,
+        };
+        self.alarmed_since.is_some_and(|t| now - t <= max_hold_ms)
+    }
+}
+
+#[derive(Debug, Default)]
+struct ModelState {
+    instances: BTreeMap<String, Series>,
+    whole: Series,
+}
+
+/// Every test of a series.
+fn keys(p: &det::ReplicaShiftParams) -> Vec<TestKey> {
+    let mut keys = vec![TestKey::errors()];
+    for s in &p.signals {
+        for q in &p.tail_quantiles {
+            keys.push(TestKey {
+                signal: s.clone(),
+                kind: Kind::Beyond(q.to_bits()),
+            });
+        }
+    }
+    keys
+}
+
+/// (trials, events) of a test in one scrape's counts: failed requests, or observations beyond
+/// `multiple` × the anchor's quantile (None without an anchor of `min_anchor` observations).
+fn trials_of(
+    c: &ScrapeCounts,
+    k: &TestKey,
+    anchor: &BTreeMap<String, CumulativeHistogram>,
+    p: &det::ReplicaShiftParams,
+) -> Option<(f64, f64)> {
+    match k.kind {
+        Kind::Errors => {
+            let n = c.finished?;
+            (n > 0.0).then(|| (n, c.failed.unwrap_or(0.0).min(n)))
+        }
+        Kind::Beyond(q) => {
+            let a = anchor.get(&k.signal)?;
+            if a.count < p.min_anchor {
+                return None;
+            }
+            let t = a.quantile(f64::from_bits(q))?.value * p.tail_multiple;
+            let h = c.histogram(&k.signal)?;
+            let (n, x) = (h.cumulative.last().copied()?, h.count_above(t)?);
+            let requests = c
+                .finished
+                .or_else(|| c.histogram("ttft").map(|h| h.count))
+                .unwrap_or(n);
+            (n > 0.0).then(|| per_request(n, x, requests))
+        }
+    }
+}
+
+/// The budget's share of one test and the CUSUM parameters it runs with.
+struct Budget {
+    period_s: f64,
+    tests: usize,
+}
+
+/// One scrape's (trials, events) into one test of a series: the reference rate is the larger
+/// of its own and its peers' (errors of a replica); the smallest shift is designed from it.
+#[allow(clippy::too_many_arguments)]
+fn test(
+    series: &mut Series,
+    k: &TestKey,
+    (n, x): (f64, f64),
+    own: Reference,
+    peers: Option<Reference>,
+    budget: &Budget,
+    now: i64,
+    p: &det::ReplicaShiftParams,
+) {
+    let latency = k.kind != Kind::Errors;
+    let own_rate = own.rate(p);
+    let peer_rate = peers.as_ref().and_then(|r| r.rate(p));
+    let Some(reference) = own_rate.into_iter().chain(peer_rate).reduce(f64::max) else {
+        return;
+    };
+    let floor = if latency {
+        p.min_tail_rate
+    } else {
+        p.min_error_rate
+    };
+    let p0 = reference.max(floor);
+    if p0 >= 0.5 {
+        return;
+    }
+    let p1 = p.design(p0);
+    // Its own minutes tell how clumped its counts are; a new instance borrows its peers'.
+    let phi = own
+        .overdispersion()
+        .or_else(|| peers.and_then(|r| r.overdispersion()))
+        .unwrap_or(DEFAULT_OVERDISPERSION)
+        .min(MAX_OVERDISPERSION);
+    if n > 0.0 {
+        let residual = (x - n * p0).powi(2) / (n * p0 * (1.0 - p0));
+        let acc = series.minute(now).pearson.entry(k.clone()).or_default();
+        acc.0 += residual;
+        acc.1 += 1.0;
+    }
+    let h = seq::cusum_threshold(
+        budget.period_s,
+        series.request_rate(now).max(0.01),
+        budget.tests,
+    );
+    let t = series.tests.entry(k.clone()).or_default();
+    let was = t.cusum.alarmed();
+    t.cusum.update(now, n, x, p0, p1, phi, h, p.recovery_nats);
+    t.reference = p0;
+    t.own = own_rate;
+    t.peers = peer_rate;
+    t.design = p1;
+    t.threshold = h;
+    t.overdispersion = phi;
+    // The counts since the change point the alarm estimates stay out of the reference too.
+    if let (false, Some(since)) = (was, t.cusum.changed_at) {
+        let from = since - since.rem_euclid(MINUTE_MS);
+        series
+            .minutes
+            .iter_mut()
+            .filter(|m| m.start >= from)
+            .for_each(|m| m.alarmed = true);
+    }
+}
+
+impl ReplicaShift {
+    fn observe(&mut self, c: &ScrapeCounts) {
+        let p = &self.params;
+        let now = c.at_unix_ms;
+        let st = self.models.entry(c.model_id.clone()).or_default();
+        let keys = keys(p);
+        let budget = Budget {
+            period_s: p.false_page_days * 86_400.0,
+            tests: (st.instances.len().max(1) + 1) * keys.len(),
+        };
+        let ms = |s: f64| (s * 1000.0) as i64;
+        let current_minute = now - now.rem_euclid(MINUTE_MS);
+        let baseline = (now - ms(p.baseline_s), current_minute - ms(p.baseline_guard_s));
+        let anchor_from = now - ms(p.anchor_s) - MINUTE_MS + 1;
+        let block_ms = ms(p.block_s);
+        let max_hold_ms = ms(p.max_hold_s);
+
+        // The replica: latency against its peers' recent distribution, errors against their
+        // clean baseline; both against its own clean baseline.
+        let mut peers_anchor = BTreeMap::new();
+        let mut peers_errors = Reference::default();
+        let errors = TestKey::errors();
+        for (_, s) in st.instances.iter().filter(|(n, _)| **n != c.instance) {
+            for (sig, h) in s.recent_latency(anchor_from) {
+                merge(&mut peers_anchor, &sig, &h);
+            }
+            peers_errors.add(s.reference(&errors, baseline.0, baseline.1, true, block_ms));
+        }
+        let inst = st.instances.entry(c.instance.clone()).or_default();
+        inst.last_seen = now;
+        let mut peers_errors = Some(peers_errors);
+        let mut counted = Vec::new();
+        for k in &keys {
+            let Some(trials) = trials_of(c, k, &peers_anchor, p) else {
+                continue;
+            };
+            let own = inst.reference(k, baseline.0, baseline.1, true, block_ms);
+            let peers = (k.kind == Kind::Errors).then(|| peers_errors.take()).flatten();
+            test(inst, k, trials, own, peers, &budget, now, p);
+            counted.push((k.clone(), trials));
+        }
+        let hold = inst.hold(now, max_hold_ms);
+        inst.minute(now).add(c, &counted, hold);
+
+        // The model as a whole: latency against its own recent distribution.
+        let replica_alarmed = st.instances.values().any(Series::alarmed);
+        let replica_hold = st
+            .instances
+            .values()
+            .any(|s| s.alarmed_since.is_some_and(|t| now - t <= max_hold_ms));
+        let whole = &mut st.whole;
+        whole.last_seen = now;
+        let mut anchor = whole.recent_latency(anchor_from);
+        for (sig, h) in &c.latency {
+            merge(&mut anchor, sig, h);
+        }
+        let mut counted = Vec::new();
+        for k in &keys {
+            let Some(trials) = trials_of(c, k, &anchor, p) else {
+                continue;
+            };
+            let own = whole.reference(k, baseline.0, baseline.1, true, block_ms);
+            test(whole, k, trials, own, None, &budget, now, p);
+            counted.push((k.clone(), trials));
+        }
+        // A shift a replica explains is that replica's alarm, not the model's: the model's
+        // tests start again while a replica is alarmed (one alert per incident).
+        if replica_alarmed {
+            whole
+                .tests
+                .values_mut()
+                .for_each(|t| t.cusum = seq::CusumBank::default());
+        }
+        let hold_whole = whole.hold(now, max_hold_ms) || replica_hold;
+        whole.minute(now).add(c, &counted, hold_whole);
+    }
+
+    fn prune(&mut self, now: i64) {
+        let keep_from = now - (self.params.baseline_s * 1000.0) as i64 - MINUTE_MS;
+        self.models.retain(|_, st| {
+            st.instances.retain(|_, s| {
+                s.prune(keep_from);
+                s.last_seen >= keep_from
+            });
+            st.whole.prune(keep_from);
+            st.whole.last_seen >= keep_from
+        });
+    }
+}
+
+/// The share of the series' recent requests (this minute and the one before) a test counts.
+fn recent_share(series: &Series, k: &TestKey) -> Option<f64> {
+    let (n, x) = series
+        .minutes
+        .iter()
+        .rev()
+        .take(2)
+        .filter_map(|m| m.trials(k))
+        .fold((0.0, 0.0), |(a, b), (n, x)| (a + n, b + x));
+    (n > 0.0).then(|| x / n)
+}
+
+fn finding(series: &Series, at: &str, multiple: f64, anchor: &str) -> Option<Finding> {
+    let alarmed: Vec<(&TestKey, &Shift)> = series
+        .tests
+        .iter()
+        .filter(|(_, t)| t.cusum.alarmed())
+        .collect();
+    if alarmed.is_empty() {
+        return None;
+    }
+    let pct = |v: f64| format!("{:.1}%", v * 100.0);
+    let mut parts = Vec::new();
+    let mut f = Finding::new(1.0, "");
+    for (k, t) in &alarmed {
+        let seen = recent_share(series, k).unwrap_or(f64::NAN);
+        let against = match (t.own, t.peers) {
+            (Some(o), Some(pe)) => format!("its own usual {} and its peers' {}", pct(o), pct(pe)),
+            (Some(o), None) => format!("its usual {}", pct(o)),
+            (None, Some(pe)) => format!("its peers' {}", pct(pe)),
+            (None, None) => pct(t.reference),
+        };
+        parts.push(format!(
+            "{} of requests {} (against {against})",
+            pct(seen),
+            k.describe(multiple, anchor)
+        ));
+        f.score = f.score.max(t.cusum.level(t.threshold));
+        let key = k.evidence_key();
+        f = f
+            .with(&format!("{key}_share"), seen)
+            .with(&format!("{key}_reference"), t.reference)
+            .with(&format!("{key}_shift"), t.cusum.alarmed_at.unwrap_or(t.design))
+            .with(&format!("{key}_evidence"), t.cusum.level(t.threshold))
+            .with(&format!("{key}_threshold_nats"), t.threshold)
+            .with(&format!("{key}_overdispersion"), t.overdispersion);
+    }
+    f.summary = format!("{at}: {}", parts.join("; "));
+    Some(f)
+}
+
+impl Detector for ReplicaShift {
+    fn name() -> &'static str {
+        det::names::REPLICA_SHIFT
+    }
+
+    /// Unused: the tests are sequential; their memory is the baseline and peer periods.
+    fn default_window_s() -> i64 {
+        60
+    }
+
+    fn compile(rule: &RuleInput) -> Result<(Self, String), RuleError> {
+        let params: det::ReplicaShiftParams = rule.validated()?;
+        let signal = rule.signal(&["scraped_counts"], "scraped_counts")?;
+        Ok((
+            ReplicaShift {
+                params,
+                read_seq: 0,
+                models: BTreeMap::new(),
+            },
+            signal,
+        ))
+    }
+
+    fn builtin_export() -> Option<BuiltinExport> {
+        None
+    }
+
+    fn evaluate(&mut self, rule: &RuleSpec, cx: &EvalCtx) -> Vec<AnomalyEvent> {
+        let log = cx.board.counts();
+        let skipped = log.skipped(self.read_seq);
+        if skipped > 0 {
+            tracing::warn!(
+                skipped,
+                "replica_shift: scraped counts dropped before they were read"
+            );
+        }
+        let fresh: Vec<ScrapeCounts> = log.since(self.read_seq).map(|(_, c)| c.clone()).collect();
+        self.read_seq = log.last_seq();
+        for c in &fresh {
+            self.observe(c);
+        }
+        self.prune(cx.now);
+        let multiple = self.params.tail_multiple;
+        let mut out = Vec::new();
+        for (model, st) in &self.models {
+            let mut any = false;
+            for (instance, s) in &st.instances {
+                let at = format!("Replica {instance} of {model}");
+                if let Some(f) = finding(s, &at, multiple, "its peers") {
+                    any = true;
+                    let l = labels(&[("model_id", model), ("instance", instance)]);
+                    out.push(f.into_event(&rule.detector, &rule.signal, l, cx.now));
+                }
+            }
+            // A model served by one instance: that instance is where to look.
+            let only = (st.instances.len() == 1)
+                .then(|| st.instances.keys().next().cloned())
+                .flatten();
+            let at = match &only {
+                Some(i) => format!("{model} (its one replica {i})"),
+                None => format!("{model} (all replicas)"),
+            };
+            if !any && let Some(f) = finding(&st.whole, &at, multiple, "the model") {
+                let l = labels(&[("model_id", model), ("instance", only.as_deref().unwrap_or(""))]);
+                out.push(f.into_event(&rule.detector, &rule.signal, l, cx.now));
+            }
+        }
+        out
+    }
+
+    fn retention_ms(&self, _rule: &RuleSpec) -> i64 {
+        0
+    }
+}
+
+#[cfg(test)]
+impl ReplicaShift {
+    fn series(&self, model: &str, instance: Option<&str>) -> Option<&Series> {
+        let st = self.models.get(model)?;
+        match instance {
+            Some(i) => st.instances.get(i),
+            None => Some(&st.whole),
+        }
+    }
+
+    /// The tests of a series (the model as a whole with None).
+    fn test_keys(&self, model: &str, instance: Option<&str>) -> Vec<TestKey> {
+        self.series(model, instance)
+            .map(|s| s.tests.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// A test's (minute start, trials, events) in the series' kept minutes.
+    fn minute_counts(&self, model: &str, instance: Option<&str>, k: &TestKey) -> Vec<(i64, f64, f64)> {
+        self.series(model, instance)
+            .map(|s| {
+                s.minutes
+                    .iter()
+                    .filter_map(|m| m.trials(k).map(|(n, x)| (m.start, n, x)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every test's state, for diagnosing the scenario tests.
+    fn dump(&self) -> String {
+        let mut out = String::new();
+        for (m, st) in &self.models {
+            out += &format!("{m}\n");
+            for (i, s) in st.instances.iter().chain([(&"(all)".to_string(), &st.whole)]) {
+                for (k, t) in &s.tests {
+                    let flagged: Vec<String> = s.minutes.iter().map(|m| format!("{}{}", if m.alarmed { "A" } else { "." }, m.trials(k).map(|(n, x)| format!("{x:.0}/{n:.0}")).unwrap_or_default())).collect();
+                    out += &format!("    minutes {}\n", flagged[flagged.len().saturating_sub(20)..].join(" "));
+                    out += &format!(
+                        "  {i} {} level={:.2} h={:.2} p0={:.4} own={:?} peers={:?} p1={:.4} phi={:.2} recent={:?}\n",
+                        k.describe(3.0, "anchor"),
+                        t.cusum.level(t.threshold),
+                        t.threshold,
+                        t.reference,
+                        t.own,
+                        t.peers,
+                        t.design,
+                        t.overdispersion,
+                        recent_share(s, k)
+                    );
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+#[path = "replica_shift_tests.rs"]
+mod tests;

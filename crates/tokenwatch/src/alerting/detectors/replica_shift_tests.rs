@@ -1,0 +1,577 @@
+// `replica_shift` against a randomised fleet: topologies (1–4 replicas of a model, one model or
+// two), request rates, scrape intervals 1–30 s, heavy-tailed, swinging, drifting healthy latency
+// with batch hiccups and clumped errors; faults drawn down to the small ones of issue 27. Scores
+// false alarms on healthy traffic and detection delay against the optimal CUSUM's bound.
+
+use super::*;
+use crate::alerting::rules::{AlertingConfig, Rule, compile};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokenwatch_core::signals::SignalBoard;
+
+const T0: i64 = 1_800_000_000_000;
+const HOUR_MS: i64 = 3_600_000;
+
+/// vLLM's default buckets (as the simulator and vLLM export them).
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// A fault on some replicas from `from` to `to`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Fault {
+    /// TTFT and ITL × `factor` on `share` of requests.
+    Latency { factor: f64, share: f64 },
+    /// `rate` of requests fail.
+    Errors { rate: f64 },
+}
+
+#[derive(Debug, Clone)]
+struct Replica {
+    name: String,
+    model: String,
+    /// Mean requests per second.
+    rate: f64,
+    ttft_median: f64,
+    itl_median: f64,
+    error_rate: f64,
+    scrape_ms: i64,
+    next_scrape: i64,
+    last_scrape: i64,
+    swing_period_ms: f64,
+    swing_phase: f64,
+}
+
+/// A healthy fleet with optional faults.
+pub(crate) struct Fleet {
+    rng: StdRng,
+    replicas: Vec<Replica>,
+    /// Load swing amplitude (rate × 1 ± this) and how strongly latency follows load.
+    swing: f64,
+    latency_per_load: f64,
+    /// Latency drift per hour (relative).
+    drift: f64,
+    pub faults: Vec<(Vec<usize>, Fault, i64, i64)>,
+    /// Healthy errors also come in clumps (about one failed batch of 1–3 every 100 s).
+    pub clumps: bool,
+}
+
+pub(crate) struct Topology {
+    pub models: usize,
+    pub replicas_per_model: usize,
+    pub rate: (f64, f64),
+    pub scrape_s: (i64, i64),
+}
+
+impl Fleet {
+    pub(crate) fn new(seed: u64, t: &Topology) -> Fleet {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut replicas = Vec::new();
+        for m in 0..t.models {
+            // Replicas of one model are alike but not equal (hardware, placement).
+            let ttft = rng.random_range(0.05..0.6);
+            let itl = rng.random_range(0.015..0.06);
+            let rate = rng.random_range(t.rate.0..=t.rate.1);
+            // Replicas behind one Service share the load's swings, each a little out of step.
+            let period = rng.random_range(10.0..40.0) * 60_000.0;
+            let phase = rng.random_range(0.0..std::f64::consts::TAU);
+            for r in 0..t.replicas_per_model {
+                let scrape_ms = rng.random_range(t.scrape_s.0..=t.scrape_s.1) * 1000;
+                replicas.push(Replica {
+                    name: format!("10.0.{m}.{r}:8000"),
+                    model: format!("model-{m}"),
+                    rate: rate * rng.random_range(0.8..1.2),
+                    ttft_median: ttft * rng.random_range(0.85..1.15),
+                    itl_median: itl * rng.random_range(0.9..1.1),
+                    error_rate: rng.random_range(0.0..0.003),
+                    scrape_ms,
+                    next_scrape: T0 + rng.random_range(0..scrape_ms),
+                    last_scrape: T0,
+                    swing_period_ms: period * rng.random_range(0.95..1.05),
+                    swing_phase: phase + rng.random_range(-0.3..0.3),
+                });
+            }
+        }
+        Fleet {
+            swing: rng.random_range(0.0..0.6),
+            latency_per_load: rng.random_range(0.0..1.0),
+            drift: rng.random_range(-0.2..0.4),
+            rng,
+            replicas,
+            faults: Vec::new(),
+            clumps: true,
+        }
+    }
+
+    pub(crate) fn replica_names(&self) -> Vec<(String, String)> {
+        self.replicas.iter().map(|r| (r.model.clone(), r.name.clone())).collect()
+    }
+
+    fn normal(&mut self) -> f64 {
+        let (u1, u2): (f64, f64) = (self.rng.random_range(1e-12..1.0), self.rng.random());
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+
+    fn poisson(&mut self, mean: f64) -> u64 {
+        if mean > 40.0 {
+            return (mean + mean.sqrt() * self.normal()).round().max(0.0) as u64;
+        }
+        let (l, mut k, mut p) = ((-mean).exp(), 0u64, 1.0);
+        loop {
+            p *= self.rng.random::<f64>();
+            if p <= l {
+                return k;
+            }
+            k += 1;
+        }
+    }
+
+    /// Heavy-tailed latency around `median`: lognormal body, 1 % Pareto tail (α = 1.5).
+    fn latency(&mut self, median: f64) -> f64 {
+        let body = median * (0.5 * self.normal()).exp();
+        if self.rng.random_bool(0.01) {
+            body * self.rng.random_range(1e-9f64..1.0).powf(-1.0 / 1.5)
+        } else {
+            body
+        }
+    }
+
+    fn active(&self, i: usize, at: i64) -> Option<Fault> {
+        self.faults
+            .iter()
+            .find(|(rs, _, from, to)| rs.contains(&i) && at >= *from && at < *to)
+            .map(|(_, f, _, _)| *f)
+    }
+
+    /// The scrapes due up to `until`, in time order.
+    pub(crate) fn scrapes_until(&mut self, until: i64) -> Vec<ScrapeCounts> {
+        let mut out = Vec::new();
+        loop {
+            let Some(i) = (0..self.replicas.len())
+                .filter(|i| self.replicas[*i].next_scrape <= until)
+                .min_by_key(|i| self.replicas[*i].next_scrape)
+            else {
+                break;
+            };
+            let c = self.scrape(i);
+            out.push(c);
+        }
+        out
+    }
+
+    fn scrape(&mut self, i: usize) -> ScrapeCounts {
+        let r = self.replicas[i].clone();
+        let at = r.next_scrape;
+        let interval = at - r.last_scrape;
+        let mid = (at - interval / 2) as f64;
+        let load = (std::f64::consts::TAU * (mid - T0 as f64) / r.swing_period_ms + r.swing_phase).sin();
+        let rate = r.rate * (1.0 + self.swing * load);
+        let slow = (1.0 + self.latency_per_load * self.swing * (load + 1.0))
+            * (1.0 + self.drift * (mid - T0 as f64) / HOUR_MS as f64).max(0.3);
+        let n = self.poisson(rate * interval as f64 / 1000.0);
+        // Batch hiccups (a long prefill stalls the running batch), about one every 20 s, each
+        // slowing the requests of a 2 s stretch together; error clumps (a failed batch) about one
+        // every 100 s: events in time, whatever the scrape interval.
+        let interval_s = interval as f64 / 1000.0;
+        let hiccups = self.poisson(0.05 * interval_s) as f64;
+        let in_hiccup = (hiccups * 2.0 / interval_s).min(1.0);
+        let hiccup = self.rng.random_range(1.5..3.0);
+        let fault = self.active(i, at);
+        let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
+        let mut failed = 0u64;
+        let clumps = if self.clumps { self.poisson(0.01 * interval_s) } else { 0 };
+        let clump: u64 = (0..clumps).map(|_| self.rng.random_range(1..=3u64)).sum();
+        for _ in 0..n {
+            let err = match fault {
+                Some(Fault::Errors { rate }) => self.rng.random_bool(rate),
+                _ => false,
+            } || self.rng.random_bool(r.error_rate);
+            if err {
+                failed += 1;
+                continue;
+            }
+            let mut factor = slow;
+            if self.rng.random_bool(in_hiccup) {
+                factor *= hiccup;
+            }
+            if let Some(Fault::Latency { factor: f, share }) = fault
+                && self.rng.random_bool(share)
+            {
+                factor *= f;
+            }
+            let t = self.latency(r.ttft_median) * factor;
+            let g = self.latency(r.itl_median) * factor;
+            let tokens = self.rng.random_range(20..300u32);
+            ttft.push(t);
+            // A request's gaps are alike: its ITL observations come together.
+            for _ in 0..tokens / 10 {
+                itl.push(g * (0.2 * self.normal()).exp());
+            }
+            e2e.push(t + g * tokens as f64);
+        }
+        failed = (failed + clump).min(n);
+        let r = &mut self.replicas[i];
+        r.last_scrape = at;
+        r.next_scrape = at + r.scrape_ms;
+        ScrapeCounts {
+            model_id: r.model.clone(),
+            instance: r.name.clone(),
+            runtime: "vllm".into(),
+            at_unix_ms: at,
+            interval_ms: interval,
+            finished: Some(n as f64),
+            failed: Some(failed as f64),
+            latency: vec![
+                ("ttft".into(), histogram(TTFT_BUCKETS, &ttft)),
+                ("itl".into(), histogram(ITL_BUCKETS, &itl)),
+                ("e2e".into(), histogram(E2E_BUCKETS, &e2e)),
+            ],
+        }
+    }
+}
+
+fn histogram(bounds: &[f64], values: &[f64]) -> CumulativeHistogram {
+    let mut b: Vec<f64> = bounds.to_vec();
+    b.push(f64::INFINITY);
+    let cumulative = b
+        .iter()
+        .map(|ub| values.iter().filter(|v| **v <= *ub).count() as f64)
+        .collect();
+    CumulativeHistogram {
+        bounds: b,
+        cumulative,
+        sum: values.iter().sum(),
+        count: values.len() as f64,
+    }
+}
+
+pub(crate) fn rule() -> Rule {
+    compile(&AlertingConfig::default())
+        .expect("default rules compile")
+        .into_iter()
+        .find(|r| r.spec.detector == "replica_shift")
+        .expect("replica_shift is a default rule")
+}
+
+/// Runs the fleet from `from` to `to`, evaluating once a second; the events seen, with times.
+pub(crate) fn run(fleet: &mut Fleet, rule: &mut Rule, board: &mut SignalBoard, from: i64, to: i64) -> Vec<(i64, AnomalyEvent)> {
+    let inputs = crate::alerting::engine::inputs::Inputs::new(60_000, 1000);
+    let mut out = Vec::new();
+    let mut now = from;
+    while now < to {
+        now += 1000;
+        for c in fleet.scrapes_until(now) {
+            board.record_counts(c);
+        }
+        let cx = EvalCtx {
+            inputs: &inputs,
+            board,
+            new_records: &[],
+            spans: &[],
+            semantic_drift_models: &Default::default(),
+            now,
+        };
+        let spec = rule.spec.clone();
+        for e in rule.compiled.evaluate(&spec, &cx) {
+            out.push((now, e));
+        }
+    }
+    out
+}
+
+fn topology(rng: &mut StdRng) -> Topology {
+    Topology {
+        models: rng.random_range(1..=2),
+        replicas_per_model: rng.random_range(1..=4),
+        rate: (1.0, 15.0),
+        scrape_s: (1, 30),
+    }
+}
+
+#[test]
+fn hours_of_healthy_heavy_tailed_swinging_traffic_raise_nothing() {
+    // 6 fleets × 2 h (warm-up included: a false alarm while learning counts too).
+    let mut rng = StdRng::seed_from_u64(27);
+    for seed in 0..6u64 {
+        let t = topology(&mut rng);
+        let mut fleet = Fleet::new(seed, &t);
+        let mut rule = rule();
+        let mut board = SignalBoard::default();
+        let events = run(&mut fleet, &mut rule, &mut board, T0, T0 + 2 * HOUR_MS);
+        assert!(
+            events.is_empty(),
+            "seed {seed} ({} models × {} replicas, swing {:.2}, drift {:.2}): {:?}",
+            t.models,
+            t.replicas_per_model,
+            fleet.swing,
+            fleet.drift,
+            events.first().map(|(at, e)| ((at - T0) / 1000, &e.summary))
+        );
+    }
+}
+
+/// The first event of `model` at or after `from` naming `instance` (any event with None).
+fn first(events: &[(i64, AnomalyEvent)], model: &str, instance: Option<&str>, from: i64) -> Option<i64> {
+    events
+        .iter()
+        .find(|(at, e)| {
+            *at >= from
+                && e.labels.get("model_id").map(String::as_str) == Some(model)
+                && instance.is_none_or(|i| e.labels.get("instance").map(String::as_str) == Some(i))
+        })
+        .map(|(at, _)| *at)
+}
+
+/// What one fault scenario gave.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// Seconds from the fault's start to the first event naming the replica (or the model).
+    pub delay_s: Option<f64>,
+    /// The optimal CUSUM's delay for the best of the detector's tests at the same false-alarm
+    /// budget, plus one scrape interval (data arrive only at scrapes).
+    pub bound_s: f64,
+    pub before: Vec<String>,
+    pub others: Vec<String>,
+    pub late: Vec<String>,
+}
+
+pub(crate) struct Scenario {
+    pub seed: u64,
+    pub replicas: usize,
+    pub rate: f64,
+    pub scrape_s: i64,
+    pub whole_model: bool,
+    pub fault: Fault,
+    pub fault_s: i64,
+    /// Healthy errors come in clumps (failed batches) beside independent ones.
+    pub clumps: bool,
+}
+
+/// A fault on a fresh random fleet after 40 healthy minutes: when it was paged against the bound.
+pub(crate) fn scenario(sc: &Scenario) -> Outcome {
+    let t = Topology {
+        models: 1,
+        replicas_per_model: sc.replicas,
+        rate: (sc.rate, sc.rate),
+        scrape_s: (sc.scrape_s, sc.scrape_s),
+    };
+    let mut fleet = Fleet::new(sc.seed, &t);
+    fleet.clumps = sc.clumps;
+    let names = fleet.replica_names();
+    let start = T0 + 40 * 60_000;
+    let end = start + sc.fault_s * 1000;
+    let faulty: Vec<usize> = if sc.whole_model { (0..sc.replicas).collect() } else { vec![0] };
+    fleet.faults.push((faulty.clone(), sc.fault, start, end));
+    let mut rule = rule();
+    let mut board = SignalBoard::default();
+    let mut events = run(&mut fleet, &mut rule, &mut board, T0, start);
+    let (model, instance) = names[0].clone();
+    let series = (!sc.whole_model).then_some(instance.as_str());
+    events.extend(run(&mut fleet, &mut rule, &mut board, start, end + 10 * 60_000));
+    let detector = (rule.compiled.as_ref() as &dyn std::any::Any)
+        .downcast_ref::<ReplicaShift>()
+        .expect("replica_shift");
+    // The optimal test's delay, for each of the detector's tests: the fault's true rate (its
+    // whole minutes) against the healthy rate of the 30 minutes before, with the healthy
+    // minutes' overdispersion (counts that vary more than a binomial's carry less evidence per
+    // request: the optimal test at the same false-alarm rate needs proportionally more).
+    let period_s = det::ReplicaShiftParams::default().false_page_days * 86_400.0;
+    let mut bound_s = f64::INFINITY;
+    for k in detector.test_keys(&model, series) {
+        let minutes = detector.minute_counts(&model, series, &k);
+        let healthy: Vec<&(i64, f64, f64)> = minutes.iter().filter(|(m, _, _)| *m + MINUTE_MS <= start && *m >= start - 30 * 60_000).collect();
+        let faulted: Vec<&(i64, f64, f64)> = minutes.iter().filter(|(m, _, _)| *m >= start && *m + MINUTE_MS <= end).collect();
+        let sum = |v: &[&(i64, f64, f64)]| v.iter().fold((0.0, 0.0), |(a, b), (_, n, x)| (a + n, b + x));
+        let ((n0, x0), (n1, x1)) = (sum(&healthy), sum(&faulted));
+        if n0 <= 0.0 || n1 <= 0.0 {
+            continue;
+        }
+        let (p0, p1) = ((x0 / n0).max(1e-4), x1 / n1);
+        if p1 <= p0 {
+            continue;
+        }
+        let mut blocks: BTreeMap<i64, Vec<(f64, f64)>> = BTreeMap::new();
+        for (m, n, x) in &healthy {
+            blocks.entry(m / (5 * MINUTE_MS)).or_default().push((*n, *x));
+        }
+        let phi = seq::overdispersion(&blocks.into_values().collect::<Vec<_>>()).unwrap_or(1.0);
+        let rate = n1 / (faulted.len() as f64 * 60.0);
+        let h = seq::cusum_threshold(period_s, rate, 1);
+        bound_s = bound_s.min(phi * seq::optimal_delay_samples(h, p1, p0) / rate);
+    }
+    let bound_s = bound_s + sc.scrape_s as f64;
+    let want = series;
+    let delay_s = first(&events, &model, want, start).map(|at| (at - start) as f64 / 1000.0);
+    let text = |v: Vec<&(i64, AnomalyEvent)>| v.into_iter().map(|(at, e)| format!("{} s: {}", (at - start) / 1000, e.summary)).collect::<Vec<_>>();
+    Outcome {
+        delay_s,
+        bound_s,
+        before: text(events.iter().filter(|(at, _)| *at < start).collect()),
+        others: text(
+            events
+                .iter()
+                .filter(|(_, e)| !sc.whole_model && e.labels.get("instance").is_some_and(|i| *i != instance))
+                .collect(),
+        ),
+        // Ending an alarm takes evidence as raising it does (slowly at a few requests a second
+        // with clumped errors): it must end within 8 minutes of the fault.
+        late: text(events.iter().filter(|(at, _)| *at > end + 8 * 60_000).collect()),
+    }
+}
+
+/// A fault from issue 27's table on a random fleet: paged within 2× the bound (and `limit_s`
+/// where the bound is shorter), naming the replica (or the model), nothing on other replicas,
+/// resolved within 8 minutes after it ends.
+fn fault_is_paged(sc: Scenario, limit_s: f64) -> Outcome {
+    let o = scenario(&sc);
+    let (seed, fault) = (sc.seed, sc.fault);
+    assert!(o.before.is_empty(), "seed {seed}: alarm before the fault: {:?}", o.before);
+    let delay = o.delay_s.unwrap_or_else(|| panic!("seed {seed}: {fault:?} never paged: {o:?}"));
+    assert!(
+        delay <= (2.0 * o.bound_s).max(limit_s),
+        "seed {seed}: {fault:?} paged after {delay} s (bound {:.1} s, limit {limit_s} s)",
+        o.bound_s
+    );
+    assert!(o.others.is_empty(), "seed {seed}: a healthy replica was named: {:?}", o.others);
+    assert!(o.late.is_empty(), "seed {seed}: still alarmed long after the fault ended: {:?}", o.late);
+    o
+}
+
+fn replica_fault(seed: u64, scrape_s: i64, fault: Fault) -> Scenario {
+    Scenario { seed, replicas: 2, rate: 3.0, scrape_s, whole_model: false, fault, fault_s: 360, clumps: true }
+}
+
+#[test]
+fn a_slowdown_on_a_tenth_of_one_replicas_requests_behind_one_service_is_paged() {
+    // Issue 27, first row: ×8 on 10 % of one replica's requests, 2 replicas per model.
+    for (seed, scrape_s) in [(1, 15), (2, 5), (3, 30)] {
+        fault_is_paged(replica_fault(seed, scrape_s, Fault::Latency { factor: 8.0, share: 0.1 }), 60.0);
+    }
+}
+
+#[test]
+fn twenty_percent_errors_on_one_replica_are_paged() {
+    for (seed, scrape_s) in [(4, 15), (5, 1)] {
+        fault_is_paged(replica_fault(seed, scrape_s, Fault::Errors { rate: 0.2 }), 60.0);
+    }
+}
+
+#[test]
+fn ten_percent_errors_on_a_whole_model_are_paged_not_ticketed() {
+    // Issue 27: 10 % errors on one model at ~2 req/s, the bound ≈ 50 s, so ≤ 100 s — with
+    // independent healthy errors (0.5 %) as the issue assumes …
+    for (seed, scrape_s) in [(6, 15), (7, 10)] {
+        let sc = Scenario { seed, replicas: 1, rate: 2.0, scrape_s, whole_model: true, fault: Fault::Errors { rate: 0.1 }, fault_s: 360, clumps: false };
+        let o = fault_is_paged(sc, 100.0);
+        assert!(o.delay_s.unwrap() <= 100.0, "{o:?}");
+    }
+    // … and within 2× the bound with clumped healthy errors (failed batches).
+    let sc = Scenario { seed: 8, replicas: 2, rate: 2.0, scrape_s: 15, whole_model: true, fault: Fault::Errors { rate: 0.1 }, fault_s: 600, clumps: true };
+    fault_is_paged(sc, 100.0);
+}
+
+#[test]
+fn a_slowdown_on_six_percent_of_a_models_requests_is_paged() {
+    for (seed, scrape_s) in [(8, 15), (9, 5)] {
+        let sc = Scenario { seed, replicas: 2, rate: 3.0, scrape_s, whole_model: true, fault: Fault::Latency { factor: 6.0, share: 0.06 }, fault_s: 600, clumps: true };
+        fault_is_paged(sc, 60.0);
+    }
+}
+
+/// The power curves of issue 27: detection delay against effect size and request rate, for
+/// `replica_shift` and for the optimal CUSUM's bound, over random fleets (scrape interval 1–30 s).
+/// A benchmark, not a test: `cargo test --release -p tokenwatch --lib power_curves -- --ignored
+/// --nocapture` (TW_POWER_SEEDS seeds per cell, default 3).
+#[test]
+#[ignore]
+fn power_curves() {
+    let seeds: u64 = std::env::var("TW_POWER_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let mut rng = StdRng::seed_from_u64(2027);
+    let mut faults: Vec<(String, Fault)> = Vec::new();
+    for rate in [0.02, 0.05, 0.1, 0.2, 0.5] {
+        faults.push((format!("errors {:.0}%", rate * 100.0), Fault::Errors { rate }));
+    }
+    for (factor, share) in [(2.0, 0.5), (2.0, 0.2), (4.0, 0.1), (6.0, 0.06), (8.0, 0.1), (10.0, 0.03), (10.0, 0.2)] {
+        faults.push((format!("latency ×{factor} on {:.0}%", share * 100.0), Fault::Latency { factor, share }));
+    }
+    println!("| fault | where | req/s per replica | runs | paged | median delay (s) | median bound (s) | median delay / bound | worst delay / bound |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut false_before = 0;
+    for (name, fault) in &faults {
+        for whole_model in [false, true] {
+            for rate in [0.5, 2.0, 10.0, 50.0] {
+                let (mut ratios, mut delays, mut bounds, mut paged) = (Vec::new(), Vec::new(), Vec::new(), 0);
+                for _ in 0..seeds {
+                    let sc = Scenario {
+                        seed: rng.random(),
+                        replicas: rng.random_range(2..=4),
+                        rate,
+                        scrape_s: rng.random_range(1..=30),
+                        whole_model,
+                        fault: *fault,
+                        fault_s: 900,
+                        clumps: true,
+                    };
+                    let o = scenario(&sc);
+                    false_before += o.before.len().min(1);
+                    bounds.push(o.bound_s);
+                    if let Some(d) = o.delay_s {
+                        paged += 1;
+                        delays.push(d);
+                        ratios.push(d / o.bound_s);
+                    }
+                }
+                let median = |v: &mut Vec<f64>| {
+                    v.sort_by(f64::total_cmp);
+                    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+                };
+                let worst = ratios.iter().copied().fold(f64::NAN, f64::max);
+                println!(
+                    "| {name} | {} | {rate} | {seeds} | {paged} | {:.0} | {:.0} | {:.2} | {:.2} |",
+                    if whole_model { "whole model" } else { "one replica" },
+                    median(&mut delays),
+                    median(&mut bounds),
+                    median(&mut ratios),
+                    worst
+                );
+            }
+        }
+    }
+    println!("\nruns with an alarm before their fault: {false_before}");
+}
+
+#[test]
+#[ignore]
+fn diagnose() {
+    let seed: u64 = std::env::var("TW_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let scrape: i64 = std::env::var("TW_SCRAPE").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
+    let errors = std::env::var("TW_ERRORS").is_ok();
+    let rate: f64 = std::env::var("TW_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(3.0);
+    let t = Topology { models: 1, replicas_per_model: 2, rate: (rate, rate), scrape_s: (scrape, scrape) };
+    let mut fleet = Fleet::new(seed, &t);
+    let start = T0 + 40 * 60_000;
+    let (fault, faulty) = match errors {
+        true => (Fault::Errors { rate: 0.1 }, vec![0, 1]),
+        false => (Fault::Latency { factor: 8.0, share: 0.1 }, vec![0]),
+    };
+    fleet.faults.push((faulty, fault, start, start + 600_000));
+    let mut rule = rule();
+    let mut board = SignalBoard::default();
+    run(&mut fleet, &mut rule, &mut board, T0, start);
+    let d = |rule: &Rule| (rule.compiled.as_ref() as &dyn std::any::Any).downcast_ref::<ReplicaShift>().unwrap().dump();
+    println!("before:\n{}", d(&rule));
+    for step in 0..40 {
+        let from = start + step * 30_000;
+        let ev = run(&mut fleet, &mut rule, &mut board, from, from + 30_000);
+        println!("+{}s events {}:\n{}", (step + 1) * 30, ev.len(), d(&rule));
+    }
+}
