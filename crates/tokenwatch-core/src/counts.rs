@@ -28,7 +28,10 @@ pub struct ScrapeCounts {
 impl ScrapeCounts {
     /// The interval's histogram of `signal`, if the runtime reports it.
     pub fn histogram(&self, signal: &str) -> Option<&CumulativeHistogram> {
-        self.latency.iter().find(|(s, _)| s == signal).map(|(_, h)| h)
+        self.latency
+            .iter()
+            .find(|(s, _)| s == signal)
+            .map(|(_, h)| h)
     }
 }
 
@@ -49,7 +52,11 @@ impl Default for CountsLog {
 
 impl CountsLog {
     pub fn new(max_entries: usize) -> CountsLog {
-        CountsLog { entries: VecDeque::new(), next_seq: 1, max_entries: max_entries.max(1) }
+        CountsLog {
+            entries: VecDeque::new(),
+            next_seq: 1,
+            max_entries: max_entries.max(1),
+        }
     }
 
     pub fn push(&mut self, c: ScrapeCounts) {
@@ -101,7 +108,12 @@ mod tests {
             failed: Some(1.0),
             latency: vec![(
                 "ttft".into(),
-                CumulativeHistogram { bounds: vec![0.1, f64::INFINITY], cumulative: vec![9.0, 10.0], sum: 1.0, count: 10.0 },
+                CumulativeHistogram {
+                    bounds: vec![0.1, f64::INFINITY],
+                    cumulative: vec![9.0, 10.0],
+                    sum: 1.0,
+                    count: 10.0,
+                },
             )],
         }
     }

@@ -64,6 +64,7 @@ impl Default for CausalGraph {
                 // A replica's own metrics shifting (slow or failing requests) follows the
                 // same causes as the proxy's latency and error detectors.
                 edge(KV_CACHE_PRESSURE, REPLICA_SHIFT, 0.8, 30_000),
+                edge(GPU_MEMORY_LEAK, REPLICA_SHIFT, 0.6, 300_000),
                 edge(CACHE_POLLUTION, LATENCY_SPIKE, 0.89, 142),
                 edge(CACHE_POLLUTION, ABSOLUTE_LATENCY, 0.8, 142),
                 edge("cpu_contention", "upstream_timeout", 0.72, 86),

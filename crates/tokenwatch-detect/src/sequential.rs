@@ -94,32 +94,83 @@ impl Validate for ReplicaShiftParams {
             "must not hold an empty name",
         )?;
         check(
-            !self.tail_quantiles.is_empty() && self.tail_quantiles.iter().all(|q| *q > 0.0 && *q < 1.0),
+            !self.tail_quantiles.is_empty()
+                && self.tail_quantiles.iter().all(|q| *q > 0.0 && *q < 1.0),
             "tail_quantiles",
             "must hold at least one quantile, each in (0, 1)",
         )?;
-        check(self.tail_multiple.is_finite() && self.tail_multiple >= 1.0, "tail_multiple", "must be ≥ 1")?;
-        check(self.ratio.is_finite() && self.ratio > 1.0, "ratio", "must be > 1")?;
-        check(self.min_shift > 0.0 && self.min_shift < 0.5, "min_shift", "must be in (0, 0.5)")?;
-        check(self.min_tail_rate > 0.0 && self.min_tail_rate < 0.5, "min_tail_rate", "must be in (0, 0.5)")?;
-        check(self.min_error_rate > 0.0 && self.min_error_rate < 0.5, "min_error_rate", "must be in (0, 0.5)")?;
-        check(self.baseline_s.is_finite() && self.baseline_s >= 60.0, "baseline_s", "must be ≥ 60")?;
         check(
-            self.baseline_guard_s.is_finite() && self.baseline_guard_s >= 0.0 && self.baseline_guard_s < self.baseline_s,
+            self.tail_multiple.is_finite() && self.tail_multiple >= 1.0,
+            "tail_multiple",
+            "must be ≥ 1",
+        )?;
+        check(
+            self.ratio.is_finite() && self.ratio > 1.0,
+            "ratio",
+            "must be > 1",
+        )?;
+        check(
+            self.min_shift > 0.0 && self.min_shift < 0.5,
+            "min_shift",
+            "must be in (0, 0.5)",
+        )?;
+        check(
+            self.min_tail_rate > 0.0 && self.min_tail_rate < 0.5,
+            "min_tail_rate",
+            "must be in (0, 0.5)",
+        )?;
+        check(
+            self.min_error_rate > 0.0 && self.min_error_rate < 0.5,
+            "min_error_rate",
+            "must be in (0, 0.5)",
+        )?;
+        check(
+            self.baseline_s.is_finite() && self.baseline_s >= 60.0,
+            "baseline_s",
+            "must be ≥ 60",
+        )?;
+        check(
+            self.baseline_guard_s.is_finite()
+                && self.baseline_guard_s >= 0.0
+                && self.baseline_guard_s < self.baseline_s,
             "baseline_guard_s",
             "must be ≥ 0 and below baseline_s",
         )?;
-        check(self.anchor_s.is_finite() && self.anchor_s >= 10.0, "anchor_s", "must be ≥ 10")?;
-        check(self.min_anchor.is_finite() && self.min_anchor >= 1.0, "min_anchor", "must be ≥ 1")?;
+        check(
+            self.anchor_s.is_finite() && self.anchor_s >= 10.0,
+            "anchor_s",
+            "must be ≥ 10",
+        )?;
+        check(
+            self.min_anchor.is_finite() && self.min_anchor >= 1.0,
+            "min_anchor",
+            "must be ≥ 1",
+        )?;
         check(
             self.block_s.is_finite() && self.block_s >= 60.0 && self.block_s <= self.baseline_s,
             "block_s",
             "must be between 60 and baseline_s",
         )?;
-        check(self.min_reference.is_finite() && self.min_reference >= 1.0, "min_reference", "must be ≥ 1")?;
-        check(self.reference_z.is_finite() && self.reference_z >= 0.0, "reference_z", "must be ≥ 0")?;
-        check(self.recovery_nats.is_finite() && self.recovery_nats > 0.0, "recovery_nats", "must be > 0")?;
-        check(self.max_hold_s.is_finite() && self.max_hold_s >= 60.0, "max_hold_s", "must be ≥ 60")
+        check(
+            self.min_reference.is_finite() && self.min_reference >= 1.0,
+            "min_reference",
+            "must be ≥ 1",
+        )?;
+        check(
+            self.reference_z.is_finite() && self.reference_z >= 0.0,
+            "reference_z",
+            "must be ≥ 0",
+        )?;
+        check(
+            self.recovery_nats.is_finite() && self.recovery_nats > 0.0,
+            "recovery_nats",
+            "must be > 0",
+        )?;
+        check(
+            self.max_hold_s.is_finite() && self.max_hold_s >= 60.0,
+            "max_hold_s",
+            "must be ≥ 60",
+        )
     }
 }
 
@@ -183,9 +234,14 @@ pub fn overdispersion(blocks: &[Vec<(f64, f64)>]) -> Option<f64> {
         if groups.len() < 2 {
             continue;
         }
-        let (n, x) = groups.iter().fold((0.0, 0.0), |(a, b), (n, x)| (a + n, b + x));
+        let (n, x) = groups
+            .iter()
+            .fold((0.0, 0.0), |(a, b), (n, x)| (a + n, b + x));
         let p = (x / n).clamp(1e-4, 1.0 - 1e-4);
-        chi2 += groups.iter().map(|(n, x)| (x - n * p).powi(2) / (n * p * (1.0 - p))).sum::<f64>();
+        chi2 += groups
+            .iter()
+            .map(|(n, x)| (x - n * p).powi(2) / (n * p * (1.0 - p)))
+            .sum::<f64>();
         dof += groups.len() - 1;
     }
     (dof >= 4).then(|| (chi2 / dof as f64).max(1.0))
@@ -233,7 +289,17 @@ impl CusumBank {
     /// `p_min`, log-likelihood ratios divided by `overdispersion`; returns whether it is alarmed
     /// after.
     #[allow(clippy::too_many_arguments)]
-    pub fn update(&mut self, at: i64, n: f64, x: f64, p0: f64, p_min: f64, overdispersion: f64, h: f64, recovery: f64) -> bool {
+    pub fn update(
+        &mut self,
+        at: i64,
+        n: f64,
+        x: f64,
+        p0: f64,
+        p_min: f64,
+        overdispersion: f64,
+        h: f64,
+        recovery: f64,
+    ) -> bool {
         if !(n.is_finite() && x.is_finite() && p0 > 0.0 && p0 < 1.0) || n <= 0.0 {
             return self.alarmed();
         }
@@ -254,7 +320,8 @@ impl CusumBank {
         }
         match self.alarmed_at {
             Some(p1) => {
-                self.back = (self.back - bernoulli_llr(n, x, p0, p1.max(p0 * 1.0001)) / phi).max(0.0);
+                self.back =
+                    (self.back - bernoulli_llr(n, x, p0, p1.max(p0 * 1.0001)) / phi).max(0.0);
                 if self.back >= recovery {
                     *self = CusumBank::default();
                 }
@@ -287,9 +354,15 @@ mod tests {
     #[test]
     fn defaults_validate_and_bad_values_name_their_key() {
         assert!(ReplicaShiftParams::default().validate().is_ok());
-        let p = ReplicaShiftParams { ratio: 1.0, ..Default::default() };
+        let p = ReplicaShiftParams {
+            ratio: 1.0,
+            ..Default::default()
+        };
         assert_eq!(p.validate().unwrap_err().field, "ratio");
-        let p = ReplicaShiftParams { tail_quantiles: vec![1.2], ..Default::default() };
+        let p = ReplicaShiftParams {
+            tail_quantiles: vec![1.2],
+            ..Default::default()
+        };
         assert_eq!(p.validate().unwrap_err().field, "tail_quantiles");
     }
 
@@ -315,7 +388,10 @@ mod tests {
     fn wilson_upper_bound_is_above_the_rate_and_tightens_with_samples() {
         let small = rate_upper(1.0, 100.0, 2.0).unwrap();
         let large = rate_upper(100.0, 10_000.0, 2.0).unwrap();
-        assert!(small > 0.01 && large > 0.01 && large < small, "{small} {large}");
+        assert!(
+            small > 0.01 && large > 0.01 && large < small,
+            "{small} {large}"
+        );
         assert!(rate_upper(0.0, 50.0, 2.0).unwrap() > 0.0);
         assert_eq!(rate_upper(3.0, 0.0, 2.0), None);
         assert_eq!(rate_upper(5.0, 10.0, 0.0), Some(0.5));
@@ -323,9 +399,13 @@ mod tests {
 
     #[test]
     fn overdispersion_is_one_for_binomial_counts_and_large_for_clumped_ones() {
-        let even: Vec<(f64, f64)> = (0..20).map(|i| (100.0, if i % 2 == 0 { 9.0 } else { 11.0 })).collect();
-        assert_eq!(overdispersion(&[even.clone()]), Some(1.0));
-        let clumped: Vec<(f64, f64)> = (0..20).map(|i| (100.0, if i % 2 == 0 { 0.0 } else { 20.0 })).collect();
+        let even: Vec<(f64, f64)> = (0..20)
+            .map(|i| (100.0, if i % 2 == 0 { 9.0 } else { 11.0 }))
+            .collect();
+        assert_eq!(overdispersion(std::slice::from_ref(&even)), Some(1.0));
+        let clumped: Vec<(f64, f64)> = (0..20)
+            .map(|i| (100.0, if i % 2 == 0 { 0.0 } else { 20.0 }))
+            .collect();
         assert!(overdispersion(&[clumped]).unwrap() > 10.0);
         assert_eq!(overdispersion(&[even[..3].to_vec()]), None);
         // A slow swing between blocks is not overdispersion within them.
@@ -350,18 +430,25 @@ mod tests {
         assert_eq!(b.level(h), 0.0);
         let steps_to_alarm = |x: f64| {
             let mut b = CusumBank::default();
-            (1..100).find(|_| b.update(0, 100.0, x, p0, p_min, 1.0, h, 3.0)).unwrap()
+            (1..100)
+                .find(|_| b.update(0, 100.0, x, p0, p_min, 1.0, h, 3.0))
+                .unwrap()
         };
         // A large shift is caught near its own optimal delay (h / KL per 100 trials), a small
         // one later, each far sooner than a single CUSUM designed for the other would.
         let large = steps_to_alarm(30.0) as f64;
         let optimal = optimal_delay_samples(h, 0.3, p0) / 100.0;
-        assert!(large <= (2.0 * optimal).ceil() + 1.0, "{large} vs {optimal}");
+        assert!(
+            large <= (2.0 * optimal).ceil() + 1.0,
+            "{large} vs {optimal}"
+        );
         let small = steps_to_alarm(4.0);
         assert!(small > large as usize && small < 40, "{small}");
         // Overdispersion slows it in proportion.
         let mut slow = CusumBank::default();
-        let clumped = (1..100).find(|_| slow.update(0, 100.0, 4.0, p0, p_min, 3.0, h, 3.0)).unwrap();
+        let clumped = (1..100)
+            .find(|_| slow.update(0, 100.0, 4.0, p0, p_min, 3.0, h, 3.0))
+            .unwrap();
         assert!(clumped >= 2 * small, "{clumped} vs {small}");
         // Held while the shift lasts, released once healthy counts gather 3 nats.
         let mut b = CusumBank::default();
@@ -369,9 +456,15 @@ mod tests {
         while !b.update(t, 100.0, 30.0, p0, p_min, 1.0, h, 3.0) {
             t += 1;
         }
-        assert_eq!(b.changed_at, Some(0), "the change point is where evidence left zero");
+        assert_eq!(
+            b.changed_at,
+            Some(0),
+            "the change point is where evidence left zero"
+        );
         assert!(b.update(t, 100.0, 30.0, p0, p_min, 1.0, h, 3.0));
-        let healthy = (1..50).find(|_| !b.update(0, 100.0, 1.0, p0, p_min, 1.0, h, 3.0)).unwrap();
+        let healthy = (1..50)
+            .find(|_| !b.update(0, 100.0, 1.0, p0, p_min, 1.0, h, 3.0))
+            .unwrap();
         assert!(healthy <= 3, "{healthy}");
         assert_eq!(b, CusumBank::default());
     }

@@ -25,6 +25,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run tokenwatch: the streaming proxy (when an upstream is set), the pipeline and the API.

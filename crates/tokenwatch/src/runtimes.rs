@@ -221,7 +221,7 @@ mod tests {
         let cfg = RuntimeConfig { proxy_slice_us: 700, ..Default::default() };
         let proxy = proxy_runtime(&cfg).unwrap();
         let worker = proxy.block_on(async move { tokio::spawn(async move { slice() }).await.unwrap() });
-        let blocking = proxy.block_on(async move { tokio::task::spawn_blocking(move || slice()).await.unwrap() });
+        let blocking = proxy.block_on(async move { tokio::task::spawn_blocking(slice).await.unwrap() });
         proxy.shutdown_background();
         let analysis = analysis_runtime(&cfg).unwrap();
         let other = analysis.block_on(async move { tokio::spawn(async move { slice() }).await.unwrap() });

@@ -96,7 +96,7 @@ async fn two_proxies_of_one_upstream_instance_add_up_in_the_shared_store() {
         "SELECT writer, sum(count) FROM tokenwatch.rollups_v2 FINAL \
          WHERE model_id = 'm' AND metric = 'e2e' GROUP BY writer ORDER BY writer",
     );
-    let mut want = vec![format!("{a_writer}\t{n_a}"), format!("proxy-b\t{n_b}")];
+    let mut want = [format!("{a_writer}\t{n_a}"), format!("proxy-b\t{n_b}")];
     want.sort();
     assert_eq!(per_writer.trim(), want.join("\n"));
 }

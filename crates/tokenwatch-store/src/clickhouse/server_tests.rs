@@ -290,7 +290,7 @@ fn roll_ups_of_the_writerless_schema_stay_readable_after_the_migration() {
     .unwrap();
     assert_eq!(
         all_rollups(&store),
-        [old.clone()],
+        std::slice::from_ref(&old),
         "copied with the migration"
     );
     // A writer of the new schema adds to the migrated minute.

@@ -194,6 +194,7 @@ pub fn default_inhibit_rules() -> Vec<InhibitRule> {
                 "absolute_latency".into(),
                 "latency_spike".into(),
                 "context_aware_threshold".into(),
+                "replica_shift".into(),
             ],
             equal: default_equal(),
         },

@@ -148,7 +148,10 @@ impl Minute {
         for (s, h) in &c.latency {
             merge(&mut self.latency, s, h);
         }
-        for (k, (n, x)) in latency_trials.iter().filter(|(k, _)| k.kind != Kind::Errors) {
+        for (k, (n, x)) in latency_trials
+            .iter()
+            .filter(|(k, _)| k.kind != Kind::Errors)
+        {
             let acc = self.beyond.entry(k.clone()).or_default();
             acc.0 += n;
             acc.1 += x;
@@ -159,8 +162,9 @@ impl Minute {
     /// (trials, events) of a test in this minute.
     fn trials(&self, k: &TestKey) -> Option<(f64, f64)> {
         match k.kind {
-            Kind::Errors => (self.finished > 0.0)
-                .then_some((self.finished, self.failed.min(self.finished))),
+            Kind::Errors => {
+                (self.finished > 0.0).then_some((self.finished, self.failed.min(self.finished)))
+            }
             Kind::Beyond(_) => self.beyond.get(k).copied(),
         }
     }
@@ -192,8 +196,13 @@ impl Reference {
     /// minutes of a block, and between scrapes (batches fail or stall requests together).
     fn overdispersion(&self) -> Option<f64> {
         let minutes = seq::overdispersion(&self.blocks);
-        let scrapes = (self.pearson.1 >= MIN_PEARSON_SCRAPES).then(|| self.pearson.0 / self.pearson.1);
-        minutes.into_iter().chain(scrapes).reduce(f64::max).map(|v| v.max(1.0))
+        let scrapes =
+            (self.pearson.1 >= MIN_PEARSON_SCRAPES).then(|| self.pearson.0 / self.pearson.1);
+        minutes
+            .into_iter()
+            .chain(scrapes)
+            .reduce(f64::max)
+            .map(|v| v.max(1.0))
     }
 
     /// The reference rate: the upper confidence bound over the whole period.
@@ -203,7 +212,6 @@ impl Reference {
         }
         seq::rate_upper(self.x, self.n, p.reference_z)
     }
-
 }
 
 /// A test's CUSUMs and what they last compared, for the alert's evidence.
@@ -250,7 +258,11 @@ impl Series {
     fn reference(&self, k: &TestKey, from: i64, to: i64, clean: bool, block_ms: i64) -> Reference {
         let mut r = Reference::default();
         let mut blocks: BTreeMap<i64, Vec<(f64, f64)>> = BTreeMap::new();
-        for m in self.minutes.iter().filter(|m| m.start >= from && m.start < to) {
+        for m in self
+            .minutes
+            .iter()
+            .filter(|m| m.start >= from && m.start < to)
+        {
             if clean && m.alarmed {
                 continue;
             }
@@ -445,7 +457,10 @@ impl ReplicaShift {
         };
         let ms = |s: f64| (s * 1000.0) as i64;
         let current_minute = now - now.rem_euclid(MINUTE_MS);
-        let baseline = (now - ms(p.baseline_s), current_minute - ms(p.baseline_guard_s));
+        let baseline = (
+            now - ms(p.baseline_s),
+            current_minute - ms(p.baseline_guard_s),
+        );
         let anchor_from = now - ms(p.anchor_s) - MINUTE_MS + 1;
         let block_ms = ms(p.block_s);
         let max_hold_ms = ms(p.max_hold_s);
@@ -470,7 +485,9 @@ impl ReplicaShift {
                 continue;
             };
             let own = inst.reference(k, baseline.0, baseline.1, true, block_ms);
-            let peers = (k.kind == Kind::Errors).then(|| peers_errors.take()).flatten();
+            let peers = (k.kind == Kind::Errors)
+                .then(|| peers_errors.take())
+                .flatten();
             test(inst, k, trials, own, peers, &budget, now, p);
             counted.push((k.clone(), trials));
         }
@@ -523,13 +540,14 @@ impl ReplicaShift {
     }
 }
 
-/// The share of the series' recent requests (this minute and the one before) a test counts.
-fn recent_share(series: &Series, k: &TestKey) -> Option<f64> {
+/// The share a test counts since `from` (the alarm's change point; the current minute at least).
+fn share_since(series: &Series, k: &TestKey, from: Option<i64>) -> Option<f64> {
+    let last = series.minutes.back()?.start;
+    let from = from.map_or(last, |f| (f - f.rem_euclid(MINUTE_MS)).min(last));
     let (n, x) = series
         .minutes
         .iter()
-        .rev()
-        .take(2)
+        .filter(|m| m.start >= from)
         .filter_map(|m| m.trials(k))
         .fold((0.0, 0.0), |(a, b), (n, x)| (a + n, b + x));
     (n > 0.0).then(|| x / n)
@@ -548,7 +566,7 @@ fn finding(series: &Series, at: &str, multiple: f64, anchor: &str) -> Option<Fin
     let mut parts = Vec::new();
     let mut f = Finding::new(1.0, "");
     for (k, t) in &alarmed {
-        let seen = recent_share(series, k).unwrap_or(f64::NAN);
+        let seen = share_since(series, k, t.cusum.changed_at).unwrap_or(f64::NAN);
         let against = match (t.own, t.peers) {
             (Some(o), Some(pe)) => format!("its own usual {} and its peers' {}", pct(o), pct(pe)),
             (Some(o), None) => format!("its usual {}", pct(o)),
@@ -565,7 +583,10 @@ fn finding(series: &Series, at: &str, multiple: f64, anchor: &str) -> Option<Fin
         f = f
             .with(&format!("{key}_share"), seen)
             .with(&format!("{key}_reference"), t.reference)
-            .with(&format!("{key}_shift"), t.cusum.alarmed_at.unwrap_or(t.design))
+            .with(
+                &format!("{key}_shift"),
+                t.cusum.alarmed_at.unwrap_or(t.design),
+            )
             .with(&format!("{key}_evidence"), t.cusum.level(t.threshold))
             .with(&format!("{key}_threshold_nats"), t.threshold)
             .with(&format!("{key}_overdispersion"), t.overdispersion);
@@ -637,7 +658,10 @@ impl Detector for ReplicaShift {
                 None => format!("{model} (all replicas)"),
             };
             if !any && let Some(f) = finding(&st.whole, &at, multiple, "the model") {
-                let l = labels(&[("model_id", model), ("instance", only.as_deref().unwrap_or(""))]);
+                let l = labels(&[
+                    ("model_id", model),
+                    ("instance", only.as_deref().unwrap_or("")),
+                ]);
                 out.push(f.into_event(&rule.detector, &rule.signal, l, cx.now));
             }
         }
@@ -667,7 +691,12 @@ impl ReplicaShift {
     }
 
     /// A test's (minute start, trials, events) in the series' kept minutes.
-    fn minute_counts(&self, model: &str, instance: Option<&str>, k: &TestKey) -> Vec<(i64, f64, f64)> {
+    fn minute_counts(
+        &self,
+        model: &str,
+        instance: Option<&str>,
+        k: &TestKey,
+    ) -> Vec<(i64, f64, f64)> {
         self.series(model, instance)
             .map(|s| {
                 s.minutes
@@ -683,10 +712,29 @@ impl ReplicaShift {
         let mut out = String::new();
         for (m, st) in &self.models {
             out += &format!("{m}\n");
-            for (i, s) in st.instances.iter().chain([(&"(all)".to_string(), &st.whole)]) {
+            for (i, s) in st
+                .instances
+                .iter()
+                .chain([(&"(all)".to_string(), &st.whole)])
+            {
                 for (k, t) in &s.tests {
-                    let flagged: Vec<String> = s.minutes.iter().map(|m| format!("{}{}", if m.alarmed { "A" } else { "." }, m.trials(k).map(|(n, x)| format!("{x:.0}/{n:.0}")).unwrap_or_default())).collect();
-                    out += &format!("    minutes {}\n", flagged[flagged.len().saturating_sub(20)..].join(" "));
+                    let flagged: Vec<String> = s
+                        .minutes
+                        .iter()
+                        .map(|m| {
+                            format!(
+                                "{}{}",
+                                if m.alarmed { "A" } else { "." },
+                                m.trials(k)
+                                    .map(|(n, x)| format!("{x:.0}/{n:.0}"))
+                                    .unwrap_or_default()
+                            )
+                        })
+                        .collect();
+                    out += &format!(
+                        "    minutes {}\n",
+                        flagged[flagged.len().saturating_sub(20)..].join(" ")
+                    );
                     out += &format!(
                         "  {i} {} level={:.2} h={:.2} p0={:.4} own={:?} peers={:?} p1={:.4} phi={:.2} recent={:?}\n",
                         k.describe(3.0, "anchor"),
@@ -697,7 +745,7 @@ impl ReplicaShift {
                         t.peers,
                         t.design,
                         t.overdispersion,
-                        recent_share(s, k)
+                        share_since(s, k, None)
                     );
                 }
             }

@@ -113,7 +113,10 @@ impl Fleet {
     }
 
     pub(crate) fn replica_names(&self) -> Vec<(String, String)> {
-        self.replicas.iter().map(|r| (r.model.clone(), r.name.clone())).collect()
+        self.replicas
+            .iter()
+            .map(|r| (r.model.clone(), r.name.clone()))
+            .collect()
     }
 
     fn normal(&mut self) -> f64 {
@@ -155,13 +158,10 @@ impl Fleet {
     /// The scrapes due up to `until`, in time order.
     pub(crate) fn scrapes_until(&mut self, until: i64) -> Vec<ScrapeCounts> {
         let mut out = Vec::new();
-        loop {
-            let Some(i) = (0..self.replicas.len())
-                .filter(|i| self.replicas[*i].next_scrape <= until)
-                .min_by_key(|i| self.replicas[*i].next_scrape)
-            else {
-                break;
-            };
+        while let Some(i) = (0..self.replicas.len())
+            .filter(|i| self.replicas[*i].next_scrape <= until)
+            .min_by_key(|i| self.replicas[*i].next_scrape)
+        {
             let c = self.scrape(i);
             out.push(c);
         }
@@ -173,7 +173,8 @@ impl Fleet {
         let at = r.next_scrape;
         let interval = at - r.last_scrape;
         let mid = (at - interval / 2) as f64;
-        let load = (std::f64::consts::TAU * (mid - T0 as f64) / r.swing_period_ms + r.swing_phase).sin();
+        let load =
+            (std::f64::consts::TAU * (mid - T0 as f64) / r.swing_period_ms + r.swing_phase).sin();
         let rate = r.rate * (1.0 + self.swing * load);
         let slow = (1.0 + self.latency_per_load * self.swing * (load + 1.0))
             * (1.0 + self.drift * (mid - T0 as f64) / HOUR_MS as f64).max(0.3);
@@ -188,7 +189,11 @@ impl Fleet {
         let fault = self.active(i, at);
         let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
         let mut failed = 0u64;
-        let clumps = if self.clumps { self.poisson(0.01 * interval_s) } else { 0 };
+        let clumps = if self.clumps {
+            self.poisson(0.01 * interval_s)
+        } else {
+            0
+        };
         let clump: u64 = (0..clumps).map(|_| self.rng.random_range(1..=3u64)).sum();
         for _ in 0..n {
             let err = match fault {
@@ -263,7 +268,13 @@ pub(crate) fn rule() -> Rule {
 }
 
 /// Runs the fleet from `from` to `to`, evaluating once a second; the events seen, with times.
-pub(crate) fn run(fleet: &mut Fleet, rule: &mut Rule, board: &mut SignalBoard, from: i64, to: i64) -> Vec<(i64, AnomalyEvent)> {
+pub(crate) fn run(
+    fleet: &mut Fleet,
+    rule: &mut Rule,
+    board: &mut SignalBoard,
+    from: i64,
+    to: i64,
+) -> Vec<(i64, AnomalyEvent)> {
     let inputs = crate::alerting::engine::inputs::Inputs::new(60_000, 1000);
     let mut out = Vec::new();
     let mut now = from;
@@ -320,7 +331,12 @@ fn hours_of_healthy_heavy_tailed_swinging_traffic_raise_nothing() {
 }
 
 /// The first event of `model` at or after `from` naming `instance` (any event with None).
-fn first(events: &[(i64, AnomalyEvent)], model: &str, instance: Option<&str>, from: i64) -> Option<i64> {
+fn first(
+    events: &[(i64, AnomalyEvent)],
+    model: &str,
+    instance: Option<&str>,
+    from: i64,
+) -> Option<i64> {
     events
         .iter()
         .find(|(at, e)| {
@@ -369,14 +385,24 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
     let names = fleet.replica_names();
     let start = T0 + 40 * 60_000;
     let end = start + sc.fault_s * 1000;
-    let faulty: Vec<usize> = if sc.whole_model { (0..sc.replicas).collect() } else { vec![0] };
+    let faulty: Vec<usize> = if sc.whole_model {
+        (0..sc.replicas).collect()
+    } else {
+        vec![0]
+    };
     fleet.faults.push((faulty.clone(), sc.fault, start, end));
     let mut rule = rule();
     let mut board = SignalBoard::default();
     let mut events = run(&mut fleet, &mut rule, &mut board, T0, start);
     let (model, instance) = names[0].clone();
     let series = (!sc.whole_model).then_some(instance.as_str());
-    events.extend(run(&mut fleet, &mut rule, &mut board, start, end + 10 * 60_000));
+    events.extend(run(
+        &mut fleet,
+        &mut rule,
+        &mut board,
+        start,
+        end + 10 * 60_000,
+    ));
     let detector = (rule.compiled.as_ref() as &dyn std::any::Any)
         .downcast_ref::<ReplicaShift>()
         .expect("replica_shift");
@@ -388,9 +414,18 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
     let mut bound_s = f64::INFINITY;
     for k in detector.test_keys(&model, series) {
         let minutes = detector.minute_counts(&model, series, &k);
-        let healthy: Vec<&(i64, f64, f64)> = minutes.iter().filter(|(m, _, _)| *m + MINUTE_MS <= start && *m >= start - 30 * 60_000).collect();
-        let faulted: Vec<&(i64, f64, f64)> = minutes.iter().filter(|(m, _, _)| *m >= start && *m + MINUTE_MS <= end).collect();
-        let sum = |v: &[&(i64, f64, f64)]| v.iter().fold((0.0, 0.0), |(a, b), (_, n, x)| (a + n, b + x));
+        let healthy: Vec<&(i64, f64, f64)> = minutes
+            .iter()
+            .filter(|(m, _, _)| *m + MINUTE_MS <= start && *m >= start - 30 * 60_000)
+            .collect();
+        let faulted: Vec<&(i64, f64, f64)> = minutes
+            .iter()
+            .filter(|(m, _, _)| *m >= start && *m + MINUTE_MS <= end)
+            .collect();
+        let sum = |v: &[&(i64, f64, f64)]| {
+            v.iter()
+                .fold((0.0, 0.0), |(a, b), (_, n, x)| (a + n, b + x))
+        };
         let ((n0, x0), (n1, x1)) = (sum(&healthy), sum(&faulted));
         if n0 <= 0.0 || n1 <= 0.0 {
             continue;
@@ -401,7 +436,10 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
         }
         let mut blocks: BTreeMap<i64, Vec<(f64, f64)>> = BTreeMap::new();
         for (m, n, x) in &healthy {
-            blocks.entry(m / (5 * MINUTE_MS)).or_default().push((*n, *x));
+            blocks
+                .entry(m / (5 * MINUTE_MS))
+                .or_default()
+                .push((*n, *x));
         }
         let phi = seq::overdispersion(&blocks.into_values().collect::<Vec<_>>()).unwrap_or(1.0);
         let rate = n1 / (faulted.len() as f64 * 60.0);
@@ -411,7 +449,11 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
     let bound_s = bound_s + sc.scrape_s as f64;
     let want = series;
     let delay_s = first(&events, &model, want, start).map(|at| (at - start) as f64 / 1000.0);
-    let text = |v: Vec<&(i64, AnomalyEvent)>| v.into_iter().map(|(at, e)| format!("{} s: {}", (at - start) / 1000, e.summary)).collect::<Vec<_>>();
+    let text = |v: Vec<&(i64, AnomalyEvent)>| {
+        v.into_iter()
+            .map(|(at, e)| format!("{} s: {}", (at - start) / 1000, e.summary))
+            .collect::<Vec<_>>()
+    };
     Outcome {
         delay_s,
         bound_s,
@@ -419,12 +461,19 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
         others: text(
             events
                 .iter()
-                .filter(|(_, e)| !sc.whole_model && e.labels.get("instance").is_some_and(|i| *i != instance))
+                .filter(|(_, e)| {
+                    !sc.whole_model && e.labels.get("instance").is_some_and(|i| *i != instance)
+                })
                 .collect(),
         ),
         // Ending an alarm takes evidence as raising it does (slowly at a few requests a second
         // with clumped errors): it must end within 8 minutes of the fault.
-        late: text(events.iter().filter(|(at, _)| *at > end + 8 * 60_000).collect()),
+        late: text(
+            events
+                .iter()
+                .filter(|(at, _)| *at > end + 8 * 60_000)
+                .collect(),
+        ),
     }
 }
 
@@ -434,34 +483,70 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
 fn fault_is_paged(sc: Scenario, limit_s: f64) -> Outcome {
     let o = scenario(&sc);
     let (seed, fault) = (sc.seed, sc.fault);
-    assert!(o.before.is_empty(), "seed {seed}: alarm before the fault: {:?}", o.before);
-    let delay = o.delay_s.unwrap_or_else(|| panic!("seed {seed}: {fault:?} never paged: {o:?}"));
+    assert!(
+        o.before.is_empty(),
+        "seed {seed}: alarm before the fault: {:?}",
+        o.before
+    );
+    let delay = o
+        .delay_s
+        .unwrap_or_else(|| panic!("seed {seed}: {fault:?} never paged: {o:?}"));
     assert!(
         delay <= (2.0 * o.bound_s).max(limit_s),
         "seed {seed}: {fault:?} paged after {delay} s (bound {:.1} s, limit {limit_s} s)",
         o.bound_s
     );
-    assert!(o.others.is_empty(), "seed {seed}: a healthy replica was named: {:?}", o.others);
-    assert!(o.late.is_empty(), "seed {seed}: still alarmed long after the fault ended: {:?}", o.late);
+    assert!(
+        o.others.is_empty(),
+        "seed {seed}: a healthy replica was named: {:?}",
+        o.others
+    );
+    assert!(
+        o.late.is_empty(),
+        "seed {seed}: still alarmed long after the fault ended: {:?}",
+        o.late
+    );
     o
 }
 
 fn replica_fault(seed: u64, scrape_s: i64, fault: Fault) -> Scenario {
-    Scenario { seed, replicas: 2, rate: 3.0, scrape_s, whole_model: false, fault, fault_s: 360, clumps: true }
+    Scenario {
+        seed,
+        replicas: 2,
+        rate: 3.0,
+        scrape_s,
+        whole_model: false,
+        fault,
+        fault_s: 360,
+        clumps: true,
+    }
 }
 
 #[test]
 fn a_slowdown_on_a_tenth_of_one_replicas_requests_behind_one_service_is_paged() {
     // Issue 27, first row: ×8 on 10 % of one replica's requests, 2 replicas per model.
     for (seed, scrape_s) in [(1, 15), (2, 5), (3, 30)] {
-        fault_is_paged(replica_fault(seed, scrape_s, Fault::Latency { factor: 8.0, share: 0.1 }), 60.0);
+        fault_is_paged(
+            replica_fault(
+                seed,
+                scrape_s,
+                Fault::Latency {
+                    factor: 8.0,
+                    share: 0.1,
+                },
+            ),
+            60.0,
+        );
     }
 }
 
 #[test]
 fn twenty_percent_errors_on_one_replica_are_paged() {
     for (seed, scrape_s) in [(4, 15), (5, 1)] {
-        fault_is_paged(replica_fault(seed, scrape_s, Fault::Errors { rate: 0.2 }), 60.0);
+        fault_is_paged(
+            replica_fault(seed, scrape_s, Fault::Errors { rate: 0.2 }),
+            60.0,
+        );
     }
 }
 
@@ -470,19 +555,49 @@ fn ten_percent_errors_on_a_whole_model_are_paged_not_ticketed() {
     // Issue 27: 10 % errors on one model at ~2 req/s, the bound ≈ 50 s, so ≤ 100 s — with
     // independent healthy errors (0.5 %) as the issue assumes …
     for (seed, scrape_s) in [(6, 15), (7, 10)] {
-        let sc = Scenario { seed, replicas: 1, rate: 2.0, scrape_s, whole_model: true, fault: Fault::Errors { rate: 0.1 }, fault_s: 360, clumps: false };
+        let sc = Scenario {
+            seed,
+            replicas: 1,
+            rate: 2.0,
+            scrape_s,
+            whole_model: true,
+            fault: Fault::Errors { rate: 0.1 },
+            fault_s: 360,
+            clumps: false,
+        };
         let o = fault_is_paged(sc, 100.0);
         assert!(o.delay_s.unwrap() <= 100.0, "{o:?}");
     }
     // … and within 2× the bound with clumped healthy errors (failed batches).
-    let sc = Scenario { seed: 8, replicas: 2, rate: 2.0, scrape_s: 15, whole_model: true, fault: Fault::Errors { rate: 0.1 }, fault_s: 600, clumps: true };
+    let sc = Scenario {
+        seed: 8,
+        replicas: 2,
+        rate: 2.0,
+        scrape_s: 15,
+        whole_model: true,
+        fault: Fault::Errors { rate: 0.1 },
+        fault_s: 600,
+        clumps: true,
+    };
     fault_is_paged(sc, 100.0);
 }
 
 #[test]
 fn a_slowdown_on_six_percent_of_a_models_requests_is_paged() {
     for (seed, scrape_s) in [(8, 15), (9, 5)] {
-        let sc = Scenario { seed, replicas: 2, rate: 3.0, scrape_s, whole_model: true, fault: Fault::Latency { factor: 6.0, share: 0.06 }, fault_s: 600, clumps: true };
+        let sc = Scenario {
+            seed,
+            replicas: 2,
+            rate: 3.0,
+            scrape_s,
+            whole_model: true,
+            fault: Fault::Latency {
+                factor: 6.0,
+                share: 0.06,
+            },
+            fault_s: 600,
+            clumps: true,
+        };
         fault_is_paged(sc, 60.0);
     }
 }
@@ -494,22 +609,42 @@ fn a_slowdown_on_six_percent_of_a_models_requests_is_paged() {
 #[test]
 #[ignore]
 fn power_curves() {
-    let seeds: u64 = std::env::var("TW_POWER_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let seeds: u64 = std::env::var("TW_POWER_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
     let mut rng = StdRng::seed_from_u64(2027);
     let mut faults: Vec<(String, Fault)> = Vec::new();
     for rate in [0.02, 0.05, 0.1, 0.2, 0.5] {
-        faults.push((format!("errors {:.0}%", rate * 100.0), Fault::Errors { rate }));
+        faults.push((
+            format!("errors {:.0}%", rate * 100.0),
+            Fault::Errors { rate },
+        ));
     }
-    for (factor, share) in [(2.0, 0.5), (2.0, 0.2), (4.0, 0.1), (6.0, 0.06), (8.0, 0.1), (10.0, 0.03), (10.0, 0.2)] {
-        faults.push((format!("latency ×{factor} on {:.0}%", share * 100.0), Fault::Latency { factor, share }));
+    for (factor, share) in [
+        (2.0, 0.5),
+        (2.0, 0.2),
+        (4.0, 0.1),
+        (6.0, 0.06),
+        (8.0, 0.1),
+        (10.0, 0.03),
+        (10.0, 0.2),
+    ] {
+        faults.push((
+            format!("latency ×{factor} on {:.0}%", share * 100.0),
+            Fault::Latency { factor, share },
+        ));
     }
-    println!("| fault | where | req/s per replica | runs | paged | median delay (s) | median bound (s) | median delay / bound | worst delay / bound |");
+    println!(
+        "| fault | where | req/s per replica | runs | paged | median delay (s) | median bound (s) | median delay / bound | worst delay / bound |"
+    );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut false_before = 0;
     for (name, fault) in &faults {
         for whole_model in [false, true] {
             for rate in [0.5, 2.0, 10.0, 50.0] {
-                let (mut ratios, mut delays, mut bounds, mut paged) = (Vec::new(), Vec::new(), Vec::new(), 0);
+                let (mut ratios, mut delays, mut bounds, mut paged) =
+                    (Vec::new(), Vec::new(), Vec::new(), 0);
                 for _ in 0..seeds {
                     let sc = Scenario {
                         seed: rng.random(),
@@ -537,7 +672,11 @@ fn power_curves() {
                 let worst = ratios.iter().copied().fold(f64::NAN, f64::max);
                 println!(
                     "| {name} | {} | {rate} | {seeds} | {paged} | {:.0} | {:.0} | {:.2} | {:.2} |",
-                    if whole_model { "whole model" } else { "one replica" },
+                    if whole_model {
+                        "whole model"
+                    } else {
+                        "one replica"
+                    },
                     median(&mut delays),
                     median(&mut bounds),
                     median(&mut ratios),
@@ -552,22 +691,47 @@ fn power_curves() {
 #[test]
 #[ignore]
 fn diagnose() {
-    let seed: u64 = std::env::var("TW_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let scrape: i64 = std::env::var("TW_SCRAPE").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
+    let seed: u64 = std::env::var("TW_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let scrape: i64 = std::env::var("TW_SCRAPE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15);
     let errors = std::env::var("TW_ERRORS").is_ok();
-    let rate: f64 = std::env::var("TW_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(3.0);
-    let t = Topology { models: 1, replicas_per_model: 2, rate: (rate, rate), scrape_s: (scrape, scrape) };
+    let rate: f64 = std::env::var("TW_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3.0);
+    let t = Topology {
+        models: 1,
+        replicas_per_model: 2,
+        rate: (rate, rate),
+        scrape_s: (scrape, scrape),
+    };
     let mut fleet = Fleet::new(seed, &t);
     let start = T0 + 40 * 60_000;
     let (fault, faulty) = match errors {
         true => (Fault::Errors { rate: 0.1 }, vec![0, 1]),
-        false => (Fault::Latency { factor: 8.0, share: 0.1 }, vec![0]),
+        false => (
+            Fault::Latency {
+                factor: 8.0,
+                share: 0.1,
+            },
+            vec![0],
+        ),
     };
     fleet.faults.push((faulty, fault, start, start + 600_000));
     let mut rule = rule();
     let mut board = SignalBoard::default();
     run(&mut fleet, &mut rule, &mut board, T0, start);
-    let d = |rule: &Rule| (rule.compiled.as_ref() as &dyn std::any::Any).downcast_ref::<ReplicaShift>().unwrap().dump();
+    let d = |rule: &Rule| {
+        (rule.compiled.as_ref() as &dyn std::any::Any)
+            .downcast_ref::<ReplicaShift>()
+            .unwrap()
+            .dump()
+    };
     println!("before:\n{}", d(&rule));
     for step in 0..40 {
         let from = start + step * 30_000;

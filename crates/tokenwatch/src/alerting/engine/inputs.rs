@@ -1232,7 +1232,7 @@ mod tests {
         assert!(most <= budget + budget / 4, "kept up to {most}");
         assert_eq!(i.evicted_records(), 0, "thinned, never evicted at a steady rate");
         let dense = i.dense_ms("m").expect("thinned");
-        assert!(dense >= 2_000 && dense < 60_000, "dense span {dense} ms");
+        assert!((2_000..60_000).contains(&dense), "dense span {dense} ms");
         // The dense span is read whole.
         let recent = i.window("m", now - dense / 2, now).count() as i64;
         assert!((recent - dense / 2 / 5).abs() <= 1, "{recent} in {} ms", dense / 2);

@@ -153,13 +153,13 @@ mod tests {
         let n = 1u64 << 20;
         let mut at_least = [0u64; LEVELS];
         for id in 0..n {
-            for k in 0..=level(id) as usize {
-                at_least[k] += 1;
+            for count in at_least.iter_mut().take(level(id) as usize + 1) {
+                *count += 1;
             }
         }
-        for k in 0..12 {
+        for (k, count) in at_least.iter().enumerate().take(12) {
             let expect = (n >> k) as f64;
-            let got = at_least[k] as f64;
+            let got = *count as f64;
             assert!((got - expect).abs() < 5.0 * expect.sqrt() + 1.0, "level {k}: {got} of {expect}");
         }
         // Records and early first tokens of one push sequence differ.
