@@ -111,21 +111,12 @@ fn per_request(n: f64, x: f64, requests: f64) -> (f64, f64) {
     }
 }
 
-/// Requests in counts: finished, else the TTFT or E2E observations.
-fn requests_in(finished: f64, latency: &BTreeMap<String, CumulativeHistogram>) -> f64 {
-    if finished > 0.0 {
-        return finished;
-    }
-    ["ttft", "e2e"]
-        .iter()
-        .find_map(|s| latency.get(*s).map(|h| h.count))
-        .unwrap_or(0.0)
-}
-
 /// One minute of one series' counts.
 #[derive(Debug, Default)]
 struct Minute {
     start: i64,
+    /// Requests (finished, else TTFT observations), for the request rate.
+    requests: f64,
     finished: f64,
     failed: f64,
     latency: BTreeMap<String, CumulativeHistogram>,
@@ -145,6 +136,10 @@ impl Minute {
     fn add(&mut self, c: &ScrapeCounts, latency_trials: &[(TestKey, (f64, f64))], alarmed: bool) {
         self.finished += c.finished.unwrap_or(0.0);
         self.failed += c.failed.unwrap_or(0.0);
+        self.requests += c
+            .finished
+            .or_else(|| c.histogram("ttft").map(|h| h.count))
+            .unwrap_or(0.0);
         for (s, h) in &c.latency {
             merge(&mut self.latency, s, h);
         }
@@ -247,9 +242,14 @@ impl Series {
         self.minutes.back_mut().expect("just pushed")
     }
 
-    fn prune(&mut self, before: i64) {
+    /// Drops the minutes before `before`, and the histograms of those before `anchor_from`
+    /// (only anchors read them; the references keep their counts).
+    fn prune(&mut self, before: i64, anchor_from: i64) {
         while self.minutes.front().is_some_and(|m| m.start < before) {
             self.minutes.pop_front();
+        }
+        for m in self.minutes.iter_mut().take_while(|m| m.start < anchor_from) {
+            m.latency.clear();
         }
     }
 
@@ -299,11 +299,7 @@ impl Series {
         let Some(first) = self.minutes.front() else {
             return 0.0;
         };
-        let n: f64 = self
-            .minutes
-            .iter()
-            .map(|m| requests_in(m.finished, &m.latency))
-            .sum();
+        let n: f64 = self.minutes.iter().map(|m| m.requests).sum();
         n / ((now - first.start) as f64 / 1000.0).max(1.0)
     }
 
@@ -529,12 +525,13 @@ impl ReplicaShift {
 
     fn prune(&mut self, now: i64) {
         let keep_from = now - (self.params.baseline_s * 1000.0) as i64 - MINUTE_MS;
+        let anchor_from = now - (self.params.anchor_s * 1000.0) as i64 - 2 * MINUTE_MS;
         self.models.retain(|_, st| {
             st.instances.retain(|_, s| {
-                s.prune(keep_from);
+                s.prune(keep_from, anchor_from);
                 s.last_seen >= keep_from
             });
-            st.whole.prune(keep_from);
+            st.whole.prune(keep_from, anchor_from);
             st.whole.last_seen >= keep_from
         });
     }
