@@ -47,8 +47,10 @@ pub struct ReplicaShiftParams {
     /// Overdispersion compares the minutes within blocks of this length (slow swings between
     /// blocks are the anchor's and the baseline's business, not clumping).
     pub block_s: f64,
-    /// Fewest reference observations before a test may run.
+    /// Fewest reference observations before a test may run …
     pub min_reference: f64,
+    /// … spread over at least this long (a few minutes of a new replica are not its normal).
+    pub min_baseline_s: f64,
     /// The reference rate is its upper confidence bound at this many standard errors.
     pub reference_z: f64,
     /// An alarm ends once the reverse test (back to the reference rate) gathers this many nats.
@@ -62,7 +64,7 @@ impl Default for ReplicaShiftParams {
         ReplicaShiftParams {
             false_page_days: 30.0,
             signals: vec!["ttft".into(), "itl".into(), "e2e".into()],
-            tail_quantiles: vec![0.5, 0.9],
+            tail_quantiles: vec![0.9],
             tail_multiple: 3.0,
             ratio: 4.0,
             min_shift: 0.01,
@@ -74,6 +76,7 @@ impl Default for ReplicaShiftParams {
             min_anchor: 50.0,
             block_s: 300.0,
             min_reference: 200.0,
+            min_baseline_s: 600.0,
             reference_z: 2.0,
             recovery_nats: 3.0,
             max_hold_s: 1800.0,
@@ -155,6 +158,13 @@ impl Validate for ReplicaShiftParams {
             self.min_reference.is_finite() && self.min_reference >= 1.0,
             "min_reference",
             "must be ≥ 1",
+        )?;
+        check(
+            self.min_baseline_s.is_finite()
+                && self.min_baseline_s >= 0.0
+                && self.min_baseline_s <= self.baseline_s,
+            "min_baseline_s",
+            "must be between 0 and baseline_s",
         )?;
         check(
             self.reference_z.is_finite() && self.reference_z >= 0.0,
@@ -255,7 +265,8 @@ pub const DESIGNS: usize = 6;
 /// small one still accumulates. The bank alarms when any CUSUM reaches the threshold; each runs
 /// against `h + ln(DESIGNS)` (Bonferroni), so the bank spends the same false-alarm budget as one
 /// CUSUM at `h`. An alarm lasts until the reverse test — the alarmed design against the
-/// reference rate — gathers the recovery level; then the bank starts again.
+/// reference rate — gathers the recovery level; then the bank starts again. One sample adds at
+/// most half the threshold: an alarm always rests on at least two.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CusumBank {
     /// Evidence for each design (nats), each held below 1.5 × its threshold.
@@ -311,10 +322,13 @@ impl CusumBank {
             if *s <= 0.0 {
                 *since = at;
             }
-            // The design with the most evidence before the cap names the shift.
-            let raw = *s + bernoulli_llr(n, x, p0, p1) / phi;
-            if raw >= hm && best.is_none_or(|(v, _, _)| raw > v) {
-                best = Some((raw, p1, *since));
+            // No single sample alarms: one scrape adds at most half the threshold, so a clump
+            // (a stalled batch, a failed one) needs another behind it to page.
+            let full = bernoulli_llr(n, x, p0, p1) / phi;
+            let raw = *s + full.min(0.5 * hm);
+            // The design with the most evidence before the caps names the shift.
+            if raw >= hm && best.is_none_or(|(v, _, _)| *s + full > v) {
+                best = Some((*s + full, p1, *since));
             }
             *s = raw.clamp(0.0, 1.5 * hm);
         }

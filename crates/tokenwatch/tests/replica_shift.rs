@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 const MODEL: &str = "sim-llama-8b";
 
 /// The rule's defaults, but for a test that cannot wait the production warm-up: the baseline
-/// may end at the current minute (no 5-minute guard) and needs 100 reference requests.
+/// may end at the current minute (no 5-minute guard) and needs 100 reference requests over a
+/// minute (not 200 over 10).
 const CONFIG: &str = "scrape:
   interval: 2s
 alerting:
   overrides:
     replica_shift:
-      params: {baseline_guard_s: 0, min_reference: 100}
+      params: {baseline_guard_s: 0, min_reference: 100, min_baseline_s: 60}
 ";
 
 async fn alerts(api: SocketAddr) -> Vec<Value> {

@@ -173,6 +173,8 @@ struct Reference {
     x: f64,
     blocks: Vec<Vec<(f64, f64)>>,
     pearson: (f64, f64),
+    /// First and last minute it holds.
+    span: Option<(i64, i64)>,
 }
 
 /// Fewest scrapes whose residuals estimate the per-scrape overdispersion.
@@ -185,6 +187,10 @@ impl Reference {
         self.blocks.extend(o.blocks);
         self.pearson.0 += o.pearson.0;
         self.pearson.1 += o.pearson.1;
+        self.span = match (self.span, o.span) {
+            (Some(a), Some(b)) => Some((a.0.min(b.0), a.1.max(b.1))),
+            (a, b) => a.or(b),
+        };
     }
 
     /// How much more its counts vary than a binomial's, at the larger of two scales: between
@@ -200,9 +206,12 @@ impl Reference {
             .map(|v| v.max(1.0))
     }
 
-    /// The reference rate: the upper confidence bound over the whole period.
+    /// The reference rate: the upper confidence bound over the whole period, once it holds
+    /// enough observations over a long enough span.
     fn rate(&self, p: &det::ReplicaShiftParams) -> Option<f64> {
-        if self.n < p.min_reference {
+        let (first, last) = self.span?;
+        let covered_ms = last + MINUTE_MS - first;
+        if self.n < p.min_reference || covered_ms < (p.min_baseline_s * 1000.0) as i64 {
             return None;
         }
         seq::rate_upper(self.x, self.n, p.reference_z)
@@ -273,6 +282,7 @@ impl Series {
             if let Some((n, x)) = m.trials(k) {
                 r.n += n;
                 r.x += x;
+                r.span = Some((r.span.map_or(m.start, |s| s.0), m.start));
                 blocks
                     .entry((m.start - from) / block_ms.max(1))
                     .or_default()

@@ -49,6 +49,10 @@ struct Replica {
     last_scrape: i64,
     swing_period_ms: f64,
     swing_phase: f64,
+    /// The replica's own slow speed drift (±10 %, as the simulator's `--speed-drift`): period
+    /// and phase.
+    drift_period_ms: f64,
+    drift_phase: f64,
 }
 
 /// A healthy fleet with optional faults.
@@ -81,7 +85,7 @@ impl Fleet {
             let ttft = rng.random_range(0.05..0.6);
             let itl = rng.random_range(0.015..0.06);
             let rate = rng.random_range(t.rate.0..=t.rate.1);
-            // Replicas behind one Service share the load's swings, each a little out of step.
+            // Replicas behind one Service share the load's swings.
             let period = rng.random_range(10.0..40.0) * 60_000.0;
             let phase = rng.random_range(0.0..std::f64::consts::TAU);
             for r in 0..t.replicas_per_model {
@@ -96,8 +100,10 @@ impl Fleet {
                     scrape_ms,
                     next_scrape: T0 + rng.random_range(0..scrape_ms),
                     last_scrape: T0,
-                    swing_period_ms: period * rng.random_range(0.95..1.05),
-                    swing_phase: phase + rng.random_range(-0.3..0.3),
+                    swing_period_ms: period,
+                    swing_phase: phase,
+                    drift_period_ms: rng.random_range(5.0..15.0) * 60_000.0,
+                    drift_phase: rng.random_range(0.0..std::f64::consts::TAU),
                 });
             }
         }
@@ -176,8 +182,11 @@ impl Fleet {
         let load =
             (std::f64::consts::TAU * (mid - T0 as f64) / r.swing_period_ms + r.swing_phase).sin();
         let rate = r.rate * (1.0 + self.swing * load);
+        let own = 1.0
+            + 0.1 * (std::f64::consts::TAU * (mid - T0 as f64) / r.drift_period_ms + r.drift_phase).sin();
         let slow = (1.0 + self.latency_per_load * self.swing * (load + 1.0))
-            * (1.0 + self.drift * (mid - T0 as f64) / HOUR_MS as f64).max(0.3);
+            * (1.0 + self.drift * (mid - T0 as f64) / HOUR_MS as f64).max(0.3)
+            * own;
         let n = self.poisson(rate * interval as f64 / 1000.0);
         // Batch hiccups (a long prefill stalls the running batch), about one every 20 s, each
         // slowing the requests of a 2 s stretch together; error clumps (a failed batch) about one
@@ -477,8 +486,8 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
     }
 }
 
-/// A fault from issue 27's table on a random fleet: paged within 2× the bound (and `limit_s`
-/// where the bound is shorter), naming the replica (or the model), nothing on other replicas,
+/// A fault from issue 27's table on a random fleet: paged within 2× the bound plus one scrape
+/// interval (and `limit_s` where that is shorter), naming the replica (or the model), nothing on other replicas,
 /// resolved within 8 minutes after it ends.
 fn fault_is_paged(sc: Scenario, limit_s: f64) -> Outcome {
     let o = scenario(&sc);
@@ -491,9 +500,11 @@ fn fault_is_paged(sc: Scenario, limit_s: f64) -> Outcome {
     let delay = o
         .delay_s
         .unwrap_or_else(|| panic!("seed {seed}: {fault:?} never paged: {o:?}"));
+    // Within 2× the optimal test's delay, plus one scrape: no single scrape pages.
+    let allowed = (2.0 * o.bound_s + sc.scrape_s as f64).max(limit_s);
     assert!(
-        delay <= (2.0 * o.bound_s).max(limit_s),
-        "seed {seed}: {fault:?} paged after {delay} s (bound {:.1} s, limit {limit_s} s)",
+        delay <= allowed,
+        "seed {seed}: {fault:?} paged after {delay} s (bound {:.1} s, allowed {allowed:.0} s)",
         o.bound_s
     );
     assert!(
@@ -686,6 +697,68 @@ fn power_curves() {
         }
     }
     println!("\nruns with an alarm before their fault: {false_before}");
+}
+
+/// False pages on healthy traffic, the other half of the power curves: random fleets (1–2 models
+/// of 1–4 replicas, 0.5–50 req/s per replica, scrape intervals 1–30 s), 2 h each. A benchmark:
+/// `cargo test --release -p tokenwatch --lib healthy_hours -- --ignored --nocapture`
+/// (TW_HEALTHY_FLEETS fleets, default 40).
+#[test]
+#[ignore]
+fn healthy_hours() {
+    let fleets: u64 = std::env::var("TW_HEALTHY_FLEETS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let mut rng = StdRng::seed_from_u64(4242);
+    let (mut hours, mut model_hours, mut pages) = (0.0, 0.0, Vec::new());
+    for seed in 0..fleets {
+        let rate = [0.5, 2.0, 10.0, 50.0][rng.random_range(0..4)];
+        let t = Topology {
+            models: rng.random_range(1..=2),
+            replicas_per_model: rng.random_range(1..=4),
+            rate: (rate * 0.5, rate),
+            scrape_s: (1, 30),
+        };
+        let mut fleet = Fleet::new(10_000 + seed, &t);
+        let mut rule = rule();
+        let mut board = SignalBoard::default();
+        let events = run(&mut fleet, &mut rule, &mut board, T0, T0 + 2 * HOUR_MS);
+        hours += 2.0;
+        model_hours += 2.0 * t.models as f64;
+        for (at, e) in events.iter().take(1) {
+            pages.push(format!("fleet {seed} ({} × {}, ≤ {rate} req/s) at {} s: {}", t.models, t.replicas_per_model, (at - T0) / 1000, e.summary));
+        }
+    }
+    println!("{fleets} fleets, {hours} h of healthy traffic ({model_hours} model-hours): {} with a page", pages.len());
+    for p in &pages {
+        println!("  {p}");
+    }
+}
+
+#[test]
+#[ignore]
+fn diagnose_healthy() {
+    let mut rng = StdRng::seed_from_u64(27);
+    let want: u64 = std::env::var("TW_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let at: i64 = std::env::var("TW_AT").ok().and_then(|v| v.parse().ok()).unwrap_or(1700);
+    for seed in 0..=want {
+        let t = topology(&mut rng);
+        if seed < want {
+            continue;
+        }
+        let mut fleet = Fleet::new(seed, &t);
+        println!("scrapes {:?} rates {:?}", fleet.replicas.iter().map(|r| r.scrape_ms).collect::<Vec<_>>(), fleet.replicas.iter().map(|r| r.rate).collect::<Vec<_>>());
+        let mut rule = rule();
+        let mut board = SignalBoard::default();
+        let d = |rule: &Rule| (rule.compiled.as_ref() as &dyn std::any::Any).downcast_ref::<ReplicaShift>().unwrap().dump();
+        run(&mut fleet, &mut rule, &mut board, T0, T0 + at * 1000);
+        for step in 0..4 {
+            let from = T0 + at * 1000 + step * 20_000;
+            let ev = run(&mut fleet, &mut rule, &mut board, from, from + 20_000);
+            println!("+{} events {}\n{}", at + (step + 1) * 20, ev.len(), d(&rule));
+        }
+    }
 }
 
 #[test]
