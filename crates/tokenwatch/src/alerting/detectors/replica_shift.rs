@@ -27,7 +27,7 @@ const MINUTE_MS: i64 = 60_000;
 /// Overdispersion assumed until enough clean minutes are seen to estimate it.
 const DEFAULT_OVERDISPERSION: f64 = 2.0;
 /// Largest overdispersion used (a test slowed beyond this is better off not counting).
-const MAX_OVERDISPERSION: f64 = 10.0;
+const MAX_OVERDISPERSION: f64 = 20.0;
 
 pub struct ReplicaShift {
     pub params: det::ReplicaShiftParams,

@@ -763,6 +763,45 @@ fn diagnose_healthy() {
 
 #[test]
 #[ignore]
+fn diagnose_bench_fleet() {
+    let want: u64 = std::env::var("TW_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
+    let at: i64 = std::env::var("TW_AT").ok().and_then(|v| v.parse().ok()).unwrap_or(1200);
+    let who = std::env::var("TW_WHO").unwrap_or_default();
+    let mut rng = StdRng::seed_from_u64(4242);
+    for seed in 0..=want {
+        let rate = [0.5, 2.0, 10.0, 50.0][rng.random_range(0..4)];
+        let t = Topology {
+            models: rng.random_range(1..=2),
+            replicas_per_model: rng.random_range(1..=4),
+            rate: (rate * 0.5, rate),
+            scrape_s: (1, 30),
+        };
+        if seed < want {
+            continue;
+        }
+        let mut fleet = Fleet::new(10_000 + seed, &t);
+        println!("{:?}", fleet.replicas.iter().map(|r| (r.name.clone(), r.scrape_ms, r.rate)).collect::<Vec<_>>());
+        let mut rule = rule();
+        let mut board = SignalBoard::default();
+        let d = |rule: &Rule| (rule.compiled.as_ref() as &dyn std::any::Any).downcast_ref::<ReplicaShift>().unwrap().dump();
+        run(&mut fleet, &mut rule, &mut board, T0, T0 + at * 1000);
+        for step in 0..6 {
+            let from = T0 + at * 1000 + step * 20_000;
+            let ev = run(&mut fleet, &mut rule, &mut board, from, from + 20_000);
+            let dump = d(&rule);
+            let lines: Vec<&str> = dump.lines().collect();
+            println!("+{} events {}", at + (step + 1) * 20, ev.len());
+            for (i, l) in lines.iter().enumerate() {
+                if l.contains(&who) && !l.starts_with("    minutes") {
+                    println!("{}\n{l}", lines[i - 1]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore]
 fn diagnose() {
     let seed: u64 = std::env::var("TW_SEED")
         .ok()
