@@ -21,6 +21,8 @@ pub struct ReplicaShiftParams {
     /// healthy traffic. The CUSUM threshold is ln(mean samples between false alarms), split over
     /// every test of the model (Bonferroni).
     pub false_page_days: f64,
+    /// Which tests run: `errors` (the failed share), `latency` (slow shares of `signals`).
+    pub tests: Vec<String>,
     /// Latency histograms tested (normalised signals of the scrape mapping).
     pub signals: Vec<String>,
     /// A request is "slow" beyond `tail_multiple` × each of these quantiles of an anchor read
@@ -63,6 +65,7 @@ impl Default for ReplicaShiftParams {
     fn default() -> Self {
         ReplicaShiftParams {
             false_page_days: 30.0,
+            tests: vec!["errors".into(), "latency".into()],
             signals: vec!["ttft".into(), "itl".into(), "e2e".into()],
             tail_quantiles: vec![0.9],
             tail_multiple: 3.0,
@@ -95,6 +98,11 @@ impl Validate for ReplicaShiftParams {
             self.signals.iter().all(|s| !s.trim().is_empty()),
             "signals",
             "must not hold an empty name",
+        )?;
+        check(
+            !self.tests.is_empty() && self.tests.iter().all(|t| t == "errors" || t == "latency"),
+            "tests",
+            "must name errors, latency or both",
         )?;
         check(
             !self.tail_quantiles.is_empty()
@@ -185,6 +193,11 @@ impl Validate for ReplicaShiftParams {
 }
 
 impl ReplicaShiftParams {
+    /// Whether the `errors` / `latency` tests run.
+    pub fn runs(&self, test: &str) -> bool {
+        self.tests.iter().any(|t| t == test)
+    }
+
     /// The rate a test is designed to detect, from its reference rate `p0`.
     pub fn design(&self, p0: f64) -> f64 {
         (p0 * self.ratio).max(p0 + self.min_shift).min(0.99)

@@ -1,7 +1,8 @@
-// replica_shift end to end, collector-only (no proxy: the fleet most teams run first): two
-// simulator replicas serve one model, clients call each directly (as behind a Kubernetes
-// Service), tokenwatch only scrapes their vLLM-style /metrics. A latency fault on a tenth of one
-// replica's requests must page naming that replica — and nothing before it, nothing on its peer.
+// replica_shift end to end (the default `replica_latency` rule), collector-only (no proxy: the
+// fleet most teams run first): two simulator replicas serve one model, clients call each directly
+// (as behind a Kubernetes Service), tokenwatch only scrapes their vLLM-style /metrics. A latency
+// fault on a tenth of one replica's requests must raise an alert naming that replica — and
+// nothing before it, nothing on its peer.
 
 mod common;
 
@@ -21,8 +22,10 @@ const CONFIG: &str = "scrape:
   interval: 2s
 alerting:
   overrides:
-    replica_shift:
-      params: {baseline_guard_s: 0, min_reference: 100, min_baseline_s: 60}
+    replica_errors:
+      params: {tests: [errors], baseline_guard_s: 0, min_reference: 100, min_baseline_s: 60}
+    replica_latency:
+      params: {tests: [latency], baseline_guard_s: 0, min_reference: 100, min_baseline_s: 60}
 ";
 
 async fn alerts(api: SocketAddr) -> Vec<Value> {
@@ -33,7 +36,7 @@ async fn alerts(api: SocketAddr) -> Vec<Value> {
 
 fn replica_alerts(all: &[Value]) -> Vec<&Value> {
     all.iter()
-        .filter(|a| a["rule"] == "replica_shift")
+        .filter(|a| a["rule"] == "replica_latency" || a["rule"] == "replica_errors")
         .collect()
 }
 
@@ -44,7 +47,7 @@ fn log_tail(p: &Proc) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_slow_tenth_of_one_replicas_requests_is_paged_naming_that_replica_without_a_proxy() {
+async fn a_slow_tenth_of_one_replicas_requests_is_alerted_naming_that_replica_without_a_proxy() {
     let dir = tempfile::tempdir().unwrap();
     let sim_args = |name: &'static str, seed: &'static str| {
         vec![
@@ -173,7 +176,8 @@ async fn a_slow_tenth_of_one_replicas_requests_is_paged_naming_that_replica_with
     let summary = alert["annotations"]["summary"].as_str().unwrap_or_default();
     assert!(summary.contains(&format!("Replica {a}")), "{summary}");
     assert!(summary.contains("beyond"), "says what is slow: {summary}");
-    assert_eq!(alert["severity"], "critical", "{alert:#}");
+    assert_eq!(alert["rule"], "replica_latency", "{alert:#}");
+    assert_eq!(alert["severity"], "warning", "{alert:#}");
     // Its peer was not named.
     let all = alerts(api).await;
     let on_b: Vec<&Value> = replica_alerts(&all)
@@ -181,5 +185,5 @@ async fn a_slow_tenth_of_one_replicas_requests_is_paged_naming_that_replica_with
         .filter(|x| x["labels"]["instance"] == b.to_string())
         .collect();
     assert!(on_b.is_empty(), "the healthy replica was named: {on_b:#?}");
-    eprintln!("replica_shift paged {delay:?} after the fault: {summary}");
+    eprintln!("replica_latency fired {delay:?} after the fault: {summary}");
 }

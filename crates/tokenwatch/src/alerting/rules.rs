@@ -319,10 +319,17 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   window: 5s
   severity: critical
   summary: "Error burst on {{ labels.model_id }} {{ labels.instance }}: {{ evidence.error_ratio }} of requests failing"
-- name: replica_shift
+- name: replica_errors
   detector: replica_shift
   group_by: [model_id, instance]
+  params: {tests: [errors]}
   severity: critical
+  summary: "{{ summary }}"
+- name: replica_latency
+  detector: replica_shift
+  group_by: [model_id, instance]
+  params: {tests: [latency]}
+  severity: warning
   summary: "{{ summary }}"
 - name: batch_jitter
   detector: batch_jitter

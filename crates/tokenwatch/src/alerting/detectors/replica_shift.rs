@@ -337,8 +337,12 @@ struct ModelState {
 
 /// Every test of a series.
 fn keys(p: &det::ReplicaShiftParams) -> Vec<TestKey> {
-    let mut keys = vec![TestKey::errors()];
-    for s in &p.signals {
+    let mut keys = Vec::new();
+    if p.runs("errors") {
+        keys.push(TestKey::errors());
+    }
+    let signals: &[String] = if p.runs("latency") { &p.signals } else { &[] };
+    for s in signals {
         for q in &p.tail_quantiles {
             keys.push(TestKey {
                 signal: s.clone(),

@@ -268,12 +268,18 @@ fn histogram(bounds: &[f64], values: &[f64]) -> CumulativeHistogram {
     }
 }
 
+/// One rule running both kinds of test (the default rule set splits them into a paging
+/// `replica_errors` and a ticketing `replica_latency`), with the detector's defaults.
 pub(crate) fn rule() -> Rule {
-    compile(&AlertingConfig::default())
-        .expect("default rules compile")
+    let cfg: AlertingConfig = serde_saphyr::from_str(
+        "default_rules: false\nrules: [{name: replica_shift, detector: replica_shift, group_by: [model_id, instance], severity: critical}]",
+    )
+    .expect("config");
+    compile(&cfg)
+        .expect("the rule compiles")
         .into_iter()
-        .find(|r| r.spec.detector == "replica_shift")
-        .expect("replica_shift is a default rule")
+        .next()
+        .expect("one rule")
 }
 
 /// Runs the fleet from `from` to `to`, evaluating once a second; the events seen, with times.
