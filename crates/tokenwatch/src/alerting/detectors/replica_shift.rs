@@ -257,7 +257,11 @@ impl Series {
         while self.minutes.front().is_some_and(|m| m.start < before) {
             self.minutes.pop_front();
         }
-        for m in self.minutes.iter_mut().take_while(|m| m.start < anchor_from) {
+        for m in self
+            .minutes
+            .iter_mut()
+            .take_while(|m| m.start < anchor_from)
+        {
             m.latency.clear();
         }
     }

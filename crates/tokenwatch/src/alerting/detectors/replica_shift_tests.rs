@@ -183,7 +183,9 @@ impl Fleet {
             (std::f64::consts::TAU * (mid - T0 as f64) / r.swing_period_ms + r.swing_phase).sin();
         let rate = r.rate * (1.0 + self.swing * load);
         let own = 1.0
-            + 0.1 * (std::f64::consts::TAU * (mid - T0 as f64) / r.drift_period_ms + r.drift_phase).sin();
+            + 0.1
+                * (std::f64::consts::TAU * (mid - T0 as f64) / r.drift_period_ms + r.drift_phase)
+                    .sin();
         let slow = (1.0 + self.latency_per_load * self.swing * (load + 1.0))
             * (1.0 + self.drift * (mid - T0 as f64) / HOUR_MS as f64).max(0.3)
             * own;
@@ -705,6 +707,19 @@ fn power_curves() {
     println!("\nruns with an alarm before their fault: {false_before}");
 }
 
+/// A fleet of `healthy_hours`: 1–2 models of 1–4 replicas, up to 0.5, 2, 10 or 50 req/s per
+/// replica (at least half that), scrape intervals 1–30 s.
+fn healthy_topology(rng: &mut StdRng) -> (f64, Topology) {
+    let rate = [0.5, 2.0, 10.0, 50.0][rng.random_range(0..4)];
+    let t = Topology {
+        models: rng.random_range(1..=2),
+        replicas_per_model: rng.random_range(1..=4),
+        rate: (rate * 0.5, rate),
+        scrape_s: (1, 30),
+    };
+    (rate, t)
+}
+
 /// False pages on healthy traffic, the other half of the power curves: random fleets (1–2 models
 /// of 1–4 replicas, 0.5–50 req/s per replica, scrape intervals 1–30 s), 2 h each. A benchmark:
 /// `cargo test --release -p tokenwatch --lib healthy_hours -- --ignored --nocapture`
@@ -719,13 +734,7 @@ fn healthy_hours() {
     let mut rng = StdRng::seed_from_u64(4242);
     let (mut hours, mut model_hours, mut pages) = (0.0, 0.0, Vec::new());
     for seed in 0..fleets {
-        let rate = [0.5, 2.0, 10.0, 50.0][rng.random_range(0..4)];
-        let t = Topology {
-            models: rng.random_range(1..=2),
-            replicas_per_model: rng.random_range(1..=4),
-            rate: (rate * 0.5, rate),
-            scrape_s: (1, 30),
-        };
+        let (rate, t) = healthy_topology(&mut rng);
         let mut fleet = Fleet::new(10_000 + seed, &t);
         let mut rule = rule();
         let mut board = SignalBoard::default();
@@ -733,10 +742,19 @@ fn healthy_hours() {
         hours += 2.0;
         model_hours += 2.0 * t.models as f64;
         for (at, e) in events.iter().take(1) {
-            pages.push(format!("fleet {seed} ({} × {}, ≤ {rate} req/s) at {} s: {}", t.models, t.replicas_per_model, (at - T0) / 1000, e.summary));
+            pages.push(format!(
+                "fleet {seed} ({} × {}, ≤ {rate} req/s) at {} s: {}",
+                t.models,
+                t.replicas_per_model,
+                (at - T0) / 1000,
+                e.summary
+            ));
         }
     }
-    println!("{fleets} fleets, {hours} h of healthy traffic ({model_hours} model-hours): {} with a page", pages.len());
+    println!(
+        "{fleets} fleets, {hours} h of healthy traffic ({model_hours} model-hours): {} with a page",
+        pages.len()
+    );
     for p in &pages {
         println!("  {p}");
     }
@@ -746,23 +764,47 @@ fn healthy_hours() {
 #[ignore]
 fn diagnose_healthy() {
     let mut rng = StdRng::seed_from_u64(27);
-    let want: u64 = std::env::var("TW_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let at: i64 = std::env::var("TW_AT").ok().and_then(|v| v.parse().ok()).unwrap_or(1700);
+    let want: u64 = std::env::var("TW_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let at: i64 = std::env::var("TW_AT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1700);
     for seed in 0..=want {
         let t = topology(&mut rng);
         if seed < want {
             continue;
         }
         let mut fleet = Fleet::new(seed, &t);
-        println!("scrapes {:?} rates {:?}", fleet.replicas.iter().map(|r| r.scrape_ms).collect::<Vec<_>>(), fleet.replicas.iter().map(|r| r.rate).collect::<Vec<_>>());
+        println!(
+            "scrapes {:?} rates {:?}",
+            fleet
+                .replicas
+                .iter()
+                .map(|r| r.scrape_ms)
+                .collect::<Vec<_>>(),
+            fleet.replicas.iter().map(|r| r.rate).collect::<Vec<_>>()
+        );
         let mut rule = rule();
         let mut board = SignalBoard::default();
-        let d = |rule: &Rule| (rule.compiled.as_ref() as &dyn std::any::Any).downcast_ref::<ReplicaShift>().unwrap().dump();
+        let d = |rule: &Rule| {
+            (rule.compiled.as_ref() as &dyn std::any::Any)
+                .downcast_ref::<ReplicaShift>()
+                .unwrap()
+                .dump()
+        };
         run(&mut fleet, &mut rule, &mut board, T0, T0 + at * 1000);
         for step in 0..4 {
             let from = T0 + at * 1000 + step * 20_000;
             let ev = run(&mut fleet, &mut rule, &mut board, from, from + 20_000);
-            println!("+{} events {}\n{}", at + (step + 1) * 20, ev.len(), d(&rule));
+            println!(
+                "+{} events {}\n{}",
+                at + (step + 1) * 20,
+                ev.len(),
+                d(&rule)
+            );
         }
     }
 }
@@ -770,26 +812,38 @@ fn diagnose_healthy() {
 #[test]
 #[ignore]
 fn diagnose_bench_fleet() {
-    let want: u64 = std::env::var("TW_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
-    let at: i64 = std::env::var("TW_AT").ok().and_then(|v| v.parse().ok()).unwrap_or(1200);
+    let want: u64 = std::env::var("TW_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7);
+    let at: i64 = std::env::var("TW_AT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1200);
     let who = std::env::var("TW_WHO").unwrap_or_default();
     let mut rng = StdRng::seed_from_u64(4242);
     for seed in 0..=want {
-        let rate = [0.5, 2.0, 10.0, 50.0][rng.random_range(0..4)];
-        let t = Topology {
-            models: rng.random_range(1..=2),
-            replicas_per_model: rng.random_range(1..=4),
-            rate: (rate * 0.5, rate),
-            scrape_s: (1, 30),
-        };
+        let (_, t) = healthy_topology(&mut rng);
         if seed < want {
             continue;
         }
         let mut fleet = Fleet::new(10_000 + seed, &t);
-        println!("{:?}", fleet.replicas.iter().map(|r| (r.name.clone(), r.scrape_ms, r.rate)).collect::<Vec<_>>());
+        println!(
+            "{:?}",
+            fleet
+                .replicas
+                .iter()
+                .map(|r| (r.name.clone(), r.scrape_ms, r.rate))
+                .collect::<Vec<_>>()
+        );
         let mut rule = rule();
         let mut board = SignalBoard::default();
-        let d = |rule: &Rule| (rule.compiled.as_ref() as &dyn std::any::Any).downcast_ref::<ReplicaShift>().unwrap().dump();
+        let d = |rule: &Rule| {
+            (rule.compiled.as_ref() as &dyn std::any::Any)
+                .downcast_ref::<ReplicaShift>()
+                .unwrap()
+                .dump()
+        };
         run(&mut fleet, &mut rule, &mut board, T0, T0 + at * 1000);
         for step in 0..6 {
             let from = T0 + at * 1000 + step * 20_000;
