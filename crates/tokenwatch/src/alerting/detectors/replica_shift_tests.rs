@@ -628,10 +628,7 @@ fn a_slowdown_on_six_percent_of_a_models_requests_is_paged() {
 #[test]
 #[ignore]
 fn power_curves() {
-    let seeds: u64 = std::env::var("TW_POWER_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let seeds: u64 = knob("TW_POWER_SEEDS", 3);
     let mut rng = StdRng::seed_from_u64(2027);
     let mut faults: Vec<(String, Fault)> = Vec::new();
     for rate in [0.02, 0.05, 0.1, 0.2, 0.5] {
@@ -707,6 +704,14 @@ fn power_curves() {
     println!("\nruns with an alarm before their fault: {false_before}");
 }
 
+/// A number from the environment (the benches' knobs), else `default`.
+fn knob<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// A fleet of `healthy_hours`: 1–2 models of 1–4 replicas, up to 0.5, 2, 10 or 50 req/s per
 /// replica (at least half that), scrape intervals 1–30 s.
 fn healthy_topology(rng: &mut StdRng) -> (f64, Topology) {
@@ -727,10 +732,7 @@ fn healthy_topology(rng: &mut StdRng) -> (f64, Topology) {
 #[test]
 #[ignore]
 fn healthy_hours() {
-    let fleets: u64 = std::env::var("TW_HEALTHY_FLEETS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(40);
+    let fleets: u64 = knob("TW_HEALTHY_FLEETS", 40);
     let mut rng = StdRng::seed_from_u64(4242);
     let (mut hours, mut model_hours, mut pages) = (0.0, 0.0, Vec::new());
     for seed in 0..fleets {
@@ -760,66 +762,13 @@ fn healthy_hours() {
     }
 }
 
-#[test]
-#[ignore]
-fn diagnose_healthy() {
-    let mut rng = StdRng::seed_from_u64(27);
-    let want: u64 = std::env::var("TW_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    let at: i64 = std::env::var("TW_AT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1700);
-    for seed in 0..=want {
-        let t = topology(&mut rng);
-        if seed < want {
-            continue;
-        }
-        let mut fleet = Fleet::new(seed, &t);
-        println!(
-            "scrapes {:?} rates {:?}",
-            fleet
-                .replicas
-                .iter()
-                .map(|r| r.scrape_ms)
-                .collect::<Vec<_>>(),
-            fleet.replicas.iter().map(|r| r.rate).collect::<Vec<_>>()
-        );
-        let mut rule = rule();
-        let mut board = SignalBoard::default();
-        let d = |rule: &Rule| {
-            (rule.compiled.as_ref() as &dyn std::any::Any)
-                .downcast_ref::<ReplicaShift>()
-                .unwrap()
-                .dump()
-        };
-        run(&mut fleet, &mut rule, &mut board, T0, T0 + at * 1000);
-        for step in 0..4 {
-            let from = T0 + at * 1000 + step * 20_000;
-            let ev = run(&mut fleet, &mut rule, &mut board, from, from + 20_000);
-            println!(
-                "+{} events {}\n{}",
-                at + (step + 1) * 20,
-                ev.len(),
-                d(&rule)
-            );
-        }
-    }
-}
-
+/// Replays fleet TW_SEED of `healthy_hours` up to TW_AT seconds, then prints the tests whose
+/// line holds TW_WHO (e.g. `10.0.1.0:8000 ITL`) every 20 s, with their last minutes' counts.
 #[test]
 #[ignore]
 fn diagnose_bench_fleet() {
-    let want: u64 = std::env::var("TW_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(7);
-    let at: i64 = std::env::var("TW_AT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1200);
+    let want: u64 = knob("TW_SEED", 7);
+    let at: i64 = knob("TW_AT", 1200);
     let who = std::env::var("TW_WHO").unwrap_or_default();
     let mut rng = StdRng::seed_from_u64(4242);
     for seed in 0..=want {
@@ -857,57 +806,5 @@ fn diagnose_bench_fleet() {
                 }
             }
         }
-    }
-}
-
-#[test]
-#[ignore]
-fn diagnose() {
-    let seed: u64 = std::env::var("TW_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    let scrape: i64 = std::env::var("TW_SCRAPE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(15);
-    let errors = std::env::var("TW_ERRORS").is_ok();
-    let rate: f64 = std::env::var("TW_RATE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3.0);
-    let t = Topology {
-        models: 1,
-        replicas_per_model: 2,
-        rate: (rate, rate),
-        scrape_s: (scrape, scrape),
-    };
-    let mut fleet = Fleet::new(seed, &t);
-    let start = T0 + 40 * 60_000;
-    let (fault, faulty) = match errors {
-        true => (Fault::Errors { rate: 0.1 }, vec![0, 1]),
-        false => (
-            Fault::Latency {
-                factor: 8.0,
-                share: 0.1,
-            },
-            vec![0],
-        ),
-    };
-    fleet.faults.push((faulty, fault, start, start + 600_000));
-    let mut rule = rule();
-    let mut board = SignalBoard::default();
-    run(&mut fleet, &mut rule, &mut board, T0, start);
-    let d = |rule: &Rule| {
-        (rule.compiled.as_ref() as &dyn std::any::Any)
-            .downcast_ref::<ReplicaShift>()
-            .unwrap()
-            .dump()
-    };
-    println!("before:\n{}", d(&rule));
-    for step in 0..40 {
-        let from = start + step * 30_000;
-        let ev = run(&mut fleet, &mut rule, &mut board, from, from + 30_000);
-        println!("+{}s events {}:\n{}", (step + 1) * 30, ev.len(), d(&rule));
     }
 }
