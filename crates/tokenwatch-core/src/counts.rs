@@ -26,6 +26,17 @@ pub struct ScrapeCounts {
 }
 
 impl ScrapeCounts {
+    /// Requests of the interval: finished ones, else the TTFT observations (one per request).
+    pub fn requests(&self) -> Option<f64> {
+        self.finished
+            .or_else(|| self.histogram("ttft").map(|h| h.count))
+    }
+
+    /// Whether the scrape counted anything (a target of gauges only does not).
+    pub fn is_empty(&self) -> bool {
+        self.finished.is_none() && self.failed.is_none() && self.latency.is_empty()
+    }
+
     /// The interval's histogram of `signal`, if the runtime reports it.
     pub fn histogram(&self, signal: &str) -> Option<&CumulativeHistogram> {
         self.latency

@@ -70,10 +70,7 @@ impl CumulativeHistogram {
             Some(i) => i,
             None => return Some(0.0),
         };
-        let upper = self.bounds[idx];
-        let lower = if idx == 0 { 0.0_f64.min(upper) } else { self.bounds[idx - 1] };
-        let below = if idx == 0 { 0.0 } else { self.cumulative[idx - 1] };
-        let in_bucket = self.cumulative[idx] - below;
+        let (lower, upper, below, in_bucket) = self.bucket(idx);
         let share_below_t = if upper.is_infinite() || upper <= lower { 0.0 } else { ((t - lower) / (upper - lower)).clamp(0.0, 1.0) };
         Some((total - below - in_bucket * share_below_t).max(0.0))
     }
@@ -91,15 +88,35 @@ impl CumulativeHistogram {
         }
         let rank = q * total;
         let idx = self.cumulative.iter().position(|c| *c >= rank)?;
-        let upper = self.bounds[idx];
-        let lower = if idx == 0 { 0.0_f64.min(upper) } else { self.bounds[idx - 1] };
+        let (lower, upper, below, in_bucket) = self.bucket(idx);
         if upper.is_infinite() {
             return Some(BucketQuantile { value: lower, bucket_lower: lower, bucket_upper: upper });
         }
-        let below = if idx == 0 { 0.0 } else { self.cumulative[idx - 1] };
-        let in_bucket = self.cumulative[idx] - below;
         let value = if in_bucket > 0.0 { lower + (upper - lower) * ((rank - below) / in_bucket) } else { upper };
         Some(BucketQuantile { value, bucket_lower: lower, bucket_upper: upper })
+    }
+
+    /// Bucket `idx` (a valid index): its lower and upper bound, the observations below it and
+    /// in it.
+    fn bucket(&self, idx: usize) -> (f64, f64, f64, f64) {
+        let upper = self.bounds[idx];
+        let lower = if idx == 0 { 0.0_f64.min(upper) } else { self.bounds[idx - 1] };
+        let below = if idx == 0 { 0.0 } else { self.cumulative[idx - 1] };
+        (lower, upper, below, self.cumulative[idx] - below)
+    }
+
+    /// Adds `other`'s observations bucket by bucket (the sum of two windows); false, and nothing
+    /// added, when the bucket layouts differ.
+    pub fn add(&mut self, other: &CumulativeHistogram) -> bool {
+        if self.bounds != other.bounds || self.cumulative.len() != other.cumulative.len() {
+            return false;
+        }
+        for (a, b) in self.cumulative.iter_mut().zip(&other.cumulative) {
+            *a += b;
+        }
+        self.sum += other.sum;
+        self.count += other.count;
+        true
     }
 
     pub fn mean(&self) -> Option<f64> {
@@ -110,6 +127,16 @@ impl CumulativeHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn add_sums_windows_of_one_layout_only() {
+        let mut a = h(&[1.0, 2.0, 3.0, 4.0], 1.0);
+        assert!(a.add(&h(&[0.0, 1.0, 1.0, 2.0], 0.5)));
+        assert_eq!((a.cumulative.clone(), a.sum, a.count), (vec![1.0, 3.0, 4.0, 6.0], 1.5, 6.0));
+        let other = CumulativeHistogram { bounds: vec![1.0, f64::INFINITY], cumulative: vec![1.0, 1.0], sum: 1.0, count: 1.0 };
+        assert!(!a.add(&other));
+        assert_eq!(a.count, 6.0, "nothing added");
+    }
 
     #[test]
     fn count_above_interpolates_inside_the_bucket_like_the_quantiles() {

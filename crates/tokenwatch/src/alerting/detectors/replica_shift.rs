@@ -87,17 +87,8 @@ impl TestKey {
 
 /// Adds `h` to the histogram of `signal` in `into` (a changed bucket layout starts it again).
 fn merge(into: &mut BTreeMap<String, CumulativeHistogram>, signal: &str, h: &CumulativeHistogram) {
-    match into.get_mut(signal) {
-        Some(acc) if acc.bounds == h.bounds => {
-            for (a, b) in acc.cumulative.iter_mut().zip(&h.cumulative) {
-                *a += b;
-            }
-            acc.sum += h.sum;
-            acc.count += h.count;
-        }
-        _ => {
-            into.insert(signal.to_string(), h.clone());
-        }
+    if !into.get_mut(signal).is_some_and(|acc| acc.add(h)) {
+        into.insert(signal.to_string(), h.clone());
     }
 }
 
@@ -136,10 +127,7 @@ impl Minute {
     fn add(&mut self, c: &ScrapeCounts, latency_trials: &[(TestKey, (f64, f64))], alarmed: bool) {
         self.finished += c.finished.unwrap_or(0.0);
         self.failed += c.failed.unwrap_or(0.0);
-        self.requests += c
-            .finished
-            .or_else(|| c.histogram("ttft").map(|h| h.count))
-            .unwrap_or(0.0);
+        self.requests += c.requests().unwrap_or(0.0);
         for (s, h) in &c.latency {
             merge(&mut self.latency, s, h);
         }
@@ -378,10 +366,7 @@ fn trials_of(
             let t = a.quantile(f64::from_bits(q))?.value * p.tail_multiple;
             let h = c.histogram(&k.signal)?;
             let (n, x) = (h.cumulative.last().copied()?, h.count_above(t)?);
-            let requests = c
-                .finished
-                .or_else(|| c.histogram("ttft").map(|h| h.count))
-                .unwrap_or(n);
+            let requests = c.requests().unwrap_or(n);
             (n > 0.0).then(|| per_request(n, x, requests))
         }
     }

@@ -318,7 +318,7 @@ impl Mapper {
             points,
             events,
             versions: versions.finish(),
-            counts: counts.into_values().collect(),
+            counts: counts.into_values().filter(|c| !c.is_empty()).collect(),
         }
     }
 
