@@ -631,9 +631,8 @@ impl Detector for ReplicaShift {
                 "replica_shift: scraped counts dropped before they were read"
             );
         }
-        let fresh: Vec<ScrapeCounts> = log.since(self.read_seq).map(|(_, c)| c.clone()).collect();
-        self.read_seq = log.last_seq();
-        for c in &fresh {
+        let after = std::mem::replace(&mut self.read_seq, log.last_seq());
+        for (_, c) in log.since(after) {
             self.observe(c);
         }
         self.prune(cx.now);
