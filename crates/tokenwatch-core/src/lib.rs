@@ -7,6 +7,7 @@ pub mod counts;
 pub mod exposition;
 pub mod histogram;
 pub mod model;
+pub mod placement;
 pub mod signals;
 pub mod sketch;
 pub mod window;

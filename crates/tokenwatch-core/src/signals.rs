@@ -86,6 +86,8 @@ pub struct SignalBoard {
     refused: u64,
     /// What each scrape of a serving instance added (`crate::counts`), for per-replica tests.
     counts: crate::counts::CountsLog,
+    /// Which serving instance each GPU works for (`crate::placement`).
+    placement: crate::placement::Placement,
 }
 
 impl Default for SignalBoard {
@@ -103,6 +105,7 @@ impl SignalBoard {
             max_series,
             refused: 0,
             counts: crate::counts::CountsLog::default(),
+            placement: crate::placement::Placement::default(),
         }
     }
 
@@ -114,6 +117,16 @@ impl SignalBoard {
     /// The log of scraped counts, read incrementally by sequence number.
     pub fn counts(&self) -> &crate::counts::CountsLog {
         &self.counts
+    }
+
+    /// Remember where a scraped serving instance or GPU runs (read through `placement`).
+    pub fn record_placement(&mut self, p: crate::placement::Placed, now_unix_ms: i64) {
+        self.placement.observe(p, now_unix_ms);
+    }
+
+    /// Which serving instance each GPU works for.
+    pub fn placement(&self) -> &crate::placement::Placement {
+        &self.placement
     }
 
     /// Record a value. Non-finite values are ignored (returns false).
@@ -197,6 +210,7 @@ impl SignalBoard {
     pub fn evict_older_than(&mut self, now_unix_ms: i64, max_age_ms: i64) -> usize {
         let before = self.series.len();
         self.series.retain(|_, s| now_unix_ms - s.latest.timestamp_unix_ms <= max_age_ms);
+        self.placement.evict_older_than(now_unix_ms, max_age_ms);
         before - self.series.len()
     }
 

@@ -175,6 +175,10 @@ pub struct RootCauseParams {
     pub max_path_len: usize,
     /// Labels that must agree when both events carry them (a leak on another instance is no cause).
     pub match_labels: Vec<String>,
+    /// (label of one event, label of the other) that must agree when both carry them, either
+    /// way round: a GPU's `serving_instance` (`tokenwatch_core::placement`) is the `instance` of
+    /// its replica's own events.
+    pub paired_labels: Vec<(String, String)>,
 }
 
 impl Default for RootCauseParams {
@@ -185,6 +189,7 @@ impl Default for RootCauseParams {
             min_delay_scale_ms: 60_000,
             max_path_len: 5,
             match_labels: vec!["instance".to_string(), "model_id".to_string()],
+            paired_labels: Vec::new(),
         }
     }
 }
@@ -218,12 +223,15 @@ fn node_names(e: &AnomalyEvent) -> [String; 2] {
     [e.detector.clone(), format!("signal:{}", e.signal)]
 }
 
-fn labels_agree(a: &AnomalyEvent, b: &AnomalyEvent, keys: &[String]) -> bool {
-    keys.iter()
-        .all(|k| match (a.labels.get(k), b.labels.get(k)) {
-            (Some(x), Some(y)) => x == y,
-            _ => true,
-        })
+fn labels_agree(a: &AnomalyEvent, b: &AnomalyEvent, p: &RootCauseParams) -> bool {
+    let agree = |ka: &str, kb: &str| match (a.labels.get(ka), b.labels.get(kb)) {
+        (Some(x), Some(y)) => x == y,
+        _ => true,
+    };
+    p.match_labels.iter().all(|k| agree(k, k))
+        && p.paired_labels
+            .iter()
+            .all(|(x, y)| agree(x, y) && agree(y, x))
 }
 
 /// Ranks the candidates that could have caused `effect`: reachable in the graph, anomalous in
@@ -241,7 +249,7 @@ pub fn rank_causes(
     let mut best: BTreeMap<Key, (usize, CauseCandidate)> = BTreeMap::new();
     for (idx, c) in candidates.iter().enumerate() {
         let observed = effect.at_unix_ms.saturating_sub(c.at_unix_ms);
-        if observed < 0 || c == effect || !labels_agree(c, effect, &p.match_labels) {
+        if observed < 0 || c == effect || !labels_agree(c, effect, p) {
             continue;
         }
         let mut choice: Option<CauseCandidate> = None;

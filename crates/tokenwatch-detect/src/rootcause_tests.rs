@@ -171,3 +171,49 @@ fn the_first_cause_of_an_observed_chain_ranks_first() {
     let ranked = rank_causes(&g, &spike, &leak_and_pressure(20_000, 30_000), &p);
     assert_eq!(ranked[0].detector, "kv_cache_pressure", "{ranked:#?}");
 }
+
+#[test]
+fn a_gpu_placed_on_a_replica_causes_only_that_replicas_symptoms() {
+    // The engine's agreement: the model must agree; a GPU's `serving_instance` must be the
+    // symptom's `instance` (its own `instance` is the GPU host, which never equals a target).
+    let g = CausalGraph::default();
+    let p = RootCauseParams {
+        match_labels: vec!["model_id".into()],
+        paired_labels: vec![("serving_instance".into(), "instance".into())],
+        ..RootCauseParams::default()
+    };
+    let leak = ev(
+        "gpu_memory_leak",
+        "gpu_memory_used_bytes",
+        T - 60_000,
+        &[
+            ("instance", "gpu-host-a"),
+            ("device_id", "GPU-1"),
+            ("model_id", "m"),
+            ("serving_instance", "10.0.0.1:8000"),
+        ],
+    );
+    let on = |instance: &str| {
+        ev(
+            "kv_cache_pressure",
+            "kv_cache_usage_ratio",
+            T,
+            &[("instance", instance), ("model_id", "m")],
+        )
+    };
+    let ranked = rank_causes(&g, &on("10.0.0.1:8000"), std::slice::from_ref(&leak), &p);
+    assert_eq!(ranked.len(), 1, "{ranked:?}");
+    assert_eq!(ranked[0].detector, "gpu_memory_leak");
+    assert!(
+        rank_causes(&g, &on("10.0.0.2:8000"), std::slice::from_ref(&leak), &p).is_empty(),
+        "the peer replica's pressure is not the leak's doing"
+    );
+    // Either way round: a symptom event cannot cause the GPU's, but the pair is still checked.
+    let pressure_b = on("10.0.0.2:8000");
+    assert!(!labels_agree(&pressure_b, &leak, &p));
+    assert!(labels_agree(&on("10.0.0.1:8000"), &leak, &p));
+    // A GPU not placed (no serving_instance) keeps the old rule: the model alone.
+    let mut unplaced = leak.clone();
+    unplaced.labels.remove("serving_instance");
+    assert_eq!(rank_causes(&g, &on("10.0.0.2:8000"), &[unplaced], &p).len(), 1);
+}

@@ -1,5 +1,6 @@
 // HTTP surface of the simulator: shared state, the router, and the small
-// informational endpoints (/v1/models, /metrics, fallback 404).
+// informational endpoints (/v1/models, /metrics — or each exporter's alone at /vllm/metrics and
+// /dcgm/metrics —, fallback 404).
 
 mod admin;
 mod completions;
@@ -27,7 +28,7 @@ use serde_json::{Value, json};
 use crate::args::ReasoningField;
 use crate::engine::EngineHandle;
 use crate::fault::FaultBoard;
-use crate::metrics::{MetricsInput, render_metrics};
+use crate::metrics::{Exporters, MetricsInput, render_exporters};
 
 /// How generated completions reason: tokens before each answer, and the chat field name.
 #[derive(Debug, Clone, Copy, Default)]
@@ -124,7 +125,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/responses", post(responses::create))
         .route("/v1/messages", post(messages::create))
         .route("/v1/models", get(models))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(|s| metrics(s, Exporters::Both)))
+        .route("/vllm/metrics", get(|s| metrics(s, Exporters::Vllm)))
+        .route("/dcgm/metrics", get(|s| metrics(s, Exporters::Dcgm)))
         .route("/health", get(|| async { "" }))
         .route(
             "/admin/faults",
@@ -156,7 +159,8 @@ async fn models(State(app): State<AppState>) -> axum::Json<Value> {
     axum::Json(json!({ "object": "list", "data": data }))
 }
 
-async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+/// `/metrics` (both exporters' series), `/vllm/metrics` or `/dcgm/metrics` (one exporter's).
+async fn metrics(State(app): State<AppState>, which: Exporters) -> impl IntoResponse {
     let snapshots: Vec<_> = app
         .engines()
         .iter()
@@ -172,6 +176,6 @@ async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        render_metrics(&input),
+        render_exporters(&input, which),
     )
 }

@@ -6,5 +6,5 @@ mod render;
 mod stats;
 
 pub use histogram::{Histogram, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, token_buckets};
-pub use render::{MetricsInput, render_metrics};
+pub use render::{Exporters, MetricsInput, render_exporters, render_metrics};
 pub use stats::{EngineStats, FinishReason};

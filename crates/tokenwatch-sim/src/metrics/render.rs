@@ -313,11 +313,30 @@ fn render_dcgm(out: &mut Out, input: &MetricsInput<'_>) {
     }
 }
 
+/// Which exporter's series a metrics body holds: both (`/metrics`, one endpoint as the bench
+/// scrapes it), or one of them, as a real host exposes vLLM's and dcgm-exporter's on separate
+/// ports (`/vllm/metrics`, `/dcgm/metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exporters {
+    Both,
+    Vllm,
+    Dcgm,
+}
+
 /// The whole `/metrics` body.
 pub fn render_metrics(input: &MetricsInput<'_>) -> String {
+    render_exporters(input, Exporters::Both)
+}
+
+/// The body of one exporter's endpoint, or of both.
+pub fn render_exporters(input: &MetricsInput<'_>, which: Exporters) -> String {
     let mut out = Out(String::with_capacity(16 * 1024));
-    render_vllm(&mut out, input);
-    render_dcgm(&mut out, input);
+    if which != Exporters::Dcgm {
+        render_vllm(&mut out, input);
+    }
+    if which != Exporters::Vllm {
+        render_dcgm(&mut out, input);
+    }
     out.0
 }
 

@@ -261,7 +261,7 @@ impl Rule {
 pub const DEFAULT_RULES_YAML: &str = r#"
 - name: gpu_memory_leak
   detector: gpu_memory_leak
-  group_by: [model_id, instance, device_id]
+  group_by: [model_id, instance, device_id, serving_instance]
   severity: critical
   summary: "GPU memory leak on {{ labels.instance }} {{ labels.device_id }} ({{ labels.model_id }})"
   description: "{{ summary }} Growth {{ evidence.growth_bytes_per_s }} B/s, exhaustion in {{ evidence.time_to_exhaustion_s }} s."
@@ -411,7 +411,7 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   summary: "CUDA out-of-memory across one call chain"
 - name: gpu_xid_fatal
   detector: gpu_xid_fatal
-  group_by: [instance, device_id]
+  group_by: [instance, device_id, model_id, serving_instance]
   severity: critical
   summary: "GPU {{ labels.device_id }} on {{ labels.instance }}: XID {{ evidence.xid }} ({{ evidence.meaning }}) — {{ evidence.action }}"
 "#;

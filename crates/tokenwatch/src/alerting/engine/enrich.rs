@@ -6,6 +6,7 @@ use crate::api::trace_components::ComponentMap;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use tokenwatch_core::alert::{AnomalyEvent, CauseCandidate};
+use tokenwatch_core::placement::SERVING_INSTANCE_LABEL;
 use tokenwatch_core::signals::{SignalBoard, names};
 use tokenwatch_detect as det;
 use tokenwatch_store::{SpanQuery, SpanRow, Store};
@@ -127,16 +128,22 @@ pub fn root_cause(
         .into_iter()
         .filter(|e| e.detector != effect.detector && e.at_unix_ms <= effect.at_unix_ms)
         .collect();
-    // Only the model must agree: device-level series name their instance after the exporter's
-    // host (DCGM `Hostname`), runtime series after the scrape target, so `instance` differs
-    // between a GPU leak and the KV pressure it causes on the same server.
-    let params = det::RootCauseParams {
-        match_labels: vec!["model_id".into()],
-        ..det::RootCauseParams::default()
-    };
+    let params = cause_params();
     let mut ranked = det::rank_causes(graph, effect, &candidates, &params);
     ranked.truncate(5);
     ranked
+}
+
+/// How a cause and its effect must agree. The model must; `instance` need not, since
+/// device-level series name their instance after the exporter's host (DCGM `Hostname`) and
+/// runtime series after the scrape target — but a GPU placed on a replica (`serving_instance`,
+/// `tokenwatch_core::placement`) causes only that replica's symptoms.
+pub fn cause_params() -> det::RootCauseParams {
+    det::RootCauseParams {
+        match_labels: vec!["model_id".into()],
+        paired_labels: vec![(SERVING_INSTANCE_LABEL.into(), "instance".into())],
+        ..det::RootCauseParams::default()
+    }
 }
 
 /// The `SLOWEST` slowest successful requests with a first token, slowest first.

@@ -18,6 +18,18 @@ pub fn fingerprint(rule: &str, labels: &BTreeMap<String, String>) -> String {
     hex::encode(&h.finalize()[..8])
 }
 
+/// Labels every alert carries beside its group labels: the rule's name and its severity.
+pub const ALERTNAME_LABEL: &str = "alertname";
+pub const SEVERITY_LABEL: &str = "severity";
+
+/// An alert's labels without the two the engine adds: the labels its events were grouped by.
+pub fn grouping_labels(alert: &Alert) -> impl Iterator<Item = (&String, &String)> {
+    alert
+        .labels
+        .iter()
+        .filter(|(k, _)| k.as_str() != ALERTNAME_LABEL && k.as_str() != SEVERITY_LABEL)
+}
+
 /// Group labels of an event: its labels projected on `group_by` (missing ones left out).
 pub fn group_labels(event: &AnomalyEvent, group_by: &[String]) -> BTreeMap<String, String> {
     group_by
@@ -67,8 +79,8 @@ impl Tracked {
     ) -> Tracked {
         let fp = fingerprint(rule, &labels);
         let mut all = labels.clone();
-        all.insert("alertname".into(), rule.to_string());
-        all.insert("severity".into(), severity.name().into());
+        all.insert(ALERTNAME_LABEL.into(), rule.to_string());
+        all.insert(SEVERITY_LABEL.into(), severity.name().into());
         Tracked {
             alert: Alert {
                 id: format!("{fp}-{now}"),

@@ -605,8 +605,15 @@ impl Engine {
                 self.inputs.kept_bytes(),
             );
         self.history.prune(now);
-        for e in self.inbox.take() {
-            self.history.record(&e);
+        let mut outside = self.inbox.take();
+        if !outside.is_empty() {
+            let board = self.signals.read().unwrap_or_else(|p| p.into_inner());
+            for e in &mut outside {
+                board.placement().complete_labels(&mut e.labels);
+            }
+        }
+        for e in &outside {
+            self.history.record(e);
         }
         let dropped = self.dropped.load(Ordering::Relaxed);
         self.metrics
@@ -627,7 +634,13 @@ impl Engine {
                 now,
             };
             for rule in self.rules.iter_mut() {
-                per_rule.push(rule.evaluate(&cx));
+                let mut events = rule.evaluate(&cx);
+                // A GPU's events name the model and replica it works for, when known: its
+                // alert and its replica's symptoms then meet in one incident.
+                for e in &mut events {
+                    board.placement().complete_labels(&mut e.labels);
+                }
+                per_rule.push(events);
             }
         }
         self.scaler.step(&self.signals, &self.inputs, now);
@@ -907,7 +920,9 @@ impl Engine {
                 .insert("inhibited_by".into(), format!("{} ({})", by.rule, by.id));
         }
         drop(firing);
-        let cause_incident = self.cause_incident(&alert);
+        let cause_incident = self
+            .cause_incident(&alert)
+            .or_else(|| self.effect_incident(&alert));
         alert.incident_id = Some(
             self.incidents
                 .assign(&alert, cause_incident.as_deref(), now),
@@ -934,11 +949,35 @@ impl Engine {
                 .iter()
                 .filter(|a| {
                     a.last_event.as_ref().is_some_and(|e| e.detector == c.detector)
-                        && a.labels.iter().all(|(k, v)| c.labels.get(k) == Some(v))
+                        && lifecycle::grouping_labels(a).all(|(k, v)| c.labels.get(k) == Some(v))
                 })
                 .max_by_key(|a| a.active_at_unix_ms)
                 .and_then(|a| a.incident_id.clone())
         })
+    }
+
+    /// The incident of an active alert that the new alert could have caused (its detector leads
+    /// there in the causal graph, labels agreeing, in time): a leak whose alert fires after its
+    /// replica's latency alert joins that alert's incident, the best-ranked one first.
+    fn effect_incident(&self, alert: &Alert) -> Option<String> {
+        let mut cause = alert.last_event.clone()?;
+        cause.at_unix_ms = cause.at_unix_ms.min(alert.active_at_unix_ms);
+        let params = enrich::cause_params();
+        self.tracked
+            .values()
+            .map(|t| &t.alert)
+            .filter(|a| a.id != alert.id && a.incident_id.is_some())
+            .filter_map(|a| {
+                let effect = a.last_event.as_ref()?;
+                let ranked =
+                    det::rank_causes(&self.graph, effect, std::slice::from_ref(&cause), &params);
+                ranked.first().map(|c| (c.rank, a))
+            })
+            .max_by(|(ra, a), (rb, b)| {
+                ra.total_cmp(rb)
+                    .then(a.active_at_unix_ms.cmp(&b.active_at_unix_ms))
+            })
+            .and_then(|(_, a)| a.incident_id.clone())
     }
 
     /// Measured breakdowns that arrived since the last evaluation replace their alerts'

@@ -11,6 +11,7 @@ use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_core::counts::ScrapeCounts;
 use tokenwatch_core::exposition::{MetricFamily, Sample};
 use tokenwatch_core::histogram::{CumulativeHistogram, counter_delta};
+use tokenwatch_core::placement::{Placed, Site};
 use tokenwatch_core::signals::{SignalPoint, names};
 
 /// Extra device signals read from dcgm-exporter (the total is derived from them).
@@ -40,8 +41,56 @@ pub struct TargetIdentity {
     pub instance: String,
     /// Runtime from configuration; detected from metric names when absent.
     pub runtime: Option<String>,
-    /// The target's extra labels (`model_id` ties model-less series such as GPUs to a model).
+    /// The target's extra labels (`model_id` ties model-less series such as GPUs to a model;
+    /// `hostname`, `pod`, `namespace` say where it runs, for `placement`).
     pub labels: BTreeMap<String, String>,
+    /// The URL it is scraped at (empty in tests that do not care).
+    pub url: String,
+}
+
+/// Target labels that name its Kubernetes pod / namespace (as service discovery relabels them).
+const TARGET_POD_LABELS: [&str; 3] = ["pod", "pod_name", "kubernetes_pod_name"];
+const TARGET_NAMESPACE_LABELS: [&str; 2] = ["namespace", "kubernetes_namespace"];
+
+impl TargetIdentity {
+    fn label(&self, names: &[&str]) -> Option<&str> {
+        names
+            .iter()
+            .find_map(|n| self.labels.get(*n))
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    /// Where the serving runtime behind this target runs: its `hostname` label, else its URL's
+    /// host; its pod and namespace labels.
+    fn serving_site(&self) -> Site {
+        let url_host = self
+            .url
+            .parse::<http::Uri>()
+            .ok()
+            .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_string()))
+            .unwrap_or_default();
+        let host = self.label(&["hostname"]).unwrap_or(&url_host).to_string();
+        Site::new(
+            &self.url,
+            &host,
+            self.label(&TARGET_POD_LABELS),
+            self.label(&TARGET_NAMESPACE_LABELS),
+        )
+    }
+
+    /// Where a GPU of this target is: the host its series name (`Hostname`), else the target's;
+    /// the pod and namespace dcgm-exporter assigns it to (Kubernetes mode).
+    fn gpu_site(&self, notes: &BTreeMap<String, String>) -> Site {
+        let target = self.serving_site();
+        let host = notes.get("hostname").unwrap_or(&target.host);
+        Site::new(
+            &self.url,
+            host,
+            notes.get("pod").map(String::as_str),
+            notes.get("namespace").map(String::as_str),
+        )
+    }
 }
 
 /// What one scrape yielded.
@@ -57,6 +106,8 @@ pub struct MapOutput {
     pub versions: Vec<(String, String)>,
     /// What each (model, instance) added since the previous scrape (none on the first).
     pub counts: Vec<ScrapeCounts>,
+    /// Where each serving (model, instance) and each GPU read in this scrape runs.
+    pub placed: Vec<Placed>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -199,6 +250,7 @@ impl Mapper {
         let mut points = Vec::new();
         let mut emitted: HashSet<(String, String, String, String)> = HashSet::new();
         let mut counts: BTreeMap<(String, String), ScrapeCounts> = BTreeMap::new();
+        let mut placed: BTreeMap<(String, String, String), Site> = BTreeMap::new();
         for (idx, groups) in accs.into_iter().enumerate() {
             let rule = &rules.rules[idx];
             let point_runtime = rule.runtime.clone().unwrap_or_else(|| runtime.clone());
@@ -224,6 +276,20 @@ impl Mapper {
                     timestamp_unix_ms: now_ms,
                     notes: acc.notes.clone(),
                 };
+                // Where this group's replica or GPU runs (from the first scrape on).
+                let at = (
+                    base.model_id.clone(),
+                    base.instance.clone(),
+                    base.device_id.clone(),
+                );
+                if !placed.contains_key(&at) && (!at.0.is_empty() || !at.2.is_empty()) {
+                    let site = if at.2.is_empty() {
+                        self.target.serving_site()
+                    } else {
+                        self.target.gpu_site(&base.notes)
+                    };
+                    placed.insert(at, site);
+                }
                 let mut out: Vec<SignalPoint> = Vec::new();
                 // Per-scrape counts of serving instances (not of GPUs), from the second scrape on.
                 let mut counted = match (elapsed, key.device.is_empty()) {
@@ -319,6 +385,15 @@ impl Mapper {
             events,
             versions: versions.finish(),
             counts: counts.into_values().filter(|c| !c.is_empty()).collect(),
+            placed: placed
+                .into_iter()
+                .map(|((model_id, instance, device_id), site)| Placed {
+                    model_id,
+                    instance,
+                    device_id,
+                    site,
+                })
+                .collect(),
         }
     }
 

@@ -42,6 +42,7 @@ fn mapper(labels: &[(&str, &str)]) -> Mapper {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        url: String::new(),
     };
     Mapper::new(
         Arc::new(RuleSet::new(builtin())),
@@ -469,6 +470,7 @@ fn itl_falls_back_to_the_old_name_and_user_rules_win() {
         instance: "x:1".into(),
         runtime: Some("custom".into()),
         labels: BTreeMap::new(),
+        url: String::new(),
     };
     let mut m = Mapper::new(
         Arc::new(RuleSet::new(rules)),
@@ -660,15 +662,35 @@ fn per_scrape_counts_of_requests_errors_and_latency_buckets() {
     let mut m = mapper(&[]);
     let t0 = Instant::now();
     let scrape = |m: &mut Mapper, text: &str, at: Duration, at_ms: i64| {
-        let f = tokenwatch_core::exposition::parse(text, tokenwatch_core::exposition::Format::PrometheusText).unwrap();
+        let f = tokenwatch_core::exposition::parse(
+            text,
+            tokenwatch_core::exposition::Format::PrometheusText,
+        )
+        .unwrap();
         m.map(&f, t0 + at, at_ms)
     };
-    let first = scrape(&mut m, &vllm_counts_text(100.0, 2.0, 5.0, [90.0, 10.0, 4.0]), Duration::ZERO, 1_000);
-    assert!(first.counts.is_empty(), "the first scrape has nothing to count against");
-    let second = scrape(&mut m, &vllm_counts_text(130.0, 7.0, 9.0, [110.0, 15.0, 8.0]), Duration::from_secs(2), 3_000);
+    let first = scrape(
+        &mut m,
+        &vllm_counts_text(100.0, 2.0, 5.0, [90.0, 10.0, 4.0]),
+        Duration::ZERO,
+        1_000,
+    );
+    assert!(
+        first.counts.is_empty(),
+        "the first scrape has nothing to count against"
+    );
+    let second = scrape(
+        &mut m,
+        &vllm_counts_text(130.0, 7.0, 9.0, [110.0, 15.0, 8.0]),
+        Duration::from_secs(2),
+        3_000,
+    );
     assert_eq!(second.counts.len(), 1);
     let c = &second.counts[0];
-    assert_eq!((c.model_id.as_str(), c.instance.as_str(), c.runtime.as_str()), ("m", "127.0.0.1:8000", "vllm"));
+    assert_eq!(
+        (c.model_id.as_str(), c.instance.as_str(), c.runtime.as_str()),
+        ("m", "127.0.0.1:8000", "vllm")
+    );
     assert_eq!((c.at_unix_ms, c.interval_ms), (3_000, 2_000));
     // Finished: every reason (30 + 5 + 4); failed: `error` only (aborts are clients cancelling).
     assert_eq!(c.finished, Some(39.0));
@@ -677,14 +699,133 @@ fn per_scrape_counts_of_requests_errors_and_latency_buckets() {
     assert_eq!(h.cumulative, vec![20.0, 25.0, 29.0]);
     assert_eq!(h.count, 29.0);
     // A missed scrape: the next interval is longer and counts everything since.
-    let third = scrape(&mut m, &vllm_counts_text(190.0, 7.0, 9.0, [160.0, 25.0, 8.0]), Duration::from_secs(32), 33_000);
+    let third = scrape(
+        &mut m,
+        &vllm_counts_text(190.0, 7.0, 9.0, [160.0, 25.0, 8.0]),
+        Duration::from_secs(32),
+        33_000,
+    );
     assert_eq!(third.counts[0].interval_ms, 30_000);
     assert_eq!(third.counts[0].finished, Some(60.0));
     assert_eq!(third.counts[0].failed, Some(0.0));
-    assert_eq!(third.counts[0].histogram("ttft").unwrap().cumulative, vec![50.0, 60.0, 60.0]);
+    assert_eq!(
+        third.counts[0].histogram("ttft").unwrap().cumulative,
+        vec![50.0, 60.0, 60.0]
+    );
     // A restart: counters start again; the new readings are the increase.
-    let fourth = scrape(&mut m, &vllm_counts_text(3.0, 1.0, 0.0, [2.0, 1.0, 1.0]), Duration::from_secs(33), 34_000);
+    let fourth = scrape(
+        &mut m,
+        &vllm_counts_text(3.0, 1.0, 0.0, [2.0, 1.0, 1.0]),
+        Duration::from_secs(33),
+        34_000,
+    );
     assert_eq!(fourth.counts[0].finished, Some(4.0));
     assert_eq!(fourth.counts[0].failed, Some(1.0));
-    assert_eq!(fourth.counts[0].histogram("ttft").unwrap().cumulative, vec![2.0, 3.0, 4.0]);
+    assert_eq!(
+        fourth.counts[0].histogram("ttft").unwrap().cumulative,
+        vec![2.0, 3.0, 4.0]
+    );
+}
+
+fn mapper_at(url: &str, labels: &[(&str, &str)]) -> Mapper {
+    let target = TargetIdentity {
+        instance: url
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .into(),
+        runtime: None,
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        url: url.into(),
+    };
+    Mapper::new(
+        Arc::new(RuleSet::new(builtin())),
+        target,
+        Duration::from_secs(60),
+    )
+}
+
+#[test]
+fn scrapes_say_where_each_replica_and_gpu_run() {
+    use tokenwatch_core::placement::Placement;
+    let mut place = Placement::default();
+    // dcgm-exporter in Kubernetes mode on its own endpoint: the GPU of pod serving/vllm-0.
+    let dcgm = "http://10.1.0.2:9400/metrics";
+    let out = map_text(
+        &mut mapper_at(dcgm, &[]),
+        &dcgm_kubernetes("vllm-0", 0, None),
+        1,
+    );
+    let gpus: Vec<_> = out
+        .placed
+        .iter()
+        .filter(|p| !p.device_id.is_empty())
+        .collect();
+    assert_eq!(
+        gpus.len(),
+        1,
+        "one place per GPU, not per signal: {:#?}",
+        out.placed
+    );
+    let g = gpus[0];
+    assert_eq!(
+        (
+            g.instance.as_str(),
+            g.device_id.as_str(),
+            g.model_id.as_str()
+        ),
+        ("gpu1-wl8sg", DCGM_UUID, "")
+    );
+    assert_eq!(
+        (
+            g.site.host.as_str(),
+            g.site.pod.as_deref(),
+            g.site.namespace.as_deref()
+        ),
+        ("gpu1-wl8sg", Some("vllm-0"), Some("serving"))
+    );
+    assert_eq!(g.site.target, dcgm);
+    for p in out.placed {
+        place.observe(p, 1);
+    }
+    // Two vLLM replicas on pod IPs, their pods named by service discovery's target labels.
+    for (ip, pod) in [("10.2.0.11", "vllm-0"), ("10.2.0.12", "vllm-1")] {
+        let url = format!("http://{ip}:8000/metrics");
+        let mut m = mapper_at(&url, &[("pod", pod), ("namespace", "serving")]);
+        let out = map_text(&mut m, &vllm_counts_text(1.0, 0.0, 0.0, [1.0, 0.0, 0.0]), 1);
+        assert_eq!(out.placed.len(), 1, "{:#?}", out.placed);
+        let s = &out.placed[0];
+        assert_eq!(
+            (
+                s.model_id.as_str(),
+                s.instance.as_str(),
+                s.device_id.as_str()
+            ),
+            ("m", format!("{ip}:8000").as_str(), "")
+        );
+        assert_eq!(
+            (s.site.host.as_str(), s.site.pod.as_deref()),
+            (ip, Some(pod))
+        );
+        for p in out.placed {
+            place.observe(p, 1);
+        }
+    }
+    let served = place.served_by("gpu1-wl8sg", DCGM_UUID);
+    assert_eq!(served.len(), 1, "{served:?}");
+    assert_eq!(
+        (served[0].model_id.as_str(), served[0].instance.as_str()),
+        ("m", "10.2.0.11:8000")
+    );
+    // A configured `hostname` names a target's host instead of its URL's.
+    let mut m = mapper_at(
+        "http://127.0.0.1:8000/vllm/metrics",
+        &[("hostname", "GPU-Host-A")],
+    );
+    let out = map_text(&mut m, &vllm_counts_text(1.0, 0.0, 0.0, [1.0, 0.0, 0.0]), 1);
+    assert_eq!(out.placed[0].site.host, "gpu-host-a");
 }

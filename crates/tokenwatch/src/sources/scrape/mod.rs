@@ -90,7 +90,9 @@ pub struct ScrapeTarget {
     #[serde(default)]
     pub timeout: Option<HumanDuration>,
     /// Extra labels attached to everything read from this target. `instance` replaces the
-    /// instance (else host:port); `model_id` is the model of series that carry none (GPUs, TGI).
+    /// instance (else host:port); `model_id` is the model of series that carry none (GPUs, TGI);
+    /// `hostname` (else the URL's host) and `pod` / `namespace` say where a serving runtime
+    /// runs, so the GPUs dcgm-exporter reports there are placed on it (one incident per cause).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
 }

@@ -210,6 +210,7 @@ pub async fn run(spec: TargetSpec, shared: Shared) {
         instance: spec.instance(),
         runtime: spec.runtime.clone(),
         labels: spec.labels.clone(),
+        url: spec.url.clone(),
     };
     let mut mapper = Mapper::new(shared.rules.clone(), identity, shared.window);
     let mut tick = tokio::time::interval(spec.interval);
@@ -251,13 +252,16 @@ async fn scrape_once(spec: &TargetSpec, shared: &Shared, mapper: &mut Mapper) {
     let outcome = match result {
         Ok((out, now_ms)) => {
             shared.versions.observe(&spec.instance(), &out.versions, now_ms);
-            if !out.points.is_empty() || !out.counts.is_empty() {
+            if !out.points.is_empty() || !out.counts.is_empty() || !out.placed.is_empty() {
                 let mut board = shared.signals.write().unwrap_or_else(|p| p.into_inner());
                 for p in out.points {
                     board.update(p);
                 }
                 for c in out.counts {
                     board.record_counts(c);
+                }
+                for p in out.placed {
+                    board.record_placement(p, now_ms);
                 }
             }
             for e in out.events {

@@ -287,6 +287,7 @@ mod tests {
             instance: "127.0.0.1:9400".into(),
             runtime: None,
             labels: BTreeMap::new(),
+            url: String::new(),
         }
     }
 
