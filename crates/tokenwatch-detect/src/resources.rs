@@ -25,6 +25,28 @@ pub struct GpuLeakParams {
     pub max_utilization: f64,
     pub min_points: usize,
     pub min_slope_bytes_per_s: f64,
+    /// The sequential rule (`crate::leak`), under load or idle: its false-page budget — one per
+    /// GPU per this many days of healthy memory.
+    pub false_page_days: f64,
+    /// Memory is read in blocks of at least this many seconds (one scrape when longer): the
+    /// growth of each block is one sample of the test.
+    pub block_s: f64,
+    /// The growth per block the test is designed for: `shift_sigmas` × the GPU's healthy block
+    /// noise (robust spread of its blocks' growth around none over `baseline_s`, at least
+    /// `noise_floor_bytes`), and at least `design_bytes_per_s` over the block — growth under
+    /// half of it (load ramping up the batch) takes the test down, not up.
+    pub shift_sigmas: f64,
+    pub design_bytes_per_s: f64,
+    pub noise_floor_bytes: f64,
+    /// The blocks of the last `test_s` seconds are tested against those of the `baseline_s`
+    /// before; the test also needs memory above the baseline's highest reading (+2σ), so load
+    /// that swings within what the GPU has held before never pages.
+    pub test_s: f64,
+    pub baseline_s: f64,
+    pub min_baseline_blocks: usize,
+    /// A drop of more than this is a restart (the process let go of its memory): the test
+    /// starts afresh after it. Load moving the batch up and down frees less.
+    pub release_bytes: f64,
 }
 
 impl Default for GpuLeakParams {
@@ -36,6 +58,15 @@ impl Default for GpuLeakParams {
             max_utilization: 0.05,
             min_points: 10,
             min_slope_bytes_per_s: MIB,
+            false_page_days: 30.0,
+            block_s: 15.0,
+            shift_sigmas: 3.0,
+            design_bytes_per_s: 5.0 * MIB,
+            noise_floor_bytes: 8.0 * MIB,
+            test_s: 120.0,
+            baseline_s: 3600.0,
+            min_baseline_blocks: 12,
+            release_bytes: 2.0 * 1024.0 * MIB,
         }
     }
 }
@@ -63,6 +94,44 @@ impl Validate for GpuLeakParams {
             self.min_slope_bytes_per_s.is_finite() && self.min_slope_bytes_per_s > 0.0,
             "min_slope_bytes_per_s",
             "must be > 0",
+        )?;
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        check(
+            positive(self.false_page_days),
+            "false_page_days",
+            "must be > 0",
+        )?;
+        check(positive(self.block_s), "block_s", "must be > 0 seconds")?;
+        check(positive(self.shift_sigmas), "shift_sigmas", "must be > 0")?;
+        check(
+            positive(self.design_bytes_per_s),
+            "design_bytes_per_s",
+            "must be > 0",
+        )?;
+        check(
+            positive(self.noise_floor_bytes),
+            "noise_floor_bytes",
+            "must be > 0",
+        )?;
+        check(
+            positive(self.test_s) && self.test_s >= self.block_s,
+            "test_s",
+            "must be at least block_s",
+        )?;
+        check(
+            positive(self.baseline_s),
+            "baseline_s",
+            "must be > 0 seconds",
+        )?;
+        check(
+            self.release_bytes.is_finite() && self.release_bytes > 0.0,
+            "release_bytes",
+            "must be > 0",
+        )?;
+        check(
+            self.min_baseline_blocks >= 3,
+            "min_baseline_blocks",
+            "must be ≥ 3",
         )
     }
 }

@@ -1,5 +1,7 @@
-// `gpu_memory_leak`: steady GPU memory growth while the GPU is idle, per (instance, device), and
-// its PromQL form over dcgm-exporter (growth, exhaustion and, for configured rules, step rules).
+// `gpu_memory_leak`: GPU memory growing per (instance, device) — large steps, a steady climb while
+// idle, or (sequential test, under load too) growth far beyond the GPU's usual swing past the
+// most it held before — and its PromQL form over dcgm-exporter (growth, exhaustion and, for
+// configured rules, step rules).
 
 use super::{BuiltinExport, Detector, EvalCtx, PromCtx, PromRule, RuleInput};
 use crate::alerting::engine::eval::labels;
@@ -75,7 +77,22 @@ impl Detector for GpuMemoryLeak {
             .last()
             .map(|(_, v)| *v)
             .unwrap_or(0.0);
-            if let Some(f) = det::gpu_memory_leak(&s.history, &util, total, &self.params) {
+            let found = det::gpu_memory_leak(&s.history, &util, total, &self.params)
+                .or_else(|| {
+                    // The sequential test reads back over its baseline, beyond the window.
+                    let p = &self.params;
+                    let back = ((p.baseline_s + p.test_s) * 1000.0) as i64;
+                    let used = inputs::history(
+                        cx.board,
+                        &s.model,
+                        names::GPU_MEMORY_USED_BYTES,
+                        &s.instance,
+                        &s.device,
+                        now - back,
+                    );
+                    det::gpu_memory_leak_sequential(&used, total, p)
+                });
+            if let Some(f) = found {
                 let l = labels(&[
                     ("model_id", &s.model),
                     ("instance", &s.instance),

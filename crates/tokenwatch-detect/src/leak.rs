@@ -1,0 +1,182 @@
+// The sequential GPU-leak test: a CUSUM on how much GPU memory grows per block of time, against
+// the GPU's own healthy block-to-block noise, with a false-page budget (`GpuLeakParams`) — so a
+// leak under load is paged in a few blocks instead of waiting for idle or large steps — and the
+// optimal delay it is measured against (`leak_bound_s`).
+
+use crate::resources::GpuLeakParams;
+use crate::robust::{MAD_TO_SIGMA, median_mad_sigma};
+use crate::sequential::cusum_threshold;
+use crate::stats::{linear_fit, trailing_segment};
+use crate::text::{bytes, duration_s};
+use crate::{Finding, Series};
+
+/// Consecutive readings grouped into blocks spanning at least `block_ms` (one reading each when
+/// readings are further apart): (time of the block's last reading, growth of the block's level
+/// over the previous block's, time since the previous block's last reading). A block's level is
+/// the median of its readings, so one reading caught in an allocation burst moves nothing.
+fn blocks(seg: &[(i64, f64)], block_ms: i64) -> Vec<(i64, f64, i64)> {
+    let mut levels: Vec<(i64, f64)> = Vec::new();
+    let mut current: Vec<f64> = Vec::new();
+    let mut started = None;
+    let gap = gap(seg);
+    for &(t, v) in seg {
+        let t0 = *started.get_or_insert(t);
+        current.push(v);
+        if t - t0 + gap >= block_ms {
+            current.sort_by(f64::total_cmp);
+            levels.push((t, current[current.len() / 2]));
+            current.clear();
+            started = None;
+        }
+    }
+    levels
+        .windows(2)
+        .map(|w| (w[1].0, w[1].1 - w[0].1, w[1].0 - w[0].0))
+        .collect()
+}
+
+/// The usual time between two readings (median), 0 with fewer than two.
+fn gap(seg: &[(i64, f64)]) -> i64 {
+    let mut d: Vec<i64> = seg.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    if d.is_empty() {
+        return 0;
+    }
+    d.sort_unstable();
+    d[d.len() / 2]
+}
+
+/// Nats one block adds: the Gaussian log-likelihood ratio of the design growth `mu` against
+/// none, noise `sigma`, for the block's growth clipped to ±2·`mu` (one allocation burst is not
+/// a trend), and at most `cap` (no single block pages).
+fn block_llr(growth: f64, mu: f64, sigma: f64, cap: f64) -> f64 {
+    let x = growth.clamp(-2.0 * mu, 2.0 * mu);
+    (mu / (sigma * sigma) * (x - mu / 2.0)).min(cap)
+}
+
+/// The CUSUM threshold for blocks of `block_s` seconds.
+fn threshold(block_s: f64, p: &GpuLeakParams) -> f64 {
+    cusum_threshold(p.false_page_days * 86_400.0, 1.0 / block_s.max(1e-3), 1)
+}
+
+/// The sequential leak test over `used` (GPU memory readings, oldest first, reaching back
+/// `baseline_s` + `test_s`): the blocks of the last `test_s` seconds feed a CUSUM against the
+/// growth noise of the blocks before them; it pages when the CUSUM is over its threshold and
+/// memory is above the highest baseline reading by 2σ. Only the segment after the last
+/// release (a drop of more than `release_bytes`: a restart) or gap counts.
+pub fn gpu_memory_leak_sequential(
+    used: Series,
+    total_bytes: f64,
+    p: &GpuLeakParams,
+) -> Option<Finding> {
+    let seg = trailing_segment(used);
+    let start = seg
+        .windows(2)
+        .rposition(|w| w[0].1 - w[1].1 > p.release_bytes)
+        .map_or(0, |i| i + 1);
+    let seg = &seg[start..];
+    let &(now, last) = seg.last()?;
+    let block_ms = (p.block_s * 1000.0).round().max(1.0) as i64;
+    let all = blocks(seg, block_ms);
+    let test_from = now - (p.test_s * 1000.0).round() as i64;
+    let baseline_from = test_from - (p.baseline_s * 1000.0).round() as i64;
+    let split = all.partition_point(|b| b.0 <= test_from);
+    let (baseline, test) = all.split_at(split);
+    let baseline: Vec<&(i64, f64, i64)> =
+        baseline.iter().filter(|b| b.0 >= baseline_from).collect();
+    if baseline.len() < p.min_baseline_blocks || test.is_empty() {
+        return None;
+    }
+    // The spread of healthy growth around none (not around its median: a baseline taken on a
+    // load ramp must not make the same ramp look like a leak).
+    let growths: Vec<f64> = baseline.iter().map(|b| b.1.abs()).collect();
+    let (median_abs, _) = median_mad_sigma(&growths)?;
+    let sigma = (MAD_TO_SIGMA * median_abs).max(p.noise_floor_bytes);
+    let baseline_start = baseline[0].0 - baseline[0].2;
+    let high = seg
+        .iter()
+        .filter(|(t, _)| *t >= baseline_start && *t <= test_from)
+        .map(|(_, v)| *v)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let mut lengths: Vec<i64> = test.iter().map(|b| b.2).collect();
+    lengths.sort_unstable();
+    let typical_block_s = lengths[lengths.len() / 2] as f64 / 1000.0;
+    let h = threshold(typical_block_s, p);
+    let (mut s, mut run_start) = (0.0f64, 0usize);
+    for (k, b) in test.iter().enumerate() {
+        let block_s = b.2 as f64 / 1000.0;
+        let mu = (p.shift_sigmas * sigma).max(p.design_bytes_per_s * block_s);
+        s = (s + block_llr(b.1, mu, sigma, h / 2.0)).max(0.0);
+        if s == 0.0 {
+            run_start = k + 1;
+        }
+    }
+    if s < h || last <= high + 2.0 * sigma || run_start >= test.len() {
+        return None;
+    }
+    // The climb since the estimated change: the readings of the blocks that built the CUSUM.
+    let change_at = test[run_start].0 - test[run_start].2;
+    let span: Vec<(f64, f64)> = seg
+        .iter()
+        .filter(|(t, _)| *t >= change_at)
+        .map(|(t, v)| ((t - change_at) as f64 / 1000.0, *v))
+        .collect();
+    let fit = linear_fit(&span)?;
+    if fit.slope < p.min_slope_bytes_per_s {
+        return None;
+    }
+    let growth = fit.slope;
+    let tte = (total_bytes.is_finite() && total_bytes > 0.0)
+        .then(|| ((total_bytes - last) / growth).max(0.0));
+    let tte_text = match tte {
+        Some(t) => format!("; at this rate it is exhausted in {}", duration_s(t)),
+        None => String::new(),
+    };
+    let summary = format!(
+        "GPU memory has grown {}/min for {} ({} above the most it held in the {} before), far \
+         beyond its usual swing of ±{} per {}{tte_text} — look for a leak in the serving process \
+         (KV blocks or tensors never freed) and plan a restart before it runs out",
+        bytes(growth * 60.0),
+        duration_s((now - change_at) as f64 / 1000.0),
+        bytes(last - high),
+        duration_s((test_from - baseline_start) as f64 / 1000.0),
+        bytes(sigma),
+        duration_s(typical_block_s),
+    );
+    Some(
+        Finding::new(s / h, summary)
+            .with("rule", "sequential")
+            .with("growth_bytes_per_s", growth)
+            .with("r2", fit.r2)
+            .with("llr_nats", s)
+            .with("threshold_nats", h)
+            .with("noise_sigma_bytes", sigma)
+            .with("block_s", typical_block_s)
+            .with("baseline_high_bytes", high)
+            .with("used_bytes", last)
+            .with("total_bytes", total_bytes)
+            .with("change_at_unix_ms", change_at)
+            .with("window_start_unix_ms", change_at)
+            .with("fit_bytes_at_window_start", fit.intercept)
+            .with("window_end_unix_ms", now)
+            .with("samples", span.len())
+            .with(
+                "time_to_exhaustion_s",
+                tte.map_or(serde_json::Value::Null, serde_json::Value::from),
+            ),
+    )
+}
+
+/// The yardstick: the optimal CUSUM's delay (seconds) for a leak of `rate` bytes/s seen in
+/// readings every `scrape_s` whose growth from one reading to the next has noise `sigma` bytes,
+/// at the same false-page budget — ln(ARL₀) / KL readings, KL = (rate·scrape)² / 2σ², at least
+/// one reading.
+pub fn leak_bound_s(rate: f64, sigma: f64, scrape_s: f64, p: &GpuLeakParams) -> f64 {
+    let h = threshold(scrape_s, p);
+    let mu = rate * scrape_s;
+    let kl = mu * mu / (2.0 * sigma * sigma).max(f64::MIN_POSITIVE);
+    (h / kl).ceil().max(1.0) * scrape_s
+}
+
+#[cfg(test)]
+#[path = "leak_tests.rs"]
+mod tests;
