@@ -10,12 +10,16 @@ use crate::stats::{linear_fit, trailing_segment};
 use crate::text::{bytes, duration_s};
 use crate::{Finding, Series};
 
+/// The 90th percentile of |x| for a normal x, in σ.
+const Z_90_OF_ABS: f64 = 1.645;
+
 /// Consecutive readings grouped into blocks spanning at least `block_ms` (one reading each when
 /// readings are further apart): (time of the block's last reading, growth of the block's level
-/// over the previous block's, time since the previous block's last reading). A block's level is
-/// the median of its readings, so one reading caught in an allocation burst moves nothing.
-fn blocks(seg: &[(i64, f64)], block_ms: i64) -> Vec<(i64, f64, i64)> {
-    let mut levels: Vec<(i64, f64)> = Vec::new();
+/// over the previous block's, time since the previous block's last reading, readings in the
+/// block). A block's level is the median of its readings, so one reading caught in an
+/// allocation burst moves little.
+fn blocks(seg: &[(i64, f64)], block_ms: i64) -> Vec<Block> {
+    let mut levels: Vec<(i64, f64, usize)> = Vec::new();
     let mut current: Vec<f64> = Vec::new();
     let mut started = None;
     let gap = gap(seg);
@@ -24,15 +28,28 @@ fn blocks(seg: &[(i64, f64)], block_ms: i64) -> Vec<(i64, f64, i64)> {
         current.push(v);
         if t - t0 + gap >= block_ms {
             current.sort_by(f64::total_cmp);
-            levels.push((t, current[current.len() / 2]));
+            levels.push((t, current[current.len() / 2], current.len()));
             current.clear();
             started = None;
         }
     }
     levels
         .windows(2)
-        .map(|w| (w[1].0, w[1].1 - w[0].1, w[1].0 - w[0].0))
+        .map(|w| Block {
+            end: w[1].0,
+            growth: w[1].1 - w[0].1,
+            length_ms: w[1].0 - w[0].0,
+            readings: w[1].2,
+        })
         .collect()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Block {
+    end: i64,
+    growth: f64,
+    length_ms: i64,
+    readings: usize,
 }
 
 /// The usual time between two readings (median), 0 with fewer than two.
@@ -79,33 +96,42 @@ pub fn gpu_memory_leak_sequential(
     let all = blocks(seg, block_ms);
     let test_from = now - (p.test_s * 1000.0).round() as i64;
     let baseline_from = test_from - (p.baseline_s * 1000.0).round() as i64;
-    let split = all.partition_point(|b| b.0 <= test_from);
+    let split = all.partition_point(|b| b.end <= test_from);
     let (baseline, test) = all.split_at(split);
-    let baseline: Vec<&(i64, f64, i64)> =
-        baseline.iter().filter(|b| b.0 >= baseline_from).collect();
+    let baseline: Vec<&Block> = baseline.iter().filter(|b| b.end >= baseline_from).collect();
     if baseline.len() < p.min_baseline_blocks || test.is_empty() {
         return None;
     }
     // The spread of healthy growth around none (not around its median: a baseline taken on a
-    // load ramp must not make the same ramp look like a leak).
-    let growths: Vec<f64> = baseline.iter().map(|b| b.1.abs()).collect();
-    let (median_abs, _) = median_mad_sigma(&growths)?;
-    let sigma = (MAD_TO_SIGMA * median_abs).max(p.noise_floor_bytes);
-    let baseline_start = baseline[0].0 - baseline[0].2;
+    // load ramp must not make the same ramp look like a leak), read from the median and from
+    // the 90th percentile of its size, the larger — noise that grows with load (a busier batch
+    // moves more memory) is not underestimated from a quiet baseline's middle.
+    let mut sizes: Vec<f64> = baseline.iter().map(|b| b.growth.abs()).collect();
+    let (median_abs, _) = median_mad_sigma(&sizes)?;
+    sizes.sort_by(f64::total_cmp);
+    let p90_abs = sizes[(sizes.len() * 9 / 10).min(sizes.len() - 1)];
+    let sigma = (MAD_TO_SIGMA * median_abs)
+        .max(p90_abs / Z_90_OF_ABS)
+        .max(p.noise_floor_bytes);
+    let baseline_start = baseline[0].end - baseline[0].length_ms;
     let high = seg
         .iter()
         .filter(|(t, _)| *t >= baseline_start && *t <= test_from)
         .map(|(_, v)| *v)
         .fold(f64::NEG_INFINITY, f64::max);
-    let mut lengths: Vec<i64> = test.iter().map(|b| b.2).collect();
+    let mut lengths: Vec<i64> = test.iter().map(|b| b.length_ms).collect();
     lengths.sort_unstable();
     let typical_block_s = lengths[lengths.len() / 2] as f64 / 1000.0;
     let h = threshold(typical_block_s, p);
     let (mut s, mut run_start) = (0.0f64, 0usize);
     for (k, b) in test.iter().enumerate() {
-        let block_s = b.2 as f64 / 1000.0;
+        let block_s = b.length_ms as f64 / 1000.0;
         let mu = (p.shift_sigmas * sigma).max(p.design_bytes_per_s * block_s);
-        s = (s + block_llr(b.1, mu, sigma, h / 2.0)).max(0.0);
+        // No single block pages: a block of one reading adds at most half the threshold; one
+        // of several at most a third, since a step of memory (an adapter loaded) that falls
+        // inside a block can show in both it and the next one.
+        let cap = if b.readings > 1 { h / 3.0 } else { h / 2.0 };
+        s = (s + block_llr(b.growth, mu, sigma, cap)).max(0.0);
         if s == 0.0 {
             run_start = k + 1;
         }
@@ -114,7 +140,7 @@ pub fn gpu_memory_leak_sequential(
         return None;
     }
     // The climb since the estimated change: the readings of the blocks that built the CUSUM.
-    let change_at = test[run_start].0 - test[run_start].2;
+    let change_at = test[run_start].end - test[run_start].length_ms;
     let span: Vec<(f64, f64)> = seg
         .iter()
         .filter(|(t, _)| *t >= change_at)
@@ -159,6 +185,13 @@ pub fn gpu_memory_leak_sequential(
             .with("fit_bytes_at_window_start", fit.intercept)
             .with("window_end_unix_ms", now)
             .with("samples", span.len())
+            .with(
+                "block_growths_bytes",
+                test[run_start..]
+                    .iter()
+                    .map(|b| b.growth.round())
+                    .collect::<Vec<f64>>(),
+            )
             .with(
                 "time_to_exhaustion_s",
                 tte.map_or(serde_json::Value::Null, serde_json::Value::from),

@@ -33,6 +33,35 @@ enum Healthy {
     Swinging,
 }
 
+/// The shape of a healthy GPU's memory: allocator noise (± MiB), MiB per running sequence (0:
+/// pools allocated up front), the load swing's period and the share of readings in a burst.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    jitter_mib: f64,
+    per_sequence_mib: f64,
+    swing_s: f64,
+    burst_share: f64,
+}
+
+impl Healthy {
+    fn shape(self) -> Shape {
+        match self {
+            Healthy::Flat => Shape {
+                jitter_mib: 2.0,
+                per_sequence_mib: 0.0,
+                swing_s: 1200.0,
+                burst_share: 0.0,
+            },
+            Healthy::Swinging => Shape {
+                jitter_mib: 20.0,
+                per_sequence_mib: 16.0,
+                swing_s: 1200.0,
+                burst_share: 0.05,
+            },
+        }
+    }
+}
+
 /// `hours` of readings every `scrape_s`, healthy, then `leak` bytes/s from `leak_at_s` on;
 /// one-off events on the way: an adapter loaded (+1 GiB) from 40 to 70 min, a restart (one
 /// reading of an empty GPU) at 75 min.
@@ -43,28 +72,34 @@ fn memory(
     hours: f64,
     leak: Option<(f64, f64)>,
 ) -> Vec<(i64, f64)> {
+    shaped(seed, kind.shape(), scrape_s, hours, leak)
+}
+
+fn shaped(
+    seed: u64,
+    shape: Shape,
+    scrape_s: f64,
+    hours: f64,
+    leak: Option<(f64, f64)>,
+) -> Vec<(i64, f64)> {
     let mut rng = Rng(seed);
     let n = (hours * 3600.0 / scrape_s) as usize;
-    let phase = rng.unit() * 1200.0;
+    let phase = rng.unit() * shape.swing_s;
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let t = i as f64 * scrape_s;
-        let mut v = 20.0 * GIB;
-        match kind {
-            Healthy::Flat => v += (rng.unit() - 0.5) * 4.0 * MIB,
-            Healthy::Swinging => {
-                let swing = 0.5 - 0.5 * (std::f64::consts::TAU * (t + phase) / 1200.0).cos();
-                let burst = if rng.unit() < 0.05 {
-                    1.0 / rng.unit().max(0.05)
-                } else {
-                    1.0
-                };
-                let running = (32.0 * swing * burst * (0.8 + 0.4 * rng.unit()))
-                    .round()
-                    .min(32.0);
-                v += running * 16.0 * MIB + (rng.unit() - 0.5) * 40.0 * MIB;
-            }
-        }
+        let swing = 0.5 - 0.5 * (std::f64::consts::TAU * (t + phase) / shape.swing_s).cos();
+        let burst = if rng.unit() < shape.burst_share {
+            1.0 / rng.unit().max(0.05)
+        } else {
+            1.0
+        };
+        let running = (32.0 * swing * burst * (0.8 + 0.4 * rng.unit()))
+            .round()
+            .min(32.0);
+        let mut v = 20.0 * GIB
+            + running * shape.per_sequence_mib * MIB
+            + (rng.unit() - 0.5) * 2.0 * shape.jitter_mib * MIB;
         if (2400.0..4200.0).contains(&t) {
             v += GIB;
         }
@@ -142,7 +177,10 @@ fn leaks_under_load_or_idle_page_near_the_optimal_delay() {
         let at = 5400.0;
         let rate = rate_mib * MIB;
         let mem = memory(10 + i as u64, kind, scrape_s, 1.75, Some((rate, at)));
-        let from = mem.iter().position(|(t, _)| *t as f64 >= at * 1000.0).unwrap();
+        let from = mem
+            .iter()
+            .position(|(t, _)| *t as f64 >= at * 1000.0)
+            .unwrap();
         let Some((end, f)) = first_page(&mem, from, &p) else {
             panic!("{kind:?} {rate_mib} MiB/s at {scrape_s} s never paged");
         };
@@ -178,9 +216,15 @@ fn blocks_and_bound_by_hand() {
     // in one reading moves a level by no more than its neighbours do.
     let mut seg: Vec<(i64, f64)> = (0..9).map(|i| (i * 5_000, i as f64)).collect();
     seg[4].1 = 1000.0;
+    let b = |end, growth, length_ms, readings| Block {
+        end,
+        growth,
+        length_ms,
+        readings,
+    };
     assert_eq!(
         blocks(&seg, 15_000),
-        vec![(25_000, 4.0, 15_000), (40_000, 2.0, 15_000)]
+        vec![b(25_000, 4.0, 15_000, 3), b(40_000, 2.0, 15_000, 3)]
     );
     // One reading every 30 s: each reading is a block.
     let seg: Vec<(i64, f64)> = (0..3).map(|i| (i * 30_000, 0.0)).collect();
@@ -199,5 +243,102 @@ fn blocks_and_bound_by_hand() {
     let nats = |g: f64| block_llr(g * MIB, mu, sigma, f64::INFINITY);
     assert!((nats(50.0) - 0.75 * 12.5).abs() < 1e-9);
     assert!((nats(25.0) + 0.75 * 12.5).abs() < 1e-9);
-    assert!((nats(-1000.0) + 0.75 * 187.5).abs() < 1e-9, "clipped at −2μ");
+    assert!(
+        (nats(-1000.0) + 0.75 * 187.5).abs() < 1e-9,
+        "clipped at −2μ"
+    );
+}
+
+/// Power curves against the bound and false pages on random healthy GPUs (release:
+/// `cargo test --release -p tokenwatch-detect --lib leak_power_curves -- --ignored --nocapture`).
+#[test]
+#[ignore = "benchmark: minutes in debug builds"]
+fn leak_power_curves() {
+    let p = GpuLeakParams::default();
+    let mut rng = Rng(2026);
+    let draw = |rng: &mut Rng| Shape {
+        jitter_mib: 1.0 + rng.unit() * 40.0,
+        per_sequence_mib: if rng.unit() < 0.4 {
+            0.0
+        } else {
+            rng.unit() * 24.0
+        },
+        swing_s: 600.0 + rng.unit() * 3000.0,
+        burst_share: rng.unit() * 0.1,
+    };
+    println!(
+        "| leak MiB/s | scrape s | runs | paged | median delay s | worst s | median bound s | median ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut within = (0, 0);
+    for rate_mib in [10.0, 25.0, 50.0, 100.0, 200.0] {
+        for scrape_s in [1.0, 5.0, 15.0, 30.0] {
+            let (mut delays, mut bounds, mut ratios, mut paged) = (vec![], vec![], vec![], 0);
+            let runs = 8;
+            for k in 0..runs {
+                let shape = draw(&mut rng);
+                let at = 4800.0 + rng.unit() * 1200.0;
+                let seed = 1000 + k as u64 + (rate_mib * scrape_s) as u64 * 100;
+                let mem = shaped(
+                    seed,
+                    shape,
+                    scrape_s,
+                    (at + 900.0) / 3600.0,
+                    Some((rate_mib * MIB, at)),
+                );
+                let from = mem
+                    .iter()
+                    .position(|(t, _)| *t as f64 >= at * 1000.0)
+                    .unwrap();
+                if let Some((end, f)) = first_page(&mem, from, &p) {
+                    paged += 1;
+                    let d = (mem[end].0 - mem[from].0) as f64 / 1000.0;
+                    let sigma = f.evidence["noise_sigma_bytes"].as_f64().unwrap();
+                    let b = leak_bound_s(rate_mib * MIB, sigma, scrape_s, &p);
+                    delays.push(d);
+                    bounds.push(b);
+                    ratios.push(d / b);
+                    within.1 += 1;
+                    if d <= 2.0 * b + p.block_s.max(scrape_s) {
+                        within.0 += 1;
+                    }
+                }
+            }
+            let med = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+            };
+            let worst = delays.iter().copied().fold(f64::NAN, f64::max);
+            println!(
+                "| {rate_mib} | {scrape_s} | {runs} | {paged} | {:.0} | {worst:.0} | {:.0} | {:.1} |",
+                med(&mut delays),
+                med(&mut bounds),
+                med(&mut ratios)
+            );
+        }
+    }
+    println!(
+        "paged within 2× bound + one block: {} of {}",
+        within.0, within.1
+    );
+    let (mut false_pages, mut hours) = (0, 0.0);
+    for k in 0..40 {
+        let shape = draw(&mut rng);
+        let scrape_s = [1.0, 5.0, 15.0, 30.0][k % 4];
+        let mem = shaped(5000 + k as u64, shape, scrape_s, 2.0, None);
+        hours += 2.0;
+        if let Some((end, f)) = first_page(&mem, 1, &p) {
+            false_pages += 1;
+            println!(
+                "false page: {shape:?} at {scrape_s} s, {} s: {}\n  blocks since the change: {}, σ {}, high {}, used {}",
+                mem[end].0 / 1000,
+                f.summary,
+                f.evidence["block_growths_bytes"],
+                f.evidence["noise_sigma_bytes"],
+                f.evidence["baseline_high_bytes"],
+                f.evidence["used_bytes"]
+            );
+        }
+    }
+    println!("healthy: {false_pages} GPUs with a false page in {hours} GPU-hours");
 }
