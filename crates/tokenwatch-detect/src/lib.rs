@@ -59,28 +59,6 @@ pub mod names {
     pub const PROMPT_VERSION_DECAY: &str = "prompt_version_decay";
     pub const TRIPLE_SIGNAL_HEALTH: &str = "triple_signal_health";
     pub const REPLICA_SHIFT: &str = "replica_shift";
-
-    /// Every detector of spec section 4 (for validating rules).
-    pub const ALL: &[&str] = &[
-        LATENCY_SPIKE,
-        ABSOLUTE_LATENCY,
-        CONTEXT_AWARE_THRESHOLD,
-        GPU_MEMORY_LEAK,
-        KV_CACHE_PRESSURE,
-        OUTPUT_LENGTH_OUTLIER,
-        SEMANTIC_DRIFT,
-        KS_DRIFT,
-        KL_DRIFT,
-        DRIFT_VOTE,
-        CACHE_POLLUTION,
-        BATCH_JITTER,
-        SLO_BURN,
-        ERROR_BURST,
-        AB_REGRESSION,
-        PROMPT_VERSION_DECAY,
-        TRIPLE_SIGNAL_HEALTH,
-        REPLICA_SHIFT,
-    ];
 }
 
 /// A time series: (unix ms, value), ascending time.

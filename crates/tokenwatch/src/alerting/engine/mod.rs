@@ -19,6 +19,8 @@ pub mod thin;
 mod reload_tests;
 #[cfg(test)]
 mod restore_tests;
+#[cfg(test)]
+mod incident_tests;
 pub mod vectors;
 pub mod windows;
 
@@ -957,8 +959,10 @@ impl Engine {
     }
 
     /// The incident of an active alert that the new alert could have caused (its detector leads
-    /// there in the causal graph, labels agreeing, in time): a leak whose alert fires after its
-    /// replica's latency alert joins that alert's incident, the best-ranked one first.
+    /// there in the causal graph, labels agreeing, onsets close enough): a leak whose alert fires
+    /// after its replica's pressure or latency alert joins that alert's incident, the
+    /// best-ranked one first. A cause's detector can be slower than its symptom's, so the two
+    /// onsets are compared by their distance, whichever came first.
     fn effect_incident(&self, alert: &Alert) -> Option<String> {
         let mut cause = alert.last_event.clone()?;
         cause.at_unix_ms = cause.at_unix_ms.min(alert.active_at_unix_ms);
@@ -968,9 +972,11 @@ impl Engine {
             .map(|t| &t.alert)
             .filter(|a| a.id != alert.id && a.incident_id.is_some())
             .filter_map(|a| {
-                let effect = a.last_event.as_ref()?;
+                let mut effect = a.last_event.clone()?;
+                let distance = (a.active_at_unix_ms - cause.at_unix_ms).abs();
+                effect.at_unix_ms = cause.at_unix_ms.saturating_add(distance);
                 let ranked =
-                    det::rank_causes(&self.graph, effect, std::slice::from_ref(&cause), &params);
+                    det::rank_causes(&self.graph, &effect, std::slice::from_ref(&cause), &params);
                 ranked.first().map(|c| (c.rank, a))
             })
             .max_by(|(ra, a), (rb, b)| {
