@@ -85,5 +85,14 @@ export TOKENWATCH_TEST_PYTHON="$PWD/$VENV/bin/python"
 # the free space first so a CI run that runs out of disk says so at the top of its log.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 echo "==> disk free for the build: $(df -h --output=avail "${CARGO_TARGET_DIR:-target}" 2>/dev/null | tail -1 || df -h --output=avail . | tail -1)"
+# Gates: formatting and lints (clippy's check build shares nothing with the test build, ~3 min).
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  echo "==> rustup component add rustfmt clippy"
+  rustup component add rustfmt clippy
+fi
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check >/dev/null || { cargo fmt --all -- --check | head -40; echo "error: the code is not formatted: run cargo fmt --all" >&2; exit 1; }
+echo "==> cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --locked -- --test-threads=4

@@ -332,7 +332,9 @@ impl Aggregator {
                 e.1.insert(labels.instance.clone());
             }
         }
-        out.into_iter().map(|(m, (r, i))| (m.to_string(), r, i)).collect()
+        out.into_iter()
+            .map(|(m, (r, i))| (m.to_string(), r, i))
+            .collect()
     }
 
     /// Every model's `metric` sketch over `window`, split by context bucket, in one pass over the
@@ -346,7 +348,9 @@ impl Aggregator {
         let m = metric_index(metric);
         let mut out: BTreeMap<(String, ContextBucket), LatencySketch> = BTreeMap::new();
         for ((labels, bucket), state) in &self.series {
-            let Some(s) = state.metrics.get(m) else { continue };
+            let Some(s) = state.metrics.get(m) else {
+                continue;
+            };
             let mut acc = LatencySketch::new();
             s.window_into(now_unix_ms, window, &mut acc);
             if acc.is_empty() {
@@ -565,7 +569,10 @@ mod tests {
         let direct = a.query(&q(Some("m1"), LatencyMetric::E2e, Window::M1, None), now);
         assert_eq!(m1.summary(), direct[0].summary);
         assert_eq!(m1.count(), 11);
-        assert!(a.sketches_by_model_and_bucket(LatencyMetric::E2e, Window::M1, now + 3 * MIN).is_empty());
+        assert!(
+            a.sketches_by_model_and_bucket(LatencyMetric::E2e, Window::M1, now + 3 * MIN)
+                .is_empty()
+        );
     }
 
     #[test]

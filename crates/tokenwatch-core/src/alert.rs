@@ -22,7 +22,19 @@ pub struct AnomalyEvent {
     pub summary: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
     Critical,
@@ -40,7 +52,9 @@ impl Severity {
     }
 
     pub fn parse(s: &str) -> Option<Severity> {
-        [Severity::Critical, Severity::Warning, Severity::Info].into_iter().find(|x| x.name() == s)
+        [Severity::Critical, Severity::Warning, Severity::Info]
+            .into_iter()
+            .find(|x| x.name() == s)
     }
 }
 
@@ -62,7 +76,13 @@ impl AlertState {
     }
 
     pub fn parse(s: &str) -> Option<AlertState> {
-        [AlertState::Pending, AlertState::Firing, AlertState::Resolved].into_iter().find(|x| x.name() == s)
+        [
+            AlertState::Pending,
+            AlertState::Firing,
+            AlertState::Resolved,
+        ]
+        .into_iter()
+        .find(|x| x.name() == s)
     }
 }
 

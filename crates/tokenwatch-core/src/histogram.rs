@@ -7,7 +7,11 @@ pub fn counter_delta(previous: f64, current: f64) -> f64 {
     if !previous.is_finite() || !current.is_finite() {
         return 0.0;
     }
-    if current >= previous { current - previous } else { current.max(0.0) }
+    if current >= previous {
+        current - previous
+    } else {
+        current.max(0.0)
+    }
 }
 
 /// A cumulative histogram reading: upper bounds (ascending, the last may be +Inf) with the
@@ -46,13 +50,22 @@ impl CumulativeHistogram {
         let same_layout = earlier.bounds == self.bounds;
         let reset = !same_layout
             || self.count < earlier.count
-            || self.cumulative.iter().zip(&earlier.cumulative).any(|(now, before)| now < before);
+            || self
+                .cumulative
+                .iter()
+                .zip(&earlier.cumulative)
+                .any(|(now, before)| now < before);
         if reset {
             return self.clone();
         }
         CumulativeHistogram {
             bounds: self.bounds.clone(),
-            cumulative: self.cumulative.iter().zip(&earlier.cumulative).map(|(a, b)| a - b).collect(),
+            cumulative: self
+                .cumulative
+                .iter()
+                .zip(&earlier.cumulative)
+                .map(|(a, b)| a - b)
+                .collect(),
             sum: (self.sum - earlier.sum).max(0.0),
             count: self.count - earlier.count,
         }
@@ -71,14 +84,21 @@ impl CumulativeHistogram {
             None => return Some(0.0),
         };
         let (lower, upper, below, in_bucket) = self.bucket(idx);
-        let share_below_t = if upper.is_infinite() || upper <= lower { 0.0 } else { ((t - lower) / (upper - lower)).clamp(0.0, 1.0) };
+        let share_below_t = if upper.is_infinite() || upper <= lower {
+            0.0
+        } else {
+            ((t - lower) / (upper - lower)).clamp(0.0, 1.0)
+        };
         Some((total - below - in_bucket * share_below_t).max(0.0))
     }
 
     /// The q-quantile (0 < q < 1). None when empty or malformed. When it falls in the +Inf
     /// bucket the largest finite bound is returned (as PromQL does) and the error is unbounded.
     pub fn quantile(&self, q: f64) -> Option<BucketQuantile> {
-        if !(0.0..=1.0).contains(&q) || self.bounds.len() != self.cumulative.len() || self.bounds.is_empty() {
+        if !(0.0..=1.0).contains(&q)
+            || self.bounds.len() != self.cumulative.len()
+            || self.bounds.is_empty()
+        {
             return None;
         }
         let total = *self.cumulative.last()?;
@@ -90,18 +110,38 @@ impl CumulativeHistogram {
         let idx = self.cumulative.iter().position(|c| *c >= rank)?;
         let (lower, upper, below, in_bucket) = self.bucket(idx);
         if upper.is_infinite() {
-            return Some(BucketQuantile { value: lower, bucket_lower: lower, bucket_upper: upper });
+            return Some(BucketQuantile {
+                value: lower,
+                bucket_lower: lower,
+                bucket_upper: upper,
+            });
         }
-        let value = if in_bucket > 0.0 { lower + (upper - lower) * ((rank - below) / in_bucket) } else { upper };
-        Some(BucketQuantile { value, bucket_lower: lower, bucket_upper: upper })
+        let value = if in_bucket > 0.0 {
+            lower + (upper - lower) * ((rank - below) / in_bucket)
+        } else {
+            upper
+        };
+        Some(BucketQuantile {
+            value,
+            bucket_lower: lower,
+            bucket_upper: upper,
+        })
     }
 
     /// Bucket `idx` (a valid index): its lower and upper bound, the observations below it and
     /// in it.
     fn bucket(&self, idx: usize) -> (f64, f64, f64, f64) {
         let upper = self.bounds[idx];
-        let lower = if idx == 0 { 0.0_f64.min(upper) } else { self.bounds[idx - 1] };
-        let below = if idx == 0 { 0.0 } else { self.cumulative[idx - 1] };
+        let lower = if idx == 0 {
+            0.0_f64.min(upper)
+        } else {
+            self.bounds[idx - 1]
+        };
+        let below = if idx == 0 {
+            0.0
+        } else {
+            self.cumulative[idx - 1]
+        };
         (lower, upper, below, self.cumulative[idx] - below)
     }
 
@@ -132,19 +172,36 @@ mod tests {
     fn add_sums_windows_of_one_layout_only() {
         let mut a = h(&[1.0, 2.0, 3.0, 4.0], 1.0);
         assert!(a.add(&h(&[0.0, 1.0, 1.0, 2.0], 0.5)));
-        assert_eq!((a.cumulative.clone(), a.sum, a.count), (vec![1.0, 3.0, 4.0, 6.0], 1.5, 6.0));
-        let other = CumulativeHistogram { bounds: vec![1.0, f64::INFINITY], cumulative: vec![1.0, 1.0], sum: 1.0, count: 1.0 };
+        assert_eq!(
+            (a.cumulative.clone(), a.sum, a.count),
+            (vec![1.0, 3.0, 4.0, 6.0], 1.5, 6.0)
+        );
+        let other = CumulativeHistogram {
+            bounds: vec![1.0, f64::INFINITY],
+            cumulative: vec![1.0, 1.0],
+            sum: 1.0,
+            count: 1.0,
+        };
         assert!(!a.add(&other));
         assert_eq!(a.count, 6.0, "nothing added");
     }
 
     #[test]
     fn count_above_interpolates_inside_the_bucket_like_the_quantiles() {
-        let h = CumulativeHistogram { bounds: vec![1.0, 2.0, f64::INFINITY], cumulative: vec![10.0, 30.0, 40.0], sum: 0.0, count: 40.0 };
+        let h = CumulativeHistogram {
+            bounds: vec![1.0, 2.0, f64::INFINITY],
+            cumulative: vec![10.0, 30.0, 40.0],
+            sum: 0.0,
+            count: 40.0,
+        };
         assert_eq!(h.count_above(0.5), Some(35.0));
         assert_eq!(h.count_above(1.5), Some(20.0));
         assert_eq!(h.count_above(2.0), Some(10.0));
-        assert_eq!(h.count_above(5.0), Some(10.0), "the +Inf bucket is all above");
+        assert_eq!(
+            h.count_above(5.0),
+            Some(10.0),
+            "the +Inf bucket is all above"
+        );
         // The quantile's value has the matching share above it.
         let q = h.quantile(0.75).unwrap().value;
         assert!((h.count_above(q).unwrap() - 10.0).abs() < 1e-9, "{q}");

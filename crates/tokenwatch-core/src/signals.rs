@@ -154,7 +154,13 @@ impl SignalBoard {
         }
         let mut history = VecDeque::with_capacity(self.history_len.min(64));
         history.push_back((point.timestamp_unix_ms, point.value));
-        self.series.insert(key, Series { latest: point, history });
+        self.series.insert(
+            key,
+            Series {
+                latest: point,
+                history,
+            },
+        );
         true
     }
 
@@ -169,18 +175,31 @@ impl SignalBoard {
 
     /// Latest points of device-level signals for one device (or all devices).
     pub fn devices(&self) -> Vec<SignalPoint> {
-        self.series.iter().filter(|(k, _)| !k.device_id.is_empty()).map(|(_, s)| s.latest.clone()).collect()
+        self.series
+            .iter()
+            .filter(|(k, _)| !k.device_id.is_empty())
+            .map(|(_, s)| s.latest.clone())
+            .collect()
     }
 
     /// The recent (timestamp, value) history of one series.
-    pub fn history(&self, model_id: &str, signal: &str, instance: &str, device_id: &str) -> Vec<(i64, f64)> {
+    pub fn history(
+        &self,
+        model_id: &str,
+        signal: &str,
+        instance: &str,
+        device_id: &str,
+    ) -> Vec<(i64, f64)> {
         let key = SignalKey {
             model_id: model_id.into(),
             signal: signal.into(),
             instance: instance.into(),
             device_id: device_id.into(),
         };
-        self.series.get(&key).map(|s| s.history.iter().copied().collect()).unwrap_or_default()
+        self.series
+            .get(&key)
+            .map(|s| s.history.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Every series whose latest point passes `keep`: that point and the series' history since
@@ -194,14 +213,24 @@ impl SignalBoard {
             .values()
             .filter(|s| keep(&s.latest))
             .map(|s| {
-                let hist = s.history.iter().copied().filter(|(t, _)| *t >= since_unix_ms).collect();
+                let hist = s
+                    .history
+                    .iter()
+                    .copied()
+                    .filter(|(t, _)| *t >= since_unix_ms)
+                    .collect();
                 (s.latest.clone(), hist)
             })
             .collect()
     }
 
     pub fn models(&self) -> Vec<String> {
-        let mut m: Vec<String> = self.series.keys().map(|k| k.model_id.clone()).filter(|m| !m.is_empty()).collect();
+        let mut m: Vec<String> = self
+            .series
+            .keys()
+            .map(|k| k.model_id.clone())
+            .filter(|m| !m.is_empty())
+            .collect();
         m.dedup();
         m
     }
@@ -209,7 +238,8 @@ impl SignalBoard {
     /// Drop series whose latest point is older than `max_age_ms`.
     pub fn evict_older_than(&mut self, now_unix_ms: i64, max_age_ms: i64) -> usize {
         let before = self.series.len();
-        self.series.retain(|_, s| now_unix_ms - s.latest.timestamp_unix_ms <= max_age_ms);
+        self.series
+            .retain(|_, s| now_unix_ms - s.latest.timestamp_unix_ms <= max_age_ms);
         self.placement.evict_older_than(now_unix_ms, max_age_ms);
         before - self.series.len()
     }
@@ -258,7 +288,10 @@ mod tests {
         let latest = b.latest(Some("m"));
         assert_eq!(latest.len(), 1);
         assert_eq!(latest[0].value, 0.4);
-        assert_eq!(b.history("m", names::KV_CACHE_USAGE, "i1", ""), vec![(2, 0.2), (3, 0.3), (4, 0.4)]);
+        assert_eq!(
+            b.history("m", names::KV_CACHE_USAGE, "i1", ""),
+            vec![(2, 0.2), (3, 0.3), (4, 0.4)]
+        );
         assert!(b.latest(Some("other")).is_empty());
         assert_eq!(b.models(), vec!["m".to_string()]);
     }

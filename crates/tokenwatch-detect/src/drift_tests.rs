@@ -79,7 +79,10 @@ fn ks_needs_a_material_shift_on_big_windows() {
     assert!(ks_drift(&reference, &drifted, &p).is_none());
     let blown = g.sample(4_000, 4f64.ln(), 0.8);
     assert!(ks_drift(&reference, &blown, &p).is_some());
-    let bad = KsDriftParams { min_statistic: 1.0, ..p };
+    let bad = KsDriftParams {
+        min_statistic: 1.0,
+        ..p
+    };
     assert_eq!(bad.validate().unwrap_err().field, "min_statistic");
 }
 

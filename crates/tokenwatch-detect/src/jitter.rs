@@ -178,8 +178,14 @@ mod tests {
         let mut l: Vec<f64> = (0..60).map(|i| 0.03 + 0.002 * f64::from(i % 5)).collect();
         l[40] = 1.5;
         let whole = batch_jitter_score(&l, &[8.0; 60]).unwrap();
-        assert!(whole > p.max_score, "one stall dominates the whole window: {whole}");
-        assert!(batch_jitter(&l, &[8.0; 60], &p).is_none(), "but it sits in one part only");
+        assert!(
+            whole > p.max_score,
+            "one stall dominates the whole window: {whole}"
+        );
+        assert!(
+            batch_jitter(&l, &[8.0; 60], &p).is_none(),
+            "but it sits in one part only"
+        );
         let bad = BatchJitterParams { segments: 20, ..p };
         assert_eq!(bad.validate().unwrap_err().field, "segments");
     }

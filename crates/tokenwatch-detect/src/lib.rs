@@ -9,8 +9,8 @@ pub mod episodes;
 pub mod experiments;
 mod jitter;
 mod kv;
-pub mod leak;
 pub mod latency;
+pub mod leak;
 mod length;
 pub mod noise;
 pub mod quality;
@@ -172,8 +172,16 @@ mod tests {
     fn finding_becomes_an_event() {
         let f = Finding::new(2.0, "x").with("a", 1.5).with("nan", f64::NAN);
         assert!(f.evidence["nan"].is_null());
-        let e = f.into_event(names::LATENCY_SPIKE, "ttft_p99_seconds", BTreeMap::new(), 42);
-        assert_eq!((e.detector.as_str(), e.score, e.at_unix_ms), ("latency_spike", 2.0, 42));
+        let e = f.into_event(
+            names::LATENCY_SPIKE,
+            "ttft_p99_seconds",
+            BTreeMap::new(),
+            42,
+        );
+        assert_eq!(
+            (e.detector.as_str(), e.score, e.at_unix_ms),
+            ("latency_spike", 2.0, 42)
+        );
         assert_eq!(e.evidence["a"], 1.5);
     }
 }

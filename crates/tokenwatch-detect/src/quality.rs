@@ -173,7 +173,9 @@ mod tests {
     fn diverse(n: usize, axis: usize, w: f32, seed: u64) -> Vec<Vec<f32>> {
         let mut x = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
         let mut unit = move || {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
             ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
         };
         (0..n)
@@ -203,7 +205,10 @@ mod tests {
             let moved = diverse(50, 1, 0.6, 2_000 + seed);
             assert!(semantic_drift(&a, &moved, &p).is_some(), "seed {seed}");
         }
-        assert!(raw_below > 10, "the uncorrected cosine was under 0.85 only {raw_below} of 40 times");
+        assert!(
+            raw_below > 10,
+            "the uncorrected cosine was under 0.85 only {raw_below} of 40 times"
+        );
     }
 
     #[test]

@@ -215,5 +215,8 @@ fn a_gpu_placed_on_a_replica_causes_only_that_replicas_symptoms() {
     // A GPU not placed (no serving_instance) keeps the old rule: the model alone.
     let mut unplaced = leak.clone();
     unplaced.labels.remove("serving_instance");
-    assert_eq!(rank_causes(&g, &on("10.0.0.2:8000"), &[unplaced], &p).len(), 1);
+    assert_eq!(
+        rank_causes(&g, &on("10.0.0.2:8000"), &[unplaced], &p).len(),
+        1
+    );
 }

@@ -126,7 +126,9 @@ pub fn window_name(s: f64) -> String {
 }
 
 /// Which pair of windows may fire: a page (fast) or a ticket (slow) alert, or either.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum BurnCondition {
     #[default]

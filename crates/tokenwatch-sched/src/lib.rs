@@ -77,7 +77,15 @@ mod sys {
         let mut attr = SchedAttr::default();
         // SAFETY: `attr` is a live, writable `sched_attr` of the size passed; the kernel writes
         // at most that many bytes into it. Thread id 0 is the calling thread.
-        let rc = unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &mut attr as *mut SchedAttr, SIZE, 0) };
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_sched_getattr,
+                0,
+                &mut attr as *mut SchedAttr,
+                SIZE,
+                0,
+            )
+        };
         if rc != 0 {
             return Err(std::io::Error::last_os_error().into());
         }
@@ -151,20 +159,30 @@ mod tests {
             let tid = rustix::thread::gettid();
             let base = rustix::process::getpriority_process(Some(tid)).unwrap();
             rustix::process::setpriority_process(Some(tid), base + 5).unwrap();
-            let nice_before = std::fs::read_to_string("/proc/thread-self/stat").ok().map(|s| field(&s, 19));
+            let nice_before = std::fs::read_to_string("/proc/thread-self/stat")
+                .ok()
+                .map(|s| field(&s, 19));
             assert_eq!(nice_before, Some((base + 5).to_string()));
             let set = set_current_thread_slice(Duration::from_micros(250));
             if kernel_has_slices() {
                 set.expect("slice set");
-                assert_eq!(current_thread_slice().unwrap(), Some(Duration::from_micros(250)));
+                assert_eq!(
+                    current_thread_slice().unwrap(),
+                    Some(Duration::from_micros(250))
+                );
                 // /proc agrees (se.slice, in ns).
                 let sched = std::fs::read_to_string("/proc/thread-self/sched").unwrap();
-                let line = sched.lines().find(|l| l.starts_with("se.slice")).expect("se.slice");
+                let line = sched
+                    .lines()
+                    .find(|l| l.starts_with("se.slice"))
+                    .expect("se.slice");
                 assert!(line.trim_end().ends_with("250000"), "{line}");
             } else {
                 assert!(matches!(set, Err(SliceError::Unsupported)), "{set:?}");
             }
-            let nice_after = std::fs::read_to_string("/proc/thread-self/stat").ok().map(|s| field(&s, 19));
+            let nice_after = std::fs::read_to_string("/proc/thread-self/stat")
+                .ok()
+                .map(|s| field(&s, 19));
             assert_eq!(nice_before, nice_after);
         })
         .join()
@@ -173,8 +191,14 @@ mod tests {
 
     #[test]
     fn slices_outside_the_kernels_range_are_refused_before_the_call() {
-        for bad in [Duration::ZERO, Duration::from_micros(99), Duration::from_millis(101)] {
-            assert!(matches!(set_current_thread_slice(bad), Err(SliceError::OutOfRange(d)) if d == bad));
+        for bad in [
+            Duration::ZERO,
+            Duration::from_micros(99),
+            Duration::from_millis(101),
+        ] {
+            assert!(
+                matches!(set_current_thread_slice(bad), Err(SliceError::OutOfRange(d)) if d == bad)
+            );
         }
     }
 

@@ -5,8 +5,9 @@
 // panics (assert) on the first difference from the behaviour the `Store` trait documents.
 
 use crate::{
-    AnnotationRow, EmbeddingRow, LogQuery, LogRow, MarkerQuery, MarkerRow, RecordOutcome, RecordQuery, RetentionReport,
-    RollupQuery, RollupRow, ScoreRow, ScrapeTargetRow, SpanQuery, SpanRow, Store, StoreOptions,
+    AnnotationRow, EmbeddingRow, LogQuery, LogRow, MarkerQuery, MarkerRow, RecordOutcome,
+    RecordQuery, RetentionReport, RollupQuery, RollupRow, ScoreRow, ScrapeTargetRow, SpanQuery,
+    SpanRow, Store, StoreOptions,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -635,7 +636,10 @@ pub fn scores(store: &dyn Store) {
             .unwrap()
             .is_empty()
     );
-    assert_eq!(store.query_scores(&["r3".to_string()], &[]).unwrap().len(), 1);
+    assert_eq!(
+        store.query_scores(&["r3".to_string()], &[]).unwrap().len(),
+        1
+    );
 }
 
 fn alert(id: &str, state: AlertState, active_at: i64, resolved_at: Option<i64>) -> Alert {
@@ -808,7 +812,11 @@ pub fn markers(store: &dyn Store) {
         vec![b.clone(), c.clone()]
     );
     assert_eq!(q(|q| q.id = Some("mk-c".into())), vec![c.clone()]);
-    assert_eq!(q(|q| q.limit = 2), vec![b.clone(), c.clone()], "the newest two");
+    assert_eq!(
+        q(|q| q.limit = 2),
+        vec![b.clone(), c.clone()],
+        "the newest two"
+    );
     assert!(q(|q| q.limit = 0).is_empty());
     store.apply_retention(NOW).unwrap();
     assert_eq!(q(|_| {}), vec![kept, a, b, c]);

@@ -5,7 +5,9 @@
 // case, TW_BENCH_BATCH [512] spans per export request. Single thread; no I/O is measured.
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, InstrumentationScope, KeyValue, any_value::Value};
+use opentelemetry_proto::tonic::common::v1::{
+    AnyValue, ArrayValue, InstrumentationScope, KeyValue, any_value::Value,
+};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span::Event};
 use prost::Message;
@@ -18,7 +20,11 @@ use tokenwatch::sources::otlp::genai::map_traces;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn kv(k: &str, v: Value) -> KeyValue {
-    KeyValue { key: k.into(), value: Some(AnyValue { value: Some(v) }), ..Default::default() }
+    KeyValue {
+        key: k.into(),
+        value: Some(AnyValue { value: Some(v) }),
+        ..Default::default()
+    }
 }
 fn s(v: &str) -> Value {
     Value::StringValue(v.into())
@@ -26,7 +32,11 @@ fn s(v: &str) -> Value {
 
 /// A GenAI client span as the OpenTelemetry GenAI instrumentations emit it.
 fn genai_span(i: u64) -> Span {
-    let model = ["llama-3.1-8b-instruct", "qwen2.5-7b-instruct", "mistral-7b-instruct"][(i % 3) as usize];
+    let model = [
+        "llama-3.1-8b-instruct",
+        "qwen2.5-7b-instruct",
+        "mistral-7b-instruct",
+    ][(i % 3) as usize];
     let start = 1_764_000_000_000_000_000 + i * 3_000_000;
     let mut trace_id = [0u8; 16];
     trace_id[..8].copy_from_slice(&(i / 4 + 1).to_be_bytes());
@@ -47,23 +57,42 @@ fn genai_span(i: u64) -> Span {
             kv("gen_ai.request.max_tokens", Value::IntValue(512)),
             kv("gen_ai.request.temperature", Value::DoubleValue(0.7)),
             kv("gen_ai.response.id", s(&format!("chatcmpl-{i:016x}"))),
-            kv("gen_ai.usage.input_tokens", Value::IntValue(300 + (i % 700) as i64)),
-            kv("gen_ai.usage.output_tokens", Value::IntValue(50 + (i % 200) as i64)),
+            kv(
+                "gen_ai.usage.input_tokens",
+                Value::IntValue(300 + (i % 700) as i64),
+            ),
+            kv(
+                "gen_ai.usage.output_tokens",
+                Value::IntValue(50 + (i % 200) as i64),
+            ),
             kv(
                 "gen_ai.response.finish_reasons",
-                Value::ArrayValue(ArrayValue { values: vec![AnyValue { value: Some(s("stop")) }] }),
+                Value::ArrayValue(ArrayValue {
+                    values: vec![AnyValue {
+                        value: Some(s("stop")),
+                    }],
+                }),
             ),
-            kv("gen_ai.response.time_to_first_chunk", Value::DoubleValue(0.08 + (i % 50) as f64 / 1000.0)),
+            kv(
+                "gen_ai.response.time_to_first_chunk",
+                Value::DoubleValue(0.08 + (i % 50) as f64 / 1000.0),
+            ),
             kv("server.address", s("vllm-0.inference.svc")),
             kv("server.port", Value::IntValue(8000)),
-            kv("tokenwatch.ab_group", s(if i.is_multiple_of(2) { "a" } else { "b" })),
+            kv(
+                "tokenwatch.ab_group",
+                s(if i.is_multiple_of(2) { "a" } else { "b" }),
+            ),
         ],
         events: vec![Event {
             time_unix_nano: start + 80_000_000,
             name: "gen_ai.content.completion".into(),
             ..Default::default()
         }],
-        status: Some(Status { code: if i.is_multiple_of(50) { 2 } else { 0 }, message: String::new() }),
+        status: Some(Status {
+            code: if i.is_multiple_of(50) { 2 } else { 0 },
+            message: String::new(),
+        }),
         ..Default::default()
     }
 }
@@ -107,34 +136,59 @@ fn measure(name: &str, secs: f64, batch: usize, mut f: impl FnMut() -> usize) ->
         batches += 1;
     }
     let rate = (batches as f64 * batch as f64) / start.elapsed().as_secs_f64();
-    println!("{name:<52} {:>10.0} spans/s  ({:.2} µs/span)", rate, 1e6 / rate);
+    println!(
+        "{name:<52} {:>10.0} spans/s  ({:.2} µs/span)",
+        rate,
+        1e6 / rate
+    );
     rate
 }
 
 fn main() {
-    let secs: f64 = std::env::var("TW_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(3.0);
-    let batch: usize = std::env::var("TW_BENCH_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
+    let secs: f64 = std::env::var("TW_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3.0);
+    let batch: usize = std::env::var("TW_BENCH_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512);
     let req = request(batch);
     let bytes = req.encode_to_vec();
     let check = map_traces(&req, true);
-    assert_eq!((check.records.len(), check.spans.len(), check.rejected), (batch, batch, 0));
+    assert_eq!(
+        (check.records.len(), check.spans.len(), check.rejected),
+        (batch, batch, 0)
+    );
     println!(
         "OTLP ingest, one thread, batches of {batch} GenAI spans ({} bytes protobuf, {:.0} B/span)",
         bytes.len(),
         bytes.len() as f64 / batch as f64
     );
     let decode = measure("decode only (baseline)", secs, batch, || {
-        ExportTraceServiceRequest::decode(&bytes[..]).map(|r| r.resource_spans.len()).unwrap_or(0)
+        ExportTraceServiceRequest::decode(&bytes[..])
+            .map(|r| r.resource_spans.len())
+            .unwrap_or(0)
     });
-    let records = measure("decode + GenAI mapping to request records", secs, batch, || {
-        let r = ExportTraceServiceRequest::decode(&bytes[..]).unwrap_or_default();
-        map_traces(&r, false).records.len()
-    });
-    let full = measure("decode + records + stored span rows (attrs JSON)", secs, batch, || {
-        let r = ExportTraceServiceRequest::decode(&bytes[..]).unwrap_or_default();
-        let b = map_traces(&r, true);
-        b.records.len() + b.spans.len()
-    });
+    let records = measure(
+        "decode + GenAI mapping to request records",
+        secs,
+        batch,
+        || {
+            let r = ExportTraceServiceRequest::decode(&bytes[..]).unwrap_or_default();
+            map_traces(&r, false).records.len()
+        },
+    );
+    let full = measure(
+        "decode + records + stored span rows (attrs JSON)",
+        secs,
+        batch,
+        || {
+            let r = ExportTraceServiceRequest::decode(&bytes[..]).unwrap_or_default();
+            let b = map_traces(&r, true);
+            b.records.len() + b.spans.len()
+        },
+    );
     println!(
         "GenAI processing / decode-only throughput: records {:.2}, records+rows {:.2}",
         records / decode,

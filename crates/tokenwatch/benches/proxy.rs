@@ -95,7 +95,10 @@ struct Settings {
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     match std::env::var(name) {
-        Ok(v) => v.trim().parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
         Err(_) => default,
     }
 }
@@ -106,25 +109,41 @@ impl Settings {
             .unwrap_or_else(|_| "500,2000".into())
             .split(',')
             .filter(|r| !r.trim().is_empty())
-            .map(|r| r.trim().parse::<u32>().unwrap_or_else(|_| panic!("TW_BENCH_RATES: {r:?} is not a number")))
+            .map(|r| {
+                r.trim()
+                    .parse::<u32>()
+                    .unwrap_or_else(|_| panic!("TW_BENCH_RATES: {r:?} is not a number"))
+            })
             .collect();
-        let out = std::env::var_os("TW_BENCH_OUT").map(Into::into).unwrap_or_else(|| {
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-            target.join("bench-proxy.md")
-        });
+        let out = std::env::var_os("TW_BENCH_OUT")
+            .map(Into::into)
+            .unwrap_or_else(|| {
+                let target = std::env::var_os("CARGO_TARGET_DIR")
+                    .map(std::path::PathBuf::from)
+                    .unwrap_or_else(|| {
+                        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target")
+                    });
+                target.join("bench-proxy.md")
+            });
         let concurrency = std::env::var("TW_BENCH_CONCURRENCY")
             .unwrap_or_else(|_| "50,200,1000".into())
             .split(',')
             .filter(|c| !c.trim().is_empty())
-            .map(|c| c.trim().parse::<usize>().unwrap_or_else(|_| panic!("TW_BENCH_CONCURRENCY: {c:?} is not a number")))
+            .map(|c| {
+                c.trim()
+                    .parse::<usize>()
+                    .unwrap_or_else(|_| panic!("TW_BENCH_CONCURRENCY: {c:?} is not a number"))
+            })
             .collect();
         Settings {
             rates,
             concurrency,
-            closed_first: Duration::from_micros((env_or("TW_BENCH_CLOSED_FIRST_MS", 20.0) * 1000.0) as u64),
-            closed_gap: Duration::from_micros((env_or("TW_BENCH_CLOSED_GAP_MS", 20.0) * 1000.0) as u64),
+            closed_first: Duration::from_micros(
+                (env_or("TW_BENCH_CLOSED_FIRST_MS", 20.0) * 1000.0) as u64,
+            ),
+            closed_gap: Duration::from_micros(
+                (env_or("TW_BENCH_CLOSED_GAP_MS", 20.0) * 1000.0) as u64,
+            ),
             ui_poll: env_or("TW_BENCH_UI_POLL", 1u8) != 0,
             secs: env_or("TW_BENCH_SECS", 10.0),
             warmup_secs: env_or("TW_BENCH_WARMUP_SECS", 1.0),
@@ -135,10 +154,17 @@ impl Settings {
             max_inflight: env_or("TW_BENCH_MAX_INFLIGHT", 2000),
             client_threads: env_or("TW_BENCH_CLIENT_THREADS", 2),
             upstream_threads: env_or("TW_BENCH_UPSTREAM_THREADS", 2),
-            pin: std::env::var("TW_BENCH_PIN").ok().filter(|p| !p.trim().is_empty()).map(|p| match p.split_once(':') {
-                Some((bench, tw)) if !bench.is_empty() && !tw.is_empty() => (bench.trim().to_string(), tw.trim().to_string()),
-                _ => panic!("TW_BENCH_PIN={p:?}: expected bench_cpus:tokenwatch_cpus, e.g. 0:1"),
-            }),
+            pin: std::env::var("TW_BENCH_PIN")
+                .ok()
+                .filter(|p| !p.trim().is_empty())
+                .map(|p| match p.split_once(':') {
+                    Some((bench, tw)) if !bench.is_empty() && !tw.is_empty() => {
+                        (bench.trim().to_string(), tw.trim().to_string())
+                    }
+                    _ => {
+                        panic!("TW_BENCH_PIN={p:?}: expected bench_cpus:tokenwatch_cpus, e.g. 0:1")
+                    }
+                }),
             reference: reference::wanted(),
             out,
         }
@@ -163,7 +189,10 @@ fn runtime(threads: usize, name: &str) -> tokio::runtime::Runtime {
         b.worker_threads(threads);
         b
     };
-    b.enable_all().thread_name(name).build().expect("tokio runtime")
+    b.enable_all()
+        .thread_name(name)
+        .build()
+        .expect("tokio runtime")
 }
 
 // ---------------------------------------------------------------- upstream
@@ -194,17 +223,28 @@ impl SseBody {
 
     fn event(&self, n: usize) -> Bytes {
         let (id, created) = (self.id, self.created);
-        let head = format!(r#"data: {{"id":"chatcmpl-{id:016x}","object":"chat.completion.chunk","created":{created},"model":"{MODEL}","#);
+        let head = format!(
+            r#"data: {{"id":"chatcmpl-{id:016x}","object":"chat.completion.chunk","created":{created},"model":"{MODEL}","#
+        );
         let s = if n == 0 {
-            format!(r#"{head}"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}"#)
+            format!(
+                r#"{head}"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}"#
+            )
         } else if n <= self.k {
             let stamp = now_ns();
-            format!(r#"{head}"choices":[{{"index":0,"delta":{{"content":"{stamp}"}},"logprobs":null,"finish_reason":null}}]}}"#)
+            format!(
+                r#"{head}"choices":[{{"index":0,"delta":{{"content":"{stamp}"}},"logprobs":null,"finish_reason":null}}]}}"#
+            )
         } else if n == self.k + 1 {
-            format!(r#"{head}"choices":[{{"index":0,"delta":{{"content":""}},"logprobs":null,"finish_reason":"length","stop_reason":null}}]}}"#)
+            format!(
+                r#"{head}"choices":[{{"index":0,"delta":{{"content":""}},"logprobs":null,"finish_reason":"length","stop_reason":null}}]}}"#
+            )
         } else if n == self.k + 2 {
             let k = self.k;
-            format!(r#"{head}"choices":[],"usage":{{"prompt_tokens":12,"total_tokens":{},"completion_tokens":{k}}}}}"#, k + 12)
+            format!(
+                r#"{head}"choices":[],"usage":{{"prompt_tokens":12,"total_tokens":{},"completion_tokens":{k}}}}}"#,
+                k + 12
+            )
         } else {
             "data: [DONE]".to_string()
         };
@@ -218,7 +258,10 @@ impl Body for SseBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
         if this.next > this.k + 3 {
             return Poll::Ready(None);
@@ -253,16 +296,33 @@ struct UpstreamCfg {
 
 type UpBody = Either<SseBody, Full<Bytes>>;
 
-async fn upstream_handle(req: Request<Incoming>, cfg: Arc<UpstreamCfg>, seq: Arc<AtomicUsize>) -> Result<Response<UpBody>, Infallible> {
+async fn upstream_handle(
+    req: Request<Incoming>,
+    cfg: Arc<UpstreamCfg>,
+    seq: Arc<AtomicUsize>,
+) -> Result<Response<UpBody>, Infallible> {
     let ok_path = req.method() == http::Method::POST && req.uri().path() == "/v1/chat/completions";
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    let hold = header(HOLD_HEADER).map(Duration::from_millis).unwrap_or_default();
-    let first = header(FIRST_HEADER).map(Duration::from_micros).unwrap_or(cfg.first);
-    let gap = header(GAP_HEADER).map(Duration::from_micros).unwrap_or(cfg.gap);
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let hold = header(HOLD_HEADER)
+        .map(Duration::from_millis)
+        .unwrap_or_default();
+    let first = header(FIRST_HEADER)
+        .map(Duration::from_micros)
+        .unwrap_or(cfg.first);
+    let gap = header(GAP_HEADER)
+        .map(Duration::from_micros)
+        .unwrap_or(cfg.gap);
     // Read the request body so the connection stays reusable.
     let _ = req.into_body().collect().await;
     if !ok_path {
-        let mut r = Response::new(Either::Right(Full::new(Bytes::from_static(b"{\"error\":\"not found\"}"))));
+        let mut r = Response::new(Either::Right(Full::new(Bytes::from_static(
+            b"{\"error\":\"not found\"}",
+        ))));
         *r.status_mut() = StatusCode::NOT_FOUND;
         return Ok(r);
     }
@@ -279,20 +339,30 @@ async fn upstream_handle(req: Request<Incoming>, cfg: Arc<UpstreamCfg>, seq: Arc
         sleep: Box::pin(tokio::time::sleep_until(t0 + first)),
     };
     let mut r = Response::new(Either::Left(body));
-    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/event-stream; charset=utf-8"));
-    r.headers_mut().insert(http::header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache"));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    r.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache"),
+    );
     Ok(r)
 }
 
 async fn upstream_serve(listener: tokio::net::TcpListener, cfg: Arc<UpstreamCfg>) {
     let seq = Arc::new(AtomicUsize::new(0));
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let (cfg, seq) = (cfg.clone(), seq.clone());
         tokio::spawn(async move {
             let svc = service_fn(move |req| upstream_handle(req, cfg.clone(), seq.clone()));
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
         });
     }
 }
@@ -302,14 +372,19 @@ fn start_upstream(s: &Settings) -> SocketAddr {
     let std_listener = StdListener::bind("127.0.0.1:0").expect("bind upstream");
     std_listener.set_nonblocking(true).unwrap();
     let addr = std_listener.local_addr().unwrap();
-    let cfg = Arc::new(UpstreamCfg { k: s.chunks, first: s.first, gap: s.gap });
+    let cfg = Arc::new(UpstreamCfg {
+        k: s.chunks,
+        first: s.first,
+        gap: s.gap,
+    });
     let threads = s.upstream_threads;
     std::thread::Builder::new()
         .name("bench-upstream".into())
         .spawn(move || {
             let rt = runtime(threads, "bench-upstream");
             rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(std_listener).expect("upstream listener");
+                let listener =
+                    tokio::net::TcpListener::from_std(std_listener).expect("upstream listener");
                 upstream_serve(listener, cfg).await;
             });
         })
@@ -349,7 +424,11 @@ fn free_addr() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
-fn start_tokenwatch(upstream: SocketAddr, data_dir: &std::path::Path, pin: Option<&str>) -> (ChildGuard, SocketAddr, SocketAddr) {
+fn start_tokenwatch(
+    upstream: SocketAddr,
+    data_dir: &std::path::Path,
+    pin: Option<&str>,
+) -> (ChildGuard, SocketAddr, SocketAddr) {
     let api = free_addr();
     let proxy = free_addr();
     let log = data_dir.join("tokenwatch.log");
@@ -374,7 +453,11 @@ fn start_tokenwatch(upstream: SocketAddr, data_dir: &std::path::Path, pin: Optio
             "--data-dir",
         ])
         .arg(data_dir.join("data"))
-        .args(std::env::var_os("TW_BENCH_CONFIG").map(|c| vec!["--config".into(), c]).unwrap_or_default())
+        .args(
+            std::env::var_os("TW_BENCH_CONFIG")
+                .map(|c| vec!["--config".into(), c])
+                .unwrap_or_default(),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
@@ -417,7 +500,8 @@ fn pin_this_process(cpus: &str) {
     for cpu in cpu_list(cpus) {
         set.set(cpu);
     }
-    rustix::thread::sched_setaffinity(None, &set).unwrap_or_else(|e| panic!("TW_BENCH_PIN: pinning the bench to {cpus}: {e}"));
+    rustix::thread::sched_setaffinity(None, &set)
+        .unwrap_or_else(|e| panic!("TW_BENCH_PIN: pinning the bench to {cpus}: {e}"));
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -439,7 +523,14 @@ fn rss_kib(pid: u32) -> u64 {
 /// those of its live children (nginx's workers; tokenwatch has none). `self`, the bench, counts
 /// alone: its children are the proxies under test.
 fn cpu_ticks(pid: &str) -> u64 {
-    let children: u64 = if pid == "self" { 0 } else { child_pids(pid).iter().map(|c| own_cpu_ticks(&c.to_string())).sum() };
+    let children: u64 = if pid == "self" {
+        0
+    } else {
+        child_pids(pid)
+            .iter()
+            .map(|c| own_cpu_ticks(&c.to_string()))
+            .sum()
+    };
     own_cpu_ticks(pid) + children
 }
 
@@ -454,12 +545,16 @@ fn own_cpu_ticks(pid: &str) -> u64 {
 
 /// The live processes whose parent is `pid`, from `/proc/<pid>/stat` (field 4, ppid).
 fn child_pids(pid: &str) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|child| {
             let text = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
-            text.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)) == Some(pid)
+            text.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                == Some(pid)
         })
         .collect()
 }
@@ -469,13 +564,19 @@ const TICKS_PER_S: f64 = 100.0;
 static FIRST_CONNECT_ERROR: OnceLock<String> = OnceLock::new();
 
 fn load_avg() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn open_files_limit() -> String {
     std::fs::read_to_string("/proc/self/limits")
         .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("Max open files")).map(|l| l.split_whitespace().nth(3).unwrap_or("?").to_string()))
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .map(|l| l.split_whitespace().nth(3).unwrap_or("?").to_string())
+        })
         .unwrap_or_else(|| "?".into())
 }
 
@@ -486,14 +587,27 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 fn client() -> HttpClient {
     let mut c = HttpConnector::new();
     c.set_nodelay(true);
-    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(300)).pool_max_idle_per_host(2048).build(c)
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(300))
+        .pool_max_idle_per_host(2048)
+        .build(c)
 }
 
 async fn get_text(c: &HttpClient, url: &str) -> Result<(u16, String), String> {
-    let req = Request::get(url).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
-    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req)).await.map_err(|_| "timeout".to_string())?.map_err(|e| e.to_string())?;
+    let req = Request::get(url)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .map_err(|_| "timeout".to_string())?
+        .map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
@@ -512,7 +626,12 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// One streaming request; light SSE parsing: events split on a blank line, content read from
 /// `"content":"<stamp>"`.
-async fn one_stream(c: &HttpClient, uri: &Uri, hold_ms: Option<u64>, opened: Option<&AtomicUsize>) -> Result<StreamSample, &'static str> {
+async fn one_stream(
+    c: &HttpClient,
+    uri: &Uri,
+    hold_ms: Option<u64>,
+    opened: Option<&AtomicUsize>,
+) -> Result<StreamSample, &'static str> {
     let mut b = Request::post(uri.clone()).header(http::header::CONTENT_TYPE, "application/json");
     if let Some(ms) = hold_ms {
         b = b.header(HOLD_HEADER, ms.to_string());
@@ -523,7 +642,9 @@ async fn one_stream(c: &HttpClient, uri: &Uri, hold_ms: Option<u64>, opened: Opt
             b = b.header(name, us.to_string());
         }
     }
-    let req = b.body(Full::new(Bytes::from_static(REQUEST_BODY.as_bytes()))).map_err(|_| "build")?;
+    let req = b
+        .body(Full::new(Bytes::from_static(REQUEST_BODY.as_bytes())))
+        .map_err(|_| "build")?;
     let t0 = Instant::now();
     let resp = match tokio::time::timeout(Duration::from_secs(30), c.request(req)).await {
         Err(_) => return Err("timeout (headers)"),
@@ -535,10 +656,18 @@ async fn one_stream(c: &HttpClient, uri: &Uri, hold_ms: Option<u64>, opened: Opt
         Ok(Ok(r)) => r,
     };
     if resp.status() != StatusCode::OK {
-        return Err(if resp.status().is_server_error() { "status 5xx" } else { "status other" });
+        return Err(if resp.status().is_server_error() {
+            "status 5xx"
+        } else {
+            "status other"
+        });
     }
     let mut body = resp.into_body();
-    let mut s = StreamSample { gaps_ns: Vec::with_capacity(64), delivery_ns: Vec::with_capacity(64), ..Default::default() };
+    let mut s = StreamSample {
+        gaps_ns: Vec::with_capacity(64),
+        delivery_ns: Vec::with_capacity(64),
+        ..Default::default()
+    };
     let mut buf: Vec<u8> = Vec::with_capacity(1024);
     let mut last: Option<Instant> = None;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -551,7 +680,9 @@ async fn one_stream(c: &HttpClient, uri: &Uri, hold_ms: Option<u64>, opened: Opt
         };
         let at = Instant::now();
         let at_ns = at.duration_since(epoch()).as_nanos() as u64;
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         buf.extend_from_slice(&data);
         let mut start = 0;
         while let Some(end) = find(&buf[start..], b"\n\n") {
@@ -561,12 +692,17 @@ async fn one_stream(c: &HttpClient, uri: &Uri, hold_ms: Option<u64>, opened: Opt
                 s.done = true;
                 continue;
             }
-            let Some(i) = find(ev, b"\"content\":\"") else { continue };
+            let Some(i) = find(ev, b"\"content\":\"") else {
+                continue;
+            };
             let rest = &ev[i + 11..];
             if rest.first() == Some(&b'"') {
                 continue; // empty content: role-only or finish chunk
             }
-            let digits = rest.iter().take_while(|b| b.is_ascii_digit()).fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            let digits = rest
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
             s.content += 1;
             match last {
                 None => {
@@ -668,17 +804,29 @@ async fn load(c: &HttpClient, uri: Uri, s: &Settings, rate: u32, tw_pid: Option<
         let measured = i >= warm_n;
         if i == warm_n {
             measured_start = Some(Instant::now());
-            cpu0 = (tw_pid.map(|p| cpu_ticks(&p.to_string())).unwrap_or(0), cpu_ticks("self"));
+            cpu0 = (
+                tw_pid.map(|p| cpu_ticks(&p.to_string())).unwrap_or(0),
+                cpu_ticks("self"),
+            );
             if let Some(pid) = tw_pid {
                 sampler = Some(spawn_mem_sampler(pid, inflight.clone(), stop.clone()));
             }
         }
         if measured {
-            lags.push(tokio::time::Instant::now().saturating_duration_since(due).as_nanos() as u64);
+            lags.push(
+                tokio::time::Instant::now()
+                    .saturating_duration_since(due)
+                    .as_nanos() as u64,
+            );
         }
         if inflight.load(Ordering::Relaxed) >= s.max_inflight {
             if measured {
-                *stats.lock().unwrap().errors.entry("skipped: client at max in-flight").or_default() += 1;
+                *stats
+                    .lock()
+                    .unwrap()
+                    .errors
+                    .entry("skipped: client at max in-flight")
+                    .or_default() += 1;
             }
             continue;
         }
@@ -696,7 +844,10 @@ async fn load(c: &HttpClient, uri: Uri, s: &Settings, rate: u32, tw_pid: Option<
     }
     let issue_end = Instant::now();
     stop.store(true, Ordering::Relaxed);
-    let cpu1_at_issue_end = (tw_pid.map(|p| cpu_ticks(&p.to_string())).unwrap_or(0), cpu_ticks("self"));
+    let cpu1_at_issue_end = (
+        tw_pid.map(|p| cpu_ticks(&p.to_string())).unwrap_or(0),
+        cpu_ticks("self"),
+    );
     let mem = match sampler {
         Some(h) => h.await.ok(),
         None => None,
@@ -708,7 +859,11 @@ async fn load(c: &HttpClient, uri: Uri, s: &Settings, rate: u32, tw_pid: Option<
     let issue_window_s = issue_end.duration_since(measured_start).as_secs_f64();
     let cpu_tw_s = tw_pid.map(|_| cpu1_at_issue_end.0.saturating_sub(cpu0.0) as f64 / TICKS_PER_S);
     let cpu_self_s = cpu1_at_issue_end.1.saturating_sub(cpu0.1) as f64 / TICKS_PER_S;
-    let mut stats = Arc::try_unwrap(stats).ok().expect("all tasks joined").into_inner().unwrap();
+    let mut stats = Arc::try_unwrap(stats)
+        .ok()
+        .expect("all tasks joined")
+        .into_inner()
+        .unwrap();
     stats.sort();
     lags.sort_unstable();
     RunResult {
@@ -725,7 +880,11 @@ async fn load(c: &HttpClient, uri: Uri, s: &Settings, rate: u32, tw_pid: Option<
 }
 
 /// Sample tokenwatch's RSS every 100 ms until `stop`: (before, max, open streams at max, mean open).
-fn spawn_mem_sampler(pid: u32, inflight: Arc<AtomicUsize>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(u64, u64, usize, f64)> {
+fn spawn_mem_sampler(
+    pid: u32,
+    inflight: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(u64, u64, usize, f64)> {
     let before = rss_kib(pid);
     tokio::spawn(async move {
         let (mut max_rss, mut open_at_max, mut sum_open, mut n) = (before, 0usize, 0f64, 0u32);
@@ -753,7 +912,11 @@ async fn hold_phase(c: &HttpClient, uri: &Uri, n: usize, pid: u32) -> (u64, u64,
     let mut handles = Vec::with_capacity(n);
     for i in 0..n {
         let (c, uri, opened) = (c.clone(), uri.clone(), opened.clone());
-        handles.push(tokio::spawn(async move { one_stream(&c, &uri, Some(hold_ms), Some(&opened)).await.is_ok() }));
+        handles.push(tokio::spawn(async move {
+            one_stream(&c, &uri, Some(hold_ms), Some(&opened))
+                .await
+                .is_ok()
+        }));
         if i % 50 == 49 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -793,15 +956,27 @@ async fn kept_bytes(c: &HttpClient, api: SocketAddr) -> Option<f64> {
 // ---------------------------------------------------------------- report
 
 fn ms(v: f64) -> String {
-    if v.is_nan() { "n/a".into() } else { format!("{v:.3}") }
+    if v.is_nan() {
+        "n/a".into()
+    } else {
+        format!("{v:.3}")
+    }
 }
 
 fn signed_ms(v: f64) -> String {
-    if v.is_nan() { "n/a".into() } else { format!("{v:+.3}") }
+    if v.is_nan() {
+        "n/a".into()
+    } else {
+        format!("{v:+.3}")
+    }
 }
 
 fn ratio(a: f64, b: f64) -> String {
-    if a.is_nan() || b.is_nan() || b == 0.0 { "n/a".into() } else { format!("{:.3}", a / b) }
+    if a.is_nan() || b.is_nan() || b == 0.0 {
+        "n/a".into()
+    } else {
+        format!("{:.3}", a / b)
+    }
 }
 
 fn errors_text(st: &Stats) -> String {
@@ -809,7 +984,11 @@ fn errors_text(st: &Stats) -> String {
     if st.short_streams > 0 {
         parts.push(format!("short streams: {}", st.short_streams));
     }
-    if parts.is_empty() { "0".into() } else { parts.join(", ") }
+    if parts.is_empty() {
+        "0".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 fn achieved(r: &RunResult) -> f64 {
@@ -830,7 +1009,10 @@ fn quantile_ms(r: &RunResult, row: &str, q: f64) -> f64 {
 
 fn compare_table(out: &mut String, d: &RunResult, p: &RunResult) {
     let _ = writeln!(out, "### {}\n", d.label);
-    let _ = writeln!(out, "| metric | direct | proxied | added (proxied − direct) | ratio proxied/direct | spec target (added) |");
+    let _ = writeln!(
+        out,
+        "| metric | direct | proxied | added (proxied − direct) | ratio proxied/direct | spec target (added) |"
+    );
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---|");
     let rows: [(&str, f64, &str); 9] = [
         ("TTFT p50 (ms)", 0.50, ""),
@@ -840,19 +1022,53 @@ fn compare_table(out: &mut String, d: &RunResult, p: &RunResult) {
         ("inter-chunk gap p99 (ms)", 0.99, "≤ 0.100 ms"),
         ("inter-chunk gap p99.9 (ms)", 0.999, ""),
         ("chunk delivery upstream→client p50 (ms)", 0.50, ""),
-        ("chunk delivery upstream→client p99 (ms)", 0.99, "≤ 0.100 ms (issue 10: ≤ 0.3 ms)"),
+        (
+            "chunk delivery upstream→client p99 (ms)",
+            0.99,
+            "≤ 0.100 ms (issue 10: ≤ 0.3 ms)",
+        ),
         ("chunk delivery upstream→client p99.9 (ms)", 0.999, ""),
     ];
     for (name, q, target) in rows {
         let (a, b) = (quantile_ms(d, name, q), quantile_ms(p, name, q));
-        let _ = writeln!(out, "| {name} | {} | {} | {} | {} | {target} |", ms(a), ms(b), signed_ms(b - a), ratio(b, a));
+        let _ = writeln!(
+            out,
+            "| {name} | {} | {} | {} | {} | {target} |",
+            ms(a),
+            ms(b),
+            signed_ms(b - a),
+            ratio(b, a)
+        );
     }
     let (ad, ap) = (achieved(d), achieved(p));
-    let _ = writeln!(out, "| achieved ok streams/s | {ad:.0} | {ap:.0} | | {} | ≥ 0.99× direct |", ratio(ap, ad));
-    let _ = writeln!(out, "| streams ok / scheduled | {} / {} | {} / {} | | | |", d.stats.ok, d.issued, p.stats.ok, p.issued);
-    let _ = writeln!(out, "| errors | {} | {} | | | |", errors_text(&d.stats), errors_text(&p.stats));
-    let _ = writeln!(out, "| content chunks timed | {} | {} | | | |", d.stats.delivery.len(), p.stats.delivery.len());
-    let _ = writeln!(out, "| client send lag behind schedule p99 (ms) | {} | {} | | | |", ms(d.lag_p99_ms), ms(p.lag_p99_ms));
+    let _ = writeln!(
+        out,
+        "| achieved ok streams/s | {ad:.0} | {ap:.0} | | {} | ≥ 0.99× direct |",
+        ratio(ap, ad)
+    );
+    let _ = writeln!(
+        out,
+        "| streams ok / scheduled | {} / {} | {} / {} | | | |",
+        d.stats.ok, d.issued, p.stats.ok, p.issued
+    );
+    let _ = writeln!(
+        out,
+        "| errors | {} | {} | | | |",
+        errors_text(&d.stats),
+        errors_text(&p.stats)
+    );
+    let _ = writeln!(
+        out,
+        "| content chunks timed | {} | {} | | | |",
+        d.stats.delivery.len(),
+        p.stats.delivery.len()
+    );
+    let _ = writeln!(
+        out,
+        "| client send lag behind schedule p99 (ms) | {} | {} | | | |",
+        ms(d.lag_p99_ms),
+        ms(p.lag_p99_ms)
+    );
     let _ = writeln!(
         out,
         "| CPU: this process (client + upstream), cores | {:.2} | {:.2} | | | |",
@@ -869,28 +1085,56 @@ fn compare_table(out: &mut String, d: &RunResult, p: &RunResult) {
     }
     if let Some((before, max, open_at_max, mean_open)) = p.mem {
         // An upper bound: RSS also grows with the pipeline, the store and the sketches.
-        let per = if mean_open >= 1.0 { (max.saturating_sub(before)) as f64 / mean_open } else { f64::NAN };
+        let per = if mean_open >= 1.0 {
+            (max.saturating_sub(before)) as f64 / mean_open
+        } else {
+            f64::NAN
+        };
         let _ = writeln!(
             out,
             "| tokenwatch RSS before → max during load (KiB); open streams at max, mean | — | {before} → {max}; {open_at_max}, {mean_open:.1} | | | |"
         );
-        let _ = writeln!(out, "| RSS growth during load ÷ mean open streams (KiB, upper bound) | — | {} | | | ≤ 16 KiB |", if per.is_nan() { "n/a".into() } else { format!("{per:.1}") });
+        let _ = writeln!(
+            out,
+            "| RSS growth during load ÷ mean open streams (KiB, upper bound) | — | {} | | | ≤ 16 KiB |",
+            if per.is_nan() {
+                "n/a".into()
+            } else {
+                format!("{per:.1}")
+            }
+        );
     }
     if let Some(kept) = p.kept_bytes {
-        let _ = writeln!(out, "| alert engine's kept records and window samples after the run (MiB, `tokenwatch_alerting_kept_bytes`) | — | {:.1} | | | |", kept / 1048576.0);
+        let _ = writeln!(
+            out,
+            "| alert engine's kept records and window samples after the run (MiB, `tokenwatch_alerting_kept_bytes`) | — | {:.1} | | | |",
+            kept / 1048576.0
+        );
     }
     let _ = writeln!(out);
 }
 
 fn machine() -> String {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, m)| m.trim().to_string()))
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|t| t.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()))
+        .and_then(|t| {
+            t.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
         .map(|kib| format!("{:.1} GiB RAM", kib as f64 / 1048576.0))
         .unwrap_or_default();
     format!("{cpus} CPUs available ({model}), {mem}, no GPU used")
@@ -909,9 +1153,15 @@ fn main() {
     eprintln!("proxy bench: {s:?}");
     let upstream = start_upstream(&s);
     // Started first, so a missing nginx fails the bench before anything else runs.
-    let reference = s.reference.then(|| reference::Nginx::start(upstream, s.pin.as_ref().map(|(_, tw)| tw.as_str())));
+    let reference = s
+        .reference
+        .then(|| reference::Nginx::start(upstream, s.pin.as_ref().map(|(_, tw)| tw.as_str())));
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tw, api, proxy) = start_tokenwatch(upstream, dir.path(), s.pin.as_ref().map(|(_, tw)| tw.as_str()));
+    let (tw, api, proxy) = start_tokenwatch(
+        upstream,
+        dir.path(),
+        s.pin.as_ref().map(|(_, tw)| tw.as_str()),
+    );
     let pid = tw.pid();
     let rt = runtime(s.client_threads, "bench-client");
     let report = rt.block_on(async {

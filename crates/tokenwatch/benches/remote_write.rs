@@ -42,7 +42,10 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     match std::env::var(name) {
-        Ok(v) => v.trim().parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
         Err(_) => default,
     }
 }
@@ -50,12 +53,19 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// Seconds this thread has been on a CPU: `/proc/thread-self/schedstat` (ns), else `stat` (1/100 s ticks).
 fn thread_cpu_s() -> f64 {
     let schedstat = std::fs::read_to_string("/proc/thread-self/schedstat").ok();
-    if let Some(ns) = schedstat.as_deref().and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok()) {
+    if let Some(ns) = schedstat
+        .as_deref()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+    {
         return ns as f64 / 1e9;
     }
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("/proc/thread-self/stat (Linux only)");
+    let stat = std::fs::read_to_string("/proc/thread-self/stat")
+        .expect("/proc/thread-self/stat (Linux only)");
     let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<u64> = after.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
     (f[11] + f[12]) as f64 / 100.0
 }
 
@@ -91,11 +101,20 @@ fn unit(seed: u64) -> f64 {
 fn records_of(k: usize) -> Vec<RequestRecord> {
     let m = k / INSTANCES_PER_MODEL;
     let (base, runtime) = MODELS[m % MODELS.len()];
-    let model_id = if m < MODELS.len() { base.to_string() } else { format!("{base}-ft{}", m / MODELS.len()) };
+    let model_id = if m < MODELS.len() {
+        base.to_string()
+    } else {
+        format!("{base}-ft{}", m / MODELS.len())
+    };
     let labels = SeriesLabels {
         model_id,
         runtime: runtime.into(),
-        instance: format!("10.{}.{}.{}:8000", 16 + m / 250, m % 250, k % INSTANCES_PER_MODEL + 10),
+        instance: format!(
+            "10.{}.{}.{}:8000",
+            16 + m / 250,
+            m % 250,
+            k % INSTANCES_PER_MODEL + 10
+        ),
         tenant: format!("tenant-{}", k % 7),
         ..Default::default()
     };
@@ -144,22 +163,32 @@ fn filled(pairs: usize) -> Arc<Metrics> {
 }
 
 fn series_count(metrics: &Metrics) -> usize {
-    series_from_exposition(&metrics.encode(), 0, &[]).expect("tokenwatch's own /metrics parses").len()
+    series_from_exposition(&metrics.encode(), 0, &[])
+        .expect("tokenwatch's own /metrics parses")
+        .len()
 }
 
 /// A registry with about `target` series: as many (model, instance) pairs as that takes.
 fn registry_for(target: usize) -> (Arc<Metrics>, usize) {
     let base = series_count(&Metrics::new());
     let per_period = series_count(&filled(PERIOD)) - base;
-    let pairs = (target.saturating_sub(base) * PERIOD).div_ceil(per_period).max(1);
+    let pairs = (target.saturating_sub(base) * PERIOD)
+        .div_ceil(per_period)
+        .max(1);
     (filled(pairs), pairs)
 }
 
 /// The external labels `start` adds for `external_labels: {instance: tw-bench-1}` (plus the default job).
 fn external_labels() -> Vec<Label> {
     let mut l = vec![
-        Label { name: "instance".into(), value: "tw-bench-1".into() },
-        Label { name: "job".into(), value: "tokenwatch".into() },
+        Label {
+            name: "instance".into(),
+            value: "tw-bench-1".into(),
+        },
+        Label {
+            name: "job".into(),
+            value: "tokenwatch".into(),
+        },
     ];
     sort_labels(&mut l);
     l
@@ -184,7 +213,8 @@ fn remote_write_snapshot(
     let t0 = Instant::now();
     let text = metrics.encode();
     let t1 = Instant::now();
-    let series = series_from_exposition(&text, 1_764_000_000_000, external).expect("/metrics parses");
+    let series =
+        series_from_exposition(&text, 1_764_000_000_000, external).expect("/metrics parses");
     let t2 = Instant::now();
     let requests = split(series, 1, max_samples);
     let t3 = Instant::now();
@@ -238,12 +268,15 @@ fn micro(metrics: &Metrics, pairs: usize, secs: f64, rounds: usize, max_samples:
     let text_bytes = metrics.encode().len();
     let mut stages = [Duration::ZERO; 4];
     let snap = remote_write_snapshot(metrics, &external, max_samples, &mut stages);
-    let raw_bytes =
-        split(series_from_exposition(&metrics.encode(), 1_764_000_000_000, &external).expect("parses"), 1, max_samples)
-            .iter()
-            .flatten()
-            .map(WriteRequest::encoded_len)
-            .sum();
+    let raw_bytes = split(
+        series_from_exposition(&metrics.encode(), 1_764_000_000_000, &external).expect("parses"),
+        1,
+        max_samples,
+    )
+    .iter()
+    .flatten()
+    .map(WriteRequest::encoded_len)
+    .sum();
     let snap = Snapshot { raw_bytes, ..snap };
     let (mut enc, mut full) = (Vec::new(), Vec::new());
     stages = [Duration::ZERO; 4];
@@ -256,7 +289,12 @@ fn micro(metrics: &Metrics, pairs: usize, secs: f64, rounds: usize, max_samples:
         );
         full.push(
             cpu_per_snapshot(secs, || {
-                black_box(remote_write_snapshot(metrics, &external, max_samples, &mut stages));
+                black_box(remote_write_snapshot(
+                    metrics,
+                    &external,
+                    max_samples,
+                    &mut stages,
+                ));
             })
             .0,
         );
@@ -284,17 +322,32 @@ struct Received {
     snapshots: Mutex<BTreeSet<i64>>,
 }
 
-async fn receive(req: http::Request<Incoming>, got: Arc<Received>) -> Result<http::Response<Full<Bytes>>, Infallible> {
-    let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+async fn receive(
+    req: http::Request<Incoming>,
+    got: Arc<Received>,
+) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
     got.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
-    let decoded =
-        snap::raw::Decoder::new().decompress_vec(&body).ok().and_then(|raw| WriteRequest::decode(raw.as_slice()).ok());
+    let decoded = snap::raw::Decoder::new()
+        .decompress_vec(&body)
+        .ok()
+        .and_then(|raw| WriteRequest::decode(raw.as_slice()).ok());
     let status = match decoded {
         Some(w) => {
             got.requests.fetch_add(1, Ordering::Relaxed);
-            got.samples.fetch_add(w.sample_count() as u64, Ordering::Relaxed);
+            got.samples
+                .fetch_add(w.sample_count() as u64, Ordering::Relaxed);
             let mut snaps = got.snapshots.lock().unwrap_or_else(|p| p.into_inner());
-            snaps.extend(w.timeseries.iter().flat_map(|t| t.samples.iter().map(|s| s.timestamp)));
+            snaps.extend(
+                w.timeseries
+                    .iter()
+                    .flat_map(|t| t.samples.iter().map(|s| s.timestamp)),
+            );
             http::StatusCode::NO_CONTENT
         }
         None => {
@@ -317,7 +370,10 @@ fn start_receiver(
     std_listener.set_nonblocking(true).expect("nonblocking");
     let addr = std_listener.local_addr().expect("receiver address");
     let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("receiver runtime");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("receiver runtime");
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(std_listener).expect("tokio listener");
             loop {
@@ -328,8 +384,9 @@ fn start_receiver(
                 let got = got.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| receive(req, got.clone()));
-                    let _ =
-                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
                 });
             }
         });
@@ -354,10 +411,14 @@ fn send(metrics: Arc<Metrics>, secs: f64, interval: Duration, max_samples: usize
     let (url, receiver) = start_receiver(got.clone(), recv_stop);
     let mut cfg = RemoteWriteConfig::new(url);
     cfg.interval = HumanDuration(interval);
-    cfg.external_labels.insert("instance".into(), "tw-bench-1".into());
+    cfg.external_labels
+        .insert("instance".into(), "tw-bench-1".into());
     cfg.queue.max_samples_per_send = max_samples;
     let sender = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("sender runtime");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("sender runtime");
         rt.block_on(async move {
             let (stop_tx, stop) = tokio::sync::watch::channel(false);
             let (cpu0, start) = (thread_cpu_s(), Instant::now());
@@ -373,7 +434,11 @@ fn send(metrics: Arc<Metrics>, secs: f64, interval: Duration, max_samples: usize
     let (wall_s, cpu_s) = sender.join().expect("sender thread");
     let _ = recv_stop_tx.send(true);
     receiver.join().expect("receiver thread");
-    let snapshots = got.snapshots.lock().unwrap_or_else(|p| p.into_inner()).len();
+    let snapshots = got
+        .snapshots
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .len();
     SendRun {
         wall_s,
         cpu_s,
@@ -401,19 +466,27 @@ fn main() {
     let sizes: Vec<usize> = std::env::var("TW_BENCH_SERIES")
         .unwrap_or_else(|_| "5000,50000".into())
         .split(',')
-        .map(|v| v.trim().parse().unwrap_or_else(|_| panic!("TW_BENCH_SERIES: {v:?} is not a number")))
+        .map(|v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("TW_BENCH_SERIES: {v:?} is not a number"))
+        })
         .collect();
     let secs: f64 = env_or("TW_BENCH_SECS", 1.0);
     let rounds: usize = env_or("TW_BENCH_ROUNDS", 3usize).max(1);
     let send_secs: f64 = env_or("TW_BENCH_SEND_SECS", 10.0);
     let interval = Duration::from_millis(env_or("TW_BENCH_SEND_INTERVAL_MS", 1000u64).max(1));
     let max_samples: usize = env_or("TW_BENCH_MAX_SAMPLES", 2000usize).max(1);
-    let out = std::env::var_os("TW_BENCH_OUT").map(Into::into).unwrap_or_else(|| {
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-        target.join("bench-remote-write.md")
-    });
+    let out = std::env::var_os("TW_BENCH_OUT")
+        .map(Into::into)
+        .unwrap_or_else(|| {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| {
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target")
+                });
+            target.join("bench-remote-write.md")
+        });
     let load_before = loadavg();
 
     let mut micro_rows = Vec::new();
@@ -456,7 +529,9 @@ fn main() {
     let _ = writeln!(
         md,
         "{} CPUs, load average {} before / {} after; TW_BENCH_SECS={secs}, TW_BENCH_ROUNDS={rounds}, max_samples_per_send={max_samples}\n",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
         load_before,
         loadavg()
     );
@@ -487,7 +562,10 @@ fn main() {
             md,
             "\n| series | sent for | interval | snapshots | requests | samples/s delivered | sender CPU ms/s | sender CPU µs/snapshot | wire B/sample | at 15 s: samples/s | at 15 s: share of one core |"
         );
-        let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            md,
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
         for (series, s) in &send_rows {
             let per_snap = s.cpu_s / s.snapshots.max(1) as f64;
             let samples_per_snap = s.samples as f64 / s.snapshots.max(1) as f64;
@@ -515,6 +593,9 @@ fn main() {
     }
     match std::fs::write(&out, &md) {
         Ok(()) => println!("report: {}", std::path::Path::new(&out).display()),
-        Err(e) => eprintln!("could not write {}: {e}", std::path::Path::new(&out).display()),
+        Err(e) => eprintln!(
+            "could not write {}: {e}",
+            std::path::Path::new(&out).display()
+        ),
     }
 }

@@ -5,17 +5,17 @@ use crate::api::{ApiState, router as api_router};
 use crate::config::Config;
 use crate::export::prometheus::{Metrics, MetricsSink};
 use crate::pipeline::{
-    Pipeline, PipelineConfig, ProxySpanBuilder, ProxySpanSink, RecordSink, StoreSink, StoreWriter, StoreWriterConfig,
-    StoreWriterThread,
+    Pipeline, PipelineConfig, ProxySpanBuilder, ProxySpanSink, RecordSink, StoreSink, StoreWriter,
+    StoreWriterConfig, StoreWriterThread,
 };
 use crate::sources::proxy::{self, ProxyState, UpstreamRouter};
 use crate::sources::{self as sources_mod, Components, SourceContext};
-use tokenwatch_core::signals::{SharedSignals, SignalBoard};
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokenwatch_core::aggregate::{Aggregator, AggregatorConfig};
+use tokenwatch_core::signals::{SharedSignals, SignalBoard};
 use tokenwatch_store::{Store, StoreOptions};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -44,7 +44,10 @@ struct OwnedRuntime(Option<tokio::runtime::Runtime>);
 
 impl OwnedRuntime {
     fn handle(&self) -> &tokio::runtime::Handle {
-        self.0.as_ref().expect("runtime present until shutdown").handle()
+        self.0
+            .as_ref()
+            .expect("runtime present until shutdown")
+            .handle()
     }
 }
 
@@ -57,7 +60,9 @@ impl Drop for OwnedRuntime {
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} ({what})"))
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} ({what})"))
 }
 
 /// Serve `app` on `listener` (over TLS when `tls` is set) until shutdown.
@@ -124,7 +129,8 @@ impl RunningApp {
         // Certificates first: a missing or bad file stops the start before anything binds.
         let tls = Arc::new(crate::listen::tls::ServerTls::load(&cfg).map_err(anyhow::Error::msg)?);
         let analysis = OwnedRuntime(Some(
-            crate::runtimes::analysis_runtime(runtimes_cfg).context("starting the analysis runtime")?,
+            crate::runtimes::analysis_runtime(runtimes_cfg)
+                .context("starting the analysis runtime")?,
         ));
         let proxy_rt = OwnedRuntime(Some(
             crate::runtimes::proxy_runtime(runtimes_cfg).context("starting the proxy runtime")?,
@@ -132,12 +138,20 @@ impl RunningApp {
         let analysis_priority = crate::runtimes::analysis_priority(runtimes_cfg);
         let mut backend = cfg.store.backend(&cfg.data_dir);
         if let tokenwatch_store::StoreBackend::ClickHouse(c) = &mut backend {
-            c.writer_id = crate::writer_id::resolve(cfg.store.writer_id.as_deref(), &cfg.data_dir, &[cfg.listen, cfg.proxy.listen])
-                .context("the store's writer id")?;
+            c.writer_id = crate::writer_id::resolve(
+                cfg.store.writer_id.as_deref(),
+                &cfg.data_dir,
+                &[cfg.listen, cfg.proxy.listen],
+            )
+            .context("the store's writer id")?;
         }
         let store_name = match &backend {
-            tokenwatch_store::StoreBackend::Sqlite { data_dir } => format!("in {}", data_dir.display()),
-            tokenwatch_store::StoreBackend::ClickHouse(c) => format!("at {} (database {})", c.url, c.database),
+            tokenwatch_store::StoreBackend::Sqlite { data_dir } => {
+                format!("in {}", data_dir.display())
+            }
+            tokenwatch_store::StoreBackend::ClickHouse(c) => {
+                format!("at {} (database {})", c.url, c.database)
+            }
         };
         let store: Arc<dyn Store> =
             tokio::task::spawn_blocking(move || tokenwatch_store::open_store(&backend, store_opts))
@@ -145,9 +159,10 @@ impl RunningApp {
                 .with_context(|| format!("opening the store {store_name}"))?;
         // Version markers: learns the live versions from the store, then watches every record.
         let marker_store = store.clone();
-        let markers = tokio::task::spawn_blocking(move || crate::markers::MarkerSink::start(marker_store))
-            .await?
-            .context("starting the version-marker detector")?;
+        let markers =
+            tokio::task::spawn_blocking(move || crate::markers::MarkerSink::start(marker_store))
+                .await?
+                .context("starting the version-marker detector")?;
         let metrics = Arc::new(Metrics::new());
         metrics.set_tenant_label(cfg.export.prometheus.tenant_label);
         auth.register(&metrics);
@@ -156,8 +171,10 @@ impl RunningApp {
             max_series: cfg.aggregation.max_series,
         })));
         let (shutdown, stop) = watch::channel(false);
-        let signals: SharedSignals =
-            Arc::new(std::sync::RwLock::new(SignalBoard::new(cfg.signals.history_points, cfg.signals.max_series)));
+        let signals: SharedSignals = Arc::new(std::sync::RwLock::new(SignalBoard::new(
+            cfg.signals.history_points,
+            cfg.signals.max_series,
+        )));
         metrics.register_signals(signals.clone());
         // Evaluation, roll-ups and sampling run on the analysis runtime (lower priority).
         let in_analysis = analysis.handle().enter();
@@ -191,7 +208,11 @@ impl RunningApp {
         let store_health = store_writer.health();
         let mut sinks: Vec<Box<dyn RecordSink>> = vec![
             Box::new(StoreSink::new(writer.clone())),
-            Box::new(ProxySpanSink::new(ProxySpanBuilder::new(&cfg.proxy.upstreams), writer.clone(), span_export.clone())),
+            Box::new(ProxySpanSink::new(
+                ProxySpanBuilder::new(&cfg.proxy.upstreams),
+                writer.clone(),
+                span_export.clone(),
+            )),
             Box::new(MetricsSink(metrics.clone())),
         ];
         let engine_feed = alerting.sink.as_ref().map(|s| s.feed.clone());
@@ -200,10 +221,18 @@ impl RunningApp {
         }
         sinks.push(Box::new(markers));
         let text_capture = if cfg.capture.text {
-            let key = proxy::identity::load_or_create_secret(&cfg.data_dir, crate::capture::KEY_FILE)
-                .with_context(|| format!("creating the capture key in {}", cfg.data_dir.display()))?;
-            tracing::info!("text capture is on: prompts and completions are stored, masked (capture.text)");
-            Some(crate::capture::TextCapture::new(&cfg.capture, &key).context("starting text capture")?)
+            let key =
+                proxy::identity::load_or_create_secret(&cfg.data_dir, crate::capture::KEY_FILE)
+                    .with_context(|| {
+                        format!("creating the capture key in {}", cfg.data_dir.display())
+                    })?;
+            tracing::info!(
+                "text capture is on: prompts and completions are stored, masked (capture.text)"
+            );
+            Some(
+                crate::capture::TextCapture::new(&cfg.capture, &key)
+                    .context("starting text capture")?,
+            )
         } else {
             None
         };
@@ -225,13 +254,29 @@ impl RunningApp {
             metrics.clone(),
         );
         let queue = crate::embed::start(&cfg.capture, queue, &metrics, analysis_priority)?;
-        let timeline = Arc::new(std::sync::RwLock::new(crate::api::timeline::Timeline::default()));
+        let timeline = Arc::new(std::sync::RwLock::new(
+            crate::api::timeline::Timeline::default(),
+        ));
         let mut servers = alerting.tasks;
-        servers.push(crate::api::timeline::spawn_sampler(aggregator.clone(), signals.clone(), timeline.clone(), stop.clone()));
-        servers.push(spawn_signal_eviction(signals.clone(), cfg.signals.stale_after.0, stop.clone()));
-        servers.extend(crate::export::remote_write::start(&cfg.export.remote_write, metrics.clone(), stop.clone())?);
+        servers.push(crate::api::timeline::spawn_sampler(
+            aggregator.clone(),
+            signals.clone(),
+            timeline.clone(),
+            stop.clone(),
+        ));
+        servers.push(spawn_signal_eviction(
+            signals.clone(),
+            cfg.signals.stale_after.0,
+            stop.clone(),
+        ));
+        servers.extend(crate::export::remote_write::start(
+            &cfg.export.remote_write,
+            metrics.clone(),
+            stop.clone(),
+        )?);
         // Log templates: OTLP logs and tailed files, mined on a thread of their own.
-        let log_templates = crate::logs::start(&cfg, alerting.events.clone(), &metrics, stop.clone())?;
+        let log_templates =
+            crate::logs::start(&cfg, alerting.events.clone(), &metrics, stop.clone())?;
         servers.extend(log_templates.task);
         drop(in_analysis);
         servers.extend(tls.spawn_reloader(stop.clone()));
@@ -263,7 +308,10 @@ impl RunningApp {
                 reload: reload_hooks.clone(),
                 engine_feed: engine_feed.clone(),
             };
-            let handle = source.start(ctx).await.with_context(|| format!("starting the {name} source"))?;
+            let handle = source
+                .start(ctx)
+                .await
+                .with_context(|| format!("starting the {name} source"))?;
             servers.extend(handle.tasks);
             source_routes.extend(handle.routes);
         }
@@ -273,27 +321,45 @@ impl RunningApp {
             .map_err(anyhow::Error::msg)?;
         let mut proxy_state = None;
         let proxy_addr = if routes.is_empty() {
-            components.set("proxy", "disabled: no upstream configured (collector-only mode)");
+            components.set(
+                "proxy",
+                "disabled: no upstream configured (collector-only mode)",
+            );
             drop(queue);
             None
         } else {
             let salt = if cfg.proxy.tenant_salt.is_empty() {
-                proxy::identity::load_or_create_salt(&cfg.data_dir)
-                    .with_context(|| format!("creating the tenant salt in {}", cfg.data_dir.display()))?
+                proxy::identity::load_or_create_salt(&cfg.data_dir).with_context(|| {
+                    format!("creating the tenant salt in {}", cfg.data_dir.display())
+                })?
             } else {
                 cfg.proxy.tenant_salt.clone().into_bytes()
             };
             let listener = std::net::TcpListener::bind(cfg.proxy.listen)
                 .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                .with_context(|| format!("cannot listen on {} (proxy.listen / --proxy-listen)", cfg.proxy.listen))?;
+                .with_context(|| {
+                    format!(
+                        "cannot listen on {} (proxy.listen / --proxy-listen)",
+                        cfg.proxy.listen
+                    )
+                })?;
             let addr = listener.local_addr()?;
             for r in routes.routes() {
                 tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
             }
-            let state = Arc::new(ProxyState::new(&cfg.proxy, routes, queue, salt).with_capture(&cfg.capture));
+            let state = Arc::new(
+                ProxyState::new(&cfg.proxy, routes, queue, salt).with_capture(&cfg.capture),
+            );
             proxy_state = Some(state.clone());
             let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, &metrics);
-            servers.push(serve_proxy(proxy_rt.handle(), listener, tls.proxy.clone(), proxy::router(state), stop.clone(), guard));
+            servers.push(serve_proxy(
+                proxy_rt.handle(),
+                listener,
+                tls.proxy.clone(),
+                proxy::router(state),
+                stop.clone(),
+                guard,
+            ));
             components.set("proxy", "ok");
             Some(addr)
         };
@@ -304,7 +370,12 @@ impl RunningApp {
             hooks: reload_hooks,
             audit: audit.clone(),
         };
-        let reloader = Arc::new(crate::reload::Reloader::new(reload_source, cfg.clone(), reload_handles, &metrics));
+        let reloader = Arc::new(crate::reload::Reloader::new(
+            reload_source,
+            cfg.clone(),
+            reload_handles,
+            &metrics,
+        ));
         servers.extend(crate::reload::spawn_sighup(reloader.clone(), stop.clone()));
         let listener = bind(cfg.listen, "listen / --listen").await?;
         let api_addr = listener.local_addr()?;
@@ -312,8 +383,22 @@ impl RunningApp {
         let slos = alerting.slos.clone();
         let scaling = alerting.scaling.clone();
         let api_guard = crate::listen::limits::Guard::new("api", &cfg.limits, &metrics);
-        let trace_components = Arc::new(crate::api::trace_components::ComponentMap::new(&cfg.traces));
-        let api = Arc::new(ApiState { aggregator, store, store_backend: cfg.store.backend, store_health, metrics, components, signals, alerts, timeline, slos, scaling, trace_components });
+        let trace_components =
+            Arc::new(crate::api::trace_components::ComponentMap::new(&cfg.traces));
+        let api = Arc::new(ApiState {
+            aggregator,
+            store,
+            store_backend: cfg.store.backend,
+            store_health,
+            metrics,
+            components,
+            signals,
+            alerts,
+            timeline,
+            slos,
+            scaling,
+            trace_components,
+        });
         let mut app = api_router(api);
         for routes in source_routes {
             app = app.merge(routes);
@@ -326,7 +411,16 @@ impl RunningApp {
         app = crate::auth::http::protect_api(app, &auth);
         app = crate::audit::http::audit_api(app, &audit);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
-        Ok(RunningApp { api_addr, proxy_addr, shutdown, servers, pipeline, store_writer, otlp_export, runtimes: vec![proxy_rt, analysis] })
+        Ok(RunningApp {
+            api_addr,
+            proxy_addr,
+            shutdown,
+            servers,
+            pipeline,
+            store_writer,
+            otlp_export,
+            runtimes: vec![proxy_rt, analysis],
+        })
     }
 
     /// Stop accepting, give in-flight streams one grace period (for all tasks together), then
@@ -357,7 +451,11 @@ impl RunningApp {
 }
 
 /// Drop signal series that stopped receiving points, once a minute.
-fn spawn_signal_eviction(signals: SharedSignals, stale_after: Duration, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+fn spawn_signal_eviction(
+    signals: SharedSignals,
+    stale_after: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(60));
         loop {

@@ -12,14 +12,25 @@ pub mod env;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}: cannot read: {source}")]
-    Read { file: String, source: std::io::Error },
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
     #[error("{file}: {message}")]
     Parse { file: String, message: String },
     /// A `${NAME}` of the file that cannot be expanded (`config::env`).
     #[error("{file}:{line}: {message}")]
-    Env { file: String, line: usize, message: String },
+    Env {
+        file: String,
+        line: usize,
+        message: String,
+    },
     #[error("{file}: {path}: {message}")]
-    Invalid { file: String, path: String, message: String },
+    Invalid {
+        file: String,
+        path: String,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
@@ -79,7 +90,11 @@ pub struct SignalsConfig {
 
 impl Default for SignalsConfig {
     fn default() -> Self {
-        SignalsConfig { history_points: 720, max_series: 100_000, stale_after: HumanDuration(Duration::from_secs(3600)) }
+        SignalsConfig {
+            history_points: 720,
+            max_series: 100_000,
+            stale_after: HumanDuration(Duration::from_secs(3600)),
+        }
     }
 }
 
@@ -332,7 +347,9 @@ impl StoreConfig {
     /// The backend `open_store` opens, with the SQLite file in `data_dir`.
     pub fn backend(&self, data_dir: &Path) -> tokenwatch_store::StoreBackend {
         match self.backend {
-            StoreBackendKind::Sqlite => tokenwatch_store::StoreBackend::Sqlite { data_dir: data_dir.to_path_buf() },
+            StoreBackendKind::Sqlite => tokenwatch_store::StoreBackend::Sqlite {
+                data_dir: data_dir.to_path_buf(),
+            },
             StoreBackendKind::ClickHouse => {
                 let c = &self.clickhouse;
                 tokenwatch_store::StoreBackend::ClickHouse(tokenwatch_store::ClickHouseConfig {
@@ -359,7 +376,10 @@ pub struct AggregationConfig {
 
 impl Default for AggregationConfig {
     fn default() -> Self {
-        AggregationConfig { idle_series_after: HumanDuration(Duration::from_secs(7200)), max_series: 50_000 }
+        AggregationConfig {
+            idle_series_after: HumanDuration(Duration::from_secs(7200)),
+            max_series: 50_000,
+        }
     }
 }
 
@@ -411,7 +431,10 @@ impl Config {
     /// Read and validate a configuration file; errors name the file and the key path.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { file: file.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
         Config::from_yaml(&text, &file)
     }
 
@@ -425,13 +448,19 @@ impl Config {
     /// the checks look at, e.g. `--auth-tokens` for a file listening off loopback).
     pub fn load_unvalidated(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { file: file.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
         Config::parse_yaml(&text, &file)
     }
 
     fn parse_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
-        let text = &env::expand_env(text)
-            .map_err(|e| ConfigError::Env { file: file.to_string(), line: e.line, message: e.message })?;
+        let text = &env::expand_env(text).map_err(|e| ConfigError::Env {
+            file: file.to_string(),
+            line: e.line,
+            message: e.message,
+        })?;
         let cfg: Config = if text.trim().is_empty() {
             Config::default()
         } else {
@@ -443,8 +472,15 @@ impl Config {
                 })
             })
             .map_err(|e| {
-                let at = if key_path.is_empty() || key_path == "." { String::new() } else { format!("key {key_path}: ") };
-                ConfigError::Parse { file: file.to_string(), message: format!("{at}{e}") }
+                let at = if key_path.is_empty() || key_path == "." {
+                    String::new()
+                } else {
+                    format!("key {key_path}: ")
+                };
+                ConfigError::Parse {
+                    file: file.to_string(),
+                    message: format!("{at}{e}"),
+                }
             })?
         };
         Ok(cfg)
@@ -452,74 +488,144 @@ impl Config {
 
     /// Checks that serde cannot express.
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
-        let invalid = |path: String, message: String| ConfigError::Invalid { file: file.to_string(), path, message };
+        let invalid = |path: String, message: String| ConfigError::Invalid {
+            file: file.to_string(),
+            path,
+            message,
+        };
         for (i, u) in self.proxy.upstreams.iter().enumerate() {
-            let url = parse_upstream_url(&u.url).map_err(|m| invalid(format!("proxy.upstreams[{i}].url"), m))?;
+            let url = parse_upstream_url(&u.url)
+                .map_err(|m| invalid(format!("proxy.upstreams[{i}].url"), m))?;
             match (&u.tls, url.https) {
                 (Some(_), false) => {
-                    let m = format!("{:?} is plain http: tls applies to https:// upstreams only", u.url);
+                    let m = format!(
+                        "{:?} is plain http: tls applies to https:// upstreams only",
+                        u.url
+                    );
                     return Err(invalid(format!("proxy.upstreams[{i}].tls"), m));
                 }
                 (tls, true) => {
-                    crate::sources::proxy::tls::UpstreamTls::new(tls.as_ref())
-                        .map_err(|e| invalid(format!("proxy.upstreams[{i}].tls.{}", e.key()), e.to_string()))?;
+                    crate::sources::proxy::tls::UpstreamTls::new(tls.as_ref()).map_err(|e| {
+                        invalid(
+                            format!("proxy.upstreams[{i}].tls.{}", e.key()),
+                            e.to_string(),
+                        )
+                    })?;
                 }
                 (None, false) => {}
             }
         }
-        crate::sources::proxy::split::validate(&self.proxy.routes).map_err(|(path, message)| invalid(path, message))?;
-        self.scrape.static_targets().map_err(|(path, message)| invalid(path, message))?;
-        let listener_certs = crate::listen::tls::ListenerCerts::from_config(self).map_err(|e| invalid(e.key, e.message))?;
-        listener_certs.check_files().map_err(|e| invalid(e.key, e.message))?;
+        crate::sources::proxy::split::validate(&self.proxy.routes)
+            .map_err(|(path, message)| invalid(path, message))?;
+        self.scrape
+            .static_targets()
+            .map_err(|(path, message)| invalid(path, message))?;
+        let listener_certs = crate::listen::tls::ListenerCerts::from_config(self)
+            .map_err(|e| invalid(e.key, e.message))?;
+        listener_certs
+            .check_files()
+            .map_err(|e| invalid(e.key, e.message))?;
         if self.telemetry.queue_capacity == 0 {
-            return Err(invalid("telemetry.queue_capacity".into(), "must be at least 1".into()));
+            return Err(invalid(
+                "telemetry.queue_capacity".into(),
+                "must be at least 1".into(),
+            ));
         }
         if self.store.write_queue_records == 0 {
-            return Err(invalid("store.write_queue_records".into(), "must be at least 1".into()));
+            return Err(invalid(
+                "store.write_queue_records".into(),
+                "must be at least 1".into(),
+            ));
         }
         if self.store.batch_rows == Some(0) {
-            return Err(invalid("store.batch_rows".into(), "must be at least 1".into()));
+            return Err(invalid(
+                "store.batch_rows".into(),
+                "must be at least 1".into(),
+            ));
         }
         if self.telemetry.batch_max == 0 {
-            return Err(invalid("telemetry.batch_max".into(), "must be at least 1".into()));
+            return Err(invalid(
+                "telemetry.batch_max".into(),
+                "must be at least 1".into(),
+            ));
         }
         if self.aggregation.max_series == 0 {
-            return Err(invalid("aggregation.max_series".into(), "must be at least 1".into()));
+            return Err(invalid(
+                "aggregation.max_series".into(),
+                "must be at least 1".into(),
+            ));
         }
-        self.gpu.validate().map_err(|(path, message)| invalid(path, message))?;
-        self.limits.validate().map_err(|(path, message)| invalid(path, message))?;
-        self.capture.validate().map_err(|(path, message)| invalid(path, message))?;
-        self.retention.validate().map_err(|(path, message)| invalid(path, message))?;
-        self.runtime.validate().map_err(|(path, message)| invalid(path.into(), message))?;
-        self.logs.validate(&self.sources).map_err(|(path, message)| invalid(path, message))?;
-        crate::alerting::rules::compile(&self.alerting).map_err(|(path, message)| invalid(path, message))?;
+        self.gpu
+            .validate()
+            .map_err(|(path, message)| invalid(path, message))?;
+        self.limits
+            .validate()
+            .map_err(|(path, message)| invalid(path, message))?;
+        self.capture
+            .validate()
+            .map_err(|(path, message)| invalid(path, message))?;
+        self.retention
+            .validate()
+            .map_err(|(path, message)| invalid(path, message))?;
+        self.runtime
+            .validate()
+            .map_err(|(path, message)| invalid(path.into(), message))?;
+        self.logs
+            .validate(&self.sources)
+            .map_err(|(path, message)| invalid(path, message))?;
+        crate::alerting::rules::compile(&self.alerting)
+            .map_err(|(path, message)| invalid(path, message))?;
         crate::slo::validate(&self.slos).map_err(|(path, message)| invalid(path, message))?;
-        self.scaling.validate().map_err(|(path, message)| invalid(path, message))?;
-        self.alerting.delivery.validate().map_err(|e| invalid("alerting.delivery".into(), e.to_string()))?;
+        self.scaling
+            .validate()
+            .map_err(|(path, message)| invalid(path, message))?;
+        self.alerting
+            .delivery
+            .validate()
+            .map_err(|e| invalid("alerting.delivery".into(), e.to_string()))?;
         for (key, value) in [
             ("proxy.tenant_header", &self.proxy.tenant_header),
             ("proxy.ab_group_header", &self.proxy.ab_group_header),
-            ("proxy.model_version_header", &self.proxy.model_version_header),
-            ("proxy.prompt_version_header", &self.proxy.prompt_version_header),
+            (
+                "proxy.model_version_header",
+                &self.proxy.model_version_header,
+            ),
+            (
+                "proxy.prompt_version_header",
+                &self.proxy.prompt_version_header,
+            ),
         ] {
             if http::HeaderName::from_bytes(value.as_bytes()).is_err() {
-                return Err(invalid(key.into(), format!("{value:?} is not a valid HTTP header name")));
+                return Err(invalid(
+                    key.into(),
+                    format!("{value:?} is not a valid HTTP header name"),
+                ));
             }
         }
         crate::auth::validate(self).map_err(|(path, message)| invalid(path, message))?;
         crate::audit::validate(self).map_err(|(path, message)| invalid(path, message))?;
-        crate::export::remote_write::validate(&self.export.remote_write).map_err(|e| invalid(e.key, e.message))?;
-        crate::export::otlp::validate(self.export.otlp.as_ref()).map_err(|e| invalid(e.key, e.message))?;
-        self.traces.validate().map_err(|(path, message)| invalid(path, message))?;
+        crate::export::remote_write::validate(&self.export.remote_write)
+            .map_err(|e| invalid(e.key, e.message))?;
+        crate::export::otlp::validate(self.export.otlp.as_ref())
+            .map_err(|e| invalid(e.key, e.message))?;
+        self.traces
+            .validate()
+            .map_err(|(path, message)| invalid(path, message))?;
         if self.store.backend == StoreBackendKind::ClickHouse {
             let c = &self.store.clickhouse;
             if !c.url.starts_with("http://") {
-                return Err(invalid("store.clickhouse.url".into(), format!("{:?}: expected http://host:port", c.url)));
+                return Err(invalid(
+                    "store.clickhouse.url".into(),
+                    format!("{:?}: expected http://host:port", c.url),
+                ));
             }
             if let Some(f) = &c.password_file
                 && !f.is_file()
             {
-                return Err(invalid("store.clickhouse.password_file".into(), format!("{} is not a readable file", f.display())));
+                return Err(invalid(
+                    "store.clickhouse.password_file".into(),
+                    format!("{} is not a readable file", f.display()),
+                ));
             }
         }
         Ok(())
@@ -537,13 +643,22 @@ pub struct UpstreamUrl {
 
 /// Parse `http://host:port[/base]` or `https://host[:port][/base]`; anything else is refused.
 pub fn parse_upstream_url(url: &str) -> Result<UpstreamUrl, String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
     let https = match uri.scheme_str() {
         Some("http") => false,
         Some("https") => true,
-        _ => return Err(format!("{url:?}: expected http://host:port or https://host[:port]")),
+        _ => {
+            return Err(format!(
+                "{url:?}: expected http://host:port or https://host[:port]"
+            ));
+        }
     };
-    let authority = uri.authority().cloned().ok_or_else(|| format!("{url:?}: missing host"))?;
+    let authority = uri
+        .authority()
+        .cloned()
+        .ok_or_else(|| format!("{url:?}: missing host"))?;
     if authority.host().is_empty() || authority.as_str().contains('@') {
         return Err(format!("{url:?}: expected a host[:port] without user info"));
     }
@@ -551,7 +666,11 @@ pub fn parse_upstream_url(url: &str) -> Result<UpstreamUrl, String> {
         return Err(format!("{url:?}: a base URL takes no query string"));
     }
     let base_path = uri.path().trim_end_matches('/').to_string();
-    Ok(UpstreamUrl { https, authority, base_path })
+    Ok(UpstreamUrl {
+        https,
+        authority,
+        base_path,
+    })
 }
 
 #[cfg(test)]
@@ -579,52 +698,92 @@ mod tests {
 
     #[test]
     fn unknown_key_names_file_and_key() {
-        let err = Config::from_yaml("proxy:\n  listn: 1.2.3.4:5\n", "bad.yaml").unwrap_err().to_string();
-        assert!(err.contains("bad.yaml"), "{err}");
-        assert!(err.contains("listn"), "{err}");
-        let err = Config::from_yaml("proxy:\n  upstreams:\n    - url: http://127.0.0.1:1\n      modles: [a]\n", "bad.yaml")
+        let err = Config::from_yaml("proxy:\n  listn: 1.2.3.4:5\n", "bad.yaml")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("key proxy.upstreams[0]") && err.contains("modles"), "{err}");
-        let err = Config::from_yaml("store:\n  fsync: maybe\n", "bad.yaml").unwrap_err().to_string();
+        assert!(err.contains("bad.yaml"), "{err}");
+        assert!(err.contains("listn"), "{err}");
+        let err = Config::from_yaml(
+            "proxy:\n  upstreams:\n    - url: http://127.0.0.1:1\n      modles: [a]\n",
+            "bad.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("key proxy.upstreams[0]") && err.contains("modles"),
+            "{err}"
+        );
+        let err = Config::from_yaml("store:\n  fsync: maybe\n", "bad.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("key store.fsync"), "{err}");
     }
 
     #[test]
     fn bad_duration_and_url_are_explained() {
-        let err = Config::from_yaml("store:\n  raw_retention: 7 weeks\n", "c.yaml").unwrap_err().to_string();
-        assert!(err.contains("unit must be one of") || err.contains("invalid duration"), "{err}");
-        let err = Config::from_yaml("proxy:\n  upstreams:\n    - url: ftp://x\n", "c.yaml").unwrap_err().to_string();
+        let err = Config::from_yaml("store:\n  raw_retention: 7 weeks\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unit must be one of") || err.contains("invalid duration"),
+            "{err}"
+        );
+        let err = Config::from_yaml("proxy:\n  upstreams:\n    - url: ftp://x\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("proxy.upstreams[0].url"), "{err}");
     }
 
     #[test]
     fn https_upstreams_and_their_tls_keys() {
-        let c = Config::from_yaml("proxy:\n  upstreams:\n    - url: https://api.example.com/v1/\n", "c.yaml").unwrap();
+        let c = Config::from_yaml(
+            "proxy:\n  upstreams:\n    - url: https://api.example.com/v1/\n",
+            "c.yaml",
+        )
+        .unwrap();
         let u = parse_upstream_url(&c.proxy.upstreams[0].url).unwrap();
         assert!(u.https);
-        assert_eq!((u.authority.as_str(), u.base_path.as_str()), ("api.example.com", "/v1"));
+        assert_eq!(
+            (u.authority.as_str(), u.base_path.as_str()),
+            ("api.example.com", "/v1")
+        );
         assert!(!parse_upstream_url("http://127.0.0.1:8000").unwrap().https);
         assert!(parse_upstream_url("https://user@h:1").is_err());
         assert!(parse_upstream_url("https://h:1/?x=1").is_err());
 
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope.pem");
-        let y = format!("proxy:\n  upstreams:\n    - url: https://h:8443\n      tls:\n        ca_file: {}\n", missing.display());
+        let y = format!(
+            "proxy:\n  upstreams:\n    - url: https://h:8443\n      tls:\n        ca_file: {}\n",
+            missing.display()
+        );
         let err = Config::from_yaml(&y, "c.yaml").unwrap_err().to_string();
-        assert!(err.contains("c.yaml") && err.contains("proxy.upstreams[0].tls.ca_file") && err.contains("nope.pem"), "{err}");
+        assert!(
+            err.contains("c.yaml")
+                && err.contains("proxy.upstreams[0].tls.ca_file")
+                && err.contains("nope.pem"),
+            "{err}"
+        );
 
         let y = "proxy:\n  upstreams:\n    - url: https://h:8443\n      tls:\n        server_name: 'bad name'\n";
         let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
         assert!(err.contains("proxy.upstreams[0].tls.server_name"), "{err}");
 
-        let y = "proxy:\n  upstreams:\n    - url: https://h:8443\n      tls:\n        ca_fil: x.pem\n";
+        let y =
+            "proxy:\n  upstreams:\n    - url: https://h:8443\n      tls:\n        ca_fil: x.pem\n";
         let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
-        assert!(err.contains("key proxy.upstreams[0].tls") && err.contains("ca_fil"), "{err}");
+        assert!(
+            err.contains("key proxy.upstreams[0].tls") && err.contains("ca_fil"),
+            "{err}"
+        );
 
-        let y = "proxy:\n  upstreams:\n    - url: http://h:8000\n      tls:\n        server_name: h\n";
+        let y =
+            "proxy:\n  upstreams:\n    - url: http://h:8000\n      tls:\n        server_name: h\n";
         let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
-        assert!(err.contains("proxy.upstreams[0].tls") && err.contains("https:// upstreams only"), "{err}");
+        assert!(
+            err.contains("proxy.upstreams[0].tls") && err.contains("https:// upstreams only"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -633,12 +792,23 @@ mod tests {
         assert!(c.audit.enabled);
         assert_eq!(c.audit.retention.0, Duration::from_secs(30 * 86_400));
         assert_eq!(c.audit.dir(&c.data_dir), Path::new("/d/audit"));
-        let c = Config::from_yaml("audit:\n  enabled: false\n  retention: 90d\n  dir: /var/log/tw\n", "c.yaml").unwrap();
+        let c = Config::from_yaml(
+            "audit:\n  enabled: false\n  retention: 90d\n  dir: /var/log/tw\n",
+            "c.yaml",
+        )
+        .unwrap();
         assert!(!c.audit.enabled);
         assert_eq!(c.audit.dir(&c.data_dir), Path::new("/var/log/tw"));
-        let err = Config::from_yaml("audit:\n  retention: 12h\n", "c.yaml").unwrap_err().to_string();
-        assert!(err.contains("audit.retention") && err.contains("at least 1d"), "{err}");
-        let err = Config::from_yaml("audit:\n  retain: 7d\n", "c.yaml").unwrap_err().to_string();
+        let err = Config::from_yaml("audit:\n  retention: 12h\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("audit.retention") && err.contains("at least 1d"),
+            "{err}"
+        );
+        let err = Config::from_yaml("audit:\n  retain: 7d\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("key audit") && err.contains("retain"), "{err}");
     }
 
@@ -646,32 +816,51 @@ mod tests {
     fn store_backend_defaults_to_sqlite_and_reads_clickhouse_settings() {
         let c = Config::from_yaml("data_dir: /d\n", "c.yaml").unwrap();
         assert_eq!(c.store.backend, StoreBackendKind::Sqlite);
-        assert_eq!(c.store.backend(Path::new("/d")), tokenwatch_store::StoreBackend::Sqlite { data_dir: "/d".into() });
+        assert_eq!(
+            c.store.backend(Path::new("/d")),
+            tokenwatch_store::StoreBackend::Sqlite {
+                data_dir: "/d".into()
+            }
+        );
         let y = "store:\n  backend: clickhouse\n  clickhouse:\n    url: http://10.0.0.5:8123\n    database: tw\n    user: writer\n    retry_for: 3s\n";
         let c = Config::from_yaml(y, "c.yaml").unwrap();
         match c.store.backend(Path::new("/d")) {
             tokenwatch_store::StoreBackend::ClickHouse(ch) => {
-                assert_eq!((ch.url.as_str(), ch.database.as_str(), ch.user.as_str()), ("http://10.0.0.5:8123", "tw", "writer"));
+                assert_eq!(
+                    (ch.url.as_str(), ch.database.as_str(), ch.user.as_str()),
+                    ("http://10.0.0.5:8123", "tw", "writer")
+                );
                 assert_eq!(ch.retry_for, Duration::from_secs(3));
             }
             other => panic!("{other:?}"),
         }
-        let err = Config::from_yaml("store:\n  clickhouse:\n    pasword: x\n", "c.yaml").unwrap_err().to_string();
+        let err = Config::from_yaml("store:\n  clickhouse:\n    pasword: x\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("key store.clickhouse"), "{err}");
-        let err = Config::from_yaml("store:\n  backend: postgres\n", "c.yaml").unwrap_err().to_string();
+        let err = Config::from_yaml("store:\n  backend: postgres\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("key store.backend"), "{err}");
         let y = "store:\n  backend: clickhouse\n  clickhouse:\n    url: https://h:8443\n";
         let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
         assert!(err.contains("store.clickhouse.url"), "{err}");
-        let y = "store:\n  backend: clickhouse\n  clickhouse:\n    password_file: /nonexistent/pw\n";
+        let y =
+            "store:\n  backend: clickhouse\n  clickhouse:\n    password_file: /nonexistent/pw\n";
         let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
         assert!(err.contains("store.clickhouse.password_file"), "{err}");
     }
 
     #[test]
     fn durations_parse() {
-        assert_eq!(HumanDuration::parse("250ms").unwrap().0, Duration::from_millis(250));
-        assert_eq!(HumanDuration::parse("2h").unwrap().0, Duration::from_secs(7200));
+        assert_eq!(
+            HumanDuration::parse("250ms").unwrap().0,
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            HumanDuration::parse("2h").unwrap().0,
+            Duration::from_secs(7200)
+        );
         assert!(HumanDuration::parse("5").is_err());
         assert!(HumanDuration::parse("x5s").is_err());
         assert!(HumanDuration::parse("99999999999999999999d").is_err());

@@ -48,7 +48,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// The simulated fleet: one simulator per model, with different speeds.
-const FLEET: [(&str, &str, &str); 2] = [("llama-3.1-8b-instruct", "40", "12"), ("qwen2.5-14b-instruct", "70", "20")];
+const FLEET: [(&str, &str, &str); 2] = [
+    ("llama-3.1-8b-instruct", "40", "12"),
+    ("qwen2.5-14b-instruct", "70", "20"),
+];
 
 #[derive(Parser)]
 struct SimCli {
@@ -62,19 +65,41 @@ struct SimInstance {
     task: tokio::task::JoinHandle<()>,
 }
 
-async fn start_sim(model: &str, ttft: &str, itl: &str, seed: u64, stop: watch::Receiver<bool>) -> anyhow::Result<SimInstance> {
-    let listener = TcpListener::bind("127.0.0.1:0").await.context("binding a simulator port")?;
+async fn start_sim(
+    model: &str,
+    ttft: &str,
+    itl: &str,
+    seed: u64,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<SimInstance> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("binding a simulator port")?;
     let addr = listener.local_addr()?;
     let seed = seed.to_string();
     let listen = addr.to_string();
     let cli = SimCli::try_parse_from([
-        "sim", "--listen", &listen, "--model", model, "--ttft-ms", ttft, "--itl-ms", itl, "--seed", &seed,
-        "--prefill-ms-per-token", "0.04",
+        "sim",
+        "--listen",
+        &listen,
+        "--model",
+        model,
+        "--ttft-ms",
+        ttft,
+        "--itl-ms",
+        itl,
+        "--seed",
+        &seed,
+        "--prefill-ms-per-token",
+        "0.04",
         // Headroom like a provisioned vLLM: at the demo's rate a model keeps ~15–25 sequences
         // running, and the simulator's defaults (32 slots, 4096 KV blocks) would put the healthy
         // model at its batch limit whenever long prompts' prefills stall decoding or the host's
         // CPU is busy — its queue, and so its P99 TTFT, would then climb past the L1 threshold.
-        "--max-num-seqs", "64", "--kv-blocks", "8192",
+        "--max-num-seqs",
+        "64",
+        "--kv-blocks",
+        "8192",
     ])
     .context("building the simulator arguments")?;
     let mut stop = stop;
@@ -87,20 +112,37 @@ async fn start_sim(model: &str, ttft: &str, itl: &str, seed: u64, stop: watch::R
             tracing::error!(model = %name, error = %e, "simulator stopped");
         }
     });
-    Ok(SimInstance { model: model.to_string(), addr, task })
+    Ok(SimInstance {
+        model: model.to_string(),
+        addr,
+        task,
+    })
 }
 
 async fn enable_fault(sim: &SimInstance, spec: &str) -> anyhow::Result<()> {
     use http_body_util::{BodyExt, Full};
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
     let body = serde_json::json!({ "spec": spec }).to_string();
     let req = http::Request::post(format!("http://{}/admin/faults", sim.addr))
         .header("content-type", "application/json")
         .body(Full::new(bytes::Bytes::from(body)))?;
-    let resp = client.request(req).await.context("calling the simulator admin endpoint")?;
+    let resp = client
+        .request(req)
+        .await
+        .context("calling the simulator admin endpoint")?;
     let status = resp.status();
-    let text = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-    anyhow::ensure!(status.is_success(), "simulator refused fault {spec:?}: {status} {}", String::from_utf8_lossy(&text));
+    let text = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    anyhow::ensure!(
+        status.is_success(),
+        "simulator refused fault {spec:?}: {status} {}",
+        String::from_utf8_lossy(&text)
+    );
     Ok(())
 }
 
@@ -115,16 +157,21 @@ async fn within_grace(task: tokio::task::JoinHandle<()>) {
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    tokenwatch_sim::parse_fault(&args.fault).map_err(|e| anyhow::anyhow!("--fault {:?}: {e}", args.fault))?;
+    tokenwatch_sim::parse_fault(&args.fault)
+        .map_err(|e| anyhow::anyhow!("--fault {:?}: {e}", args.fault))?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut sims = Vec::new();
     for (i, (model, ttft, itl)) in FLEET.iter().enumerate() {
         sims.push(start_sim(model, ttft, itl, 42 + i as u64, stop_rx.clone()).await?);
     }
-    let data_dir = args
-        .data_dir
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("tokenwatch-demo-{}", std::process::id())));
-    let mut cfg = Config { listen: args.listen, data_dir: data_dir.clone(), ..Config::default() };
+    let data_dir = args.data_dir.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("tokenwatch-demo-{}", std::process::id()))
+    });
+    let mut cfg = Config {
+        listen: args.listen,
+        data_dir: data_dir.clone(),
+        ..Config::default()
+    };
     cfg.proxy.listen = args.proxy_listen;
     cfg.otlp.grpc_listen = args.otlp_grpc_listen;
     cfg.otlp.http_listen = args.otlp_http_listen;
@@ -147,7 +194,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             runtime: Some("vllm".into()),
             interval: Some(crate::config::HumanDuration(Duration::from_secs(2))),
             timeout: None,
-            labels: [("instance".to_string(), format!("sim-{}", s.addr.port()))].into_iter().collect(),
+            labels: [("instance".to_string(), format!("sim-{}", s.addr.port()))]
+                .into_iter()
+                .collect(),
         })
         .collect();
     let app = RunningApp::start(cfg).await?;
@@ -157,18 +206,34 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("tokenwatch demo is running\n");
     println!("  >> open http://{api}/  (web UI: fleet, latency, GPU memory, alerts, requests)");
     println!("     or, in a terminal: tokenwatch top --url http://{api}\n");
-    println!("  fleet:      {}", sims.iter().map(|s| format!("{} (sim on {})", s.model, s.addr)).collect::<Vec<_>>().join(", "));
-    println!("  proxy:      http://{proxy}/v1  (OpenAI-compatible; traffic at {} req/s is flowing through it)", args.rps);
+    println!(
+        "  fleet:      {}",
+        sims.iter()
+            .map(|s| format!("{} (sim on {})", s.model, s.addr))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "  proxy:      http://{proxy}/v1  (OpenAI-compatible; traffic at {} req/s is flowing through it)",
+        args.rps
+    );
     println!("  metrics:    http://{api}/metrics");
     println!("  latency:    http://{api}/api/v1/latency?model={first}&metric=ttft&window=1m");
-    println!("  by tenant:  http://{api}/api/v1/latency?model={first}&metric=itl&window=5m&by=tenant");
+    println!(
+        "  by tenant:  http://{api}/api/v1/latency?model={first}&metric=itl&window=5m&by=tenant"
+    );
     println!("  requests:   http://{api}/api/v1/requests?model={first}&limit=10");
-    println!("  signals:    http://{api}/api/v1/signals?model={first}  (KV cache, queue, GPU memory, scraped)");
+    println!(
+        "  signals:    http://{api}/api/v1/signals?model={first}  (KV cache, queue, GPU memory, scraped)"
+    );
     println!("  targets:    http://{api}/api/v1/targets");
     println!("  SLOs:       http://{api}/api/v1/slos  (error budget and burn rate per model)");
     println!("  alerts:     http://{api}/api/v1/alerts");
     println!("  data dir:   {}", data_dir.display());
-    println!("\n  fault {:?} switches on for {first} in {:?}. Ctrl-C stops.\n", args.fault, args.fault_after);
+    println!(
+        "\n  fault {:?} switches on for {first} in {:?}. Ctrl-C stops.\n",
+        args.fault, args.fault_after
+    );
 
     let traffic = tokio::spawn(traffic::run(
         TrafficConfig {

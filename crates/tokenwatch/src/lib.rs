@@ -4,13 +4,13 @@
 pub mod alerting;
 pub mod api;
 pub mod app;
-pub mod capture;
 pub mod audit;
 pub mod auth;
+pub mod capture;
 pub mod config;
 pub mod dashboards;
-pub mod embed;
 pub mod demo;
+pub mod embed;
 pub mod export;
 pub mod listen;
 pub mod logs;

@@ -7,19 +7,29 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tokenwatch::config::{Config, UpstreamConfig, UpstreamTlsConfig};
-use tokenwatch::{app, demo};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use tokenwatch::config::{Config, UpstreamConfig, UpstreamTlsConfig};
+use tokenwatch::{app, demo};
 
 #[derive(Parser)]
-#[command(name = "tokenwatch", version, about = "Token-level observability and alerting for LLM inference fleets")]
+#[command(
+    name = "tokenwatch",
+    version,
+    about = "Token-level observability and alerting for LLM inference fleets"
+)]
 struct Cli {
     /// Log filter (RUST_LOG syntax), e.g. `info` or `tokenwatch=debug`.
     #[arg(long, global = true, env = "TOKENWATCH_LOG", default_value = "info")]
     log: String,
     /// Log line format: `text` for people, `json` (one object per line) for log collectors.
-    #[arg(long, global = true, value_enum, env = "TOKENWATCH_LOG_FORMAT", default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "TOKENWATCH_LOG_FORMAT",
+        default_value = "text"
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -199,13 +209,15 @@ impl RunArgs {
             cfg.data_dir = d;
         }
         for url in self.scrape {
-            cfg.scrape.targets.push(tokenwatch::sources::scrape::ScrapeTarget {
-                url,
-                runtime: None,
-                interval: None,
-                timeout: None,
-                labels: Default::default(),
-            });
+            cfg.scrape
+                .targets
+                .push(tokenwatch::sources::scrape::ScrapeTarget {
+                    url,
+                    runtime: None,
+                    interval: None,
+                    timeout: None,
+                    labels: Default::default(),
+                });
         }
         if let Some(s) = self.shard {
             cfg.scrape.shard = Some(s);
@@ -219,8 +231,15 @@ impl RunArgs {
         if self.no_otlp {
             cfg.otlp.enabled = false;
         }
-        cfg.alerting.delivery.alertmanagers.extend(self.alertmanager);
-        cfg.export.remote_write.extend(self.remote_write.into_iter().map(tokenwatch::export::remote_write::RemoteWriteConfig::new));
+        cfg.alerting
+            .delivery
+            .alertmanagers
+            .extend(self.alertmanager);
+        cfg.export.remote_write.extend(
+            self.remote_write
+                .into_iter()
+                .map(tokenwatch::export::remote_write::RemoteWriteConfig::new),
+        );
         if let Some(url) = self.clickhouse_url {
             cfg.store.backend = tokenwatch::config::StoreBackendKind::ClickHouse;
             cfg.store.clickhouse.url = url;
@@ -234,19 +253,26 @@ impl RunArgs {
         }
         if let Some(url) = self.upstream {
             if let Some(file) = &self.upstream_ca_file {
-                let tls = UpstreamTlsConfig { ca_file: Some(file.clone()), server_name: None };
+                let tls = UpstreamTlsConfig {
+                    ca_file: Some(file.clone()),
+                    server_name: None,
+                };
                 tokenwatch::sources::proxy::tls::UpstreamTls::new(Some(&tls))
                     .map_err(|e| anyhow::anyhow!("--upstream-ca-file: {e}"))?;
-                anyhow::ensure!(url.starts_with("https://"), "--upstream-ca-file applies to an https:// --upstream, not {url:?}");
+                anyhow::ensure!(
+                    url.starts_with("https://"),
+                    "--upstream-ca-file applies to an https:// --upstream, not {url:?}"
+                );
             }
             cfg.proxy.upstreams.push(UpstreamConfig {
                 url,
                 models: vec!["*".into()],
                 runtime: self.upstream_runtime,
                 instance: None,
-                tls: self
-                    .upstream_ca_file
-                    .map(|f| UpstreamTlsConfig { ca_file: Some(f), server_name: None }),
+                tls: self.upstream_ca_file.map(|f| UpstreamTlsConfig {
+                    ca_file: Some(f),
+                    server_name: None,
+                }),
             });
         }
         let source = match &self.config {
@@ -265,8 +291,11 @@ enum LogFormat {
 }
 
 fn init_logging(filter: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
     match format {
         LogFormat::Text => fmt.init(),
         // `timestamp`, `level`, `message` and the event's fields at the top level of each line.
@@ -286,13 +315,19 @@ fn main() -> std::process::ExitCode {
         Command::Rules { command } => rules_command(command),
         Command::Dashboards { command } => dashboards_command(command),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "tokenwatch", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "tokenwatch",
+                &mut std::io::stdout(),
+            );
             Ok(())
         }
         Command::Schema { output } => {
             let text = tokenwatch::config::json_schema();
             match output {
-                Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display())),
+                Some(path) => std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display())),
                 None => {
                     print!("{text}");
                     Ok(())
@@ -327,7 +362,11 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
 }
 
 fn rules_command(command: RulesCommand) -> anyhow::Result<()> {
-    let RulesCommand::Export { format: RulesFormat::Prometheus, config, output } = command;
+    let RulesCommand::Export {
+        format: RulesFormat::Prometheus,
+        config,
+        output,
+    } = command;
     let cfg = match &config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
@@ -336,17 +375,24 @@ fn rules_command(command: RulesCommand) -> anyhow::Result<()> {
         .map_err(|(path, msg)| anyhow::anyhow!("{path}: {msg}"))?;
     let text = tokenwatch::alerting::promexport::export_prometheus_rules(&specs);
     match output {
-        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
+        Some(path) => {
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?
+        }
         None => print!("{text}"),
     }
     Ok(())
 }
 
 fn dashboards_command(command: DashboardsCommand) -> anyhow::Result<()> {
-    let DashboardsCommand::Export { format: DashboardFormat::Grafana, output } = command;
+    let DashboardsCommand::Export {
+        format: DashboardFormat::Grafana,
+        output,
+    } = command;
     let text = tokenwatch::dashboards::grafana::render();
     match output {
-        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
+        Some(path) => {
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?
+        }
         None => print!("{text}"),
     }
     Ok(())
@@ -358,7 +404,8 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
             // A reload builds the configuration again as this start does: file, then flags.
             let reload = args.config.clone().map(|file| {
                 let args = args.clone();
-                let load: tokenwatch::reload::ConfigLoader = std::sync::Arc::new(move || args.clone().into_config());
+                let load: tokenwatch::reload::ConfigLoader =
+                    std::sync::Arc::new(move || args.clone().into_config());
                 tokenwatch::reload::ConfigSource { file, load }
             });
             let cfg = args.into_config()?;
@@ -372,6 +419,10 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
         Command::Sim(args) => tokenwatch_sim::run(args).await.map_err(anyhow::Error::from),
         Command::Demo(args) => demo::run(args).await,
         Command::Top(args) => tokenwatch::top::run(args).await,
-        Command::CheckConfig { .. } | Command::Rules { .. } | Command::Dashboards { .. } | Command::Completions { .. } | Command::Schema { .. } => unreachable!("handled before the runtime starts"),
+        Command::CheckConfig { .. }
+        | Command::Rules { .. }
+        | Command::Dashboards { .. }
+        | Command::Completions { .. }
+        | Command::Schema { .. } => unreachable!("handled before the runtime starts"),
     }
 }

@@ -25,7 +25,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// The sections a reload applies in place (when the part that runs them is running).
-pub const RELOADABLE: [&str; 5] = ["proxy.upstreams", "proxy.routes", "alerting", "slos", "scrape.targets"];
+pub const RELOADABLE: [&str; 5] = [
+    "proxy.upstreams",
+    "proxy.routes",
+    "alerting",
+    "slos",
+    "scrape.targets",
+];
 
 /// Builds the configuration as a start with the same command line would: the file read again,
 /// the same flags applied over it, validated. Errors name the file and the key path.

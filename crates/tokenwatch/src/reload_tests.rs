@@ -236,7 +236,10 @@ fn changed_routes_build_new_splits_and_bad_ones_are_refused() {
     assert_eq!(p.outcome.applied, ["proxy.routes"]);
     let routes = p.routes.as_ref().unwrap();
     assert_eq!(routes.splits().len(), 1);
-    assert_eq!(routes.splits()[0].weights(), [("v1".to_string(), 9.0), ("v2".to_string(), 1.0)]);
+    assert_eq!(
+        routes.splits()[0].weights(),
+        [("v1".to_string(), 9.0), ("v2".to_string(), 1.0)]
+    );
     let (_, _, version) = routes.route_for(Some("m"), "").unwrap();
     assert!(matches!(version, Some("v1" | "v2")));
     let bad = cfg(&format!(

@@ -29,7 +29,12 @@ pub struct RuntimeConfig {
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        RuntimeConfig { proxy_threads: 0, analysis_niceness: 10, analysis_idle: false, proxy_slice_us: 100 }
+        RuntimeConfig {
+            proxy_threads: 0,
+            analysis_niceness: 10,
+            analysis_idle: false,
+            proxy_slice_us: 100,
+        }
     }
 }
 
@@ -54,13 +59,19 @@ impl RuntimeConfig {
 
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         if !(0..=19).contains(&self.analysis_niceness) {
-            return Err(("runtime.analysis_niceness", format!("must be 0–19, got {}", self.analysis_niceness)));
+            return Err((
+                "runtime.analysis_niceness",
+                format!("must be 0–19, got {}", self.analysis_niceness),
+            ));
         }
         if let Err(e) = self.proxy_slice() {
             return Err(("runtime.proxy_slice_us", e));
         }
         if self.proxy_threads > 1024 {
-            return Err(("runtime.proxy_threads", format!("must be at most 1024, got {}", self.proxy_threads)));
+            return Err((
+                "runtime.proxy_threads",
+                format!("must be at most 1024, got {}", self.proxy_threads),
+            ));
         }
         Ok(())
     }
@@ -70,7 +81,9 @@ impl RuntimeConfig {
 /// long evaluation or a store write on another runtime never delays a forwarded chunk.
 pub fn proxy_runtime(cfg: &RuntimeConfig) -> std::io::Result<Runtime> {
     let threads = if cfg.proxy_threads == 0 {
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
     } else {
         cfg.proxy_threads
     };
@@ -111,7 +124,10 @@ pub struct AnalysisPriority {
 
 /// The analysis threads' priority under `cfg`, relative to the calling (serving) thread.
 pub fn analysis_priority(cfg: &RuntimeConfig) -> AnalysisPriority {
-    AnalysisPriority { niceness: analysis_niceness_target(cfg.analysis_niceness), idle: cfg.analysis_idle }
+    AnalysisPriority {
+        niceness: analysis_niceness_target(cfg.analysis_niceness),
+        idle: cfg.analysis_idle,
+    }
 }
 
 /// Lower the calling thread to `priority`. Lowering needs no privilege; a failure is logged and
@@ -140,11 +156,15 @@ fn set_current_thread_slice(slice: Duration, told: &std::sync::Once) {
 #[cfg(target_os = "linux")]
 fn set_current_thread_idle() {
     use thread_priority::unix::{
-        NormalThreadSchedulePolicy, ThreadSchedulePolicy, set_thread_priority_and_policy, thread_native_id,
-        thread_schedule_policy,
+        NormalThreadSchedulePolicy, ThreadSchedulePolicy, set_thread_priority_and_policy,
+        thread_native_id, thread_schedule_policy,
     };
     let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
-    let set = set_thread_priority_and_policy(thread_native_id(), thread_priority::ThreadPriority::Min, idle);
+    let set = set_thread_priority_and_policy(
+        thread_native_id(),
+        thread_priority::ThreadPriority::Min,
+        idle,
+    );
     if thread_schedule_policy().ok() != Some(idle) {
         tracing::warn!(error = ?set.err(), "could not put an analysis thread under SCHED_IDLE");
     }
@@ -198,16 +218,33 @@ mod tests {
     #[test]
     fn defaults_validate_and_bad_niceness_names_its_key() {
         assert!(RuntimeConfig::default().validate().is_ok());
-        let bad = RuntimeConfig { analysis_niceness: 25, ..Default::default() };
+        let bad = RuntimeConfig {
+            analysis_niceness: 25,
+            ..Default::default()
+        };
         assert_eq!(bad.validate().unwrap_err().0, "runtime.analysis_niceness");
         for us in [1, 99, 100_001] {
-            let bad = RuntimeConfig { proxy_slice_us: us, ..Default::default() };
+            let bad = RuntimeConfig {
+                proxy_slice_us: us,
+                ..Default::default()
+            };
             let (key, why) = bad.validate().unwrap_err();
             assert_eq!(key, "runtime.proxy_slice_us");
-            assert!(why.contains(&us.to_string()) && why.contains("100–100000"), "{why}");
+            assert!(
+                why.contains(&us.to_string()) && why.contains("100–100000"),
+                "{why}"
+            );
         }
         for us in [0, 100, 100_000] {
-            assert!(RuntimeConfig { proxy_slice_us: us, ..Default::default() }.validate().is_ok(), "{us}");
+            assert!(
+                RuntimeConfig {
+                    proxy_slice_us: us,
+                    ..Default::default()
+                }
+                .validate()
+                .is_ok(),
+                "{us}"
+            );
         }
     }
 
@@ -218,13 +255,19 @@ mod tests {
     fn proxy_threads_get_the_configured_slice() {
         use std::time::Duration;
         let slice = || tokenwatch_sched::current_thread_slice().unwrap();
-        let cfg = RuntimeConfig { proxy_slice_us: 700, ..Default::default() };
+        let cfg = RuntimeConfig {
+            proxy_slice_us: 700,
+            ..Default::default()
+        };
         let proxy = proxy_runtime(&cfg).unwrap();
-        let worker = proxy.block_on(async move { tokio::spawn(async move { slice() }).await.unwrap() });
-        let blocking = proxy.block_on(async move { tokio::task::spawn_blocking(slice).await.unwrap() });
+        let worker =
+            proxy.block_on(async move { tokio::spawn(async move { slice() }).await.unwrap() });
+        let blocking =
+            proxy.block_on(async move { tokio::task::spawn_blocking(slice).await.unwrap() });
         proxy.shutdown_background();
         let analysis = analysis_runtime(&cfg).unwrap();
-        let other = analysis.block_on(async move { tokio::spawn(async move { slice() }).await.unwrap() });
+        let other =
+            analysis.block_on(async move { tokio::spawn(async move { slice() }).await.unwrap() });
         analysis.shutdown_background();
         let Some(default) = other else {
             // A kernel before 6.12 keeps no slice per thread: nothing was set anywhere.
@@ -241,13 +284,28 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn analysis_idle_puts_analysis_threads_under_sched_idle() {
-        use thread_priority::unix::{NormalThreadSchedulePolicy, ThreadSchedulePolicy, thread_schedule_policy};
-        let idle = Ok(ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle));
-        let cfg = RuntimeConfig { analysis_idle: true, ..Default::default() };
+        use thread_priority::unix::{
+            NormalThreadSchedulePolicy, ThreadSchedulePolicy, thread_schedule_policy,
+        };
+        let idle = Ok(ThreadSchedulePolicy::Normal(
+            NormalThreadSchedulePolicy::Idle,
+        ));
+        let cfg = RuntimeConfig {
+            analysis_idle: true,
+            ..Default::default()
+        };
         let rt = analysis_runtime(&cfg).unwrap();
-        let worker = rt.block_on(async { tokio::spawn(async { thread_schedule_policy() }).await.unwrap() });
+        let worker = rt.block_on(async {
+            tokio::spawn(async { thread_schedule_policy() })
+                .await
+                .unwrap()
+        });
         assert_eq!(worker, idle);
-        let blocking = rt.block_on(async { tokio::task::spawn_blocking(thread_schedule_policy).await.unwrap() });
+        let blocking = rt.block_on(async {
+            tokio::task::spawn_blocking(thread_schedule_policy)
+                .await
+                .unwrap()
+        });
         assert_eq!(blocking, idle);
         rt.shutdown_background();
         let priority = analysis_priority(&cfg);
@@ -257,28 +315,47 @@ mod tests {
         });
         assert_eq!(own_thread.join().unwrap(), idle);
         let proxy = proxy_runtime(&cfg).unwrap();
-        let serving = proxy.block_on(async { tokio::spawn(async { thread_schedule_policy() }).await.unwrap() });
-        assert_eq!(serving, Ok(ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Other)));
+        let serving = proxy.block_on(async {
+            tokio::spawn(async { thread_schedule_policy() })
+                .await
+                .unwrap()
+        });
+        assert_eq!(
+            serving,
+            Ok(ThreadSchedulePolicy::Normal(
+                NormalThreadSchedulePolicy::Other
+            ))
+        );
         proxy.shutdown_background();
     }
 
     #[cfg(target_os = "linux")]
     #[test]
     fn analysis_threads_run_at_the_configured_niceness() {
-        let rt = analysis_runtime(&RuntimeConfig { analysis_niceness: 7, ..Default::default() }).unwrap();
-        let base = std::thread::spawn(|| rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap())
-            .join()
-            .unwrap();
+        let rt = analysis_runtime(&RuntimeConfig {
+            analysis_niceness: 7,
+            ..Default::default()
+        })
+        .unwrap();
+        let base = std::thread::spawn(|| {
+            rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap()
+        })
+        .join()
+        .unwrap();
         let inside = rt.block_on(async {
-            tokio::spawn(async { rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap() })
-                .await
-                .unwrap()
+            tokio::spawn(async {
+                rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap()
+            })
+            .await
+            .unwrap()
         });
         assert_eq!(inside, (base + 7).min(19));
         let blocking = rt.block_on(async {
-            tokio::task::spawn_blocking(|| rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap())
-                .await
-                .unwrap()
+            tokio::task::spawn_blocking(|| {
+                rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap()
+            })
+            .await
+            .unwrap()
         });
         assert_eq!(blocking, (base + 7).min(19));
         rt.shutdown_background();

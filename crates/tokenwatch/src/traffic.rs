@@ -14,8 +14,22 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 
 const WORDS: [&str; 16] = [
-    "explain", "the", "latency", "of", "a", "transformer", "serving", "stack", "with", "paged", "attention", "and",
-    "continuous", "batching", "for", "tenants",
+    "explain",
+    "the",
+    "latency",
+    "of",
+    "a",
+    "transformer",
+    "serving",
+    "stack",
+    "with",
+    "paged",
+    "attention",
+    "and",
+    "continuous",
+    "batching",
+    "for",
+    "tenants",
 ];
 const TENANTS: [&str; 3] = ["acme", "globex", "initech"];
 
@@ -34,7 +48,10 @@ fn prompt(rng: &mut StdRng) -> String {
     let tokens = 16f64 * (375f64).powf(u * u);
     // About 1.5 tokens per word of this vocabulary, so prompts stay within the model's context.
     let words = ((tokens / 1.5) as usize).max(4);
-    (0..words).map(|_| WORDS[rng.random_range(0..WORDS.len())]).collect::<Vec<_>>().join(" ")
+    (0..words)
+        .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn request_body(rng: &mut StdRng, model: &str) -> (String, String) {
@@ -59,7 +76,8 @@ fn request_body(rng: &mut StdRng, model: &str) -> (String, String) {
 
 /// Send traffic until `stop` turns true.
 pub async fn run(cfg: TrafficConfig, mut stop: watch::Receiver<bool>) {
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
     let permits = Arc::new(Semaphore::new(cfg.max_in_flight));
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let period = Duration::from_secs_f64(1.0 / cfg.requests_per_second.max(0.1));
@@ -70,7 +88,9 @@ pub async fn run(cfg: TrafficConfig, mut stop: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let Ok(permit) = permits.clone().try_acquire_owned() else { continue };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            continue;
+        };
         let model = &cfg.models[rng.random_range(0..cfg.models.len())];
         let (path, body) = request_body(&mut rng, model);
         let tenant = TENANTS[rng.random_range(0..TENANTS.len())];

@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::alertmanager::Alertmanager;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use common::alertmanager::Alertmanager;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -345,7 +345,10 @@ async fn one_incident_is_one_alertmanager_group() {
     };
     let mut by_incident: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for g in &groups {
-        let key = g["labels"]["incident_id"].as_str().unwrap_or("").to_string();
+        let key = g["labels"]["incident_id"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         let mut names: Vec<String> = g["alerts"]
             .as_array()
             .into_iter()

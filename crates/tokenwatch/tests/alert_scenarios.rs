@@ -12,7 +12,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-
 /// The scenarios share the machine's cores: run them one at a time so one's load cannot
 /// become another's latency spike.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -15,11 +15,15 @@ const SCHED_IDLE: u32 = 5;
 /// (thread name, what `read` finds in its `/proc/<pid>/task/<tid>` directory) of every thread
 /// of `pid` it finds something for.
 fn per_thread<T>(pid: u32, read: impl Fn(&std::path::Path) -> Option<T>) -> Vec<(String, T)> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("reading the process's threads");
+    let tasks =
+        std::fs::read_dir(format!("/proc/{pid}/task")).expect("reading the process's threads");
     tasks
         .filter_map(|t| {
             let dir = t.ok()?.path();
-            let name = std::fs::read_to_string(dir.join("comm")).ok()?.trim().to_string();
+            let name = std::fs::read_to_string(dir.join("comm"))
+                .ok()?
+                .trim()
+                .to_string();
             Some((name, read(&dir)?))
         })
         .collect()
@@ -35,7 +39,9 @@ fn thread_policies(pid: u32) -> Vec<(String, u32)> {
 }
 
 fn is_analysis(name: &str) -> bool {
-    ["tw-analysis", "tokenwatch-pipe", "tokenwatch-stor"].iter().any(|p| name.starts_with(p))
+    ["tw-analysis", "tokenwatch-pipe", "tokenwatch-stor"]
+        .iter()
+        .any(|p| name.starts_with(p))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,10 +49,22 @@ async fn analysis_idle_puts_only_the_analysis_threads_under_sched_idle() {
     let idle = Stack::start_with_config(&[], "runtime:\n  analysis_idle: true\n").await;
     let threads = thread_policies(idle.tw.child.id());
     let analysis: Vec<_> = threads.iter().filter(|(n, _)| is_analysis(n)).collect();
-    assert!(analysis.len() >= 3, "analysis threads not found: {threads:?}");
-    assert!(analysis.iter().all(|(_, p)| *p == SCHED_IDLE), "{threads:?}");
-    let proxy: Vec<_> = threads.iter().filter(|(n, _)| n.starts_with("tw-proxy")).collect();
-    assert!(!proxy.is_empty() && proxy.iter().all(|(_, p)| *p != SCHED_IDLE), "{threads:?}");
+    assert!(
+        analysis.len() >= 3,
+        "analysis threads not found: {threads:?}"
+    );
+    assert!(
+        analysis.iter().all(|(_, p)| *p == SCHED_IDLE),
+        "{threads:?}"
+    );
+    let proxy: Vec<_> = threads
+        .iter()
+        .filter(|(n, _)| n.starts_with("tw-proxy"))
+        .collect();
+    assert!(
+        !proxy.is_empty() && proxy.iter().all(|(_, p)| *p != SCHED_IDLE),
+        "{threads:?}"
+    );
     // Requests still flow and records still reach the store with analysis under SCHED_IDLE.
     let body = serde_json::json!({
         "model": "sim-llama-8b", "stream": true, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
@@ -65,16 +83,25 @@ async fn analysis_idle_puts_only_the_analysis_threads_under_sched_idle() {
 fn thread_slices(pid: u32) -> Vec<(String, u64)> {
     per_thread(pid, |dir| {
         let sched = std::fs::read_to_string(dir.join("sched")).ok()?;
-        sched.lines().find(|l| l.starts_with("se.slice"))?.rsplit(' ').next()?.trim().parse().ok()
+        sched
+            .lines()
+            .find(|l| l.starts_with("se.slice"))?
+            .rsplit(' ')
+            .next()?
+            .trim()
+            .parse()
+            .ok()
     })
 }
 
 /// Whether this kernel keeps a slice per normal thread (Linux 6.12+), asked on a thread of the
 /// test's own.
 fn kernel_keeps_slices() -> bool {
-    std::thread::spawn(|| tokenwatch_sched::set_current_thread_slice(std::time::Duration::from_micros(300)).is_ok())
-        .join()
-        .unwrap()
+    std::thread::spawn(|| {
+        tokenwatch_sched::set_current_thread_slice(std::time::Duration::from_micros(300)).is_ok()
+    })
+    .join()
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,14 +111,26 @@ async fn proxy_threads_ask_for_a_short_scheduler_slice_and_nothing_else_does() {
     if !kernel_keeps_slices() {
         // An older kernel: the binary says it keeps the kernel's slice, and serves anyway.
         let log = default.tw.log();
-        assert!(log.contains("runtime.proxy_slice_us"), "no word of the slice in the log:\n{log}");
+        assert!(
+            log.contains("runtime.proxy_slice_us"),
+            "no word of the slice in the log:\n{log}"
+        );
         return;
     }
     let threads = thread_slices(pid);
-    let proxy: Vec<_> = threads.iter().filter(|(n, _)| n.starts_with("tw-proxy")).collect();
-    assert!(!proxy.is_empty() && proxy.iter().all(|(_, s)| *s == 100_000), "{threads:?}");
+    let proxy: Vec<_> = threads
+        .iter()
+        .filter(|(n, _)| n.starts_with("tw-proxy"))
+        .collect();
+    assert!(
+        !proxy.is_empty() && proxy.iter().all(|(_, s)| *s == 100_000),
+        "{threads:?}"
+    );
     let analysis: Vec<_> = threads.iter().filter(|(n, _)| is_analysis(n)).collect();
-    assert!(analysis.len() >= 3 && analysis.iter().all(|(_, s)| *s != 100_000), "{threads:?}");
+    assert!(
+        analysis.len() >= 3 && analysis.iter().all(|(_, s)| *s != 100_000),
+        "{threads:?}"
+    );
     // Requests flow through the proxy's threads as before.
     let body = serde_json::json!({
         "model": "sim-llama-8b", "stream": true, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
@@ -101,12 +140,24 @@ async fn proxy_threads_ask_for_a_short_scheduler_slice_and_nothing_else_does() {
     // A slice of its own choosing, then the kernel's default (0).
     let chosen = Stack::start_with_config(&[], "runtime:\n  proxy_slice_us: 2500\n").await;
     let threads = thread_slices(chosen.tw.child.id());
-    assert!(threads.iter().filter(|(n, _)| n.starts_with("tw-proxy")).all(|(_, s)| *s == 2_500_000), "{threads:?}");
+    assert!(
+        threads
+            .iter()
+            .filter(|(n, _)| n.starts_with("tw-proxy"))
+            .all(|(_, s)| *s == 2_500_000),
+        "{threads:?}"
+    );
     let kernel = Stack::start_with_config(&[], "runtime:\n  proxy_slice_us: 0\n").await;
     let threads = thread_slices(kernel.tw.child.id());
-    let analysis_slice = threads.iter().find(|(n, _)| is_analysis(n)).map(|(_, s)| *s);
+    let analysis_slice = threads
+        .iter()
+        .find(|(n, _)| is_analysis(n))
+        .map(|(_, s)| *s);
     assert!(
-        threads.iter().filter(|(n, _)| n.starts_with("tw-proxy")).all(|(_, s)| Some(*s) == analysis_slice),
+        threads
+            .iter()
+            .filter(|(n, _)| n.starts_with("tw-proxy"))
+            .all(|(_, s)| Some(*s) == analysis_slice),
         "{threads:?}"
     );
 }

@@ -7,7 +7,10 @@ mod auth_support;
 mod common;
 
 use auth_support::*;
-use common::{BIN, free_addr, metric_value, python, send, start_collector, start_otlp_collector, write_auth_files};
+use common::{
+    BIN, free_addr, metric_value, python, send, start_collector, start_otlp_collector,
+    write_auth_files,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -349,7 +352,12 @@ async fn ui_asks_once_for_a_token_and_keeps_it_for_the_session() {
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, format!("read {READ}\ningest {INGEST}\n")).unwrap();
     let api = free_addr();
-    let mut tw = start_collector(dir.path(), api, &["--auth-tokens", &tokens.to_string_lossy()]).await;
+    let mut tw = start_collector(
+        dir.path(),
+        api,
+        &["--auth-tokens", &tokens.to_string_lossy()],
+    )
+    .await;
     let out = Command::new("node")
         .current_dir(&ui)
         .args([

@@ -113,8 +113,9 @@ async fn the_api_answers_from_clickhouse_and_an_outage_never_blocks_the_proxy() 
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let stored_rows = ch
-        .query("SELECT sum(count) FROM tokenwatch.rollups_v2 WHERE model_id = 'm' AND metric = 'e2e'");
+    let stored_rows = ch.query(
+        "SELECT sum(count) FROM tokenwatch.rollups_v2 WHERE model_id = 'm' AND metric = 'e2e'",
+    );
     assert_eq!(stored_rows.trim(), N.to_string());
     let mut merged = LatencySketch::default();
     for r in &rows {
@@ -211,7 +212,11 @@ async fn the_api_answers_from_clickhouse_and_an_outage_never_blocks_the_proxy() 
     }
     let started = Instant::now();
     let r = get(&format!("http://{}/readyz", stack.api)).await;
-    assert!(started.elapsed() < Duration::from_secs(1), "/readyz took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "/readyz took {:?}",
+        started.elapsed()
+    );
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(r.body.contains("unreachable"), "{}", r.body);
     // Latency from the store: the store's failure is a 503 that names it; the in-memory
@@ -223,7 +228,14 @@ async fn the_api_answers_from_clickhouse_and_an_outage_never_blocks_the_proxy() 
     .await;
     assert_eq!(r.status, 503, "{}", r.body);
     assert_eq!(r.json()["store"], "clickhouse", "{}", r.body);
-    assert!(r.json()["error"].as_str().unwrap().contains("clickhouse store"), "{}", r.body);
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("clickhouse store"),
+        "{}",
+        r.body
+    );
     let r = get(&format!(
         "http://{}/api/v1/latency?model=m&metric=e2e&window=1h&source=memory",
         stack.api
@@ -246,8 +258,16 @@ async fn two_instances_sharing_clickhouse_report_the_latency_of_all_their_reques
     let url = ch.url();
     let tw_args = ["--clickhouse-url", url.as_str()];
     // Two proxies, each in front of its own simulator (one faster than the other).
-    let a = Stack::start(&["--model", "m", "--ttft-ms", "30", "--itl-ms", "3"], &tw_args).await;
-    let b = Stack::start(&["--model", "m", "--ttft-ms", "90", "--itl-ms", "6"], &tw_args).await;
+    let a = Stack::start(
+        &["--model", "m", "--ttft-ms", "30", "--itl-ms", "3"],
+        &tw_args,
+    )
+    .await;
+    let b = Stack::start(
+        &["--model", "m", "--ttft-ms", "90", "--itl-ms", "6"],
+        &tw_args,
+    )
+    .await;
     let (n_a, n_b) = (9usize, 14usize);
     for (stack, n) in [(&a, n_a), (&b, n_b)] {
         let proxy_url = format!("http://{}/v1/chat/completions", stack.proxy);
@@ -261,7 +281,11 @@ async fn two_instances_sharing_clickhouse_report_the_latency_of_all_their_reques
     // Every request's record, as either instance reads them back from ClickHouse.
     let deadline = Instant::now() + Duration::from_secs(20);
     let recs = loop {
-        let r = get(&format!("http://{}/api/v1/requests?model=m&limit=100", b.api)).await;
+        let r = get(&format!(
+            "http://{}/api/v1/requests?model=m&limit=100",
+            b.api
+        ))
+        .await;
         let recs = r.json()["requests"].as_array().cloned().unwrap_or_default();
         if recs.len() == total {
             break recs;
@@ -284,7 +308,11 @@ async fn two_instances_sharing_clickhouse_report_the_latency_of_all_their_reques
         assert_eq!(mem["source"], "memory", "{mem}");
         assert_eq!(mem["count"], n as u64, "{mem}");
     }
-    let r = get(&format!("http://{}/api/v1/latency?model=m&window=6h&source=memory", a.api)).await;
+    let r = get(&format!(
+        "http://{}/api/v1/latency?model=m&window=6h&source=memory",
+        a.api
+    ))
+    .await;
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("source=store"), "{}", r.body);
 
@@ -311,7 +339,10 @@ async fn two_instances_sharing_clickhouse_report_the_latency_of_all_their_reques
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    assert!(through <= now_ms && from_a["from_unix_ms"] == through - 3_600_000, "{from_a}");
+    assert!(
+        through <= now_ms && from_a["from_unix_ms"] == through - 3_600_000,
+        "{from_a}"
+    );
     let from_b = latency(b.api, "model=m&metric=e2e&window=1h&source=store").await;
     for (who, l) in [("a", &from_a), ("b", &from_b)] {
         assert_eq!(l["count"], total as u64, "{who}: {l}");
@@ -343,7 +374,10 @@ async fn two_instances_sharing_clickhouse_report_the_latency_of_all_their_reques
         .iter()
         .map(|g| g["labels"]["instance"].as_str().unwrap())
         .collect();
-    assert!(instances.iter().all(|i| !i.is_empty()) && instances[0] != instances[1], "{by}");
+    assert!(
+        instances.iter().all(|i| !i.is_empty()) && instances[0] != instances[1],
+        "{by}"
+    );
 }
 
 async fn metrics(api: std::net::SocketAddr) -> String {

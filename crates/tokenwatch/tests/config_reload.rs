@@ -264,7 +264,13 @@ async fn reload_swaps_routes_and_rules_without_dropping_a_held_stream() {
     assert_eq!(v["restart_required"], serde_json::json!([]), "{v}");
     assert_eq!(
         v["unchanged"],
-        serde_json::json!(["proxy.upstreams", "proxy.routes", "alerting", "slos", "scrape.targets"]),
+        serde_json::json!([
+            "proxy.upstreams",
+            "proxy.routes",
+            "alerting",
+            "slos",
+            "scrape.targets"
+        ]),
         "{v}"
     );
 

@@ -15,9 +15,19 @@ fn repo() -> PathBuf {
 
 /// Schema errors per file, from the reference validator.
 fn validate(schema: &Path, files: &[PathBuf]) -> serde_json::Map<String, Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/validate_config_schema.py");
-    let out = Command::new(python()).arg(script).arg(schema).args(files).output().unwrap();
-    assert!(out.status.success(), "validator failed: {}", String::from_utf8_lossy(&out.stderr));
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/validate_config_schema.py");
+    let out = Command::new(python())
+        .arg(script)
+        .arg(schema)
+        .args(files)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "validator failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     match serde_json::from_slice(&out.stdout).unwrap() {
         Value::Object(m) => m,
         other => panic!("unexpected validator output {other}"),
@@ -25,14 +35,25 @@ fn validate(schema: &Path, files: &[PathBuf]) -> serde_json::Map<String, Value> 
 }
 
 fn check_config(file: &Path) -> (bool, String) {
-    let out = Command::new(BIN).arg("check-config").arg(file).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(BIN)
+        .arg("check-config")
+        .arg(file)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
 fn the_published_schema_is_what_the_binary_prints() {
     let out = Command::new(BIN).arg("schema").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let published = std::fs::read_to_string(repo().join("schemas/tokenwatch.schema.json")).unwrap();
     assert!(
         String::from_utf8_lossy(&out.stdout) == published,
@@ -71,9 +92,21 @@ fn the_validator_accepts_real_configurations_and_refuses_what_the_loader_refuses
 
     // Broken files: each refused by the loader, with the key named, and by the schema.
     let bad = [
-        ("unknown-top", "listen: 127.0.0.1:9464\nlisten_port: 9\n", "listen_port"),
-        ("unknown-nested", "store:\n  backend: sqlite\n  retension: 7d\n", "retension"),
-        ("bad-duration", "telemetry:\n  flush_interval: fast\n", "flush_interval"),
+        (
+            "unknown-top",
+            "listen: 127.0.0.1:9464\nlisten_port: 9\n",
+            "listen_port",
+        ),
+        (
+            "unknown-nested",
+            "store:\n  backend: sqlite\n  retension: 7d\n",
+            "retension",
+        ),
+        (
+            "bad-duration",
+            "telemetry:\n  flush_interval: fast\n",
+            "flush_interval",
+        ),
         ("wrong-type", "telemetry:\n  batch_max: many\n", "batch_max"),
         ("bad-enum", "store:\n  backend: postgres\n", "backend"),
     ];
@@ -82,7 +115,10 @@ fn the_validator_accepts_real_configurations_and_refuses_what_the_loader_refuses
         let path = dir.path().join(format!("{name}.yaml"));
         std::fs::write(&path, text).unwrap();
         let (ok, err) = check_config(&path);
-        assert!(!ok && err.contains(key), "{name}: check-config should refuse naming {key}: {err}");
+        assert!(
+            !ok && err.contains(key),
+            "{name}: check-config should refuse naming {key}: {err}"
+        );
         bad_paths.push(path);
     }
 
@@ -90,7 +126,12 @@ fn the_validator_accepts_real_configurations_and_refuses_what_the_loader_refuses
     let result = validate(&schema, &all);
     for path in &good {
         let errors = &result[&path.display().to_string()];
-        assert_eq!(errors, &Value::Array(Vec::new()), "{} should validate", path.display());
+        assert_eq!(
+            errors,
+            &Value::Array(Vec::new()),
+            "{} should validate",
+            path.display()
+        );
     }
     for path in &bad_paths {
         let errors = result[&path.display().to_string()].as_array().unwrap();

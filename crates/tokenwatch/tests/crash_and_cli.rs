@@ -15,7 +15,9 @@ async fn acknowledged_records_survive_kill_9() {
     let url = format!("http://{}/v1/chat/completions", stack.proxy);
     for i in 0..30 {
         let id = format!("crash-{i}");
-        let r = send("POST", &url, Some(CHAT), &[("x-request-id", &id)]).await.unwrap();
+        let r = send("POST", &url, Some(CHAT), &[("x-request-id", &id)])
+            .await
+            .unwrap();
         assert_eq!(r.status, 200);
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -24,16 +26,29 @@ async fn acknowledged_records_survive_kill_9() {
         if metric_value(&m, "tokenwatch_store_records_written_total") == Some(30.0) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "records not flushed:\n{m}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "records not flushed:\n{m}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stack.tw.kill9();
     stack.restart_tokenwatch();
     wait_ready(&format!("http://{}/readyz", stack.api), &stack.tw).await;
-    let recs = get(&format!("http://{}/api/v1/requests?limit=1000", stack.api)).await.json();
-    let ids: Vec<&str> = recs["requests"].as_array().unwrap().iter().map(|r| r["request_id"].as_str().unwrap()).collect();
+    let recs = get(&format!("http://{}/api/v1/requests?limit=1000", stack.api))
+        .await
+        .json();
+    let ids: Vec<&str> = recs["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["request_id"].as_str().unwrap())
+        .collect();
     for i in 0..30 {
-        assert!(ids.contains(&format!("crash-{i}").as_str()), "crash-{i} lost after kill -9; have {ids:?}");
+        assert!(
+            ids.contains(&format!("crash-{i}").as_str()),
+            "crash-{i} lost after kill -9; have {ids:?}"
+        );
     }
     // The proxy still works after the restart, and the clean shutdown path exits 0.
     let r = send("POST", &url, Some(CHAT), &[]).await.unwrap();
@@ -59,14 +74,21 @@ async fn api_rejects_bad_parameters_with_clear_messages() {
         let msg = r.json()["error"].as_str().unwrap().to_string();
         assert!(msg.contains(expect), "{path}: {msg}");
     }
-    let ok = get(&format!("http://{api}/api/v1/latency?model=m1&metric=queue&window=1h")).await;
+    let ok = get(&format!(
+        "http://{api}/api/v1/latency?model=m1&metric=queue&window=1h"
+    ))
+    .await;
     assert_eq!(ok.status, 200);
     assert_eq!(ok.json()["count"], 0);
     assert_eq!(get(&format!("http://{api}/healthz")).await.status, 200);
     let ready = get(&format!("http://{api}/readyz")).await.json();
     assert_eq!(ready["ready"], true);
     assert_eq!(ready["components"]["proxy"], "ok");
-    let since = get(&format!("http://{api}/api/v1/requests?since=2030-01-01T00:00:00Z")).await.json();
+    let since = get(&format!(
+        "http://{api}/api/v1/requests?since=2030-01-01T00:00:00Z"
+    ))
+    .await
+    .json();
     assert_eq!(since["count"], 0);
 }
 
@@ -74,25 +96,48 @@ async fn api_rejects_bad_parameters_with_clear_messages() {
 fn check_config_reports_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
-    std::fs::write(&bad, "proxy:\n  upstreams:\n    - url: http://127.0.0.1:8000\n      modles: [a]\n").unwrap();
-    let out = Command::new(BIN).args(["check-config", bad.to_str().unwrap()]).output().unwrap();
+    std::fs::write(
+        &bad,
+        "proxy:\n  upstreams:\n    - url: http://127.0.0.1:8000\n      modles: [a]\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.yaml") && err.contains("modles"), "{err}");
 
     let bad_url = dir.path().join("url.yaml");
     std::fs::write(&bad_url, "proxy:\n  upstreams:\n    - url: ftp://example\n").unwrap();
-    let out = Command::new(BIN).args(["check-config", bad_url.to_str().unwrap()]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", bad_url.to_str().unwrap()])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("proxy.upstreams[0].url"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("proxy.upstreams[0].url"),
+        "{err}"
+    );
 
     let good = dir.path().join("good.yaml");
     std::fs::write(&good, "listen: 127.0.0.1:9999\nproxy:\n  upstreams:\n    - url: http://127.0.0.1:8000\n      models: [a]\n").unwrap();
-    let out = Command::new(BIN).args(["check-config", good.to_str().unwrap()]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["check-config", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
 
-    let missing = Command::new(BIN).args(["check-config", "/nonexistent/tw.yaml"]).output().unwrap();
+    let missing = Command::new(BIN)
+        .args(["check-config", "/nonexistent/tw.yaml"])
+        .output()
+        .unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/tw.yaml"));
 }
@@ -105,28 +150,64 @@ async fn demo_runs_traffic_switches_a_fault_and_stops_cleanly() {
     let mut demo = Proc::start(
         "demo",
         &[
-            "demo", "--listen", &api.to_string(), "--proxy-listen", &proxy.to_string(), "--data-dir", data.to_str().unwrap(),
-            "--fault-after", "2s", "--rps", "20", "--otlp-grpc-listen", &free_addr().to_string(),
-            "--otlp-http-listen", &free_addr().to_string(),
+            "demo",
+            "--listen",
+            &api.to_string(),
+            "--proxy-listen",
+            &proxy.to_string(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--fault-after",
+            "2s",
+            "--rps",
+            "20",
+            "--otlp-grpc-listen",
+            &free_addr().to_string(),
+            "--otlp-http-listen",
+            &free_addr().to_string(),
         ],
         dir.path(),
     );
     wait_ready(&format!("http://{api}/readyz"), &demo).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let l = get(&format!("http://{api}/api/v1/latency?model=llama-3.1-8b-instruct&metric=ttft&window=1m")).await.json();
-        let q = get(&format!("http://{api}/api/v1/latency?model=qwen2.5-14b-instruct&metric=ttft&window=1m")).await.json();
-        if l["count"].as_u64().unwrap_or(0) >= 5 && q["count"].as_u64().unwrap_or(0) >= 5 && demo.log().contains("is now ON") {
+        let l = get(&format!(
+            "http://{api}/api/v1/latency?model=llama-3.1-8b-instruct&metric=ttft&window=1m"
+        ))
+        .await
+        .json();
+        let q = get(&format!(
+            "http://{api}/api/v1/latency?model=qwen2.5-14b-instruct&metric=ttft&window=1m"
+        ))
+        .await
+        .json();
+        if l["count"].as_u64().unwrap_or(0) >= 5
+            && q["count"].as_u64().unwrap_or(0) >= 5
+            && demo.log().contains("is now ON")
+        {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "demo traffic did not show up: {l} {q}\n{}", demo.log());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "demo traffic did not show up: {l} {q}\n{}",
+            demo.log()
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let log = demo.log();
-    for expect in ["tokenwatch demo is running", "/metrics", "/api/v1/latency", "kv_leak"] {
+    for expect in [
+        "tokenwatch demo is running",
+        "/metrics",
+        "/api/v1/latency",
+        "kv_leak",
+    ] {
         assert!(log.contains(expect), "demo output lacks {expect:?}:\n{log}");
     }
-    assert!(demo.terminate().success(), "demo did not exit cleanly:\n{}", demo.log());
+    assert!(
+        demo.terminate().success(),
+        "demo did not exit cleanly:\n{}",
+        demo.log()
+    );
     assert!(demo.log().contains("stopped"));
 }
 
@@ -135,18 +216,37 @@ async fn demo_runs_traffic_switches_a_fault_and_stops_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_stalled_stream_stops_within_the_grace() {
     let mut stack = Stack::start(
-        &["--model", "m1", "--ttft-ms", "1", "--itl-ms", "1", "--fault", "stall:seconds=600,rate=1"],
+        &[
+            "--model",
+            "m1",
+            "--ttft-ms",
+            "1",
+            "--itl-ms",
+            "1",
+            "--fault",
+            "stall:seconds=600,rate=1",
+        ],
         &[],
     )
     .await;
     let url = format!("http://{}/v1/chat/completions", stack.proxy);
-    let stalled = tokio::spawn(async move { send("POST", &url, Some(CHAT), &[("x-request-id", "stalled")]).await });
+    let stalled = tokio::spawn(async move {
+        send("POST", &url, Some(CHAT), &[("x-request-id", "stalled")]).await
+    });
     // The stream has started and stalls mid-way (the simulator pauses it for 10 minutes).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!stalled.is_finished(), "the stalled stream ended early");
     let began = std::time::Instant::now();
     let status = stack.tw.terminate(); // panics after 15 s
-    assert!(status.success(), "exit status {status}; log:\n{}", stack.tw.log());
-    assert!(began.elapsed() < Duration::from_secs(12), "took {:?}", began.elapsed());
+    assert!(
+        status.success(),
+        "exit status {status}; log:\n{}",
+        stack.tw.log()
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(12),
+        "took {:?}",
+        began.elapsed()
+    );
     stalled.abort();
 }

@@ -42,11 +42,13 @@ impl FakeDcgm {
     async fn start() -> FakeDcgm {
         let xid = Arc::new(AtomicU32::new(0));
         let code = xid.clone();
-        let target = common::metrics_target::MetricsTarget::start(move || dcgm_text(code.load(Ordering::SeqCst))).await;
+        let target = common::metrics_target::MetricsTarget::start(move || {
+            dcgm_text(code.load(Ordering::SeqCst))
+        })
+        .await;
         FakeDcgm { target, xid }
     }
 }
-
 
 /// Poll `url` until `check` accepts its JSON; fails with the last answer and the log.
 async fn wait_json(url: &str, tw: &Proc, what: &str, check: impl Fn(&Value) -> bool) -> Value {

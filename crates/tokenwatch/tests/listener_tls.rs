@@ -97,11 +97,21 @@ async fn start() -> TlsStack {
 /// curl trusting the CA: the API over HTTP/2 (ALPN) and HTTP/1.1; without the CA, refused.
 fn curl_over_tls(s: &TlsStack) {
     let url = format!("https://127.0.0.1:{}/api/v1/fleet", s.api.port());
-    let (status, body, err) = run_curl(&["--cacert", &s.ca_file, "-w", "\n%{http_code} %{http_version}", &url]);
+    let (status, body, err) = run_curl(&[
+        "--cacert",
+        &s.ca_file,
+        "-w",
+        "\n%{http_code} %{http_version}",
+        &url,
+    ]);
     assert!(status.success(), "curl https API: {err}\n{}", s.tw.log());
     let (json, tail) = body.rsplit_once('\n').unwrap();
-    assert_eq!(tail, "200 2", "status and HTTP version over TLS+ALPN: {body}");
-    serde_json::from_str::<serde_json::Value>(json).unwrap_or_else(|e| panic!("fleet not JSON ({e}): {json}"));
+    assert_eq!(
+        tail, "200 2",
+        "status and HTTP version over TLS+ALPN: {body}"
+    );
+    serde_json::from_str::<serde_json::Value>(json)
+        .unwrap_or_else(|e| panic!("fleet not JSON ({e}): {json}"));
     let url = format!("https://localhost:{}/metrics", s.api.port());
     let (status, body, err) = run_curl(&["--http1.1", "--cacert", &s.ca_file, &url]);
     assert!(
@@ -109,7 +119,10 @@ fn curl_over_tls(s: &TlsStack) {
         "curl https /metrics: {err}\n{body}"
     );
     let (status, _, err) = run_curl(&[&format!("https://127.0.0.1:{}/readyz", s.api.port())]);
-    assert!(!status.success(), "curl trusted a certificate of an unknown CA");
+    assert!(
+        !status.success(),
+        "curl trusted a certificate of an unknown CA"
+    );
     assert!(err.to_lowercase().contains("certificate"), "{err}");
 }
 
@@ -152,16 +165,27 @@ async fn plain_http_is_refused_promptly(s: &TlsStack) {
 async fn python_clients_over_tls(s: &TlsStack) {
     let base = format!("https://localhost:{}/v1", s.proxy.port());
     let out = run_python(&["openai", &base, &s.ca_file, "m-tls"], &s.tw);
-    let streamed = out["content_chunks"].as_u64().unwrap() > 1 && !out["text"].as_str().unwrap().is_empty();
+    let streamed =
+        out["content_chunks"].as_u64().unwrap() > 1 && !out["text"].as_str().unwrap().is_empty();
     assert!(streamed && out["usage"].as_u64().unwrap() > 0, "{out}");
-    poll_api(s.api, &s.ca_pem, "/api/v1/requests?model=m-tls", &s.tw, |v| {
-        v["count"] == 1
-    })
+    poll_api(
+        s.api,
+        &s.ca_pem,
+        "/api/v1/requests?model=m-tls",
+        &s.tw,
+        |v| v["count"] == 1,
+    )
     .await;
 
-    for (transport, addr, model) in [("grpc", s.grpc, "m-otlp-grpc"), ("http", s.otlp_http, "m-otlp-http")] {
+    for (transport, addr, model) in [
+        ("grpc", s.grpc, "m-otlp-grpc"),
+        ("http", s.otlp_http, "m-otlp-http"),
+    ] {
         let endpoint = format!("https://localhost:{}", addr.port());
-        let sent = run_python(&["otlp", transport, &endpoint, &s.ca_file, model, "3"], &s.tw);
+        let sent = run_python(
+            &["otlp", transport, &endpoint, &s.ca_file, model, "3"],
+            &s.tw,
+        );
         assert_eq!(sent["span_ids"].as_array().unwrap().len(), 3, "{sent}");
         let path = format!("/api/v1/requests?model={model}");
         poll_api(s.api, &s.ca_pem, &path, &s.tw, |v| v["count"] == 3).await;
@@ -176,7 +200,11 @@ async fn certificate_reload(s: &TlsStack) {
     install(&second, &s.cert, &s.key);
     let deadline = Instant::now() + Duration::from_secs(15);
     for addr in [s.api, s.proxy, s.grpc, s.otlp_http] {
-        let alpn: &[&[u8]] = if addr == s.grpc { &[b"h2"] } else { &[b"http/1.1"] };
+        let alpn: &[&[u8]] = if addr == s.grpc {
+            &[b"h2"]
+        } else {
+            &[b"http/1.1"]
+        };
         loop {
             let tls = tls_connect(addr, &s.ca_pem, alpn).await.unwrap();
             if tls.get_ref().1.peer_certificates().unwrap()[0].as_ref() == second.der.as_slice() {
@@ -190,18 +218,25 @@ async fn certificate_reload(s: &TlsStack) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(kept)).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(kept))
+        .await
+        .unwrap();
     tokio::spawn(conn);
     let req = http::Request::get("/healthz")
         .header("host", "localhost")
         .body(Empty::<Bytes>::new());
     let resp = send.send_request(req.unwrap()).await.unwrap();
-    assert_eq!(resp.status(), 200, "the connection made before the reload broke");
+    assert_eq!(
+        resp.status(),
+        200,
+        "the connection made before the reload broke"
+    );
 
     std::fs::write(&s.cert, "not a certificate\n").unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
     let cert = s.cert.to_string_lossy().into_owned();
-    let names_cert = |l: &str| l.contains("not reloaded") && l.contains("tls.cert_file") && l.contains(&cert);
+    let names_cert =
+        |l: &str| l.contains("not reloaded") && l.contains("tls.cert_file") && l.contains(&cert);
     while !s.tw.log().lines().any(names_cert) {
         assert!(
             Instant::now() < deadline,
@@ -211,8 +246,14 @@ async fn certificate_reload(s: &TlsStack) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let served = served_leaf(s.api, &s.ca_pem).await.unwrap();
-    assert_eq!(served, second.der, "a bad file replaced the served certificate");
-    assert_eq!(https_get(s.api, &s.ca_pem, "/healthz").await.unwrap().0, 200);
+    assert_eq!(
+        served, second.der,
+        "a bad file replaced the served certificate"
+    );
+    assert_eq!(
+        https_get(s.api, &s.ca_pem, "/healthz").await.unwrap().0,
+        200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,7 +334,11 @@ fn missing_or_bad_tls_files_are_refused_naming_key_and_file() {
     for (i, (yaml, key_path, names)) in cases.iter().enumerate() {
         let file = dir.path().join(format!("case{i}.yaml"));
         std::fs::write(&file, yaml).unwrap();
-        let out = Command::new(BIN).arg("check-config").arg(&file).output().unwrap();
+        let out = Command::new(BIN)
+            .arg("check-config")
+            .arg(&file)
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "check-config accepted:\n{yaml}");
         assert!(
@@ -306,7 +351,13 @@ fn missing_or_bad_tls_files_are_refused_naming_key_and_file() {
     let file = dir.path().join("case0.yaml");
     let data = dir.path().join("data");
     let out = Command::new(BIN)
-        .args(["run", "--no-otlp", "--listen", &free_addr().to_string(), "--data-dir"])
+        .args([
+            "run",
+            "--no-otlp",
+            "--listen",
+            &free_addr().to_string(),
+            "--data-dir",
+        ])
         .arg(&data)
         .arg("--config")
         .arg(&file)
@@ -321,8 +372,14 @@ fn missing_or_bad_tls_files_are_refused_naming_key_and_file() {
     // The flags set the shared pair: both are needed, and their files are checked the same way.
     let run_with = |flags: &[&std::path::Path]| {
         let mut cmd = Command::new(BIN);
-        cmd.args(["run", "--no-otlp", "--listen", &free_addr().to_string(), "--data-dir"])
-            .arg(&data);
+        cmd.args([
+            "run",
+            "--no-otlp",
+            "--listen",
+            &free_addr().to_string(),
+            "--data-dir",
+        ])
+        .arg(&data);
         for (flag, file) in ["--tls-cert", "--tls-key"].iter().zip(flags) {
             cmd.arg(flag).arg(file);
         }
@@ -333,7 +390,10 @@ fn missing_or_bad_tls_files_are_refused_naming_key_and_file() {
     let err = run_with(&[&cert]);
     assert!(err.contains("--tls-key"), "{err}");
     let err = run_with(&[&cert, &missing]);
-    assert!(err.contains("tls.key_file") && err.contains("missing.key"), "{err}");
+    assert!(
+        err.contains("tls.key_file") && err.contains("missing.key"),
+        "{err}"
+    );
 
     // A complete pair passes.
     let file = dir.path().join("good.yaml");
@@ -342,6 +402,14 @@ fn missing_or_bad_tls_files_are_refused_naming_key_and_file() {
         format!("tls:\n  cert_file: {c}\n  key_file: {k}\nproxy:\n  tls:\n    enabled: false\n"),
     )
     .unwrap();
-    let out = Command::new(BIN).arg("check-config").arg(&file).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -102,7 +102,6 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-
 #[tokio::test]
 async fn vllm_log_templates_are_stable_across_restarts_and_a_cuda_oom_is_the_root_cause() {
     let dir = tempfile::tempdir().unwrap();

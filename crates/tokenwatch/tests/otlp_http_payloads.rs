@@ -36,9 +36,24 @@ async fn post(url: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Reply {
         .expect("timed out")
         .unwrap_or_else(|e| panic!("POST {url} ({headers:?}, {n} bytes): {e:?}"));
     let status = resp.status().as_u16();
-    let content_type = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
-    Reply { status, content_type, body }
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    Reply {
+        status,
+        content_type,
+        body,
+    }
 }
 
 fn gzip(data: &[u8]) -> Vec<u8> {
@@ -70,31 +85,66 @@ fn json_traces(now_ns: u128) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn otlp_http_json_partial_success_and_malformed_payloads() {
     let dir = tempfile::tempdir().unwrap();
-    let (api, grpc, http): (SocketAddr, SocketAddr, SocketAddr) = (free_addr(), free_addr(), free_addr());
+    let (api, grpc, http): (SocketAddr, SocketAddr, SocketAddr) =
+        (free_addr(), free_addr(), free_addr());
     let data = dir.path().join("data").to_string_lossy().into_owned();
     let (a, g, h) = (api.to_string(), grpc.to_string(), http.to_string());
     let tw = Proc::start(
         "tokenwatch",
-        &["run", "--listen", &a, "--data-dir", &data, "--otlp-grpc-listen", &g, "--otlp-http-listen", &h],
+        &[
+            "run",
+            "--listen",
+            &a,
+            "--data-dir",
+            &data,
+            "--otlp-grpc-listen",
+            &g,
+            "--otlp-http-listen",
+            &h,
+        ],
         dir.path(),
     );
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
     let traces = format!("http://{http}/v1/traces");
-    let now_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
 
     // OTLP/JSON (hex ids, camelCase, int64 as string): accepted, one span rejected.
     let r = post(&traces, json_traces(now_ns).into_bytes(), &[JSON]).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(r.content_type.starts_with("application/json"), "{}", r.content_type);
+    assert!(
+        r.content_type.starts_with("application/json"),
+        "{}",
+        r.content_type
+    );
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!(v["partialSuccess"]["rejectedSpans"], serde_json::json!(1), "{v}");
-    assert!(v["partialSuccess"]["errorMessage"].as_str().unwrap().contains("trace_id must be 16 bytes"), "{v}");
+    assert_eq!(
+        v["partialSuccess"]["rejectedSpans"],
+        serde_json::json!(1),
+        "{v}"
+    );
+    assert!(
+        v["partialSuccess"]["errorMessage"]
+            .as_str()
+            .unwrap()
+            .contains("trace_id must be 16 bytes"),
+        "{v}"
+    );
     // The same, gzip-compressed, is accepted too (the re-sent span is not duplicated).
-    let r = post(&traces, gzip(json_traces(now_ns).as_bytes()), &[JSON, ("content-encoding", "gzip")]).await;
+    let r = post(
+        &traces,
+        gzip(json_traces(now_ns).as_bytes()),
+        &[JSON, ("content-encoding", "gzip")],
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let v = get(&format!("http://{api}/api/v1/requests?model=json-model")).await.json();
+        let v = get(&format!("http://{api}/api/v1/requests?model=json-model"))
+            .await
+            .json();
         if v["count"].as_u64() >= Some(1) {
             let rec = &v["requests"][0];
             assert_eq!(rec["prompt_tokens"], 321);
@@ -104,7 +154,11 @@ async fn otlp_http_json_partial_success_and_malformed_payloads() {
             assert_eq!(rec["runtime"], "curl-app");
             break;
         }
-        assert!(Instant::now() < deadline, "json-model record never appeared: {v}\n{}", tw.log());
+        assert!(
+            Instant::now() < deadline,
+            "json-model record never appeared: {v}\n{}",
+            tw.log()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
@@ -112,25 +166,60 @@ async fn otlp_http_json_partial_success_and_malformed_payloads() {
     let r = post(&traces, vec![0x0a, 0x80, 0x01, 0x0a], &[PROTO]).await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.content_type, "application/x-protobuf");
-    assert!(r.text().contains("invalid OTLP protobuf ExportTraceServiceRequest"), "{}", r.text());
+    assert!(
+        r.text()
+            .contains("invalid OTLP protobuf ExportTraceServiceRequest"),
+        "{}",
+        r.text()
+    );
 
     // Wrong JSON types: 400 with the path of the bad field.
     let bad = r#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":42}]}]}]}"#;
     let r = post(&traces, bad.as_bytes().to_vec(), &[JSON]).await;
     assert_eq!(r.status, 400, "{}", r.text());
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    assert!(v["message"].as_str().unwrap().contains("resourceSpans[0].scopeSpans[0].spans[0].name"), "{v}");
-    let r = post(&format!("http://{http}/v1/metrics"), b"{\"resourceMetrics\": 5}".to_vec(), &[JSON]).await;
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("resourceSpans[0].scopeSpans[0].spans[0].name"),
+        "{v}"
+    );
+    let r = post(
+        &format!("http://{http}/v1/metrics"),
+        b"{\"resourceMetrics\": 5}".to_vec(),
+        &[JSON],
+    )
+    .await;
     assert_eq!(r.status, 400, "{}", r.text());
-    assert!(r.text().contains("ExportMetricsServiceRequest"), "{}", r.text());
+    assert!(
+        r.text().contains("ExportMetricsServiceRequest"),
+        "{}",
+        r.text()
+    );
 
     // Not JSON at all, on logs.
-    let r = post(&format!("http://{http}/v1/logs"), b"{not json".to_vec(), &[JSON]).await;
+    let r = post(
+        &format!("http://{http}/v1/logs"),
+        b"{not json".to_vec(),
+        &[JSON],
+    )
+    .await;
     assert_eq!(r.status, 400, "{}", r.text());
-    assert!(r.text().contains("invalid OTLP/JSON ExportLogsServiceRequest"), "{}", r.text());
+    assert!(
+        r.text()
+            .contains("invalid OTLP/JSON ExportLogsServiceRequest"),
+        "{}",
+        r.text()
+    );
 
     // Gzip garbage: 400.
-    let r = post(&traces, b"definitely not gzip".to_vec(), &[PROTO, ("content-encoding", "gzip")]).await;
+    let r = post(
+        &traces,
+        b"definitely not gzip".to_vec(),
+        &[PROTO, ("content-encoding", "gzip")],
+    )
+    .await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("not valid gzip"), "{}", r.text());
 
@@ -144,10 +233,25 @@ async fn otlp_http_json_partial_success_and_malformed_payloads() {
     assert_eq!(r.status, 413, "{}", r.text());
 
     // Wrong content type or encoding: 415.
-    let r = post(&traces, b"hello".to_vec(), &[("content-type", "text/plain")]).await;
+    let r = post(
+        &traces,
+        b"hello".to_vec(),
+        &[("content-type", "text/plain")],
+    )
+    .await;
     assert_eq!(r.status, 415, "{}", r.text());
-    assert!(r.text().contains("application/x-protobuf or application/json"), "{}", r.text());
-    let r = post(&traces, b"hello".to_vec(), &[PROTO, ("content-encoding", "br")]).await;
+    assert!(
+        r.text()
+            .contains("application/x-protobuf or application/json"),
+        "{}",
+        r.text()
+    );
+    let r = post(
+        &traces,
+        b"hello".to_vec(),
+        &[PROTO, ("content-encoding", "br")],
+    )
+    .await;
     assert_eq!(r.status, 415, "{}", r.text());
 
     // Still serving: an empty protobuf export is fine, and the API answers.
@@ -161,7 +265,10 @@ async fn otlp_http_json_partial_success_and_malformed_payloads() {
         "tokenwatch_otlp_requests_total{transport=\"http\",outcome=\"unsupported_media_type\"}",
         "tokenwatch_otlp_rejected_total{signal=\"traces\",reason=\"invalid\"}",
     ] {
-        assert!(common::metric_value(&metrics, series).is_some_and(|n| n >= 1.0), "{series} missing:\n{metrics}");
+        assert!(
+            common::metric_value(&metrics, series).is_some_and(|n| n >= 1.0),
+            "{series} missing:\n{metrics}"
+        );
     }
     assert!(!tw.log().contains("panicked"), "{}", tw.log());
 }

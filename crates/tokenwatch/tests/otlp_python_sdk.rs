@@ -27,10 +27,26 @@ async fn start_collector() -> Collector {
     let (api, grpc, http) = (free_addr(), free_addr(), free_addr());
     let data = dir.path().join("data").to_string_lossy().into_owned();
     let (a, g, h) = (api.to_string(), grpc.to_string(), http.to_string());
-    let args = ["run", "--listen", &a, "--data-dir", &data, "--otlp-grpc-listen", &g, "--otlp-http-listen", &h];
+    let args = [
+        "run",
+        "--listen",
+        &a,
+        "--data-dir",
+        &data,
+        "--otlp-grpc-listen",
+        &g,
+        "--otlp-http-listen",
+        &h,
+    ];
     let tw = Proc::start("tokenwatch", &args, dir.path());
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
-    Collector { tw, api, grpc, http, dir }
+    Collector {
+        tw,
+        api,
+        grpc,
+        http,
+        dir,
+    }
 }
 
 /// Run the exporter script; returns what it reports having sent.
@@ -82,9 +98,15 @@ async fn check_model(c: &Collector, model: &str, sent: &serde_json::Value, trans
     let reqs = v["requests"].as_array().unwrap();
     let ok: Vec<_> = reqs.iter().filter(|r| r["status"] == 200).collect();
     assert_eq!(ok.len(), SPANS, "{v}");
-    let mut inputs: Vec<u64> = ok.iter().map(|r| r["prompt_tokens"].as_u64().unwrap()).collect();
+    let mut inputs: Vec<u64> = ok
+        .iter()
+        .map(|r| r["prompt_tokens"].as_u64().unwrap())
+        .collect();
     inputs.sort();
-    assert_eq!(inputs, (0..SPANS as u64).map(|i| 100 + i).collect::<Vec<_>>());
+    assert_eq!(
+        inputs,
+        (0..SPANS as u64).map(|i| 100 + i).collect::<Vec<_>>()
+    );
     for r in &ok {
         assert_eq!(r["trace_id"], sent["trace_id"]);
         assert_eq!(r["runtime"], "vllm");
@@ -92,9 +114,18 @@ async fn check_model(c: &Collector, model: &str, sent: &serde_json::Value, trans
         assert_eq!(r["tenant"], "acme");
         assert_eq!(r["finish_reason"], "stop");
         assert!(r["output_tokens"].as_u64().unwrap() >= 20);
-        assert!(sent["span_ids"].as_array().unwrap().contains(&r["request_id"]), "{r}");
+        assert!(
+            sent["span_ids"]
+                .as_array()
+                .unwrap()
+                .contains(&r["request_id"]),
+            "{r}"
+        );
     }
-    let err = reqs.iter().find(|r| r["status"] == 500).expect("the error span's record");
+    let err = reqs
+        .iter()
+        .find(|r| r["status"] == 500)
+        .expect("the error span's record");
     assert_eq!(err["error_class"], "upstream_5xx");
     assert_eq!(err["request_id"], sent["error_span_id"]);
 
@@ -107,7 +138,9 @@ async fn check_model(c: &Collector, model: &str, sent: &serde_json::Value, trans
     // Signals from the histograms: the second cumulative export's interval (0.13..0.23 s).
     let url = format!("http://{}/api/v1/signals?model={model}", c.api);
     let v = poll(&url, &c.tw, |v| {
-        v["signals"].as_array().is_some_and(|s| s.iter().any(|p| p["signal"] == "ttft_p99_seconds"))
+        v["signals"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|p| p["signal"] == "ttft_p99_seconds"))
     })
     .await;
     let signal = |name: &str| {
@@ -128,18 +161,41 @@ async fn check_model(c: &Collector, model: &str, sent: &serde_json::Value, trans
     }
     assert!((signal("e2e_p50_seconds")["value"].as_f64().unwrap() - 1.5).abs() < 0.5);
     assert!(signal("itl_p50_seconds")["value"].as_f64().unwrap() <= 0.025);
-    assert!(signal("prompt_tokens_per_second")["value"].as_f64().unwrap() > 0.0);
-    assert!(signal("output_tokens_per_second")["value"].as_f64().unwrap() > 0.0);
+    assert!(
+        signal("prompt_tokens_per_second")["value"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(
+        signal("output_tokens_per_second")["value"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
 
     // Every span stored with its ids intact (parent included), by trace id.
     let store = SqliteStore::open(&c.dir.path().join("data"), StoreOptions::default()).unwrap();
     let trace = sent["trace_id"].as_str().unwrap();
-    let spans = store.query_spans(&SpanQuery { trace_id: Some(trace.into()), ..Default::default() }).unwrap();
+    let spans = store
+        .query_spans(&SpanQuery {
+            trace_id: Some(trace.into()),
+            ..Default::default()
+        })
+        .unwrap();
     assert_eq!(spans.len(), SPANS + 3, "{spans:?}");
     let parent = sent["parent_span_id"].as_str().unwrap();
-    let root = spans.iter().find(|s| s.span_id == parent).expect("root span stored");
+    let root = spans
+        .iter()
+        .find(|s| s.span_id == parent)
+        .expect("root span stored");
     assert_eq!(root.parent_span_id, "");
-    assert!(spans.iter().filter(|s| s.span_id != parent).all(|s| s.parent_span_id == parent));
+    assert!(
+        spans
+            .iter()
+            .filter(|s| s.span_id != parent)
+            .all(|s| s.parent_span_id == parent)
+    );
     assert!(spans.iter().all(|s| s.service_name == "otel-test-app"));
 
     // The OpenInference LLM span: a record with its model, provider and token counts.
@@ -148,7 +204,11 @@ async fn check_model(c: &Collector, model: &str, sent: &serde_json::Value, trans
     let v = poll(&url, &c.tw, |v| v["count"] == 1).await;
     let r = &v["requests"][0];
     assert_eq!(r["request_id"], sent["oi_span_id"], "{v}");
-    assert_eq!((r["prompt_tokens"].as_u64(), r["output_tokens"].as_u64()), (Some(7), Some(3)), "{v}");
+    assert_eq!(
+        (r["prompt_tokens"].as_u64(), r["output_tokens"].as_u64()),
+        (Some(7), Some(3)),
+        "{v}"
+    );
     assert_eq!(r["runtime"], "openai", "{v}");
 
     // The client chunk histograms (exponential buckets): TTFT and ITL of the second export's
@@ -157,23 +217,40 @@ async fn check_model(c: &Collector, model: &str, sent: &serde_json::Value, trans
     let url = format!("http://{}/api/v1/signals?model={client}", c.api);
     let v = poll(&url, &c.tw, |v| {
         v["signals"].as_array().is_some_and(|s| {
-            s.iter().any(|p| p["signal"] == "ttft_p50_seconds" && p["value"].as_f64().is_some_and(|x| x > 0.28))
-                && s.iter().any(|p| p["signal"] == "itl_p50_seconds")
+            s.iter().any(|p| {
+                p["signal"] == "ttft_p50_seconds" && p["value"].as_f64().is_some_and(|x| x > 0.28)
+            }) && s.iter().any(|p| p["signal"] == "itl_p50_seconds")
         })
     })
     .await;
     let signal = |name: &str| {
-        v["signals"].as_array().unwrap().iter().find(|p| p["signal"] == name).cloned().unwrap()
+        v["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["signal"] == name)
+            .cloned()
+            .unwrap()
     };
     let ttft = signal("ttft_p50_seconds");
-    assert!((0.28..=0.36).contains(&ttft["value"].as_f64().unwrap()), "{ttft}");
-    assert_eq!(ttft["notes"]["metric"], "gen_ai.client.operation.time_to_first_chunk", "{ttft}");
+    assert!(
+        (0.28..=0.36).contains(&ttft["value"].as_f64().unwrap()),
+        "{ttft}"
+    );
+    assert_eq!(
+        ttft["notes"]["metric"], "gen_ai.client.operation.time_to_first_chunk",
+        "{ttft}"
+    );
     let itl = signal("itl_p50_seconds");
-    assert!((0.018..=0.022).contains(&itl["value"].as_f64().unwrap()), "{itl}");
+    assert!(
+        (0.018..=0.022).contains(&itl["value"].as_f64().unwrap()),
+        "{itl}"
+    );
 
     // The received spans' records are on /metrics with the GenAI labels, the OpenInference one too.
     let metrics = get(&format!("http://{}/metrics", c.api)).await.body;
-    let received = format!("tokenwatch_otlp_received_total{{signal=\"traces\",transport=\"{transport}\"}}");
+    let received =
+        format!("tokenwatch_otlp_received_total{{signal=\"traces\",transport=\"{transport}\"}}");
     assert!(
         common::metric_value(&metrics, &received).is_some_and(|n| n >= (SPANS + 3) as f64),
         "{received} missing:\n{metrics}"
@@ -187,7 +264,14 @@ async fn check_model(c: &Collector, model: &str, sent: &serde_json::Value, trans
                 && l.contains("gen_ai_token_type=\"input\"")
         })
         .unwrap_or_else(|| panic!("no token usage of {oi_model}:\n{metrics}"));
-    assert_eq!(oi_tokens.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()), Some(7.0), "{oi_tokens}");
+    assert_eq!(
+        oi_tokens
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok()),
+        Some(7.0),
+        "{oi_tokens}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,8 +282,16 @@ async fn python_sdk_exports_genai_spans_and_metrics_over_grpc_and_http() {
     let http_sent = export("http", &format!("http://{}", c.http), "otel-http-model");
     check_model(&c, "otel-http-model", &http_sent, "http").await;
     let status = c.tw.terminate();
-    assert!(status.success(), "tokenwatch exited with {status}; log:\n{}", c.tw.log());
-    assert!(!Path::new(&c.dir.path().join("data")).join("missing").exists());
+    assert!(
+        status.success(),
+        "tokenwatch exited with {status}; log:\n{}",
+        c.tw.log()
+    );
+    assert!(
+        !Path::new(&c.dir.path().join("data"))
+            .join("missing")
+            .exists()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,17 +303,38 @@ async fn grpc_partial_success_gzip_and_undecodable_bytes() {
         .output()
         .expect("running the raw gRPC script");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(v["rejected_spans"], 1, "{v}");
-    assert!(v["error_message"].as_str().unwrap().contains("trace_id must be 16 bytes"), "{v}");
+    assert!(
+        v["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("trace_id must be 16 bytes"),
+        "{v}"
+    );
     assert_eq!(v["gzip_rejected_spans"], 1, "{v}");
     // tonic answers undecodable messages itself (INTERNAL, naming the decode failure).
-    assert!(v["garbage"]["details"].as_str().unwrap().contains("failed to decode Protobuf message"), "{v}");
+    assert!(
+        v["garbage"]["details"]
+            .as_str()
+            .unwrap()
+            .contains("failed to decode Protobuf message"),
+        "{v}"
+    );
     let url = format!("http://{}/api/v1/requests?model=raw-grpc-gzip", c.api);
     let r = poll(&url, &c.tw, |v| v["count"] == 1).await;
     assert_eq!(r["requests"][0]["trace_id"], "ab".repeat(16));
     assert_eq!(get(&format!("http://{}/healthz", c.api)).await.status, 200);
     let status = c.tw.terminate();
-    assert!(status.success(), "tokenwatch exited with {status}; log:\n{}", c.tw.log());
+    assert!(
+        status.success(),
+        "tokenwatch exited with {status}; log:\n{}",
+        c.tw.log()
+    );
 }

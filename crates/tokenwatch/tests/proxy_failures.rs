@@ -9,7 +9,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-const CHAT: &str = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}"#;
+const CHAT: &str =
+    r#"{"model":"m1","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}"#;
 
 /// A deliberately broken upstream: behaviour chosen by the model name in the request.
 async fn broken_upstream() -> SocketAddr {
@@ -17,13 +18,17 @@ async fn broken_upstream() -> SocketAddr {
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
-            let Ok((mut s, _)) = l.accept().await else { return };
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 let mut tmp = [0u8; 4096];
                 // Read headers and body (small requests only).
                 loop {
-                    let Ok(n) = s.read(&mut tmp).await else { return };
+                    let Ok(n) = s.read(&mut tmp).await else {
+                        return;
+                    };
                     if n == 0 {
                         return;
                     }
@@ -32,7 +37,11 @@ async fn broken_upstream() -> SocketAddr {
                     if let Some(h) = text.find("\r\n\r\n") {
                         let len = text[..h]
                             .lines()
-                            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0)))
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                            })
                             .unwrap_or(0);
                         if buf.len() >= h + 4 + len {
                             break;
@@ -45,8 +54,12 @@ async fn broken_upstream() -> SocketAddr {
                 if req.contains("\"model\":\"hang\"") {
                     tokio::time::sleep(Duration::from_secs(30)).await;
                 } else if req.contains("\"model\":\"malformed\"") {
-                    let body = chunk("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {not json\n\ndata: [DONE]\n\n");
-                    let _ = s.write_all(format!("{head}{body}0\r\n\r\n").as_bytes()).await;
+                    let body = chunk(
+                        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {not json\n\ndata: [DONE]\n\n",
+                    );
+                    let _ = s
+                        .write_all(format!("{head}{body}0\r\n\r\n").as_bytes())
+                        .await;
                 } else if req.contains("\"model\":\"reset\"") {
                     let body = chunk("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
                     let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
@@ -55,7 +68,9 @@ async fn broken_upstream() -> SocketAddr {
                 } else if req.contains("\"model\":\"linger\"") {
                     // The whole answer, then the end of the body only after a pause (below
                     // proxy.idle_timeout): a client may close in between.
-                    let body = chunk("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n");
+                    let body = chunk(
+                        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n",
+                    );
                     let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
                     tokio::time::sleep(Duration::from_millis(600)).await;
                     let _ = s.write_all(b"0\r\n\r\n").await;
@@ -94,18 +109,27 @@ async fn send_then_close(proxy: SocketAddr, body: &str, until: &str, give_up: Du
 async fn records(api: SocketAddr, want: usize) -> Vec<serde_json::Value> {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let r = get(&format!("http://{api}/api/v1/requests?limit=100")).await.json();
+        let r = get(&format!("http://{api}/api/v1/requests?limit=100"))
+            .await
+            .json();
         let recs = r["requests"].as_array().unwrap().clone();
         if recs.len() >= want {
             return recs;
         }
-        assert!(std::time::Instant::now() < deadline, "only {} records: {recs:?}", recs.len());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} records: {recs:?}",
+            recs.len()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 fn class_of<'a>(recs: &'a [serde_json::Value], model: &str) -> &'a serde_json::Value {
-    &recs.iter().find(|r| r["model_id"] == model).unwrap_or_else(|| panic!("no record for {model}: {recs:?}"))["error_class"]
+    &recs
+        .iter()
+        .find(|r| r["model_id"] == model)
+        .unwrap_or_else(|| panic!("no record for {model}: {recs:?}"))["error_class"]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,11 +148,18 @@ async fn upstream_failures_reach_the_client_and_are_recorded() {
     let body = |m: &str| CHAT.replace("\"m1\"", &format!("\"{m}\""));
 
     // Refused: a clear 502 JSON error.
-    let r = send("POST", &url, Some(&body("refused")), &[]).await.unwrap();
+    let r = send("POST", &url, Some(&body("refused")), &[])
+        .await
+        .unwrap();
     assert_eq!(r.status, 502);
     let e = r.json();
     assert_eq!(e["error"]["type"], "upstream_connect", "{e}");
-    assert!(e["error"]["message"].as_str().unwrap().contains(&refused.to_string()));
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&refused.to_string())
+    );
 
     // Hung before headers: 502 after proxy.response_timeout, naming the setting.
     let r = send("POST", &url, Some(&body("hang")), &[]).await.unwrap();
@@ -137,13 +168,19 @@ async fn upstream_failures_reach_the_client_and_are_recorded() {
     assert!(r.body.contains("proxy.response_timeout"));
 
     // Malformed SSE: the client gets the bytes exactly as sent.
-    let r = send("POST", &url, Some(&body("malformed")), &[]).await.unwrap();
+    let r = send("POST", &url, Some(&body("malformed")), &[])
+        .await
+        .unwrap();
     assert_eq!(r.status, 200);
     assert!(r.body.contains("data: {not json\n\n"), "{:?}", r.body);
 
     // Reset mid-stream: the client's body fails too, as it did upstream.
     let r = send("POST", &url, Some(&body("reset")), &[]).await;
-    assert!(r.is_err(), "a reset upstream must not look like a clean end: {r:?}", r = r.as_ref().map(|x| &x.body));
+    assert!(
+        r.is_err(),
+        "a reset upstream must not look like a clean end: {r:?}",
+        r = r.as_ref().map(|x| &x.body)
+    );
 
     // Silent mid-stream beyond proxy.idle_timeout: cut and recorded as a timeout.
     let r = send("POST", &url, Some(&body("silent")), &[]).await;
@@ -152,17 +189,38 @@ async fn upstream_failures_reach_the_client_and_are_recorded() {
     // A client that closes once `[DONE]` reached it, before the upstream ended its body, had
     // the whole answer; one that closes mid-stream cancelled.
     send_then_close(proxy, &body("linger"), "[DONE]", Duration::from_secs(5)).await;
-    send_then_close(proxy, &body("silent"), "\"content\"", Duration::from_secs(5)).await;
+    send_then_close(
+        proxy,
+        &body("silent"),
+        "\"content\"",
+        Duration::from_secs(5),
+    )
+    .await;
 
     let recs = records(api, 7).await;
-    assert_eq!(*class_of(&recs, "linger"), serde_json::Value::Null, "{recs:?}");
-    let cancelled = recs.iter().filter(|r| r["model_id"] == "silent").map(|r| r["error_class"].clone()).collect::<Vec<_>>();
-    assert!(cancelled.contains(&serde_json::json!("client_cancelled")), "{cancelled:?}");
+    assert_eq!(
+        *class_of(&recs, "linger"),
+        serde_json::Value::Null,
+        "{recs:?}"
+    );
+    let cancelled = recs
+        .iter()
+        .filter(|r| r["model_id"] == "silent")
+        .map(|r| r["error_class"].clone())
+        .collect::<Vec<_>>();
+    assert!(
+        cancelled.contains(&serde_json::json!("client_cancelled")),
+        "{cancelled:?}"
+    );
     assert_eq!(*class_of(&recs, "refused"), "upstream_connect");
     assert_eq!(*class_of(&recs, "hang"), "upstream_timeout");
     assert_eq!(*class_of(&recs, "malformed"), "malformed_sse");
     assert_eq!(*class_of(&recs, "reset"), "upstream_reset");
-    assert!(recs.iter().any(|r| r["model_id"] == "silent" && r["error_class"] == "upstream_timeout"), "{recs:?}");
+    assert!(
+        recs.iter()
+            .any(|r| r["model_id"] == "silent" && r["error_class"] == "upstream_timeout"),
+        "{recs:?}"
+    );
     let malformed = recs.iter().find(|r| r["model_id"] == "malformed").unwrap();
     assert!(malformed["first_token_s"].as_f64().is_some());
     assert_eq!(malformed["runtime"], "vllm");
@@ -170,7 +228,20 @@ async fn upstream_failures_reach_the_client_and_are_recorded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_5xx_passes_through_and_counts_as_error() {
-    let stack = Stack::start(&["--model", "m1", "--ttft-ms", "5", "--itl-ms", "1", "--fault", "error_burst:rate=1"], &[]).await;
+    let stack = Stack::start(
+        &[
+            "--model",
+            "m1",
+            "--ttft-ms",
+            "5",
+            "--itl-ms",
+            "1",
+            "--fault",
+            "error_burst:rate=1",
+        ],
+        &[],
+    )
+    .await;
     let url = format!("http://{}/v1/chat/completions", stack.proxy);
     let r = send("POST", &url, Some(CHAT), &[]).await.unwrap();
     assert!(r.status >= 500, "status {}", r.status);
@@ -186,7 +257,10 @@ async fn upstream_5xx_passes_through_and_counts_as_error() {
         if m.contains("error_type=\"upstream_5xx\"") {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "no upstream_5xx series on /metrics:\n{m}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no upstream_5xx series on /metrics:\n{m}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -195,28 +269,49 @@ async fn upstream_5xx_passes_through_and_counts_as_error() {
 async fn full_telemetry_queue_drops_records_not_requests() {
     let dir = tempfile::tempdir().unwrap();
     let cfg_path = dir.path().join("tw.yaml");
-    std::fs::write(&cfg_path, "telemetry:\n  queue_capacity: 1\n  flush_interval: 1s\n  batch_max: 1\n").unwrap();
-    let stack = Stack::start(&["--model", "m1", "--ttft-ms", "1", "--itl-ms", "1"], &["-c", cfg_path.to_str().unwrap()]).await;
+    std::fs::write(
+        &cfg_path,
+        "telemetry:\n  queue_capacity: 1\n  flush_interval: 1s\n  batch_max: 1\n",
+    )
+    .unwrap();
+    let stack = Stack::start(
+        &["--model", "m1", "--ttft-ms", "1", "--itl-ms", "1"],
+        &["-c", cfg_path.to_str().unwrap()],
+    )
+    .await;
     let url = format!("http://{}/v1/chat/completions", stack.proxy);
     let mut tasks = Vec::new();
     for _ in 0..40 {
         let url = url.clone();
-        tasks.push(tokio::spawn(async move { send("POST", &url, Some(CHAT), &[]).await }));
+        tasks.push(tokio::spawn(async move {
+            send("POST", &url, Some(CHAT), &[]).await
+        }));
     }
     for t in tasks {
         let r = t.await.unwrap().unwrap();
-        assert_eq!(r.status, 200, "a request failed while telemetry was full: {}", r.body);
+        assert_eq!(
+            r.status, 200,
+            "a request failed while telemetry was full: {}",
+            r.body
+        );
         assert!(r.body.contains("[DONE]"));
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let m = get(&format!("http://{}/metrics", stack.api)).await.body;
         let written = metric_value(&m, "tokenwatch_store_records_written_total").unwrap();
-        let dropped = metric_value(&m, "tokenwatch_telemetry_dropped_records_total{reason=\"queue_full\"}").unwrap();
+        let dropped = metric_value(
+            &m,
+            "tokenwatch_telemetry_dropped_records_total{reason=\"queue_full\"}",
+        )
+        .unwrap();
         if written + dropped == 40.0 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "written {written} + dropped {dropped} != 40");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "written {written} + dropped {dropped} != 40"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

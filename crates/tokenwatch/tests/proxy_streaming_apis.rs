@@ -17,7 +17,6 @@ const ITL_MS: u64 = 50;
 /// The token cap of every request: the reasoning plus one answer token, so each is cut there.
 const MAX_TOKENS: u64 = REASONING + 1;
 
-
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
@@ -28,15 +27,35 @@ fn check_stream_timing(r: &Value, text_deltas: u64) {
     let id = &r["request_id"];
     assert_eq!(r["stream"], true, "{id}");
     let headers = r["upstream_headers_s"].as_f64().unwrap();
-    let ttft = r["first_token_s"].as_f64().unwrap_or_else(|| panic!("{id}: no first token: {r}"));
+    let ttft = r["first_token_s"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{id}: no first token: {r}"));
     // The answer starts after REASONING decode steps; a first token taken at the answer would
     // come at least REASONING × ITL after the headers.
     let budget = (REASONING * ITL_MS) as f64 / 1000.0;
-    assert!(ttft >= headers && ttft - headers < budget, "{id}: ttft {ttft} s, headers {headers} s");
-    let offsets: Vec<u64> = r["chunk_offsets_us"].as_array().unwrap().iter().map(u).collect();
-    assert_eq!(offsets.len() as u64, text_deltas, "{id}: one timed chunk per reasoning and answer delta");
-    assert!((offsets[0] as f64 / 1e6 - ttft).abs() < 1e-5, "{id}: the first chunk is the first token");
-    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{id}: {offsets:?}");
+    assert!(
+        ttft >= headers && ttft - headers < budget,
+        "{id}: ttft {ttft} s, headers {headers} s"
+    );
+    let offsets: Vec<u64> = r["chunk_offsets_us"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(u)
+        .collect();
+    assert_eq!(
+        offsets.len() as u64,
+        text_deltas,
+        "{id}: one timed chunk per reasoning and answer delta"
+    );
+    assert!(
+        (offsets[0] as f64 / 1e6 - ttft).abs() < 1e-5,
+        "{id}: the first chunk is the first token"
+    );
+    assert!(
+        offsets.windows(2).all(|w| w[0] <= w[1]),
+        "{id}: {offsets:?}"
+    );
     assert_eq!(u(&r["gaps"]["count"]), text_deltas - 1, "{id}");
 }
 
@@ -47,7 +66,10 @@ fn check_ok(r: &Value, endpoint: &str) {
     assert_eq!(r["model_id"], "m-think", "{r}");
     assert_eq!(r["runtime"], "sim", "{r}");
     assert_eq!(r["tokens_from_usage"], true, "{r}");
-    assert_eq!(r["finish_reason"], "length", "cut at the request's token cap: {r}");
+    assert_eq!(
+        r["finish_reason"], "length",
+        "cut at the request's token cap: {r}"
+    );
 }
 
 /// What an Anthropic event stream said: text and thinking deltas with text, input and output
@@ -55,7 +77,9 @@ fn check_ok(r: &Value, endpoint: &str) {
 fn read_anthropic_stream(body: &str) -> (u64, u64, u64, String) {
     let (mut deltas, mut input, mut output, mut stop) = (0, 0, 0, String::new());
     for line in body.lines() {
-        let Some(data) = line.strip_prefix("data: ") else { continue };
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
         let ev: Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"));
         match ev["type"].as_str().unwrap() {
             "message_start" => input = u(&ev["message"]["usage"]["input_tokens"]),
@@ -77,16 +101,38 @@ fn read_anthropic_stream(body: &str) -> (u64, u64, u64, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_messages_and_reasoning_chat_are_timed_and_recorded() {
     let (itl, reasoning) = (ITL_MS.to_string(), REASONING.to_string());
-    let sim = ["--model", "m-think", "--ttft-ms", "30", "--itl-ms", &itl, "--reasoning-tokens", &reasoning];
+    let sim = [
+        "--model",
+        "m-think",
+        "--ttft-ms",
+        "30",
+        "--itl-ms",
+        &itl,
+        "--reasoning-tokens",
+        &reasoning,
+    ];
     let stack = Stack::start(&sim, &[]).await;
 
     // The OpenAI Python client: a streamed and a plain Responses call, a streamed chat call.
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/streaming_apis_client.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/streaming_apis_client.py"
+    );
     let out = Command::new(python())
-        .args([script, &format!("http://{}/v1", stack.proxy), "m-think", &MAX_TOKENS.to_string()])
+        .args([
+            script,
+            &format!("http://{}/v1", stack.proxy),
+            "m-think",
+            &MAX_TOKENS.to_string(),
+        ])
         .output()
         .expect("running the OpenAI client");
-    assert!(out.status.success(), "openai client failed: {}\n{}", String::from_utf8_lossy(&out.stderr), stack.tw.log());
+    assert!(
+        out.status.success(),
+        "openai client failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        stack.tw.log()
+    );
     let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
 
     // Anthropic Messages over plain HTTP, streamed and not; same conversation as resp-stream.
@@ -99,12 +145,16 @@ async fn responses_messages_and_reasoning_chat_are_timed_and_recorded() {
         .to_string()
     };
     let headers = |id| [("x-request-id", id), ("anthropic-version", "2023-06-01")];
-    let streamed = send("POST", &url, Some(&body(true)), &headers("msg-stream")).await.unwrap();
+    let streamed = send("POST", &url, Some(&body(true)), &headers("msg-stream"))
+        .await
+        .unwrap();
     assert_eq!(streamed.status, 200, "{}", streamed.body);
     let (msg_deltas, msg_input, msg_output, msg_stop) = read_anthropic_stream(&streamed.body);
     assert_eq!((msg_output, msg_stop.as_str()), (MAX_TOKENS, "max_tokens"));
     assert!(msg_deltas > REASONING / 2, "{}", streamed.body);
-    let plain = send("POST", &url, Some(&body(false)), &headers("msg-json")).await.unwrap();
+    let plain = send("POST", &url, Some(&body(false)), &headers("msg-json"))
+        .await
+        .unwrap();
     assert_eq!(plain.status, 200, "{}", plain.body);
     let plain = plain.json();
 
@@ -114,7 +164,11 @@ async fn responses_messages_and_reasoning_chat_are_timed_and_recorded() {
         (c["status"].as_str(), c["incomplete_reason"].as_str()),
         (Some("incomplete"), Some("max_output_tokens"))
     );
-    assert_eq!(u(&c["kinds"]["response.reasoning_text.delta"]), REASONING, "{c}");
+    assert_eq!(
+        u(&c["kinds"]["response.reasoning_text.delta"]),
+        REASONING,
+        "{c}"
+    );
     let r = stored_record(stack.api, "resp-stream", &stack.tw).await;
     check_ok(&r, "/v1/responses");
     check_stream_timing(&r, u(&c["text_deltas"]));
@@ -128,28 +182,53 @@ async fn responses_messages_and_reasoning_chat_are_timed_and_recorded() {
     let c = &seen["resp-json"];
     let r = stored_record(stack.api, "resp-json", &stack.tw).await;
     check_ok(&r, "/v1/responses");
-    assert_eq!((r["stream"].as_bool(), r["first_token_s"].as_f64()), (Some(false), None), "{r}");
-    assert_eq!((&r["output_tokens"], &r["prompt_tokens"]), (&c["output_tokens"], &c["input_tokens"]), "{r}");
+    assert_eq!(
+        (r["stream"].as_bool(), r["first_token_s"].as_f64()),
+        (Some(false), None),
+        "{r}"
+    );
+    assert_eq!(
+        (&r["output_tokens"], &r["prompt_tokens"]),
+        (&c["output_tokens"], &c["input_tokens"]),
+        "{r}"
+    );
     assert_eq!(u(&r["reasoning_tokens"]), REASONING, "{r}");
 
     // Chat from the reasoning model: `delta.reasoning` chunks are tokens.
     let c = &seen["chat-think"];
     let (reasoning_chunks, content_chunks) = (u(&c["reasoning_chunks"]), u(&c["content_chunks"]));
-    assert!(reasoning_chunks > REASONING / 2 && content_chunks <= 1, "{c}");
+    assert!(
+        reasoning_chunks > REASONING / 2 && content_chunks <= 1,
+        "{c}"
+    );
     let r = stored_record(stack.api, "chat-think", &stack.tw).await;
     check_ok(&r, "/v1/chat/completions");
     check_stream_timing(&r, reasoning_chunks + content_chunks);
-    assert_eq!((&r["output_tokens"], &r["prompt_tokens"]), (&c["completion_tokens"], &c["prompt_tokens"]), "{r}");
+    assert_eq!(
+        (&r["output_tokens"], &r["prompt_tokens"]),
+        (&c["completion_tokens"], &c["prompt_tokens"]),
+        "{r}"
+    );
     assert_eq!(u(&r["reasoning_tokens"]), REASONING, "{r}");
 
     // Anthropic, streamed: thinking deltas time the first token; usage from message_start + message_delta.
     let r = stored_record(stack.api, "msg-stream", &stack.tw).await;
     check_ok(&r, "/v1/messages");
     check_stream_timing(&r, msg_deltas);
-    assert_eq!((u(&r["output_tokens"]), u(&r["prompt_tokens"])), (msg_output, msg_input), "{r}");
-    assert!(r["reasoning_tokens"].is_null(), "Anthropic does not report a reasoning count: {r}");
+    assert_eq!(
+        (u(&r["output_tokens"]), u(&r["prompt_tokens"])),
+        (msg_output, msg_input),
+        "{r}"
+    );
+    assert!(
+        r["reasoning_tokens"].is_null(),
+        "Anthropic does not report a reasoning count: {r}"
+    );
     let resp_key = stored_record(stack.api, "resp-stream", &stack.tw).await["prefix_key"].clone();
-    assert_eq!(r["prefix_key"], resp_key, "the same conversation has the same prefix key in both APIs");
+    assert_eq!(
+        r["prefix_key"], resp_key,
+        "the same conversation has the same prefix key in both APIs"
+    );
 
     // Anthropic, not streamed.
     let r = stored_record(stack.api, "msg-json", &stack.tw).await;
@@ -159,11 +238,22 @@ async fn responses_messages_and_reasoning_chat_are_timed_and_recorded() {
     assert_eq!(r["prompt_tokens"], plain["usage"]["input_tokens"], "{r}");
 
     // The list endpoint returns the reasoning count too.
-    let list = get(&format!("http://{}/api/v1/requests?model=m-think&limit=10", stack.api)).await.json();
+    let list = get(&format!(
+        "http://{}/api/v1/requests?model=m-think&limit=10",
+        stack.api
+    ))
+    .await
+    .json();
     let reqs = list["requests"].as_array().unwrap();
     assert_eq!(reqs.len(), 5, "{list}");
-    let with_reasoning = reqs.iter().filter(|r| r["reasoning_tokens"] == REASONING).count();
-    assert_eq!(with_reasoning, 3, "resp-stream, resp-json, chat-think: {list}");
+    let with_reasoning = reqs
+        .iter()
+        .filter(|r| r["reasoning_tokens"] == REASONING)
+        .count();
+    assert_eq!(
+        with_reasoning, 3,
+        "resp-stream, resp-json, chat-think: {list}"
+    );
 }
 
 /// Canned upstream streams: events the proxy knows, events it does not, comments, and errors.
@@ -254,8 +344,18 @@ async fn error_events_are_recorded_and_bytes_pass_untouched() {
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
 
     let cases: [(&str, &str, &str, &[&str]); 3] = [
-        ("/v1/responses", r#"{"stream":true,"input":"hi"}"#, "resp-failed", RESPONSES_FAILED),
-        ("/v1/responses", r#"{"model":"cut","stream":true,"input":"hi"}"#, "resp-cut", RESPONSES_CUT),
+        (
+            "/v1/responses",
+            r#"{"stream":true,"input":"hi"}"#,
+            "resp-failed",
+            RESPONSES_FAILED,
+        ),
+        (
+            "/v1/responses",
+            r#"{"model":"cut","stream":true,"input":"hi"}"#,
+            "resp-cut",
+            RESPONSES_CUT,
+        ),
         (
             "/v1/messages",
             r#"{"stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#,
@@ -265,16 +365,33 @@ async fn error_events_are_recorded_and_bytes_pass_untouched() {
     ];
     for (path, body, id, events) in cases {
         let url = format!("http://{proxy}{path}");
-        let r = send("POST", &url, Some(body), &[("x-request-id", id)]).await.unwrap();
+        let r = send("POST", &url, Some(body), &[("x-request-id", id)])
+            .await
+            .unwrap();
         assert_eq!(r.status, 200, "{id}");
-        assert_eq!(r.body, events.concat(), "{id}: the client gets the upstream's bytes unchanged");
+        assert_eq!(
+            r.body,
+            events.concat(),
+            "{id}: the client gets the upstream's bytes unchanged"
+        );
     }
 
     // Failed mid-stream: an upstream error after content, timed up to there, tokens counted.
     let r = stored_record(api, "resp-failed", &tw).await;
-    assert_eq!((r["error_class"].as_str(), r["status"].as_u64()), (Some("upstream_5xx"), Some(200)), "{r}");
-    assert_eq!(r["model_id"], "up-model", "the model from the stream when the request named none: {r}");
-    assert_eq!((u(&r["output_tokens"]), r["tokens_from_usage"].as_bool()), (2, Some(false)), "{r}");
+    assert_eq!(
+        (r["error_class"].as_str(), r["status"].as_u64()),
+        (Some("upstream_5xx"), Some(200)),
+        "{r}"
+    );
+    assert_eq!(
+        r["model_id"], "up-model",
+        "the model from the stream when the request named none: {r}"
+    );
+    assert_eq!(
+        (u(&r["output_tokens"]), r["tokens_from_usage"].as_bool()),
+        (2, Some(false)),
+        "{r}"
+    );
     assert_eq!(r["chunk_offsets_us"].as_array().unwrap().len(), 2, "{r}");
     assert_eq!(r["finish_reason"], "error", "{r}");
     assert!(r["first_token_s"].as_f64().is_some(), "{r}");
@@ -287,8 +404,16 @@ async fn error_events_are_recorded_and_bytes_pass_untouched() {
     let r = stored_record(api, "msg-error", &tw).await;
     assert_eq!(r["error_class"], "upstream_5xx", "{r}");
     assert_eq!(r["model_id"], "up-claude", "{r}");
-    assert_eq!((u(&r["prompt_tokens"]), u(&r["output_tokens"])), (7, 1), "{r}");
+    assert_eq!(
+        (u(&r["prompt_tokens"]), u(&r["output_tokens"])),
+        (7, 1),
+        "{r}"
+    );
 
     let status = tw.terminate();
-    assert!(status.success(), "tokenwatch exited with {status}; log:\n{}", tw.log());
+    assert!(
+        status.success(),
+        "tokenwatch exited with {status}; log:\n{}",
+        tw.log()
+    );
 }

@@ -232,7 +232,10 @@ async fn series_arrive_queryable_with_their_labels(prom: &Receiver, dir: &Path) 
     assert_eq!(m["gen_ai_provider_name"], "sim", "{req}");
     assert_eq!(m["gen_ai_operation_name"], "chat", "{req}");
     assert_eq!(m["instance"], stack.sim_addr.to_string(), "{req}");
-    assert!(m.get("error_type").is_none() && m.get("tenant").is_none(), "{req}");
+    assert!(
+        m.get("error_type").is_none() && m.get("tenant").is_none(),
+        "{req}"
+    );
 
     // A histogram: its +Inf bucket and count, and PromQL's histogram_quantile over the buckets.
     prom.wait_for(
@@ -260,7 +263,10 @@ async fn series_arrive_queryable_with_their_labels(prom: &Receiver, dir: &Path) 
     let out_tokens = sum_of(
         &metrics,
         "gen_ai_client_token_usage_sum",
-        &["gen_ai_request_model=\"m1\"", "gen_ai_token_type=\"output\""],
+        &[
+            "gen_ai_request_model=\"m1\"",
+            "gen_ai_token_type=\"output\"",
+        ],
     );
     assert!(out_tokens > 0.0, "{metrics}");
     prom.wait_for(

@@ -125,7 +125,11 @@ async fn heads_and_bodies_over_their_limits_are_refused_named_and_counted() {
     );
     let bodies = [
         (chat_url.clone(), "proxy.max_request_body_bytes", CHAT),
-        (format!("http://{otlp_http}/v1/traces"), "otlp.max_request_bytes", "{}"),
+        (
+            format!("http://{otlp_http}/v1/traces"),
+            "otlp.max_request_bytes",
+            "{}",
+        ),
     ];
     for (url, key, normal) in bodies {
         let (status, body) = post(&url, &big).await;

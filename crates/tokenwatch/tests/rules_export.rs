@@ -36,7 +36,10 @@ fn exported_rules_pass_promtool() {
         "error_burst",
         "error_burst_instance",
     ] {
-        assert!(text.contains(&format!("alert: \"{name}\"")), "{name} missing");
+        assert!(
+            text.contains(&format!("alert: \"{name}\"")),
+            "{name} missing"
+        );
     }
 
     // The exported error burst fires for the failing instance alone (promtool's rule unit test).

@@ -177,9 +177,16 @@ async fn fleet_timeseries_and_request_explorer_serve_real_data() {
     // The trace of a proxied request: the proxy's record and the proxy's own span.
     let trace_id = one["trace_id"].as_str().unwrap();
     let trace = json_of(&format!("http://{api}/api/v1/traces/{trace_id}")).await;
-    assert_eq!(trace["requests"][0]["request_id"], ids[3].as_str(), "{trace}");
+    assert_eq!(
+        trace["requests"][0]["request_id"],
+        ids[3].as_str(),
+        "{trace}"
+    );
     assert_eq!(trace["spans"].as_array().map(Vec::len), Some(1), "{trace}");
-    assert_eq!(trace["spans"][0]["attributes"]["tokenwatch.request_id"], ids[3].as_str());
+    assert_eq!(
+        trace["spans"][0]["attributes"]["tokenwatch.request_id"],
+        ids[3].as_str()
+    );
     let r = get(&format!("http://{api}/api/v1/traces/not-a-trace")).await;
     assert_eq!(r.status, 400);
     assert!(r.body.contains("32 hexadecimal"), "{}", r.body);

@@ -12,8 +12,9 @@ mod scores;
 mod scrape_targets;
 
 use crate::{
-    AnnotationRow, EmbeddingRow, LogQuery, LogRow, MarkerQuery, MarkerRow, RecordQuery, RetentionReport, RollupQuery,
-    RollupRow, SpanQuery, SpanRow, Store, StoreError, StoreOptions, StoreStats,
+    AnnotationRow, EmbeddingRow, LogQuery, LogRow, MarkerQuery, MarkerRow, RecordQuery,
+    RetentionReport, RollupQuery, RollupRow, SpanQuery, SpanRow, Store, StoreError, StoreOptions,
+    StoreStats,
 };
 use client::{Client, quote};
 use retention::DayTable;
@@ -261,8 +262,12 @@ impl Store for ClickHouseStore {
             return Ok(());
         }
         let body = insert::rollups(rows, &self.writer_id, next_seq(rows.len()));
-        self.client
-            .insert("insert_rollups", "rollups_v2", insert::ROLLUP_COLUMNS, &body)
+        self.client.insert(
+            "insert_rollups",
+            "rollups_v2",
+            insert::ROLLUP_COLUMNS,
+            &body,
+        )
     }
 
     fn query_records(&self, q: &RecordQuery) -> Result<Vec<RequestRecord>, StoreError> {

@@ -45,13 +45,14 @@ pub(crate) const MARKERS_PARTITION: &str = day_of_ms!("at_unix_ms");
 pub(crate) const SCORES_PARTITION: &str = day_of_ms!("at_unix_ms");
 
 /// Append-only: never edit an applied migration, add a new one.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "records, text, roll-ups, spans, logs, embeddings, annotations, alerts",
-    statements: &[
-        // `seq` orders rows by insertion (a per-process clock, see `Seq`), as SQLite's rowid does.
-        concat!(
-            "CREATE TABLE IF NOT EXISTS {db}.records (
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "records, text, roll-ups, spans, logs, embeddings, annotations, alerts",
+        statements: &[
+            // `seq` orders rows by insertion (a per-process clock, see `Seq`), as SQLite's rowid does.
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.records (
             seq UInt64, request_id String, trace_id String, model_id String, runtime String,
             instance String, tenant String, ab_group String, model_version String,
             prompt_version String, endpoint String, stream UInt8, arrival_unix_ms Int64,
@@ -62,130 +63,135 @@ pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
             tokens_from_usage UInt8, finish_reason String, status UInt16,
             error_class Nullable(String), embedding Array(Float32), prefix_key Nullable(UInt64)
         ) ENGINE = MergeTree PARTITION BY ",
-            day_of_ms!("arrival_unix_ms"),
-            " ORDER BY (model_id, arrival_unix_ms, seq)"
-        ),
-        concat!(
-            "CREATE TABLE IF NOT EXISTS {db}.record_text (
+                day_of_ms!("arrival_unix_ms"),
+                " ORDER BY (model_id, arrival_unix_ms, seq)"
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.record_text (
             seq UInt64, request_id String, arrival_unix_ms Int64, region String, prompt String,
             completion String, masked String, truncated UInt8
         ) ENGINE = MergeTree PARTITION BY ",
-            day_of_ms!("arrival_unix_ms"),
-            " ORDER BY (request_id, arrival_unix_ms)"
-        ),
-        // Replace semantics: the row with the highest `seq` wins, at merge time (the engine)
-        // and at query time (`LIMIT 1 BY` the key, newest first), since merges are lazy.
-        concat!(
-            "CREATE TABLE IF NOT EXISTS {db}.rollups (
+                day_of_ms!("arrival_unix_ms"),
+                " ORDER BY (request_id, arrival_unix_ms)"
+            ),
+            // Replace semantics: the row with the highest `seq` wins, at merge time (the engine)
+            // and at query time (`LIMIT 1 BY` the key, newest first), since merges are lazy.
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.rollups (
             model_id String, runtime String, instance String, tenant String, ab_group String,
             model_version String, bucket String, metric String, minute_start_unix_ms Int64,
             count UInt64, sketch String, seq UInt64
         ) ENGINE = ReplacingMergeTree(seq) PARTITION BY ",
-            day_of_ms!("minute_start_unix_ms"),
-            " ORDER BY (metric, model_id, runtime, instance, tenant, ab_group, model_version, \
+                day_of_ms!("minute_start_unix_ms"),
+                " ORDER BY (metric, model_id, runtime, instance, tenant, ab_group, model_version, \
              bucket, minute_start_unix_ms)"
-        ),
-        // A re-sent span is ignored: the first copy wins (`keep` = u64::MAX - seq is highest
-        // for the first insert), and queries take the lowest `seq` per (trace, span).
-        concat!(
-            "CREATE TABLE IF NOT EXISTS {db}.spans (
+            ),
+            // A re-sent span is ignored: the first copy wins (`keep` = u64::MAX - seq is highest
+            // for the first insert), and queries take the lowest `seq` per (trace, span).
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.spans (
             trace_id String, span_id String, parent_span_id String, name String, kind Int32,
             start_unix_nano Int64, end_unix_nano Int64, status_code Int32, status_message String,
             service_name String, attributes String, events_count UInt32, seq UInt64, keep UInt64
         ) ENGINE = ReplacingMergeTree(keep) PARTITION BY ",
-            day_of_ns!("start_unix_nano"),
-            " ORDER BY (trace_id, span_id)"
-        ),
-        concat!(
-            "CREATE TABLE IF NOT EXISTS {db}.logs (
+                day_of_ns!("start_unix_nano"),
+                " ORDER BY (trace_id, span_id)"
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.logs (
             time_unix_nano Int64, severity_number Int32, severity_text String, body String,
             trace_id String, span_id String, service_name String, attributes String, seq UInt64
         ) ENGINE = MergeTree PARTITION BY ",
-            day_of_ns!("time_unix_nano"),
-            " ORDER BY (time_unix_nano, seq)"
-        ),
-        concat!(
-            "CREATE TABLE IF NOT EXISTS {db}.embeddings (
+                day_of_ns!("time_unix_nano"),
+                " ORDER BY (time_unix_nano, seq)"
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.embeddings (
             request_id String, model_id String, at_unix_ms Int64, embedding Array(Float32),
             seq UInt64
         ) ENGINE = MergeTree PARTITION BY ",
-            day_of_ms!("at_unix_ms"),
-            " ORDER BY (request_id, seq)"
-        ),
-        concat!(
-            "CREATE TABLE IF NOT EXISTS {db}.annotations (
+                day_of_ms!("at_unix_ms"),
+                " ORDER BY (request_id, seq)"
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.annotations (
             request_id String, model_id String, instance String, at_unix_ms Int64,
             detector String, score Float64, joint_grade String, value Float64, summary String,
             evidence String, seq UInt64
         ) ENGINE = MergeTree PARTITION BY ",
-            day_of_ms!("at_unix_ms"),
-            " ORDER BY (request_id, at_unix_ms, seq)"
-        ),
-        // One row per change of an alert; the newest (`seq`) is the alert. A delete (and
-        // retention) writes a tombstone row (`deleted` = 1), which merges keep as the last word.
-        "CREATE TABLE IF NOT EXISTS {db}.alerts (
+                day_of_ms!("at_unix_ms"),
+                " ORDER BY (request_id, at_unix_ms, seq)"
+            ),
+            // One row per change of an alert; the newest (`seq`) is the alert. A delete (and
+            // retention) writes a tombstone row (`deleted` = 1), which merges keep as the last word.
+            "CREATE TABLE IF NOT EXISTS {db}.alerts (
             id String, fingerprint String, state String, active_at_unix_ms Int64,
             updated_unix_ms Int64, resolved_at_unix_ms Nullable(Int64), alert String,
             deleted UInt8, seq UInt64
         ) ENGINE = ReplacingMergeTree(seq) ORDER BY id",
-    ],
-}, Migration {
-    version: 2,
-    name: "scrape targets (sharded collectors' shared view)",
-    statements: &[concat!(
-        "CREATE TABLE IF NOT EXISTS {db}.scrape_targets (
+        ],
+    },
+    Migration {
+        version: 2,
+        name: "scrape targets (sharded collectors' shared view)",
+        statements: &[concat!(
+            "CREATE TABLE IF NOT EXISTS {db}.scrape_targets (
             url String, updated_unix_ms Int64, target String, seq UInt64
         ) ENGINE = MergeTree PARTITION BY ",
-        day_of_ms!("updated_unix_ms"),
-        " ORDER BY (url, updated_unix_ms, seq)"
-    )],
-}, Migration {
-    version: 3,
-    name: "version and deploy markers",
-    statements: &[concat!(
-        "CREATE TABLE IF NOT EXISTS {db}.markers (
+            day_of_ms!("updated_unix_ms"),
+            " ORDER BY (url, updated_unix_ms, seq)"
+        )],
+    },
+    Migration {
+        version: 3,
+        name: "version and deploy markers",
+        statements: &[concat!(
+            "CREATE TABLE IF NOT EXISTS {db}.markers (
             id String, kind String, model String, from_version String, to_version String,
             source String, at_unix_ms Int64, note String, seq UInt64
         ) ENGINE = MergeTree PARTITION BY ",
-        day_of_ms!("at_unix_ms"),
-        " ORDER BY (model, at_unix_ms, id, seq)"
-    )],
-}, Migration {
-    version: 4,
-    name: "roll-ups keyed by writer (several instances fronting one upstream instance)",
-    statements: &[
-        // Version 1's `rollups` had no writer in its key, so two tokenwatch instances writing
-        // the same series' minute replaced each other's row. Each writer's row now stands on
-        // its own and queries merge the writers' sketches. Old rows are copied with writer ''
-        // (re-running the copy is harmless: the copies replace each other, `LIMIT 1 BY` at
-        // query time). `rollups` is left in place, read by nothing, dropped by retention.
-        concat!(
-            "CREATE TABLE IF NOT EXISTS {db}.rollups_v2 (
+            day_of_ms!("at_unix_ms"),
+            " ORDER BY (model, at_unix_ms, id, seq)"
+        )],
+    },
+    Migration {
+        version: 4,
+        name: "roll-ups keyed by writer (several instances fronting one upstream instance)",
+        statements: &[
+            // Version 1's `rollups` had no writer in its key, so two tokenwatch instances writing
+            // the same series' minute replaced each other's row. Each writer's row now stands on
+            // its own and queries merge the writers' sketches. Old rows are copied with writer ''
+            // (re-running the copy is harmless: the copies replace each other, `LIMIT 1 BY` at
+            // query time). `rollups` is left in place, read by nothing, dropped by retention.
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.rollups_v2 (
             model_id String, runtime String, instance String, tenant String, ab_group String,
             model_version String, bucket String, metric String, minute_start_unix_ms Int64,
             writer String, count UInt64, sketch String, seq UInt64
         ) ENGINE = ReplacingMergeTree(seq) PARTITION BY ",
-            day_of_ms!("minute_start_unix_ms"),
-            " ORDER BY (metric, model_id, runtime, instance, tenant, ab_group, model_version, \
+                day_of_ms!("minute_start_unix_ms"),
+                " ORDER BY (metric, model_id, runtime, instance, tenant, ab_group, model_version, \
              bucket, minute_start_unix_ms, writer)"
-        ),
-        "INSERT INTO {db}.rollups_v2 (model_id, runtime, instance, tenant, ab_group, \
+            ),
+            "INSERT INTO {db}.rollups_v2 (model_id, runtime, instance, tenant, ab_group, \
          model_version, bucket, metric, minute_start_unix_ms, writer, count, sketch, seq) \
          SELECT model_id, runtime, instance, tenant, ab_group, model_version, bucket, metric, \
          minute_start_unix_ms, '', count, sketch, seq FROM {db}.rollups",
-    ],
-}, Migration {
-    version: 5,
-    name: "feedback and evaluation scores",
-    statements: &[concat!(
-        "CREATE TABLE IF NOT EXISTS {db}.scores (
+        ],
+    },
+    Migration {
+        version: 5,
+        name: "feedback and evaluation scores",
+        statements: &[concat!(
+            "CREATE TABLE IF NOT EXISTS {db}.scores (
             request_id String, trace_id String, at_unix_ms Int64, name String, value Float64,
             source String, seq UInt64
         ) ENGINE = MergeTree PARTITION BY ",
-        day_of_ms!("at_unix_ms"),
-        " ORDER BY (request_id, trace_id, at_unix_ms, seq)"
-    )],
-}];
+            day_of_ms!("at_unix_ms"),
+            " ORDER BY (request_id, trace_id, at_unix_ms, seq)"
+        )],
+    },
+];
 
 /// The highest schema version this build knows.
 pub(crate) fn latest_version() -> u32 {
@@ -289,7 +295,10 @@ mod tests {
             for st in m.statements {
                 // Copies are idempotent through their target's replace semantics.
                 let copy = st.starts_with("INSERT INTO {db}.rollups_v2 ");
-                assert!(copy || st.contains("IF NOT EXISTS {db}."), "not idempotent: {st}");
+                assert!(
+                    copy || st.contains("IF NOT EXISTS {db}."),
+                    "not idempotent: {st}"
+                );
             }
         }
     }

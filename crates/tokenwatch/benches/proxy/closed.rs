@@ -1,7 +1,9 @@
 // Closed-loop load for the proxy bench: N streams kept open at once (each worker sends its next
 // request as soon as the previous stream ends), and a poller that reads the API as the UI does.
 
-use super::{HttpClient, RunResult, Settings, Stats, cpu_ticks, get_text, one_stream, spawn_mem_sampler};
+use super::{
+    HttpClient, RunResult, Settings, Stats, cpu_ticks, get_text, one_stream, spawn_mem_sampler,
+};
 use http::Uri;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +13,13 @@ const TICKS_PER_S: f64 = super::TICKS_PER_S;
 
 /// `concurrency` workers stream back to back for warm-up + measured seconds; a stream counts
 /// when it started inside the measured window.
-pub async fn closed_loop(c: &HttpClient, uri: Uri, s: &Settings, concurrency: usize, tw_pid: Option<u32>) -> RunResult {
+pub async fn closed_loop(
+    c: &HttpClient,
+    uri: Uri,
+    s: &Settings,
+    concurrency: usize,
+    tw_pid: Option<u32>,
+) -> RunResult {
     let stats = Arc::new(Mutex::new(Stats::default()));
     let inflight = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -21,8 +29,13 @@ pub async fn closed_loop(c: &HttpClient, uri: Uri, s: &Settings, concurrency: us
     let measure_to = measure_from + Duration::from_secs_f64(s.secs);
     let mut workers = Vec::with_capacity(concurrency);
     for i in 0..concurrency {
-        let (c, uri, stats, inflight, started_total) =
-            (c.clone(), uri.clone(), stats.clone(), inflight.clone(), started_total.clone());
+        let (c, uri, stats, inflight, started_total) = (
+            c.clone(),
+            uri.clone(),
+            stats.clone(),
+            inflight.clone(),
+            started_total.clone(),
+        );
         let chunks = s.chunks;
         // Spread the first sends over 100 ms so the run does not open with a connect storm.
         let offset = Duration::from_micros((i as u64 * 100_000) / concurrency.max(1) as u64);
@@ -52,10 +65,16 @@ pub async fn closed_loop(c: &HttpClient, uri: Uri, s: &Settings, concurrency: us
         }));
     }
     tokio::time::sleep_until(measure_from.into()).await;
-    let cpu0 = (tw_pid.map(|p| cpu_ticks(&p.to_string())).unwrap_or(0), cpu_ticks("self"));
+    let cpu0 = (
+        tw_pid.map(|p| cpu_ticks(&p.to_string())).unwrap_or(0),
+        cpu_ticks("self"),
+    );
     let sampler = tw_pid.map(|pid| spawn_mem_sampler(pid, inflight.clone(), stop.clone()));
     tokio::time::sleep_until(measure_to.into()).await;
-    let cpu1 = (tw_pid.map(|p| cpu_ticks(&p.to_string())).unwrap_or(0), cpu_ticks("self"));
+    let cpu1 = (
+        tw_pid.map(|p| cpu_ticks(&p.to_string())).unwrap_or(0),
+        cpu_ticks("self"),
+    );
     stop.store(true, Ordering::Relaxed);
     let mem = match sampler {
         Some(h) => h.await.ok(),
@@ -64,7 +83,11 @@ pub async fn closed_loop(c: &HttpClient, uri: Uri, s: &Settings, concurrency: us
     for w in workers {
         let _ = w.await;
     }
-    let mut stats = Arc::try_unwrap(stats).ok().expect("all workers joined").into_inner().unwrap();
+    let mut stats = Arc::try_unwrap(stats)
+        .ok()
+        .expect("all workers joined")
+        .into_inner()
+        .unwrap();
     stats.sort();
     RunResult {
         label: format!("{concurrency} concurrent streams (closed loop)"),
@@ -91,7 +114,13 @@ impl UiPoller {
         let stop = Arc::new(AtomicBool::new(false));
         let (c, flag) = (c.clone(), stop.clone());
         let task = tokio::spawn(async move {
-            let paths = ["/api/v1/fleet", "/api/v1/alerts", "/api/v1/requests?limit=50", "/api/v1/gpus", "/metrics"];
+            let paths = [
+                "/api/v1/fleet",
+                "/api/v1/alerts",
+                "/api/v1/requests?limit=50",
+                "/api/v1/gpus",
+                "/metrics",
+            ];
             let (mut ok, mut failed) = (0u64, 0u64);
             while !flag.load(Ordering::Relaxed) {
                 for p in paths {

@@ -2,8 +2,8 @@
 // same upstream, its configuration, and the report table setting its added latency beside tokenwatch's.
 
 use super::{
-    ChildGuard, HttpClient, RunResult, achieved, child_pids, cpu_list, errors_text, free_addr, ms, one_stream, pinned_command, quantile_ms,
-    ratio, signed_ms,
+    ChildGuard, HttpClient, RunResult, achieved, child_pids, cpu_list, errors_text, free_addr, ms,
+    one_stream, pinned_command, quantile_ms, ratio, signed_ms,
 };
 use http::Uri;
 use std::fmt::Write as _;
@@ -19,10 +19,15 @@ const WORKER_CONNECTIONS: usize = 8192;
 
 /// TW_BENCH_REFERENCE: whether every run's load also goes through the reference nginx.
 pub fn wanted() -> bool {
-    match std::env::var("TW_BENCH_REFERENCE").unwrap_or_default().trim() {
+    match std::env::var("TW_BENCH_REFERENCE")
+        .unwrap_or_default()
+        .trim()
+    {
         "" | "none" | "off" | "0" => false,
         "nginx" => true,
-        other => panic!("TW_BENCH_REFERENCE={other:?}: the only reference proxy is `nginx` (or leave it unset)"),
+        other => panic!(
+            "TW_BENCH_REFERENCE={other:?}: the only reference proxy is `nginx` (or leave it unset)"
+        ),
     }
 }
 
@@ -43,16 +48,31 @@ impl Nginx {
     pub fn start(upstream: SocketAddr, pin: Option<&str>) -> Nginx {
         let bin = find_binary();
         let version = version(&bin);
-        let dir = tempfile::Builder::new().prefix("tw-bench-nginx").tempdir().expect("tempdir for nginx");
+        let dir = tempfile::Builder::new()
+            .prefix("tw-bench-nginx")
+            .tempdir()
+            .expect("tempdir for nginx");
         let listen = free_addr();
         // One worker per CPU the proxy may use, as tokenwatch's proxy runtime has one thread per CPU.
         let workers = pin
             .map(|cpus| cpu_list(cpus).len().max(1))
-            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            });
         let conf = dir.path().join("nginx.conf");
-        std::fs::write(&conf, render_config(dir.path(), listen, upstream, workers, running_as_root())).expect("write nginx.conf");
+        std::fs::write(
+            &conf,
+            render_config(dir.path(), listen, upstream, workers, running_as_root()),
+        )
+        .expect("write nginx.conf");
         let log = dir.path().join("error.log");
-        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("create nginx log");
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("create nginx log");
         let err = out.try_clone().expect("nginx log handle");
         // What nginx says before it has read `error_log` goes to stderr (Debian's build), so to `log` too.
         let child = pinned_command(bin.as_os_str(), pin)
@@ -66,7 +86,9 @@ impl Nginx {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
         let mut nginx = Nginx {
-            uri: format!("http://{listen}/v1/chat/completions").parse().expect("nginx uri"),
+            uri: format!("http://{listen}/v1/chat/completions")
+                .parse()
+                .expect("nginx uri"),
             version,
             workers,
             pinned: pin.map(str::to_string),
@@ -85,13 +107,19 @@ impl Nginx {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(Some(status)) = self.child.child.try_wait() {
-                panic!("nginx exited at start ({status}); its log:\n{}", self.child.log_tail());
+                panic!(
+                    "nginx exited at start ({status}); its log:\n{}",
+                    self.child.log_tail()
+                );
             }
             if TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_ok() {
                 return;
             }
             if Instant::now() > deadline {
-                panic!("nginx never accepted connections on {listen}; its log:\n{}", self.child.log_tail());
+                panic!(
+                    "nginx never accepted connections on {listen}; its log:\n{}",
+                    self.child.log_tail()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -101,7 +129,10 @@ impl Nginx {
     pub async fn check_stream(&self, c: &HttpClient, chunks: usize) {
         match one_stream(c, &self.uri, None, None).await {
             Ok(sample) if sample.content == chunks => {}
-            Ok(sample) => panic!("{}: {} content chunks, expected {chunks}", self.uri, sample.content),
+            Ok(sample) => panic!(
+                "{}: {} content chunks, expected {chunks}",
+                self.uri, sample.content
+            ),
             Err(e) => panic!("{}: {e}; nginx log:\n{}", self.uri, self.child.log_tail()),
         }
     }
@@ -121,9 +152,22 @@ impl Nginx {
     }
 
     /// What nginx adds over the run's direct pass, beside what tokenwatch adds, and nginx's CPU.
-    pub fn table(&self, out: &mut String, direct: &RunResult, tokenwatch: &RunResult, nginx: &RunResult) {
-        let _ = writeln!(out, "Reference: {} on the same load, against the same direct run:\n", self.version);
-        let _ = writeln!(out, "| metric | direct | nginx | added by nginx | added by tokenwatch | tokenwatch − nginx |");
+    pub fn table(
+        &self,
+        out: &mut String,
+        direct: &RunResult,
+        tokenwatch: &RunResult,
+        nginx: &RunResult,
+    ) {
+        let _ = writeln!(
+            out,
+            "Reference: {} on the same load, against the same direct run:\n",
+            self.version
+        );
+        let _ = writeln!(
+            out,
+            "| metric | direct | nginx | added by nginx | added by tokenwatch | tokenwatch − nginx |"
+        );
         let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
         let rows: [(&str, f64); 6] = [
             ("TTFT p50 (ms)", 0.50),
@@ -136,8 +180,15 @@ impl Nginx {
         for (name, q) in rows {
             let pick = |r: &RunResult| quantile_ms(r, name, q);
             let (d, n, t) = (pick(direct), pick(nginx), pick(tokenwatch));
-            let _ =
-                writeln!(out, "| {name} | {} | {} | {} | {} | {} |", ms(d), ms(n), signed_ms(n - d), signed_ms(t - d), signed_ms(t - n));
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {} | {} | {} | {} |",
+                ms(d),
+                ms(n),
+                signed_ms(n - d),
+                signed_ms(t - d),
+                signed_ms(t - n)
+            );
         }
         let (ad, an, at) = (achieved(direct), achieved(nginx), achieved(tokenwatch));
         let _ = writeln!(
@@ -151,12 +202,26 @@ impl Nginx {
             "| streams ok / scheduled | {} / {} | {} / {} | | | |",
             direct.stats.ok, direct.issued, nginx.stats.ok, nginx.issued
         );
-        let _ = writeln!(out, "| errors | {} | {} | | | |", errors_text(&direct.stats), errors_text(&nginx.stats));
+        let _ = writeln!(
+            out,
+            "| errors | {} | {} | | | |",
+            errors_text(&direct.stats),
+            errors_text(&nginx.stats)
+        );
         let cpu = |r: &RunResult| match r.cpu_tw_s {
-            Some(s) => format!("{:.2} ({:.0} µs)", s / r.issue_window_s, s / r.stats.ok.max(1) as f64 * 1e6),
+            Some(s) => format!(
+                "{:.2} ({:.0} µs)",
+                s / r.issue_window_s,
+                s / r.stats.ok.max(1) as f64 * 1e6
+            ),
             None => "n/a".into(),
         };
-        let _ = writeln!(out, "| CPU: the proxy, cores (µs CPU per stream) | — | {} | | tokenwatch: {} | |", cpu(nginx), cpu(tokenwatch));
+        let _ = writeln!(
+            out,
+            "| CPU: the proxy, cores (µs CPU per stream) | — | {} | | tokenwatch: {} | |",
+            cpu(nginx),
+            cpu(tokenwatch)
+        );
         let _ = writeln!(
             out,
             "| CPU: this process (client + upstream), cores | {:.2} | {:.2} | | | |",
@@ -173,7 +238,10 @@ impl Drop for Nginx {
     fn drop(&mut self) {
         let pid = self.pid().to_string();
         let workers = child_pids(&pid);
-        let _ = Command::new("kill").args(["-TERM", &pid]).stderr(Stdio::null()).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid])
+            .stderr(Stdio::null())
+            .status();
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.child.try_wait() {
@@ -182,7 +250,10 @@ impl Drop for Nginx {
             std::thread::sleep(Duration::from_millis(20));
         }
         for worker in workers {
-            let _ = Command::new("kill").args(["-KILL", &worker.to_string()]).stderr(Stdio::null()).status();
+            let _ = Command::new("kill")
+                .args(["-KILL", &worker.to_string()])
+                .stderr(Stdio::null())
+                .status();
         }
         // ChildGuard's drop kills and reaps the master.
     }
@@ -198,7 +269,13 @@ impl Drop for Nginx {
 /// floor of a hop. `reuseport` gives each worker its own listening socket, which the kernel spreads
 /// connections over evenly, as tokio spreads tokenwatch's connections over its threads. Keep-alive
 /// limits are raised so neither side reconnects during a run, as neither side does with tokenwatch.
-pub fn render_config(prefix: &Path, listen: SocketAddr, upstream: SocketAddr, workers: usize, as_root: bool) -> String {
+pub fn render_config(
+    prefix: &Path,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    workers: usize,
+    as_root: bool,
+) -> String {
     let p = |name: &str| format!("\"{}\"", prefix.join(name).display());
     // Started as root, nginx would run its workers as `nobody`, who cannot enter the 0700 tempdir.
     let user = if as_root { "user root;\n" } else { "" };
@@ -259,8 +336,9 @@ http {{
 }
 
 fn find_binary() -> PathBuf {
-    let on_path: Vec<PathBuf> =
-        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).map(|d| d.join("nginx")).collect()).unwrap_or_default();
+    let on_path: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join("nginx")).collect())
+        .unwrap_or_default();
     on_path.into_iter().chain([PathBuf::from("/usr/sbin/nginx")]).find(|p| p.is_file()).unwrap_or_else(|| {
         panic!(
             "TW_BENCH_REFERENCE=nginx: no nginx on PATH or at /usr/sbin/nginx. Install it (`apt-get install nginx-light` on \
@@ -271,12 +349,23 @@ fn find_binary() -> PathBuf {
 
 /// `nginx/1.22.1`, from `nginx -v` (which prints to stderr).
 fn version(bin: &Path) -> String {
-    let text = Command::new(bin).arg("-v").output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
-    text.trim().strip_prefix("nginx version: ").map(str::to_string).unwrap_or_else(|| "nginx".into())
+    let text = Command::new(bin)
+        .arg("-v")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .unwrap_or_default();
+    text.trim()
+        .strip_prefix("nginx version: ")
+        .map(str::to_string)
+        .unwrap_or_else(|| "nginx".into())
 }
 
 /// Effective user id 0, from `/proc/self/status` (`Uid: real effective saved fs`).
 fn running_as_root() -> bool {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|ids| ids.split_whitespace().nth(1)).is_some_and(|euid| euid == "0")
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .is_some_and(|euid| euid == "0")
 }

@@ -117,8 +117,14 @@ pub struct IngestState {
 pub fn router(state: Arc<IngestState>) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/embeddings", post(post_embeddings))
-        .route("/api/v1/feedback", post(crate::alerting::feedback::post_feedback))
-        .route("/api/v1/scores", post(crate::alerting::feedback::post_scores))
+        .route(
+            "/api/v1/feedback",
+            post(crate::alerting::feedback::post_feedback),
+        )
+        .route(
+            "/api/v1/scores",
+            post(crate::alerting::feedback::post_scores),
+        )
         .with_state(state)
 }
 

@@ -259,9 +259,15 @@ mod tests {
         }
         // The built-in absolute-latency rule's 60 s window, as the engine's.
         assert!(y.contains(r#"histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket[1m]))) > 2"#), "{y}");
-        assert!(y.contains("[5m] offset 1m"), "baseline: 5 windows before the current one: {y}");
+        assert!(
+            y.contains("[5m] offset 1m"),
+            "baseline: 5 windows before the current one: {y}"
+        );
         assert!(y.contains("sum by (le, model_name, instance)"), "{y}");
-        assert!(y.contains("group_left () (2 * quantile by (model_name) (0.5, "), "{y}");
+        assert!(
+            y.contains("group_left () (2 * quantile by (model_name) (0.5, "),
+            "{y}"
+        );
         assert!(y.contains(">= 0.2 and on (model_name) sum by (model_name) (increase(vllm:request_success_total[1m])) >= 20"), "{y}");
         assert!(
             y.contains("> 0.072 and"),

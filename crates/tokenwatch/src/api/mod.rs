@@ -10,13 +10,13 @@ mod requests;
 pub mod routes;
 mod scaling;
 mod slos;
+pub mod timeline;
 pub mod trace_components;
 mod traces;
-pub mod timeline;
 
+use crate::alerting::engine::AlertBook;
 use crate::export::prometheus::Metrics;
 use crate::sources::Components;
-use tokenwatch_core::signals::SharedSignals;
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::{StatusCode, header};
@@ -25,8 +25,8 @@ use axum::routing::get;
 use params::{ParamError, Params};
 use serde_json::json;
 use std::sync::{Arc, Mutex, RwLock};
-use crate::alerting::engine::AlertBook;
 use tokenwatch_core::aggregate::Aggregator;
+use tokenwatch_core::signals::SharedSignals;
 use tokenwatch_store::Store;
 
 pub struct ApiState {
@@ -76,7 +76,11 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
 
 impl IntoResponse for ParamError {
     fn into_response(self) -> Response {
-        (StatusCode::BAD_REQUEST, Json(json!({ "error": self.to_string() }))).into_response()
+        (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "error": self.to_string() })),
+        )
+            .into_response()
     }
 }
 
@@ -89,7 +93,11 @@ async fn not_found(uri: axum::http::Uri) -> Response {
 }
 
 async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
-    ([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], st.metrics.encode()).into_response()
+    (
+        [(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)],
+        st.metrics.encode(),
+    )
+        .into_response()
 }
 
 async fn readyz(State(st): State<Arc<ApiState>>) -> Response {
@@ -100,15 +108,30 @@ async fn readyz(State(st): State<Arc<ApiState>>) -> Response {
         Err(e) => format!("error: {e}"),
     };
     let ready = store == "ok";
-    let mut components: serde_json::Map<String, serde_json::Value> =
-        st.components.snapshot().into_iter().map(|(k, v)| (k, json!(v))).collect();
+    let mut components: serde_json::Map<String, serde_json::Value> = st
+        .components
+        .snapshot()
+        .into_iter()
+        .map(|(k, v)| (k, json!(v)))
+        .collect();
     components.insert("store".into(), json!(store));
-    let code = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (code, Json(json!({ "ready": ready, "components": components }))).into_response()
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        Json(json!({ "ready": ready, "components": components })),
+    )
+        .into_response()
 }
 
 /// Latest value of every normalised signal of a model (or of all models), with its source.
-async fn signals(State(st): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Result<Response, ParamError> {
+async fn signals(
+    State(st): State<Arc<ApiState>>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ParamError> {
     let p = Params::parse(q.as_deref(), &["model"])?;
     let model = p.get("model");
     let points = {

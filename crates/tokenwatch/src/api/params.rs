@@ -10,7 +10,11 @@ pub enum ParamError {
     #[error("query parameter {name:?} given more than once")]
     Repeated { name: String },
     #[error("invalid value {value:?} for {name:?}; allowed: {allowed}")]
-    BadValue { name: String, value: String, allowed: String },
+    BadValue {
+        name: String,
+        value: String,
+        allowed: String,
+    },
     #[error("the query string is not valid: {0}")]
     Malformed(String),
 }
@@ -23,12 +27,17 @@ impl Params {
     pub fn parse(query: Option<&str>, allowed: &[&str]) -> Result<Params, ParamError> {
         let pairs: Vec<(String, String)> = match query {
             None | Some("") => Vec::new(),
-            Some(q) => serde_urlencoded::from_str(q).map_err(|e| ParamError::Malformed(e.to_string()))?,
+            Some(q) => {
+                serde_urlencoded::from_str(q).map_err(|e| ParamError::Malformed(e.to_string()))?
+            }
         };
         let mut values = HashMap::new();
         for (k, v) in pairs {
             if !allowed.contains(&k.as_str()) {
-                return Err(ParamError::Unknown { name: k, allowed: allowed.join(", ") });
+                return Err(ParamError::Unknown {
+                    name: k,
+                    allowed: allowed.join(", "),
+                });
             }
             if values.insert(k.clone(), v).is_some() {
                 return Err(ParamError::Repeated { name: k });
@@ -41,7 +50,12 @@ impl Params {
         self.values.get(name).map(String::as_str)
     }
 
-    pub fn parse_with<T>(&self, name: &str, f: impl Fn(&str) -> Option<T>, allowed: &str) -> Result<Option<T>, ParamError> {
+    pub fn parse_with<T>(
+        &self,
+        name: &str,
+        f: impl Fn(&str) -> Option<T>,
+        allowed: &str,
+    ) -> Result<Option<T>, ParamError> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => f(v).map(Some).ok_or_else(|| ParamError::BadValue {
@@ -59,11 +73,20 @@ mod tests {
 
     #[test]
     fn rejects_unknown_and_repeated() {
-        let e = Params::parse(Some("model=a&windw=5m"), &["model", "window"]).err().unwrap();
-        assert!(e.to_string().contains("windw") && e.to_string().contains("allowed: model, window"));
-        assert!(matches!(Params::parse(Some("model=a&model=b"), &["model"]), Err(ParamError::Repeated { .. })));
+        let e = Params::parse(Some("model=a&windw=5m"), &["model", "window"])
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("windw") && e.to_string().contains("allowed: model, window")
+        );
+        assert!(matches!(
+            Params::parse(Some("model=a&model=b"), &["model"]),
+            Err(ParamError::Repeated { .. })
+        ));
         let p = Params::parse(Some("window=2m"), &["window"]).unwrap();
-        let e = p.parse_with("window", |s| (s == "5m").then_some(5), "1m, 5m, 1h").unwrap_err();
+        let e = p
+            .parse_with("window", |s| (s == "5m").then_some(5), "1m, 5m, 1h")
+            .unwrap_err();
         assert!(e.to_string().contains("\"2m\"") && e.to_string().contains("1m, 5m, 1h"));
     }
 }

@@ -16,7 +16,10 @@ use tokenwatch_store::{AnnotationRow, RecordOutcome, RecordQuery, Store};
 
 /// A record as JSON with its annotations (`[]` when none).
 fn with_annotations(r: RequestRecord, notes: &[AnnotationRow]) -> serde_json::Value {
-    let mine: Vec<&AnnotationRow> = notes.iter().filter(|a| a.request_id == r.request_id).collect();
+    let mine: Vec<&AnnotationRow> = notes
+        .iter()
+        .filter(|a| a.request_id == r.request_id)
+        .collect();
     let mut v = serde_json::to_value(&r).unwrap_or_else(|e| json!({ "error": e.to_string() }));
     if let Some(o) = v.as_object_mut() {
         o.insert("annotations".into(), json!(mine));

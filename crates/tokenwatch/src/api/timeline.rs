@@ -142,7 +142,10 @@ pub fn sample_fleet(
         let mut per_model: BTreeMap<String, LatencySketch> = BTreeMap::new();
         for ((model, bucket), sketch) in agg.sketches_by_model_and_bucket(metric, window, now_ms) {
             let sample = out.entry(model.clone()).or_default();
-            if let Some(p99) = sketch.quantile(0.99).filter(|_| metric != LatencyMetric::Itl) {
+            if let Some(p99) = sketch
+                .quantile(0.99)
+                .filter(|_| metric != LatencyMetric::Itl)
+            {
                 sample.by_bucket.insert((bucket, metric), p99);
             }
             per_model.entry(model).or_default().merge(&sketch);

@@ -27,14 +27,7 @@ fn rec(model: &str, finish_ms: i64, ttft: f64, prompt: u64, status: u16) -> Requ
     }
 }
 
-fn signal(
-    model: &str,
-    name: &str,
-    instance: &str,
-    device: &str,
-    v: f64,
-    ts: i64,
-) -> SignalPoint {
+fn signal(model: &str, name: &str, instance: &str, device: &str, v: f64, ts: i64) -> SignalPoint {
     SignalPoint {
         model_id: model.into(),
         signal: name.into(),

@@ -91,7 +91,8 @@ pub(super) async fn trace(State(st): State<Arc<ApiState>>, Path(id): Path<String
             })
         })
         .collect();
-    let components = json!({ "self_time_ms": attribution.total_ms, "by_component": attribution.components });
+    let components =
+        json!({ "self_time_ms": attribution.total_ms, "by_component": attribution.components });
     Json(json!({ "trace_id": id, "requests": records, "spans": spans, "components": components, "logs": logs }))
         .into_response()
 }

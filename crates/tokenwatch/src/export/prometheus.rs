@@ -4,7 +4,9 @@
 
 use crate::pipeline::RecordSink;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeMetric, LabelSetEncoder};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeMetric, LabelSetEncoder,
+};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -16,20 +18,25 @@ use tokenwatch_core::model::RequestRecord;
 use tokenwatch_core::signals::{SharedSignals, SignalPoint, names};
 
 /// Buckets recommended by the GenAI conventions for `gen_ai.server.time_to_first_token`.
-const TTFT_BUCKETS: [f64; 16] =
-    [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+const TTFT_BUCKETS: [f64; 16] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
 /// Buckets recommended for `gen_ai.server.time_per_output_token`.
-const TPOT_BUCKETS: [f64; 13] = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5];
+const TPOT_BUCKETS: [f64; 13] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+];
 /// Buckets recommended for `gen_ai.server.request.duration` and `gen_ai.client.operation.duration`.
-const DURATION_BUCKETS: [f64; 14] =
-    [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92];
+const DURATION_BUCKETS: [f64; 14] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
 /// Buckets recommended for `gen_ai.client.token.usage` (powers of 4).
 pub const TOKEN_USAGE_BUCKETS: [f64; 14] = [
-    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0,
-    67108864.0,
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
 ];
-const STORE_WRITE_BUCKETS: [f64; 12] =
-    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
+const STORE_WRITE_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
 
 /// `export.prometheus` in the configuration.
 #[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
@@ -57,10 +64,17 @@ pub fn operation_name(endpoint: &str) -> &'static str {
     if let Some(op) = WELL_KNOWN.iter().find(|op| **op == endpoint) {
         return op;
     }
-    let path = endpoint.split('?').next().unwrap_or("").trim_end_matches('/');
+    let path = endpoint
+        .split('?')
+        .next()
+        .unwrap_or("")
+        .trim_end_matches('/');
     if path.ends_with("/chat/completions") || path.ends_with("/api/chat") {
         "chat"
-    } else if path.ends_with("/completions") || path.ends_with("/generate") || path.ends_with("/generate_stream") {
+    } else if path.ends_with("/completions")
+        || path.ends_with("/generate")
+        || path.ends_with("/generate_stream")
+    {
         "text_completion"
     } else if path.ends_with("/embeddings") || path.ends_with("/embed") {
         "embeddings"
@@ -113,7 +127,11 @@ pub struct RequestLabels {
 impl RequestLabels {
     pub fn of(r: &RequestRecord, with_tenant: bool) -> RequestLabels {
         let l = &r.labels;
-        let response_model = if r.span.response_model.is_empty() { &l.model_id } else { &r.span.response_model };
+        let response_model = if r.span.response_model.is_empty() {
+            &l.model_id
+        } else {
+            &r.span.response_model
+        };
         RequestLabels {
             gen_ai_operation_name: operation_name(&r.endpoint),
             gen_ai_provider_name: provider_name(&l.runtime, &r.endpoint),
@@ -136,7 +154,11 @@ impl EncodeLabelSet for RequestLabels {
         label(encoder, "gen_ai_operation_name", self.gen_ai_operation_name)?;
         label(encoder, "gen_ai_provider_name", &self.gen_ai_provider_name)?;
         label(encoder, "gen_ai_request_model", &self.gen_ai_request_model)?;
-        label(encoder, "gen_ai_response_model", &self.gen_ai_response_model)?;
+        label(
+            encoder,
+            "gen_ai_response_model",
+            &self.gen_ai_response_model,
+        )?;
         label(encoder, "instance", &self.instance)?;
         label(encoder, "ab_group", &self.ab_group)?;
         label(encoder, "model_version", &self.model_version)?;
@@ -163,7 +185,10 @@ impl OutcomeLabels {
             None if r.status >= 400 => Some(r.status.to_string()),
             None => None,
         };
-        OutcomeLabels { request, error_type }
+        OutcomeLabels {
+            request,
+            error_type,
+        }
     }
 }
 
@@ -266,7 +291,8 @@ impl Metrics {
         let ttft: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_hist);
         let tpot: HistFamily<RequestLabels> = Family::new_with_constructor(tpot_hist);
         let duration: HistFamily<OutcomeLabels> = Family::new_with_constructor(duration_hist);
-        let operation_duration: HistFamily<OutcomeLabels> = Family::new_with_constructor(duration_hist);
+        let operation_duration: HistFamily<OutcomeLabels> =
+            Family::new_with_constructor(duration_hist);
         registry.register(
             "gen_ai_server_time_to_first_token_seconds",
             "Time from a successful request's arrival at the proxy to its first content-bearing chunk",
@@ -313,15 +339,27 @@ impl Metrics {
             queue_capacity.clone(),
         );
         let dropped = Family::<ReasonLabels, Counter>::default();
-        let dropped_records = dropped.get_or_create(&ReasonLabels { reason: "queue_full".into() }).clone();
-        let dropped_records_closed = dropped.get_or_create(&ReasonLabels { reason: "shutting_down".into() }).clone();
+        let dropped_records = dropped
+            .get_or_create(&ReasonLabels {
+                reason: "queue_full".into(),
+            })
+            .clone();
+        let dropped_records_closed = dropped
+            .get_or_create(&ReasonLabels {
+                reason: "shutting_down".into(),
+            })
+            .clone();
         registry.register(
             "tokenwatch_telemetry_dropped_records",
             "Records dropped before the pipeline (requests were not affected), by reason: queue_full, shutting_down",
             dropped,
         );
         let pipeline_records = Counter::default();
-        registry.register("tokenwatch_pipeline_records", "Records processed by the pipeline", pipeline_records.clone());
+        registry.register(
+            "tokenwatch_pipeline_records",
+            "Records processed by the pipeline",
+            pipeline_records.clone(),
+        );
         let store_write_seconds = Histogram::new(STORE_WRITE_BUCKETS);
         registry.register(
             "tokenwatch_store_write_duration_seconds",
@@ -335,7 +373,11 @@ impl Metrics {
             store_records_written.clone(),
         );
         let store_write_errors = Counter::default();
-        registry.register("tokenwatch_store_write_errors", "Failed store writes", store_write_errors.clone());
+        registry.register(
+            "tokenwatch_store_write_errors",
+            "Failed store writes",
+            store_write_errors.clone(),
+        );
         let store_rollups_written = Counter::default();
         registry.register(
             "tokenwatch_store_rollups_written",
@@ -361,8 +403,16 @@ impl Metrics {
             rejected_requests.clone(),
         );
         let build_info = Family::<BuildLabels, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
-        registry.register("tokenwatch_build_info", "tokenwatch version", build_info.clone());
-        build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").into() }).set(1);
+        registry.register(
+            "tokenwatch_build_info",
+            "tokenwatch version",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").into(),
+            })
+            .set(1);
 
         Metrics {
             registry: std::sync::RwLock::new(registry),
@@ -389,7 +439,12 @@ impl Metrics {
     }
 
     /// Register a further metric (a source's own health, for example). Names must be unique.
-    pub fn register(&self, name: &str, help: &str, metric: impl prometheus_client::registry::Metric) {
+    pub fn register(
+        &self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
         let mut r = self.registry.write().unwrap_or_else(|p| p.into_inner());
         r.register(name, help, metric);
     }
@@ -410,7 +465,8 @@ impl Metrics {
         out
     }
 
-    pub const CONTENT_TYPE: &'static str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+    pub const CONTENT_TYPE: &'static str =
+        prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
     /// `export.prometheus.tenant_label`: whether request series carry `tenant` from now on.
     pub fn set_tenant_label(&self, on: bool) {
@@ -435,13 +491,18 @@ impl Metrics {
         }
         for (kind, n) in [("input", r.prompt_tokens), ("output", r.output_tokens)] {
             if let Some(n) = n {
-                let t = TokenLabels { request: req.clone(), gen_ai_token_type: kind };
+                let t = TokenLabels {
+                    request: req.clone(),
+                    gen_ai_token_type: kind,
+                };
                 self.tokens.get_or_create(&t).observe(n as f64);
             }
         }
         let outcome = OutcomeLabels::of(r, req);
         self.duration.get_or_create(&outcome).observe(r.end_s);
-        self.operation_duration.get_or_create(&outcome).observe(r.end_s);
+        self.operation_duration
+            .get_or_create(&outcome)
+            .observe(r.end_s);
         self.requests.get_or_create(&outcome).inc();
     }
 }
@@ -458,24 +519,52 @@ const EXPORTED_SIGNALS: [(&str, &str, &str); 14] = [
         "tokenwatch_prefix_cache_hit_ratio",
         "Share of prompt tokens served from the runtime's prefix cache (0..1)",
     ),
-    (names::REQUESTS_RUNNING, "tokenwatch_runtime_requests_running", "Requests the runtime is running (its batch)"),
-    (names::REQUESTS_WAITING, "tokenwatch_runtime_requests_waiting", "Requests waiting in the runtime's queue"),
+    (
+        names::REQUESTS_RUNNING,
+        "tokenwatch_runtime_requests_running",
+        "Requests the runtime is running (its batch)",
+    ),
+    (
+        names::REQUESTS_WAITING,
+        "tokenwatch_runtime_requests_waiting",
+        "Requests waiting in the runtime's queue",
+    ),
     (
         names::PREEMPTIONS_PER_SECOND,
         "tokenwatch_runtime_preemptions_per_second",
         "Sequences the runtime preempted per second (KV-cache pressure)",
     ),
-    (names::GPU_MEMORY_USED_BYTES, "tokenwatch_gpu_memory_used_bytes", "GPU memory in use"),
-    (names::GPU_MEMORY_TOTAL_BYTES, "tokenwatch_gpu_memory_total_bytes", "GPU memory in all"),
-    (names::GPU_MEMORY_USED_RATIO, "tokenwatch_gpu_memory_used_ratio", "GPU memory used over total (0..1)"),
-    (names::GPU_UTILIZATION, "tokenwatch_gpu_utilization_ratio", "Share of time a kernel ran on the GPU (0..1)"),
+    (
+        names::GPU_MEMORY_USED_BYTES,
+        "tokenwatch_gpu_memory_used_bytes",
+        "GPU memory in use",
+    ),
+    (
+        names::GPU_MEMORY_TOTAL_BYTES,
+        "tokenwatch_gpu_memory_total_bytes",
+        "GPU memory in all",
+    ),
+    (
+        names::GPU_MEMORY_USED_RATIO,
+        "tokenwatch_gpu_memory_used_ratio",
+        "GPU memory used over total (0..1)",
+    ),
+    (
+        names::GPU_UTILIZATION,
+        "tokenwatch_gpu_utilization_ratio",
+        "Share of time a kernel ran on the GPU (0..1)",
+    ),
     // DCGM profiling fields (dcgm-exporter `DCGM_FI_PROF_*`).
     (
         names::GPU_SM_ACTIVE_RATIO,
         "tokenwatch_gpu_sm_active_ratio",
         "Share of time at least one warp was resident on an SM, mean over the SMs (0..1)",
     ),
-    (names::GPU_SM_OCCUPANCY_RATIO, "tokenwatch_gpu_sm_occupancy_ratio", "Resident warps over the SMs' maximum (0..1)"),
+    (
+        names::GPU_SM_OCCUPANCY_RATIO,
+        "tokenwatch_gpu_sm_occupancy_ratio",
+        "Resident warps over the SMs' maximum (0..1)",
+    ),
     (
         names::GPU_TENSOR_ACTIVE_RATIO,
         "tokenwatch_gpu_tensor_active_ratio",
@@ -500,9 +589,12 @@ struct SignalLabels<'a>(&'a SignalPoint);
 impl EncodeLabelSet for SignalLabels<'_> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
         let p = self.0;
-        for (key, value) in
-            [("model", &p.model_id), ("runtime", &p.runtime), ("instance", &p.instance), ("gpu", &p.device_id)]
-        {
+        for (key, value) in [
+            ("model", &p.model_id),
+            ("runtime", &p.runtime),
+            ("instance", &p.instance),
+            ("gpu", &p.device_id),
+        ] {
             if !value.is_empty() {
                 label(encoder, key, value)?;
             }
@@ -528,9 +620,16 @@ impl SignalCollector {
         let board = self.board.read().unwrap_or_else(|p| p.into_inner());
         // History since the end of time: none; only the latest points of the wanted series are cloned.
         let mut out: Vec<(usize, SignalPoint)> = board
-            .series_where(i64::MAX, |p| EXPORTED_SIGNALS.iter().any(|(s, _, _)| *s == p.signal))
+            .series_where(i64::MAX, |p| {
+                EXPORTED_SIGNALS.iter().any(|(s, _, _)| *s == p.signal)
+            })
             .into_iter()
-            .filter_map(|(p, _)| EXPORTED_SIGNALS.iter().position(|(s, _, _)| *s == p.signal).map(|i| (i, p)))
+            .filter_map(|(p, _)| {
+                EXPORTED_SIGNALS
+                    .iter()
+                    .position(|(s, _, _)| *s == p.signal)
+                    .map(|i| (i, p))
+            })
             .collect();
         drop(board);
         out.sort_by_key(|(i, _)| *i);
@@ -598,13 +697,24 @@ mod tests {
 
     /// The samples of `name` (exact sample name) as (labels, value).
     fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
-        let families = tokenwatch_core::exposition::parse(text, tokenwatch_core::exposition::Format::PrometheusText)
-            .expect("the exposition parses");
+        let families = tokenwatch_core::exposition::parse(
+            text,
+            tokenwatch_core::exposition::Format::PrometheusText,
+        )
+        .expect("the exposition parses");
         families
             .iter()
             .flat_map(|f| f.samples.iter())
             .filter(|s| s.name == name)
-            .map(|s| (s.labels.iter().map(|l| (l.name.to_string(), l.value.to_string())).collect(), s.value))
+            .map(|s| {
+                (
+                    s.labels
+                        .iter()
+                        .map(|l| (l.name.to_string(), l.value.to_string()))
+                        .collect(),
+                    s.value,
+                )
+            })
             .collect()
     }
 
@@ -620,7 +730,10 @@ mod tests {
         let mut resp = record();
         resp.span.response_model = "m1-2025-01-01".into();
         let text = encode(&[resp], false);
-        assert!(text.contains("# TYPE gen_ai_server_time_to_first_token_seconds histogram"), "{text}");
+        assert!(
+            text.contains("# TYPE gen_ai_server_time_to_first_token_seconds histogram"),
+            "{text}"
+        );
         let ttft = samples(&text, "gen_ai_server_time_to_first_token_seconds_count");
         assert_eq!(ttft.len(), 1, "{text}");
         let (labels, n) = &ttft[0];
@@ -643,10 +756,16 @@ mod tests {
         let ok = samples(&text, "gen_ai_server_request_duration_seconds_count");
         assert_eq!(ok.len(), 1);
         assert!(!ok[0].0.contains_key("error_type"), "{text}");
-        assert_eq!(samples(&text, "gen_ai_client_operation_duration_seconds_count").len(), 1);
+        assert_eq!(
+            samples(&text, "gen_ai_client_operation_duration_seconds_count").len(),
+            1
+        );
         assert_eq!(samples(&text, "tokenwatch_requests_total")[0].0, want);
         assert!(!text.contains("gen_ai_server_token_usage"), "{text}");
-        assert!(text.contains("tokenwatch_telemetry_dropped_records_total{reason=\"queue_full\"} 0"), "{text}");
+        assert!(
+            text.contains("tokenwatch_telemetry_dropped_records_total{reason=\"queue_full\"} 0"),
+            "{text}"
+        );
         assert!(!text.contains("# EOF"));
     }
 
@@ -661,7 +780,11 @@ mod tests {
         ] {
             let s = samples(&text, name);
             assert!(!s.is_empty(), "{name}: {text}");
-            assert!(s.iter().all(|(l, _)| l.get("tenant").map(String::as_str) == Some("acme")), "{name}: {text}");
+            assert!(
+                s.iter()
+                    .all(|(l, _)| l.get("tenant").map(String::as_str) == Some("acme")),
+                "{name}: {text}"
+            );
         }
     }
 
@@ -676,39 +799,66 @@ mod tests {
         refused.status = 503;
         refused.first_token_s = None;
         let text = encode(&[failed, refused], false);
-        assert!(samples(&text, "gen_ai_server_time_to_first_token_seconds_count").is_empty(), "{text}");
-        assert!(samples(&text, "gen_ai_server_time_per_output_token_seconds_count").is_empty(), "{text}");
-        let mut errors: Vec<String> = samples(&text, "gen_ai_server_request_duration_seconds_count")
-            .into_iter()
-            .map(|(l, _)| l.get("error_type").cloned().unwrap_or_default())
-            .collect();
+        assert!(
+            samples(&text, "gen_ai_server_time_to_first_token_seconds_count").is_empty(),
+            "{text}"
+        );
+        assert!(
+            samples(&text, "gen_ai_server_time_per_output_token_seconds_count").is_empty(),
+            "{text}"
+        );
+        let mut errors: Vec<String> =
+            samples(&text, "gen_ai_server_request_duration_seconds_count")
+                .into_iter()
+                .map(|(l, _)| l.get("error_type").cloned().unwrap_or_default())
+                .collect();
         errors.sort();
         assert_eq!(errors, ["503", "upstream_reset"]);
         let mut ok = record();
         ok.first_token_s = Some(0.3);
         let text = encode(&[ok], false);
-        assert_eq!(samples(&text, "gen_ai_server_time_to_first_token_seconds_count")[0].1, 1.0);
+        assert_eq!(
+            samples(&text, "gen_ai_server_time_to_first_token_seconds_count")[0].1,
+            1.0
+        );
     }
 
     #[test]
     fn token_usage_is_a_histogram_with_the_conventions_buckets() {
         let text = encode(&[record()], false);
-        assert!(text.contains("# TYPE gen_ai_client_token_usage histogram"), "{text}");
+        assert!(
+            text.contains("# TYPE gen_ai_client_token_usage histogram"),
+            "{text}"
+        );
         let buckets = samples(&text, "gen_ai_client_token_usage_bucket");
         let input: Vec<(String, f64)> = buckets
             .iter()
             .filter(|(l, _)| l["gen_ai_token_type"] == "input")
             .map(|(l, v)| (l["le"].clone(), *v))
             .collect();
-        let bounds: Vec<f64> =
-            input.iter().filter_map(|(le, _)| le.parse().ok()).filter(|b: &f64| b.is_finite()).collect();
+        let bounds: Vec<f64> = input
+            .iter()
+            .filter_map(|(le, _)| le.parse().ok())
+            .filter(|b: &f64| b.is_finite())
+            .collect();
         assert_eq!(bounds, TOKEN_USAGE_BUCKETS.to_vec());
         assert_eq!(input.last().map(|(le, _)| le.as_str()), Some("+Inf"));
         // 300 input tokens: not in le=256, in le=1024.
-        let at = |le: &str| input.iter().find(|(b, _)| b.parse::<f64>().ok() == le.parse::<f64>().ok()).unwrap().1;
+        let at = |le: &str| {
+            input
+                .iter()
+                .find(|(b, _)| b.parse::<f64>().ok() == le.parse::<f64>().ok())
+                .unwrap()
+                .1
+        };
         assert_eq!((at("256"), at("1024")), (0.0, 1.0));
         let sums = samples(&text, "gen_ai_client_token_usage_sum");
-        let sum_of = |t: &str| sums.iter().find(|(l, _)| l["gen_ai_token_type"] == t).unwrap().1;
+        let sum_of = |t: &str| {
+            sums.iter()
+                .find(|(l, _)| l["gen_ai_token_type"] == t)
+                .unwrap()
+                .1
+        };
         assert_eq!((sum_of("input"), sum_of("output")), (300.0, 10.0));
     }
 
@@ -716,10 +866,19 @@ mod tests {
     fn tenant_label_is_off_unless_configured() {
         let off = crate::config::Config::from_yaml("listen: 127.0.0.1:9999\n", "t.yaml").unwrap();
         assert!(!off.export.prometheus.tenant_label);
-        let on =
-            crate::config::Config::from_yaml("export:\n  prometheus:\n    tenant_label: true\n", "t.yaml").unwrap();
+        let on = crate::config::Config::from_yaml(
+            "export:\n  prometheus:\n    tenant_label: true\n",
+            "t.yaml",
+        )
+        .unwrap();
         assert!(on.export.prometheus.tenant_label);
-        assert!(crate::config::Config::from_yaml("export:\n  prometheus:\n    tenants: true\n", "t.yaml").is_err());
+        assert!(
+            crate::config::Config::from_yaml(
+                "export:\n  prometheus:\n    tenants: true\n",
+                "t.yaml"
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -745,7 +904,11 @@ mod tests {
             signal: signal.into(),
             value,
             source: "test".into(),
-            runtime: if model.is_empty() { String::new() } else { "vllm".into() },
+            runtime: if model.is_empty() {
+                String::new()
+            } else {
+                "vllm".into()
+            },
             instance: "10.0.0.1:8000".into(),
             device_id: device.into(),
             timestamp_unix_ms: 1,
@@ -755,10 +918,14 @@ mod tests {
 
     #[test]
     fn signals_are_read_from_the_board_at_each_scrape() {
-        let board: SharedSignals = std::sync::Arc::new(std::sync::RwLock::new(SignalBoard::new(4, 100)));
+        let board: SharedSignals =
+            std::sync::Arc::new(std::sync::RwLock::new(SignalBoard::new(4, 100)));
         let m = Metrics::new();
         m.register_signals(board.clone());
-        assert!(!m.encode().contains("tokenwatch_kv_cache_usage_ratio"), "no family without points");
+        assert!(
+            !m.encode().contains("tokenwatch_kv_cache_usage_ratio"),
+            "no family without points"
+        );
         {
             let mut b = board.write().unwrap();
             b.update(point("m1", names::KV_CACHE_USAGE, 0.5, ""));
@@ -775,16 +942,34 @@ mod tests {
         assert_eq!(kv[0].0["model"], "m1");
         assert_eq!(kv[0].0["instance"], "10.0.0.1:8000");
         assert!(!kv[0].0.contains_key("gpu"));
-        assert_eq!(samples(&text, "tokenwatch_runtime_requests_waiting")[0].1, 3.0);
-        assert_eq!(samples(&text, "tokenwatch_runtime_requests_running")[0].1, 8.0);
+        assert_eq!(
+            samples(&text, "tokenwatch_runtime_requests_waiting")[0].1,
+            3.0
+        );
+        assert_eq!(
+            samples(&text, "tokenwatch_runtime_requests_running")[0].1,
+            8.0
+        );
         let used = samples(&text, "tokenwatch_gpu_memory_used_bytes");
         assert_eq!((used[0].0["gpu"].as_str(), used[0].1), ("GPU-0", 4e9));
         assert!(!used[0].0.contains_key("model"));
-        assert_eq!(samples(&text, "tokenwatch_gpu_memory_total_bytes")[0].1, 8e9);
-        assert!(!text.contains("ttft_p99"), "latency signals are served by the histograms");
+        assert_eq!(
+            samples(&text, "tokenwatch_gpu_memory_total_bytes")[0].1,
+            8e9
+        );
+        assert!(
+            !text.contains("ttft_p99"),
+            "latency signals are served by the histograms"
+        );
         // A later value shows at the next scrape; an evicted series is gone.
-        board.write().unwrap().update(point("m1", names::KV_CACHE_USAGE, 0.75, ""));
-        assert_eq!(samples(&m.encode(), "tokenwatch_kv_cache_usage_ratio")[0].1, 0.75);
+        board
+            .write()
+            .unwrap()
+            .update(point("m1", names::KV_CACHE_USAGE, 0.75, ""));
+        assert_eq!(
+            samples(&m.encode(), "tokenwatch_kv_cache_usage_ratio")[0].1,
+            0.75
+        );
         board.write().unwrap().evict_older_than(10_000, 1);
         assert!(!m.encode().contains("tokenwatch_kv_cache_usage_ratio"));
     }

@@ -59,7 +59,9 @@ pub async fn serve_router(
     let local = listener.local_addr();
     match tls {
         None => serve_connections(listener.tap_io(|tcp| set_nodelay(tcp)), app, stop, guard).await,
-        Some(config) => serve_connections(TlsListener::new(listener, config), app, stop, guard).await,
+        Some(config) => {
+            serve_connections(TlsListener::new(listener, config), app, stop, guard).await
+        }
     }
     tracing::debug!(listener = what, addr = ?local, "server stopped");
 }
@@ -140,10 +142,14 @@ impl ConnBuilders {
         let mut http1 = hyper::server::conn::http1::Builder::new();
         http1.max_buf_size(max_buf).max_headers(max_headers);
         let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        http2.enable_connect_protocol().max_header_list_size(h2_list);
+        http2
+            .enable_connect_protocol()
+            .max_header_list_size(h2_list);
         let mut auto = ConnBuilder::new(TokioExecutor::new());
         auto.http1().max_buf_size(max_buf).max_headers(max_headers);
-        auto.http2().enable_connect_protocol().max_header_list_size(h2_list);
+        auto.http2()
+            .enable_connect_protocol()
+            .max_header_list_size(h2_list);
         ConnBuilders { http1, http2, auto }
     }
 }
@@ -174,8 +180,12 @@ where
 
 /// Accept until `stop`, each connection in a task of its own; then let the connections finish
 /// their requests (graceful shutdown) and return once all have closed.
-async fn serve_connections<L>(mut listener: L, app: axum::Router, mut stop: watch::Receiver<bool>, guard: limits::Guard)
-where
+async fn serve_connections<L>(
+    mut listener: L,
+    app: axum::Router,
+    mut stop: watch::Receiver<bool>,
+    guard: limits::Guard,
+) where
     L: axum::serve::Listener<Addr = SocketAddr>,
     L::Io: Sniff,
 {
@@ -261,7 +271,9 @@ fn connection_service(
     http::Request<hyper::body::Incoming>,
     Response = axum::response::Response,
     Error = std::convert::Infallible,
-    Future = impl std::future::Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+    Future = impl std::future::Future<
+        Output = Result<axum::response::Response, std::convert::Infallible>,
+    > + Send,
 > + Clone
 + Send
 + 'static {
@@ -273,7 +285,8 @@ fn connection_service(
                 return Ok(refused);
             }
             let mut req = req.map(axum::body::Body::new);
-            req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
             // A Router is always ready (`poll_ready` is `Ready(Ok)`), as axum::serve relies on too.
             let resp = tower_service::Service::call(&mut app, req).await?;
             guard.observe(&resp);
@@ -339,7 +352,10 @@ impl axum::serve::Listener for TlsListener {
 /// file descriptors) is logged and accepting pauses for a second.
 async fn accept_failed(e: io::Error) {
     use io::ErrorKind::*;
-    if matches!(e.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset) {
+    if matches!(
+        e.kind(),
+        ConnectionRefused | ConnectionAborted | ConnectionReset
+    ) {
         return;
     }
     tracing::error!(error = %e, "accept failed");
@@ -396,13 +412,21 @@ impl tonic::transport::server::Connected for GrpcTlsConn {
 }
 
 impl AsyncRead for GrpcTlsConn {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for GrpcTlsConn {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.0).poll_write(cx, buf)
     }
 
@@ -460,11 +484,12 @@ mod tests {
         std::fs::write(&src.cert_file, cert.pem()).unwrap();
         std::fs::write(&src.key_file, key.serialize_pem()).unwrap();
         let resolver = Arc::new(ReloadingCert::load(src).unwrap());
-        let mut config = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_cert_resolver(resolver);
+        let mut config =
+            ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_cert_resolver(resolver);
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         (Arc::new(config), cert.der().clone())
     }
@@ -475,7 +500,10 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let metrics = crate::export::prometheus::Metrics::new();
-        let limits = limits::LimitsConfig { max_header_bytes: 4096, max_headers: 10 };
+        let limits = limits::LimitsConfig {
+            max_header_bytes: 4096,
+            max_headers: 10,
+        };
         let guard = limits::Guard::new("proxy", &limits, &metrics);
         let (stop_tx, stop) = watch::channel(false);
         let server = tokio::spawn(serve_router(listener, None, app, stop, guard));
@@ -490,23 +518,42 @@ mod tests {
                 .unwrap();
             answer
         }
-        let big = format!("GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n", "b".repeat(6000));
+        let big = format!(
+            "GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+            "b".repeat(6000)
+        );
         let answer = exchange(addr, big).await;
-        assert!(answer.starts_with("HTTP/1.1 431") && answer.contains("limits.max_header_bytes"), "{answer}");
-        let answer = exchange(addr, "GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".into()).await;
-        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"), "{answer}");
+        assert!(
+            answer.starts_with("HTTP/1.1 431") && answer.contains("limits.max_header_bytes"),
+            "{answer}"
+        );
+        let answer = exchange(
+            addr,
+            "GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".into(),
+        )
+        .await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
+            "{answer}"
+        );
         let text = metrics.encode();
         assert!(text.contains(r#"tokenwatch_rejected_requests_total{listener="proxy",reason="headers_too_large"} 1"#), "{text}");
         // Over hyper's own backstop, hyper answers its bare 431 before the guard sees the
         // request; the connection's end still counts it.
-        let huge = format!("GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n", "b".repeat(limits.hyper_max_buf_size() + 1));
+        let huge = format!(
+            "GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+            "b".repeat(limits.hyper_max_buf_size() + 1)
+        );
         // hyper may close with unread bytes (a reset), so the answer is read as far as it comes.
         let mut tcp = TcpStream::connect(addr).await.unwrap();
         let _ = tcp.write_all(huge.as_bytes()).await;
         let mut answer = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut answer)).await;
         let answer = String::from_utf8_lossy(&answer);
-        assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 431"), "{answer}");
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+            "{answer}"
+        );
         let counted = async {
             loop {
                 let text = metrics.encode();
@@ -516,18 +563,29 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };
-        tokio::time::timeout(Duration::from_secs(5), counted).await.expect("the backstop's 431 was not counted");
+        tokio::time::timeout(Duration::from_secs(5), counted)
+            .await
+            .expect("the backstop's 431 was not counted");
 
         stop_tx.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), server).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[test]
     fn first_bytes_tell_http1_from_the_http2_preface() {
-        assert_eq!(Protocol::of_first_bytes(b"POST /v1/chat/completions HTTP/1.1\r\n"), Protocol::Http1);
+        assert_eq!(
+            Protocol::of_first_bytes(b"POST /v1/chat/completions HTTP/1.1\r\n"),
+            Protocol::Http1
+        );
         assert_eq!(Protocol::of_first_bytes(b"G"), Protocol::Http1);
         // "PRI" is also how an HTTP/1 method could start: only the whole preface is HTTP/2.
-        assert_eq!(Protocol::of_first_bytes(b"PRI * HTTP/2.0\r\n"), Protocol::Unknown);
+        assert_eq!(
+            Protocol::of_first_bytes(b"PRI * HTTP/2.0\r\n"),
+            Protocol::Unknown
+        );
         assert_eq!(Protocol::of_first_bytes(b"PRIX"), Protocol::Http1);
         assert_eq!(Protocol::of_first_bytes(H2_PREFACE), Protocol::Http2);
         assert_eq!(Protocol::of_first_bytes(b""), Protocol::Unknown);
@@ -536,13 +594,20 @@ mod tests {
     #[tokio::test]
     async fn plain_router_serves_http1_http2_prior_knowledge_and_a_preface_sent_in_pieces() {
         use http_body_util::{BodyExt, Empty};
-        let app = axum::Router::new().route("/", axum::routing::get(|req: axum::extract::Request| async move {
-            format!("{:?}", req.version())
-        }));
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(|req: axum::extract::Request| async move {
+                format!("{:?}", req.version())
+            }),
+        );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop_tx, stop) = watch::channel(false);
-        let guard = limits::Guard::new("api", &Default::default(), &crate::export::prometheus::Metrics::new());
+        let guard = limits::Guard::new(
+            "api",
+            &Default::default(),
+            &crate::export::prometheus::Metrics::new(),
+        );
         let server = tokio::spawn(serve_router(listener, None, app, stop, guard));
 
         // HTTP/1.1, two requests on one connection.
@@ -551,7 +616,10 @@ mod tests {
             .await
             .unwrap();
         let mut answer = String::new();
-        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_string(&mut answer)).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_string(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(answer.matches("HTTP/1.1 200").count(), 2, "{answer}");
         assert!(answer.ends_with("HTTP/1.1"), "{answer}");
 
@@ -563,18 +631,31 @@ mod tests {
                 tcp.flush().await.unwrap();
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let io = TokioIo::new(Prefixed { sent: split.map(|at| &H2_PREFACE[..at]), tcp });
-            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.unwrap();
+            let io = TokioIo::new(Prefixed {
+                sent: split.map(|at| &H2_PREFACE[..at]),
+                tcp,
+            });
+            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .unwrap();
             tokio::spawn(conn);
-            let req = http::Request::get(format!("http://{addr}/")).body(Empty::<bytes::Bytes>::new()).unwrap();
-            let resp = tokio::time::timeout(Duration::from_secs(5), send.send_request(req)).await.unwrap().unwrap();
+            let req = http::Request::get(format!("http://{addr}/"))
+                .body(Empty::<bytes::Bytes>::new())
+                .unwrap();
+            let resp = tokio::time::timeout(Duration::from_secs(5), send.send_request(req))
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!(resp.status(), http::StatusCode::OK);
             let body = resp.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(&body[..], b"HTTP/2.0", "split {split:?}");
         }
 
         stop_tx.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), server).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     /// A client socket whose first bytes were already written by the test: the HTTP/2 client
@@ -585,16 +666,27 @@ mod tests {
     }
 
     impl AsyncRead for Prefixed {
-        fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
             Pin::new(&mut self.tcp).poll_read(cx, buf)
         }
     }
 
     impl AsyncWrite for Prefixed {
-        fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
             if let Some(sent) = self.sent {
                 // The preface is written first and whole (hyper's h2 client writes it in one piece).
-                assert!(buf.starts_with(sent), "the client did not start with the preface");
+                assert!(
+                    buf.starts_with(sent),
+                    "the client did not start with the preface"
+                );
                 let rest = &buf[sent.len()..];
                 let n = std::task::ready!(Pin::new(&mut self.tcp).poll_write(cx, rest))?;
                 self.sent = None;
@@ -627,13 +719,20 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop_tx, stop) = watch::channel(false);
-        let guard = limits::Guard::new("api", &Default::default(), &crate::export::prometheus::Metrics::new());
+        let guard = limits::Guard::new(
+            "api",
+            &Default::default(),
+            &crate::export::prometheus::Metrics::new(),
+        );
         let server = tokio::spawn(serve_router(listener, Some(config), app, stop, guard));
 
         // A silent client does not hold up the next one; plain HTTP gets a 400 and is closed.
         let _silent = TcpStream::connect(addr).await.unwrap();
         let mut plain = TcpStream::connect(addr).await.unwrap();
-        plain.write_all(b"GET /peer HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+        plain
+            .write_all(b"GET /peer HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
         let mut answer = Vec::new();
         tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut answer))
             .await
@@ -643,11 +742,13 @@ mod tests {
 
         let mut roots = rustls::RootCertStore::empty();
         roots.add(cert).unwrap();
-        let client = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
         let tcp = TcpStream::connect(addr).await.unwrap();
         let name = ServerName::try_from("localhost").unwrap();
         let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client))

@@ -81,7 +81,11 @@ pub struct CertSource {
 }
 
 /// Both files or neither: one without the other is an error naming the missing key.
-fn file_pair(key: &str, cert: &Option<PathBuf>, pk: &Option<PathBuf>) -> Result<Option<CertSource>, TlsError> {
+fn file_pair(
+    key: &str,
+    cert: &Option<PathBuf>,
+    pk: &Option<PathBuf>,
+) -> Result<Option<CertSource>, TlsError> {
     match (cert, pk) {
         (Some(c), Some(k)) => Ok(Some(CertSource {
             key: key.to_string(),
@@ -141,7 +145,10 @@ pub struct ListenerCerts {
 impl ListenerCerts {
     pub fn from_config(cfg: &crate::config::Config) -> Result<ListenerCerts, TlsError> {
         if cfg.tls.reload_interval.0 < Duration::from_millis(100) {
-            return Err(TlsError::new("tls.reload_interval", "must be at least 100ms"));
+            return Err(TlsError::new(
+                "tls.reload_interval",
+                "must be at least 100ms",
+            ));
         }
         Ok(ListenerCerts {
             api: resolve(&cfg.tls, None, "tls")?,
@@ -164,12 +171,16 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 fn read(path: &Path, key: &str) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| TlsError::new(key, format!("cannot read {}: {e}", path.display())))
+    std::fs::read(path)
+        .map_err(|e| TlsError::new(key, format!("cannot read {}: {e}", path.display())))
 }
 
 /// Load the chain and key of `src`, checking that they parse and belong together.
 pub fn load_certified_key(src: &CertSource) -> Result<CertifiedKey, TlsError> {
-    let (cert_key, key_key) = (format!("{}.cert_file", src.key), format!("{}.key_file", src.key));
+    let (cert_key, key_key) = (
+        format!("{}.cert_file", src.key),
+        format!("{}.key_file", src.key),
+    );
     let (cert_name, key_name) = (src.cert_file.display(), src.key_file.display());
     let pem = read(&src.cert_file, &cert_key)?;
     let chain = CertificateDer::pem_slice_iter(&pem)
@@ -185,7 +196,8 @@ pub fn load_certified_key(src: &CertSource) -> Result<CertifiedKey, TlsError> {
     let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
         let why = match e {
             rustls::pki_types::pem::Error::NoItemsFound => {
-                "holds no PEM private key (PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY)".to_string()
+                "holds no PEM private key (PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY)"
+                    .to_string()
             }
             e => format!("is not a valid PEM private key: {e}"),
         };
@@ -196,7 +208,10 @@ pub fn load_certified_key(src: &CertSource) -> Result<CertifiedKey, TlsError> {
             &key_key,
             format!("{key_name} is not the key of the certificate in {cert_name}"),
         ),
-        rustls::Error::General(_) => TlsError::new(&key_key, format!("{key_name}: unsupported private key: {e}")),
+        rustls::Error::General(_) => TlsError::new(
+            &key_key,
+            format!("{key_name}: unsupported private key: {e}"),
+        ),
         e => TlsError::new(&cert_key, format!("{cert_name}: unusable certificate: {e}")),
     })
 }
@@ -236,7 +251,10 @@ impl ReloadingCert {
 
     /// The certificate chain served now.
     pub fn current(&self) -> Arc<CertifiedKey> {
-        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Reload if either file changed since the last look. A pair that fails to load keeps the
@@ -323,9 +341,15 @@ impl ServerTls {
         Ok(tls)
     }
 
-    fn config_for(&mut self, src: Option<&CertSource>, alpn: Alpn) -> Result<Option<Arc<ServerConfig>>, TlsError> {
+    fn config_for(
+        &mut self,
+        src: Option<&CertSource>,
+        alpn: Alpn,
+    ) -> Result<Option<Arc<ServerConfig>>, TlsError> {
         let Some(src) = src else { return Ok(None) };
-        let same_files = |c: &&Arc<ReloadingCert>| c.src.cert_file == src.cert_file && c.src.key_file == src.key_file;
+        let same_files = |c: &&Arc<ReloadingCert>| {
+            c.src.cert_file == src.cert_file && c.src.key_file == src.key_file
+        };
         let cert = match self.certs.iter().find(same_files) {
             Some(c) => c.clone(),
             None => {
@@ -389,7 +413,10 @@ mod tests {
         assert_eq!(resolve(&none, None, "proxy.tls").unwrap(), None);
         let s = shared(Some("s.crt"), Some("s.key"));
         let got = resolve(&s, None, "proxy.tls").unwrap().unwrap();
-        assert_eq!((got.key.as_str(), got.cert_file.to_str().unwrap()), ("tls", "s.crt"));
+        assert_eq!(
+            (got.key.as_str(), got.cert_file.to_str().unwrap()),
+            ("tls", "s.crt")
+        );
 
         let (cert_file, key_file) = pair("p.crt", "p.key");
         let own = ListenerTlsConfig {
@@ -403,7 +430,10 @@ mod tests {
             ("proxy.tls", "p.key")
         );
         assert_eq!(
-            resolve(&none, Some(&own), "proxy.tls").unwrap().unwrap().cert_file,
+            resolve(&none, Some(&own), "proxy.tls")
+                .unwrap()
+                .unwrap()
+                .cert_file,
             PathBuf::from("p.crt")
         );
 
@@ -418,7 +448,10 @@ mod tests {
             cert_file: None,
             key_file: None,
         };
-        assert_eq!(resolve(&s, Some(&on), "otlp.tls").unwrap().unwrap().key, "tls");
+        assert_eq!(
+            resolve(&s, Some(&on), "otlp.tls").unwrap().unwrap().key,
+            "tls"
+        );
     }
 
     #[test]
@@ -433,7 +466,10 @@ mod tests {
             key_file: None,
         };
         let err = resolve(&shared(None, None), Some(&on), "otlp.tls").unwrap_err();
-        assert!(err.key == "otlp.tls" && err.message.contains("tls.cert_file"), "{err}");
+        assert!(
+            err.key == "otlp.tls" && err.message.contains("tls.cert_file"),
+            "{err}"
+        );
         let (cert_file, key_file) = pair("p.crt", "p.key");
         let off = ListenerTlsConfig {
             enabled: false,
@@ -441,7 +477,9 @@ mod tests {
             key_file,
         };
         assert_eq!(
-            resolve(&shared(None, None), Some(&off), "proxy.tls").unwrap_err().key,
+            resolve(&shared(None, None), Some(&off), "proxy.tls")
+                .unwrap_err()
+                .key,
             "proxy.tls.enabled"
         );
     }
@@ -449,7 +487,11 @@ mod tests {
     #[test]
     fn tls_config_keys_parse_and_unknown_ones_are_rejected() {
         use crate::config::Config;
-        let c = Config::from_yaml("tls: {cert_file: null, key_file: null}\nproxy: {tls: null}\n", "t.yaml").unwrap();
+        let c = Config::from_yaml(
+            "tls: {cert_file: null, key_file: null}\nproxy: {tls: null}\n",
+            "t.yaml",
+        )
+        .unwrap();
         assert!(c.tls.cert_file.is_none() && c.proxy.tls.is_none());
         assert_eq!(c.tls.reload_interval.0, Duration::from_secs(10));
         let c = Config::from_yaml(
@@ -461,7 +503,10 @@ mod tests {
         let err = Config::from_yaml("otlp:\n  tls:\n    cert: a.pem\n", "t.yaml")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("key otlp.tls") && err.contains("cert"), "{err}");
+        assert!(
+            err.contains("key otlp.tls") && err.contains("cert"),
+            "{err}"
+        );
         let err = Config::from_yaml("tls:\n  reload_interval: 10ms\n", "t.yaml")
             .unwrap_err()
             .to_string();

@@ -173,7 +173,19 @@ impl LogsConfig {
 }
 
 /// A log line's level. Ordered: anything at `Error` or above is "error level".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Severity {
     Unspecified,
@@ -309,7 +321,11 @@ fn feed_channel(capacity: usize) -> (FeedSender, FeedReceiver) {
     let (tx, rx) = std::sync::mpsc::channel();
     let queued = Arc::new(AtomicUsize::new(0));
     (
-        FeedSender { tx, queued: queued.clone(), capacity },
+        FeedSender {
+            tx,
+            queued: queued.clone(),
+            capacity,
+        },
         FeedReceiver { rx, queued },
     )
 }
@@ -326,7 +342,9 @@ impl FeedSender {
     fn try_send(&self, line: OwnedLine) -> bool {
         let reserved = self
             .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.capacity).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.capacity).then_some(n + 1)
+            })
             .is_ok();
         if !reserved {
             return false;
@@ -779,7 +797,10 @@ mod tests {
     #[tokio::test]
     async fn without_an_otlp_feed_the_worker_waits_instead_of_spinning() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = crate::config::Config { data_dir: dir.path().to_path_buf(), ..Default::default() };
+        let cfg = crate::config::Config {
+            data_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
         let (stop_tx, stop) = watch::channel(false);
         let before = thread_ticks("tw-log-templates");
         let started = start(&cfg, EventInbox::default(), &Metrics::new(), stop).unwrap();
@@ -793,7 +814,10 @@ mod tests {
             .collect();
         assert!(!mine.is_empty(), "the worker thread was not found");
         // 600 ms of spinning would be ~60 ticks; waiting for the 250 ms file poll is ~0.
-        assert!(mine.iter().all(|t| *t < 15), "CPU ticks of the worker: {mine:?}");
+        assert!(
+            mine.iter().all(|t| *t < 15),
+            "CPU ticks of the worker: {mine:?}"
+        );
         stop_tx.send(true).unwrap();
         if let Some(task) = started.task {
             task.await.unwrap();

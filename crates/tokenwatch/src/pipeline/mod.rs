@@ -10,12 +10,12 @@ pub use proxy_span::{ProxySpanBuilder, ProxySpanSink};
 pub use store_sink::StoreSink;
 pub use store_writer::{StoreHealth, StoreWriter, StoreWriterConfig, StoreWriterThread};
 
+use crate::capture::{RawText, TextCapture};
 use crate::export::prometheus::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokenwatch_core::aggregate::{Aggregator, Rollup};
-use crate::capture::{RawText, TextCapture};
 use tokenwatch_core::model::{FirstToken, RequestRecord};
 use tokio::sync::mpsc;
 
@@ -127,7 +127,6 @@ impl TelemetryQueue {
             Err(_) => false,
         }
     }
-
 }
 
 pub struct PipelineConfig {
@@ -160,10 +159,24 @@ impl Pipeline {
         let (tx, rx) = mpsc::channel(cfg.queue_capacity);
         let (first, first_rx) = mpsc::channel(cfg.queue_capacity);
         metrics.queue_capacity.set(cfg.queue_capacity as i64);
-        let queue = TelemetryQueue { tx, first, metrics: metrics.clone(), embed: None };
+        let queue = TelemetryQueue {
+            tx,
+            first,
+            metrics: metrics.clone(),
+            embed: None,
+        };
         let handle = tokio::runtime::Handle::current();
         let close = Arc::new(AtomicBool::new(false));
-        let worker = Worker { cfg, aggregator, sinks, metrics, rx, first_rx, handle, close: close.clone() };
+        let worker = Worker {
+            cfg,
+            aggregator,
+            sinks,
+            metrics,
+            rx,
+            first_rx,
+            handle,
+            close: close.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("tokenwatch-pipeline".into())
             .spawn(move || {
@@ -171,7 +184,13 @@ impl Pipeline {
                 worker.run()
             })
             .expect("spawning the pipeline thread");
-        (Pipeline { thread: Some(thread), close }, queue)
+        (
+            Pipeline {
+                thread: Some(thread),
+                close,
+            },
+            queue,
+        )
     }
 
     /// Wait for the pipeline to drain (after all queue handles are dropped).
@@ -295,8 +314,12 @@ impl Worker {
             for r in batch.iter() {
                 agg.observe(r);
             }
-            self.metrics.aggregator_series.set(agg.series_count() as i64);
-            self.metrics.aggregator_refused_series.set(agg.refused_series() as i64);
+            self.metrics
+                .aggregator_series
+                .set(agg.series_count() as i64);
+            self.metrics
+                .aggregator_refused_series
+                .set(agg.refused_series() as i64);
         }
         self.metrics.pipeline_records.inc_by(batch.len() as u64);
         for sink in &mut self.sinks {
@@ -382,19 +405,31 @@ mod tests {
             text_capture: None,
         };
         let agg = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default())));
-        let (pipeline, queue) =
-            Pipeline::start(cfg, agg, vec![Box::new(Order(seen.clone()))], Arc::new(Metrics::new()));
+        let (pipeline, queue) = Pipeline::start(
+            cfg,
+            agg,
+            vec![Box::new(Order(seen.clone()))],
+            Arc::new(Metrics::new()),
+        );
         // Many more first tokens than records, interleaved as streams would send them, in a
         // steady flow (paced so that the pipeline can keep up with it).
         let n = 20_000;
         let producer = std::thread::spawn(move || {
             for i in 0..n {
                 let id = format!("r{i}");
-                queue.first_token(FirstToken { request_id: id.clone(), model_id: "m".into(), ..Default::default() });
+                queue.first_token(FirstToken {
+                    request_id: id.clone(),
+                    model_id: "m".into(),
+                    ..Default::default()
+                });
                 if i % 10 == 0 {
                     // A full queue would drop the record (a loaded machine can hold the pipeline
                     // thread back); wait for room instead, as this checks order, not capacity.
-                    let r = RequestRecord { request_id: id, arrival_unix_ms: now_unix_ms(), ..Default::default() };
+                    let r = RequestRecord {
+                        request_id: id,
+                        arrival_unix_ms: now_unix_ms(),
+                        ..Default::default()
+                    };
                     while !queue.try_submit_all(vec![r.clone()]) {
                         std::thread::sleep(Duration::from_micros(200));
                     }
@@ -404,11 +439,14 @@ mod tests {
                 }
             }
         });
-        tokio::task::spawn_blocking(move || producer.join().unwrap()).await.unwrap();
-        tokio::task::spawn_blocking(move || pipeline.join()).await.unwrap();
+        tokio::task::spawn_blocking(move || producer.join().unwrap())
+            .await
+            .unwrap();
+        tokio::task::spawn_blocking(move || pipeline.join())
+            .await
+            .unwrap();
         let seen = seen.lock().unwrap();
-        let records: Vec<usize> =
-            (0..seen.len()).filter(|k| !seen[*k].0).collect();
+        let records: Vec<usize> = (0..seen.len()).filter(|k| !seen[*k].0).collect();
         assert_eq!(records.len(), n / 10, "every record reached the sink");
         // First tokens finding their queue full are dropped by design (the record carries the
         // same time), so only those that arrived are checked: never after their record.

@@ -6,14 +6,7 @@ use std::sync::Mutex;
 
 const MS: i64 = 1_000_000;
 
-fn span(
-    trace: &str,
-    id: &str,
-    parent: &str,
-    name: &str,
-    start_ms: i64,
-    dur_ms: i64,
-) -> SpanRow {
+fn span(trace: &str, id: &str, parent: &str, name: &str, start_ms: i64, dur_ms: i64) -> SpanRow {
     SpanRow {
         trace_id: trace.into(),
         span_id: id.into(),
@@ -209,9 +202,7 @@ fn cyclic_parent_links_end() {
 
 #[test]
 fn config_rejects_unknown_keys_and_bad_values() {
-    assert!(
-        serde_json::from_str::<SamplingConfig>(r#"{"enabled": true, "rate": 0.1}"#).is_err()
-    );
+    assert!(serde_json::from_str::<SamplingConfig>(r#"{"enabled": true, "rate": 0.1}"#).is_err());
     let c: SamplingConfig =
         serde_json::from_str(r#"{"enabled": true, "decision_delay": "2s", "base_rate": 0.2}"#)
             .unwrap();

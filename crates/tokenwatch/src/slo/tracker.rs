@@ -581,7 +581,10 @@ mod tests {
         let g = &st[1];
         assert_eq!((g.slo.as_str(), g.bad, g.total), ("guardrail_rate", 4, 10));
         assert!((g.sli.unwrap() - 0.6).abs() < 1e-9, "{g:?}");
-        assert!(g.budget_remaining.unwrap() < 0.0, "40% flagged overspends a 3.5% budget");
+        assert!(
+            g.budget_remaining.unwrap() < 0.0,
+            "40% flagged overspends a 3.5% budget"
+        );
     }
 
     #[test]

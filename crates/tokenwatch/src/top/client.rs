@@ -102,9 +102,10 @@ impl ApiClient {
 
     /// Send `token` (a `read` token of the API's `auth.tokens_file`) with every request.
     pub fn with_token(mut self, token: &str) -> Result<ApiClient, ClientError> {
-        let mut value = http::HeaderValue::from_str(&format!("Bearer {}", token.trim())).map_err(|_| {
-            ClientError::BadToken("the token holds characters a header cannot carry".into())
-        })?;
+        let mut value =
+            http::HeaderValue::from_str(&format!("Bearer {}", token.trim())).map_err(|_| {
+                ClientError::BadToken("the token holds characters a header cannot carry".into())
+            })?;
         value.set_sensitive(true);
         self.authorization = Some(value);
         Ok(self)
@@ -269,19 +270,40 @@ mod tests {
         let router = axum::Router::new().route(
             "/api/v1/fleet",
             get(|h: http::HeaderMap| async move {
-                match h.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-                    Some("Bearer s3cret-token-0123456789") => (http::StatusCode::OK, r#"{"window":"1m","models":[]}"#),
-                    _ => (http::StatusCode::UNAUTHORIZED, r#"{"error":{"type":"unauthorized"}}"#),
+                match h
+                    .get(http::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                {
+                    Some("Bearer s3cret-token-0123456789") => {
+                        (http::StatusCode::OK, r#"{"window":"1m","models":[]}"#)
+                    }
+                    _ => (
+                        http::StatusCode::UNAUTHORIZED,
+                        r#"{"error":{"type":"unauthorized"}}"#,
+                    ),
                 }
             }),
         );
         let base = serve(router).await;
         let plain = ApiClient::new(&base, Duration::from_secs(5)).expect("client");
-        let err = plain.fleet(Window::M1).await.expect_err("401 without a token");
-        assert!(matches!(err, ClientError::Status { status: 401, .. }), "{err}");
-        let with = plain.with_token(" s3cret-token-0123456789\n").expect("token");
+        let err = plain
+            .fleet(Window::M1)
+            .await
+            .expect_err("401 without a token");
+        assert!(
+            matches!(err, ClientError::Status { status: 401, .. }),
+            "{err}"
+        );
+        let with = plain
+            .with_token(" s3cret-token-0123456789\n")
+            .expect("token");
         assert_eq!(with.fleet(Window::M1).await.expect("fleet").window, "1m");
-        assert!(ApiClient::new(&base, Duration::from_secs(5)).unwrap().with_token("bad\u{7f}").is_err());
+        assert!(
+            ApiClient::new(&base, Duration::from_secs(5))
+                .unwrap()
+                .with_token("bad\u{7f}")
+                .is_err()
+        );
     }
 
     #[tokio::test]

@@ -43,10 +43,14 @@ pub struct TopArgs {
 /// itself, where other users of the machine could read it).
 fn token(args: &TopArgs) -> anyhow::Result<Option<String>> {
     if let Some(path) = &args.token_file {
-        let text = std::fs::read_to_string(path).with_context(|| format!("--token-file {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--token-file {}", path.display()))?;
         return Ok(Some(text.trim().to_string()).filter(|t| !t.is_empty()));
     }
-    Ok(std::env::var("TOKENWATCH_TOKEN").ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()))
+    Ok(std::env::var("TOKENWATCH_TOKEN")
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty()))
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {

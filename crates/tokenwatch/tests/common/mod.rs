@@ -438,8 +438,17 @@ pub async fn run_with_config(dir: &Path, config: &Path) -> (Proc, SocketAddr, So
     let tw = Proc::start(
         "tokenwatch",
         &[
-            "run", "-c", &config.to_string_lossy(), "--listen", &api.to_string(), "--proxy-listen", &proxy.to_string(),
-            "--otlp-grpc-listen", &free_addr().to_string(), "--otlp-http-listen", &free_addr().to_string(),
+            "run",
+            "-c",
+            &config.to_string_lossy(),
+            "--listen",
+            &api.to_string(),
+            "--proxy-listen",
+            &proxy.to_string(),
+            "--otlp-grpc-listen",
+            &free_addr().to_string(),
+            "--otlp-http-listen",
+            &free_addr().to_string(),
         ],
         dir,
     );

@@ -38,8 +38,12 @@ impl Pki {
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "tokenwatch listener test CA");
-        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
-        let ca = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let ca = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+            .unwrap();
         Pki { ca }
     }
 
@@ -49,8 +53,12 @@ impl Pki {
 
     pub fn leaf(&self, common_name: &str) -> Leaf {
         let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-        params.distinguished_name.push(rcgen::DnType::CommonName, common_name);
+        let mut params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+                .unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
         let cert = params.signed_by(&key, &self.ca).unwrap();
         Leaf {
             cert_pem: cert.pem(),
@@ -85,26 +93,41 @@ pub fn connector(ca_pem: &str, alpn: &[&[u8]]) -> TlsConnector {
 }
 
 /// A TLS connection to `addr` checked against the CA for the name `localhost`.
-pub async fn tls_connect(addr: SocketAddr, ca_pem: &str, alpn: &[&[u8]]) -> Result<TlsStream<TcpStream>, String> {
+pub async fn tls_connect(
+    addr: SocketAddr,
+    ca_pem: &str,
+    alpn: &[&[u8]],
+) -> Result<TlsStream<TcpStream>, String> {
     let tcp = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect {addr}: {e}"))?;
     let name = ServerName::try_from("localhost").unwrap();
-    tokio::time::timeout(Duration::from_secs(10), connector(ca_pem, alpn).connect(name, tcp))
-        .await
-        .map_err(|_| format!("{addr}: TLS handshake timed out"))?
-        .map_err(|e| format!("{addr}: TLS handshake: {e}"))
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        connector(ca_pem, alpn).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| format!("{addr}: TLS handshake timed out"))?
+    .map_err(|e| format!("{addr}: TLS handshake: {e}"))
 }
 
 /// The leaf certificate `addr` presents now.
 pub async fn served_leaf(addr: SocketAddr, ca_pem: &str) -> Result<Vec<u8>, String> {
     let tls = tls_connect(addr, ca_pem, &[b"http/1.1"]).await?;
-    let certs = tls.get_ref().1.peer_certificates().ok_or("no peer certificate")?;
+    let certs = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .ok_or("no peer certificate")?;
     Ok(certs[0].to_vec())
 }
 
 /// GET `path` over HTTPS (HTTP/1.1) with the in-test rustls client.
-pub async fn https_get(addr: SocketAddr, ca_pem: &str, path: &str) -> Result<(u16, String), String> {
+pub async fn https_get(
+    addr: SocketAddr,
+    ca_pem: &str,
+    path: &str,
+) -> Result<(u16, String), String> {
     let tls = tls_connect(addr, ca_pem, &[b"http/1.1"]).await?;
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
@@ -114,9 +137,17 @@ pub async fn https_get(addr: SocketAddr, ca_pem: &str, path: &str) -> Result<(u1
         .header("host", format!("localhost:{}", addr.port()))
         .body(Empty::<Bytes>::new());
     let fut = async {
-        let resp = send.send_request(req.unwrap()).await.map_err(|e| e.to_string())?;
+        let resp = send
+            .send_request(req.unwrap())
+            .await
+            .map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     };
     tokio::time::timeout(Duration::from_secs(20), fut)
@@ -142,7 +173,13 @@ pub async fn wait_tls_ready(addr: SocketAddr, ca_pem: &str, tw: &Proc) {
 }
 
 /// Poll `path` on the TLS API until `ok` accepts its JSON.
-pub async fn poll_api(api: SocketAddr, ca_pem: &str, path: &str, tw: &Proc, ok: impl Fn(&serde_json::Value) -> bool) {
+pub async fn poll_api(
+    api: SocketAddr,
+    ca_pem: &str,
+    path: &str,
+    tw: &Proc,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (status, body) = https_get(api, ca_pem, path)

@@ -77,8 +77,8 @@ impl Detector for GpuMemoryLeak {
             .last()
             .map(|(_, v)| *v)
             .unwrap_or(0.0);
-            let found = det::gpu_memory_leak(&s.history, &util, total, &self.params)
-                .or_else(|| {
+            let found =
+                det::gpu_memory_leak(&s.history, &util, total, &self.params).or_else(|| {
                     // The sequential test reads back over its baseline, beyond the window.
                     let p = &self.params;
                     let back = ((p.baseline_s + p.test_s) * 1000.0) as i64;

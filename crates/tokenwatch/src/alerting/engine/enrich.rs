@@ -419,7 +419,11 @@ mod tests {
         h.record(&ev("gpu_memory_leak", 10_000));
         let m = h.models_with_ongoing("semantic_drift", 30_000);
         assert_eq!(m.into_iter().collect::<Vec<_>>(), ["m"]);
-        assert!(h.models_with_ongoing("semantic_drift", 10_000 + EPISODE_GAP_MS + 1).is_empty(), "over");
+        assert!(
+            h.models_with_ongoing("semantic_drift", 10_000 + EPISODE_GAP_MS + 1)
+                .is_empty(),
+            "over"
+        );
         assert!(h.models_with_ongoing("ks_drift", 30_000).is_empty());
     }
 

@@ -627,8 +627,16 @@ impl Inputs {
     /// Where `model`'s kept samples stand by push sequence; None when it keeps nothing.
     pub fn kept_seq(&self, model: &str) -> Option<KeptSeq> {
         let p = self.pushed.get(model)?;
-        let records = self.records.get(model).and_then(|q| q.front()).map(|r| r.seq);
-        let early = self.first_tokens.get(model).and_then(|q| q.front()).map(|f| f.seq);
+        let records = self
+            .records
+            .get(model)
+            .and_then(|q| q.front())
+            .map(|r| r.seq);
+        let early = self
+            .first_tokens
+            .get(model)
+            .and_then(|q| q.front())
+            .map(|f| f.seq);
         Some(KeptSeq {
             epoch: p.epoch,
             records: (records.unwrap_or(p.records), p.records),
@@ -762,17 +770,13 @@ impl Inputs {
 
     /// Publish the scores' trend gauges on `/metrics`.
     pub fn with_score_metrics(mut self, m: super::scores::ScoreMetrics) -> Inputs {
-        self.scores = std::mem::replace(&mut self.scores, super::scores::ScoreBook::new(1, 1))
-            .publishing(m);
+        self.scores =
+            std::mem::replace(&mut self.scores, super::scores::ScoreBook::new(1, 1)).publishing(m);
         self
     }
 
     pub fn models(&self) -> Vec<String> {
-        let mut m: Vec<String> = self
-            .records
-            .keys()
-            .map(|k| k.to_string())
-            .collect();
+        let mut m: Vec<String> = self.records.keys().map(|k| k.to_string()).collect();
         m.sort();
         m.dedup();
         m
@@ -1034,7 +1038,13 @@ mod tests {
         }
         assert_eq!(capped.window("m", i64::MIN, i64::MAX).count(), 1_250);
         assert_eq!(capped.evicted_records(), 1_250);
-        assert_eq!(capped.window("m", i64::MIN, i64::MAX).next().map(|r| r.at_ms), Some(1_250));
+        assert_eq!(
+            capped
+                .window("m", i64::MIN, i64::MAX)
+                .next()
+                .map(|r| r.at_ms),
+            Some(1_250)
+        );
     }
 
     #[test]
@@ -1230,12 +1240,20 @@ mod tests {
         }
         let now = t0 + end - 5;
         assert!(most <= budget + budget / 4, "kept up to {most}");
-        assert_eq!(i.evicted_records(), 0, "thinned, never evicted at a steady rate");
+        assert_eq!(
+            i.evicted_records(),
+            0,
+            "thinned, never evicted at a steady rate"
+        );
         let dense = i.dense_ms("m").expect("thinned");
         assert!((2_000..60_000).contains(&dense), "dense span {dense} ms");
         // The dense span is read whole.
         let recent = i.window("m", now - dense / 2, now).count() as i64;
-        assert!((recent - dense / 2 / 5).abs() <= 1, "{recent} in {} ms", dense / 2);
+        assert!(
+            (recent - dense / 2 / 5).abs() <= 1,
+            "{recent} in {} ms",
+            dense / 2
+        );
         // The drift rules' reference (the six windows before the last) is a uniform sample of
         // its whole span: as many of each minute, within chance.
         let (from, to) = (now - retention, now - 5 * 60_000);
@@ -1248,7 +1266,10 @@ mod tests {
         let mean = full.iter().sum::<usize>() as f64 / full.len() as f64;
         assert!(mean >= 20.0, "{mean} a minute");
         for n in &full {
-            assert!((*n as f64 - mean).abs() < 5.0 * mean.sqrt() + 2.0, "{per_minute:?}");
+            assert!(
+                (*n as f64 - mean).abs() < 5.0 * mean.sqrt() + 2.0,
+                "{per_minute:?}"
+            );
         }
         // The mirrored windows read what the records read, thinned the same way.
         assert!(lw.sync(&i, series, 360_000, now));
@@ -1258,12 +1279,17 @@ mod tests {
         ] {
             let mut want = values(i.window("m", range.0, range.1), "e2e");
             want.sort_by(f64::total_cmp);
-            let got = lw.window(series, now, None, slot, range).map(<[f64]>::to_vec);
+            let got = lw
+                .window(series, now, None, slot, range)
+                .map(<[f64]>::to_vec);
             assert_eq!(got, Some(want), "{slot:?}");
         }
         // The mirror dropped what the records' thinning dropped.
         let kept_bytes = i.kept_bytes();
-        assert!(kept_bytes < 3 * budget * size_of::<Rec>(), "{kept_bytes} bytes");
+        assert!(
+            kept_bytes < 3 * budget * size_of::<Rec>(),
+            "{kept_bytes} bytes"
+        );
     }
 
     #[test]

@@ -282,7 +282,10 @@ mod tests {
             Some(10.0)
         );
         assert_eq!(read("tokenwatch_alerting_kept_bytes"), Some(1024.0));
-        assert_eq!(read("tokenwatch_alerting_thinned_records_total"), Some(150.0));
+        assert_eq!(
+            read("tokenwatch_alerting_thinned_records_total"),
+            Some(150.0)
+        );
         // The engine's count started again (its kept state was rebuilt): counted on top.
         k.publish((2, 0), 0);
         assert_eq!(
@@ -361,7 +364,11 @@ mod tests {
         // Read on by push sequence, thinned or not.
         for from in [0u64, 1, 777, (n - 1) as u64, n as u64] {
             let got: Vec<u32> = q.from_seq(from).map(|x| x.1).collect();
-            let want: Vec<u32> = q.iter().map(|x| x.1).filter(|&i| u64::from(i) >= from).collect();
+            let want: Vec<u32> = q
+                .iter()
+                .map(|x| x.1)
+                .filter(|&i| u64::from(i) >= from)
+                .collect();
             assert_eq!(got, want, "from {from}");
         }
         // The same cuts again thin nothing more.

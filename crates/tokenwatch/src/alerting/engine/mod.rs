@@ -5,6 +5,8 @@ pub mod burst;
 pub mod enrich;
 pub mod eval;
 pub mod feed;
+#[cfg(test)]
+mod incident_tests;
 pub mod inputs;
 pub mod kept;
 pub mod latency;
@@ -13,14 +15,12 @@ pub mod lifecycle;
 pub mod noise;
 pub mod persist;
 pub mod quality;
-pub mod scores;
-pub mod thin;
 #[cfg(test)]
 mod reload_tests;
 #[cfg(test)]
 mod restore_tests;
-#[cfg(test)]
-mod incident_tests;
+pub mod scores;
+pub mod thin;
 pub mod vectors;
 pub mod windows;
 
@@ -115,7 +115,11 @@ impl AlertBook {
 
     /// The rules evaluated now (empty while alerting is disabled).
     pub fn rules(&self) -> Vec<RuleInfo> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).rules.clone()
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .rules
+            .clone()
     }
 
     fn publish(&self, active: Vec<Alert>, resolved: Vec<Alert>) {
@@ -500,7 +504,10 @@ impl Engine {
         }
         let mut ended = Vec::new();
         for (fp, t) in self.tracked.iter_mut() {
-            let name = old_names.get(t.rule_index).map(String::as_str).unwrap_or_default();
+            let name = old_names
+                .get(t.rule_index)
+                .map(String::as_str)
+                .unwrap_or_default();
             match rules.iter().position(|x| x.name == name) {
                 Some(i) => t.rule_index = i,
                 None => ended.push(fp.clone()),
@@ -601,11 +608,10 @@ impl Engine {
             self.inputs.ingest(r.clone());
         }
         self.inputs.prune(now);
-        self.kept_metrics
-            .publish(
-                (self.inputs.evicted_records(), self.inputs.thinned_records()),
-                self.inputs.kept_bytes(),
-            );
+        self.kept_metrics.publish(
+            (self.inputs.evicted_records(), self.inputs.thinned_records()),
+            self.inputs.kept_bytes(),
+        );
         self.history.prune(now);
         let mut outside = self.inbox.take();
         if !outside.is_empty() {
@@ -950,7 +956,9 @@ impl Engine {
             known
                 .iter()
                 .filter(|a| {
-                    a.last_event.as_ref().is_some_and(|e| e.detector == c.detector)
+                    a.last_event
+                        .as_ref()
+                        .is_some_and(|e| e.detector == c.detector)
                         && lifecycle::grouping_labels(a).all(|(k, v)| c.labels.get(k) == Some(v))
                 })
                 .max_by_key(|a| a.active_at_unix_ms)

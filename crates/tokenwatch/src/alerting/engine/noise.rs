@@ -432,7 +432,10 @@ mod tests {
         // Two processes, each with its own incidents, see the same alert fire 40 ms apart.
         let (mut a, mut b) = (Incidents::new(60_000), Incidents::new(60_000));
         let spike = alert("latency_spike", "m", AlertState::Firing);
-        let (ia, ib) = (a.assign(&spike, None, 120_010), b.assign(&spike, None, 120_050));
+        let (ia, ib) = (
+            a.assign(&spike, None, 120_010),
+            b.assign(&spike, None, 120_050),
+        );
         assert_eq!(ia, ib);
         assert_eq!(ia, format!("inc-120000-{}", spike.fingerprint));
         // Another alert name, or another window, is another incident.

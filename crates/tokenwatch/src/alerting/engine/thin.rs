@@ -117,7 +117,13 @@ impl Schedule {
 
     /// Steer by `kept` against `budget` (the oldest kept sample known at `oldest_at`) and move
     /// the cuts to `now`.
-    pub fn step(&mut self, now: i64, (kept, budget): (usize, usize), oldest_at: i64, retention: i64) {
+    pub fn step(
+        &mut self,
+        now: i64,
+        (kept, budget): (usize, usize),
+        oldest_at: i64,
+        retention: i64,
+    ) {
         if kept > budget {
             let d = self
                 .dense_ms
@@ -160,7 +166,10 @@ mod tests {
         for (k, count) in at_least.iter().enumerate().take(12) {
             let expect = (n >> k) as f64;
             let got = *count as f64;
-            assert!((got - expect).abs() < 5.0 * expect.sqrt() + 1.0, "level {k}: {got} of {expect}");
+            assert!(
+                (got - expect).abs() < 5.0 * expect.sqrt() + 1.0,
+                "level {k}: {got} of {expect}"
+            );
         }
         // Records and early first tokens of one push sequence differ.
         assert_ne!(sample_id(7, 0), sample_id(7, 1));

@@ -186,10 +186,7 @@ impl Mirror {
             return;
         }
         for ((scope, _), w) in self.windows.iter_mut() {
-            if w.stale
-                || scope.as_ref().is_some_and(|s| s != instance)
-                || !read_at(id, w.level)
-            {
+            if w.stale || scope.as_ref().is_some_and(|s| s != instance) || !read_at(id, w.level) {
                 continue;
             }
             if w.log.len() > w.vals.len().max(MERGE_FROM) {
@@ -275,7 +272,9 @@ impl Mirror {
         }
         self.cuts = inputs.cuts(model);
         let (done, at) = self.thinned;
-        if self.cuts.moved_since(&done) && (self.used < at || self.used.saturating_sub(at) >= THIN_EVERY_MS) {
+        if self.cuts.moved_since(&done)
+            && (self.used < at || self.used.saturating_sub(at) >= THIN_EVERY_MS)
+        {
             self.drop_thinned(&mut dropped);
         }
         for (inst, p) in dropped {

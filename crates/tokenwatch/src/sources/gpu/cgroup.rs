@@ -157,7 +157,11 @@ mod tests {
     /// Parse `text` and compare (runtime, container id, pod uid) with `want`.
     fn check(text: &str, want: (&str, Option<&str>, Option<&str>)) {
         let c = parsed(text);
-        let got = (c.runtime.as_str(), c.container_id.as_deref(), c.pod_uid.as_deref());
+        let got = (
+            c.runtime.as_str(),
+            c.container_id.as_deref(),
+            c.pod_uid.as_deref(),
+        );
         assert_eq!(got, want, "{text}");
     }
 

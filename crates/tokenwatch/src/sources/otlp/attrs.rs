@@ -30,7 +30,9 @@ pub fn as_str(v: &Value) -> Option<Cow<'_, str>> {
 pub fn as_u64(v: &Value) -> Option<u64> {
     match v {
         Value::IntValue(i) => u64::try_from(*i).ok(),
-        Value::DoubleValue(d) if d.is_finite() && *d >= 0.0 && d.fract() == 0.0 && *d < 1.8e19 => Some(*d as u64),
+        Value::DoubleValue(d) if d.is_finite() && *d >= 0.0 && d.fract() == 0.0 && *d < 1.8e19 => {
+            Some(*d as u64)
+        }
         Value::StringValue(s) => s.trim().parse().ok(),
         _ => None,
     }
@@ -50,7 +52,10 @@ pub fn as_f64(v: &Value) -> Option<f64> {
 /// The first element of an array value (or a scalar itself) as text.
 pub fn first_str(v: &Value) -> Option<Cow<'_, str>> {
     match v {
-        Value::ArrayValue(a) => a.values.iter().find_map(|x| x.value.as_ref().and_then(as_str)),
+        Value::ArrayValue(a) => a
+            .values
+            .iter()
+            .find_map(|x| x.value.as_ref().and_then(as_str)),
         other => as_str(other),
     }
 }
@@ -65,11 +70,16 @@ pub fn to_json(v: Option<&AnyValue>) -> serde_json::Value {
         Value::StringValue(s) => J::String(s.clone()),
         Value::BoolValue(b) => J::Bool(*b),
         Value::IntValue(i) => J::from(*i),
-        Value::DoubleValue(d) => serde_json::Number::from_f64(*d).map(J::Number).unwrap_or(J::Null),
+        Value::DoubleValue(d) => serde_json::Number::from_f64(*d)
+            .map(J::Number)
+            .unwrap_or(J::Null),
         Value::ArrayValue(a) => J::Array(a.values.iter().map(|x| to_json(Some(x))).collect()),
-        Value::KvlistValue(kv) => {
-            J::Object(kv.values.iter().map(|kv| (kv.key.clone(), to_json(kv.value.as_ref()))).collect())
-        }
+        Value::KvlistValue(kv) => J::Object(
+            kv.values
+                .iter()
+                .map(|kv| (kv.key.clone(), to_json(kv.value.as_ref())))
+                .collect(),
+        ),
         Value::BytesValue(b) => J::String(hex::encode(b)),
         // String-table references only appear in profiles, never in traces, metrics or logs.
         _ => J::Null,
@@ -158,12 +168,20 @@ fn valid(bytes: &[u8], len: usize) -> bool {
 
 /// A required trace id (16 non-zero bytes) as hex.
 pub fn trace_id(bytes: &[u8]) -> Result<String, IdError> {
-    if valid(bytes, 16) { Ok(hex::encode(bytes)) } else { Err(IdError::TraceId(bytes.len())) }
+    if valid(bytes, 16) {
+        Ok(hex::encode(bytes))
+    } else {
+        Err(IdError::TraceId(bytes.len()))
+    }
 }
 
 /// A required span id (8 non-zero bytes) as hex.
 pub fn span_id(bytes: &[u8]) -> Result<String, IdError> {
-    if valid(bytes, 8) { Ok(hex::encode(bytes)) } else { Err(IdError::SpanId(bytes.len())) }
+    if valid(bytes, 8) {
+        Ok(hex::encode(bytes))
+    } else {
+        Err(IdError::SpanId(bytes.len()))
+    }
 }
 
 /// An optional parent span id: empty (a root span) or 8 bytes.
@@ -181,7 +199,11 @@ mod tests {
     use opentelemetry_proto::tonic::common::v1::ArrayValue;
 
     fn kv(k: &str, v: Value) -> KeyValue {
-        KeyValue { key: k.into(), value: Some(AnyValue { value: Some(v) }), ..Default::default() }
+        KeyValue {
+            key: k.into(),
+            value: Some(AnyValue { value: Some(v) }),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -194,8 +216,11 @@ mod tests {
         assert_eq!(as_f64(&Value::StringValue("0.25".into())), Some(0.25));
         assert_eq!(as_f64(&Value::DoubleValue(f64::NAN)), None);
         assert_eq!(as_str(&Value::StringValue(String::new())), None);
-        let arr =
-            Value::ArrayValue(ArrayValue { values: vec![AnyValue { value: Some(Value::StringValue("stop".into())) }] });
+        let arr = Value::ArrayValue(ArrayValue {
+            values: vec![AnyValue {
+                value: Some(Value::StringValue("stop".into())),
+            }],
+        });
         assert_eq!(first_str(&arr).as_deref(), Some("stop"));
     }
 
@@ -213,8 +238,12 @@ mod tests {
                 "arr",
                 Value::ArrayValue(ArrayValue {
                     values: vec![
-                        AnyValue { value: Some(Value::BoolValue(true)) },
-                        AnyValue { value: Some(Value::DoubleValue(0.5)) },
+                        AnyValue {
+                            value: Some(Value::BoolValue(true)),
+                        },
+                        AnyValue {
+                            value: Some(Value::DoubleValue(0.5)),
+                        },
                     ],
                 }),
             ),

@@ -23,7 +23,9 @@ impl Encoding {
 /// Why a payload was refused; `status()` is the HTTP answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
-    #[error("unsupported content type {0:?}: OTLP/HTTP takes application/x-protobuf or application/json")]
+    #[error(
+        "unsupported content type {0:?}: OTLP/HTTP takes application/x-protobuf or application/json"
+    )]
     ContentType(String),
     #[error("unsupported content encoding {0:?}: OTLP/HTTP takes gzip or no encoding")]
     ContentEncoding(String),
@@ -61,7 +63,12 @@ impl DecodeError {
 /// The encoding named by a `Content-Type` header (parameters such as `charset` ignored).
 pub fn encoding_of(content_type: Option<&str>) -> Result<Encoding, DecodeError> {
     let ct = content_type.unwrap_or("");
-    let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     match essence.as_str() {
         "application/x-protobuf" | "application/protobuf" => Ok(Encoding::Protobuf),
         "application/json" => Ok(Encoding::Json),
@@ -71,10 +78,15 @@ pub fn encoding_of(content_type: Option<&str>) -> Result<Encoding, DecodeError> 
 
 /// Whether a `Content-Encoding` header asks for gzip (`None`/`identity`: no).
 pub fn is_gzip(content_encoding: Option<&str>) -> Result<bool, DecodeError> {
-    match content_encoding.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+    match content_encoding
+        .map(|s| s.trim().to_ascii_lowercase())
+        .as_deref()
+    {
         None | Some("") | Some("identity") => Ok(false),
         Some("gzip") | Some("x-gzip") => Ok(true),
-        Some(_) => Err(DecodeError::ContentEncoding(content_encoding.unwrap_or("").to_string())),
+        Some(_) => Err(DecodeError::ContentEncoding(
+            content_encoding.unwrap_or("").to_string(),
+        )),
     }
 }
 
@@ -82,7 +94,9 @@ pub fn is_gzip(content_encoding: Option<&str>) -> Result<bool, DecodeError> {
 pub fn gunzip(body: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
     let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
     let mut reader = flate2::read::MultiGzDecoder::new(body).take(limit as u64 + 1);
-    reader.read_to_end(&mut out).map_err(|e| DecodeError::Gzip(e.to_string()))?;
+    reader
+        .read_to_end(&mut out)
+        .map_err(|e| DecodeError::Gzip(e.to_string()))?;
     if out.len() > limit {
         return Err(DecodeError::TooLarge { limit });
     }
@@ -95,14 +109,23 @@ where
     T: prost::Message + Default + DeserializeOwned,
 {
     match enc {
-        Encoding::Protobuf => T::decode(bytes).map_err(|e| DecodeError::Protobuf { what, error: e.to_string() }),
+        Encoding::Protobuf => T::decode(bytes).map_err(|e| DecodeError::Protobuf {
+            what,
+            error: e.to_string(),
+        }),
         Encoding::Json => {
             let mut de = serde_json::Deserializer::from_slice(bytes);
             let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
                 let path = e.path().to_string();
-                DecodeError::Json { what, error: format!("at {path}: {}", e.into_inner()) }
+                DecodeError::Json {
+                    what,
+                    error: format!("at {path}: {}", e.into_inner()),
+                }
             })?;
-            de.end().map_err(|e| DecodeError::Json { what, error: e.to_string() })?;
+            de.end().map_err(|e| DecodeError::Json {
+                what,
+                error: e.to_string(),
+            })?;
             Ok(value)
         }
     }
@@ -126,8 +149,15 @@ pub struct RpcStatus {
 }
 
 /// The body of an error answer: a `Status` in the request's encoding (JSON when unknown).
-pub fn error_body(code: tonic::Code, message: &str, enc: Option<Encoding>) -> (Vec<u8>, &'static str) {
-    let status = RpcStatus { code: code as i32, message: message.to_string() };
+pub fn error_body(
+    code: tonic::Code,
+    message: &str,
+    enc: Option<Encoding>,
+) -> (Vec<u8>, &'static str) {
+    let status = RpcStatus {
+        code: code as i32,
+        message: message.to_string(),
+    };
     let enc = enc.unwrap_or(Encoding::Json);
     (encode(&status, enc), enc.content_type())
 }
@@ -148,8 +178,14 @@ mod tests {
 
     #[test]
     fn content_types_and_encodings() {
-        assert_eq!(encoding_of(Some("application/json; charset=utf-8")), Ok(Encoding::Json));
-        assert_eq!(encoding_of(Some("application/x-protobuf")), Ok(Encoding::Protobuf));
+        assert_eq!(
+            encoding_of(Some("application/json; charset=utf-8")),
+            Ok(Encoding::Json)
+        );
+        assert_eq!(
+            encoding_of(Some("application/x-protobuf")),
+            Ok(Encoding::Protobuf)
+        );
         assert_eq!(encoding_of(Some("text/plain")).unwrap_err().status(), 415);
         assert_eq!(encoding_of(None).unwrap_err().status(), 415);
         assert_eq!(is_gzip(Some("gzip")), Ok(true));
@@ -160,7 +196,10 @@ mod tests {
     #[test]
     fn gzip_is_bounded_and_garbage_is_an_error() {
         assert_eq!(gunzip(&gz(b"hello"), 10).unwrap(), b"hello");
-        assert_eq!(gunzip(&gz(&[0u8; 1000]), 999).unwrap_err(), DecodeError::TooLarge { limit: 999 });
+        assert_eq!(
+            gunzip(&gz(&[0u8; 1000]), 999).unwrap_err(),
+            DecodeError::TooLarge { limit: 999 }
+        );
         let e = gunzip(b"not gzip at all", 100).unwrap_err();
         assert_eq!(e.status(), 400);
         assert!(e.to_string().contains("not valid gzip"), "{e}");
@@ -175,15 +214,33 @@ mod tests {
         let r: ExportTraceServiceRequest =
             decode(json.as_bytes(), Encoding::Json, "ExportTraceServiceRequest").unwrap();
         let span = &r.resource_spans[0].scope_spans[0].spans[0];
-        assert_eq!(hex::encode(&span.trace_id), "5b8efff798038103d269b633813fc60c");
+        assert_eq!(
+            hex::encode(&span.trace_id),
+            "5b8efff798038103d269b633813fc60c"
+        );
         assert_eq!(span.start_time_unix_nano, 1_544_712_660_000_000_000);
         let bad = r#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":5}]}]}]}"#;
-        let e = decode::<ExportTraceServiceRequest>(bad.as_bytes(), Encoding::Json, "ExportTraceServiceRequest")
-            .unwrap_err();
-        assert!(e.to_string().contains("resourceSpans[0].scopeSpans[0].spans[0].name"), "{e}");
-        let e =
-            decode::<ExportTraceServiceRequest>(&[0x0a, 0x05, 0x01], Encoding::Protobuf, "ExportTraceServiceRequest")
-                .unwrap_err();
-        assert!(e.to_string().starts_with("invalid OTLP protobuf ExportTraceServiceRequest"), "{e}");
+        let e = decode::<ExportTraceServiceRequest>(
+            bad.as_bytes(),
+            Encoding::Json,
+            "ExportTraceServiceRequest",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("resourceSpans[0].scopeSpans[0].spans[0].name"),
+            "{e}"
+        );
+        let e = decode::<ExportTraceServiceRequest>(
+            &[0x0a, 0x05, 0x01],
+            Encoding::Protobuf,
+            "ExportTraceServiceRequest",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("invalid OTLP protobuf ExportTraceServiceRequest"),
+            "{e}"
+        );
     }
 }

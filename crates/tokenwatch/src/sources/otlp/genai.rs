@@ -66,8 +66,12 @@ impl<'a> ResourceInfo<'a> {
                 "service.instance.id" => r.service_instance = v,
                 "tenant.id" | "tokenwatch.tenant" => r.tenant = r.tenant.or(v),
                 "tokenwatch.ab_group" => r.ab_group = v,
-                "gen_ai.request.model_version" | "tokenwatch.model_version" => r.model_version = r.model_version.or(v),
-                PROMPT_VERSION_ATTR | TW_PROMPT_VERSION_ATTR => r.prompt_version = r.prompt_version.or(v),
+                "gen_ai.request.model_version" | "tokenwatch.model_version" => {
+                    r.model_version = r.model_version.or(v)
+                }
+                PROMPT_VERSION_ATTR | TW_PROMPT_VERSION_ATTR => {
+                    r.prompt_version = r.prompt_version.or(v)
+                }
                 _ => {}
             }
         }
@@ -169,7 +173,9 @@ impl<'a> GenAi<'a> {
                 // Deprecated names: used only when the current ones are absent.
                 "gen_ai.usage.prompt_tokens" if g.input_tokens.is_none() => &mut g.input_tokens,
                 "gen_ai.usage.output_tokens" => &mut g.output_tokens,
-                "gen_ai.usage.completion_tokens" if g.output_tokens.is_none() => &mut g.output_tokens,
+                "gen_ai.usage.completion_tokens" if g.output_tokens.is_none() => {
+                    &mut g.output_tokens
+                }
                 "gen_ai.usage.reasoning.output_tokens" => &mut g.reasoning_tokens,
                 "gen_ai.response.finish_reasons" => &mut g.finish_reasons,
                 "gen_ai.response.time_to_first_chunk" => &mut g.time_to_first_chunk,
@@ -258,11 +264,12 @@ fn embedding_of(v: &Value) -> Result<Vec<f32>, String> {
 /// `tokenwatch.prompt.prefix_hash`: 1 to 16 hex digits, or an integer (its 64 bits).
 fn prefix_key_of(v: &Value) -> Result<u64, String> {
     match v {
-        Value::StringValue(s) => {
-            parse_prefix_key(s.trim()).ok_or_else(|| format!("{PREFIX_HASH_ATTR} {s:?} is not 1 to 16 hex digits"))
-        }
+        Value::StringValue(s) => parse_prefix_key(s.trim())
+            .ok_or_else(|| format!("{PREFIX_HASH_ATTR} {s:?} is not 1 to 16 hex digits")),
         Value::IntValue(n) => Ok(*n as u64),
-        _ => Err(format!("{PREFIX_HASH_ATTR} must be a hex string or an integer")),
+        _ => Err(format!(
+            "{PREFIX_HASH_ATTR} must be a hex string or an integer"
+        )),
     }
 }
 
@@ -271,7 +278,11 @@ pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatc
     let mut out = TraceBatch::default();
     let mut first_warning = None;
     for rs in &req.resource_spans {
-        let res_attrs = rs.resource.as_ref().map(|r| r.attributes.as_slice()).unwrap_or(&[]);
+        let res_attrs = rs
+            .resource
+            .as_ref()
+            .map(|r| r.attributes.as_slice())
+            .unwrap_or(&[]);
         let res = ResourceInfo::of(res_attrs);
         for ss in &rs.scope_spans {
             for span in &ss.spans {
@@ -287,7 +298,9 @@ pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatc
                                 0 => crate::pipeline::now_unix_ms(),
                                 ms => ms,
                             };
-                            out.scores.extend(super::span_scores::rows(scores, &trace_id, request_id, at));
+                            out.scores.extend(super::span_scores::rows(
+                                scores, &trace_id, request_id, at,
+                            ));
                         }
                         let warning = warning.or(score_warning);
                         out.records.extend(record);
@@ -318,7 +331,11 @@ pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatc
 /// The record (GenAI spans), the stored row, and a warning about an ignored attribute.
 type Mapped = (Option<RequestRecord>, Option<SpanRow>, Option<String>);
 
-fn map_span(span: &Span, res: &ResourceInfo<'_>, want_rows: bool) -> Result<Mapped, attrs::IdError> {
+fn map_span(
+    span: &Span,
+    res: &ResourceInfo<'_>,
+    want_rows: bool,
+) -> Result<Mapped, attrs::IdError> {
     let trace_id = attrs::trace_id(&span.trace_id)?;
     let span_id = attrs::span_id(&span.span_id)?;
     let parent = attrs::parent_span_id(&span.parent_span_id)?;
@@ -357,8 +374,12 @@ fn map_span(span: &Span, res: &ResourceInfo<'_>, want_rows: bool) -> Result<Mapp
             service_name: res.service_name.to_string(),
             // The embedding is kept on the record; stored twice it would dominate the span row.
             attributes_json: if g.embedding.is_some() && g.is_genai() {
-                let kept: Vec<KeyValue> =
-                    span.attributes.iter().filter(|kv| kv.key != EMBEDDING_ATTR).cloned().collect();
+                let kept: Vec<KeyValue> = span
+                    .attributes
+                    .iter()
+                    .filter(|kv| kv.key != EMBEDDING_ATTR)
+                    .cloned()
+                    .collect();
                 attrs::to_json_object(&kept)
             } else {
                 attrs::to_json_object(&span.attributes)
@@ -374,8 +395,16 @@ fn nanos(n: u64) -> i64 {
 }
 
 /// The request record of a GenAI span (see the module comment of `mod.rs` for the mapping).
-fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str, span_id: &str) -> RequestRecord {
-    let model_id = text(g.response_model).or_else(|| text(g.request_model)).unwrap_or_else(|| "unknown".into());
+fn record_of(
+    span: &Span,
+    g: &GenAi<'_>,
+    res: &ResourceInfo<'_>,
+    trace_id: &str,
+    span_id: &str,
+) -> RequestRecord {
+    let model_id = text(g.response_model)
+        .or_else(|| text(g.request_model))
+        .unwrap_or_else(|| "unknown".into());
     let runtime = text(g.provider)
         .or_else(|| text(g.system))
         .or_else(|| (!res.service_name.is_empty()).then(|| res.service_name.to_string()))
@@ -396,15 +425,24 @@ fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str,
     let start = span.start_time_unix_nano;
     let end_s = span.end_time_unix_nano.saturating_sub(start) as f64 / 1e9;
     let first_token_s = g.time_to_first_chunk.and_then(as_f64).filter(|t| *t >= 0.0);
-    let (prompt_tokens, output_tokens) =
-        match (g.input_tokens.and_then(as_u64), g.output_tokens.and_then(as_u64), g.total_tokens.and_then(as_u64)) {
-            (Some(p), None, Some(t)) => (Some(p), t.checked_sub(p)),
-            (None, Some(o), Some(t)) => (t.checked_sub(o), Some(o)),
-            (p, o, _) => (p, o),
-        };
-    let span_error = span.status.as_ref().is_some_and(|s| s.code == StatusCode::Error as i32);
-    let http_status =
-        g.http_status.and_then(as_u64).and_then(|s| u16::try_from(s).ok()).filter(|s| (100..600).contains(s));
+    let (prompt_tokens, output_tokens) = match (
+        g.input_tokens.and_then(as_u64),
+        g.output_tokens.and_then(as_u64),
+        g.total_tokens.and_then(as_u64),
+    ) {
+        (Some(p), None, Some(t)) => (Some(p), t.checked_sub(p)),
+        (None, Some(o), Some(t)) => (t.checked_sub(o), Some(o)),
+        (p, o, _) => (p, o),
+    };
+    let span_error = span
+        .status
+        .as_ref()
+        .is_some_and(|s| s.code == StatusCode::Error as i32);
+    let http_status = g
+        .http_status
+        .and_then(as_u64)
+        .and_then(|s| u16::try_from(s).ok())
+        .filter(|s| (100..600).contains(s));
     let (status, error_class) = match http_status {
         Some(s) if s >= 500 => (s, Some(ErrorClass::Upstream5xx)),
         Some(s) if s >= 400 => (s, Some(ErrorClass::Upstream4xx)),
@@ -436,7 +474,11 @@ fn record_of(span: &Span, g: &GenAi<'_>, res: &ResourceInfo<'_>, trace_id: &str,
         prompt_tokens,
         output_tokens,
         reasoning_tokens: g.reasoning_tokens.and_then(as_u64),
-        finish_reason: g.finish_reasons.and_then(first_str).map(|s| s.into_owned()).unwrap_or_default(),
+        finish_reason: g
+            .finish_reasons
+            .and_then(first_str)
+            .map(|s| s.into_owned())
+            .unwrap_or_default(),
         status,
         error_class,
         embedding: Vec::new(),
@@ -454,7 +496,11 @@ mod tests {
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Status};
 
     fn kv(k: &str, v: Value) -> KeyValue {
-        KeyValue { key: k.into(), value: Some(AnyValue { value: Some(v) }), ..Default::default() }
+        KeyValue {
+            key: k.into(),
+            value: Some(AnyValue { value: Some(v) }),
+            ..Default::default()
+        }
     }
     fn s(v: &str) -> Value {
         Value::StringValue(v.into())
@@ -480,9 +526,16 @@ mod tests {
                 kv("gen_ai.usage.reasoning.output_tokens", Value::IntValue(12)),
                 kv(
                     "gen_ai.response.finish_reasons",
-                    Value::ArrayValue(ArrayValue { values: vec![AnyValue { value: Some(s("stop")) }] }),
+                    Value::ArrayValue(ArrayValue {
+                        values: vec![AnyValue {
+                            value: Some(s("stop")),
+                        }],
+                    }),
                 ),
-                kv("gen_ai.response.time_to_first_chunk", Value::DoubleValue(0.25)),
+                kv(
+                    "gen_ai.response.time_to_first_chunk",
+                    Value::DoubleValue(0.25),
+                ),
                 kv("server.address", s("gpu-1")),
                 kv("server.port", Value::IntValue(8000)),
                 kv("tokenwatch.ab_group", s("b")),
@@ -495,10 +548,16 @@ mod tests {
         ExportTraceServiceRequest {
             resource_spans: vec![ResourceSpans {
                 resource: Some(Resource {
-                    attributes: vec![kv("service.name", s("chat-app")), kv("tenant.id", s("acme"))],
+                    attributes: vec![
+                        kv("service.name", s("chat-app")),
+                        kv("tenant.id", s("acme")),
+                    ],
                     ..Default::default()
                 }),
-                scope_spans: vec![ScopeSpans { spans, ..Default::default() }],
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..Default::default()
+                }],
                 ..Default::default()
             }],
         }
@@ -520,7 +579,10 @@ mod tests {
         assert!((r.end_s - 2.0).abs() < 1e-9);
         assert_eq!(r.first_token_s, Some(0.25));
         assert!(r.stream);
-        assert_eq!((r.prompt_tokens, r.output_tokens, r.tokens_from_usage), (Some(100), Some(20), true));
+        assert_eq!(
+            (r.prompt_tokens, r.output_tokens, r.tokens_from_usage),
+            (Some(100), Some(20), true)
+        );
         assert_eq!(r.reasoning_tokens, Some(12));
         assert_eq!(r.finish_reason, "stop");
         assert_eq!((r.status, r.error_class), (200, None));
@@ -528,46 +590,78 @@ mod tests {
         let row = &b.spans[0];
         assert_eq!(row.parent_span_id, "0202020202020202");
         assert_eq!(row.service_name, "chat-app");
-        assert!(row.attributes_json.contains(r#""gen_ai.usage.input_tokens":100"#));
+        assert!(
+            row.attributes_json
+                .contains(r#""gen_ai.usage.input_tokens":100"#)
+        );
     }
 
     fn doubles(v: &[f64]) -> Value {
         Value::ArrayValue(ArrayValue {
-            values: v.iter().map(|d| AnyValue { value: Some(Value::DoubleValue(*d)) }).collect(),
+            values: v
+                .iter()
+                .map(|d| AnyValue {
+                    value: Some(Value::DoubleValue(*d)),
+                })
+                .collect(),
         })
     }
 
     #[test]
     fn embedding_and_prefix_hash_reach_the_record_not_the_span_row() {
         let mut span = genai_span();
-        span.attributes.push(kv(EMBEDDING_ATTR, doubles(&[0.25, -0.5, 1.0])));
-        span.attributes.push(kv(PREFIX_HASH_ATTR, s("00ABCDEF01234567")));
+        span.attributes
+            .push(kv(EMBEDDING_ATTR, doubles(&[0.25, -0.5, 1.0])));
+        span.attributes
+            .push(kv(PREFIX_HASH_ATTR, s("00ABCDEF01234567")));
         let mut int_key = genai_span();
         int_key.span_id = vec![0x03; 8];
-        int_key.attributes.push(kv(PREFIX_HASH_ATTR, Value::IntValue(-1)));
+        int_key
+            .attributes
+            .push(kv(PREFIX_HASH_ATTR, Value::IntValue(-1)));
         let b = map_traces(&request(vec![span, int_key]), true);
-        assert_eq!((b.accepted, b.rejected, b.first_error.as_deref()), (2, 0, None));
+        assert_eq!(
+            (b.accepted, b.rejected, b.first_error.as_deref()),
+            (2, 0, None)
+        );
         assert_eq!(b.records[0].embedding, vec![0.25, -0.5, 1.0]);
         assert_eq!(b.records[0].prefix_key, Some(0x00ab_cdef_0123_4567));
         assert_eq!(b.records[1].prefix_key, Some(u64::MAX));
         assert!(b.records[1].embedding.is_empty());
-        assert!(!b.spans[0].attributes_json.contains(EMBEDDING_ATTR), "{}", b.spans[0].attributes_json);
+        assert!(
+            !b.spans[0].attributes_json.contains(EMBEDDING_ATTR),
+            "{}",
+            b.spans[0].attributes_json
+        );
         assert!(b.spans[0].attributes_json.contains(PREFIX_HASH_ATTR));
     }
 
     #[test]
     fn unusable_embedding_or_prefix_hash_is_ignored_with_a_warning() {
         let mut nan = genai_span();
-        nan.attributes.push(kv(EMBEDDING_ATTR, doubles(&[1.0, f64::NAN])));
+        nan.attributes
+            .push(kv(EMBEDDING_ATTR, doubles(&[1.0, f64::NAN])));
         let mut text = genai_span();
-        text.attributes
-            .push(kv(EMBEDDING_ATTR, Value::ArrayValue(ArrayValue { values: vec![AnyValue { value: Some(s("x")) }] })));
+        text.attributes.push(kv(
+            EMBEDDING_ATTR,
+            Value::ArrayValue(ArrayValue {
+                values: vec![AnyValue {
+                    value: Some(s("x")),
+                }],
+            }),
+        ));
         let mut key = genai_span();
         key.attributes.push(kv(PREFIX_HASH_ATTR, s("not-hex")));
         for (span, want) in [
-            (nan, "tokenwatch.output.embedding element 1 is not a finite number"),
+            (
+                nan,
+                "tokenwatch.output.embedding element 1 is not a finite number",
+            ),
             (text, "tokenwatch.output.embedding[0] is not a number"),
-            (key, "tokenwatch.prompt.prefix_hash \"not-hex\" is not 1 to 16 hex digits"),
+            (
+                key,
+                "tokenwatch.prompt.prefix_hash \"not-hex\" is not 1 to 16 hex digits",
+            ),
         ] {
             let b = map_traces(&request(vec![span]), true);
             assert_eq!((b.accepted, b.rejected, b.records.len()), (1, 0, 1));
@@ -578,7 +672,12 @@ mod tests {
         // A refused span's reason wins over a warning.
         let mut warn = genai_span();
         warn.attributes.push(kv(EMBEDDING_ATTR, doubles(&[])));
-        let bad = Span { trace_id: vec![1; 15], span_id: vec![2; 8], name: "bad".into(), ..Default::default() };
+        let bad = Span {
+            trace_id: vec![1; 15],
+            span_id: vec![2; 8],
+            name: "bad".into(),
+            ..Default::default()
+        };
         let b = map_traces(&request(vec![warn, bad]), true);
         assert!(b.first_error.unwrap_or_default().contains("trace_id"));
     }
@@ -604,7 +703,10 @@ mod tests {
             kv("llm.system", s("openai")),
             kv("llm.token_count.prompt", Value::IntValue(120)),
             kv("llm.token_count.completion", Value::IntValue(30)),
-            kv("llm.token_count.completion_details.reasoning", Value::IntValue(8)),
+            kv(
+                "llm.token_count.completion_details.reasoning",
+                Value::IntValue(8),
+            ),
             kv("llm.token_count.total", Value::IntValue(150)),
         ]);
         let mut embedding = span_with(vec![
@@ -630,7 +732,10 @@ mod tests {
         let r = &b.records[0];
         assert_eq!(r.labels.model_id, "gpt-4o-2024-08-06");
         assert_eq!(r.labels.runtime, "azure");
-        assert_eq!((r.prompt_tokens, r.output_tokens, r.reasoning_tokens), (Some(120), Some(30), Some(8)));
+        assert_eq!(
+            (r.prompt_tokens, r.output_tokens, r.reasoning_tokens),
+            (Some(120), Some(30), Some(8))
+        );
         assert!(r.tokens_from_usage);
         assert_eq!(r.endpoint, "chat");
         assert!((r.end_s - 1.5).abs() < 1e-9);
@@ -639,10 +744,17 @@ mod tests {
         assert_eq!(e.endpoint, "embeddings");
         assert_eq!((e.prompt_tokens, e.output_tokens), (Some(42), Some(0)));
         let w = &b.records[2];
-        assert_eq!((w.labels.model_id.as_str(), w.labels.runtime.as_str()), ("llama-req", "vllm"));
+        assert_eq!(
+            (w.labels.model_id.as_str(), w.labels.runtime.as_str()),
+            ("llama-req", "vllm")
+        );
         assert_eq!((w.prompt_tokens, w.output_tokens), (Some(10), Some(15)));
         // The stored rows keep every attribute as sent.
-        assert!(b.spans[0].attributes_json.contains(r#""llm.model_name":"gpt-4o-2024-08-06""#));
+        assert!(
+            b.spans[0]
+                .attributes_json
+                .contains(r#""llm.model_name":"gpt-4o-2024-08-06""#)
+        );
     }
 
     #[test]
@@ -667,15 +779,43 @@ mod tests {
     #[test]
     fn error_status_non_genai_and_invalid_ids() {
         let mut err = genai_span();
-        err.status = Some(Status { code: StatusCode::Error as i32, message: "boom".into() });
-        err.attributes.retain(|kv| !kv.key.starts_with("gen_ai.response") && kv.key != "gen_ai.provider.name");
-        let plain = Span { trace_id: vec![1; 16], span_id: vec![2; 8], name: "db".into(), ..Default::default() };
-        let bad = Span { trace_id: vec![1; 15], span_id: vec![2; 8], name: "bad".into(), ..Default::default() };
+        err.status = Some(Status {
+            code: StatusCode::Error as i32,
+            message: "boom".into(),
+        });
+        err.attributes.retain(|kv| {
+            !kv.key.starts_with("gen_ai.response") && kv.key != "gen_ai.provider.name"
+        });
+        let plain = Span {
+            trace_id: vec![1; 16],
+            span_id: vec![2; 8],
+            name: "db".into(),
+            ..Default::default()
+        };
+        let bad = Span {
+            trace_id: vec![1; 15],
+            span_id: vec![2; 8],
+            name: "bad".into(),
+            ..Default::default()
+        };
         let b = map_traces(&request(vec![err, plain, bad]), true);
-        assert_eq!((b.accepted, b.rejected, b.records.len(), b.spans.len()), (2, 1, 1, 2));
-        assert!(b.first_error.as_deref().unwrap().contains("trace_id must be 16 bytes"), "{:?}", b.first_error);
+        assert_eq!(
+            (b.accepted, b.rejected, b.records.len(), b.spans.len()),
+            (2, 1, 1, 2)
+        );
+        assert!(
+            b.first_error
+                .as_deref()
+                .unwrap()
+                .contains("trace_id must be 16 bytes"),
+            "{:?}",
+            b.first_error
+        );
         let r = &b.records[0];
-        assert_eq!((r.status, r.error_class), (500, Some(ErrorClass::Upstream5xx)));
+        assert_eq!(
+            (r.status, r.error_class),
+            (500, Some(ErrorClass::Upstream5xx))
+        );
         assert_eq!(r.labels.model_id, "llama-req");
         assert_eq!(r.labels.runtime, "chat-app");
         assert_eq!(b.spans[0].status_message, "boom");

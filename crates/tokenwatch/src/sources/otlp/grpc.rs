@@ -2,7 +2,9 @@
 // answering with partial success, RESOURCE_EXHAUSTED when busy and UNAVAILABLE on store failure.
 
 use super::ingest::{Accepted, Ingest, Refused, Transport};
-use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{LogsService, LogsServiceServer};
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
+    LogsService, LogsServiceServer,
+};
 use opentelemetry_proto::tonic::collector::logs::v1::{
     ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
 };
@@ -12,7 +14,9 @@ use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::
 use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsPartialSuccess, ExportMetricsServiceRequest, ExportMetricsServiceResponse,
 };
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -50,11 +54,19 @@ impl TraceService for Grpc {
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         let _permit = self.0.admit().map_err(|r| refused(&self.0, r))?;
-        let a = self.0.traces(request.into_inner(), Transport::Grpc).await.map_err(|r| refused(&self.0, r))?;
+        let a = self
+            .0
+            .traces(request.into_inner(), Transport::Grpc)
+            .await
+            .map_err(|r| refused(&self.0, r))?;
         self.0.stats.request(Transport::Grpc, outcome(&a));
-        let partial_success = (a.rejected > 0)
-            .then_some(ExportTracePartialSuccess { rejected_spans: a.rejected, error_message: a.message });
-        Ok(Response::new(ExportTraceServiceResponse { partial_success }))
+        let partial_success = (a.rejected > 0).then_some(ExportTracePartialSuccess {
+            rejected_spans: a.rejected,
+            error_message: a.message,
+        });
+        Ok(Response::new(ExportTraceServiceResponse {
+            partial_success,
+        }))
     }
 }
 
@@ -67,9 +79,13 @@ impl MetricsService for Grpc {
         let _permit = self.0.admit().map_err(|r| refused(&self.0, r))?;
         let a = self.0.metrics(request.get_ref(), Transport::Grpc);
         self.0.stats.request(Transport::Grpc, outcome(&a));
-        let partial_success = (a.rejected > 0)
-            .then_some(ExportMetricsPartialSuccess { rejected_data_points: a.rejected, error_message: a.message });
-        Ok(Response::new(ExportMetricsServiceResponse { partial_success }))
+        let partial_success = (a.rejected > 0).then_some(ExportMetricsPartialSuccess {
+            rejected_data_points: a.rejected,
+            error_message: a.message,
+        });
+        Ok(Response::new(ExportMetricsServiceResponse {
+            partial_success,
+        }))
     }
 }
 
@@ -80,10 +96,16 @@ impl LogsService for Grpc {
         request: Request<ExportLogsServiceRequest>,
     ) -> Result<Response<ExportLogsServiceResponse>, Status> {
         let _permit = self.0.admit().map_err(|r| refused(&self.0, r))?;
-        let a = self.0.logs(request.into_inner(), Transport::Grpc).await.map_err(|r| refused(&self.0, r))?;
+        let a = self
+            .0
+            .logs(request.into_inner(), Transport::Grpc)
+            .await
+            .map_err(|r| refused(&self.0, r))?;
         self.0.stats.request(Transport::Grpc, outcome(&a));
-        let partial_success = (a.rejected > 0)
-            .then_some(ExportLogsPartialSuccess { rejected_log_records: a.rejected, error_message: a.message });
+        let partial_success = (a.rejected > 0).then_some(ExportLogsPartialSuccess {
+            rejected_log_records: a.rejected,
+            error_message: a.message,
+        });
         Ok(Response::new(ExportLogsServiceResponse { partial_success }))
     }
 }
@@ -121,10 +143,18 @@ pub async fn serve(
     // TCP_NODELAY on every connection, either way (`crate::listen` sets it before the handshake).
     let result = match tls {
         None => {
-            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             router.serve_with_incoming_shutdown(incoming, stop).await
         }
-        Some(config) => router.serve_with_incoming_shutdown(crate::listen::grpc_tls_incoming(listener, config), stop).await,
+        Some(config) => {
+            router
+                .serve_with_incoming_shutdown(
+                    crate::listen::grpc_tls_incoming(listener, config),
+                    stop,
+                )
+                .await
+        }
     };
     if let Err(e) = result {
         tracing::error!(error = %e, "OTLP/gRPC server failed");

@@ -37,9 +37,18 @@ type St = State<Arc<HttpState>>;
 
 pub fn router(state: Arc<HttpState>) -> Router {
     Router::new()
-        .route("/v1/traces", post(|s: St, h: HeaderMap, b: Body| handle(s, h, b, Signal::Traces)))
-        .route("/v1/metrics", post(|s: St, h: HeaderMap, b: Body| handle(s, h, b, Signal::Metrics)))
-        .route("/v1/logs", post(|s: St, h: HeaderMap, b: Body| handle(s, h, b, Signal::Logs)))
+        .route(
+            "/v1/traces",
+            post(|s: St, h: HeaderMap, b: Body| handle(s, h, b, Signal::Traces)),
+        )
+        .route(
+            "/v1/metrics",
+            post(|s: St, h: HeaderMap, b: Body| handle(s, h, b, Signal::Metrics)),
+        )
+        .route(
+            "/v1/logs",
+            post(|s: St, h: HeaderMap, b: Body| handle(s, h, b, Signal::Logs)),
+        )
         .with_state(state)
 }
 
@@ -48,7 +57,8 @@ fn error(status: StatusCode, code: tonic::Code, message: &str, enc: Option<Encod
     let (body, content_type) = codec::error_body(code, message, enc);
     let mut resp = (status, [(header::CONTENT_TYPE, content_type)], body).into_response();
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-        resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
     }
     resp
 }
@@ -58,18 +68,32 @@ fn decode_failure(state: &HttpState, e: &DecodeError, enc: Option<Encoding>) -> 
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
     let resp = error(status, tonic::Code::InvalidArgument, &e.to_string(), enc);
     // Counted by the listener in `tokenwatch_rejected_requests{reason="body_too_large"}`.
-    if matches!(e, DecodeError::TooLarge { .. }) { crate::listen::limits::mark_body_too_large(resp) } else { resp }
+    if matches!(e, DecodeError::TooLarge { .. }) {
+        crate::listen::limits::mark_body_too_large(resp)
+    } else {
+        resp
+    }
 }
 
 fn refused(state: &HttpState, r: Refused, enc: Encoding) -> Response {
     match r {
         Refused::Busy(m) => {
             state.ingest.stats.request(Transport::Http, "busy");
-            error(StatusCode::TOO_MANY_REQUESTS, tonic::Code::ResourceExhausted, &m, Some(enc))
+            error(
+                StatusCode::TOO_MANY_REQUESTS,
+                tonic::Code::ResourceExhausted,
+                &m,
+                Some(enc),
+            )
         }
         Refused::Unavailable(m) => {
             state.ingest.stats.request(Transport::Http, "unavailable");
-            error(StatusCode::SERVICE_UNAVAILABLE, tonic::Code::Unavailable, &m, Some(enc))
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                tonic::Code::Unavailable,
+                &m,
+                Some(enc),
+            )
         }
     }
 }
@@ -84,7 +108,11 @@ const DRAIN_MAX_BYTES: usize = 64 * 1024 * 1024;
 const DRAIN_MAX_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The request body, inflated when gzip, never more than `limit` bytes held.
-async fn read_body(headers: &HeaderMap, mut body: Body, limit: usize) -> Result<Vec<u8>, DecodeError> {
+async fn read_body(
+    headers: &HeaderMap,
+    mut body: Body,
+    limit: usize,
+) -> Result<Vec<u8>, DecodeError> {
     let gzip = codec::is_gzip(header_str(headers, header::CONTENT_ENCODING))?;
     let declared = header_str(headers, header::CONTENT_LENGTH).and_then(|v| v.parse::<u64>().ok());
     let mut too_large = declared.is_some_and(|n| n > limit as u64);
@@ -93,7 +121,9 @@ async fn read_body(headers: &HeaderMap, mut body: Body, limit: usize) -> Result<
     let started = tokio::time::Instant::now();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| DecodeError::Body(e.to_string()))?;
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         if !too_large && raw.len() + data.len() > limit {
             too_large = true;
             raw = Vec::new();
@@ -110,12 +140,29 @@ async fn read_body(headers: &HeaderMap, mut body: Body, limit: usize) -> Result<
     if too_large {
         return Err(DecodeError::TooLarge { limit });
     }
-    if gzip { codec::gunzip(&raw, limit) } else { Ok(raw) }
+    if gzip {
+        codec::gunzip(&raw, limit)
+    } else {
+        Ok(raw)
+    }
 }
 
-fn ok<T: prost::Message + serde::Serialize>(state: &HttpState, a: &Accepted, resp: T, enc: Encoding) -> Response {
-    state.ingest.stats.request(Transport::Http, if a.rejected > 0 { "partial" } else { "ok" });
-    (StatusCode::OK, [(header::CONTENT_TYPE, enc.content_type())], codec::encode(&resp, enc)).into_response()
+fn ok<T: prost::Message + serde::Serialize>(
+    state: &HttpState,
+    a: &Accepted,
+    resp: T,
+    enc: Encoding,
+) -> Response {
+    state.ingest.stats.request(
+        Transport::Http,
+        if a.rejected > 0 { "partial" } else { "ok" },
+    );
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, enc.content_type())],
+        codec::encode(&resp, enc),
+    )
+        .into_response()
 }
 
 async fn handle(State(state): St, headers: HeaderMap, body: Body, signal: Signal) -> Response {
@@ -134,10 +181,11 @@ async fn handle(State(state): St, headers: HeaderMap, body: Body, signal: Signal
     let ingest = &state.ingest;
     match signal {
         Signal::Traces => {
-            let req: ExportTraceServiceRequest = match codec::decode(&bytes, enc, "ExportTraceServiceRequest") {
-                Ok(r) => r,
-                Err(e) => return decode_failure(&state, &e, Some(enc)),
-            };
+            let req: ExportTraceServiceRequest =
+                match codec::decode(&bytes, enc, "ExportTraceServiceRequest") {
+                    Ok(r) => r,
+                    Err(e) => return decode_failure(&state, &e, Some(enc)),
+                };
             drop(bytes);
             match ingest.traces(req, Transport::Http).await {
                 Ok(a) => {
@@ -145,28 +193,40 @@ async fn handle(State(state): St, headers: HeaderMap, body: Body, signal: Signal
                         rejected_spans: a.rejected,
                         error_message: a.message.clone(),
                     });
-                    ok(&state, &a, ExportTraceServiceResponse { partial_success }, enc)
+                    ok(
+                        &state,
+                        &a,
+                        ExportTraceServiceResponse { partial_success },
+                        enc,
+                    )
                 }
                 Err(r) => refused(&state, r, enc),
             }
         }
         Signal::Metrics => {
-            let req: ExportMetricsServiceRequest = match codec::decode(&bytes, enc, "ExportMetricsServiceRequest") {
-                Ok(r) => r,
-                Err(e) => return decode_failure(&state, &e, Some(enc)),
-            };
+            let req: ExportMetricsServiceRequest =
+                match codec::decode(&bytes, enc, "ExportMetricsServiceRequest") {
+                    Ok(r) => r,
+                    Err(e) => return decode_failure(&state, &e, Some(enc)),
+                };
             let a = ingest.metrics(&req, Transport::Http);
             let partial_success = (a.rejected > 0).then(|| ExportMetricsPartialSuccess {
                 rejected_data_points: a.rejected,
                 error_message: a.message.clone(),
             });
-            ok(&state, &a, ExportMetricsServiceResponse { partial_success }, enc)
+            ok(
+                &state,
+                &a,
+                ExportMetricsServiceResponse { partial_success },
+                enc,
+            )
         }
         Signal::Logs => {
-            let req: ExportLogsServiceRequest = match codec::decode(&bytes, enc, "ExportLogsServiceRequest") {
-                Ok(r) => r,
-                Err(e) => return decode_failure(&state, &e, Some(enc)),
-            };
+            let req: ExportLogsServiceRequest =
+                match codec::decode(&bytes, enc, "ExportLogsServiceRequest") {
+                    Ok(r) => r,
+                    Err(e) => return decode_failure(&state, &e, Some(enc)),
+                };
             drop(bytes);
             match ingest.logs(req, Transport::Http).await {
                 Ok(a) => {
@@ -174,7 +234,12 @@ async fn handle(State(state): St, headers: HeaderMap, body: Body, signal: Signal
                         rejected_log_records: a.rejected,
                         error_message: a.message.clone(),
                     });
-                    ok(&state, &a, ExportLogsServiceResponse { partial_success }, enc)
+                    ok(
+                        &state,
+                        &a,
+                        ExportLogsServiceResponse { partial_success },
+                        enc,
+                    )
                 }
                 Err(r) => refused(&state, r, enc),
             }

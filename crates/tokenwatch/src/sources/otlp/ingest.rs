@@ -69,7 +69,11 @@ impl OtlpStats {
             "OTLP items accepted (spans, data points, log records)",
             self.received.clone(),
         );
-        metrics.register("tokenwatch_otlp_rejected", "OTLP items refused, by reason", self.rejected.clone());
+        metrics.register(
+            "tokenwatch_otlp_rejected",
+            "OTLP items refused, by reason",
+            self.rejected.clone(),
+        );
         metrics.register(
             "tokenwatch_otlp_requests",
             "OTLP export requests, by transport and outcome",
@@ -78,18 +82,30 @@ impl OtlpStats {
     }
 
     pub fn request(&self, transport: Transport, outcome: &'static str) {
-        self.requests.get_or_create(&RequestLabels { transport: transport.name(), outcome }).inc();
+        self.requests
+            .get_or_create(&RequestLabels {
+                transport: transport.name(),
+                outcome,
+            })
+            .inc();
     }
 
     fn received(&self, signal: &'static str, transport: Transport, n: u64) {
         if n > 0 {
-            self.received.get_or_create(&ReceivedLabels { signal, transport: transport.name() }).inc_by(n);
+            self.received
+                .get_or_create(&ReceivedLabels {
+                    signal,
+                    transport: transport.name(),
+                })
+                .inc_by(n);
         }
     }
 
     fn rejected(&self, signal: &'static str, reason: &'static str, n: u64) {
         if n > 0 {
-            self.rejected.get_or_create(&RejectedLabels { signal, reason }).inc_by(n);
+            self.rejected
+                .get_or_create(&RejectedLabels { signal, reason })
+                .inc_by(n);
         }
     }
 }
@@ -126,7 +142,10 @@ pub struct Ingest {
     /// Stored log records are mined into templates too (`crate::logs`).
     log_feed: Option<crate::logs::LogFeed>,
     /// Scores sent as span attributes are stored here and handed to the alert engine.
-    scores: Option<(Arc<dyn tokenwatch_store::Store>, Option<crate::alerting::engine::inputs::EngineFeed>)>,
+    scores: Option<(
+        Arc<dyn tokenwatch_store::Store>,
+        Option<crate::alerting::engine::inputs::EngineFeed>,
+    )>,
     pub stats: OtlpStats,
 }
 
@@ -214,7 +233,11 @@ impl Ingest {
             .map_err(|_| Refused::Busy("too many OTLP exports in flight; retry later".into()))
     }
 
-    pub async fn traces(&self, req: ExportTraceServiceRequest, t: Transport) -> Result<Accepted, Refused> {
+    pub async fn traces(
+        &self,
+        req: ExportTraceServiceRequest,
+        t: Transport,
+    ) -> Result<Accepted, Refused> {
         let batch = genai::map_traces(&req, true);
         drop(req);
         let spans = batch.spans;
@@ -225,12 +248,16 @@ impl Ingest {
             let export = self.span_export.clone();
             let writer = self.writer.clone();
             // Masking is CPU work over every attribute: off the async workers.
-            let queued = tokio::task::spawn_blocking(move || queue_spans(spans, &text, &writer, export.as_ref()))
-                .await
-                .map_err(|e| Refused::Unavailable(format!("processing spans: {e}")))?;
+            let queued = tokio::task::spawn_blocking(move || {
+                queue_spans(spans, &text, &writer, export.as_ref())
+            })
+            .await
+            .map_err(|e| Refused::Unavailable(format!("processing spans: {e}")))?;
             if queued == 0 {
                 self.stats.rejected("traces", "queue_full", batch.accepted);
-                return Err(Refused::Busy("the store write queue is full; retry later".into()));
+                return Err(Refused::Busy(
+                    "the store write queue is full; retry later".into(),
+                ));
             }
             dropped_spans = (n_spans - queued) as u64;
         }
@@ -242,10 +269,15 @@ impl Ingest {
         while !records.is_empty() {
             let rest = records.split_off(records.len().min(chunk));
             let n = records.len() as u64;
-            if !self.queue.try_submit_all(std::mem::replace(&mut records, rest)) {
+            if !self
+                .queue
+                .try_submit_all(std::mem::replace(&mut records, rest))
+            {
                 if first {
                     self.stats.rejected("traces", "queue_full", batch.accepted);
-                    return Err(Refused::Busy("the telemetry pipeline is full; retry later".into()));
+                    return Err(Refused::Busy(
+                        "the telemetry pipeline is full; retry later".into(),
+                    ));
                 }
                 dropped += n;
             }
@@ -258,8 +290,14 @@ impl Ingest {
         self.stats.rejected("traces", "queue_full", lost);
         let mut message = batch.first_error.unwrap_or_default();
         for (n, what) in [
-            (dropped, "GenAI request records dropped: the telemetry pipeline is full"),
-            (dropped_spans, "spans dropped: the store write queue is full (store.write_queue_records)"),
+            (
+                dropped,
+                "GenAI request records dropped: the telemetry pipeline is full",
+            ),
+            (
+                dropped_spans,
+                "spans dropped: the store write queue is full (store.write_queue_records)",
+            ),
         ] {
             if n > 0 {
                 if !message.is_empty() {
@@ -268,7 +306,10 @@ impl Ingest {
                 message.push_str(&format!("{n} {what}"));
             }
         }
-        Ok(Accepted { rejected: i64::try_from(batch.rejected + lost).unwrap_or(i64::MAX), message })
+        Ok(Accepted {
+            rejected: i64::try_from(batch.rejected + lost).unwrap_or(i64::MAX),
+            message,
+        })
     }
 
     pub fn metrics(&self, req: &ExportMetricsServiceRequest, t: Transport) -> Accepted {
@@ -283,15 +324,21 @@ impl Ingest {
             }
         }
         self.stats.received("metrics", t, batch.accepted);
-        self.stats.rejected("metrics", "unsupported", batch.unsupported);
-        self.stats.rejected("metrics", "invalid", batch.rejected - batch.unsupported);
+        self.stats
+            .rejected("metrics", "unsupported", batch.unsupported);
+        self.stats
+            .rejected("metrics", "invalid", batch.rejected - batch.unsupported);
         Accepted {
             rejected: i64::try_from(batch.rejected).unwrap_or(i64::MAX),
             message: batch.first_error.unwrap_or_default(),
         }
     }
 
-    pub async fn logs(&self, req: ExportLogsServiceRequest, t: Transport) -> Result<Accepted, Refused> {
+    pub async fn logs(
+        &self,
+        req: ExportLogsServiceRequest,
+        t: Transport,
+    ) -> Result<Accepted, Refused> {
         let batch = logs::map_logs(&req);
         drop(req);
         let rows = batch.rows;
@@ -301,12 +348,16 @@ impl Ingest {
             let text = self.text.clone();
             let feed = self.log_feed.clone();
             let writer = self.writer.clone();
-            let queued = tokio::task::spawn_blocking(move || queue_logs(rows, &text, &writer, feed.as_ref()))
-                .await
-                .map_err(|e| Refused::Unavailable(format!("processing log records: {e}")))?;
+            let queued = tokio::task::spawn_blocking(move || {
+                queue_logs(rows, &text, &writer, feed.as_ref())
+            })
+            .await
+            .map_err(|e| Refused::Unavailable(format!("processing log records: {e}")))?;
             if queued == 0 {
                 self.stats.rejected("logs", "queue_full", batch.accepted);
-                return Err(Refused::Busy("the store write queue is full; retry later".into()));
+                return Err(Refused::Busy(
+                    "the store write queue is full; retry later".into(),
+                ));
             }
             dropped = (n_rows - queued) as u64;
         }
@@ -322,7 +373,10 @@ impl Ingest {
                 "{dropped} log records dropped: the store write queue is full (store.write_queue_records)"
             ));
         }
-        Ok(Accepted { rejected: i64::try_from(batch.rejected + dropped).unwrap_or(i64::MAX), message })
+        Ok(Accepted {
+            rejected: i64::try_from(batch.rejected + dropped).unwrap_or(i64::MAX),
+            message,
+        })
     }
 }
 
@@ -384,10 +438,21 @@ mod tests {
     fn ingest(
         dir: &std::path::Path,
         queue_rows: usize,
-    ) -> (Ingest, Pipeline, StoreWriterThread, Arc<dyn Store>, Arc<Metrics>) {
+    ) -> (
+        Ingest,
+        Pipeline,
+        StoreWriterThread,
+        Arc<dyn Store>,
+        Arc<Metrics>,
+    ) {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir, Default::default()).unwrap());
         let metrics = Arc::new(Metrics::new());
-        let cfg = StoreWriterConfig { queue_rows, batch_max: 100, priority: Default::default(), flush_interval: Duration::ZERO };
+        let cfg = StoreWriterConfig {
+            queue_rows,
+            batch_max: 100,
+            priority: Default::default(),
+            flush_interval: Duration::ZERO,
+        };
         let (writer, thread) = StoreWriter::start(store.clone(), cfg, metrics.clone()).unwrap();
         let (pipeline, queue) = Pipeline::start(
             PipelineConfig {
@@ -402,8 +467,9 @@ mod tests {
             Vec::new(),
             metrics.clone(),
         );
-        let signals: SharedSignals =
-            Arc::new(std::sync::RwLock::new(tokenwatch_core::signals::SignalBoard::new(8, 8)));
+        let signals: SharedSignals = Arc::new(std::sync::RwLock::new(
+            tokenwatch_core::signals::SignalBoard::new(8, 8),
+        ));
         let ingest = Ingest::new(queue, writer, signals, 4, TelemetryText::dropping());
         (ingest, pipeline, thread, store, metrics)
     }
@@ -412,13 +478,18 @@ mod tests {
         let records = (0..n)
             .map(|i| LogRecord {
                 time_unix_nano: 1_000 + i as u64,
-                body: Some(AnyValue { value: Some(Value::StringValue(format!("line {i}"))) }),
+                body: Some(AnyValue {
+                    value: Some(Value::StringValue(format!("line {i}"))),
+                }),
                 ..Default::default()
             })
             .collect();
         ExportLogsServiceRequest {
             resource_logs: vec![ResourceLogs {
-                scope_logs: vec![ScopeLogs { log_records: records, ..Default::default() }],
+                scope_logs: vec![ScopeLogs {
+                    log_records: records,
+                    ..Default::default()
+                }],
                 ..Default::default()
             }],
         }
@@ -431,7 +502,12 @@ mod tests {
         // One call: 3 rows fit the empty queue, the other 2 are dropped and reported.
         let accepted = ingest.logs(logs(5), Transport::Http).await.unwrap();
         assert_eq!(accepted.rejected, 2, "{accepted:?}");
-        assert!(accepted.message.contains("2 log records dropped: the store write queue is full"), "{accepted:?}");
+        assert!(
+            accepted
+                .message
+                .contains("2 log records dropped: the store write queue is full"),
+            "{accepted:?}"
+        );
         drop(ingest);
         tokio::task::spawn_blocking(move || {
             pipeline.close_and_join();
@@ -443,7 +519,10 @@ mod tests {
         let bodies: Vec<&str> = stored.iter().map(|r| r.body.as_str()).collect();
         assert_eq!(bodies, ["line 0", "line 1", "line 2"]);
         let text = metrics.encode();
-        assert!(text.contains("tokenwatch_store_logs_dropped_total{reason=\"queue_full\"} 2"), "{text}");
+        assert!(
+            text.contains("tokenwatch_store_logs_dropped_total{reason=\"queue_full\"} 2"),
+            "{text}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

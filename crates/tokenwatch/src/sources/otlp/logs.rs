@@ -18,14 +18,20 @@ fn optional_id(bytes: &[u8], len: usize, what: &str) -> Result<String, String> {
     match bytes.len() {
         0 => Ok(String::new()),
         n if n == len => Ok(hex::encode(bytes)),
-        n => Err(format!("{what} must be empty or {len} bytes (got {n} bytes)")),
+        n => Err(format!(
+            "{what} must be empty or {len} bytes (got {n} bytes)"
+        )),
     }
 }
 
 pub fn map_logs(req: &ExportLogsServiceRequest) -> LogsBatch {
     let mut out = LogsBatch::default();
     for rl in &req.resource_logs {
-        let res = rl.resource.as_ref().map(|r| r.attributes.as_slice()).unwrap_or(&[]);
+        let res = rl
+            .resource
+            .as_ref()
+            .map(|r| r.attributes.as_slice())
+            .unwrap_or(&[]);
         let service_name = match attrs::find(res, "service.name") {
             Some(Value::StringValue(s)) => s.clone(),
             _ => String::new(),
@@ -38,14 +44,21 @@ pub fn map_logs(req: &ExportLogsServiceRequest) -> LogsBatch {
                     Ok(ids) => ids,
                     Err(e) => {
                         out.rejected += 1;
-                        out.first_error.get_or_insert_with(|| format!("log record: {e}"));
+                        out.first_error
+                            .get_or_insert_with(|| format!("log record: {e}"));
                         continue;
                     }
                 };
-                let time = if l.time_unix_nano != 0 { l.time_unix_nano } else { l.observed_time_unix_nano };
+                let time = if l.time_unix_nano != 0 {
+                    l.time_unix_nano
+                } else {
+                    l.observed_time_unix_nano
+                };
                 let mut attributes = l.attributes.clone();
                 if !l.event_name.is_empty()
-                    && !attributes.iter().any(|kv| kv.key == "event.name" && value_of(kv).is_some())
+                    && !attributes
+                        .iter()
+                        .any(|kv| kv.key == "event.name" && value_of(kv).is_some())
                 {
                     attributes.push(opentelemetry_proto::tonic::common::v1::KeyValue {
                         key: "event.name".into(),
@@ -91,24 +104,39 @@ mod tests {
             observed_time_unix_nano: 42,
             severity_number: 17,
             severity_text: "ERROR".into(),
-            body: Some(AnyValue { value: Some(Value::StringValue("upstream timed out".into())) }),
+            body: Some(AnyValue {
+                value: Some(Value::StringValue("upstream timed out".into())),
+            }),
             trace_id: vec![0xaa; 16],
             span_id: vec![0xbb; 8],
             event_name: "gen_ai.choice".into(),
             ..Default::default()
         };
-        let bad = LogRecord { trace_id: vec![1; 3], ..Default::default() };
+        let bad = LogRecord {
+            trace_id: vec![1; 3],
+            ..Default::default()
+        };
         let req = ExportLogsServiceRequest {
             resource_logs: vec![ResourceLogs {
-                scope_logs: vec![ScopeLogs { log_records: vec![good, bad], ..Default::default() }],
+                scope_logs: vec![ScopeLogs {
+                    log_records: vec![good, bad],
+                    ..Default::default()
+                }],
                 ..Default::default()
             }],
         };
         let b = map_logs(&req);
         assert_eq!((b.accepted, b.rejected), (1, 1));
-        assert!(b.first_error.unwrap().contains("trace_id must be empty or 16 bytes (got 3 bytes)"));
+        assert!(
+            b.first_error
+                .unwrap()
+                .contains("trace_id must be empty or 16 bytes (got 3 bytes)")
+        );
         let r = &b.rows[0];
-        assert_eq!((r.time_unix_nano, r.severity_number, r.body.as_str()), (42, 17, "upstream timed out"));
+        assert_eq!(
+            (r.time_unix_nano, r.severity_number, r.body.as_str()),
+            (42, 17, "upstream timed out")
+        );
         assert_eq!(r.trace_id, "aa".repeat(16));
         assert_eq!(r.attributes_json, r#"{"event.name":"gen_ai.choice"}"#);
     }

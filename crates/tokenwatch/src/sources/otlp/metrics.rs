@@ -6,8 +6,8 @@ use super::attrs::{as_str, value_of};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
 use opentelemetry_proto::tonic::metrics::v1::{
-    AggregationTemporality, ExponentialHistogramDataPoint, HistogramDataPoint, NumberDataPoint, metric::Data,
-    number_data_point,
+    AggregationTemporality, ExponentialHistogramDataPoint, HistogramDataPoint, NumberDataPoint,
+    metric::Data, number_data_point,
 };
 use std::collections::BTreeMap;
 use std::collections::hash_map::{DefaultHasher, HashMap};
@@ -35,13 +35,31 @@ enum Kind {
 
 fn histogram_kind(name: &str) -> Option<Kind> {
     Some(match name {
-        "gen_ai.server.time_to_first_token" => Kind::Latency { prefix: "ttft", rate: false },
-        "gen_ai.server.time_per_output_token" => Kind::Latency { prefix: "itl", rate: false },
-        "gen_ai.server.request.duration" => Kind::Latency { prefix: "e2e", rate: true },
-        "gen_ai.client.operation.duration" => Kind::Latency { prefix: "e2e", rate: true },
+        "gen_ai.server.time_to_first_token" => Kind::Latency {
+            prefix: "ttft",
+            rate: false,
+        },
+        "gen_ai.server.time_per_output_token" => Kind::Latency {
+            prefix: "itl",
+            rate: false,
+        },
+        "gen_ai.server.request.duration" => Kind::Latency {
+            prefix: "e2e",
+            rate: true,
+        },
+        "gen_ai.client.operation.duration" => Kind::Latency {
+            prefix: "e2e",
+            rate: true,
+        },
         // The client's view of a stream: first chunk and each chunk after it.
-        "gen_ai.client.operation.time_to_first_chunk" => Kind::Latency { prefix: "ttft", rate: false },
-        "gen_ai.client.operation.time_per_output_chunk" => Kind::Latency { prefix: "itl", rate: false },
+        "gen_ai.client.operation.time_to_first_chunk" => Kind::Latency {
+            prefix: "ttft",
+            rate: false,
+        },
+        "gen_ai.client.operation.time_per_output_chunk" => Kind::Latency {
+            prefix: "itl",
+            rate: false,
+        },
         "gen_ai.client.token.usage" | "gen_ai.server.token.usage" => Kind::TokenUsage,
         _ => return None,
     })
@@ -97,9 +115,11 @@ impl Reading {
         match (self, before) {
             (Reading::Explicit(now), Some(Reading::Explicit(b))) => now.delta_since(b),
             (Reading::Explicit(now), _) => now.clone(),
-            (Reading::Exponential(now), Some(Reading::Exponential(b))) => {
-                now.delta_since(b).as_ref().unwrap_or(now).to_cumulative(unit_scale)
-            }
+            (Reading::Exponential(now), Some(Reading::Exponential(b))) => now
+                .delta_since(b)
+                .as_ref()
+                .unwrap_or(now)
+                .to_cumulative(unit_scale),
             (Reading::Exponential(now), _) => now.to_cumulative(unit_scale),
         }
     }
@@ -143,7 +163,8 @@ fn text(v: Option<&Value>) -> Option<String> {
 }
 
 fn owner(res: &[KeyValue], point: &[KeyValue]) -> Owner {
-    let get = |attrs: &[KeyValue], k: &str| text(attrs.iter().find(|kv| kv.key == k).and_then(value_of));
+    let get =
+        |attrs: &[KeyValue], k: &str| text(attrs.iter().find(|kv| kv.key == k).and_then(value_of));
     let model_id = get(point, "gen_ai.response.model")
         .or_else(|| get(point, "gen_ai.request.model"))
         .unwrap_or_else(|| "unknown".into());
@@ -156,7 +177,11 @@ fn owner(res: &[KeyValue], point: &[KeyValue]) -> Owner {
         (Some(a), None) => a,
         _ => get(res, "service.instance.id").unwrap_or_default(),
     };
-    Owner { model_id, runtime, instance }
+    Owner {
+        model_id,
+        runtime,
+        instance,
+    }
 }
 
 fn series_key(metric: &str, res: &[KeyValue], point: &[KeyValue]) -> u64 {
@@ -165,7 +190,12 @@ fn series_key(metric: &str, res: &[KeyValue], point: &[KeyValue]) -> u64 {
     for attrs in [res, point] {
         let mut pairs: Vec<(&str, String)> = attrs
             .iter()
-            .map(|kv| (kv.key.as_str(), value_of(kv).map(|v| format!("{v:?}")).unwrap_or_default()))
+            .map(|kv| {
+                (
+                    kv.key.as_str(),
+                    value_of(kv).map(|v| format!("{v:?}")).unwrap_or_default(),
+                )
+            })
             .collect();
         pairs.sort();
         pairs.hash(&mut h);
@@ -185,7 +215,9 @@ pub fn to_cumulative(p: &HistogramDataPoint, unit: &str) -> Result<CumulativeHis
             p.explicit_bounds.len()
         ));
     }
-    if p.explicit_bounds.iter().any(|b| !b.is_finite()) || p.explicit_bounds.windows(2).any(|w| w[0] >= w[1]) {
+    if p.explicit_bounds.iter().any(|b| !b.is_finite())
+        || p.explicit_bounds.windows(2).any(|w| w[0] >= w[1])
+    {
         return Err("explicit bounds must be finite and strictly increasing".into());
     }
     let mut bounds: Vec<f64> = p.explicit_bounds.iter().map(|b| b * scale).collect();
@@ -199,7 +231,12 @@ pub fn to_cumulative(p: &HistogramDataPoint, unit: &str) -> Result<CumulativeHis
             running
         })
         .collect();
-    Ok(CumulativeHistogram { bounds, cumulative, sum: p.sum.unwrap_or(0.0) * scale, count: p.count as f64 })
+    Ok(CumulativeHistogram {
+        bounds,
+        cumulative,
+        sum: p.sum.unwrap_or(0.0) * scale,
+        count: p.count as f64,
+    })
 }
 
 /// An exponential histogram data point's buckets: bucket `i` holds observations in
@@ -222,13 +259,27 @@ impl ExpBuckets {
             return Err(format!("scale {} is outside -10..=20", p.scale));
         }
         if !p.zero_threshold.is_finite() || p.zero_threshold < 0.0 {
-            return Err(format!("zero_threshold {} is not a finite number >= 0", p.zero_threshold));
+            return Err(format!(
+                "zero_threshold {} is not a finite number >= 0",
+                p.zero_threshold
+            ));
         }
-        let (offset, counts) = p.positive.as_ref().map(|b| (b.offset, b.bucket_counts.as_slice())).unwrap_or((0, &[]));
+        let (offset, counts) = p
+            .positive
+            .as_ref()
+            .map(|b| (b.offset, b.bucket_counts.as_slice()))
+            .unwrap_or((0, &[]));
         if counts.len() as i64 > MAX_EXP_BUCKETS {
-            return Err(format!("{} positive buckets (at most {MAX_EXP_BUCKETS})", counts.len()));
+            return Err(format!(
+                "{} positive buckets (at most {MAX_EXP_BUCKETS})",
+                counts.len()
+            ));
         }
-        let negative = p.negative.as_ref().map(|b| b.bucket_counts.iter().fold(0u64, |a, c| a.saturating_add(*c)));
+        let negative = p.negative.as_ref().map(|b| {
+            b.bucket_counts
+                .iter()
+                .fold(0u64, |a, c| a.saturating_add(*c))
+        });
         let mut e = ExpBuckets {
             scale: p.scale,
             zero: p.zero_count.saturating_add(negative.unwrap_or(0)),
@@ -280,7 +331,10 @@ impl ExpBuckets {
             return self.clone();
         }
         if self.counts.is_empty() {
-            return ExpBuckets { scale, ..self.clone() };
+            return ExpBuckets {
+                scale,
+                ..self.clone()
+            };
         }
         let offset = self.offset >> shift;
         let last = (self.end() - 1) >> shift;
@@ -289,7 +343,12 @@ impl ExpBuckets {
             let j = ((self.offset + i as i64) >> shift) - offset;
             counts[j as usize] = counts[j as usize].saturating_add(*c);
         }
-        ExpBuckets { scale, offset, counts, ..self.clone() }
+        ExpBuckets {
+            scale,
+            offset,
+            counts,
+            ..self.clone()
+        }
     }
 
     /// Observations since `earlier`, bucket by bucket (both brought to the coarser scale). None
@@ -299,7 +358,11 @@ impl ExpBuckets {
         let (now, before) = (self.downscale(scale), earlier.downscale(scale));
         let zero = now.zero.checked_sub(before.zero)?;
         if before.counts.is_empty() {
-            return Some(ExpBuckets { zero, sum: (now.sum - before.sum).max(0.0), ..now });
+            return Some(ExpBuckets {
+                zero,
+                sum: (now.sum - before.sum).max(0.0),
+                ..now
+            });
         }
         if now.counts.is_empty() {
             return None;
@@ -309,7 +372,11 @@ impl ExpBuckets {
             return None;
         }
         let at = |e: &ExpBuckets, i: i64| {
-            if i < e.offset || i >= e.end() { 0 } else { e.counts[(i - e.offset) as usize] }
+            if i < e.offset || i >= e.end() {
+                0
+            } else {
+                e.counts[(i - e.offset) as usize]
+            }
         };
         let mut counts = Vec::with_capacity((hi - lo) as usize);
         for i in lo..hi {
@@ -351,7 +418,12 @@ impl ExpBuckets {
         }
         bounds.push(f64::INFINITY);
         cumulative.push(running);
-        CumulativeHistogram { bounds, cumulative, sum: self.sum * unit_scale, count: running }
+        CumulativeHistogram {
+            bounds,
+            cumulative,
+            sum: self.sum * unit_scale,
+            count: running,
+        }
     }
 }
 
@@ -361,7 +433,10 @@ fn unit_scale(unit: &str) -> f64 {
 
 impl MetricsMapper {
     pub fn new(max_series: usize) -> MetricsMapper {
-        MetricsMapper { previous: HashMap::new(), max_series: max_series.max(1) }
+        MetricsMapper {
+            previous: HashMap::new(),
+            max_series: max_series.max(1),
+        }
     }
 
     /// Series whose last reading is remembered.
@@ -372,7 +447,11 @@ impl MetricsMapper {
     pub fn map(&mut self, req: &ExportMetricsServiceRequest, now_unix_ms: i64) -> MetricsBatch {
         let mut out = MetricsBatch::default();
         for rm in &req.resource_metrics {
-            let res = rm.resource.as_ref().map(|r| r.attributes.as_slice()).unwrap_or(&[]);
+            let res = rm
+                .resource
+                .as_ref()
+                .map(|r| r.attributes.as_slice())
+                .unwrap_or(&[]);
             for sm in &rm.scope_metrics {
                 for m in &sm.metrics {
                     match &m.data {
@@ -413,7 +492,9 @@ impl MetricsMapper {
         out: &mut MetricsBatch,
     ) {
         out.accepted += points.len() as u64;
-        let Some(signal) = gauge_signal(name) else { return };
+        let Some(signal) = gauge_signal(name) else {
+            return;
+        };
         for p in points {
             let value = match p.value {
                 Some(number_data_point::Value::AsDouble(d)) => d,
@@ -421,7 +502,13 @@ impl MetricsMapper {
                 None => continue,
             };
             let o = owner(res, &p.attributes);
-            out.points.push(point(&o, signal, value, stamp(p.time_unix_nano, now), BTreeMap::new()));
+            out.points.push(point(
+                &o,
+                signal,
+                value,
+                stamp(p.time_unix_nano, now),
+                BTreeMap::new(),
+            ));
         }
     }
 
@@ -438,10 +525,16 @@ impl MetricsMapper {
     ) {
         let hist = match to_cumulative(p, unit) {
             Ok(h) => h,
-            Err(e) => return out.reject(1, false, || format!("metric {name:?}: histogram point: {e}")),
+            Err(e) => {
+                return out.reject(1, false, || {
+                    format!("metric {name:?}: histogram point: {e}")
+                });
+            }
         };
         out.accepted += 1;
-        let Some(kind) = histogram_kind(name) else { return };
+        let Some(kind) = histogram_kind(name) else {
+            return;
+        };
         let meta = PointMeta {
             attributes: &p.attributes,
             start_unix_nano: p.start_time_unix_nano,
@@ -450,7 +543,10 @@ impl MetricsMapper {
         let window = if cumulative {
             self.since_previous(name, res, &meta, Reading::Explicit(hist), unit_scale(unit))
         } else {
-            Some((hist, p.time_unix_nano.saturating_sub(p.start_time_unix_nano)))
+            Some((
+                hist,
+                p.time_unix_nano.saturating_sub(p.start_time_unix_nano),
+            ))
         };
         if let Some((window, window_ns)) = window {
             emit(kind, name, res, &meta, &window, window_ns, now, out);
@@ -472,10 +568,16 @@ impl MetricsMapper {
     ) {
         let buckets = match ExpBuckets::of(p) {
             Ok(b) => b,
-            Err(e) => return out.reject(1, false, || format!("metric {name:?}: exponential histogram point: {e}")),
+            Err(e) => {
+                return out.reject(1, false, || {
+                    format!("metric {name:?}: exponential histogram point: {e}")
+                });
+            }
         };
         out.accepted += 1;
-        let Some(kind) = histogram_kind(name) else { return };
+        let Some(kind) = histogram_kind(name) else {
+            return;
+        };
         let meta = PointMeta {
             attributes: &p.attributes,
             start_unix_nano: p.start_time_unix_nano,
@@ -485,7 +587,10 @@ impl MetricsMapper {
         let window = if cumulative {
             self.since_previous(name, res, &meta, Reading::Exponential(buckets), scale)
         } else {
-            Some((buckets.to_cumulative(scale), p.time_unix_nano.saturating_sub(p.start_time_unix_nano)))
+            Some((
+                buckets.to_cumulative(scale),
+                p.time_unix_nano.saturating_sub(p.start_time_unix_nano),
+            ))
         };
         if let Some((window, window_ns)) = window {
             emit(kind, name, res, &meta, &window, window_ns, now, out);
@@ -504,17 +609,28 @@ impl MetricsMapper {
         unit_scale: f64,
     ) -> Option<(CumulativeHistogram, u64)> {
         let key = series_key(name, res, meta.attributes);
-        let prev = self.previous.get(&key).filter(|prev| prev.start_unix_nano == meta.start_unix_nano);
+        let prev = self
+            .previous
+            .get(&key)
+            .filter(|prev| prev.start_unix_nano == meta.start_unix_nano);
         let window = match prev {
-            Some(prev) if meta.time_unix_nano > prev.time_unix_nano => {
-                (reading.window_since(Some(&prev.reading), unit_scale), meta.time_unix_nano - prev.time_unix_nano)
-            }
+            Some(prev) if meta.time_unix_nano > prev.time_unix_nano => (
+                reading.window_since(Some(&prev.reading), unit_scale),
+                meta.time_unix_nano - prev.time_unix_nano,
+            ),
             Some(_) => return None,
-            None => (reading.window_since(None, unit_scale), meta.time_unix_nano.saturating_sub(meta.start_unix_nano)),
+            None => (
+                reading.window_since(None, unit_scale),
+                meta.time_unix_nano.saturating_sub(meta.start_unix_nano),
+            ),
         };
         self.remember(
             key,
-            Previous { reading, start_unix_nano: meta.start_unix_nano, time_unix_nano: meta.time_unix_nano },
+            Previous {
+                reading,
+                start_unix_nano: meta.start_unix_nano,
+                time_unix_nano: meta.time_unix_nano,
+            },
         );
         Some(window)
     }
@@ -553,38 +669,78 @@ fn emit(
     match kind {
         Kind::Latency { prefix, rate } => {
             for (qname, q) in QUANTILES {
-                let Some(bq) = window.quantile(q) else { continue };
+                let Some(bq) = window.quantile(q) else {
+                    continue;
+                };
                 let mut notes = BTreeMap::new();
-                notes.insert("bucket_error_seconds".into(), format!("{}", bq.max_abs_error()));
-                notes.insert("bucket".into(), format!("{}..{}", bq.bucket_lower, bq.bucket_upper));
+                notes.insert(
+                    "bucket_error_seconds".into(),
+                    format!("{}", bq.max_abs_error()),
+                );
+                notes.insert(
+                    "bucket".into(),
+                    format!("{}..{}", bq.bucket_lower, bq.bucket_upper),
+                );
                 notes.insert("observations".into(), format!("{observations}"));
                 notes.insert("window_seconds".into(), format!("{window_s:.3}"));
                 notes.insert("metric".into(), name.to_string());
-                out.points.push(point(&o, &names::latency_signal(prefix, qname), bq.value, ts, notes));
+                out.points.push(point(
+                    &o,
+                    &names::latency_signal(prefix, qname),
+                    bq.value,
+                    ts,
+                    notes,
+                ));
             }
             if rate && window_s > 0.0 {
-                out.points.push(point(&o, names::REQUESTS_PER_SECOND, observations / window_s, ts, BTreeMap::new()));
+                out.points.push(point(
+                    &o,
+                    names::REQUESTS_PER_SECOND,
+                    observations / window_s,
+                    ts,
+                    BTreeMap::new(),
+                ));
             }
         }
         Kind::TokenUsage => {
-            let token_type = meta.attributes.iter().find(|kv| kv.key == "gen_ai.token.type").and_then(value_of);
+            let token_type = meta
+                .attributes
+                .iter()
+                .find(|kv| kv.key == "gen_ai.token.type")
+                .and_then(value_of);
             let signal = match token_type.and_then(as_str).as_deref() {
                 Some("input") => names::PROMPT_TOKENS_PER_SECOND,
                 Some("output") => names::OUTPUT_TOKENS_PER_SECOND,
                 _ => return,
             };
             if window_s > 0.0 {
-                out.points.push(point(&o, signal, window.sum / window_s, ts, BTreeMap::new()));
+                out.points.push(point(
+                    &o,
+                    signal,
+                    window.sum / window_s,
+                    ts,
+                    BTreeMap::new(),
+                ));
             }
         }
     }
 }
 
 fn stamp(time_unix_nano: u64, now_unix_ms: i64) -> i64 {
-    if time_unix_nano == 0 { now_unix_ms } else { i64::try_from(time_unix_nano / 1_000_000).unwrap_or(now_unix_ms) }
+    if time_unix_nano == 0 {
+        now_unix_ms
+    } else {
+        i64::try_from(time_unix_nano / 1_000_000).unwrap_or(now_unix_ms)
+    }
 }
 
-fn point(o: &Owner, signal: &str, value: f64, ts: i64, notes: BTreeMap<String, String>) -> SignalPoint {
+fn point(
+    o: &Owner,
+    signal: &str,
+    value: f64,
+    ts: i64,
+    notes: BTreeMap<String, String>,
+) -> SignalPoint {
     SignalPoint {
         model_id: o.model_id.clone(),
         signal: signal.to_string(),
@@ -603,14 +759,16 @@ mod tests {
     use super::*;
     use opentelemetry_proto::tonic::common::v1::AnyValue;
     use opentelemetry_proto::tonic::metrics::v1::{
-        ExponentialHistogram, Histogram, Metric, ResourceMetrics, ScopeMetrics, Summary, SummaryDataPoint,
-        exponential_histogram_data_point::Buckets,
+        ExponentialHistogram, Histogram, Metric, ResourceMetrics, ScopeMetrics, Summary,
+        SummaryDataPoint, exponential_histogram_data_point::Buckets,
     };
 
     fn kv(k: &str, v: &str) -> KeyValue {
         KeyValue {
             key: k.into(),
-            value: Some(AnyValue { value: Some(Value::StringValue(v.into())) }),
+            value: Some(AnyValue {
+                value: Some(Value::StringValue(v.into())),
+            }),
             ..Default::default()
         }
     }
@@ -636,19 +794,28 @@ mod tests {
         let metric = Metric {
             name: name.into(),
             unit: "s".into(),
-            data: Some(Data::Histogram(Histogram { data_points: points, aggregation_temporality: temporality as i32 })),
+            data: Some(Data::Histogram(Histogram {
+                data_points: points,
+                aggregation_temporality: temporality as i32,
+            })),
             ..Default::default()
         };
         ExportMetricsServiceRequest {
             resource_metrics: vec![ResourceMetrics {
-                scope_metrics: vec![ScopeMetrics { metrics: vec![metric], ..Default::default() }],
+                scope_metrics: vec![ScopeMetrics {
+                    metrics: vec![metric],
+                    ..Default::default()
+                }],
                 ..Default::default()
             }],
         }
     }
 
     fn value(b: &MetricsBatch, signal: &str) -> Option<f64> {
-        b.points.iter().find(|p| p.signal == signal).map(|p| p.value)
+        b.points
+            .iter()
+            .find(|p| p.signal == signal)
+            .map(|p| p.value)
     }
 
     #[test]
@@ -658,28 +825,50 @@ mod tests {
         assert_eq!(h.cumulative, vec![10.0, 60.0, 100.0, 100.0]);
         let ms = to_cumulative(&hp(&[1, 0, 0, 0], 2, 50.0), "ms").unwrap();
         assert_eq!(ms.bounds[0], 0.0001);
-        assert!(to_cumulative(&hp(&[1, 2], 2, 0.0), "s").unwrap_err().contains("2 bucket counts for 3"));
+        assert!(
+            to_cumulative(&hp(&[1, 2], 2, 0.0), "s")
+                .unwrap_err()
+                .contains("2 bucket counts for 3")
+        );
     }
 
     #[test]
     fn cumulative_exports_give_percentiles_of_the_interval() {
         let mut m = MetricsMapper::default();
         let name = "gen_ai.server.time_to_first_token";
-        let first =
-            m.map(&req(name, AggregationTemporality::Cumulative, vec![hp(&[10, 50, 40, 0], 11_000_000_000, 40.0)]), 0);
+        let first = m.map(
+            &req(
+                name,
+                AggregationTemporality::Cumulative,
+                vec![hp(&[10, 50, 40, 0], 11_000_000_000, 40.0)],
+            ),
+            0,
+        );
         let p50 = value(&first, "ttft_p50_seconds").unwrap();
         assert!((p50 - 0.42).abs() < 1e-9, "{p50}");
         assert_eq!(first.points[0].model_id, "m1");
         assert_eq!(first.points[0].source, "otlp");
         assert!(first.points[0].notes.contains_key("bucket_error_seconds"));
         // Next export: 100 more observations, all in the (0.5, 1] bucket.
-        let second = m
-            .map(&req(name, AggregationTemporality::Cumulative, vec![hp(&[10, 50, 140, 0], 21_000_000_000, 120.0)]), 0);
+        let second = m.map(
+            &req(
+                name,
+                AggregationTemporality::Cumulative,
+                vec![hp(&[10, 50, 140, 0], 21_000_000_000, 120.0)],
+            ),
+            0,
+        );
         let p50 = value(&second, "ttft_p50_seconds").unwrap();
         assert!((p50 - 0.75).abs() < 1e-9, "{p50}");
         // Same reading again: nothing new.
-        let again = m
-            .map(&req(name, AggregationTemporality::Cumulative, vec![hp(&[10, 50, 140, 0], 21_000_000_000, 120.0)]), 0);
+        let again = m.map(
+            &req(
+                name,
+                AggregationTemporality::Cumulative,
+                vec![hp(&[10, 50, 140, 0], 21_000_000_000, 120.0)],
+            ),
+            0,
+        );
         assert!(again.points.is_empty());
         assert_eq!(m.series(), 1);
     }
@@ -699,17 +888,32 @@ mod tests {
         assert!(value(&b, "e2e_p99_seconds").unwrap() <= 1.0);
         let mut usage = hp(&[5, 0, 0, 0], 3_000_000_000, 1000.0);
         usage.attributes.push(kv("gen_ai.token.type", "output"));
-        let b = m.map(&req("gen_ai.client.token.usage", AggregationTemporality::Delta, vec![usage]), 0);
+        let b = m.map(
+            &req(
+                "gen_ai.client.token.usage",
+                AggregationTemporality::Delta,
+                vec![usage],
+            ),
+            0,
+        );
         assert_eq!(value(&b, "output_tokens_per_second"), Some(500.0));
-        let bad =
-            m.map(&req("gen_ai.server.time_to_first_token", AggregationTemporality::Delta, vec![hp(&[1], 2, 0.0)]), 0);
+        let bad = m.map(
+            &req(
+                "gen_ai.server.time_to_first_token",
+                AggregationTemporality::Delta,
+                vec![hp(&[1], 2, 0.0)],
+            ),
+            0,
+        );
         assert_eq!((bad.accepted, bad.rejected), (0, 1));
         let summary = ExportMetricsServiceRequest {
             resource_metrics: vec![ResourceMetrics {
                 scope_metrics: vec![ScopeMetrics {
                     metrics: vec![Metric {
                         name: "x".into(),
-                        data: Some(Data::Summary(Summary { data_points: vec![SummaryDataPoint::default(); 2] })),
+                        data: Some(Data::Summary(Summary {
+                            data_points: vec![SummaryDataPoint::default(); 2],
+                        })),
                         ..Default::default()
                     }],
                     ..Default::default()
@@ -719,10 +923,20 @@ mod tests {
         };
         let b = m.map(&summary, 0);
         assert_eq!(b.rejected, 2);
-        assert!(b.first_error.unwrap().contains("summary points are not supported"));
+        assert!(
+            b.first_error
+                .unwrap()
+                .contains("summary points are not supported")
+        );
     }
 
-    fn ep(scale: i32, offset: i32, counts: &[u64], zero: u64, t: u64) -> ExponentialHistogramDataPoint {
+    fn ep(
+        scale: i32,
+        offset: i32,
+        counts: &[u64],
+        zero: u64,
+        t: u64,
+    ) -> ExponentialHistogramDataPoint {
         ExponentialHistogramDataPoint {
             attributes: vec![kv("gen_ai.request.model", "m1")],
             start_time_unix_nano: 1_000_000_000,
@@ -731,7 +945,10 @@ mod tests {
             sum: Some(1.0),
             scale,
             zero_count: zero,
-            positive: Some(Buckets { offset, bucket_counts: counts.to_vec() }),
+            positive: Some(Buckets {
+                offset,
+                bucket_counts: counts.to_vec(),
+            }),
             ..Default::default()
         }
     }
@@ -753,7 +970,10 @@ mod tests {
         };
         ExportMetricsServiceRequest {
             resource_metrics: vec![ResourceMetrics {
-                scope_metrics: vec![ScopeMetrics { metrics: vec![metric], ..Default::default() }],
+                scope_metrics: vec![ScopeMetrics {
+                    metrics: vec![metric],
+                    ..Default::default()
+                }],
                 ..Default::default()
             }],
         }
@@ -763,7 +983,10 @@ mod tests {
     fn exponential_buckets_become_explicit_bounds() {
         // Scale 0: base 2; bucket -3 is (1/8, 1/4], -2 is (1/4, 1/2]. Empty end buckets dropped.
         let mut p = ep(0, -4, &[0, 10, 30, 0], 2, 2);
-        p.negative = Some(Buckets { offset: 0, bucket_counts: vec![1] });
+        p.negative = Some(Buckets {
+            offset: 0,
+            bucket_counts: vec![1],
+        });
         let e = ExpBuckets::of(&p).unwrap();
         let h = e.to_cumulative(1.0);
         assert_eq!(h.bounds, vec![0.0, 0.125, 0.25, 0.5, f64::INFINITY]);
@@ -772,13 +995,26 @@ mod tests {
         let ms = e.to_cumulative(1e-3);
         assert_eq!(ms.bounds[2], 0.00025);
         // Without a zero bucket the first bound is the first bucket's lower bound.
-        let h = ExpBuckets::of(&ep(1, 2, &[5], 0, 2)).unwrap().to_cumulative(1.0);
+        let h = ExpBuckets::of(&ep(1, 2, &[5], 0, 2))
+            .unwrap()
+            .to_cumulative(1.0);
         assert_eq!(h.bounds.len(), 3);
-        assert!((h.bounds[0] - 2.0).abs() < 1e-12 && (h.bounds[1] - 2f64.powf(1.5)).abs() < 1e-12, "{h:?}");
+        assert!(
+            (h.bounds[0] - 2.0).abs() < 1e-12 && (h.bounds[1] - 2f64.powf(1.5)).abs() < 1e-12,
+            "{h:?}"
+        );
         assert_eq!(h.cumulative, vec![0.0, 5.0, 5.0]);
         // Malformed points are refused with the reason.
-        assert!(ExpBuckets::of(&ep(21, 0, &[1], 0, 2)).unwrap_err().contains("scale 21"));
-        assert!(ExpBuckets::of(&ep(20, i32::MAX - 2, &[1], 0, 2)).unwrap_err().contains("outside the range"));
+        assert!(
+            ExpBuckets::of(&ep(21, 0, &[1], 0, 2))
+                .unwrap_err()
+                .contains("scale 21")
+        );
+        assert!(
+            ExpBuckets::of(&ep(20, i32::MAX - 2, &[1], 0, 2))
+                .unwrap_err()
+                .contains("outside the range")
+        );
         let mut neg = ep(0, 0, &[1], 0, 2);
         neg.zero_threshold = -1.0;
         assert!(ExpBuckets::of(&neg).unwrap_err().contains("zero_threshold"));
@@ -800,8 +1036,16 @@ mod tests {
         // Rank 21 of 42: 9 of the 30 in (0.25, 0.5].
         let p50 = value(&b, "ttft_p50_seconds").unwrap();
         assert!((p50 - 0.325).abs() < 1e-9, "{p50}");
-        let note = &b.points.iter().find(|p| p.signal == "ttft_p50_seconds").unwrap().notes;
-        assert_eq!(note["metric"], "gen_ai.client.operation.time_to_first_chunk");
+        let note = &b
+            .points
+            .iter()
+            .find(|p| p.signal == "ttft_p50_seconds")
+            .unwrap()
+            .notes;
+        assert_eq!(
+            note["metric"],
+            "gen_ai.client.operation.time_to_first_chunk"
+        );
         assert_eq!(b.points[0].model_id, "m1");
         assert!(value(&b, "requests_per_second").is_none());
 
@@ -809,13 +1053,23 @@ mod tests {
         // brought to the coarser scale before it is subtracted.
         let name = "gen_ai.client.operation.time_per_output_chunk";
         let first = m.map(
-            &exp_req(name, "ms", AggregationTemporality::Cumulative, vec![ep(1, 0, &[4, 6], 0, 11_000_000_000)]),
+            &exp_req(
+                name,
+                "ms",
+                AggregationTemporality::Cumulative,
+                vec![ep(1, 0, &[4, 6], 0, 11_000_000_000)],
+            ),
             0,
         );
         assert!(value(&first, "itl_p50_seconds").unwrap() <= 0.002);
         // Scale 0: (1, 2] ms now holds the 10 earlier ones, (2, 4] ms 20 new ones.
         let second = m.map(
-            &exp_req(name, "ms", AggregationTemporality::Cumulative, vec![ep(0, 0, &[10, 20], 0, 21_000_000_000)]),
+            &exp_req(
+                name,
+                "ms",
+                AggregationTemporality::Cumulative,
+                vec![ep(0, 0, &[10, 20], 0, 21_000_000_000)],
+            ),
             0,
         );
         let p50 = value(&second, "itl_p50_seconds").unwrap();
@@ -824,7 +1078,12 @@ mod tests {
         assert_eq!(m.series(), 1);
         // A bucket went down: a reset, the reading alone is the window.
         let reset = m.map(
-            &exp_req(name, "ms", AggregationTemporality::Cumulative, vec![ep(0, 0, &[1, 0], 0, 31_000_000_000)]),
+            &exp_req(
+                name,
+                "ms",
+                AggregationTemporality::Cumulative,
+                vec![ep(0, 0, &[1, 0], 0, 31_000_000_000)],
+            ),
             0,
         );
         assert!(value(&reset, "itl_p50_seconds").unwrap() <= 0.002);
@@ -838,10 +1097,21 @@ mod tests {
         usage.attributes.push(kv("gen_ai.token.type", "input"));
         let mut bad = ep(-11, 0, &[1], 0, 3_000_000_000);
         bad.attributes.push(kv("gen_ai.token.type", "input"));
-        let b =
-            m.map(&exp_req("gen_ai.client.token.usage", "{token}", AggregationTemporality::Delta, vec![usage, bad]), 0);
+        let b = m.map(
+            &exp_req(
+                "gen_ai.client.token.usage",
+                "{token}",
+                AggregationTemporality::Delta,
+                vec![usage, bad],
+            ),
+            0,
+        );
         assert_eq!(value(&b, "prompt_tokens_per_second"), Some(150.0));
         assert_eq!((b.accepted, b.rejected, b.unsupported), (1, 1, 0));
-        assert!(b.first_error.unwrap().contains("exponential histogram point: scale -11"));
+        assert!(
+            b.first_error
+                .unwrap()
+                .contains("exponential histogram point: scale -11")
+        );
     }
 }

@@ -83,16 +83,19 @@ pub fn decode_and_map(
     };
     Ok(match kind {
         SignalKind::Traces => {
-            let req: t::ExportTraceServiceRequest = codec::decode(bytes, enc, "ExportTraceServiceRequest")?;
+            let req: t::ExportTraceServiceRequest =
+                codec::decode(bytes, enc, "ExportTraceServiceRequest")?;
             let b = genai::map_traces(&req, true);
             b.records.len() + b.spans.len()
         }
         SignalKind::Metrics => {
-            let req: m::ExportMetricsServiceRequest = codec::decode(bytes, enc, "ExportMetricsServiceRequest")?;
+            let req: m::ExportMetricsServiceRequest =
+                codec::decode(bytes, enc, "ExportMetricsServiceRequest")?;
             mapper.map(&req, 0).points.len()
         }
         SignalKind::Logs => {
-            let req: l::ExportLogsServiceRequest = codec::decode(bytes, enc, "ExportLogsServiceRequest")?;
+            let req: l::ExportLogsServiceRequest =
+                codec::decode(bytes, enc, "ExportLogsServiceRequest")?;
             logs::map_logs(&req).rows.len()
         }
     })
@@ -102,7 +105,10 @@ pub fn from_config(cfg: &Config) -> anyhow::Result<Vec<Box<dyn super::Source>>> 
     if !cfg.otlp.enabled {
         return Ok(Vec::new());
     }
-    Ok(vec![Box::new(OtlpSource { cfg: cfg.otlp.clone(), limits: cfg.limits.clone() })])
+    Ok(vec![Box::new(OtlpSource {
+        cfg: cfg.otlp.clone(),
+        limits: cfg.limits.clone(),
+    })])
 }
 
 /// The OTLP receiver: one gRPC and one HTTP listener sharing one ingest core.
@@ -123,15 +129,31 @@ impl super::Source for OtlpSource {
             let cfg = self.cfg;
             let grpc_listener = tokio::net::TcpListener::bind(cfg.grpc_listen)
                 .await
-                .with_context(|| format!("binding the OTLP/gRPC listener on {} (otlp.grpc_listen)", cfg.grpc_listen))?;
+                .with_context(|| {
+                    format!(
+                        "binding the OTLP/gRPC listener on {} (otlp.grpc_listen)",
+                        cfg.grpc_listen
+                    )
+                })?;
             let http_listener = tokio::net::TcpListener::bind(cfg.http_listen)
                 .await
-                .with_context(|| format!("binding the OTLP/HTTP listener on {} (otlp.http_listen)", cfg.http_listen))?;
+                .with_context(|| {
+                    format!(
+                        "binding the OTLP/HTTP listener on {} (otlp.http_listen)",
+                        cfg.http_listen
+                    )
+                })?;
             let ingest = Arc::new(
-                ingest::Ingest::new(ctx.queue, ctx.store_writer, ctx.signals, MAX_IN_FLIGHT, ctx.telemetry_text)
-                    .with_span_export(ctx.span_export)
-                    .with_log_feed(ctx.log_feed)
-                    .with_scores(ctx.store.clone(), ctx.engine_feed.clone()),
+                ingest::Ingest::new(
+                    ctx.queue,
+                    ctx.store_writer,
+                    ctx.signals,
+                    MAX_IN_FLIGHT,
+                    ctx.telemetry_text,
+                )
+                .with_span_export(ctx.span_export)
+                .with_log_feed(ctx.log_feed)
+                .with_scores(ctx.store.clone(), ctx.engine_feed.clone()),
             );
             ingest.stats.register(&ctx.metrics);
             let grpc_task = tokio::spawn(grpc::serve(
@@ -142,15 +164,27 @@ impl super::Source for OtlpSource {
                 ctx.shutdown.clone(),
                 ctx.auth.grpc_interceptor(),
             ));
-            let router = http::router(Arc::new(http::HttpState { ingest, max_request_bytes: cfg.max_request_bytes }));
+            let router = http::router(Arc::new(http::HttpState {
+                ingest,
+                max_request_bytes: cfg.max_request_bytes,
+            }));
             let router = crate::auth::http::protect_otlp(router, &ctx.auth);
             let http_tls = ctx.tls.otlp_http.clone();
             let tls = http_tls.is_some();
             let guard = crate::listen::limits::Guard::new("otlp", &self.limits, &ctx.metrics);
-            let http_task = tokio::spawn(crate::listen::serve_router(http_listener, http_tls, router, ctx.shutdown.clone(), guard));
+            let http_task = tokio::spawn(crate::listen::serve_router(
+                http_listener,
+                http_tls,
+                router,
+                ctx.shutdown.clone(),
+                guard,
+            ));
             tracing::info!(grpc = %cfg.grpc_listen, http = %cfg.http_listen, tls, "OTLP receiver listening");
             ctx.components.set("otlp", "ok");
-            Ok(super::SourceHandle { tasks: vec![grpc_task, http_task], routes: None })
+            Ok(super::SourceHandle {
+                tasks: vec![grpc_task, http_task],
+                routes: None,
+            })
         })
     }
 }

@@ -29,8 +29,13 @@ impl TraceParent {
     /// Parse `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`; all-zero ids are invalid.
     pub fn parse(value: &str) -> Option<TraceParent> {
         let mut parts = value.trim().split('-');
-        let (version, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-        let lower_hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let (version, trace, parent, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let lower_hex = |s: &str, n: usize| {
+            s.len() == n
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
         if version != "00" || parts.next().is_some() {
             return None;
         }
@@ -40,7 +45,11 @@ impl TraceParent {
         if trace.bytes().all(|b| b == b'0') || parent.bytes().all(|b| b == b'0') {
             return None;
         }
-        Some(TraceParent { trace_id: trace.into(), parent_id: parent.into(), flags: flags.into() })
+        Some(TraceParent {
+            trace_id: trace.into(),
+            parent_id: parent.into(),
+            flags: flags.into(),
+        })
     }
 
     /// A new sampled trace context.
@@ -51,15 +60,30 @@ impl TraceParent {
         parent[0] |= 1; // never all zero
         let mut trace = trace;
         trace[0] |= 1;
-        TraceParent { trace_id: hex::encode(trace), parent_id: hex::encode(parent), flags: "01".into() }
+        TraceParent {
+            trace_id: hex::encode(trace),
+            parent_id: hex::encode(parent),
+            flags: "01".into(),
+        }
     }
 
     /// The context to send on to the next hop when this one came from the caller: the same
     /// trace and flags with a new span id (the proxy's own span) as the parent. Returns it with
     /// the caller's span id, the parent of the proxy's span.
     pub fn child(self) -> (TraceParent, String) {
-        let TraceParent { trace_id, parent_id, flags } = self;
-        (TraceParent { trace_id, parent_id: new_span_id(), flags }, parent_id)
+        let TraceParent {
+            trace_id,
+            parent_id,
+            flags,
+        } = self;
+        (
+            TraceParent {
+                trace_id,
+                parent_id: new_span_id(),
+                flags,
+            },
+            parent_id,
+        )
     }
 
     pub fn header_value(&self) -> String {
@@ -80,7 +104,12 @@ pub fn tenant_of(headers: &HeaderMap, tenant_header: &str, salt: &[u8]) -> Strin
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim())
-        .map(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")).unwrap_or(v).trim())
+        .map(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+                .unwrap_or(v)
+                .trim()
+        })
         .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()));
     match key {
         Some(k) if !k.is_empty() => {
@@ -139,15 +168,24 @@ mod tests {
         let tp = TraceParent::parse(v).unwrap();
         assert_eq!(tp.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(tp.header_value(), v);
-        assert!(TraceParent::parse("00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_none());
-        assert!(TraceParent::parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").is_none());
-        assert!(TraceParent::parse("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01").is_none());
+        assert!(
+            TraceParent::parse("00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_none()
+        );
+        assert!(
+            TraceParent::parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").is_none()
+        );
+        assert!(
+            TraceParent::parse("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01").is_none()
+        );
         assert!(TraceParent::parse("garbage").is_none());
         let g = TraceParent::generate();
         assert_eq!(TraceParent::parse(&g.header_value()), Some(g));
         let (child, caller) = tp.clone().child();
         assert_eq!(caller, "00f067aa0ba902b7");
-        assert_eq!((child.trace_id.as_str(), child.flags.as_str()), (tp.trace_id.as_str(), "01"));
+        assert_eq!(
+            (child.trace_id.as_str(), child.flags.as_str()),
+            (tp.trace_id.as_str(), "01")
+        );
         assert_ne!(child.parent_id, caller);
         assert_eq!(TraceParent::parse(&child.header_value()), Some(child));
     }
@@ -163,6 +201,9 @@ mod tests {
         assert_ne!(t1, tenant_of(&h, "x-tenant-id", b"other"));
         h.insert("x-tenant-id", "acme".parse().unwrap());
         assert_eq!(tenant_of(&h, "x-tenant-id", b"salt"), "acme");
-        assert_eq!(tenant_of(&HeaderMap::new(), "x-tenant-id", b"salt"), "anonymous");
+        assert_eq!(
+            tenant_of(&HeaderMap::new(), "x-tenant-id", b"salt"),
+            "anonymous"
+        );
     }
 }

@@ -20,8 +20,8 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body_util::Full;
-use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use identity::TraceParent;
 use std::sync::{Arc, RwLock};
@@ -57,12 +57,19 @@ pub struct ProxyState {
 }
 
 impl ProxyState {
-    pub fn new(cfg: &ProxyConfig, routes: UpstreamRouter, queue: TelemetryQueue, salt: Vec<u8>) -> ProxyState {
+    pub fn new(
+        cfg: &ProxyConfig,
+        routes: UpstreamRouter,
+        queue: TelemetryQueue,
+        salt: Vec<u8>,
+    ) -> ProxyState {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(cfg.connect_timeout.0));
         let mut builder = Client::builder(TokioExecutor::new());
-        builder.pool_idle_timeout(Duration::from_secs(90)).pool_max_idle_per_host(1024);
+        builder
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024);
         let client = builder.build(connector);
         split::board().publish(routes.splits().to_vec());
         let routing = Routing::new(routes, &builder, cfg.connect_timeout.0);
@@ -92,7 +99,10 @@ impl ProxyState {
 
     /// The routes new requests take now.
     pub fn routing(&self) -> Arc<Routing> {
-        self.routing.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.routing
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Route new requests by `routes` from now on (a configuration reload). Requests in flight
@@ -102,7 +112,11 @@ impl ProxyState {
         let old = self.routing();
         routes.keep_counts_from(&old.routes);
         split::board().publish(routes.splits().to_vec());
-        let next = Arc::new(Routing::new(routes, &self.client_builder, self.connect_timeout));
+        let next = Arc::new(Routing::new(
+            routes,
+            &self.client_builder,
+            self.connect_timeout,
+        ));
         *self.routing.write().unwrap_or_else(|p| p.into_inner()) = next;
     }
 
@@ -141,7 +155,11 @@ impl Routing {
             .iter()
             .map(|r| r.tls().map(|t| t.client(builder, connect_timeout)))
             .collect();
-        Routing { routes, https, loaded_unix_s: now_unix_ms() / 1000 }
+        Routing {
+            routes,
+            https,
+            loaded_unix_s: now_unix_ms() / 1000,
+        }
     }
 
     pub fn router(&self) -> &UpstreamRouter {
@@ -156,7 +174,11 @@ pub fn router(state: Arc<ProxyState>) -> axum::Router {
 /// The API a request speaks when it is one that becomes a record (a POST to an endpoint of
 /// `sse::StreamFormat::for_endpoint`); everything else is passed through untouched.
 fn llm_format(method: &http::Method, path: &str) -> Option<sse::StreamFormat> {
-    if method == http::Method::POST { sse::StreamFormat::for_endpoint(path) } else { None }
+    if method == http::Method::POST {
+        sse::StreamFormat::for_endpoint(path)
+    } else {
+        None
+    }
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -185,8 +207,12 @@ impl Peek {
         use prefix::PromptHead;
         match format {
             sse::StreamFormat::OpenAi => self.messages.key(salt).or_else(|| self.prompt.key(salt)),
-            sse::StreamFormat::Responses => PromptHead::after_system(&self.instructions, &self.input).key(salt),
-            sse::StreamFormat::Anthropic => PromptHead::after_system(&self.system, &self.messages).key(salt),
+            sse::StreamFormat::Responses => {
+                PromptHead::after_system(&self.instructions, &self.input).key(salt)
+            }
+            sse::StreamFormat::Anthropic => {
+                PromptHead::after_system(&self.system, &self.messages).key(salt)
+            }
         }
     }
 }
@@ -227,7 +253,10 @@ fn error_response(status: StatusCode, class: &str, message: &str, request_id: &s
     let mut resp = Response::new(Body::from(body.to_string()));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     if let Ok(v) = HeaderValue::from_str(request_id) {
         h.insert(REQUEST_ID, v);
     }
@@ -236,7 +265,8 @@ fn error_response(status: StatusCode, class: &str, message: &str, request_id: &s
 
 fn valid_request_id(headers: &HeaderMap) -> Option<String> {
     let v = headers.get(REQUEST_ID)?.to_str().ok()?.trim();
-    (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic())).then(|| v.to_string())
+    (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| v.to_string())
 }
 
 async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
@@ -255,7 +285,12 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
                 "the request body is over the limit of {} bytes (proxy.max_request_body_bytes)",
                 st.max_body
             );
-            let resp = error_response(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &msg, &request_id);
+            let resp = error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                &msg,
+                &request_id,
+            );
             return crate::listen::limits::mark_body_too_large(resp);
         }
         Err(e) => {
@@ -263,12 +298,20 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             return error_response(StatusCode::BAD_REQUEST, "bad_request", &msg, &request_id);
         }
     };
-    let peek: Peek = if llm { serde_json::from_slice(&body).unwrap_or_default() } else { Peek::default() };
+    let peek: Peek = if llm {
+        serde_json::from_slice(&body).unwrap_or_default()
+    } else {
+        Peek::default()
+    };
 
     // An LLM request's own span (built on the pipeline thread from the record): a child of the
     // caller's span when it sent a traceparent, else the root of a new trace. The upstream gets
     // the proxy's span as its parent. Other requests pass the caller's traceparent on as it is.
-    let incoming = parts.headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceParent::parse);
+    let incoming = parts
+        .headers
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceParent::parse);
     let (trace, caller_span, rewrite) = match incoming {
         Some(tp) if llm => {
             let (own, caller) = tp.child();
@@ -284,9 +327,17 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let mut record = RequestRecord {
         request_id: request_id.clone(),
         trace_id: trace.trace_id,
-        span: ProxySpan { span_id: trace.parent_id, parent_span_id: caller_span, response_model: String::new() },
+        span: ProxySpan {
+            span_id: trace.parent_id,
+            parent_span_id: caller_span,
+            response_model: String::new(),
+        },
         labels: SeriesLabels {
-            model_id: peek.model.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| UNKNOWN_MODEL.into()),
+            model_id: peek
+                .model
+                .clone()
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| UNKNOWN_MODEL.into()),
             runtime: String::new(),
             instance: String::new(),
             tenant: identity::tenant_of(&parts.headers, &st.tenant_header, &st.salt),
@@ -303,15 +354,27 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
 
     // `slot` counts the request in its upstream pool until the response body is dropped.
     let routing = st.routing();
-    let Some((route, slot, version)) = routing.routes.route_for(peek.model.as_deref(), &record.labels.tenant) else {
+    let Some((route, slot, version)) = routing
+        .routes
+        .route_for(peek.model.as_deref(), &record.labels.tenant)
+    else {
         if parts.method == http::Method::GET && path == models::MODELS_PATH {
             // No upstream takes requests without a model: the routes say which models there are.
             return models::list(&routing.routes, routing.loaded_unix_s);
         }
-        let msg = format!("no upstream is configured for model {:?} (proxy.upstreams)", record.labels.model_id);
+        let msg = format!(
+            "no upstream is configured for model {:?} (proxy.upstreams)",
+            record.labels.model_id
+        );
         if llm {
             record.status = 502;
-            InFlight { record, started, queue: st.queue.clone(), raw: None }.submit(Some(ErrorClass::NoRoute));
+            InFlight {
+                record,
+                started,
+                queue: st.queue.clone(),
+                raw: None,
+            }
+            .submit(Some(ErrorClass::NoRoute));
         }
         return error_response(StatusCode::BAD_GATEWAY, "no_route", &msg, &request_id);
     };
@@ -325,7 +388,11 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let raw = match (&st.capture, format) {
         (Some(c), Some(f)) => {
             let region = c.region_of(&parts.headers, &record.labels.tenant);
-            Some(Box::new(crate::capture::RawText::new(f, region, body.clone())))
+            Some(Box::new(crate::capture::RawText::new(
+                f,
+                region,
+                body.clone(),
+            )))
         }
         _ => None,
     };
@@ -356,9 +423,19 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             } else {
                 (ErrorClass::UpstreamReset, "lost the connection to")
             };
-            let cause = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_else(|| e.to_string());
-            let msg = format!("tokenwatch {what} upstream {} before it answered: {cause}", route.instance);
-            let flight = InFlight { record, started, queue: st.queue.clone(), raw };
+            let cause = std::error::Error::source(&e)
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| e.to_string());
+            let msg = format!(
+                "tokenwatch {what} upstream {} before it answered: {cause}",
+                route.instance
+            );
+            let flight = InFlight {
+                record,
+                started,
+                queue: st.queue.clone(),
+                raw,
+            };
             return fail(llm, flight, class, &msg, &request_id);
         }
         Err(_) => {
@@ -366,7 +443,12 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
                 "upstream {} sent no response headers within {:?} (proxy.response_timeout)",
                 route.instance, st.response_timeout
             );
-            let flight = InFlight { record, started, queue: st.queue.clone(), raw };
+            let flight = InFlight {
+                record,
+                started,
+                queue: st.queue.clone(),
+                raw,
+            };
             return fail(llm, flight, ErrorClass::UpstreamTimeout, &msg, &request_id);
         }
     };
@@ -403,12 +485,31 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
         .to_ascii_lowercase();
     let event_stream = content_type.starts_with("text/event-stream");
     let json = content_type.starts_with("application/json");
-    let flight = InFlight { record, started, queue: st.queue.clone(), raw };
-    let tapped = TapBody::new(up_body, flight, format, event_stream, json, st.idle_timeout, slot);
+    let flight = InFlight {
+        record,
+        started,
+        queue: st.queue.clone(),
+        raw,
+    };
+    let tapped = TapBody::new(
+        up_body,
+        flight,
+        format,
+        event_stream,
+        json,
+        st.idle_timeout,
+        slot,
+    );
     Response::from_parts(up_parts, Body::new(tapped))
 }
 
-fn fail(llm: bool, mut flight: InFlight, class: ErrorClass, msg: &str, request_id: &str) -> Response {
+fn fail(
+    llm: bool,
+    mut flight: InFlight,
+    class: ErrorClass,
+    msg: &str,
+    request_id: &str,
+) -> Response {
     tracing::debug!(request_id, class = class.name(), "{msg}");
     if llm {
         flight.record.status = 502;

@@ -43,7 +43,9 @@ mod tests {
         .unwrap();
         let resp = list(&router, 1_765_000_000);
         assert_eq!(resp.status(), http::StatusCode::OK);
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["object"], "list");
         let ids: Vec<(&str, &str)> = v["data"]
@@ -52,7 +54,16 @@ mod tests {
             .iter()
             .map(|m| (m["id"].as_str().unwrap(), m["owned_by"].as_str().unwrap()))
             .collect();
-        assert_eq!(ids, [("llama", "vllm"), ("qwen", "vllm"), ("mistral", "tgi")]);
-        assert!(v["data"].as_array().unwrap().iter().all(|m| m["object"] == "model" && m["created"] == 1_765_000_000));
+        assert_eq!(
+            ids,
+            [("llama", "vllm"), ("qwen", "vllm"), ("mistral", "tgi")]
+        );
+        assert!(
+            v["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|m| m["object"] == "model" && m["created"] == 1_765_000_000)
+        );
     }
 }

@@ -154,7 +154,11 @@ impl Router {
         super::split::validate(routes).map_err(|(path, msg)| format!("{path}: {msg}"))?;
         for (i, cfg) in routes.iter().enumerate() {
             let key = format!("proxy.routes[{i}]");
-            self.splits.push(Arc::new(super::split::SplitTable::new(&key, cfg, &self.routes)?));
+            self.splits.push(Arc::new(super::split::SplitTable::new(
+                &key,
+                cfg,
+                &self.routes,
+            )?));
         }
         Ok(self)
     }
@@ -209,8 +213,14 @@ impl Router {
     /// models the upstreams list, in configuration order, each once.
     pub fn named_models(&self) -> Vec<(&str, &str)> {
         let mut named: Vec<(&str, &str)> = Vec::new();
-        let splits = self.splits.iter().map(|t| (t.model.as_str(), t.stable_route()));
-        let listed = self.by_model.iter().map(|(m, pool)| (m.as_str(), pool.members[0]));
+        let splits = self
+            .splits
+            .iter()
+            .map(|t| (t.model.as_str(), t.stable_route()));
+        let listed = self
+            .by_model
+            .iter()
+            .map(|(m, pool)| (m.as_str(), pool.members[0]));
         for (model, route) in splits.chain(listed) {
             if !named.iter().any(|(m, _)| *m == model) {
                 named.push((model, self.routes[route].runtime.as_str()));

@@ -40,7 +40,9 @@ impl StreamFormat {
     /// The format of an endpoint whose requests become records; None for every other path.
     pub fn for_endpoint(path: &str) -> Option<StreamFormat> {
         match path {
-            "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" => Some(StreamFormat::OpenAi),
+            "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" => {
+                Some(StreamFormat::OpenAi)
+            }
             "/v1/responses" => Some(StreamFormat::Responses),
             "/v1/messages" => Some(StreamFormat::Anthropic),
             _ => None,
@@ -49,7 +51,12 @@ impl StreamFormat {
 
     /// Reads one dispatched event (`event:` name, possibly empty, and its joined `data:`) into
     /// `seen`; true when the event carried generated content.
-    fn event(self, name: &[u8], data: &[u8], seen: &mut Observed) -> Result<bool, serde_json::Error> {
+    fn event(
+        self,
+        name: &[u8],
+        data: &[u8],
+        seen: &mut Observed,
+    ) -> Result<bool, serde_json::Error> {
         match self {
             StreamFormat::OpenAi => chat::event(data, seen),
             StreamFormat::Responses => responses::event(name, data, seen),
@@ -159,7 +166,9 @@ impl SseObserver {
                 }
                 None => {
                     if self.partial.len() + rest.len() > MAX_LINE_BYTES {
-                        self.note_malformed(format!("an SSE line is longer than {MAX_LINE_BYTES} bytes"));
+                        self.note_malformed(format!(
+                            "an SSE line is longer than {MAX_LINE_BYTES} bytes"
+                        ));
                         self.partial.clear();
                     } else {
                         self.partial.extend_from_slice(rest);
@@ -207,7 +216,8 @@ impl SseObserver {
             }
             b"event" => {
                 self.event.clear();
-                self.event.extend_from_slice(&value[..value.len().min(MAX_EVENT_NAME)]);
+                self.event
+                    .extend_from_slice(&value[..value.len().min(MAX_EVENT_NAME)]);
             }
             _ => {} // `id`, `retry` carry nothing we time.
         }
@@ -338,7 +348,10 @@ impl<'de> de::Deserialize<'de> for AnyText {
                 Ok(AnyText(true))
             }
             fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<AnyText, A::Error> {
-                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                while map
+                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                    .is_some()
+                {}
                 Ok(AnyText(true))
             }
         }

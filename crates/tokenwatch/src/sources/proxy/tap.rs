@@ -104,7 +104,9 @@ impl TapBody {
     }
 
     fn observe(&mut self, data: &Bytes) {
-        let Some(flight) = self.flight.as_mut() else { return };
+        let Some(flight) = self.flight.as_mut() else {
+            return;
+        };
         if let Some(raw) = flight.raw.as_mut() {
             raw.push(data);
         }
@@ -144,7 +146,9 @@ impl TapBody {
     }
 
     fn finish(&mut self, error: Option<ErrorClass>) {
-        let Some(mut flight) = self.flight.take() else { return };
+        let Some(mut flight) = self.flight.take() else {
+            return;
+        };
         let mut error = error;
         let r = &mut flight.record;
         match &mut self.mode {
@@ -207,7 +211,10 @@ impl Body for TapBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -219,7 +226,11 @@ impl Body for TapBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                let class = if e.is_timeout() { ErrorClass::UpstreamTimeout } else { ErrorClass::UpstreamReset };
+                let class = if e.is_timeout() {
+                    ErrorClass::UpstreamTimeout
+                } else {
+                    ErrorClass::UpstreamReset
+                };
                 this.finish(Some(class));
                 Poll::Ready(Some(Err(Box::new(e))))
             }
@@ -255,7 +266,11 @@ impl Drop for TapBody {
         if self.flight.is_some() {
             // An empty body may be dropped without being polled; anything else ending here
             // means the client went away first.
-            let class = if self.inner.is_end_stream() { None } else { Some(ErrorClass::ClientCancelled) };
+            let class = if self.inner.is_end_stream() {
+                None
+            } else {
+                Some(ErrorClass::ClientCancelled)
+            };
             self.finish(class);
         }
     }

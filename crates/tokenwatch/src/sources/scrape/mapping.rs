@@ -313,7 +313,8 @@ impl Mapper {
                 {
                     if rule.signal == names::REQUESTS_PER_SECOND && c.finished.is_none() {
                         c.finished = Some(acc.delta);
-                    } else if rule.signal == names::REQUEST_ERRORS_PER_SECOND && c.failed.is_none() {
+                    } else if rule.signal == names::REQUEST_ERRORS_PER_SECOND && c.failed.is_none()
+                    {
                         c.failed = Some(acc.delta);
                     }
                 }

@@ -251,7 +251,9 @@ async fn scrape_once(spec: &TargetSpec, shared: &Shared, mapper: &mut Mapper) {
     let duration = started.elapsed();
     let outcome = match result {
         Ok((out, now_ms)) => {
-            shared.versions.observe(&spec.instance(), &out.versions, now_ms);
+            shared
+                .versions
+                .observe(&spec.instance(), &out.versions, now_ms);
             if !out.points.is_empty() || !out.counts.is_empty() || !out.placed.is_empty() {
                 let mut board = shared.signals.write().unwrap_or_else(|p| p.into_inner());
                 for p in out.points {

@@ -66,7 +66,8 @@ impl Usage {
     /// The whole prompt: Anthropic's `input_tokens` leaves out the tokens written to and read
     /// from the prompt cache, which OpenAI's `prompt_tokens` includes.
     fn prompt_tokens(&self) -> Option<u64> {
-        let cached = self.cache_creation_input_tokens.unwrap_or(0) + self.cache_read_input_tokens.unwrap_or(0);
+        let cached = self.cache_creation_input_tokens.unwrap_or(0)
+            + self.cache_read_input_tokens.unwrap_or(0);
         self.input_tokens.map(|n| n.saturating_add(cached))
     }
 }
@@ -93,7 +94,11 @@ fn finish_reason(stop_reason: &str) -> String {
 
 /// One streamed event; true when it carried generated content. The type comes from the data's
 /// `type`, else from the `event:` line; unknown types (`ping` …) are skipped.
-pub(super) fn event(name: &[u8], data: &[u8], seen: &mut Observed) -> Result<bool, serde_json::Error> {
+pub(super) fn event(
+    name: &[u8],
+    data: &[u8],
+    seen: &mut Observed,
+) -> Result<bool, serde_json::Error> {
     let Some(ev) = typed_event::<Event>(name, data, seen)? else {
         return Ok(false);
     };

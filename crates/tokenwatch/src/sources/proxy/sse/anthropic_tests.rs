@@ -46,10 +46,20 @@ fn thinking_then_text_stream() {
     assert!(o.malformed.is_none(), "{:?}", o.malformed);
     assert!(o.seen.done && !o.seen.error_event);
     assert_eq!(o.events, 13);
-    assert_eq!(o.content_events, 4, "two thinking and two text deltas; not the signature");
-    assert_eq!(o.seen.prompt_tokens, Some(125), "input plus cached prompt tokens");
+    assert_eq!(
+        o.content_events, 4,
+        "two thinking and two text deltas; not the signature"
+    );
+    assert_eq!(
+        o.seen.prompt_tokens,
+        Some(125),
+        "input plus cached prompt tokens"
+    );
     assert_eq!(o.seen.completion_tokens, Some(42));
-    assert_eq!(o.seen.reasoning_tokens, None, "Anthropic does not report it");
+    assert_eq!(
+        o.seen.reasoning_tokens, None,
+        "Anthropic does not report it"
+    );
     assert_eq!(o.seen.finish_reason.as_deref(), Some("stop"));
     assert_eq!(o.seen.model.as_deref(), Some("claude-sonnet-4-5"));
 }
@@ -77,7 +87,11 @@ fn stop_reasons_map_to_chat_finish_reasons() {
         let text = format!(
             "event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{stop}\",\"stop_sequence\":null}},\"usage\":{{\"output_tokens\":16}}}}\n\n"
         );
-        assert_eq!(run(&text).seen.finish_reason.as_deref(), Some(want), "{stop}");
+        assert_eq!(
+            run(&text).seen.finish_reason.as_deref(),
+            Some(want),
+            "{stop}"
+        );
     }
 }
 
@@ -95,7 +109,10 @@ fn tool_input_counts_but_empty_partial_json_does_not() {
         "event: message_delta\n",
         "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":20}}\n\n",
     ));
-    assert_eq!(o.content_events, 2, "the non-empty tool input and the unknown delta type");
+    assert_eq!(
+        o.content_events, 2,
+        "the non-empty tool input and the unknown delta type"
+    );
     assert_eq!(o.seen.finish_reason.as_deref(), Some("tool_calls"));
     assert!(!o.seen.done, "no message_stop");
 }
@@ -110,7 +127,12 @@ fn error_event_mid_stream() {
     ));
     assert!(o.seen.error_event);
     assert_eq!(o.malformed.as_deref(), Some("event 2 is an error event"));
-    assert!(run("data: {\"type\":\"error\",\"error\":{}}\n\n").seen.error_event, "typed error without event line");
+    assert!(
+        run("data: {\"type\":\"error\",\"error\":{}}\n\n")
+            .seen
+            .error_event,
+        "typed error without event line"
+    );
 }
 
 #[test]
@@ -120,7 +142,10 @@ fn message_delta_input_tokens_update_the_prompt() {
         "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"input_tokens\":12,\"output_tokens\":16}}\n\n",
         "data: {\"type\":\"message_stop\"}\n\n",
     ));
-    assert_eq!((o.seen.prompt_tokens, o.seen.completion_tokens), (Some(12), Some(16)));
+    assert_eq!(
+        (o.seen.prompt_tokens, o.seen.completion_tokens),
+        (Some(12), Some(16))
+    );
     assert_eq!(o.seen.finish_reason.as_deref(), Some("length"));
     assert!(o.seen.done);
 }
@@ -130,7 +155,10 @@ fn non_streaming_bodies() {
     let body = br#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-haiku-4-5","content":[{"type":"text","text":"Hi"}],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":9,"cache_read_input_tokens":3,"output_tokens":16}}"#;
     let o = StreamFormat::Anthropic.json_body(body).unwrap();
     assert_eq!((o.prompt_tokens, o.completion_tokens), (Some(12), Some(16)));
-    assert_eq!((o.finish_reason.as_deref(), o.model.as_deref()), (Some("length"), Some("claude-haiku-4-5")));
+    assert_eq!(
+        (o.finish_reason.as_deref(), o.model.as_deref()),
+        (Some("length"), Some("claude-haiku-4-5"))
+    );
     let error = br#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}"#;
     let o = StreamFormat::Anthropic.json_body(error).unwrap();
     assert_eq!((o.completion_tokens, o.finish_reason), (None, None));

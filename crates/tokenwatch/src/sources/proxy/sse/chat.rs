@@ -46,7 +46,10 @@ impl Usage {
     fn apply(self, seen: &mut Observed) {
         seen.prompt_tokens = self.prompt_tokens.or(seen.prompt_tokens);
         seen.completion_tokens = self.completion_tokens.or(seen.completion_tokens);
-        if let Some(r) = self.completion_tokens_details.and_then(|d| d.reasoning_tokens) {
+        if let Some(r) = self
+            .completion_tokens_details
+            .and_then(|d| d.reasoning_tokens)
+        {
             seen.reasoning_tokens = Some(r);
         }
     }

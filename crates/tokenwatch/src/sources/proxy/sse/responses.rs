@@ -19,7 +19,11 @@ const CONTENT_DELTAS: &[&str] = &[
 ];
 
 /// Events that end the stream, each carrying the final response object with its `usage`.
-const TERMINAL: &[&str] = &["response.completed", "response.incomplete", "response.failed"];
+const TERMINAL: &[&str] = &[
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+];
 
 #[derive(Deserialize)]
 struct Event<'a> {
@@ -94,9 +98,17 @@ impl Response {
                 seen.reasoning_tokens = Some(r);
             }
         }
-        if let Some(status) = self.status.as_deref().filter(|s| !matches!(*s, "in_progress" | "queued")) {
-            let tool_call =
-                self.output.iter().any(|o| matches!(o.kind.as_deref(), Some("function_call" | "custom_tool_call")));
+        if let Some(status) = self
+            .status
+            .as_deref()
+            .filter(|s| !matches!(*s, "in_progress" | "queued"))
+        {
+            let tool_call = self.output.iter().any(|o| {
+                matches!(
+                    o.kind.as_deref(),
+                    Some("function_call" | "custom_tool_call")
+                )
+            });
             let reason = self.incomplete_details.and_then(|d| d.reason);
             seen.finish_reason = Some(finish_reason(status, reason.as_deref(), tool_call));
         }
@@ -105,7 +117,11 @@ impl Response {
 
 /// One streamed event; true when it carried generated content. The type comes from the data's
 /// `type`, else from the `event:` line; unknown types are skipped.
-pub(super) fn event(name: &[u8], data: &[u8], seen: &mut Observed) -> Result<bool, serde_json::Error> {
+pub(super) fn event(
+    name: &[u8],
+    data: &[u8],
+    seen: &mut Observed,
+) -> Result<bool, serde_json::Error> {
     let Some(ev) = typed_event::<Event>(name, data, seen)? else {
         return Ok(false);
     };

@@ -48,9 +48,16 @@ fn reasoning_then_text_stream() {
     assert!(o.malformed.is_none(), "{:?}", o.malformed);
     assert!(o.seen.done && !o.seen.error_event);
     assert_eq!(o.events, 14);
-    assert_eq!(o.content_events, 3, "the summary delta and two non-empty text deltas");
     assert_eq!(
-        (o.seen.prompt_tokens, o.seen.completion_tokens, o.seen.reasoning_tokens),
+        o.content_events, 3,
+        "the summary delta and two non-empty text deltas"
+    );
+    assert_eq!(
+        (
+            o.seen.prompt_tokens,
+            o.seen.completion_tokens,
+            o.seen.reasoning_tokens
+        ),
         (Some(14), Some(73), Some(64))
     );
     assert_eq!(o.seen.finish_reason.as_deref(), Some("stop"));
@@ -60,11 +67,21 @@ fn reasoning_then_text_stream() {
 #[test]
 fn first_content_is_the_first_reasoning_delta() {
     let mut o = super::super::SseObserver::new(StreamFormat::Responses);
-    let head = STREAM.find("event: response.reasoning_summary_text.delta").unwrap();
-    assert_eq!(o.feed(&STREAM.as_bytes()[..head]).content_events, 0, "lifecycle events are not content");
+    let head = STREAM
+        .find("event: response.reasoning_summary_text.delta")
+        .unwrap();
+    assert_eq!(
+        o.feed(&STREAM.as_bytes()[..head]).content_events,
+        0,
+        "lifecycle events are not content"
+    );
     let next = STREAM[head..].find("\n\n").unwrap() + head + 2;
     assert_eq!(o.feed(&STREAM.as_bytes()[head..next]).content_events, 1);
-    assert_eq!(o.seen.model.as_deref(), Some("o4-mini-2025-04-16"), "model from response.created");
+    assert_eq!(
+        o.seen.model.as_deref(),
+        Some("o4-mini-2025-04-16"),
+        "model from response.created"
+    );
 }
 
 #[test]
@@ -103,9 +120,15 @@ fn cut_at_max_output_tokens_is_length() {
     let o = run(text);
     assert!(o.seen.done && !o.seen.error_event && o.malformed.is_none());
     assert_eq!(o.seen.finish_reason.as_deref(), Some("length"));
-    assert_eq!((o.seen.completion_tokens, o.seen.reasoning_tokens), (Some(16), Some(15)));
+    assert_eq!(
+        (o.seen.completion_tokens, o.seen.reasoning_tokens),
+        (Some(16), Some(15))
+    );
     let filtered = text.replace("max_output_tokens", "content_filter");
-    assert_eq!(run(&filtered).seen.finish_reason.as_deref(), Some("content_filter"));
+    assert_eq!(
+        run(&filtered).seen.finish_reason.as_deref(),
+        Some("content_filter")
+    );
 }
 
 #[test]
@@ -130,7 +153,10 @@ fn failures_are_error_events() {
         "data: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"},\"model\":\"m\",\"output\":[],\"usage\":null}}\n\n",
     ));
     assert!(failed.seen.error_event && failed.seen.done);
-    assert_eq!(failed.malformed.as_deref(), Some("event 2 is an error event"));
+    assert_eq!(
+        failed.malformed.as_deref(),
+        Some("event 2 is an error event")
+    );
     assert_eq!(failed.seen.finish_reason.as_deref(), Some("error"));
 
     let typed = run(
@@ -141,7 +167,8 @@ fn failures_are_error_events() {
     let named = run("event: error\ndata: {\"message\":\"boom\"}\n\n");
     assert!(named.seen.error_event);
     // An `event: error` line whose event has no data dispatches nothing and marks nothing.
-    let empty = run("event: error\n\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n");
+    let empty =
+        run("event: error\n\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n");
     assert!(!empty.seen.error_event);
     assert_eq!(empty.content_events, 1);
 }
@@ -153,7 +180,10 @@ fn unknown_events_and_done_sentinel_pass_quietly() {
     );
     assert!(o.malformed.is_none(), "{:?}", o.malformed);
     assert_eq!((o.events, o.content_events), (2, 0));
-    assert!(!o.seen.done, "only a terminal response event completes a Responses stream");
+    assert!(
+        !o.seen.done,
+        "only a terminal response event completes a Responses stream"
+    );
     let o = run("data: {\"type\":\"response.output_text.delta\",\"delta\":\n\n");
     assert!(o.malformed.as_deref().unwrap().contains("not valid JSON"));
 }
@@ -162,12 +192,31 @@ fn unknown_events_and_done_sentinel_pass_quietly() {
 fn non_streaming_bodies() {
     let body = br#"{"id":"resp_2","object":"response","status":"completed","model":"gpt-4.1","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"ok"}]}],"usage":{"input_tokens":20,"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":22}}"#;
     let o = StreamFormat::Responses.json_body(body).unwrap();
-    assert_eq!((o.prompt_tokens, o.completion_tokens, o.reasoning_tokens), (Some(20), Some(2), Some(0)));
-    assert_eq!((o.finish_reason.as_deref(), o.model.as_deref()), (Some("stop"), Some("gpt-4.1")));
+    assert_eq!(
+        (o.prompt_tokens, o.completion_tokens, o.reasoning_tokens),
+        (Some(20), Some(2), Some(0))
+    );
+    assert_eq!(
+        (o.finish_reason.as_deref(), o.model.as_deref()),
+        (Some("stop"), Some("gpt-4.1"))
+    );
     let cut = br#"{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"usage":{"input_tokens":1,"output_tokens":8}}"#;
-    assert_eq!(StreamFormat::Responses.json_body(cut).unwrap().finish_reason.as_deref(), Some("length"));
+    assert_eq!(
+        StreamFormat::Responses
+            .json_body(cut)
+            .unwrap()
+            .finish_reason
+            .as_deref(),
+        Some("length")
+    );
     let error = br#"{"error":{"message":"bad","type":"invalid_request_error"}}"#;
-    assert_eq!(StreamFormat::Responses.json_body(error).unwrap().finish_reason, None);
+    assert_eq!(
+        StreamFormat::Responses
+            .json_body(error)
+            .unwrap()
+            .finish_reason,
+        None
+    );
 }
 
 proptest! {

@@ -57,8 +57,10 @@ fn real_vllm_chat_stream() {
     assert_eq!(o.seen.finish_reason.as_deref(), Some("length"));
     assert_eq!(o.seen.model.as_deref(), Some("tinyllama"));
     // The role-only first chunk and the empty-content chunks do not count as content.
-    let non_empty =
-        CHAT.lines().filter(|l| l.contains("\"content\":\"") && !l.contains("\"content\":\"\"")).count() as u32;
+    let non_empty = CHAT
+        .lines()
+        .filter(|l| l.contains("\"content\":\"") && !l.contains("\"content\":\"\""))
+        .count() as u32;
     assert_eq!(o.content_events, non_empty);
     assert!(o.content_events < o.events - 2);
 }
@@ -68,14 +70,18 @@ fn real_vllm_completion_stream() {
     let o = run(COMPLETION.as_bytes());
     assert!(o.seen.done);
     assert_eq!(o.seen.completion_tokens, Some(20));
-    let non_empty = COMPLETION.lines().filter(|l| l.contains("\"text\":\"") && !l.contains("\"text\":\"\"")).count();
+    let non_empty = COMPLETION
+        .lines()
+        .filter(|l| l.contains("\"text\":\"") && !l.contains("\"text\":\"\""))
+        .count();
     assert_eq!(o.content_events as usize, non_empty);
 }
 
 #[test]
 fn first_role_only_chunk_is_not_content() {
     let mut o = SseObserver::new(StreamFormat::OpenAi);
-    let r = o.feed(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
+    let r =
+        o.feed(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
     assert_eq!(r.content_events, 0);
     let r = o.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n");
     assert_eq!(r.content_events, 1);
@@ -87,15 +93,26 @@ fn reasoning_deltas_are_content_under_either_field_name() {
     assert!(o.malformed.is_none(), "{:?}", o.malformed);
     assert!(o.seen.done);
     assert_eq!(o.content_events, 5, "3 reasoning + 2 answer deltas");
-    assert_eq!((o.seen.prompt_tokens, o.seen.completion_tokens, o.seen.reasoning_tokens), (Some(11), Some(5), Some(3)));
+    assert_eq!(
+        (
+            o.seen.prompt_tokens,
+            o.seen.completion_tokens,
+            o.seen.reasoning_tokens
+        ),
+        (Some(11), Some(5), Some(3))
+    );
     assert_eq!(o.seen.finish_reason.as_deref(), Some("stop"));
 
     // The first reasoning delta is the first content, whichever name the server uses.
     for field in ["reasoning", "reasoning_content"] {
         let mut o = SseObserver::new(StreamFormat::OpenAi);
-        let role = o.feed(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
+        let role = o.feed(
+            b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+        );
         assert_eq!(role.content_events, 0);
-        let think = format!("data: {{\"choices\":[{{\"delta\":{{\"{field}\":\"Hmm\",\"content\":null}}}}]}}\n\n");
+        let think = format!(
+            "data: {{\"choices\":[{{\"delta\":{{\"{field}\":\"Hmm\",\"content\":null}}}}]}}\n\n"
+        );
         assert_eq!(o.feed(think.as_bytes()).content_events, 1, "{field}");
         let empty = format!("data: {{\"choices\":[{{\"delta\":{{\"{field}\":\"\"}}}}]}}\n\n");
         assert_eq!(o.feed(empty.as_bytes()).content_events, 0, "empty {field}");
@@ -133,13 +150,21 @@ fn non_streaming_body() {
     let body = br#"{"model":"m","choices":[{"message":{"content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":7}}"#;
     let o = StreamFormat::OpenAi.json_body(body).unwrap();
     assert_eq!(
-        (o.prompt_tokens, o.completion_tokens, o.finish_reason.as_deref(), o.model.as_deref()),
+        (
+            o.prompt_tokens,
+            o.completion_tokens,
+            o.finish_reason.as_deref(),
+            o.model.as_deref()
+        ),
         (Some(5), Some(7), Some("stop"), Some("m"))
     );
     assert_eq!(o.reasoning_tokens, None);
     let body = br#"{"model":"o4","choices":[{"message":{"content":"x","reasoning":"y"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":64,"completion_tokens_details":{"reasoning_tokens":60,"audio_tokens":0}}}"#;
     let o = StreamFormat::OpenAi.json_body(body).unwrap();
-    assert_eq!((o.completion_tokens, o.reasoning_tokens), (Some(64), Some(60)));
+    assert_eq!(
+        (o.completion_tokens, o.reasoning_tokens),
+        (Some(64), Some(60))
+    );
     assert_eq!(StreamFormat::OpenAi.json_body(b"[1,2]"), None);
 }
 
@@ -164,7 +189,9 @@ fn endpoints_choose_their_format() {
 fn event_names_are_reset_per_event_and_bounded() {
     // An `event:` line without data dispatches nothing and does not leak into the next event.
     let long = "x".repeat(10 * MAX_EVENT_NAME);
-    let text = format!("event: error\n\nevent: {long}\ndata: {{\"choices\":[{{\"text\":\"a\"}}]}}\n\ndata: [DONE]\n\n");
+    let text = format!(
+        "event: error\n\nevent: {long}\ndata: {{\"choices\":[{{\"text\":\"a\"}}]}}\n\ndata: [DONE]\n\n"
+    );
     let o = run(text.as_bytes());
     assert_eq!((o.events, o.content_events), (2, 1));
     assert!(o.malformed.is_none(), "{:?}", o.malformed);
