@@ -461,7 +461,7 @@ fn spawn_signal_eviction(
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    let now = crate::pipeline::now_unix_ms();
+                    let now = tokenwatch_core::clock::now_unix_ms();
                     let mut board = signals.write().unwrap_or_else(|p| p.into_inner());
                     board.evict_older_than(now, stale_after.as_millis() as i64);
                 }

@@ -7,13 +7,13 @@ use crate::alerting::engine::scores::{
 use crate::alerting::ingest::{
     IngestState, ItemError, ItemsEndpoint, item_error, items_answer, json_type, read_items, refuse,
 };
-use crate::pipeline::now_unix_ms;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Map, Value};
 use std::sync::Arc;
+use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_store::ScoreRow;
 
 /// Oldest and furthest-ahead `timestamp_unix_ms` accepted, relative to now.

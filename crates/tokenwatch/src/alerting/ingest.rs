@@ -3,7 +3,6 @@
 
 use crate::alerting::engine::AlertSink;
 use crate::alerting::engine::inputs::{EmbeddingInput, EngineFeed};
-use crate::pipeline::now_unix_ms;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -13,6 +12,7 @@ use axum::routing::post;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_store::{EmbeddingRow, Store};
 
 /// Most dimensions an embedding may have.

@@ -4,7 +4,6 @@
 use super::ApiState;
 use super::params::{ParamError, Params};
 use super::timeline::{Column, STEP_MS, Timeline, sample_fleet};
-use crate::pipeline::now_unix_ms;
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
@@ -13,6 +12,7 @@ use serde_json::{Map, Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokenwatch_core::alert::{Alert, AlertState, Severity};
+use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_core::window::Window;
 
 /// Points in a fleet sparkline: five minutes.

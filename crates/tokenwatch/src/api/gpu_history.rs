@@ -4,7 +4,6 @@
 use super::ApiState;
 use super::fleet::{RANGES, parse_range, signal_unit};
 use super::params::{ParamError, Params};
-use crate::pipeline::now_unix_ms;
 use crate::sources::gpu::points::GPU_PROCESS_MEMORY_BYTES;
 use axum::Json;
 use axum::extract::{RawQuery, State};
@@ -12,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_core::signals::SignalPoint;
 
 fn series_json(p: &SignalPoint, hist: &[(i64, f64)]) -> Value {

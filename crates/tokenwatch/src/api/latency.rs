@@ -4,7 +4,6 @@
 use super::ApiState;
 use super::params::{ParamError, Params};
 use crate::config::StoreBackendKind;
-use crate::pipeline::now_unix_ms;
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
@@ -13,6 +12,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokenwatch_core::aggregate::{Aggregator, LatencyGroup, LatencyQuery, ROLLUP_GRACE_MS};
+use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_core::model::{GroupLabel, LatencyMetric};
 use tokenwatch_core::sketch::{LatencySketch, LatencySummary, RELATIVE_ACCURACY};
 use tokenwatch_core::window::{TIER_1M_MS, Window};

@@ -5,7 +5,6 @@ use super::ApiState;
 use super::params::{ParamError, Params};
 use crate::markers::compare::{compare_records, compare_signal};
 use crate::markers::{MarkerKind, MarkerSource, marker};
-use crate::pipeline::now_unix_ms;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
@@ -15,6 +14,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_store::{MarkerQuery, MarkerRow, RecordQuery, StoreError};
 
 /// Fields a posted marker may have.

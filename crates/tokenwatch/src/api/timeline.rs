@@ -354,7 +354,7 @@ pub fn spawn_sampler(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
-            let now = crate::pipeline::now_unix_ms();
+            let now = tokenwatch_core::clock::now_unix_ms();
             let next = (now.div_euclid(STEP_MS) + 1) * STEP_MS;
             let wait = std::time::Duration::from_millis(u64::try_from(next - now).unwrap_or(0));
             tokio::select! {

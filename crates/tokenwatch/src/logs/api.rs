@@ -59,7 +59,7 @@ async fn templates(
     )?;
     let runtime = p.get("runtime").map(str::to_string);
     let instance = p.get("instance").map(str::to_string);
-    let now = crate::pipeline::now_unix_ms();
+    let now = tokenwatch_core::clock::now_unix_ms();
     let (mut rows, total_templates, refused) = {
         let m = st.miner.lock().unwrap_or_else(|p| p.into_inner());
         let rows = m.list(now, &|v| {

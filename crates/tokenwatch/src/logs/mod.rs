@@ -525,7 +525,7 @@ pub fn start(
     metrics: &Metrics,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Started> {
-    let now = crate::pipeline::now_unix_ms();
+    let now = tokenwatch_core::clock::now_unix_ms();
     let path = state_path(&cfg.data_dir);
     let (miner, files) = match load_state(&path) {
         Ok(Some(state)) => {
@@ -665,7 +665,7 @@ impl Worker {
                 otlp.push(l);
             }
             if !otlp.is_empty() {
-                let now = crate::pipeline::now_unix_ms();
+                let now = tokenwatch_core::clock::now_unix_ms();
                 let mut miner = self.miner.lock().unwrap_or_else(|p| p.into_inner());
                 for l in &otlp {
                     let line = LogLine {
@@ -720,7 +720,7 @@ impl Worker {
             if lines.is_empty() {
                 continue;
             }
-            let now = crate::pipeline::now_unix_ms();
+            let now = tokenwatch_core::clock::now_unix_ms();
             let mut miner = self.miner.lock().unwrap_or_else(|p| p.into_inner());
             for l in &lines {
                 let (severity, text) = parse_line(l);
@@ -741,7 +741,7 @@ impl Worker {
     }
 
     fn evaluate(&mut self) {
-        let now = crate::pipeline::now_unix_ms();
+        let now = tokenwatch_core::clock::now_unix_ms();
         let (events, templates) = {
             let mut miner = self.miner.lock().unwrap_or_else(|p| p.into_inner());
             (miner.evaluate(now), miner.template_count())

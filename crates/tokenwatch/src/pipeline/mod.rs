@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokenwatch_core::aggregate::{Aggregator, Rollup};
+use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_core::model::{FirstToken, RequestRecord};
 use tokio::sync::mpsc;
 
@@ -221,10 +222,6 @@ struct Worker {
 
 /// How often the pipeline asks the aggregator for completed minutes.
 const ROLL_UP_EVERY: Duration = Duration::from_secs(1);
-
-pub fn now_unix_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
 
 impl Worker {
     fn run(mut self) {

@@ -808,7 +808,7 @@ mod tests {
         (from..from + n)
             .map(|i| RequestRecord {
                 request_id: format!("r{i:04}"),
-                arrival_unix_ms: crate::pipeline::now_unix_ms() + i as i64,
+                arrival_unix_ms: tokenwatch_core::clock::now_unix_ms() + i as i64,
                 ..Default::default()
             })
             .collect()

@@ -4,10 +4,11 @@
 use super::inputs::{Inputs, Rec};
 use super::vectors::PrefixAccess;
 use crate::alerting::ingest::EmbeddingDims;
-use crate::pipeline::{RecordSink, SinkError, now_unix_ms};
+use crate::pipeline::{RecordSink, SinkError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_core::model::{FirstToken, RequestRecord};
 use tokio::sync::{Notify, mpsc};
 

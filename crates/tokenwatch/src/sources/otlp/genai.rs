@@ -295,7 +295,7 @@ pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatc
                         {
                             let request_id = record.as_ref().map(|r| r.request_id.as_str());
                             let at = match nanos(span.end_time_unix_nano) / 1_000_000 {
-                                0 => crate::pipeline::now_unix_ms(),
+                                0 => tokenwatch_core::clock::now_unix_ms(),
                                 ms => ms,
                             };
                             out.scores.extend(super::span_scores::rows(

@@ -315,7 +315,7 @@ impl Ingest {
     pub fn metrics(&self, req: &ExportMetricsServiceRequest, t: Transport) -> Accepted {
         let batch = {
             let mut m = self.mapper.lock().unwrap_or_else(|p| p.into_inner());
-            m.map(req, crate::pipeline::now_unix_ms())
+            m.map(req, tokenwatch_core::clock::now_unix_ms())
         };
         if !batch.points.is_empty() {
             let mut board = self.signals.write().unwrap_or_else(|p| p.into_inner());

@@ -13,7 +13,7 @@ pub mod tls;
 pub use route::Router as UpstreamRouter;
 
 use crate::config::ProxyConfig;
-use crate::pipeline::{TelemetryQueue, now_unix_ms};
+use crate::pipeline::TelemetryQueue;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
@@ -27,6 +27,7 @@ use identity::TraceParent;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tap::{InFlight, TapBody};
+use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_core::model::{ErrorClass, ProxySpan, RequestRecord, SeriesLabels};
 use tokio::time::Instant;
 
