@@ -505,7 +505,7 @@ impl Config {
                     return Err(invalid(format!("proxy.upstreams[{i}].tls"), m));
                 }
                 (tls, true) => {
-                    crate::sources::proxy::tls::UpstreamTls::new(tls.as_ref()).map_err(|e| {
+                    crate::kernel::tls::UpstreamTls::new(tls.as_ref()).map_err(|e| {
                         invalid(
                             format!("proxy.upstreams[{i}].tls.{}", e.key()),
                             e.to_string(),

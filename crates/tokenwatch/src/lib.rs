@@ -12,6 +12,7 @@ pub mod dashboards;
 pub mod demo;
 pub mod embed;
 pub mod export;
+pub mod kernel;
 pub mod listen;
 pub mod logs;
 pub mod markers;

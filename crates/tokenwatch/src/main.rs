@@ -257,7 +257,7 @@ impl RunArgs {
                     ca_file: Some(file.clone()),
                     server_name: None,
                 };
-                tokenwatch::sources::proxy::tls::UpstreamTls::new(Some(&tls))
+                tokenwatch::kernel::tls::UpstreamTls::new(Some(&tls))
                     .map_err(|e| anyhow::anyhow!("--upstream-ca-file: {e}"))?;
                 anyhow::ensure!(
                     url.starts_with("https://"),

@@ -1,7 +1,7 @@
 // Delivery loop shared by the exporters (remote write, OTLP): attempts with a timeout,
 // exponential backoff between retryable failures, one short last attempt once shutdown is asked.
 
-use crate::sources::proxy::tls::{HttpsClient, UpstreamTls};
+use crate::kernel::tls::{HttpsClient, UpstreamTls};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;

@@ -27,7 +27,7 @@ pub use sender::{DROP_REASONS, ExportMetrics, MAX_BACKOFF, MIN_BACKOFF};
 
 use crate::config::{HumanDuration, UpstreamTlsConfig};
 use crate::export::prometheus::Metrics;
-use crate::sources::proxy::tls::UpstreamTls;
+use crate::kernel::tls::UpstreamTls;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;

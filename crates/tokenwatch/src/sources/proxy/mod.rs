@@ -8,7 +8,6 @@ mod route;
 pub mod split;
 pub mod sse;
 mod tap;
-pub mod tls;
 
 pub use route::Router as UpstreamRouter;
 
@@ -140,7 +139,7 @@ impl ProxyState {
 pub struct Routing {
     routes: UpstreamRouter,
     /// By `Route::index` (`None` for plain http).
-    https: Box<[Option<tls::HttpsClient>]>,
+    https: Box<[Option<crate::kernel::tls::HttpsClient>]>,
     /// When these routes were loaded (Unix seconds): `created` of the proxy's model list.
     loaded_unix_s: i64,
 }
