@@ -4,6 +4,9 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// `model_id` of a request whose model could not be read (no `model` in its body or answer).
+pub const UNKNOWN_MODEL: &str = "unknown";
+
 /// The normalised label set of a series (spec section 2). Free-form ids never become labels.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
 pub struct SeriesLabels {

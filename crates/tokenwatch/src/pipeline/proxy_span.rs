@@ -148,7 +148,7 @@ impl<'a> Shape<'a> {
         let at = |secs: f64| start.saturating_add((secs.max(0.0) * 1e9) as u64);
         Some(Shape {
             operation: operation_of(&r.endpoint),
-            request_model: (r.labels.model_id != crate::sources::proxy::UNKNOWN_MODEL)
+            request_model: (r.labels.model_id != tokenwatch_core::model::UNKNOWN_MODEL)
                 .then_some(r.labels.model_id.as_str()),
             start,
             end: at(r.end_s),
@@ -547,7 +547,7 @@ mod tests {
         let mut r = record();
         r.span.parent_span_id.clear();
         r.labels.instance = "gpu-b".into();
-        r.labels.model_id = crate::sources::proxy::UNKNOWN_MODEL.into();
+        r.labels.model_id = tokenwatch_core::model::UNKNOWN_MODEL.into();
         r.endpoint = "/v1/completions".into();
         r.first_token_s = None;
         r.status = 502;
@@ -587,7 +587,7 @@ mod tests {
         let mut r = record();
         r.span.parent_span_id.clear();
         r.labels.instance = "gpu-b".into();
-        r.labels.model_id = crate::sources::proxy::UNKNOWN_MODEL.into();
+        r.labels.model_id = tokenwatch_core::model::UNKNOWN_MODEL.into();
         r.labels.ab_group = "b".into();
         r.labels.model_version = "v2 \"quoted\"\n".into();
         r.endpoint = "/v1/completions".into();

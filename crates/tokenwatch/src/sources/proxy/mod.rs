@@ -30,7 +30,7 @@ use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_core::model::{ErrorClass, ProxySpan, RequestRecord, SeriesLabels};
 use tokio::time::Instant;
 
-pub const UNKNOWN_MODEL: &str = "unknown";
+pub use tokenwatch_core::model::UNKNOWN_MODEL;
 const REQUEST_ID: &str = "x-request-id";
 const TRACEPARENT: &str = "traceparent";
 
