@@ -383,8 +383,9 @@ impl RunningApp {
         let slos = alerting.slos.clone();
         let scaling = alerting.scaling.clone();
         let api_guard = crate::listen::limits::Guard::new("api", &cfg.limits, &metrics);
-        let trace_components =
-            Arc::new(crate::api::trace_components::ComponentMap::new(&cfg.traces));
+        let trace_components = Arc::new(crate::pipeline::trace_components::ComponentMap::new(
+            &cfg.traces,
+        ));
         let api = Arc::new(ApiState {
             aggregator,
             store,

@@ -71,7 +71,7 @@ pub struct Config {
     /// Where metrics go besides `/metrics`: Prometheus remote write.
     pub export: crate::export::ExportConfig,
     /// How spans map to components for per-trace self time (`traces.components`).
-    pub traces: crate::api::trace_components::TracesConfig,
+    pub traces: crate::pipeline::trace_components::TracesConfig,
     /// Sources listed by kind: `files` (log files tailed into the template miner).
     pub sources: crate::logs::SourcesConfig,
     /// Log templates mined from OTLP logs and tailed files, and their anomaly tests.

@@ -11,7 +11,6 @@ pub mod routes;
 mod scaling;
 mod slos;
 pub mod timeline;
-pub mod trace_components;
 mod traces;
 
 use crate::alerting::engine::AlertBook;
@@ -49,7 +48,7 @@ pub struct ApiState {
     /// Scaling recommendations, published by the alert engine.
     pub scaling: Arc<crate::slo::scaling::ScalingBook>,
     /// Span → component rules for per-trace self time (`traces.components`).
-    pub trace_components: Arc<trace_components::ComponentMap>,
+    pub trace_components: Arc<crate::pipeline::trace_components::ComponentMap>,
 }
 
 pub fn router(state: Arc<ApiState>) -> axum::Router {

@@ -1,6 +1,6 @@
 // `GET /api/v1/traces/{trace_id}`: one trace for the UI's waterfall — the proxy's request records
 // of that trace, its spans (received and the proxy's own; attributes as JSON), their self time
-// per component (`trace_components`) and its logs.
+// per component (`crate::pipeline::trace_components`) and its logs.
 
 use super::ApiState;
 use axum::Json;

@@ -5,6 +5,7 @@ pub mod proxy_span;
 pub mod span_sampler;
 mod store_sink;
 mod store_writer;
+pub mod trace_components;
 
 pub use proxy_span::{ProxySpanBuilder, ProxySpanSink};
 pub use store_sink::StoreSink;

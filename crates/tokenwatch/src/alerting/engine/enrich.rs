@@ -2,7 +2,7 @@
 // the per-request latency breakdown (latency symptoms) and the eviction ranking (GPU memory).
 
 use super::inputs::{self, Inputs, Rec, quantile, values};
-use crate::api::trace_components::ComponentMap;
+use crate::pipeline::trace_components::ComponentMap;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use tokenwatch_core::alert::{AnomalyEvent, CauseCandidate};

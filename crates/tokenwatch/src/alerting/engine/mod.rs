@@ -186,7 +186,7 @@ pub struct EngineDeps {
     pub snapshot: Option<SnapshotContext>,
     pub shutdown: watch::Receiver<bool>,
     /// Maps spans to components for the latency breakdown measured from traces.
-    pub components: Arc<crate::api::trace_components::ComponentMap>,
+    pub components: Arc<crate::pipeline::trace_components::ComponentMap>,
 }
 
 pub struct Started {
@@ -346,7 +346,7 @@ struct Engine {
     notifier: Option<Notifier>,
     snapshot: Option<Arc<SnapshotContext>>,
     snap_tx: mpsc::Sender<(String, String)>,
-    components: Arc<crate::api::trace_components::ComponentMap>,
+    components: Arc<crate::pipeline::trace_components::ComponentMap>,
     /// Latency breakdowns measured from traces, read off the engine's thread after `enrich`.
     breakdowns: enrich::TraceBreakdowns,
     persist: persist::Persist,
@@ -1142,7 +1142,9 @@ pub fn start_from_config(
             notifier: Some(notifier),
             snapshot,
             shutdown,
-            components: Arc::new(crate::api::trace_components::ComponentMap::new(&cfg.traces)),
+            components: Arc::new(crate::pipeline::trace_components::ComponentMap::new(
+                &cfg.traces,
+            )),
         },
         &crate::slo::effective(&cfg.slos),
         &cfg.scaling,
