@@ -2,6 +2,7 @@
 // exporters on an interval and maps what it reads onto normalised signals.
 
 pub mod file_sd;
+pub mod identity;
 pub mod mapping;
 pub mod rules;
 pub mod shard;

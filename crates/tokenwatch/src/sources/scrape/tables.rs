@@ -2,6 +2,11 @@
 // and dcgm-exporter, and the normalised signal each one feeds. Earlier rules win (fallbacks last).
 
 use super::rules::{Aggregate, MappingRule, RuleKind};
+
+/// Extra device signals read from dcgm-exporter (the total is derived from them).
+pub const GPU_MEMORY_FREE_BYTES: &str = "gpu_memory_free_bytes";
+pub const GPU_MEMORY_RESERVED_BYTES: &str = "gpu_memory_reserved_bytes";
+
 use tokenwatch_core::signals::names as n;
 
 /// Runtime named by a metric name's prefix, if any.
@@ -230,16 +235,8 @@ fn dcgm(out: &mut Vec<MappingRule>) {
         out.push(r);
     };
     gpu("DCGM_FI_DEV_FB_USED", n::GPU_MEMORY_USED_BYTES, MIB);
-    gpu(
-        "DCGM_FI_DEV_FB_FREE",
-        super::mapping::GPU_MEMORY_FREE_BYTES,
-        MIB,
-    );
-    gpu(
-        "DCGM_FI_DEV_FB_RESERVED",
-        super::mapping::GPU_MEMORY_RESERVED_BYTES,
-        MIB,
-    );
+    gpu("DCGM_FI_DEV_FB_FREE", GPU_MEMORY_FREE_BYTES, MIB);
+    gpu("DCGM_FI_DEV_FB_RESERVED", GPU_MEMORY_RESERVED_BYTES, MIB);
     gpu("DCGM_FI_DEV_GPU_UTIL", n::GPU_UTILIZATION, 0.01);
     gpu("DCGM_FI_DEV_GPU_TEMP", n::GPU_TEMPERATURE_CELSIUS, 1.0);
     gpu("DCGM_FI_DEV_POWER_USAGE", n::GPU_POWER_WATTS, 1.0);

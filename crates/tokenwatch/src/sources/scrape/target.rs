@@ -1,7 +1,8 @@
 // One scrape target: its resolved spec, the HTTP fetch (timeout, Accept header, body limit)
 // and the task that scrapes it every interval, maps what it read and records its health.
 
-use super::mapping::{Mapper, TargetIdentity};
+use super::identity::TargetIdentity;
+use super::mapping::Mapper;
 use super::rules::RuleSet;
 use super::status::{Health, Outcome, Registry};
 use crate::alerting::engine::enrich::EventInbox;

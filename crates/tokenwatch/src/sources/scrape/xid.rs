@@ -1,7 +1,7 @@
 // GPU XID errors read from dcgm-exporter: what the well-known codes mean (NVIDIA's XID catalogue)
 // and the per-target tracker that turns a new error in the scrapes into a `gpu_xid_error` event.
 
-use super::mapping::{TargetIdentity, device_notes, host_of};
+use super::identity::{TargetIdentity, device_notes, host_of};
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tokenwatch_core::alert::AnomalyEvent;
