@@ -1,8 +1,8 @@
 // `cache_pollution`: per (model, tenant), prefix-cache key accesses whose entropy is low and
 // whose keys go cold over the lookback (evaluation in `engine/quality.rs`).
 
+use super::quality::{self, QualityState};
 use super::{Detector, EvalCtx, PromCtx, PromRule, RuleInput};
-use crate::alerting::engine::quality::{self, QualityState};
 use crate::alerting::rules::{RuleError, RuleSpec};
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;

@@ -1,8 +1,8 @@
 // `drift_vote`: the adaptive vote of KS, embedding cosine and feedback over one per-request
 // series; owns its flat parameter layout (evaluation in `engine/quality.rs`).
 
+use super::quality::{self, DriftVoteRule, QualityState};
 use super::{DRIFT_SIGNALS, Detector, EvalCtx, PromCtx, PromRule, RuleInput};
-use crate::alerting::engine::quality::{self, QualityState};
 use crate::alerting::rules::{RuleError, RuleSpec};
 use serde::Deserialize;
 use tokenwatch_core::alert::AnomalyEvent;
@@ -36,14 +36,6 @@ impl Default for DriftVoteConfig {
             vote: Default::default(),
         }
     }
-}
-
-/// A compiled drift vote: the vote and the KS and embedding detectors it polls.
-#[derive(Debug, Clone)]
-pub struct DriftVoteRule {
-    pub vote: det::DriftVoteParams,
-    pub ks: det::KsDriftParams,
-    pub embedding: det::SemanticDriftParams,
 }
 
 pub struct DriftVote {

@@ -22,6 +22,7 @@ mod kv_cache_pressure;
 mod latency_spike;
 mod output_length_outlier;
 mod prompt_version_decay;
+mod quality;
 mod replica_shift;
 mod semantic_drift;
 mod slo_burn;

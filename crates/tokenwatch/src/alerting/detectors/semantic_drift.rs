@@ -1,8 +1,8 @@
 // `semantic_drift`: the centroid of a model's output embeddings in the last window against the
 // six windows before it (evaluation in `engine/quality.rs`).
 
+use super::quality::{self, QualityState};
 use super::{Detector, EvalCtx, PromCtx, PromRule, RuleInput};
-use crate::alerting::engine::quality::{self, QualityState};
 use crate::alerting::rules::{RuleError, RuleSpec};
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;

@@ -14,7 +14,6 @@ pub mod length;
 pub mod lifecycle;
 pub mod noise;
 pub mod persist;
-pub mod quality;
 #[cfg(test)]
 mod reload_tests;
 #[cfg(test)]

@@ -1,4 +1,4 @@
-// Tests of the quality detectors' evaluation in the engine: semantic drift, the drift vote and
+// Tests of the quality detectors' evaluation: semantic drift, the drift vote and
 // its adaptive weights, and per-tenant cache pollution, on inputs whose answer is known.
 
 use super::*;

@@ -1,13 +1,22 @@
-// Evaluation of the output-quality and cache detectors: semantic drift of embedding centroids,
-// the adaptive drift vote (KS + embedding cosine + feedback) and per-tenant cache pollution.
+// Evaluation shared by the output-quality and cache detectors (`semantic_drift`, `drift_vote`,
+// `cache_pollution`): semantic drift of embedding centroids, the adaptive drift vote (KS +
+// embedding cosine + feedback) and per-tenant cache pollution, each run every tenth of its window.
 
-use super::eval::{EvalCtx, labels};
-use super::inputs::values;
-use crate::alerting::detectors::drift_vote::DriftVoteRule;
+use super::EvalCtx;
+use crate::alerting::engine::eval::labels;
+use crate::alerting::engine::inputs::values;
 use crate::alerting::rules::RuleSpec;
 use std::collections::{BTreeMap, HashMap};
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;
+
+/// A compiled drift vote: the vote and the KS and embedding detectors it polls.
+#[derive(Debug, Clone)]
+pub struct DriftVoteRule {
+    pub vote: det::DriftVoteParams,
+    pub ks: det::KsDriftParams,
+    pub embedding: det::SemanticDriftParams,
+}
 
 /// A signal voting "drift" this many evaluations in a row is a confirmed alarm; a shorter run
 /// is a false alarm of that signal (what the drift vote's weights adapt to).
@@ -145,9 +154,9 @@ pub fn drift_vote(
         };
         // Share of thumbs-down, as many thumbs as the KS test wants samples.
         let book = cx.inputs.scores();
-        let feedback = super::scores::thumbs_down_drift(
-            super::scores::thumbs(book, &m, now - 7 * w, now - w),
-            super::scores::thumbs(book, &m, now - w, now),
+        let feedback = crate::alerting::engine::scores::thumbs_down_drift(
+            crate::alerting::engine::scores::thumbs(book, &m, now - 7 * w, now - w),
+            crate::alerting::engine::scores::thumbs(book, &m, now - w, now),
             cfg.ks.min_samples,
         );
         let fb = feedback.map(|(drift, ..)| drift);
