@@ -10,18 +10,7 @@ const GIB: f64 = 1024.0 * MIB;
 /// Readings the signal board keeps per series.
 const HISTORY: usize = 720;
 
-/// splitmix64: every run sees the same memory.
-struct Rng(u64);
-
-impl Rng {
-    fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (((z ^ (z >> 31)) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-}
+use crate::test_rng::Rng;
 
 /// How a healthy GPU's memory moves.
 #[derive(Clone, Copy, Debug)]

@@ -20,6 +20,8 @@ pub mod rootcause;
 pub mod sequential;
 pub mod slo;
 mod stats;
+#[cfg(test)]
+mod test_rng;
 mod text;
 
 pub use actions::*;

@@ -338,18 +338,7 @@ mod tests {
         assert!(gpu_memory_leak(&used, &[], 40.0 * GIB, &GpuLeakParams::default()).is_none());
     }
 
-    /// splitmix64, so every run sees the same traffic.
-    struct Rng(u64);
-
-    impl Rng {
-        fn unit(&mut self) -> f64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            (((z ^ (z >> 31)) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-        }
-    }
+    use crate::test_rng::Rng;
 
     #[test]
     fn memory_swinging_with_batch_occupancy_never_fires() {

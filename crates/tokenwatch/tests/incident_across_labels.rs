@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Proc, chat_traffic, free_addr, get, send, start_sim, wait_ready};
+use common::{alerts, chat_traffic, free_addr, send, start_collector, start_sim, write_config};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,12 +16,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const MODEL: &str = "sim-llama-8b";
-
-async fn alerts(api: SocketAddr) -> Vec<Value> {
-    let r = get(&format!("http://{api}/api/v1/alerts")).await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json()["alerts"].as_array().cloned().unwrap_or_default()
-}
 
 fn fired(all: &[Value]) -> Vec<&Value> {
     all.iter()
@@ -37,12 +31,6 @@ fn about(a: &Value, addr: SocketAddr, host: &str) -> bool {
     l["instance"] == addr.as_str()
         || l["serving_instance"] == addr.as_str()
         || l["instance"] == host
-}
-
-fn log_tail(p: &Proc) -> String {
-    let log = p.log();
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -80,29 +68,9 @@ async fn a_gpu_leak_and_its_replicas_symptoms_are_one_incident_across_label_sets
     - {{url: 'http://{b}/dcgm/metrics'}}
 "
     );
-    let cfg = dir.path().join("tw.yaml");
-    std::fs::write(&cfg, config).unwrap();
     let api = free_addr();
-    let (c, l, d) = (
-        cfg.to_string_lossy().into_owned(),
-        api.to_string(),
-        dir.path().join("data").to_string_lossy().into_owned(),
-    );
-    let tw = Proc::start(
-        "tokenwatch",
-        &[
-            "run",
-            "-c",
-            &c,
-            "--listen",
-            &l,
-            "--data-dir",
-            &d,
-            "--no-otlp",
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let cfg = write_config(dir.path(), &config);
+    let tw = start_collector(dir.path(), api, &["-c", &cfg.to_string_lossy()]).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
@@ -136,7 +104,7 @@ async fn a_gpu_leak_and_its_replicas_symptoms_are_one_incident_across_label_sets
         assert!(
             injected.elapsed() < Duration::from_secs(90),
             "no gpu_memory_leak alert 90 s after the leak began; alerts: {all:#?}\nlog:\n{}",
-            log_tail(&tw)
+            tw.log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
@@ -179,7 +147,7 @@ async fn a_gpu_leak_and_its_replicas_symptoms_are_one_incident_across_label_sets
         assert!(
             since_leak.elapsed() < Duration::from_secs(90) || first_symptom.is_some(),
             "no symptom of the leak alerted on replica {a}; alerts: {all:#?}\nlog:\n{}",
-            log_tail(&tw)
+            tw.log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
@@ -257,29 +225,9 @@ alerting:
       params: {{block_s: 5, min_baseline_blocks: 6, test_s: 60}}
 "
     );
-    let cfg = dir.path().join("tw.yaml");
-    std::fs::write(&cfg, config).unwrap();
     let api = free_addr();
-    let (c, l, d) = (
-        cfg.to_string_lossy().into_owned(),
-        api.to_string(),
-        dir.path().join("data").to_string_lossy().into_owned(),
-    );
-    let tw = Proc::start(
-        "tokenwatch",
-        &[
-            "run",
-            "-c",
-            &c,
-            "--listen",
-            &l,
-            "--data-dir",
-            &d,
-            "--no-otlp",
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let cfg = write_config(dir.path(), &config);
+    let tw = start_collector(dir.path(), api, &["-c", &cfg.to_string_lossy()]).await;
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     // One client (~8 req/s): the KV blocks its requests keep add ~16 MiB/s, so no 2-s reading
@@ -317,7 +265,7 @@ alerting:
         assert!(
             injected.elapsed() < Duration::from_secs(60),
             "no gpu_memory_leak alert 60 s into a 25 MiB/s leak; alerts: {all:#?}\nlog:\n{}",
-            log_tail(&tw)
+            tw.log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };

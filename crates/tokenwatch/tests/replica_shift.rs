@@ -6,9 +6,8 @@
 
 mod common;
 
-use common::{Proc, chat_traffic, free_addr, get, send, start_sim, wait_ready};
+use common::{Proc, alerts, chat_traffic, free_addr, send, start_sim, wait_ready};
 use serde_json::{Value, json};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -28,22 +27,10 @@ alerting:
       params: {tests: [latency], baseline_guard_s: 0, min_reference: 100, min_baseline_s: 60}
 ";
 
-async fn alerts(api: SocketAddr) -> Vec<Value> {
-    let r = get(&format!("http://{api}/api/v1/alerts")).await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json()["alerts"].as_array().cloned().unwrap_or_default()
-}
-
 fn replica_alerts(all: &[Value]) -> Vec<&Value> {
     all.iter()
         .filter(|a| a["rule"] == "replica_latency" || a["rule"] == "replica_errors")
         .collect()
-}
-
-fn log_tail(p: &Proc) -> String {
-    let log = p.log();
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -157,7 +144,7 @@ async fn a_slow_tenth_of_one_replicas_requests_is_alerted_naming_that_replica_wi
         assert!(
             injected.elapsed() < Duration::from_secs(120),
             "no replica_shift alert 120 s after the fault; alerts: {all:#?}\nlog:\n{}",
-            log_tail(&tw)
+            tw.log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };

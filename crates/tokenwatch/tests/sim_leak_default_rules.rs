@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::{Proc, free_addr, get, send, start_tokenwatch, wait_ready};
-use serde_json::{Value, json};
+use common::{Proc, alerts, free_addr, get, send, start_tokenwatch, wait_ready};
+use serde_json::json;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -34,17 +34,6 @@ fn start_load(proxy: SocketAddr, period: Duration) -> tokio::task::JoinHandle<()
             while inflight.try_join_next().is_some() {}
         }
     })
-}
-
-async fn alerts(api: SocketAddr) -> Vec<Value> {
-    let r = get(&format!("http://{api}/api/v1/alerts")).await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json()["alerts"].as_array().cloned().unwrap_or_default()
-}
-
-fn tail(log: &str, n: usize) -> String {
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,7 +77,7 @@ async fn kv_leak_pages_on_default_rules_within_75s_at_3_rps() {
             panic!(
                 "no gpu_memory_leak alert 75 s into the leak; alerts: {all:#?}\nsim state: {state}\n\
                  tokenwatch log tail:\n{}",
-                tail(&tw.log(), 40)
+                tw.log_tail(40)
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -75,6 +75,13 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The last `n` lines of the log (for failure messages).
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -454,6 +461,13 @@ pub async fn run_with_config(dir: &Path, config: &Path) -> (Proc, SocketAddr, So
     );
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
     (tw, api, proxy)
+}
+
+/// The alerts `GET /api/v1/alerts` lists (active, then recently resolved).
+pub async fn alerts(api: SocketAddr) -> Vec<serde_json::Value> {
+    let r = get(&format!("http://{api}/api/v1/alerts")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["alerts"].as_array().cloned().unwrap_or_default()
 }
 
 /// Writes `yaml` to `dir/tw.yaml`; returns the file's path.
