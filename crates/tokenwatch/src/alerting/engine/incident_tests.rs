@@ -101,22 +101,7 @@ async fn leak_alert(leaking: &str) -> Alert {
         Arc::new(SqliteStore::open(dir.path(), StoreOptions::default()).unwrap());
     let now = now_unix_ms();
     store.upsert_alerts(&[pressure_on_a(now)]).unwrap();
-    let cfg = AlertingConfig::default();
-    let rules = crate::alerting::rules::compile(&cfg).unwrap();
-    let (stop, shutdown) = watch::channel(false);
-    let started = start(
-        &cfg,
-        rules,
-        EngineDeps {
-            signals: Arc::new(std::sync::RwLock::new(board(now, leaking))),
-            store: store.clone(),
-            metrics: Arc::new(Metrics::new()),
-            notifier: None,
-            snapshot: None,
-            shutdown,
-            components: Default::default(),
-        },
-    );
+    let (stop, started) = super::restore_tests::start_default_on(&store, board(now, leaking));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let leak = loop {
         let found = started

@@ -33,6 +33,14 @@ pub(super) fn stored(id: &str, rule: &str, state: AlertState, active: i64) -> Al
 /// The engine started on the default rules over `store`, with no notifier or snapshots; the
 /// sender stops it.
 pub(super) fn start_default(store: &Arc<dyn Store>) -> (watch::Sender<bool>, Started) {
+    start_default_on(store, SignalBoard::default())
+}
+
+/// `start_default` reading the signals of `board`.
+pub(super) fn start_default_on(
+    store: &Arc<dyn Store>,
+    board: SignalBoard,
+) -> (watch::Sender<bool>, Started) {
     let cfg = AlertingConfig::default();
     let rules = crate::alerting::rules::compile(&cfg).unwrap();
     let (stop, shutdown) = watch::channel(false);
@@ -40,7 +48,7 @@ pub(super) fn start_default(store: &Arc<dyn Store>) -> (watch::Sender<bool>, Sta
         &cfg,
         rules,
         EngineDeps {
-            signals: Arc::new(std::sync::RwLock::new(SignalBoard::default())),
+            signals: Arc::new(std::sync::RwLock::new(board)),
             store: store.clone(),
             metrics: Arc::new(Metrics::new()),
             notifier: None,
