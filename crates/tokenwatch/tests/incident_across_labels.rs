@@ -8,7 +8,9 @@
 
 mod common;
 
-use common::{alerts, chat_traffic, free_addr, send, start_collector, start_sim, write_config};
+use common::{
+    Proc, alerts, chat_traffic, free_addr, send, start_collector, start_sim, write_config,
+};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +18,32 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const MODEL: &str = "sim-llama-8b";
+
+/// The first fired `gpu_memory_leak` alert, polled every 500 ms; fails with `what`, the alerts
+/// and the log's tail once `limit` has passed since `since`.
+async fn fired_leak(
+    api: SocketAddr,
+    tw: &Proc,
+    since: Instant,
+    limit: Duration,
+    what: &str,
+) -> Value {
+    loop {
+        let all = alerts(api).await;
+        if let Some(x) = fired(&all)
+            .into_iter()
+            .find(|x| x["rule"] == "gpu_memory_leak")
+        {
+            return x.clone();
+        }
+        assert!(
+            since.elapsed() < limit,
+            "{what}; alerts: {all:#?}\nlog:\n{}",
+            tw.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
 
 fn fired(all: &[Value]) -> Vec<&Value> {
     all.iter()
@@ -93,21 +121,14 @@ async fn a_gpu_leak_and_its_replicas_symptoms_are_one_incident_across_label_sets
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     let injected = Instant::now();
-    let leak = loop {
-        let all = alerts(api).await;
-        if let Some(x) = fired(&all)
-            .into_iter()
-            .find(|x| x["rule"] == "gpu_memory_leak")
-        {
-            break x.clone();
-        }
-        assert!(
-            injected.elapsed() < Duration::from_secs(90),
-            "no gpu_memory_leak alert 90 s after the leak began; alerts: {all:#?}\nlog:\n{}",
-            tw.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let leak = fired_leak(
+        api,
+        &tw,
+        injected,
+        Duration::from_secs(90),
+        "no gpu_memory_leak alert 90 s after the leak began",
+    )
+    .await;
     eprintln!(
         "gpu_memory_leak fired {:?} after the fault",
         injected.elapsed()
@@ -254,21 +275,14 @@ alerting:
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     let injected = Instant::now();
-    let leak = loop {
-        let all = alerts(api).await;
-        if let Some(x) = fired(&all)
-            .into_iter()
-            .find(|x| x["rule"] == "gpu_memory_leak")
-        {
-            break x.clone();
-        }
-        assert!(
-            injected.elapsed() < Duration::from_secs(60),
-            "no gpu_memory_leak alert 60 s into a 25 MiB/s leak; alerts: {all:#?}\nlog:\n{}",
-            tw.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let leak = fired_leak(
+        api,
+        &tw,
+        injected,
+        Duration::from_secs(60),
+        "no gpu_memory_leak alert 60 s into a 25 MiB/s leak",
+    )
+    .await;
     let delay = injected.elapsed();
     stop.store(true, Ordering::Relaxed);
     for w in workers {
