@@ -23,13 +23,24 @@ pub struct ReplicaShiftParams {
     pub false_page_days: f64,
     /// Which tests run: `errors` (the failed share), `latency` (slow shares of `signals`).
     pub tests: Vec<String>,
-    /// Latency histograms tested (normalised signals of the scrape mapping).
+    /// Latency histograms tested (normalised signals of the scrape mapping). TTFT and ITL by
+    /// default: E2E follows the output lengths callers ask for more than the server's speed.
     pub signals: Vec<String>,
     /// A request is "slow" beyond `tail_multiple` × each of these quantiles of an anchor read
     /// over the last `anchor_s`: a replica's peers, or the model's own distribution. The anchor
     /// moves with the load, so a swing that slows every request alike is not a shift.
     pub tail_quantiles: Vec<f64>,
     pub tail_multiple: f64,
+    /// A replica's own latency tests count a request as slow beyond `own_multiple` × this
+    /// quantile of the replica's own recent distribution (the last `anchor_s` and the scrape
+    /// itself): its tail measured against its body. A replica drifting somewhat slower or faster
+    /// than its peers, or a load ramp that moves every request, leaves that share alone — a
+    /// share beyond a bound set by the peers moves many-fold with a 20 % drift — while a fault
+    /// that slows some of its requests many times moves it. The median: a fault on fewer than
+    /// half of the requests barely moves it. Its peers' shares of the same measure are the
+    /// replica's second reference (it must be worse than its peers and than itself).
+    pub own_quantile: f64,
+    pub own_multiple: f64,
     /// How recent the anchor's distribution is …
     pub anchor_s: f64,
     /// … and the fewest observations it needs.
@@ -51,7 +62,8 @@ pub struct ReplicaShiftParams {
     pub block_s: f64,
     /// Fewest reference observations before a test may run …
     pub min_reference: f64,
-    /// … spread over at least this long (a few minutes of a new replica are not its normal).
+    /// … spread over at least this long (a few minutes of a new replica are not its normal, and
+    /// a baseline shorter than a load swing has seen only part of it).
     pub min_baseline_s: f64,
     /// The reference rate is its upper confidence bound at this many standard errors.
     pub reference_z: f64,
@@ -66,9 +78,11 @@ impl Default for ReplicaShiftParams {
         ReplicaShiftParams {
             false_page_days: 30.0,
             tests: vec!["errors".into(), "latency".into()],
-            signals: vec!["ttft".into(), "itl".into(), "e2e".into()],
+            signals: vec!["ttft".into(), "itl".into()],
             tail_quantiles: vec![0.9],
             tail_multiple: 3.0,
+            own_quantile: 0.5,
+            own_multiple: 6.0,
             ratio: 4.0,
             min_shift: 0.01,
             min_tail_rate: 0.002,
@@ -79,7 +93,7 @@ impl Default for ReplicaShiftParams {
             min_anchor: 50.0,
             block_s: 300.0,
             min_reference: 200.0,
-            min_baseline_s: 600.0,
+            min_baseline_s: 1800.0,
             reference_z: 2.0,
             recovery_nats: 3.0,
             max_hold_s: 1800.0,
@@ -113,6 +127,16 @@ impl Validate for ReplicaShiftParams {
         check(
             self.tail_multiple.is_finite() && self.tail_multiple >= 1.0,
             "tail_multiple",
+            "must be ≥ 1",
+        )?;
+        check(
+            self.own_quantile > 0.0 && self.own_quantile < 1.0,
+            "own_quantile",
+            "must be in (0, 1)",
+        )?;
+        check(
+            self.own_multiple.is_finite() && self.own_multiple >= 1.0,
+            "own_multiple",
             "must be ≥ 1",
         )?;
         check(

@@ -329,7 +329,7 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   detector: replica_shift
   group_by: [model_id, instance]
   params: {tests: [latency]}
-  severity: warning
+  severity: critical
   summary: "{{ summary }}"
 - name: batch_jitter
   detector: batch_jitter

@@ -7,10 +7,12 @@
 // Two kinds of test per series (a replica, or the model as a whole):
 // - errors: the failed share, against the series' clean baseline (and, for a replica, its
 //   peers' over the same baseline);
-// - latency: the share of observations beyond a multiple of a recent quantile of an anchor —
-//   the replica's peers, or the model itself — against the series' own clean baseline of that
-//   share. The anchor moves with the load, so a swing that slows every request alike is no
-//   shift; a fault on some requests (or on one replica) is.
+// - latency: the share of observations beyond a multiple of a recent quantile of an anchor,
+//   against the series' own clean baseline of that share. A replica's anchor is its own recent
+//   median (its tail against its body: a replica drifting a little apart from its peers, or a
+//   load ramp, leaves it alone), and its peers' shares of the same measure are a second
+//   reference; the model's anchor is its own recent distribution. The anchor moves with the
+//   load, so a swing that slows every request alike is no shift; a fault on some requests is.
 
 use super::{BuiltinExport, Detector, EvalCtx, RuleInput};
 use crate::alerting::engine::eval::labels;
@@ -41,8 +43,12 @@ pub struct ReplicaShift {
 enum Kind {
     /// Requests the server failed.
     Errors,
-    /// Observations beyond `tail_multiple` × the anchor's quantile with these bits.
+    /// Observations beyond `tail_multiple` × the quantile with these bits of the model's recent
+    /// distribution (the model's own tests).
     Beyond(u64),
+    /// Observations beyond `own_multiple` × the quantile with these bits of the replica's own
+    /// recent distribution (a replica's tests).
+    OwnBeyond(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -60,27 +66,42 @@ impl TestKey {
         }
     }
 
-    /// "failed", "TTFT beyond 3 × the P90 of its peers".
-    fn describe(&self, multiple: f64, anchor: &str) -> String {
+    /// The quantile of the anchor and the multiple of it beyond which a request is slow.
+    fn bound(&self, p: &det::ReplicaShiftParams) -> Option<(f64, f64)> {
         match self.kind {
-            Kind::Errors => "failed".into(),
-            Kind::Beyond(q) => format!(
-                "{} beyond {multiple} × the P{} of {anchor}",
-                self.signal.to_uppercase(),
-                (f64::from_bits(q) * 100.0).round()
-            ),
+            Kind::Errors => None,
+            Kind::Beyond(q) => Some((f64::from_bits(q), p.tail_multiple)),
+            Kind::OwnBeyond(q) => Some((f64::from_bits(q), p.own_multiple)),
         }
     }
 
-    /// The evidence key: `errors`, `ttft_beyond_p90`.
+    /// "failed", "TTFT beyond 3 × the model's recent P90", "ITL beyond 6 × its own recent median".
+    fn describe(&self, p: &det::ReplicaShiftParams) -> String {
+        let Some((q, multiple)) = self.bound(p) else {
+            return "failed".into();
+        };
+        let quantile = if q == 0.5 {
+            "median".to_string()
+        } else {
+            format!("P{}", (q * 100.0).round())
+        };
+        let whose = match self.kind {
+            Kind::OwnBeyond(_) => "its own",
+            _ => "the model's",
+        };
+        format!(
+            "{} beyond {multiple} × {whose} recent {quantile}",
+            self.signal.to_uppercase()
+        )
+    }
+
+    /// The evidence key: `errors`, `ttft_beyond_p90` (model), `ttft_beyond_own_p50` (replica).
     fn evidence_key(&self) -> String {
+        let pct = |q: u64| (f64::from_bits(q) * 100.0).round();
         match self.kind {
             Kind::Errors => "errors".into(),
-            Kind::Beyond(q) => format!(
-                "{}_beyond_p{}",
-                self.signal,
-                (f64::from_bits(q) * 100.0).round()
-            ),
+            Kind::Beyond(q) => format!("{}_beyond_p{}", self.signal, pct(q)),
+            Kind::OwnBeyond(q) => format!("{}_beyond_own_p{}", self.signal, pct(q)),
         }
     }
 }
@@ -148,7 +169,7 @@ impl Minute {
             Kind::Errors => {
                 (self.finished > 0.0).then_some((self.finished, self.failed.min(self.finished)))
             }
-            Kind::Beyond(_) => self.beyond.get(k).copied(),
+            Kind::Beyond(_) | Kind::OwnBeyond(_) => self.beyond.get(k).copied(),
         }
     }
 }
@@ -195,14 +216,16 @@ impl Reference {
     }
 
     /// The reference rate: the upper confidence bound over the whole period, once it holds
-    /// enough observations over a long enough span.
-    fn rate(&self, p: &det::ReplicaShiftParams) -> Option<f64> {
+    /// enough observations over a long enough span. Its standard error is a binomial's widened
+    /// by the counts' overdispersion `phi` (clumped counts say less about the rate: a short
+    /// baseline of bursty traffic is not read as a low rate).
+    fn rate(&self, p: &det::ReplicaShiftParams, phi: f64) -> Option<f64> {
         let (first, last) = self.span?;
         let covered_ms = last + MINUTE_MS - first;
         if self.n < p.min_reference || covered_ms < (p.min_baseline_s * 1000.0) as i64 {
             return None;
         }
-        seq::rate_upper(self.x, self.n, p.reference_z)
+        seq::rate_upper(self.x, self.n, p.reference_z * phi.max(1.0).sqrt())
     }
 }
 
@@ -327,43 +350,50 @@ struct ModelState {
     whole: Series,
 }
 
-/// Every test of a series.
-fn keys(p: &det::ReplicaShiftParams) -> Vec<TestKey> {
+/// Every test of a replica (`replica`), or of the model as a whole.
+fn keys(p: &det::ReplicaShiftParams, replica: bool) -> Vec<TestKey> {
     let mut keys = Vec::new();
     if p.runs("errors") {
         keys.push(TestKey::errors());
     }
     let signals: &[String] = if p.runs("latency") { &p.signals } else { &[] };
     for s in signals {
-        for q in &p.tail_quantiles {
-            keys.push(TestKey {
-                signal: s.clone(),
-                kind: Kind::Beyond(q.to_bits()),
-            });
-        }
+        let kinds: Vec<Kind> = if replica {
+            vec![Kind::OwnBeyond(p.own_quantile.to_bits())]
+        } else {
+            p.tail_quantiles
+                .iter()
+                .map(|q| Kind::Beyond(q.to_bits()))
+                .collect()
+        };
+        keys.extend(kinds.into_iter().map(|kind| TestKey {
+            signal: s.clone(),
+            kind,
+        }));
     }
     keys
 }
 
 /// (trials, events) of a test in one scrape's counts: failed requests, or observations beyond
-/// `multiple` × the anchor's quantile (None without an anchor of `min_anchor` observations).
+/// the test's multiple × the anchor's quantile (None without an anchor of `min_anchor`
+/// observations).
 fn trials_of(
     c: &ScrapeCounts,
     k: &TestKey,
     anchor: &BTreeMap<String, CumulativeHistogram>,
     p: &det::ReplicaShiftParams,
 ) -> Option<(f64, f64)> {
-    match k.kind {
-        Kind::Errors => {
+    match k.bound(p) {
+        None => {
             let n = c.finished?;
             (n > 0.0).then(|| (n, c.failed.unwrap_or(0.0).min(n)))
         }
-        Kind::Beyond(q) => {
+        Some((q, multiple)) => {
             let a = anchor.get(&k.signal)?;
             if a.count < p.min_anchor {
                 return None;
             }
-            let t = a.quantile(f64::from_bits(q))?.value * p.tail_multiple;
+            let t = a.quantile(q)?.value * multiple;
             let h = c.histogram(&k.signal)?;
             let (n, x) = (h.cumulative.last().copied()?, h.count_above(t)?);
             let requests = c.requests().unwrap_or(n);
@@ -379,7 +409,7 @@ struct Budget {
 }
 
 /// One scrape's (trials, events) into one test of a series: the reference rate is the larger
-/// of its own and its peers' (errors of a replica); the smallest shift is designed from it.
+/// of its own and its peers' (a replica's); the smallest shift is designed from it.
 #[allow(clippy::too_many_arguments)]
 fn test(
     series: &mut Series,
@@ -392,8 +422,17 @@ fn test(
     p: &det::ReplicaShiftParams,
 ) {
     let latency = k.kind != Kind::Errors;
-    let own_rate = own.rate(p);
-    let peer_rate = peers.as_ref().and_then(|r| r.rate(p));
+    // Its own minutes tell how clumped its counts are; a new instance borrows its peers'.
+    let own_phi = own.overdispersion();
+    let peers_phi = peers.as_ref().and_then(Reference::overdispersion);
+    let phi = own_phi
+        .or(peers_phi)
+        .unwrap_or(DEFAULT_OVERDISPERSION)
+        .min(MAX_OVERDISPERSION);
+    let own_rate = own.rate(p, phi);
+    let peer_rate = peers
+        .as_ref()
+        .and_then(|r| r.rate(p, peers_phi.unwrap_or(phi).min(MAX_OVERDISPERSION)));
     let Some(reference) = own_rate.into_iter().chain(peer_rate).reduce(f64::max) else {
         return;
     };
@@ -407,12 +446,6 @@ fn test(
         return;
     }
     let p1 = p.design(p0);
-    // Its own minutes tell how clumped its counts are; a new instance borrows its peers'.
-    let phi = own
-        .overdispersion()
-        .or_else(|| peers.and_then(|r| r.overdispersion()))
-        .unwrap_or(DEFAULT_OVERDISPERSION)
-        .min(MAX_OVERDISPERSION);
     if n > 0.0 {
         let residual = (x - n * p0).powi(2) / (n * p0 * (1.0 - p0));
         let acc = series.minute(now).pearson.entry(k.clone()).or_default();
@@ -449,10 +482,10 @@ impl ReplicaShift {
         let p = &self.params;
         let now = c.at_unix_ms;
         let st = self.models.entry(c.model_id.clone()).or_default();
-        let keys = keys(p);
+        let (replica_keys, model_keys) = (keys(p, true), keys(p, false));
         let budget = Budget {
             period_s: p.false_page_days * 86_400.0,
-            tests: (st.instances.len().max(1) + 1) * keys.len(),
+            tests: st.instances.len().max(1) * replica_keys.len() + model_keys.len(),
         };
         let ms = |s: f64| (s * 1000.0) as i64;
         let current_minute = now - now.rem_euclid(MINUTE_MS);
@@ -464,30 +497,28 @@ impl ReplicaShift {
         let block_ms = ms(p.block_s);
         let max_hold_ms = ms(p.max_hold_s);
 
-        // The replica: latency against its peers' recent distribution, errors against their
-        // clean baseline; both against its own clean baseline.
-        let mut peers_anchor = BTreeMap::new();
-        let mut peers_errors = Reference::default();
-        let errors = TestKey::errors();
+        // The replica: errors, and latency against its own recent median, each against its own
+        // clean baseline and its peers' (the same measure, over the same period).
+        let mut peers: BTreeMap<&TestKey, Reference> = BTreeMap::new();
         for (_, s) in st.instances.iter().filter(|(n, _)| **n != c.instance) {
-            for (sig, h) in s.recent_latency(anchor_from) {
-                merge(&mut peers_anchor, &sig, &h);
+            for k in &replica_keys {
+                let r = s.reference(k, baseline.0, baseline.1, true, block_ms);
+                peers.entry(k).or_default().add(r);
             }
-            peers_errors.add(s.reference(&errors, baseline.0, baseline.1, true, block_ms));
         }
         let inst = st.instances.entry(c.instance.clone()).or_default();
         inst.last_seen = now;
-        let mut peers_errors = Some(peers_errors);
+        let mut own_anchor = inst.recent_latency(anchor_from);
+        for (sig, h) in &c.latency {
+            merge(&mut own_anchor, sig, h);
+        }
         let mut counted = Vec::new();
-        for k in &keys {
-            let Some(trials) = trials_of(c, k, &peers_anchor, p) else {
+        for k in &replica_keys {
+            let Some(trials) = trials_of(c, k, &own_anchor, p) else {
                 continue;
             };
             let own = inst.reference(k, baseline.0, baseline.1, true, block_ms);
-            let peers = (k.kind == Kind::Errors)
-                .then(|| peers_errors.take())
-                .flatten();
-            test(inst, k, trials, own, peers, &budget, now, p);
+            test(inst, k, trials, own, peers.remove(k), &budget, now, p);
             counted.push((k.clone(), trials));
         }
         let hold = inst.hold(now, max_hold_ms);
@@ -506,7 +537,7 @@ impl ReplicaShift {
             merge(&mut anchor, sig, h);
         }
         let mut counted = Vec::new();
-        for k in &keys {
+        for k in &model_keys {
             let Some(trials) = trials_of(c, k, &anchor, p) else {
                 continue;
             };
@@ -553,7 +584,7 @@ fn share_since(series: &Series, k: &TestKey, from: Option<i64>) -> Option<f64> {
     (n > 0.0).then(|| x / n)
 }
 
-fn finding(series: &Series, at: &str, multiple: f64, anchor: &str) -> Option<Finding> {
+fn finding(series: &Series, at: &str, p: &det::ReplicaShiftParams) -> Option<Finding> {
     let alarmed: Vec<(&TestKey, &Shift)> = series
         .tests
         .iter()
@@ -576,7 +607,7 @@ fn finding(series: &Series, at: &str, multiple: f64, anchor: &str) -> Option<Fin
         parts.push(format!(
             "{} of requests {} (against {against})",
             pct(seen),
-            k.describe(multiple, anchor)
+            k.describe(p)
         ));
         f.score = f.score.max(t.cusum.level(t.threshold));
         let key = k.evidence_key();
@@ -636,13 +667,13 @@ impl Detector for ReplicaShift {
             self.observe(c);
         }
         self.prune(cx.now);
-        let multiple = self.params.tail_multiple;
+        let p = &self.params;
         let mut out = Vec::new();
         for (model, st) in &self.models {
             let mut any = false;
             for (instance, s) in &st.instances {
                 let at = format!("Replica {instance} of {model}");
-                if let Some(f) = finding(s, &at, multiple, "its peers") {
+                if let Some(f) = finding(s, &at, p) {
                     any = true;
                     let l = labels(&[("model_id", model), ("instance", instance)]);
                     out.push(f.into_event(&rule.detector, &rule.signal, l, cx.now));
@@ -656,7 +687,7 @@ impl Detector for ReplicaShift {
                 Some(i) => format!("{model} (its one replica {i})"),
                 None => format!("{model} (all replicas)"),
             };
-            if !any && let Some(f) = finding(&st.whole, &at, multiple, "the model") {
+            if !any && let Some(f) = finding(&st.whole, &at, p) {
                 let l = labels(&[
                     ("model_id", model),
                     ("instance", only.as_deref().unwrap_or("")),
@@ -736,7 +767,7 @@ impl ReplicaShift {
                     );
                     out += &format!(
                         "  {i} {} level={:.2} h={:.2} p0={:.4} own={:?} peers={:?} p1={:.4} phi={:.2} recent={:?}\n",
-                        k.describe(3.0, "anchor"),
+                        k.describe(&self.params),
                         t.cusum.level(t.threshold),
                         t.threshold,
                         t.reference,
