@@ -41,6 +41,17 @@ pub struct ReplicaShiftParams {
     /// replica's second reference (it must be worse than its peers and than itself).
     pub own_quantile: f64,
     pub own_multiple: f64,
+    /// A replica's location test (part of `latency`): each minute, the log of its median over
+    /// its peers' median of the same minute, against the usual value and spread of that log
+    /// ratio in its clean baseline minutes; a Gaussian CUSUM designed for a median
+    /// `location_ratio` × its usual ratio (and at least `location_min_sigmas` of its spread)
+    /// sees a replica that slows every request alike, which the tail test (its own median
+    /// moves) does not. A minute counts with at least `location_min_count` observations on each
+    /// side; the test runs once the baseline holds `location_min_minutes` such minutes.
+    pub location_ratio: f64,
+    pub location_min_sigmas: f64,
+    pub location_min_count: f64,
+    pub location_min_minutes: usize,
     /// How recent the anchor's distribution is …
     pub anchor_s: f64,
     /// … and the fewest observations it needs.
@@ -83,6 +94,10 @@ impl Default for ReplicaShiftParams {
             tail_multiple: 3.0,
             own_quantile: 0.5,
             own_multiple: 6.0,
+            location_ratio: 2.0,
+            location_min_sigmas: 3.0,
+            location_min_count: 50.0,
+            location_min_minutes: 20,
             ratio: 4.0,
             min_shift: 0.01,
             min_tail_rate: 0.002,
@@ -138,6 +153,26 @@ impl Validate for ReplicaShiftParams {
             self.own_multiple.is_finite() && self.own_multiple >= 1.0,
             "own_multiple",
             "must be ≥ 1",
+        )?;
+        check(
+            self.location_ratio.is_finite() && self.location_ratio > 1.0,
+            "location_ratio",
+            "must be > 1",
+        )?;
+        check(
+            self.location_min_sigmas.is_finite() && self.location_min_sigmas > 0.0,
+            "location_min_sigmas",
+            "must be > 0",
+        )?;
+        check(
+            self.location_min_count.is_finite() && self.location_min_count >= 1.0,
+            "location_min_count",
+            "must be ≥ 1",
+        )?;
+        check(
+            self.location_min_minutes >= 2,
+            "location_min_minutes",
+            "must be ≥ 2",
         )?;
         check(
             self.ratio.is_finite() && self.ratio > 1.0,
@@ -235,6 +270,12 @@ impl ReplicaShiftParams {
 pub fn cusum_threshold(period_s: f64, samples_per_s: f64, tests: usize) -> f64 {
     let arl = period_s * samples_per_s.max(0.0) * tests.max(1) as f64;
     arl.max(100.0).ln()
+}
+
+/// Log-likelihood ratio of a standardised observation `z` under a mean shift of `d` standard
+/// deviations against none (Gaussian): d·z − d²/2.
+pub fn gaussian_llr(z: f64, d: f64) -> f64 {
+    d * z - d * d / 2.0
 }
 
 /// Kullback–Leibler divergence of Bernoulli(`p`) from Bernoulli(`q`), in nats.

@@ -30,6 +30,9 @@ const MINUTE_MS: i64 = 60_000;
 const DEFAULT_OVERDISPERSION: f64 = 2.0;
 /// Largest overdispersion used (a test slowed beyond this is better off not counting).
 const MAX_OVERDISPERSION: f64 = 20.0;
+/// A minute is read by the location test this long after it began (every series' scrapes of it
+/// have arrived).
+const SETTLE_MS: i64 = 75_000;
 
 pub struct ReplicaShift {
     pub params: det::ReplicaShiftParams,
@@ -140,6 +143,10 @@ struct Minute {
     pearson: BTreeMap<TestKey, (f64, f64)>,
     /// A test of the series was alarmed in it: left out of its own reference.
     alarmed: bool,
+    /// The location test has read this minute …
+    located: bool,
+    /// … and found these logs of the replica's median over its peers' median, per signal.
+    log_ratio: BTreeMap<String, f64>,
 }
 
 impl Minute {
@@ -241,11 +248,58 @@ struct Shift {
     overdispersion: f64,
 }
 
+/// A replica's location test of one signal: a Gaussian CUSUM on the minutes' log median ratio
+/// against its peers, and what it last compared, for the alert's evidence.
+#[derive(Debug, Default, Clone)]
+struct Location {
+    /// The CUSUM statistic (nats) …
+    s: f64,
+    /// … the minute its run began (the change point when it alarms) …
+    since: i64,
+    /// … and whether it crossed the threshold (until it falls back to 0).
+    alarmed: bool,
+    /// The last minute's median ratio, the usual one, the spread of its log, the designed
+    /// shift (standard deviations) and the threshold.
+    ratio: f64,
+    usual: f64,
+    sigma: f64,
+    design: f64,
+    threshold: f64,
+}
+
+impl Location {
+    /// One minute's log ratio `r` against the baseline's mean `mu` and spread `sigma`.
+    fn update(&mut self, minute: i64, r: f64, (mu, sigma): (f64, f64), h: f64, p: &Params) {
+        let design = (p.location_ratio.ln() / sigma).max(p.location_min_sigmas);
+        let z = (r - mu) / sigma;
+        if self.s <= 0.0 {
+            self.since = minute;
+        }
+        // No single minute (one stalled batch) pages.
+        let llr = seq::gaussian_llr(z, design).min(0.5 * h);
+        self.s = (self.s + llr).clamp(0.0, 1.5 * h);
+        self.alarmed = if self.alarmed {
+            self.s > 0.0
+        } else {
+            self.s >= h
+        };
+        self.ratio = r.exp();
+        self.usual = mu.exp();
+        self.sigma = sigma;
+        self.design = design;
+        self.threshold = h;
+    }
+}
+
+type Params = det::ReplicaShiftParams;
+
 /// A series: an instance, or the model as a whole (all its instances' counts).
 #[derive(Debug, Default)]
 struct Series {
     minutes: VecDeque<Minute>,
     tests: BTreeMap<TestKey, Shift>,
+    /// A replica's location tests, per signal.
+    location: BTreeMap<String, Location>,
     alarmed_since: Option<i64>,
     last_seen: i64,
 }
@@ -329,7 +383,38 @@ impl Series {
     }
 
     fn alarmed(&self) -> bool {
-        self.tests.values().any(|t| t.cusum.alarmed())
+        self.tests.values().any(|t| t.cusum.alarmed()) || self.location.values().any(|l| l.alarmed)
+    }
+
+    /// The mean and spread of a signal's log median ratio over the clean minutes starting in
+    /// `[from, to)`, once there are `location_min_minutes` of them. The spread is at least the
+    /// scaled median absolute deviation's and 0.02 (medians read from buckets are not exact).
+    fn location_baseline(
+        &self,
+        signal: &str,
+        from: i64,
+        to: i64,
+        p: &Params,
+    ) -> Option<(f64, f64)> {
+        let v: Vec<f64> = self
+            .minutes
+            .iter()
+            .filter(|m| m.start >= from && m.start < to && !m.alarmed)
+            .filter_map(|m| m.log_ratio.get(signal).copied())
+            .collect();
+        if v.len() < p.location_min_minutes {
+            return None;
+        }
+        let n = v.len() as f64;
+        let mean = v.iter().sum::<f64>() / n;
+        let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let mut sorted = v.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        let mut dev: Vec<f64> = v.iter().map(|x| (x - median).abs()).collect();
+        dev.sort_by(f64::total_cmp);
+        let mad = 1.4826 * dev[dev.len() / 2];
+        Some((mean, sd.max(mad).max(0.02)))
     }
 
     /// Start (or end) the alarm's clock; true when the alarm is young enough to keep its
@@ -477,15 +562,91 @@ fn test(
     }
 }
 
+/// A replica's location tests over its minutes settled by `now` and not yet read: each minute's
+/// log median ratio against its peers' merged distribution of the same minute, into the
+/// signal's CUSUM against the replica's clean baseline minutes (threshold `h`).
+fn locate(st: &mut ModelState, instance: &str, now: i64, baseline: (i64, i64), h: f64, p: &Params) {
+    if !p.runs("latency") || st.instances.len() < 2 {
+        return;
+    }
+    let Some(inst) = st.instances.get(instance) else {
+        return;
+    };
+    let due: Vec<i64> = inst
+        .minutes
+        .iter()
+        .filter(|m| !m.located && m.start + SETTLE_MS <= now)
+        .map(|m| m.start)
+        .collect();
+    if due.is_empty() {
+        return;
+    }
+    let median = |h: Option<&CumulativeHistogram>| {
+        h.filter(|h| h.count >= p.location_min_count)
+            .and_then(|h| h.quantile(0.5))
+            .map(|q| q.value)
+            .filter(|v| v.is_finite() && *v > 0.0)
+    };
+    let mut found: Vec<(i64, String, f64)> = Vec::new();
+    for &start in &due {
+        let mine = inst.minutes.iter().find(|m| m.start == start);
+        let mut peers: BTreeMap<String, CumulativeHistogram> = BTreeMap::new();
+        for (_, s) in st.instances.iter().filter(|(n, _)| n.as_str() != instance) {
+            if let Some(m) = s.minutes.iter().find(|m| m.start == start) {
+                for (sig, hist) in &m.latency {
+                    merge(&mut peers, sig, hist);
+                }
+            }
+        }
+        for sig in &p.signals {
+            let own = median(mine.and_then(|m| m.latency.get(sig)));
+            if let (Some(a), Some(b)) = (own, median(peers.get(sig))) {
+                found.push((start, sig.clone(), (a / b).ln()));
+            }
+        }
+    }
+    let Some(inst) = st.instances.get_mut(instance) else {
+        return;
+    };
+    for m in inst.minutes.iter_mut().filter(|m| due.contains(&m.start)) {
+        m.located = true;
+    }
+    for (start, sig, r) in found {
+        if let Some(m) = inst.minutes.iter_mut().find(|m| m.start == start) {
+            m.log_ratio.insert(sig.clone(), r);
+        }
+        let Some(base) = inst.location_baseline(&sig, baseline.0, baseline.1, p) else {
+            continue;
+        };
+        let l = inst.location.entry(sig).or_default();
+        let was = l.alarmed;
+        l.update(start, r, base, h, p);
+        if !was && l.alarmed {
+            // The minutes since the change point stay out of the baseline.
+            let since = l.since;
+            inst.minutes
+                .iter_mut()
+                .filter(|m| m.start >= since)
+                .for_each(|m| m.alarmed = true);
+        }
+    }
+}
+
 impl ReplicaShift {
     fn observe(&mut self, c: &ScrapeCounts) {
         let p = &self.params;
         let now = c.at_unix_ms;
         let st = self.models.entry(c.model_id.clone()).or_default();
         let (replica_keys, model_keys) = (keys(p, true), keys(p, false));
+        let location_tests = if p.runs("latency") && st.instances.len() > 1 {
+            p.signals.len()
+        } else {
+            0
+        };
         let budget = Budget {
             period_s: p.false_page_days * 86_400.0,
-            tests: st.instances.len().max(1) * replica_keys.len() + model_keys.len(),
+            tests: st.instances.len().max(1) * (replica_keys.len() + location_tests)
+                + model_keys.len(),
         };
         let ms = |s: f64| (s * 1000.0) as i64;
         let current_minute = now - now.rem_euclid(MINUTE_MS);
@@ -523,6 +684,8 @@ impl ReplicaShift {
         }
         let hold = inst.hold(now, max_hold_ms);
         inst.minute(now).add(c, &counted, hold);
+        let h = seq::cusum_threshold(budget.period_s, 1.0 / 60.0, budget.tests);
+        locate(st, &c.instance, now, baseline, h, p);
 
         // The model as a whole: latency against its own recent distribution.
         let replica_alarmed = st.instances.values().any(Series::alarmed);
@@ -590,12 +753,29 @@ fn finding(series: &Series, at: &str, p: &det::ReplicaShiftParams) -> Option<Fin
         .iter()
         .filter(|(_, t)| t.cusum.alarmed())
         .collect();
-    if alarmed.is_empty() {
+    let located: Vec<(&String, &Location)> =
+        series.location.iter().filter(|(_, l)| l.alarmed).collect();
+    if alarmed.is_empty() && located.is_empty() {
         return None;
     }
     let pct = |v: f64| format!("{:.1}%", v * 100.0);
     let mut parts = Vec::new();
     let mut f = Finding::new(1.0, "");
+    for (sig, l) in &located {
+        parts.push(format!(
+            "{} median {:.2}× its peers' (usually {:.2}×)",
+            sig.to_uppercase(),
+            l.ratio,
+            l.usual
+        ));
+        f.score = f.score.max(l.s / l.threshold);
+        f = f
+            .with(&format!("{sig}_median_ratio"), l.ratio)
+            .with(&format!("{sig}_median_ratio_usual"), l.usual)
+            .with(&format!("{sig}_median_log_sigma"), l.sigma)
+            .with(&format!("{sig}_median_evidence"), l.s / l.threshold)
+            .with(&format!("{sig}_median_threshold_nats"), l.threshold);
+    }
     for (k, t) in &alarmed {
         let seen = share_since(series, k, t.cusum.changed_at).unwrap_or(f64::NAN);
         let against = match (t.own, t.peers) {

@@ -588,6 +588,35 @@ fn a_replica_drifting_a_fifth_slower_than_its_peers_is_no_page() {
 }
 
 #[test]
+fn a_replica_slowing_every_request_twofold_is_paged_by_its_median_against_its_peers() {
+    // A throttled GPU: every request of one replica ×2. Its tail against its own median does not
+    // move; its median against its peers' does.
+    for (seed, scrape_s) in [(14, 5), (15, 15), (16, 30)] {
+        let sc = Scenario {
+            seed,
+            replicas: 3,
+            rate: 10.0,
+            scrape_s,
+            whole_model: false,
+            fault: Fault::Latency {
+                factor: 2.0,
+                share: 1.0,
+            },
+            fault_s: 600,
+            clumps: true,
+        };
+        let o = scenario(&sc);
+        assert!(o.before.is_empty(), "seed {seed}: {:?}", o.before);
+        assert!(o.others.is_empty(), "seed {seed}: {:?}", o.others);
+        // Minutes are read 75 s after they begin; two of them at least (no single minute pages).
+        let delay = o.delay_s.unwrap_or(f64::INFINITY);
+        assert!(delay <= 240.0, "seed {seed}: ×2 on every request: {o:?}");
+        eprintln!("seed {seed}, scrape {scrape_s} s: paged after {delay} s");
+        assert!(o.late.is_empty(), "seed {seed}: {:?}", o.late);
+    }
+}
+
+#[test]
 fn twenty_percent_errors_on_one_replica_are_paged() {
     for (seed, scrape_s) in [(4, 15), (5, 1)] {
         fault_is_paged(
