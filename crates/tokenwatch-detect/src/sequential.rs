@@ -456,6 +456,21 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(p.validate().unwrap_err().field, "tail_quantiles");
+        let p = ReplicaShiftParams {
+            location_ratio: 1.0,
+            ..Default::default()
+        };
+        assert_eq!(p.validate().unwrap_err().field, "location_ratio");
+        let p = ReplicaShiftParams {
+            own_quantile: 1.0,
+            ..Default::default()
+        };
+        assert_eq!(p.validate().unwrap_err().field, "own_quantile");
+        let p = ReplicaShiftParams {
+            location_min_minutes: 1,
+            ..Default::default()
+        };
+        assert_eq!(p.validate().unwrap_err().field, "location_min_minutes");
     }
 
     #[test]
@@ -465,6 +480,9 @@ mod tests {
         assert!((kl - (0.1 * 20f64.ln() + 0.9 * (0.9f64 / 0.995).ln())).abs() < 1e-12);
         assert_eq!(bernoulli_kl(0.3, 0.3), 0.0);
         // The expected llr per sample under p1 is KL(p1 ‖ p0).
+        // Gaussian: d·z − d²/2, zero at half the design.
+        assert_eq!(gaussian_llr(1.5, 3.0), 0.0);
+        assert!((gaussian_llr(3.0, 3.0) - 4.5).abs() < 1e-12);
         let llr = bernoulli_llr(1000.0, 100.0, 0.005, 0.1);
         assert!((llr / 1000.0 - kl).abs() < 1e-12);
         // One false page per 30 days at 2 req/s: h = ln(5.18e6) ≈ 15.5 nats, ≈ 74 requests.
