@@ -256,11 +256,6 @@ pub fn random_id(prefix: &str) -> String {
     )
 }
 
-/// Prompt-size estimate (~4 characters per token), shared by all body parsers.
-pub fn tokens_for(text: &str) -> u32 {
-    (text.chars().count() as u32).div_ceil(4).max(1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

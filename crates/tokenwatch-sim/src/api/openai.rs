@@ -7,7 +7,6 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::generate::tokens_for;
 
 /// Chat-template tokens added per message and per conversation (Llama-style estimate).
 const CHAT_TOKENS_PER_MESSAGE: u32 = 4;
@@ -182,6 +181,11 @@ fn prompt_of(prompt: &Value) -> Result<(String, u32), ApiError> {
             "`prompt` must be a string, a list of strings or a list of token ids",
         )),
     }
+}
+
+/// Prompt-size estimate (~4 characters per token), shared by all body parsers.
+pub fn tokens_for(text: &str) -> u32 {
+    (text.chars().count() as u32).div_ceil(4).max(1)
 }
 
 /// Cumulative hashes of the prompt's full KV blocks (block_size tokens ≈ 4×block_size chars).
