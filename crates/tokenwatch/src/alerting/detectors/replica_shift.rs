@@ -917,6 +917,18 @@ impl ReplicaShift {
             .unwrap_or_default()
     }
 
+    /// A replica's (minute start, log median ratio against its peers) of `signal`.
+    fn minute_log_ratios(&self, model: &str, instance: &str, signal: &str) -> Vec<(i64, f64)> {
+        self.series(model, Some(instance))
+            .map(|s| {
+                s.minutes
+                    .iter()
+                    .filter_map(|m| m.log_ratio.get(signal).map(|r| (m.start, *r)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Every test's state, for diagnosing the scenario tests.
     fn dump(&self) -> String {
         let mut out = String::new();

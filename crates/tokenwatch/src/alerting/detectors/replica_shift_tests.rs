@@ -463,6 +463,42 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
         let h = seq::cusum_threshold(period_s, rate, 1);
         bound_s = bound_s.min(phi * seq::optimal_delay_samples(h, p1, p0) / rate);
     }
+    // The location tests (a replica's median against its peers'): a Gaussian shift of δ
+    // standard deviations per minute (the healthy minutes' spread), KL δ²/2 per minute, each
+    // minute's evidence complete at its end.
+    if let Some(instance) = series {
+        for signal in &detector.params.signals {
+            let ratios = detector.minute_log_ratios(&model, instance, signal);
+            let pick = |healthy: bool| -> Vec<f64> {
+                ratios
+                    .iter()
+                    .filter(|(m, _)| {
+                        if healthy {
+                            *m + MINUTE_MS <= start && *m >= start - 30 * 60_000
+                        } else {
+                            *m >= start && *m + MINUTE_MS <= end
+                        }
+                    })
+                    .map(|(_, r)| *r)
+                    .collect()
+            };
+            let (healthy, faulted) = (pick(true), pick(false));
+            if healthy.len() < 2 || faulted.is_empty() {
+                continue;
+            }
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+            let mu = mean(&healthy);
+            let sd = (healthy.iter().map(|r| (r - mu).powi(2)).sum::<f64>()
+                / (healthy.len() - 1) as f64)
+                .sqrt()
+                .max(0.02);
+            let delta = (mean(&faulted) - mu) / sd;
+            if delta > 0.0 {
+                let h = seq::cusum_threshold(period_s, 1.0 / 60.0, 1);
+                bound_s = bound_s.min(60.0 * h / (delta * delta / 2.0));
+            }
+        }
+    }
     let bound_s = bound_s + sc.scrape_s as f64;
     let want = series;
     let delay_s = first(&events, &model, want, start).map(|at| (at - start) as f64 / 1000.0);
