@@ -26,9 +26,9 @@ pub struct ReplicaShiftParams {
     /// Latency histograms tested (normalised signals of the scrape mapping). TTFT and ITL by
     /// default: E2E follows the output lengths callers ask for more than the server's speed.
     pub signals: Vec<String>,
-    /// A request is "slow" beyond `tail_multiple` × each of these quantiles of an anchor read
-    /// over the last `anchor_s`: a replica's peers, or the model's own distribution. The anchor
-    /// moves with the load, so a swing that slows every request alike is not a shift.
+    /// The model's own latency tests count a request as slow beyond `tail_multiple` × each of
+    /// these quantiles of the model's distribution over the last `anchor_s`. The anchor moves
+    /// with the load, so a swing that slows every request alike is not a shift.
     pub tail_quantiles: Vec<f64>,
     pub tail_multiple: f64,
     /// A replica's own latency tests count a request as slow beyond `own_multiple` × this
@@ -278,6 +278,17 @@ pub fn gaussian_llr(z: f64, d: f64) -> f64 {
     d * z - d * d / 2.0
 }
 
+/// Mean and sample standard deviation (n − 1) of finite values; None under two values or when
+/// one is not finite.
+pub fn mean_sd(xs: &[f64]) -> Option<(f64, f64)> {
+    let mean = crate::stats::mean(xs)?;
+    if xs.len() < 2 {
+        return None;
+    }
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (xs.len() - 1) as f64;
+    Some((mean, var.sqrt()))
+}
+
 /// Kullback–Leibler divergence of Bernoulli(`p`) from Bernoulli(`q`), in nats.
 pub fn bernoulli_kl(p: f64, q: f64) -> f64 {
     let term = |a: f64, b: f64| if a <= 0.0 { 0.0 } else { a * (a / b).ln() };
@@ -479,10 +490,15 @@ mod tests {
         let kl = bernoulli_kl(0.1, 0.005);
         assert!((kl - (0.1 * 20f64.ln() + 0.9 * (0.9f64 / 0.995).ln())).abs() < 1e-12);
         assert_eq!(bernoulli_kl(0.3, 0.3), 0.0);
-        // The expected llr per sample under p1 is KL(p1 ‖ p0).
         // Gaussian: d·z − d²/2, zero at half the design.
         assert_eq!(gaussian_llr(1.5, 3.0), 0.0);
         assert!((gaussian_llr(3.0, 3.0) - 4.5).abs() < 1e-12);
+        // Mean and sample standard deviation: (1 + 4 + 4 + 9) / 3 = 6 for 1, 3, 5, 7 around 4.
+        let (m, sd) = mean_sd(&[1.0, 3.0, 5.0, 7.0]).unwrap();
+        assert_eq!(m, 4.0);
+        assert!((sd - (20.0f64 / 3.0).sqrt()).abs() < 1e-12);
+        assert_eq!(mean_sd(&[1.0]), None);
+        // The expected llr per sample under p1 is KL(p1 ‖ p0).
         let llr = bernoulli_llr(1000.0, 100.0, 0.005, 0.1);
         assert!((llr / 1000.0 - kl).abs() < 1e-12);
         // One false page per 30 days at 2 req/s: h = ln(5.18e6) ≈ 15.5 nats, ≈ 74 requests.

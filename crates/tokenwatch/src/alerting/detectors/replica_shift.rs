@@ -33,6 +33,9 @@ const MAX_OVERDISPERSION: f64 = 20.0;
 /// A minute is read by the location test this long after it began (every series' scrapes of it
 /// have arrived).
 const SETTLE_MS: i64 = 75_000;
+/// Smallest spread (standard deviation) of a minute's log median ratio used: medians read from
+/// histogram buckets are not exact.
+const MIN_LOG_RATIO_SPREAD: f64 = 0.02;
 
 pub struct ReplicaShift {
     pub params: det::ReplicaShiftParams,
@@ -387,8 +390,9 @@ impl Series {
     }
 
     /// The mean and spread of a signal's log median ratio over the clean minutes starting in
-    /// `[from, to)`, once there are `location_min_minutes` of them. The spread is at least the
-    /// scaled median absolute deviation's and 0.02 (medians read from buckets are not exact).
+    /// `[from, to)`, once there are `location_min_minutes` of them. The spread is the larger of
+    /// the standard deviation and the scaled median absolute deviation, and at least
+    /// `MIN_LOG_RATIO_SPREAD`.
     fn location_baseline(
         &self,
         signal: &str,
@@ -405,16 +409,19 @@ impl Series {
         if v.len() < p.location_min_minutes {
             return None;
         }
-        let n = v.len() as f64;
-        let mean = v.iter().sum::<f64>() / n;
-        let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
-        let mut sorted = v.clone();
-        sorted.sort_by(f64::total_cmp);
-        let median = sorted[sorted.len() / 2];
-        let mut dev: Vec<f64> = v.iter().map(|x| (x - median).abs()).collect();
-        dev.sort_by(f64::total_cmp);
-        let mad = 1.4826 * dev[dev.len() / 2];
-        Some((mean, sd.max(mad).max(0.02)))
+        let (mean, sd) = seq::mean_sd(&v)?;
+        let (_, mad_sigma) = det::robust::median_mad_sigma(&v)?;
+        Some((mean, sd.max(mad_sigma).max(MIN_LOG_RATIO_SPREAD)))
+    }
+
+    /// Leaves the minutes from the one holding `since` (an alarm's estimated change point) on
+    /// out of the series' reference.
+    fn exclude_since(&mut self, since: i64) {
+        let from = since - since.rem_euclid(MINUTE_MS);
+        self.minutes
+            .iter_mut()
+            .filter(|m| m.start >= from)
+            .for_each(|m| m.alarmed = true);
     }
 
     /// Start (or end) the alarm's clock; true when the alarm is young enough to keep its
@@ -553,12 +560,7 @@ fn test(
     t.overdispersion = phi;
     // The counts since the change point the alarm estimates stay out of the reference too.
     if let (false, Some(since)) = (was, t.cusum.changed_at) {
-        let from = since - since.rem_euclid(MINUTE_MS);
-        series
-            .minutes
-            .iter_mut()
-            .filter(|m| m.start >= from)
-            .for_each(|m| m.alarmed = true);
+        series.exclude_since(since);
     }
 }
 
@@ -624,10 +626,7 @@ fn locate(st: &mut ModelState, instance: &str, now: i64, baseline: (i64, i64), h
         if !was && l.alarmed {
             // The minutes since the change point stay out of the baseline.
             let since = l.since;
-            inst.minutes
-                .iter_mut()
-                .filter(|m| m.start >= since)
-                .for_each(|m| m.alarmed = true);
+            inst.exclude_since(since);
         }
     }
 }
@@ -773,6 +772,7 @@ fn finding(series: &Series, at: &str, p: &det::ReplicaShiftParams) -> Option<Fin
             .with(&format!("{sig}_median_ratio"), l.ratio)
             .with(&format!("{sig}_median_ratio_usual"), l.usual)
             .with(&format!("{sig}_median_log_sigma"), l.sigma)
+            .with(&format!("{sig}_median_design_sigmas"), l.design)
             .with(&format!("{sig}_median_evidence"), l.s / l.threshold)
             .with(&format!("{sig}_median_threshold_nats"), l.threshold);
     }

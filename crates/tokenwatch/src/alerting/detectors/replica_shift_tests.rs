@@ -482,17 +482,12 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
                     .map(|(_, r)| *r)
                     .collect()
             };
-            let (healthy, faulted) = (pick(true), pick(false));
-            if healthy.len() < 2 || faulted.is_empty() {
+            let (Some((mu, sd)), Some((shifted, _))) =
+                (seq::mean_sd(&pick(true)), seq::mean_sd(&pick(false)))
+            else {
                 continue;
-            }
-            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-            let mu = mean(&healthy);
-            let sd = (healthy.iter().map(|r| (r - mu).powi(2)).sum::<f64>()
-                / (healthy.len() - 1) as f64)
-                .sqrt()
-                .max(0.02);
-            let delta = (mean(&faulted) - mu) / sd;
+            };
+            let delta = (shifted - mu) / sd.max(MIN_LOG_RATIO_SPREAD);
             if delta > 0.0 {
                 let h = seq::cusum_threshold(period_s, 1.0 / 60.0, 1);
                 bound_s = bound_s.min(60.0 * h / (delta * delta / 2.0));
@@ -602,17 +597,17 @@ fn a_replica_drifting_a_fifth_slower_than_its_peers_is_no_page() {
     // function of scale on a light-tailed body); its tail against its own median does not.
     for (seed, scrape_s) in [(11, 5), (12, 15), (13, 2)] {
         let sc = Scenario {
-            seed,
             replicas: 3,
             rate: 20.0,
-            scrape_s,
-            whole_model: false,
-            fault: Fault::Latency {
-                factor: 1.25,
-                share: 1.0,
-            },
             fault_s: 600,
-            clumps: true,
+            ..replica_fault(
+                seed,
+                scrape_s,
+                Fault::Latency {
+                    factor: 1.25,
+                    share: 1.0,
+                },
+            )
         };
         let o = scenario(&sc);
         assert!(o.before.is_empty(), "seed {seed}: {:?}", o.before);
@@ -629,17 +624,17 @@ fn a_replica_slowing_every_request_twofold_is_paged_by_its_median_against_its_pe
     // move; its median against its peers' does.
     for (seed, scrape_s) in [(14, 5), (15, 15), (16, 30)] {
         let sc = Scenario {
-            seed,
             replicas: 3,
             rate: 10.0,
-            scrape_s,
-            whole_model: false,
-            fault: Fault::Latency {
-                factor: 2.0,
-                share: 1.0,
-            },
             fault_s: 600,
-            clumps: true,
+            ..replica_fault(
+                seed,
+                scrape_s,
+                Fault::Latency {
+                    factor: 2.0,
+                    share: 1.0,
+                },
+            )
         };
         let o = scenario(&sc);
         assert!(o.before.is_empty(), "seed {seed}: {:?}", o.before);
