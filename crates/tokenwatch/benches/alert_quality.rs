@@ -11,19 +11,33 @@
 // (names: healthy, latency_spike, error_burst, length_blowup, gpu_leak, leak_then_latency),
 // ALERT_QUALITY_HEALTHY_SECS, ALERT_QUALITY_RPS [14] mean requests/s, ALERT_QUALITY_SEED [7],
 // ALERT_QUALITY_OUT [BENCHMARKS.md at the workspace root; `-` prints only].
+//
+// `-- --random` (issue 27, item 5) instead runs the randomised scenarios: three fleets drawn from
+// ALERT_QUALITY_SEED, one per topology (a route per instance, replicas behind one Service,
+// collector-only), side by side, each with ALERT_QUALITY_RANDOM_FAULTS [3] faults of drawn kind,
+// size and replica after ALERT_QUALITY_WARMUP_SECS [2220] s of clean traffic on the default
+// rules (the replica tests' baselines need 30 min ending 5 min ago), ALERT_QUALITY_FAULT_SECS
+// [240] s each, ALERT_QUALITY_GAP_SECS [180] s apart; scored against the optimal CUSUM's delay
+// computed from the replicas' own metrics. Writes the section "## Alert quality across
+// topologies" (~70 min).
 
 #[path = "alert_quality/mod.rs"]
 mod harness;
 
-use harness::fleet::FleetSpec;
+use harness::fleet::{FleetSpec, Topology};
 use harness::load::LoadSpec;
+use harness::random::{self, Phases};
 use harness::scenario::{self, Timing};
 use harness::score;
 
 const MODEL_A: &str = "model-a";
 const MODEL_B: &str = "model-b";
+const HEADING: &str = "## Alert quality\n";
 const START: &str = "<!-- alert-quality:start -->";
 const END: &str = "<!-- alert-quality:end -->";
+const RANDOM_HEADING: &str = "## Alert quality across topologies\n";
+const RANDOM_START: &str = "<!-- alert-quality-random:start -->";
+const RANDOM_END: &str = "<!-- alert-quality-random:end -->";
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     match std::env::var(name) {
@@ -38,12 +52,14 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 fn main() {
     // `cargo bench` passes `--bench`; anything else but `--quick` is a mistake worth naming.
     let mut quick = env_or("ALERT_QUALITY_QUICK", 0u8) == 1;
+    let mut randomised = false;
     for a in std::env::args().skip(1) {
         match a.as_str() {
             "--quick" => quick = true,
+            "--random" => randomised = true,
             "--bench" => {}
             other => panic!(
-                "unknown argument {other:?}; allowed: --quick (and the environment, see the file header)"
+                "unknown argument {other:?}; allowed: --quick, --random (and the environment, see the file header)"
             ),
         }
     }
@@ -52,7 +68,118 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    rt.block_on(run(quick));
+    if randomised {
+        rt.block_on(run_random());
+    } else {
+        rt.block_on(run(quick));
+    }
+}
+
+fn out_path() -> Option<std::path::PathBuf> {
+    let out = std::env::var("ALERT_QUALITY_OUT")
+        .unwrap_or_else(|_| format!("{}/../../BENCHMARKS.md", env!("CARGO_MANIFEST_DIR")));
+    (out != "-").then(|| out.into())
+}
+
+fn three(l: &str) -> String {
+    l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+async fn run_random() {
+    let seed: u64 = env_or("ALERT_QUALITY_SEED", 27);
+    let phases = Phases {
+        warmup_s: env_or("ALERT_QUALITY_WARMUP_SECS", 2220),
+        fault_s: env_or("ALERT_QUALITY_FAULT_SECS", 240),
+        gap_s: env_or("ALERT_QUALITY_GAP_SECS", 180),
+        faults: env_or("ALERT_QUALITY_RANDOM_FAULTS", 3),
+        tail_s: 60,
+    };
+    let load_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut tasks = Vec::new();
+    for (i, topology) in Topology::ALL.into_iter().enumerate() {
+        let drawn = random::draw(seed.wrapping_add(i as u64), topology, phases);
+        let mut layout: Vec<String> = Vec::new();
+        for m in drawn.fleet.models() {
+            let n = drawn
+                .fleet
+                .instances
+                .iter()
+                .filter(|s| s.model == m)
+                .count();
+            layout.push(format!("{n} × {m}"));
+        }
+        let rps: f64 = drawn.model_rps.iter().map(|(_, r)| r).sum();
+        let fleet = format!(
+            "{}; scrape {} s; {rps:.1} req/s",
+            layout.join(", "),
+            drawn.fleet.scrape_interval_s
+        );
+        eprintln!(
+            "alert_quality --random: {} — {fleet}; faults: {}",
+            topology.name(),
+            drawn
+                .scenario
+                .faults
+                .iter()
+                .map(|f| format!("{} on {} at {} s", f.specs[0], f.instance, f.start_s))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        tasks.push(tokio::spawn(async move {
+            let outcome = scenario::run(&drawn.scenario, &drawn.fleet, &drawn.load)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let s = score::score(&outcome);
+            eprintln!(
+                "alert_quality --random: {}: {} false alert(s); load: {}",
+                topology.name(),
+                s.false_alerts.len(),
+                s.load
+            );
+            score::RandomRun {
+                topology: topology.name().to_string(),
+                fleet,
+                score: s,
+            }
+        }));
+    }
+    let mut runs = Vec::new();
+    for t in tasks {
+        runs.push(t.await.expect("a topology's run panicked"));
+    }
+    let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let table = score::random_markdown(&runs);
+    let section = format!(
+        "{RANDOM_HEADING}\n{RANDOM_START}\n`cargo bench -p tokenwatch --bench alert_quality -- --random` \
+         (seed {seed}) — {}, load average {} → {}.\n\n\
+         Three fleets drawn from the seed, one per topology, run side by side on the default rules: \
+         one route per instance (the proxy names each), replicas behind one load balancer (a \
+         replica drawn at random per request, as an Ingress or mesh does; the proxy sees one \
+         upstream per model), and collector-only (clients call replicas directly; tokenwatch only \
+         scrapes). Each fleet: 1–2 models on 2–4 simulator replicas of random speed and drift, a \
+         scrape interval from {{1, 2, 5, 10, 15, 30}} s, 2–16 req/s of heavy-tailed, swinging \
+         traffic. After {} s of clean traffic, {} faults of {} s, {} s apart, each on a replica \
+         drawn at random, of a drawn kind and size: a slow tail (×3–×10 on 5–30 % of requests), \
+         errors (5–50 %), a slower replica (×1.8–×3 on every request), a GPU leak (10–200 MiB/s). \
+         A fault is paged when a critical alert names its model and replica; the bound is the \
+         optimal CUSUM's delay at the same budget (one false page per model per 30 days) for the \
+         best statistic that sees the fault — error rate, share beyond 6 × the healthy median, the \
+         per-minute median against the peers', GPU memory growth — computed from what the replica's \
+         own /metrics recorded, plus one scrape interval. A false alert is any alert (page or \
+         ticket) that matches no fault; the warm-ups are the healthy traffic.\n\n{table}{RANDOM_END}\n",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
+        three(&load_start),
+        three(&load_end),
+        phases.warmup_s,
+        phases.faults,
+        phases.fault_s,
+        phases.gap_s,
+    );
+    println!("{section}");
+    if let Some(out) = out_path() {
+        write_section(&out, &section, RANDOM_HEADING, RANDOM_END);
+        eprintln!("alert_quality: written to {}", out.display());
+    }
 }
 
 async fn run(quick: bool) {
@@ -110,7 +237,6 @@ async fn run(quick: bool) {
     }
     let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let table = score::markdown(&scores);
-    let three = |l: &str| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
     let command = format!(
         "cargo bench -p tokenwatch --bench alert_quality{}{}",
         if quick { " -- --quick" } else { "" },
@@ -137,21 +263,19 @@ async fn run(quick: bool) {
         timing.tail_s,
     );
     println!("{section}");
-    let out = std::env::var("ALERT_QUALITY_OUT")
-        .unwrap_or_else(|_| format!("{}/../../BENCHMARKS.md", env!("CARGO_MANIFEST_DIR")));
-    if out != "-" {
-        write_section(std::path::Path::new(&out), &section);
-        eprintln!("alert_quality: written to {out}");
+    if let Some(out) = out_path() {
+        write_section(&out, &section, HEADING, END);
+        eprintln!("alert_quality: written to {}", out.display());
     }
 }
 
-/// Replace the `## Alert quality` section (from its heading to the end marker) or append it.
-fn write_section(path: &std::path::Path, section: &str) {
+/// Replace a section (from its heading to its end marker) or append it.
+fn write_section(path: &std::path::Path, section: &str, heading: &str, end: &str) {
     let old =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let new = match (old.find("## Alert quality\n"), old.find(END)) {
+    let new = match (old.find(heading), old.find(end)) {
         (Some(a), Some(b)) if b > a => {
-            let rest = old[b + END.len()..].trim_start_matches('\n');
+            let rest = old[b + end.len()..].trim_start_matches('\n');
             format!(
                 "{}{section}{}{rest}",
                 &old[..a],

@@ -1,8 +1,10 @@
 // The fleet under test: one `tokenwatch sim` process per (model, instance) with its own speed,
-// slow speed drift and seed, one `tokenwatch run` pooling and scraping them all, and a real
-// Alertmanager.
+// slow speed drift and seed, one `tokenwatch run` scraping them all (and, in the proxied
+// topologies, proxying them), and a real Alertmanager.
 
 use super::procs::{self, Proc, client, free_addr, http, wait_ready};
+use super::router::Router;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -21,8 +23,56 @@ pub struct InstanceSpec {
     pub seed: u64,
 }
 
+/// How traffic reaches the replicas and what tokenwatch sees of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Topology {
+    /// tokenwatch's proxy routes to every instance by name (one upstream per instance).
+    PerInstance,
+    /// Each model's replicas sit behind one load balancer (a replica drawn at random per
+    /// request): the proxy has one upstream per model and only the scraped metrics tell
+    /// replicas apart.
+    OneUpstream,
+    /// No proxy: clients call the replicas directly (client-side balancing); tokenwatch only
+    /// scrapes them.
+    CollectorOnly,
+}
+
+impl Topology {
+    pub const ALL: [Topology; 3] = [
+        Topology::PerInstance,
+        Topology::OneUpstream,
+        Topology::CollectorOnly,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::PerInstance => "one route per instance",
+            Topology::OneUpstream => "replicas behind one upstream",
+            Topology::CollectorOnly => "collector-only (no proxy)",
+        }
+    }
+}
+
+/// The `instance` label of a model's Service in the one-upstream topology: it stands for the
+/// whole model (every replica), so an alert naming it names no particular replica.
+pub const SERVICE_PREFIX: &str = "svc-";
+
+pub fn service_name(model: &str) -> String {
+    format!("{SERVICE_PREFIX}{model}")
+}
+
+/// Where the load generator sends a request for a model.
+#[derive(Debug, Clone)]
+pub enum Entry {
+    /// One address for every model (tokenwatch's proxy).
+    One(SocketAddr),
+    /// Per model, its replicas (or its Service): a request goes to one drawn at random.
+    PerModel(BTreeMap<String, Vec<SocketAddr>>),
+}
+
 #[derive(Debug, Clone)]
 pub struct FleetSpec {
+    pub topology: Topology,
     pub instances: Vec<InstanceSpec>,
     /// Scrape interval of every simulator (seconds, ≥ 1).
     pub scrape_interval_s: u32,
@@ -58,6 +108,7 @@ impl FleetSpec {
             }
         }
         FleetSpec {
+            topology: Topology::PerInstance,
             instances,
             scrape_interval_s: 1,
             kv_blocks: 8192,
@@ -87,20 +138,44 @@ pub struct Fleet {
     pub sims: Vec<Sim>,
     pub tokenwatch: Proc,
     pub api: SocketAddr,
-    pub proxy: SocketAddr,
+    /// tokenwatch's proxy listener; None in the collector-only topology.
+    pub proxy: Option<SocketAddr>,
+    /// The Services of the one-upstream topology, per model.
+    pub routers: BTreeMap<String, Router>,
     pub alertmanager: Proc,
     pub am: SocketAddr,
     /// The data, configuration and logs of every process; removed on drop.
     pub dir: tempfile::TempDir,
 }
 
-fn tokenwatch_config(spec: &FleetSpec, sims: &[Sim], am: SocketAddr) -> String {
-    let mut y = String::from("proxy:\n  upstreams:\n");
-    for s in sims {
-        y.push_str(&format!(
-            "    - {{url: 'http://{}', models: ['{}'], runtime: vllm, instance: '{}'}}\n",
-            s.addr, s.spec.model, s.spec.name
-        ));
+fn tokenwatch_config(
+    spec: &FleetSpec,
+    sims: &[Sim],
+    routers: &BTreeMap<String, Router>,
+    am: SocketAddr,
+) -> String {
+    let mut y = String::new();
+    match spec.topology {
+        Topology::PerInstance => {
+            y.push_str("proxy:\n  upstreams:\n");
+            for s in sims {
+                y.push_str(&format!(
+                    "    - {{url: 'http://{}', models: ['{}'], runtime: vllm, instance: '{}'}}\n",
+                    s.addr, s.spec.model, s.spec.name
+                ));
+            }
+        }
+        Topology::OneUpstream => {
+            y.push_str("proxy:\n  upstreams:\n");
+            for (model, r) in routers {
+                y.push_str(&format!(
+                    "    - {{url: 'http://{}', models: ['{model}'], runtime: vllm, instance: '{}'}}\n",
+                    r.addr,
+                    service_name(model)
+                ));
+            }
+        }
+        Topology::CollectorOnly => {}
     }
     y.push_str(&format!(
         "scrape:\n  interval: {}s\n  targets:\n",
@@ -159,21 +234,36 @@ impl Fleet {
         }
         let group_by: Vec<&str> = spec.group_by.iter().map(String::as_str).collect();
         let (alertmanager, am) = procs::start_alertmanager(d, None, &group_by).await;
+        let mut routers = BTreeMap::new();
+        if spec.topology == Topology::OneUpstream {
+            for (k, model) in spec.models().into_iter().enumerate() {
+                let backends: Vec<SocketAddr> = sims
+                    .iter()
+                    .filter(|s| s.spec.model == model)
+                    .map(|s| s.addr)
+                    .collect();
+                let seed = spec.instances[0].seed.wrapping_add(k as u64);
+                routers.insert(model, Router::start(backends, seed).await);
+            }
+        }
         let cfg = d.join("tokenwatch.yaml");
-        std::fs::write(&cfg, tokenwatch_config(spec, &sims, am)).expect("write tokenwatch.yaml");
-        let (api, proxy) = (free_addr(), free_addr());
-        let args: Vec<String> = vec![
+        std::fs::write(&cfg, tokenwatch_config(spec, &sims, &routers, am))
+            .expect("write tokenwatch.yaml");
+        let api = free_addr();
+        let proxy = (spec.topology != Topology::CollectorOnly).then(free_addr);
+        let mut args: Vec<String> = vec![
             "run".into(),
             "-c".into(),
             cfg.display().to_string(),
             "--listen".into(),
             api.to_string(),
-            "--proxy-listen".into(),
-            proxy.to_string(),
             "--data-dir".into(),
             d.join("data").display().to_string(),
             "--no-otlp".into(),
         ];
+        if let Some(p) = proxy {
+            args.extend(["--proxy-listen".into(), p.to_string()]);
+        }
         let tokenwatch = Proc::start("tokenwatch", procs::BIN, &args, d);
         wait_ready(&format!("http://{api}/readyz"), &tokenwatch).await;
         Fleet {
@@ -181,10 +271,26 @@ impl Fleet {
             tokenwatch,
             api,
             proxy,
+            routers,
             alertmanager,
             am,
             dir,
         }
+    }
+
+    /// Where clients send each model's requests in this topology.
+    pub fn entry(&self) -> Entry {
+        if let Some(p) = self.proxy {
+            return Entry::One(p);
+        }
+        let mut by_model: BTreeMap<String, Vec<SocketAddr>> = BTreeMap::new();
+        for s in &self.sims {
+            by_model
+                .entry(s.spec.model.clone())
+                .or_default()
+                .push(s.addr);
+        }
+        Entry::PerModel(by_model)
     }
 
     pub fn sim(&self, instance: &str) -> &Sim {

@@ -1,6 +1,7 @@
 // Load as hard as real traffic: Poisson arrivals whose rate swings (sinusoid + bounded random
 // walk), log-normal prompts with a Pareto tail, log-normal max_tokens, a drifting model mix.
 
+use super::fleet::Entry;
 use super::procs::client;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -213,8 +214,19 @@ fn request(spec: &LoadSpec, rng: &mut StdRng, model: &str) -> (&'static str, Str
     }
 }
 
-/// Send traffic through `proxy` until `stop` turns true.
-pub fn spawn(proxy: SocketAddr, spec: LoadSpec, mut stop: watch::Receiver<bool>) -> Arc<LoadStats> {
+/// The address for one request to `model`: the proxy, or one of the model's replicas at random.
+fn target(entry: &Entry, model: &str, rng: &mut StdRng) -> Option<SocketAddr> {
+    match entry {
+        Entry::One(a) => Some(*a),
+        Entry::PerModel(m) => {
+            let v = m.get(model).filter(|v| !v.is_empty())?;
+            Some(v[rng.random_range(0..v.len())])
+        }
+    }
+}
+
+/// Send traffic to `entry` until `stop` turns true.
+pub fn spawn(entry: Entry, spec: LoadSpec, mut stop: watch::Receiver<bool>) -> Arc<LoadStats> {
     let stats = Arc::new(LoadStats::default());
     let st = stats.clone();
     tokio::spawn(async move {
@@ -241,7 +253,10 @@ pub fn spawn(proxy: SocketAddr, spec: LoadSpec, mut stop: watch::Receiver<bool>)
             };
             let model = shape.pick_model(&spec, &mut rng).to_string();
             let (path, body, tenant) = request(&spec, &mut rng, &model);
-            let req = http::Request::post(format!("http://{proxy}{path}"))
+            let Some(to) = target(&entry, &model, &mut rng) else {
+                continue;
+            };
+            let req = http::Request::post(format!("http://{to}{path}"))
                 .header("content-type", "application/json")
                 .header("authorization", format!("Bearer sk-{tenant}"))
                 .body(Full::new(Bytes::from(body)));

@@ -12,5 +12,8 @@ pub mod procs;
 pub mod fleet;
 pub mod load;
 pub mod observe;
+pub mod random;
+pub mod router;
 pub mod scenario;
 pub mod score;
+pub mod truth;

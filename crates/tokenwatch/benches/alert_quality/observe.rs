@@ -1,6 +1,7 @@
 // What the fleet reported while a scenario ran: every alert tokenwatch fired (polled from its
 // API) and the Alertmanager groups each one was delivered into (polled from Alertmanager).
 
+use super::fleet::SERVICE_PREFIX;
 use super::procs::{client, get_json, now_ms};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -32,11 +33,13 @@ impl SeenAlert {
             .filter(|m| !m.is_empty())
     }
 
+    /// The replica the alert names; None for model-level alerts (no instance, or a Service
+    /// that stands for all of the model's replicas).
     pub fn instance(&self) -> Option<&str> {
         self.labels
             .get("instance")
             .map(String::as_str)
-            .filter(|i| !i.is_empty())
+            .filter(|i| !i.is_empty() && !i.starts_with(SERVICE_PREFIX))
     }
 
     fn from_json(a: &serde_json::Value) -> Option<SeenAlert> {

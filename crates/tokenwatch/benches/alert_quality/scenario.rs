@@ -5,6 +5,8 @@ use super::fleet::{Fleet, FleetSpec};
 use super::load::{self, LoadSpec};
 use super::observe::{self, Observed};
 use super::procs::now_ms;
+use super::truth;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -53,6 +55,11 @@ pub struct Outcome {
     pub faults: Vec<RanFault>,
     pub observed: Observed,
     pub load: String,
+    /// Every replica's own /metrics over the run (the ground truth for the bound).
+    pub truth: truth::Record,
+    /// Per instance, the other replicas of its model.
+    pub peers: BTreeMap<String, Vec<String>>,
+    pub scrape_s: f64,
 }
 
 fn fault_name(spec: &str) -> &str {
@@ -68,8 +75,19 @@ pub async fn run(
     let fleet = Fleet::start(fleet_spec).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     let start_ms = now_ms();
-    let stats = load::spawn(fleet.proxy, load_spec.clone(), stop_rx.clone());
-    let observed = observe::spawn(fleet.api, fleet.am, Duration::from_millis(500), stop_rx);
+    let stats = load::spawn(fleet.entry(), load_spec.clone(), stop_rx.clone());
+    let observed = observe::spawn(
+        fleet.api,
+        fleet.am,
+        Duration::from_millis(500),
+        stop_rx.clone(),
+    );
+    let replicas: Vec<(String, std::net::SocketAddr)> = fleet
+        .sims
+        .iter()
+        .map(|s| (s.spec.name.clone(), s.addr))
+        .collect();
+    let recorder = truth::spawn(replicas, Duration::from_secs(5), stop_rx);
     let at = |s: u64| start_ms + s as i64 * 1000;
     let mut events: Vec<(i64, bool, usize)> = Vec::new();
     for (i, f) in sc.faults.iter().enumerate() {
@@ -127,6 +145,21 @@ pub async fn run(
     let end_ms = now_ms();
     observe::poll_once(fleet.api, fleet.am, &observed).await;
     let log = fleet.tokenwatch.log();
+    let mut peers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for a in &fleet.sims {
+        let others = fleet
+            .sims
+            .iter()
+            .filter(|b| b.spec.model == a.spec.model && b.spec.name != a.spec.name)
+            .map(|b| b.spec.name.clone())
+            .collect();
+        peers.insert(a.spec.name.clone(), others);
+    }
+    let routers: Vec<String> = fleet
+        .routers
+        .iter()
+        .map(|(m, r)| format!("{m} Service: {}", r.line()))
+        .collect();
     if let Some(e) = failure {
         return Err(format!("{}: {e}\n{}", sc.name, fleet.logs_tail(20)));
     }
@@ -139,7 +172,14 @@ pub async fn run(
         end_ms,
         faults: ran.into_iter().flatten().collect(),
         observed: observe::snapshot(&observed),
-        load: stats.line(),
+        load: if routers.is_empty() {
+            stats.line()
+        } else {
+            format!("{}; {}", stats.line(), routers.join("; "))
+        },
+        truth: truth::copy(&recorder),
+        peers,
+        scrape_s: f64::from(fleet_spec.scrape_interval_s),
     })
 }
 

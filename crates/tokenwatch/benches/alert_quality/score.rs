@@ -3,6 +3,7 @@
 
 use super::observe::SeenAlert;
 use super::scenario::{Outcome, RanFault};
+use super::truth;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone)]
@@ -22,6 +23,13 @@ pub struct FaultScore {
     pub by: BTreeSet<String>,
     /// Some matching alert came from an expected rule or detector.
     pub expected_hit: bool,
+    /// Fault start → the first critical alert naming model and this instance (a page), s.
+    pub paged_s: Option<f64>,
+    /// The optimal CUSUM's delay for this fault, from the replica's own metrics, plus one
+    /// scrape interval (s); infinite when no statistic sees it.
+    pub bound_s: f64,
+    /// Requests per second the faulty replica served during the fault.
+    pub replica_rps: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -115,6 +123,26 @@ pub fn score(o: &Outcome) -> ScenarioScore {
             first,
             by: mine.iter().map(|a| a.rule.clone()).collect(),
             expected_hit: mine.iter().any(|a| mentions(a, &f.fault.expected)),
+            paged_s: strict
+                .iter()
+                .find(|a| a.severity == "critical")
+                .map(|a| (a.fired_at_ms - f.start_ms) as f64 / 1000.0),
+            bound_s: {
+                let end = if f.end_ms > 0 { f.end_ms } else { o.end_ms };
+                let peers = o.peers.get(&f.fault.instance).cloned().unwrap_or_default();
+                truth::bound_s(
+                    &o.truth,
+                    &f.fault.instance,
+                    &peers,
+                    f.start_ms,
+                    end,
+                    o.scrape_s,
+                ) + o.scrape_s
+            },
+            replica_rps: {
+                let end = if f.end_ms > 0 { f.end_ms } else { o.end_ms };
+                truth::served_per_s(&o.truth, &f.fault.instance, f.start_ms, end)
+            },
         });
     }
     let mut incidents = Vec::new();
@@ -314,6 +342,119 @@ pub fn markdown(scores: &[ScenarioScore]) -> String {
         s.push_str("\nFalse alerts by rule:\n\n| scenario | rule | count | model/instance |\n|---|---|---:|---|\n");
         for ((name, rule), (n, who)) in by_rule {
             s.push_str(&format!("| {name} | {rule} | {n} | {who} |\n"));
+        }
+    }
+    s
+}
+
+/// One randomised run: its topology, how its fleet was drawn, and its score.
+#[derive(Debug, Clone)]
+pub struct RandomRun {
+    pub topology: String,
+    /// "2 replicas of model-a, 2 of model-b; scrape 15 s; 6.1 req/s".
+    pub fleet: String,
+    pub score: ScenarioScore,
+}
+
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+/// The randomised runs' report: per topology a summary (faults paged naming the replica, within
+/// 2× the bound, false alerts and false pages per hour, groups per incident), then every fault.
+pub fn random_markdown(runs: &[RandomRun]) -> String {
+    let mut s = String::new();
+    s.push_str("| topology | fleet | minutes | faults paged naming the replica | within 2× bound | median page / bound | false alerts (pages) | AM groups per incident |\n");
+    s.push_str("|---|---|---:|---|---|---:|---|---|\n");
+    let (mut hours, mut falses, mut false_pages) = (0.0, 0usize, 0usize);
+    for r in runs {
+        let sc = &r.score;
+        hours += sc.hours;
+        falses += sc.false_alerts.len();
+        let pages = sc
+            .false_alerts
+            .iter()
+            .filter(|a| a.severity == "critical")
+            .count();
+        false_pages += pages;
+        let paged = sc.faults.iter().filter(|f| f.paged_s.is_some()).count();
+        let within = sc
+            .faults
+            .iter()
+            .filter(|f| f.paged_s.is_some_and(|p| p <= 2.0 * f.bound_s))
+            .count();
+        let mut ratios: Vec<f64> = sc
+            .faults
+            .iter()
+            .filter_map(|f| Some(f.paged_s? / f.bound_s))
+            .filter(|r| r.is_finite())
+            .collect();
+        let groups: Vec<String> = sc.incidents.iter().map(|i| i.groups.to_string()).collect();
+        s.push_str(&format!(
+            "| {} | {} | {:.0} | {paged}/{} | {within}/{} | {} | {} ({pages}) | {} |\n",
+            r.topology,
+            r.fleet,
+            sc.hours * 60.0,
+            sc.faults.len(),
+            sc.faults.len(),
+            median(&mut ratios).map_or("–".into(), |m| format!("{m:.2}")),
+            sc.false_alerts.len(),
+            if groups.is_empty() {
+                "–".into()
+            } else {
+                groups.join(", ")
+            },
+        ));
+    }
+    s.push_str(&format!(
+        "\nAll runs: {falses} false alerts ({false_pages} pages) in {:.1} h of traffic.\n",
+        hours
+    ));
+    s.push_str("\n| topology | fault | model / replica | replica req/s | bound, s | first alert naming the replica | alerted after, s | paged after, s | page / bound |\n");
+    s.push_str("|---|---|---|---:|---:|---|---:|---:|---:|\n");
+    for r in runs {
+        for f in &r.score.faults {
+            let (rule, t) = match &f.first {
+                Some((rule, t, _)) if !f.model_only => (rule.clone(), secs(*t)),
+                Some((rule, t, _)) => (format!("{rule} (model only)"), secs(*t)),
+                None => ("**none**".into(), "–".into()),
+            };
+            let bound = if f.bound_s.is_finite() {
+                format!("{:.0}", f.bound_s)
+            } else {
+                "∞".into()
+            };
+            let ratio = match f.paged_s {
+                Some(p) if f.bound_s.is_finite() => format!("{:.2}", p / f.bound_s),
+                _ => "–".into(),
+            };
+            s.push_str(&format!(
+                "| {} | `{}` | {} / {} | {:.1} | {bound} | {rule} | {t} | {} | {ratio} |\n",
+                r.topology,
+                f.spec,
+                f.model,
+                f.instance,
+                f.replica_rps,
+                f.paged_s.map_or("–".into(), secs),
+            ));
+        }
+    }
+    let mut by_rule: BTreeMap<(String, String, String), usize> = BTreeMap::new();
+    for r in runs {
+        for a in &r.score.false_alerts {
+            *by_rule
+                .entry((r.topology.clone(), a.rule.clone(), a.severity.clone()))
+                .or_default() += 1;
+        }
+    }
+    if !by_rule.is_empty() {
+        s.push_str("\nFalse alerts by rule:\n\n| topology | rule | severity | count |\n|---|---|---|---:|\n");
+        for ((t, rule, sev), n) in by_rule {
+            s.push_str(&format!("| {t} | {rule} | {sev} | {n} |\n"));
         }
     }
     s
