@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod alert;
+pub mod backoff;
 pub mod clock;
 pub mod counts;
 pub mod exposition;

@@ -6,6 +6,7 @@ use crate::clickhouse::ClickHouseConfig;
 use base64::Engine;
 use std::io::ErrorKind;
 use std::time::{Duration, Instant};
+use tokenwatch_core::backoff::Backoff;
 
 /// Largest response read (a query answer); beyond it the query fails rather than eat memory.
 const MAX_RESPONSE_BYTES: u64 = 1 << 30;
@@ -143,7 +144,7 @@ impl Client {
         retry: Retry,
     ) -> Result<Vec<u8>, StoreError> {
         let deadline = Instant::now() + self.retry_for;
-        let mut backoff = FIRST_BACKOFF;
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
         let mut attempts = 0u32;
         loop {
             attempts += 1;
@@ -183,12 +184,11 @@ impl Client {
                     (err, transient)
                 }
             };
-            if !transient || Instant::now() + backoff > deadline {
+            if !transient || Instant::now() + backoff.peek() > deadline {
                 return Err(err);
             }
             tracing::debug!(database = %self.label, op, attempts, error = %err, "retrying");
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            std::thread::sleep(backoff.next_delay());
         }
     }
 

@@ -10,6 +10,7 @@ use hyper_util::rt::TokioExecutor;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tokenwatch_core::backoff::Backoff;
 use tokio::sync::watch;
 
 /// First wait after a failed attempt; doubles after each further failure.
@@ -121,7 +122,7 @@ impl Endpoint {
         Fut: Future<Output = Attempt<T>>,
     {
         let (what, label, counter) = (self.what, self.label.as_str(), self.dropped_counter);
-        let mut backoff = MIN_BACKOFF;
+        let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
         let mut last = false;
         loop {
             let limit = if last {
@@ -153,14 +154,13 @@ impl Endpoint {
                     if self.healthy.swap(false, Ordering::Relaxed) {
                         tracing::warn!(endpoint = %label, error = %why, "{what} failed; retrying with backoff");
                     } else {
-                        tracing::debug!(endpoint = %label, error = %why, ?backoff, "{what} failed; retrying");
+                        tracing::debug!(endpoint = %label, error = %why, backoff = ?backoff.peek(), "{what} failed; retrying");
                     }
                     tokio::select! {
                         biased;
                         _ = stopped(stop) => last = true,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
         }

@@ -10,6 +10,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokenwatch_core::alert::Alert;
+use tokenwatch_core::backoff::Backoff;
 use tokio::sync::{mpsc, watch};
 
 pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -111,7 +112,7 @@ impl Worker {
         shutdown: &mut watch::Receiver<bool>,
         render: impl Fn(&RenderOptions) -> Option<Vec<u8>>,
     ) {
-        let mut backoff = self.initial_backoff;
+        let mut backoff = Backoff::new(self.initial_backoff, MAX_BACKOFF);
         let mut attempt = 0u32;
         loop {
             let Some(body) = render(&self.render) else {
@@ -141,13 +142,12 @@ impl Worker {
                     tracing::debug!(receiver = %self.name, error = %why, attempt, "alert notification failed; retrying");
                     attempt += 1;
                     tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                         _ = shutdown_requested(shutdown) => {
                             self.metrics.outcome(&self.name, "failed").inc_by(n);
                             return;
                         }
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 Attempt::Retry(why) => {
                     tracing::warn!(receiver = %self.name, error = %why, attempts = attempt + 1, "alert notification failed; giving up");
