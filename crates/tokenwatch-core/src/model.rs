@@ -392,6 +392,20 @@ impl RequestRecord {
         Some(((last - first).max(0.0)) / (n - 1) as f64)
     }
 
+    /// Summarise the inter-chunk gaps (count, mean, max) from `chunk_offsets_us`; left as it
+    /// is when there is no gap.
+    pub fn summarize_gaps(&mut self) {
+        let gaps: Vec<f64> = self.gaps_s().collect();
+        if !gaps.is_empty() {
+            let sum: f64 = gaps.iter().sum();
+            self.gaps = GapSummary {
+                count: gaps.len() as u32,
+                mean_s: sum / gaps.len() as f64,
+                max_s: gaps.iter().copied().fold(0.0, f64::max),
+            };
+        }
+    }
+
     /// Every inter-chunk gap, in seconds.
     pub fn gaps_s(&self) -> impl Iterator<Item = f64> + '_ {
         self.chunk_offsets_us

@@ -12,6 +12,18 @@
 // operation (`chat`, `embeddings`). Spans of other OpenInference kinds (CHAIN, TOOL, …) are not
 // model calls and stay plain spans.
 //
+// Streams and first tokens, as each common instrumentation reports them: the stream flag from
+// `gen_ai.request.stream`, OpenLIT's `gen_ai.request.is_stream`, Traceloop's `llm.is_streaming`
+// or OpenInference's `llm.invocation_parameters` (JSON, `"stream": true`); the first-token time
+// from `gen_ai.response.time_to_first_chunk`, OpenLIT's `gen_ai.server.time_to_first_token`
+// (seconds), OpenInference's `First Token Stream Event` event, or the first of Traceloop's
+// `llm.content.completion.chunk` events, whose times also give the chunk offsets (inter-token
+// gaps). A span with a first-token time is a stream unless it says otherwise.
+//
+// One model, one id: the requested model names the record (the response's model, often a
+// longer or dated spelling of the same, stays in the span's attributes), as the proxy and the
+// runtime's metrics name it; the response model only when no request model was sent.
+//
 // Our own span attributes on GenAI spans: `tokenwatch.output.embedding` (array of numbers, 1 to
 // 4096: the response's embedding, for semantic drift; kept on the record, not in the stored span
 // attributes) and `tokenwatch.prompt.prefix_hash` (1 to 16 hex digits or an integer's 64 bits:
@@ -99,6 +111,8 @@ struct GenAi<'a> {
     http_status: Option<&'a Value>,
     route: Option<&'a Value>,
     stream: Option<&'a Value>,
+    /// OpenLIT's `gen_ai.server.time_to_first_token` (seconds).
+    server_ttft: Option<&'a Value>,
     tenant: Option<&'a Value>,
     ab_group: Option<&'a Value>,
     model_version: Option<&'a Value>,
@@ -109,6 +123,8 @@ struct GenAi<'a> {
     total_tokens: Option<&'a Value>,
     /// The operation an OpenInference span kind implies when `gen_ai.operation.name` is absent.
     kind_operation: Option<&'static str>,
+    /// `"stream"` of OpenInference's invocation parameters.
+    invocation_stream: Option<bool>,
     oi: OpenInference<'a>,
 }
 
@@ -125,6 +141,8 @@ struct OpenInference<'a> {
     completion_tokens: Option<&'a Value>,
     reasoning_tokens: Option<&'a Value>,
     total_tokens: Option<&'a Value>,
+    /// `llm.invocation_parameters`: the call's parameters as JSON text (`"stream": true`).
+    invocation_parameters: Option<&'a Value>,
 }
 
 impl OpenInference<'_> {
@@ -184,7 +202,10 @@ impl<'a> GenAi<'a> {
                 "error.type" => &mut g.error_type,
                 "http.response.status_code" => &mut g.http_status,
                 "http.route" | "url.path" => &mut g.route,
-                "gen_ai.request.stream" => &mut g.stream,
+                "gen_ai.request.stream" | "gen_ai.request.is_stream" | "llm.is_streaming" => {
+                    &mut g.stream
+                }
+                "gen_ai.server.time_to_first_token" => &mut g.server_ttft,
                 "tenant.id" | "tokenwatch.tenant" => &mut g.tenant,
                 "tokenwatch.ab_group" => &mut g.ab_group,
                 "gen_ai.request.model_version" | "tokenwatch.model_version" => &mut g.model_version,
@@ -201,6 +222,7 @@ impl<'a> GenAi<'a> {
                 "llm.token_count.completion" => &mut g.oi.completion_tokens,
                 "llm.token_count.completion_details.reasoning" => &mut g.oi.reasoning_tokens,
                 "llm.token_count.total" => &mut g.oi.total_tokens,
+                "llm.invocation_parameters" => &mut g.oi.invocation_parameters,
                 _ => continue,
             };
             *slot = v;
@@ -229,6 +251,11 @@ impl<'a> GenAi<'a> {
         self.output_tokens = self.output_tokens.or(oi.completion_tokens);
         self.reasoning_tokens = self.reasoning_tokens.or(oi.reasoning_tokens);
         self.total_tokens = oi.total_tokens;
+        self.invocation_stream = oi
+            .invocation_parameters
+            .and_then(as_str)
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.get("stream").and_then(serde_json::Value::as_bool));
     }
 
     fn is_genai(&self) -> bool {
@@ -343,6 +370,7 @@ fn map_span(
     let mut warning = None;
     let record = if g.is_genai() {
         let mut r = record_of(span, &g, res, &trace_id, &span_id);
+        r.summarize_gaps();
         if let Some(v) = g.embedding {
             match embedding_of(v) {
                 Ok(e) => r.embedding = e,
@@ -402,8 +430,8 @@ fn record_of(
     trace_id: &str,
     span_id: &str,
 ) -> RequestRecord {
-    let model_id = text(g.response_model)
-        .or_else(|| text(g.request_model))
+    let model_id = text(g.request_model)
+        .or_else(|| text(g.response_model))
         .unwrap_or_else(|| "unknown".into());
     let runtime = text(g.provider)
         .or_else(|| text(g.system))
@@ -424,7 +452,13 @@ fn record_of(
     };
     let start = span.start_time_unix_nano;
     let end_s = span.end_time_unix_nano.saturating_sub(start) as f64 / 1e9;
-    let first_token_s = g.time_to_first_chunk.and_then(as_f64).filter(|t| *t >= 0.0);
+    let events = StreamEvents::of(span);
+    let first_token_s = g
+        .time_to_first_chunk
+        .or(g.server_ttft)
+        .and_then(as_f64)
+        .filter(|t| *t >= 0.0)
+        .or(events.first_token_s);
     let (prompt_tokens, output_tokens) = match (
         g.input_tokens.and_then(as_u64),
         g.output_tokens.and_then(as_u64),
@@ -459,8 +493,11 @@ fn record_of(
             .or_else(|| text(g.operation))
             .or_else(|| g.kind_operation.map(String::from))
             .unwrap_or_default(),
-        stream: match g.stream {
-            Some(Value::BoolValue(b)) => *b,
+        stream: match (g.stream, g.invocation_stream) {
+            (Some(Value::BoolValue(b)), _) => *b,
+            (Some(Value::StringValue(t)), _) if t.eq_ignore_ascii_case("true") => true,
+            (Some(Value::StringValue(t)), _) if t.eq_ignore_ascii_case("false") => false,
+            (_, Some(b)) => b,
             _ => first_token_s.is_some(),
         },
         arrival_unix_ms: nanos(start / 1_000_000),
@@ -468,7 +505,7 @@ fn record_of(
         first_token_s,
         end_s,
         queue_s: None,
-        chunk_offsets_us: Vec::new(),
+        chunk_offsets_us: events.chunk_offsets_us,
         gaps: Default::default(),
         tokens_from_usage: prompt_tokens.is_some() || output_tokens.is_some(),
         prompt_tokens,
@@ -485,6 +522,49 @@ fn record_of(
         prefix_key: None,
         text: None,
         span: Default::default(),
+    }
+}
+
+/// OpenInference's first-token event.
+pub const OPENINFERENCE_FIRST_TOKEN_EVENT: &str = "First Token Stream Event";
+/// Traceloop's (OpenLLMetry's) event per streamed chunk.
+pub const TRACELOOP_CHUNK_EVENT: &str = "llm.content.completion.chunk";
+
+/// What a span's events say about its stream: the first token's time and every chunk's, in
+/// seconds / microseconds after the span's start.
+#[derive(Debug, Default)]
+struct StreamEvents {
+    first_token_s: Option<f64>,
+    chunk_offsets_us: Vec<u32>,
+}
+
+impl StreamEvents {
+    fn of(span: &Span) -> StreamEvents {
+        let start = span.start_time_unix_nano;
+        let after = |t: u64| t.checked_sub(start);
+        let mut first = None;
+        let mut chunks: Vec<u32> = Vec::new();
+        for e in &span.events {
+            match e.name.as_str() {
+                OPENINFERENCE_FIRST_TOKEN_EVENT => {
+                    if let Some(ns) = after(e.time_unix_nano) {
+                        first = Some(first.map_or(ns, |f: u64| f.min(ns)));
+                    }
+                }
+                TRACELOOP_CHUNK_EVENT => {
+                    if let Some(ns) = after(e.time_unix_nano) {
+                        chunks.push(u32::try_from(ns / 1_000).unwrap_or(u32::MAX));
+                    }
+                }
+                _ => {}
+            }
+        }
+        chunks.sort_unstable();
+        let first_ns = first.or_else(|| chunks.first().map(|us| u64::from(*us) * 1_000));
+        StreamEvents {
+            first_token_s: first_ns.map(|ns| ns as f64 / 1e9),
+            chunk_offsets_us: chunks,
+        }
     }
 }
 
@@ -568,7 +648,8 @@ mod tests {
         let b = map_traces(&request(vec![genai_span()]), true);
         assert_eq!((b.accepted, b.rejected), (1, 0));
         let r = &b.records[0];
-        assert_eq!(r.labels.model_id, "llama-resp");
+        // The requested model is the id (as the proxy and the runtime name it).
+        assert_eq!(r.labels.model_id, "llama-req");
         assert_eq!(r.labels.runtime, "vllm");
         assert_eq!(r.labels.instance, "gpu-1:8000");
         assert_eq!(r.labels.tenant, "acme");
@@ -594,6 +675,89 @@ mod tests {
             row.attributes_json
                 .contains(r#""gen_ai.usage.input_tokens":100"#)
         );
+    }
+
+    fn event(
+        name: &str,
+        after_start_ms: u64,
+    ) -> opentelemetry_proto::tonic::trace::v1::span::Event {
+        opentelemetry_proto::tonic::trace::v1::span::Event {
+            name: name.into(),
+            time_unix_nano: 1_700_000_000_123_000_000 + after_start_ms * 1_000_000,
+            ..Default::default()
+        }
+    }
+
+    /// A streamed chat span without the GenAI first-chunk attribute, as an instrumentation
+    /// other than the conventions' own sends it.
+    fn bare_stream_span(attributes: Vec<KeyValue>, events: Vec<(&str, u64)>) -> RequestRecord {
+        let mut span = genai_span();
+        span.attributes
+            .retain(|kv| kv.key != "gen_ai.response.time_to_first_chunk");
+        span.attributes.extend(attributes);
+        span.events = events.into_iter().map(|(n, t)| event(n, t)).collect();
+        let b = map_traces(&request(vec![span]), false);
+        assert_eq!(b.records.len(), 1);
+        b.records[0].clone()
+    }
+
+    #[test]
+    fn openinference_streams_take_their_first_token_from_the_event_and_the_flag_from_the_parameters()
+     {
+        let r = bare_stream_span(
+            vec![kv(
+                "llm.invocation_parameters",
+                s(
+                    r#"{"model": "llama-req", "stream": true, "stream_options": {"include_usage": true}}"#,
+                ),
+            )],
+            vec![("First Token Stream Event", 180), ("other", 5)],
+        );
+        assert!(r.stream);
+        assert_eq!(r.first_token_s, Some(0.18));
+        // Not streamed: the parameters say so, and no first token is invented.
+        let r = bare_stream_span(
+            vec![kv("llm.invocation_parameters", s(r#"{"stream": false}"#))],
+            vec![],
+        );
+        assert!(!r.stream);
+        assert_eq!(r.first_token_s, None);
+    }
+
+    #[test]
+    fn traceloop_chunk_events_give_the_first_token_and_the_gaps() {
+        let r = bare_stream_span(
+            vec![kv("llm.is_streaming", Value::BoolValue(true))],
+            vec![
+                ("llm.content.completion.chunk", 250),
+                ("llm.content.completion.chunk", 210),
+                ("llm.content.completion.chunk", 300),
+            ],
+        );
+        assert!(r.stream);
+        assert_eq!(r.first_token_s, Some(0.21));
+        assert_eq!(r.chunk_offsets_us, vec![210_000, 250_000, 300_000]);
+        assert_eq!(r.gaps.count, 2);
+        assert!((r.gaps.max_s - 0.05).abs() < 1e-9, "{:?}", r.gaps);
+    }
+
+    #[test]
+    fn openlit_stream_flag_and_server_first_token_time() {
+        let r = bare_stream_span(
+            vec![
+                kv("gen_ai.request.is_stream", Value::BoolValue(true)),
+                kv(
+                    "gen_ai.server.time_to_first_token",
+                    Value::DoubleValue(0.042),
+                ),
+            ],
+            vec![],
+        );
+        assert!(r.stream);
+        assert_eq!(r.first_token_s, Some(0.042));
+        // None of them: no first token, not a stream.
+        let r = bare_stream_span(vec![], vec![]);
+        assert_eq!((r.first_token_s, r.stream), (None, false));
     }
 
     fn doubles(v: &[f64]) -> Value {

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokenwatch_core::model::{ErrorClass, FirstToken, GapSummary, RequestRecord};
+use tokenwatch_core::model::{ErrorClass, FirstToken, RequestRecord};
 use tokio::time::{Instant, Sleep};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -38,15 +38,7 @@ impl InFlight {
         if r.error_class.is_none() {
             r.error_class = error;
         }
-        let gaps: Vec<f64> = r.gaps_s().collect();
-        if !gaps.is_empty() {
-            let sum: f64 = gaps.iter().sum();
-            r.gaps = GapSummary {
-                count: gaps.len() as u32,
-                mean_s: sum / gaps.len() as f64,
-                max_s: gaps.iter().copied().fold(0.0, f64::max),
-            };
-        }
+        r.summarize_gaps();
         self.queue.submit_with_text(self.record, self.raw);
     }
 }
