@@ -16,7 +16,7 @@
 // `gen_ai.request.stream`, OpenLIT's `gen_ai.request.is_stream`, Traceloop's `llm.is_streaming`
 // or OpenInference's `llm.invocation_parameters` (JSON, `"stream": true`); the first-token time
 // from `gen_ai.response.time_to_first_chunk`, OpenLIT's `gen_ai.server.time_to_first_token`
-// (seconds), OpenInference's `First Token Stream Event` event, or the first of Traceloop's
+// (older releases: `gen_ai.server.ttft`; seconds), OpenInference's `First Token Stream Event` event, or the first of Traceloop's
 // `llm.content.completion.chunk` events, whose times also give the chunk offsets (inter-token
 // gaps). A span with a first-token time is a stream unless it says otherwise.
 //
@@ -205,7 +205,7 @@ impl<'a> GenAi<'a> {
                 "gen_ai.request.stream" | "gen_ai.request.is_stream" | "llm.is_streaming" => {
                     &mut g.stream
                 }
-                "gen_ai.server.time_to_first_token" => &mut g.server_ttft,
+                "gen_ai.server.time_to_first_token" | "gen_ai.server.ttft" => &mut g.server_ttft,
                 "tenant.id" | "tokenwatch.tenant" => &mut g.tenant,
                 "tokenwatch.ab_group" => &mut g.ab_group,
                 "gen_ai.request.model_version" | "tokenwatch.model_version" => &mut g.model_version,
