@@ -181,6 +181,7 @@ fn run(full: bool, batches: Vec<Arc<Vec<RequestRecord>>>, batch_max: usize) -> R
             store.clone(),
             aggregator,
             metrics.clone(),
+            Default::default(),
             stop,
         )
         .expect("alerting");

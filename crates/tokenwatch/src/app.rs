@@ -178,12 +178,16 @@ impl RunningApp {
         metrics.register_signals(signals.clone());
         // Evaluation, roll-ups and sampling run on the analysis runtime (lower priority).
         let in_analysis = analysis.handle().enter();
+        // The proxy's route splits: published by the proxy, acted on by canary rollback, shown
+        // and set through the API.
+        let splits: Arc<crate::sources::proxy::split::SplitBoard> = Arc::default();
         let alerting = crate::alerting::engine::start_from_config(
             &cfg,
             signals.clone(),
             store.clone(),
             aggregator.clone(),
             metrics.clone(),
+            splits.clone(),
             stop.clone(),
         )?;
         // OTLP trace export: its sender runs on the analysis runtime, never the proxy's.
@@ -348,7 +352,8 @@ impl RunningApp {
                 tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
             }
             let state = Arc::new(
-                ProxyState::new(&cfg.proxy, routes, queue, salt).with_capture(&cfg.capture),
+                ProxyState::new(&cfg.proxy, routes, queue, salt, splits.clone())
+                    .with_capture(&cfg.capture),
             );
             proxy_state = Some(state.clone());
             let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, &metrics);
@@ -408,7 +413,7 @@ impl RunningApp {
         app = app.merge(log_templates.routes);
         app = app.merge(crate::ui::router());
         app = app.merge(crate::reload::router(reloader));
-        app = app.merge(crate::api::routes::router());
+        app = app.merge(crate::api::routes::router(splits));
         app = crate::auth::http::protect_api(app, &auth);
         app = crate::audit::http::audit_api(app, &audit);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));

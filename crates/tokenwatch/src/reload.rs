@@ -323,10 +323,10 @@ impl Plan {
                 tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route (reloaded)");
             }
             p.swap_routes(routes);
-        } else if proxy.is_some() {
+        } else if let Some(p) = proxy {
             // The same routes: their weights go back to the file's (undoing rollbacks and
             // weights set through the API).
-            crate::sources::proxy::split::board().reset_all();
+            p.reset_weights();
         }
         if let (Some(r), Some(e)) = (self.engine, engine)
             && !e.reconfigure(r)

@@ -1,7 +1,7 @@
 // `GET /api/v1/routes` (weighted routes: configured and current weights, observed shares,
 // rollback state) and `POST /api/v1/routes/{name}/weights` (an admin sets or restores weights).
 
-use crate::sources::proxy::split::{SplitBoard, board};
+use crate::sources::proxy::split::SplitBoard;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -10,9 +10,10 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The routes API over the process's split board (its own state, merged into the API router).
-pub fn router() -> axum::Router {
+pub fn router(board: Arc<SplitBoard>) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/routes", axum::routing::get(list))
         .route("/api/v1/routes/{name}", axum::routing::get(one))
@@ -20,22 +21,22 @@ pub fn router() -> axum::Router {
             "/api/v1/routes/{name}/weights",
             axum::routing::post(set_weights),
         )
-        .with_state(board())
+        .with_state(board)
 }
 
 fn error(status: StatusCode, msg: String) -> Response {
     (status, Json(json!({ "error": msg }))).into_response()
 }
 
-async fn list(State(b): State<&'static SplitBoard>) -> Response {
+async fn list(State(b): State<Arc<SplitBoard>>) -> Response {
     let routes: Vec<serde_json::Value> = b.all().iter().map(|t| t.view()).collect();
     Json(json!({ "routes": routes })).into_response()
 }
 
-async fn one(State(b): State<&'static SplitBoard>, Path(name): Path<String>) -> Response {
+async fn one(State(b): State<Arc<SplitBoard>>, Path(name): Path<String>) -> Response {
     match b.get(&name) {
         Some(t) => Json(t.view()).into_response(),
-        None => no_route(b, &name),
+        None => no_route(&b, &name),
     }
 }
 
@@ -58,12 +59,12 @@ struct WeightsBody {
 }
 
 async fn set_weights(
-    State(b): State<&'static SplitBoard>,
+    State(b): State<Arc<SplitBoard>>,
     Path(name): Path<String>,
     body: Bytes,
 ) -> Response {
     let Some(t) = b.get(&name) else {
-        return no_route(b, &name);
+        return no_route(&b, &name);
     };
     let parsed: WeightsBody = match serde_json::from_slice(&body) {
         Ok(p) => p,

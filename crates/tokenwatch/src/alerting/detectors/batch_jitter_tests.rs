@@ -177,6 +177,7 @@ proptest! {
                     }
                     rule.window_ms = w;
                     let cx = EvalCtx {
+                        splits: &Default::default(),
                         inputs: &inputs,
                         board: &board,
                         new_records: &[],

@@ -7,7 +7,7 @@ use super::{Detector, EvalCtx, PromCtx, PromRule, RuleInput};
 use crate::alerting::engine::eval::labels;
 use crate::alerting::engine::inputs::{Rec, values};
 use crate::alerting::rules::{RuleError, RuleSpec};
-use crate::sources::proxy::split::{ArmWindow, RollbackOn, SplitTable, WindowView, board};
+use crate::sources::proxy::split::{ArmWindow, RollbackOn, SplitTable, WindowView};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -68,7 +68,7 @@ impl Detector for CanaryRollback {
     }
 
     fn evaluate(&mut self, rule: &RuleSpec, cx: &EvalCtx) -> Vec<AnomalyEvent> {
-        self.evaluate_tables(&board().all(), rule, cx)
+        self.evaluate_tables(&cx.splits.all(), rule, cx)
     }
 
     fn promql(&self, x: &PromCtx) -> Result<Vec<PromRule>, String> {
@@ -443,6 +443,7 @@ mod tests {
         let board = SignalBoard::default();
         let models = Default::default();
         let cx = EvalCtx {
+            splits: &Default::default(),
             inputs,
             board: &board,
             new_records: &[],

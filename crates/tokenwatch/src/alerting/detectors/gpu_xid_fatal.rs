@@ -160,7 +160,9 @@ mod tests {
         board.update(point("GPU-c", 0.0, 100_000));
         let inputs = inputs::Inputs::new(120_000, 100);
         let drift = Default::default();
+        let splits = Default::default();
         let cx = |now| EvalCtx {
+            splits: &splits,
             inputs: &inputs,
             board: &board,
             new_records: &[],

@@ -56,6 +56,7 @@ fn rec(model: &str, at_ms: i64, output_tokens: u64) -> Rec {
 
 fn eval_at<'a>(inputs: &'a Inputs, board: &'a SignalBoard, now: i64) -> EvalCtx<'a> {
     EvalCtx {
+        splits: &NO_SPLITS,
         inputs,
         board,
         new_records: &[],
@@ -66,6 +67,8 @@ fn eval_at<'a>(inputs: &'a Inputs, board: &'a SignalBoard, now: i64) -> EvalCtx<
 }
 
 static EMPTY_MODELS: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+static NO_SPLITS: crate::sources::proxy::split::SplitBoard =
+    crate::sources::proxy::split::SplitBoard::empty();
 
 #[test]
 fn semantic_drift_fires_on_a_moved_centroid_only() {

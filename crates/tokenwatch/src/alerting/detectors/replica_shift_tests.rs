@@ -301,6 +301,7 @@ pub(crate) fn run(
             board.record_counts(c);
         }
         let cx = EvalCtx {
+            splits: &Default::default(),
             inputs: &inputs,
             board,
             new_records: &[],

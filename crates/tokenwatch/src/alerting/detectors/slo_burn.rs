@@ -217,6 +217,7 @@ mod tests {
         let board = SignalBoard::default();
         let models = Default::default();
         let cx = EvalCtx {
+            splits: &Default::default(),
             inputs,
             board: &board,
             new_records: &[],

@@ -239,6 +239,7 @@ impl Pair {
     fn evaluate(&mut self, rule: &RuleSpec, p: &det::ErrorBurstParams, now: i64) -> [String; 2] {
         let empty = Default::default();
         let cx = EvalCtx {
+            splits: &Default::default(),
             inputs: &self.inputs,
             board: &self.board,
             new_records: &[],
@@ -406,6 +407,7 @@ fn a_large_window_is_counted_without_collecting_and_sorting_it() {
     let later = now + 250;
     let empty = Default::default();
     let cx = EvalCtx {
+        splits: &Default::default(),
         inputs: &pair.inputs,
         board: &pair.board,
         new_records: &[],

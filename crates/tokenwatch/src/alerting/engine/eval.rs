@@ -14,6 +14,8 @@ pub const MIN_WINDOW_SAMPLES: usize = 20;
 pub struct EvalCtx<'a> {
     pub inputs: &'a Inputs,
     pub board: &'a SignalBoard,
+    /// The proxy's route splits (canary rollback acts on them).
+    pub splits: &'a crate::sources::proxy::split::SplitBoard,
     /// Records ingested since the previous evaluation (per-request detectors).
     pub new_records: &'a [Rec],
     /// Recent spans: (root trace id, reports CUDA OOM).

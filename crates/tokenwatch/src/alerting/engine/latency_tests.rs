@@ -203,6 +203,7 @@ impl Harness {
         self.inputs.prune(now);
         let empty = BTreeSet::new();
         let cx = EvalCtx {
+            splits: &Default::default(),
             inputs: &self.inputs,
             board: &self.board,
             new_records: &[],

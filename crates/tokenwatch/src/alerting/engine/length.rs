@@ -208,6 +208,7 @@ mod tests {
                 new.push(Rec::from_record(&r));
             }
             let cx = EvalCtx {
+                splits: &Default::default(),
                 inputs: &inputs,
                 board: &board,
                 new_records: &new,

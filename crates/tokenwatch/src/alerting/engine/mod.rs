@@ -186,6 +186,8 @@ pub struct EngineDeps {
     pub shutdown: watch::Receiver<bool>,
     /// Maps spans to components for the latency breakdown measured from traces.
     pub components: Arc<crate::pipeline::trace_components::ComponentMap>,
+    /// The proxy's route splits (canary rollback reads and acts on them); empty without a proxy.
+    pub splits: Arc<crate::sources::proxy::split::SplitBoard>,
 }
 
 pub struct Started {
@@ -297,6 +299,7 @@ pub fn start_with_slos(
         snapshot: deps.snapshot.map(Arc::new),
         snap_tx,
         components: deps.components,
+        splits: deps.splits,
         breakdowns: enrich::TraceBreakdowns::default(),
         persist: persist::Persist::start(deps.store.clone()),
         spans: Vec::new(),
@@ -346,6 +349,7 @@ struct Engine {
     snapshot: Option<Arc<SnapshotContext>>,
     snap_tx: mpsc::Sender<(String, String)>,
     components: Arc<crate::pipeline::trace_components::ComponentMap>,
+    splits: Arc<crate::sources::proxy::split::SplitBoard>,
     /// Latency breakdowns measured from traces, read off the engine's thread after `enrich`.
     breakdowns: enrich::TraceBreakdowns,
     persist: persist::Persist,
@@ -635,6 +639,7 @@ impl Engine {
             let cx = eval::EvalCtx {
                 inputs: &self.inputs,
                 board: &board,
+                splits: &self.splits,
                 new_records: &new_records,
                 spans: &self.spans,
                 semantic_drift_models: &semantic_drift_models,
@@ -1100,6 +1105,7 @@ pub fn start_from_config(
     store: Arc<dyn Store>,
     aggregator: Arc<Mutex<tokenwatch_core::aggregate::Aggregator>>,
     metrics: Arc<Metrics>,
+    splits: Arc<crate::sources::proxy::split::SplitBoard>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<AlertingHandle> {
     let a = &cfg.alerting;
@@ -1144,6 +1150,7 @@ pub fn start_from_config(
             components: Arc::new(crate::pipeline::trace_components::ComponentMap::new(
                 &cfg.traces,
             )),
+            splits,
         },
         &crate::slo::effective(&cfg.slos),
         &cfg.scaling,

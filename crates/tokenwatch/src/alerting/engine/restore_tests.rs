@@ -55,6 +55,7 @@ pub(super) fn start_default_on(
             snapshot: None,
             shutdown,
             components: Default::default(),
+            splits: Default::default(),
         },
     );
     (stop, started)

@@ -745,6 +745,7 @@ mod tests {
                 }
             }
             let cx = EvalCtx {
+                splits: &Default::default(),
                 inputs: &inputs,
                 board: &board,
                 new_records: &[],

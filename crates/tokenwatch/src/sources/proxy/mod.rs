@@ -54,6 +54,8 @@ pub struct ProxyState {
     max_body: usize,
     /// Text capture settings, when `capture.text` is on.
     capture: Option<crate::capture::CaptureConfig>,
+    /// Where the routes' splits are published (the rollback controller and the API read them).
+    splits: Arc<split::SplitBoard>,
 }
 
 impl ProxyState {
@@ -62,6 +64,7 @@ impl ProxyState {
         routes: UpstreamRouter,
         queue: TelemetryQueue,
         salt: Vec<u8>,
+        splits: Arc<split::SplitBoard>,
     ) -> ProxyState {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -71,7 +74,7 @@ impl ProxyState {
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024);
         let client = builder.build(connector);
-        split::board().publish(routes.splits().to_vec());
+        splits.publish(routes.splits().to_vec());
         let routing = Routing::new(routes, &builder, cfg.connect_timeout.0);
         ProxyState {
             client,
@@ -88,6 +91,7 @@ impl ProxyState {
             idle_timeout: cfg.idle_timeout.0,
             max_body: cfg.max_request_body_bytes,
             capture: None,
+            splits,
         }
     }
 
@@ -95,6 +99,12 @@ impl ProxyState {
     pub fn with_capture(mut self, cfg: &crate::capture::CaptureConfig) -> ProxyState {
         self.capture = (cfg.text || cfg.embeddings.enabled).then(|| cfg.clone());
         self
+    }
+
+    /// Every route back to its configured weights (a reload that kept the routes: undoes
+    /// rollbacks and weights set through the API).
+    pub fn reset_weights(&self) {
+        self.splits.reset_all();
     }
 
     /// The routes new requests take now.
@@ -111,7 +121,7 @@ impl ProxyState {
     pub fn swap_routes(&self, mut routes: UpstreamRouter) {
         let old = self.routing();
         routes.keep_counts_from(&old.routes);
-        split::board().publish(routes.splits().to_vec());
+        self.splits.publish(routes.splits().to_vec());
         let next = Arc::new(Routing::new(
             routes,
             &self.client_builder,

@@ -538,22 +538,22 @@ fn mix(x: u64) -> u64 {
 }
 
 /// The splits of the routes the proxy runs now, for the rollback controller and the API. The
-/// proxy publishes its tables when it starts and when a reload replaces them.
+/// proxy publishes its tables when it starts and when a reload replaces them; the application
+/// creates one board and hands it to the proxy, the alert engine and the API (no process-wide
+/// state).
 #[derive(Default)]
 pub struct SplitBoard {
     tables: RwLock<Vec<Arc<SplitTable>>>,
 }
 
-static BOARD: SplitBoard = SplitBoard {
-    tables: RwLock::new(Vec::new()),
-};
-
-/// The process's board (one proxy per process).
-pub fn board() -> &'static SplitBoard {
-    &BOARD
-}
-
 impl SplitBoard {
+    /// A board without routes (no proxy).
+    pub const fn empty() -> SplitBoard {
+        SplitBoard {
+            tables: RwLock::new(Vec::new()),
+        }
+    }
+
     pub fn publish(&self, tables: Vec<Arc<SplitTable>>) {
         *self.tables.write().unwrap_or_else(|p| p.into_inner()) = tables;
     }
