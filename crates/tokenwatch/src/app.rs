@@ -180,7 +180,7 @@ impl RunningApp {
         let in_analysis = analysis.handle().enter();
         // The proxy's route splits: published by the proxy, acted on by canary rollback, shown
         // and set through the API.
-        let splits: Arc<crate::sources::proxy::split::SplitBoard> = Arc::default();
+        let splits: Arc<crate::kernel::splits::SplitBoard> = Arc::default();
         let alerting = crate::alerting::engine::start_from_config(
             &cfg,
             signals.clone(),

@@ -137,7 +137,7 @@ pub struct ProxyConfig {
     /// `models: ["*"]` (or no models), are a pool balanced by requests in flight.
     pub upstreams: Vec<UpstreamConfig>,
     /// Weighted splits of a model's requests between versions on named upstreams (canaries).
-    pub routes: Vec<crate::sources::proxy::split::RouteConfig>,
+    pub routes: Vec<crate::kernel::splits::RouteConfig>,
     /// Header carrying the tenant. Without it the tenant is a salted hash of the API key.
     pub tenant_header: String,
     pub ab_group_header: String,
@@ -515,7 +515,7 @@ impl Config {
                 (None, false) => {}
             }
         }
-        crate::sources::proxy::split::validate(&self.proxy.routes)
+        crate::kernel::splits::validate(&self.proxy.routes)
             .map_err(|(path, message)| invalid(path, message))?;
         self.scrape
             .static_targets()

@@ -1,7 +1,7 @@
 // `GET /api/v1/routes` (weighted routes: configured and current weights, observed shares,
 // rollback state) and `POST /api/v1/routes/{name}/weights` (an admin sets or restores weights).
 
-use crate::sources::proxy::split::SplitBoard;
+use crate::kernel::splits::SplitBoard;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};

@@ -7,7 +7,7 @@ use super::{Detector, EvalCtx, PromCtx, PromRule, RuleInput};
 use crate::alerting::engine::eval::labels;
 use crate::alerting::engine::inputs::{Rec, values};
 use crate::alerting::rules::{RuleError, RuleSpec};
-use crate::sources::proxy::split::{ArmWindow, RollbackOn, SplitTable, WindowView};
+use crate::kernel::splits::{ArmWindow, RollbackOn, SplitTable, WindowView};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -372,8 +372,8 @@ mod tests {
     use crate::alerting::engine::inputs::Inputs;
     use crate::alerting::rules::{Rule, RuleConfig, compile_rule};
     use crate::config::UpstreamConfig;
+    use crate::kernel::splits::{RouteConfig, SplitArmConfig};
     use crate::sources::proxy::UpstreamRouter;
-    use crate::sources::proxy::split::{RouteConfig, SplitArmConfig};
     use tokenwatch_core::signals::SignalBoard;
 
     fn table(windows: u32) -> Arc<SplitTable> {

@@ -67,8 +67,7 @@ fn eval_at<'a>(inputs: &'a Inputs, board: &'a SignalBoard, now: i64) -> EvalCtx<
 }
 
 static EMPTY_MODELS: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-static NO_SPLITS: crate::sources::proxy::split::SplitBoard =
-    crate::sources::proxy::split::SplitBoard::empty();
+static NO_SPLITS: crate::kernel::splits::SplitBoard = crate::kernel::splits::SplitBoard::empty();
 
 #[test]
 fn semantic_drift_fires_on_a_moved_centroid_only() {

@@ -15,7 +15,7 @@ pub struct EvalCtx<'a> {
     pub inputs: &'a Inputs,
     pub board: &'a SignalBoard,
     /// The proxy's route splits (canary rollback acts on them).
-    pub splits: &'a crate::sources::proxy::split::SplitBoard,
+    pub splits: &'a crate::kernel::splits::SplitBoard,
     /// Records ingested since the previous evaluation (per-request detectors).
     pub new_records: &'a [Rec],
     /// Recent spans: (root trace id, reports CUDA OOM).

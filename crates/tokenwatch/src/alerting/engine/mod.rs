@@ -187,7 +187,7 @@ pub struct EngineDeps {
     /// Maps spans to components for the latency breakdown measured from traces.
     pub components: Arc<crate::pipeline::trace_components::ComponentMap>,
     /// The proxy's route splits (canary rollback reads and acts on them); empty without a proxy.
-    pub splits: Arc<crate::sources::proxy::split::SplitBoard>,
+    pub splits: Arc<crate::kernel::splits::SplitBoard>,
 }
 
 pub struct Started {
@@ -349,7 +349,7 @@ struct Engine {
     snapshot: Option<Arc<SnapshotContext>>,
     snap_tx: mpsc::Sender<(String, String)>,
     components: Arc<crate::pipeline::trace_components::ComponentMap>,
-    splits: Arc<crate::sources::proxy::split::SplitBoard>,
+    splits: Arc<crate::kernel::splits::SplitBoard>,
     /// Latency breakdowns measured from traces, read off the engine's thread after `enrich`.
     breakdowns: enrich::TraceBreakdowns,
     persist: persist::Persist,
@@ -1105,7 +1105,7 @@ pub fn start_from_config(
     store: Arc<dyn Store>,
     aggregator: Arc<Mutex<tokenwatch_core::aggregate::Aggregator>>,
     metrics: Arc<Metrics>,
-    splits: Arc<crate::sources::proxy::split::SplitBoard>,
+    splits: Arc<crate::kernel::splits::SplitBoard>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<AlertingHandle> {
     let a = &cfg.alerting;

@@ -5,7 +5,7 @@ pub mod identity;
 mod models;
 pub mod prefix;
 mod route;
-pub mod split;
+use crate::kernel::splits as split;
 pub mod sse;
 mod tap;
 

@@ -154,10 +154,13 @@ impl Router {
         super::split::validate(routes).map_err(|(path, msg)| format!("{path}: {msg}"))?;
         for (i, cfg) in routes.iter().enumerate() {
             let key = format!("proxy.routes[{i}]");
+            let upstreams: Vec<(&str, usize)> = self
+                .routes
+                .iter()
+                .map(|r| (r.instance.as_str(), r.index()))
+                .collect();
             self.splits.push(Arc::new(super::split::SplitTable::new(
-                &key,
-                cfg,
-                &self.routes,
+                &key, cfg, &upstreams,
             )?));
         }
         Ok(self)

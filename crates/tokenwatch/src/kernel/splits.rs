@@ -1,7 +1,8 @@
 // Weighted routes between model versions (canary splits): their configuration, the lock-free
 // weight table the proxy picks an arm from, and the board the rollback controller and API read.
+// Kernel, not proxy: the proxy (a source) picks from these tables and canary rollback (an
+// action) sets their weights; both import them from here, neither from the other.
 
-use super::route::Route;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -193,18 +194,22 @@ pub enum WeightError {
 
 impl SplitTable {
     /// Build from `cfg` (the configuration key `key` names its errors), resolving upstreams
-    /// among `routes`.
-    pub fn new(key: &str, cfg: &RouteConfig, routes: &[Route]) -> Result<SplitTable, String> {
+    /// among `routes`: the proxy's upstreams as (instance name, route index).
+    pub fn new(
+        key: &str,
+        cfg: &RouteConfig,
+        routes: &[(&str, usize)],
+    ) -> Result<SplitTable, String> {
         check(key, cfg)?;
         let mut arms = Vec::with_capacity(cfg.split.len());
         for (i, a) in cfg.split.iter().enumerate() {
             let akey = format!("{key}.split[{i}]");
             let route = routes
                 .iter()
-                .find(|r| r.instance == a.upstream)
+                .find(|r| r.0 == a.upstream)
                 .or_else(|| a.upstream.parse::<usize>().ok().and_then(|n| routes.get(n)))
                 .ok_or_else(|| {
-                    let names: Vec<&str> = routes.iter().map(|r| r.instance.as_str()).collect();
+                    let names: Vec<&str> = routes.iter().map(|r| r.0).collect();
                     format!(
                         "{akey}.upstream: no proxy.upstreams entry has instance {:?} (instances: {}; or give an index)",
                         a.upstream,
@@ -213,8 +218,8 @@ impl SplitTable {
                 })?;
             arms.push(Arm {
                 version: a.version.clone(),
-                upstream: route.instance.clone(),
-                route: route.index(),
+                upstream: route.0.to_string(),
+                route: route.1,
                 configured: a.weight,
                 weight: AtomicU64::new(a.weight.to_bits()),
                 picks: AtomicU64::new(0),
@@ -580,22 +585,9 @@ impl SplitBoard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::UpstreamConfig;
 
-    fn router() -> super::super::route::Router {
-        let up = |url: &str, instance: &str| UpstreamConfig {
-            url: url.into(),
-            models: vec!["m".into()],
-            runtime: "vllm".into(),
-            instance: Some(instance.into()),
-            tls: None,
-        };
-        super::super::route::Router::new(&[
-            up("http://127.0.0.1:1", "stable-gpu"),
-            up("http://127.0.0.1:2", "canary-gpu"),
-        ])
-        .unwrap()
-    }
+    /// The proxy's upstreams: (instance, route index).
+    const ROUTES: &[(&str, usize)] = &[("stable-gpu", 0), ("canary-gpu", 1)];
 
     fn cfg(sticky: Sticky, weights: [f64; 2]) -> RouteConfig {
         RouteConfig {
@@ -630,12 +622,8 @@ mod tests {
 
     #[test]
     fn weighted_picks_follow_the_weights() {
-        let t = SplitTable::new(
-            "proxy.routes[0]",
-            &cfg(Sticky::None, [80.0, 20.0]),
-            router().routes(),
-        )
-        .unwrap();
+        let t =
+            SplitTable::new("proxy.routes[0]", &cfg(Sticky::None, [80.0, 20.0]), ROUTES).unwrap();
         assert_eq!(t.stable_version(), "v1");
         assert_eq!(t.canaries().collect::<Vec<_>>(), ["v2"]);
         let c = shares(&t, 20_000, |_| String::new());
@@ -662,7 +650,7 @@ mod tests {
         let t = SplitTable::new(
             "proxy.routes[0]",
             &cfg(Sticky::Tenant, [50.0, 50.0]),
-            router().routes(),
+            ROUTES,
         )
         .unwrap();
         let first: Vec<&str> = (0..500).map(|i| t.pick(&format!("tenant-{i}")).1).collect();
@@ -676,7 +664,7 @@ mod tests {
         let u = SplitTable::new(
             "proxy.routes[0]",
             &cfg(Sticky::Tenant, [50.0, 50.0]),
-            router().routes(),
+            ROUTES,
         )
         .unwrap();
         assert!((0..500).all(|i| u.pick(&format!("tenant-{i}")).1 == first[i]));
@@ -691,8 +679,7 @@ mod tests {
 
     #[test]
     fn bad_configurations_and_weights_are_refused() {
-        let r = router();
-        let rs = r.routes();
+        let rs = ROUTES;
         let mut c = cfg(Sticky::None, [0.0, 0.0]);
         let e = SplitTable::new("proxy.routes[0]", &c, rs).unwrap_err();
         assert!(
@@ -749,7 +736,7 @@ mod tests {
 
     #[test]
     fn a_rollback_zeroes_the_canary_until_restored() {
-        let t = SplitTable::new("k", &cfg(Sticky::None, [80.0, 20.0]), router().routes()).unwrap();
+        let t = SplitTable::new("k", &cfg(Sticky::None, [80.0, 20.0]), ROUTES).unwrap();
         let rb = t
             .roll_back("v2", 2, "P99 +300%".into(), serde_json::json!({"x": 1}), 5)
             .unwrap();
