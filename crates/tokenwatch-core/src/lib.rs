@@ -6,6 +6,7 @@ pub mod alert;
 pub mod backoff;
 pub mod clock;
 pub mod counts;
+pub mod embedding;
 pub mod exposition;
 pub mod histogram;
 pub mod model;

@@ -13,10 +13,9 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokenwatch_core::clock::now_unix_ms;
+use tokenwatch_core::embedding::{EmbeddingError, MAX_DIMS, check_embedding};
 use tokenwatch_store::{EmbeddingRow, Store};
 
-/// Most dimensions an embedding may have.
-pub const MAX_DIMS: usize = 4096;
 /// Most items in one `POST /api/v1/embeddings`.
 pub const MAX_ITEMS: usize = 256;
 /// Largest request body accepted.
@@ -29,42 +28,6 @@ const DIM_IDLE_RESET_MS: i64 = 3_600_000;
 /// Most models whose embedding dimension is remembered (and so whose embeddings are kept).
 pub const MAX_MODELS: usize = 1_000;
 const ITEM_FIELDS: &str = "request_id, model_id, embedding, timestamp_unix_ms";
-
-/// Why an embedding is refused; the index is the offending element's.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum EmbeddingError {
-    #[error("must have 1 to {MAX_DIMS} dimensions, has {0}")]
-    Dimensions(usize),
-    #[error("element {0} is not a finite number")]
-    NotFinite(usize),
-    #[error("element {0} is outside the 32-bit float range")]
-    OutOfRange(usize),
-    #[error("is all zeros (a zero vector has no direction)")]
-    Zero,
-}
-
-/// Checks an embedding (1..=`MAX_DIMS` finite numbers within f32 range, not all zero) and
-/// converts it to f32.
-pub fn check_embedding(values: &[f64]) -> Result<Vec<f32>, EmbeddingError> {
-    if values.is_empty() || values.len() > MAX_DIMS {
-        return Err(EmbeddingError::Dimensions(values.len()));
-    }
-    let mut out = Vec::with_capacity(values.len());
-    for (i, x) in values.iter().enumerate() {
-        if !x.is_finite() {
-            return Err(EmbeddingError::NotFinite(i));
-        }
-        let f = *x as f32;
-        if !f.is_finite() {
-            return Err(EmbeddingError::OutOfRange(i));
-        }
-        out.push(f);
-    }
-    if out.iter().all(|x| *x == 0.0) {
-        return Err(EmbeddingError::Zero);
-    }
-    Ok(out)
-}
 
 /// Why a model's embedding was refused by [`EmbeddingDims`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

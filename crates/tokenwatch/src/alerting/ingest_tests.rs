@@ -1,33 +1,9 @@
-// Tests of the embeddings API's checks: embedding values, per-item fields with their paths,
-// timestamps, and the per-model dimension registry.
+// Tests of the embeddings API's checks: per-item fields with their paths, timestamps, and the
+// per-model dimension registry (the values themselves: tokenwatch_core::embedding).
 
 use super::*;
 
 const NOW: i64 = 1_700_000_000_000;
-
-#[test]
-fn embeddings_are_checked_and_converted() {
-    assert_eq!(check_embedding(&[0.5, -2.0]).unwrap(), vec![0.5f32, -2.0]);
-    assert_eq!(check_embedding(&[]), Err(EmbeddingError::Dimensions(0)));
-    assert_eq!(
-        check_embedding(&vec![1.0; MAX_DIMS + 1]),
-        Err(EmbeddingError::Dimensions(MAX_DIMS + 1))
-    );
-    assert!(check_embedding(&vec![1.0; MAX_DIMS]).is_ok());
-    assert_eq!(
-        check_embedding(&[1.0, f64::NAN]),
-        Err(EmbeddingError::NotFinite(1))
-    );
-    assert_eq!(
-        check_embedding(&[f64::INFINITY]),
-        Err(EmbeddingError::NotFinite(0))
-    );
-    assert_eq!(
-        check_embedding(&[1.0, 1e39]),
-        Err(EmbeddingError::OutOfRange(1))
-    );
-    assert_eq!(check_embedding(&[0.0, 0.0]), Err(EmbeddingError::Zero));
-}
 
 fn item(v: Value) -> Result<Item, ItemError> {
     parse_item(3, &v, NOW)

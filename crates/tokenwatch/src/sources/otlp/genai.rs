@@ -30,10 +30,10 @@
 // the prefix-cache key, for cache pollution). An unusable one is ignored with a warning.
 
 use super::attrs::{self, as_f64, as_str, as_u64, first_str, value_of};
-use crate::alerting::ingest::check_embedding;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
 use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
+use tokenwatch_core::embedding::check_embedding;
 use tokenwatch_core::model::{ErrorClass, RequestRecord, SeriesLabels, parse_prefix_key};
 use tokenwatch_store::SpanRow;
 
