@@ -133,3 +133,26 @@ pub struct Alert {
     /// Path of the snapshot archive in the data directory, once written.
     pub snapshot: Option<String>,
 }
+
+/// Events raised outside the rules (log-template anomalies, XID errors from scrapes), taken
+/// into the alert engine's history at the next evaluation so they rank as causes like any detector's. Bounded: the
+/// oldest are dropped when the engine does not keep up (or alerting is off).
+#[derive(Clone, Default)]
+pub struct EventInbox(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<AnomalyEvent>>>);
+
+impl EventInbox {
+    const CAPACITY: usize = 1_000;
+
+    pub fn push(&self, e: AnomalyEvent) {
+        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() >= Self::CAPACITY {
+            q.pop_front();
+        }
+        q.push_back(e);
+    }
+
+    pub fn take(&self) -> Vec<AnomalyEvent> {
+        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        q.drain(..).collect()
+    }
+}

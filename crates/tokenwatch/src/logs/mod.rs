@@ -8,7 +8,6 @@ pub mod file_source;
 pub mod mask;
 pub mod miner;
 
-use crate::alerting::engine::enrich::EventInbox;
 use crate::config::HumanDuration;
 use crate::export::prometheus::Metrics;
 use file_source::{FileOffset, Tailer};
@@ -23,6 +22,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokenwatch_core::alert::AnomalyEvent;
+use tokenwatch_core::alert::EventInbox;
 use tokenwatch_store::LogRow;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

@@ -58,7 +58,7 @@ pub struct SourceContext {
     /// Received spans are exported too (`export.otlp.include_received`): stored rows go here.
     pub span_export: Option<crate::export::otlp::SpanExport>,
     /// Anomaly events raised by a source (GPU XID errors) go to the alert engine's root cause.
-    pub events: crate::alerting::engine::enrich::EventInbox,
+    pub events: tokenwatch_core::alert::EventInbox,
     /// Where a source leaves what configuration reloads change in it (scrape targets).
     pub reload: crate::reload::Hooks,
     /// The alert engine's input queue (scores sent as span attributes); None: alerting is off.

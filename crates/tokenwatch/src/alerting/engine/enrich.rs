@@ -77,29 +77,6 @@ impl EventHistory {
     }
 }
 
-/// Events raised outside the rules (log-template anomalies, `crate::logs`), taken into the
-/// history at the next evaluation so they rank as causes like any detector's. Bounded: the
-/// oldest are dropped when the engine does not keep up (or alerting is off).
-#[derive(Clone, Default)]
-pub struct EventInbox(std::sync::Arc<std::sync::Mutex<VecDeque<AnomalyEvent>>>);
-
-impl EventInbox {
-    const CAPACITY: usize = 1_000;
-
-    pub fn push(&self, e: AnomalyEvent) {
-        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if q.len() >= Self::CAPACITY {
-            q.pop_front();
-        }
-        q.push_back(e);
-    }
-
-    pub fn take(&self) -> Vec<AnomalyEvent> {
-        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        q.drain(..).collect()
-    }
-}
-
 /// The evidence (template, example lines) of the log-template anomalies among `causes`, as a
 /// JSON array, from their onset events in the history; None when no cause is one.
 pub fn log_evidence(causes: &[CauseCandidate], history: &EventHistory) -> Option<String> {
