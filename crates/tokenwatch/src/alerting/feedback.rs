@@ -1,9 +1,6 @@
 // `POST /api/v1/feedback` and `POST /api/v1/scores`: thumbs, evaluation scores, guardrail and
 // hallucination verdicts and RAG retrieval numbers on requests, checked item by item, stored, fed to the engine.
 
-use crate::alerting::engine::scores::{
-    GUARDRAIL, HALLUCINATION, RESERVED, RETRIEVAL_EMPTY, RETRIEVAL_RECALL, ScoreInput, THUMBS,
-};
 use crate::alerting::ingest::{
     IngestState, ItemError, ItemsEndpoint, item_error, items_answer, json_type, read_items, refuse,
 };
@@ -14,13 +11,15 @@ use axum::response::Response;
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use tokenwatch_core::clock::now_unix_ms;
+use tokenwatch_core::scores::{
+    GUARDRAIL, HALLUCINATION, MAX_NAME, RESERVED, RETRIEVAL_EMPTY, RETRIEVAL_RECALL, ScoreInput,
+    THUMBS, valid_score_name,
+};
 use tokenwatch_store::ScoreRow;
 
 /// Oldest and furthest-ahead `timestamp_unix_ms` accepted, relative to now.
 const MAX_AGE_MS: i64 = 24 * 3_600_000;
 const MAX_AHEAD_MS: i64 = 5 * 60_000;
-/// Longest score name.
-pub const MAX_NAME: usize = 64;
 /// Most scores in one item's `scores` object.
 pub const MAX_SCORES_PER_ITEM: usize = 32;
 
@@ -63,17 +62,6 @@ impl Source {
             Source::Scores => "scores",
         }
     }
-}
-
-/// Whether `name` may name an evaluation score: 1 to `MAX_NAME` of `[a-z0-9_.]`, not one of
-/// the feedback / verdict names.
-pub fn valid_score_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.')
-        && !RESERVED.contains(&name)
 }
 
 /// One checked item: the request it is about and its scores (name, value).
@@ -528,15 +516,5 @@ mod tests {
             why(json!({"request_id": "has space", "thumbs": "up"}), fb).0,
             "items[3].request_id"
         );
-    }
-
-    #[test]
-    fn score_names_are_checked() {
-        assert!(valid_score_name("bleu"));
-        assert!(valid_score_name("rag.recall_at_5"));
-        assert!(!valid_score_name(""));
-        assert!(!valid_score_name("BLEU"));
-        assert!(!valid_score_name(&"a".repeat(MAX_NAME + 1)));
-        assert!(!valid_score_name(GUARDRAIL));
     }
 }

@@ -56,7 +56,7 @@ impl Detector for AbRegression {
         let params = rule.validated_from(&serde_json::Value::Object(ab.detect))?;
         let signal = rule.signal(&["ttft", "e2e"], "ttft")?;
         let target_share_b = ab.target_share_b;
-        if !crate::alerting::feedback::valid_score_name(&ab.quality_score) {
+        if !tokenwatch_core::scores::valid_score_name(&ab.quality_score) {
             return Err(rule.error(
                 "params.quality_score",
                 "must be a score name (a-z, 0-9, '_' and '.')",

@@ -11,50 +11,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::AtomicU64;
 
-/// Thumbs: 1 up, 0 down.
-pub const THUMBS: &str = "thumbs";
-/// Guardrail verdict: 1 flagged, 0 passed.
-pub const GUARDRAIL: &str = "guardrail";
-/// Hallucination verdict: 1 flagged, 0 not.
-pub const HALLUCINATION: &str = "hallucination";
-/// RAG retrieval recall (0..1).
-pub const RETRIEVAL_RECALL: &str = "retrieval_recall";
-/// RAG retrieval came back empty: 1, else 0.
-pub const RETRIEVAL_EMPTY: &str = "retrieval_empty";
-/// The evaluation score A/B regression reads as toxicity.
-pub const TOXICITY: &str = "toxicity";
-/// The quality score A/B regression and prompt-version decay read unless configured otherwise.
-pub const DEFAULT_QUALITY: &str = "factuality";
-
-/// Names that are feedback or verdicts, not evaluation scores (`POST /api/v1/scores` refuses
-/// them as a score name).
-pub const RESERVED: [&str; 5] = [
-    THUMBS,
-    GUARDRAIL,
-    HALLUCINATION,
-    RETRIEVAL_RECALL,
-    RETRIEVAL_EMPTY,
-];
-
-/// Whether `name` is a score that says how good an answer is (higher is better): any
-/// evaluation score but toxicity.
-pub fn is_quality(name: &str) -> bool {
-    !RESERVED.contains(&name) && name != TOXICITY
-}
-
-/// One score on its way to the engine (`POST /api/v1/feedback`, `/api/v1/scores`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ScoreInput {
-    /// Empty when the score names a trace only.
-    pub request_id: String,
-    /// Empty when the score names a request id only.
-    pub trace_id: String,
-    /// The model, when the poster said; used when the request is not known to the engine.
-    pub model: String,
-    pub at_ms: i64,
-    pub name: String,
-    pub value: f64,
-}
+pub use tokenwatch_core::scores::*;
 
 /// A score as the detectors read it.
 #[derive(Debug, Clone, PartialEq)]

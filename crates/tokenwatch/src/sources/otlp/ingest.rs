@@ -203,9 +203,9 @@ impl Ingest {
         if rows.is_empty() {
             return;
         }
-        let inputs: Vec<crate::alerting::engine::scores::ScoreInput> = rows
+        let inputs: Vec<tokenwatch_core::scores::ScoreInput> = rows
             .iter()
-            .map(|r| crate::alerting::engine::scores::ScoreInput {
+            .map(|r| tokenwatch_core::scores::ScoreInput {
                 request_id: r.request_id.clone(),
                 trace_id: r.trace_id.clone(),
                 model: String::new(),

@@ -2,11 +2,10 @@
 // `tokenwatch.score.<name>`, `tokenwatch.guardrail.flagged`, ...): read into score rows of the span's request or trace.
 
 use super::attrs::{as_f64, as_str, value_of};
-use crate::alerting::engine::scores::{
-    GUARDRAIL, HALLUCINATION, RETRIEVAL_EMPTY, RETRIEVAL_RECALL, THUMBS,
-};
-use crate::alerting::feedback::valid_score_name;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
+use tokenwatch_core::scores::{
+    GUARDRAIL, HALLUCINATION, RETRIEVAL_EMPTY, RETRIEVAL_RECALL, THUMBS, valid_score_name,
+};
 use tokenwatch_store::ScoreRow;
 
 /// Thumbs: `up` / `down`, true / false, or 1 / 0.
