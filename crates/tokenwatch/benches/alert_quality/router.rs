@@ -14,9 +14,11 @@ use axum::serve::ListenerExt;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use tokio::task::JoinHandle;
 
 pub struct Router {
@@ -30,22 +32,17 @@ pub struct Router {
 struct Shared {
     backends: Arc<Vec<SocketAddr>>,
     requests: Arc<Vec<AtomicU64>>,
-    next: Arc<AtomicU64>,
-    seed: u64,
+    /// The draw of a replica per request (seeded: a run can be replayed).
+    rng: Arc<Mutex<StdRng>>,
     client: Client<HttpConnector, Body>,
 }
 
-/// splitmix64: a fresh, well-mixed draw per request from a seed and a counter.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 async fn forward(State(s): State<Shared>, mut req: Request) -> Response {
-    let n = s.next.fetch_add(1, Ordering::Relaxed);
-    let i = (mix(s.seed ^ n) % s.backends.len() as u64) as usize;
+    let i = s
+        .rng
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .random_range(0..s.backends.len());
     s.requests[i].fetch_add(1, Ordering::Relaxed);
     let path = req
         .uri()
@@ -76,8 +73,7 @@ impl Router {
         let shared = Shared {
             backends: Arc::new(backends),
             requests: requests.clone(),
-            next: Arc::new(AtomicU64::new(0)),
-            seed,
+            rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
             client: Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector),
         };
         let app = axum::Router::new().fallback(forward).with_state(shared);
