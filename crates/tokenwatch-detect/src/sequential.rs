@@ -52,6 +52,14 @@ pub struct ReplicaShiftParams {
     pub location_min_sigmas: f64,
     pub location_min_count: f64,
     pub location_min_minutes: usize,
+    /// When the model's own test alarms while no replica's does, the replica that carries at
+    /// least this share of the alarm's excess events (slow or failed requests beyond what the
+    /// reference rate expects, since the change point), at a rate whose lower confidence bound
+    /// lies beyond the upper bound of its peers' rate (both at `attribute_z` standard errors),
+    /// is named as where the shift lies (decided when the alarm is raised, so the alert keeps
+    /// one label set).
+    pub attribute_share: f64,
+    pub attribute_z: f64,
     /// How recent the anchor's distribution is …
     pub anchor_s: f64,
     /// … and the fewest observations it needs.
@@ -98,6 +106,8 @@ impl Default for ReplicaShiftParams {
             location_min_sigmas: 3.0,
             location_min_count: 50.0,
             location_min_minutes: 20,
+            attribute_share: 2.0 / 3.0,
+            attribute_z: 3.0,
             ratio: 4.0,
             min_shift: 0.01,
             min_tail_rate: 0.002,
@@ -173,6 +183,18 @@ impl Validate for ReplicaShiftParams {
             self.location_min_minutes >= 2,
             "location_min_minutes",
             "must be ≥ 2",
+        )?;
+        check(
+            self.attribute_share.is_finite()
+                && self.attribute_share > 0.5
+                && self.attribute_share <= 1.0,
+            "attribute_share",
+            "must be in (0.5, 1]",
+        )?;
+        check(
+            self.attribute_z.is_finite() && self.attribute_z >= 0.0,
+            "attribute_z",
+            "must be ≥ 0",
         )?;
         check(
             self.ratio.is_finite() && self.ratio > 1.0,
@@ -289,6 +311,19 @@ pub fn mean_sd(xs: &[f64]) -> Option<(f64, f64)> {
     Some((mean, var.sqrt()))
 }
 
+/// The optimal delay (seconds) of a test that reads one observation a minute — a minute's median
+/// against its peers' — for a Gaussian mean shift of `delta_sigmas` standard deviations, at a
+/// budget of one false alarm per `period_s`: h / (δ²/2) minutes (the CUSUM's first-order delay,
+/// KL δ²/2 nats a minute), and never under one minute, since no test of a minute statistic
+/// decides before that minute's evidence is in. Infinite when there is no shift.
+pub fn minute_location_delay_s(delta_sigmas: f64, period_s: f64) -> f64 {
+    if delta_sigmas.is_nan() || delta_sigmas <= 0.0 {
+        return f64::INFINITY;
+    }
+    let h = cusum_threshold(period_s, 1.0 / 60.0, 1);
+    60.0 * (h / (delta_sigmas * delta_sigmas / 2.0)).max(1.0)
+}
+
 /// Kullback–Leibler divergence of Bernoulli(`p`) from Bernoulli(`q`), in nats.
 pub fn bernoulli_kl(p: f64, q: f64) -> f64 {
     let term = |a: f64, b: f64| if a <= 0.0 { 0.0 } else { a * (a / b).ln() };
@@ -308,9 +343,9 @@ pub fn optimal_delay_samples(h: f64, p_true: f64, p0: f64) -> f64 {
     if kl > 0.0 { h / kl } else { f64::INFINITY }
 }
 
-/// The upper confidence bound of a rate from `x` events in `n` trials, `z` standard errors up
-/// (Wilson's score interval, which stays inside (0, 1) for small counts).
-pub fn rate_upper(x: f64, n: f64, z: f64) -> Option<f64> {
+/// Wilson's score interval of a rate from `x` events in `n` trials at `z` standard errors (it
+/// stays inside [0, 1] for small counts): (lower, upper).
+fn wilson(x: f64, n: f64, z: f64) -> Option<(f64, f64)> {
     if n <= 0.0 {
         return None;
     }
@@ -318,7 +353,21 @@ pub fn rate_upper(x: f64, n: f64, z: f64) -> Option<f64> {
     let z2 = z * z;
     let centre = p + z2 / (2.0 * n);
     let spread = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
-    Some(((centre + spread) / (1.0 + z2 / n)).min(1.0))
+    let scale = 1.0 + z2 / n;
+    Some((
+        ((centre - spread) / scale).max(0.0),
+        ((centre + spread) / scale).min(1.0),
+    ))
+}
+
+/// The upper confidence bound of a rate from `x` events in `n` trials, `z` standard errors up.
+pub fn rate_upper(x: f64, n: f64, z: f64) -> Option<f64> {
+    wilson(x, n, z).map(|(_, upper)| upper)
+}
+
+/// The lower confidence bound of a rate from `x` events in `n` trials, `z` standard errors down.
+pub fn rate_lower(x: f64, n: f64, z: f64) -> Option<f64> {
+    wilson(x, n, z).map(|(lower, _)| lower)
 }
 
 /// Overdispersion of grouped counts: Pearson's χ² of each group against the rate of its block,
@@ -482,6 +531,30 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(p.validate().unwrap_err().field, "location_min_minutes");
+        let p = ReplicaShiftParams {
+            attribute_share: 0.5,
+            ..Default::default()
+        };
+        assert_eq!(p.validate().unwrap_err().field, "attribute_share");
+        let p = ReplicaShiftParams {
+            attribute_z: f64::NAN,
+            ..Default::default()
+        };
+        assert_eq!(p.validate().unwrap_err().field, "attribute_z");
+    }
+
+    #[test]
+    fn minute_location_delay_counts_whole_minutes_of_evidence_and_no_less_than_one() {
+        let period = 30.0 * 86400.0;
+        // One false alarm per 30 days at one observation a minute: h = ln 43,200 ≈ 10.67 nats.
+        let h = (30.0f64 * 1440.0).ln();
+        // δ = 2: KL 2 nats a minute, h / 2 ≈ 5.3 minutes.
+        assert!((minute_location_delay_s(2.0, period) - 60.0 * h / 2.0).abs() < 1e-9);
+        // δ = 10: 50 nats a minute would decide in 0.2 minutes, but a minute must end first.
+        assert_eq!(minute_location_delay_s(10.0, period), 60.0);
+        assert_eq!(minute_location_delay_s(0.0, period), f64::INFINITY);
+        assert_eq!(minute_location_delay_s(-1.0, period), f64::INFINITY);
+        assert_eq!(minute_location_delay_s(f64::NAN, period), f64::INFINITY);
     }
 
     #[test]
@@ -521,6 +594,11 @@ mod tests {
         assert!(rate_upper(0.0, 50.0, 2.0).unwrap() > 0.0);
         assert_eq!(rate_upper(3.0, 0.0, 2.0), None);
         assert_eq!(rate_upper(5.0, 10.0, 0.0), Some(0.5));
+        // The lower bound mirrors it: below the rate, 0 without events, None without trials.
+        let lower = rate_lower(30.0, 300.0, 3.0).unwrap();
+        assert!(lower > 0.05 && lower < 0.1, "{lower}");
+        assert_eq!(rate_lower(0.0, 50.0, 3.0), Some(0.0));
+        assert_eq!(rate_lower(3.0, 0.0, 3.0), None);
     }
 
     #[test]

@@ -260,10 +260,7 @@ pub fn bound_s(
         ) {
             // The detector's floor on the spread (MIN_LOG_RATIO_SPREAD).
             let delta = (shifted - mu) / sd.max(0.02);
-            if delta > 0.0 {
-                let h = seq::cusum_threshold(period_s, 1.0 / 60.0, 1);
-                best = best.min(60.0 * h / (delta * delta / 2.0));
-            }
+            best = best.min(seq::minute_location_delay_s(delta, period_s));
         }
     }
     // GPU memory: growth per scrape interval against its healthy spread (at least 8 MiB, the

@@ -162,6 +162,13 @@ impl Minute {
         for (s, h) in &c.latency {
             merge(&mut self.latency, s, h);
         }
+        self.count(latency_trials);
+        self.alarmed |= alarmed;
+    }
+
+    /// Adds latency tests' (trials, events) of a scrape (errors are counted from `finished`
+    /// and `failed`).
+    fn count(&mut self, latency_trials: &[(TestKey, (f64, f64))]) {
         for (k, (n, x)) in latency_trials
             .iter()
             .filter(|(k, _)| k.kind != Kind::Errors)
@@ -170,7 +177,6 @@ impl Minute {
             acc.0 += n;
             acc.1 += x;
         }
-        self.alarmed |= alarmed;
     }
 
     /// (trials, events) of a test in this minute.
@@ -440,6 +446,59 @@ impl Series {
 struct ModelState {
     instances: BTreeMap<String, Series>,
     whole: Series,
+    /// Where the model's own alarm lies, decided when it was raised: Some(Some(replica)) when
+    /// one replica carries it, Some(None) when it is spread; None while the model is quiet.
+    attributed: Option<Option<String>>,
+}
+
+impl ModelState {
+    /// The replica the model's alarmed tests are concentrated on: for each alarmed test, the
+    /// events beyond what its reference rate expects since its change point, counted from the
+    /// scrapes of each replica; one replica must carry `attribute_share` of them (in every
+    /// alarmed test) at a rate whose lower confidence bound lies beyond the upper bound of its
+    /// peers' (both at `attribute_z` standard errors).
+    fn concentrated(&self, p: &Params) -> Option<String> {
+        let mut named: Option<String> = None;
+        for (k, t) in self.whole.tests.iter().filter(|(_, t)| t.cusum.alarmed()) {
+            let from = t.cusum.changed_at.unwrap_or(i64::MIN);
+            let from = from - from.rem_euclid(MINUTE_MS);
+            let counts: Vec<(&String, f64, f64)> = self
+                .instances
+                .iter()
+                .map(|(i, s)| {
+                    let (n, x) = s
+                        .minutes
+                        .iter()
+                        .filter(|m| m.start >= from)
+                        .filter_map(|m| m.trials(k))
+                        .fold((0.0, 0.0), |(a, b), (n, x)| (a + n, b + x));
+                    (i, n, x)
+                })
+                .collect();
+            let excess = |n: f64, x: f64| (x - n * t.reference).max(0.0);
+            let total: f64 = counts.iter().map(|(_, n, x)| excess(*n, *x)).sum();
+            let (top, n, x) = counts
+                .iter()
+                .max_by(|a, b| excess(a.1, a.2).total_cmp(&excess(b.1, b.2)))?;
+            if total <= 0.0 || excess(*n, *x) < p.attribute_share * total || *n <= 0.0 {
+                return None;
+            }
+            let (rest_n, rest_x) = counts
+                .iter()
+                .filter(|(i, _, _)| i != top)
+                .fold((0.0, 0.0), |(a, b), (_, n, x)| (a + n, b + x));
+            let rest_upper = seq::rate_upper(rest_x, rest_n, p.attribute_z)?;
+            let top_lower = seq::rate_lower(*x, *n, p.attribute_z)?;
+            if top_lower <= rest_upper {
+                return None;
+            }
+            if named.as_ref().is_some_and(|m| m != *top) {
+                return None;
+            }
+            named = Some((*top).clone());
+        }
+        named
+    }
 }
 
 /// Every test of a replica (`replica`), or of the model as a whole.
@@ -717,6 +776,10 @@ impl ReplicaShift {
         }
         let hold_whole = whole.hold(now, max_hold_ms) || replica_hold;
         whole.minute(now).add(c, &counted, hold_whole);
+        // Each replica keeps its part of the model's counts: where a model alarm lies.
+        if let Some(inst) = st.instances.get_mut(&c.instance) {
+            inst.minute(now).count(&counted);
+        }
     }
 
     fn prune(&mut self, now: i64) {
@@ -849,7 +912,7 @@ impl Detector for ReplicaShift {
         self.prune(cx.now);
         let p = &self.params;
         let mut out = Vec::new();
-        for (model, st) in &self.models {
+        for (model, st) in self.models.iter_mut() {
             let mut any = false;
             for (instance, s) in &st.instances {
                 let at = format!("Replica {instance} of {model}");
@@ -863,14 +926,22 @@ impl Detector for ReplicaShift {
             let only = (st.instances.len() == 1)
                 .then(|| st.instances.keys().next().cloned())
                 .flatten();
-            let at = match &only {
-                Some(i) => format!("{model} (its one replica {i})"),
-                None => format!("{model} (all replicas)"),
+            let alarmed = !any && finding(&st.whole, "", p).is_some();
+            if !alarmed {
+                st.attributed = None;
+            } else if only.is_none() && st.attributed.is_none() {
+                st.attributed = Some(st.concentrated(p));
+            }
+            let on = st.attributed.clone().flatten();
+            let at = match (&only, &on) {
+                (Some(i), _) => format!("{model} (its one replica {i})"),
+                (None, Some(i)) => format!("{model}, concentrated on replica {i}"),
+                (None, None) => format!("{model} (all replicas)"),
             };
-            if !any && let Some(f) = finding(&st.whole, &at, p) {
+            if alarmed && let Some(f) = finding(&st.whole, &at, p) {
                 let l = labels(&[
                     ("model_id", model),
-                    ("instance", only.as_deref().unwrap_or("")),
+                    ("instance", only.or(on).as_deref().unwrap_or("")),
                 ]);
                 out.push(f.into_event(&rule.detector, &rule.signal, l, cx.now));
             }

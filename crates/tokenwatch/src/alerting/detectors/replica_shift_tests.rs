@@ -466,7 +466,7 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
     }
     // The location tests (a replica's median against its peers'): a Gaussian shift of δ
     // standard deviations per minute (the healthy minutes' spread), KL δ²/2 per minute, each
-    // minute's evidence complete at its end.
+    // minute's evidence complete at its end (so never under a minute).
     if let Some(instance) = series {
         for signal in &detector.params.signals {
             let ratios = detector.minute_log_ratios(&model, instance, signal);
@@ -489,10 +489,7 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
                 continue;
             };
             let delta = (shifted - mu) / sd.max(MIN_LOG_RATIO_SPREAD);
-            if delta > 0.0 {
-                let h = seq::cusum_threshold(period_s, 1.0 / 60.0, 1);
-                bound_s = bound_s.min(60.0 * h / (delta * delta / 2.0));
-            }
+            bound_s = bound_s.min(seq::minute_location_delay_s(delta, period_s));
         }
     }
     let bound_s = bound_s + sc.scrape_s as f64;
@@ -902,6 +899,87 @@ fn diagnose_bench_fleet() {
                     println!("{}\n{l}", lines[i - 1]);
                 }
             }
+        }
+    }
+}
+
+/// The events after `start` of a rule whose replica tests cannot alarm (a replica's tail beyond
+/// 10⁶ × its median, a location test designed for ×10⁶): only the model's own test speaks.
+fn model_test_only(seed: u64, faulty: Vec<usize>, fault: Fault) -> Vec<AnomalyEvent> {
+    let t = Topology {
+        models: 1,
+        replicas_per_model: 4,
+        rate: (3.0, 3.0),
+        scrape_s: (5, 5),
+    };
+    let mut fleet = Fleet::new(seed, &t);
+    let start = T0 + 40 * 60_000;
+    fleet.faults.push((faulty, fault, start, start + 600_000));
+    let cfg: AlertingConfig = serde_saphyr::from_str(
+        "default_rules: false\nrules: [{name: replica_shift, detector: replica_shift, \
+         group_by: [model_id, instance], severity: critical, \
+         params: {own_multiple: 1000000, location_ratio: 1000000}}]",
+    )
+    .expect("config");
+    let mut rule = compile(&cfg)
+        .expect("compiles")
+        .into_iter()
+        .next()
+        .expect("rule");
+    let mut board = SignalBoard::default();
+    let before = run(&mut fleet, &mut rule, &mut board, T0, start);
+    assert!(before.is_empty(), "seed {seed}: {before:?}");
+    run(&mut fleet, &mut rule, &mut board, start, start + 600_000)
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect()
+}
+
+#[test]
+fn a_model_alarm_carried_by_one_replica_names_that_replica_and_a_spread_one_names_none() {
+    let slow = Fault::Latency {
+        factor: 8.0,
+        share: 0.2,
+    };
+    for seed in [51, 52, 53] {
+        // One replica of four: the model's test alarms, and its alert names the replica for
+        // the whole alarm (one label set).
+        let events = model_test_only(seed, vec![0], slow);
+        assert!(
+            !events.is_empty(),
+            "seed {seed}: the model test never alarmed"
+        );
+        for e in &events {
+            assert_eq!(
+                e.labels.get("instance").map(String::as_str),
+                Some("10.0.0.0:8000"),
+                "seed {seed}: {}",
+                e.summary
+            );
+            assert!(
+                e.summary
+                    .starts_with("model-0, concentrated on replica 10.0.0.0:8000:"),
+                "{}",
+                e.summary
+            );
+        }
+        // Every replica alike: the model as a whole, no replica named.
+        let events = model_test_only(seed, vec![0, 1, 2, 3], slow);
+        assert!(
+            !events.is_empty(),
+            "seed {seed}: the model test never alarmed"
+        );
+        for e in &events {
+            assert!(
+                e.labels.get("instance").is_none_or(String::is_empty),
+                "seed {seed}: {}",
+                e.summary
+            );
+            assert!(
+                e.summary.starts_with("model-0 (all replicas)"),
+                "{}",
+                e.summary
+            );
         }
     }
 }
