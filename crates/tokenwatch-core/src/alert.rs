@@ -156,3 +156,18 @@ impl EventInbox {
         q.drain(..).collect()
     }
 }
+
+/// A future a port returns (object-safe without an async-trait crate).
+pub type PortFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
+/// The alert engine's door for inputs that sources take from outside the request path —
+/// embeddings, feedback and scores posted to the API or sent as span attributes — so a source
+/// hands them over without knowing the engine. Sends wait a bounded time for room (a caller
+/// may be slowed, never the proxy) and count what they drop.
+pub trait PostedInputs: Send + Sync {
+    /// The embedding dimension each model keeps (shared with the engine's own record path: an
+    /// input admits an embedding here before storing it).
+    fn dims(&self) -> std::sync::Arc<crate::embedding::EmbeddingDims>;
+    fn send_embeddings(&self, items: Vec<crate::embedding::EmbeddingInput>) -> PortFuture<'_>;
+    fn send_scores(&self, items: Vec<crate::scores::ScoreInput>) -> PortFuture<'_>;
+}

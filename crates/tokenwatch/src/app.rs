@@ -219,7 +219,10 @@ impl RunningApp {
             )),
             Box::new(MetricsSink(metrics.clone())),
         ];
-        let engine_feed = alerting.sink.as_ref().map(|s| s.feed.clone());
+        let posted = alerting
+            .sink
+            .as_ref()
+            .map(|s| Arc::new(s.feed.clone()) as Arc<dyn tokenwatch_core::alert::PostedInputs>);
         if let Some(sink) = alerting.sink {
             sinks.push(Box::new(sink));
         }
@@ -310,7 +313,7 @@ impl RunningApp {
                 span_export: span_export.clone().filter(|e| e.includes_received()),
                 events: alerting.events.clone(),
                 reload: reload_hooks.clone(),
-                engine_feed: engine_feed.clone(),
+                posted: posted.clone(),
             };
             let handle = source
                 .start(ctx)
@@ -409,7 +412,7 @@ impl RunningApp {
         for routes in source_routes {
             app = app.merge(routes);
         }
-        app = app.merge(alerting.routes);
+        app = app.merge(crate::alerting::api::router(alerting.book.clone()));
         app = app.merge(log_templates.routes);
         app = app.merge(crate::ui::router());
         app = app.merge(crate::reload::router(reloader));

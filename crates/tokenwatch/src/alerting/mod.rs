@@ -5,8 +5,6 @@ pub mod api;
 pub mod deliver;
 pub mod detectors;
 pub mod engine;
-pub mod feedback;
-pub mod ingest;
 pub mod promexport;
 pub mod rules;
 pub mod snapshot;

@@ -3,6 +3,7 @@
 
 pub mod gpu;
 pub mod otlp;
+pub mod posted;
 pub mod proxy;
 pub mod scrape;
 
@@ -61,8 +62,9 @@ pub struct SourceContext {
     pub events: tokenwatch_core::alert::EventInbox,
     /// Where a source leaves what configuration reloads change in it (scrape targets).
     pub reload: crate::reload::Hooks,
-    /// The alert engine's input queue (scores sent as span attributes); None: alerting is off.
-    pub engine_feed: Option<crate::alerting::engine::inputs::EngineFeed>,
+    /// The alert engine's port for embeddings, feedback and scores (posted to the API, sent as
+    /// span attributes); None: alerting is off.
+    pub posted: Option<Arc<dyn tokenwatch_core::alert::PostedInputs>>,
 }
 
 /// A started source: its tasks, and API routes it serves on the API port (if any).
@@ -86,5 +88,6 @@ pub fn from_config(cfg: &Config) -> anyhow::Result<Vec<Box<dyn Source>>> {
     sources.extend(scrape::from_config(cfg)?);
     sources.extend(otlp::from_config(cfg)?);
     sources.extend(gpu::from_config(cfg)?);
+    sources.push(Box::new(posted::Posted));
     Ok(sources)
 }

@@ -1,24 +1,19 @@
-// The engine's input queue: `AlertSink` (a pipeline RecordSink that never blocks) and the
-// embeddings API put records, output embeddings and prefix-cache accesses on it; `drain` sorts them.
+// The engine's input queue: `AlertSink` (a pipeline RecordSink that never blocks) puts records,
+// output embeddings and prefix-cache accesses on it, and the posted-inputs port (`PostedInputs`,
+// for the API's and OTLP's embeddings, feedback and scores) the rest; `drain` sorts them.
 
 use super::inputs::{Inputs, Rec};
 use super::vectors::PrefixAccess;
-use crate::alerting::ingest::EmbeddingDims;
 use crate::pipeline::{RecordSink, SinkError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tokenwatch_core::alert::{PortFuture, PostedInputs};
 use tokenwatch_core::clock::now_unix_ms;
+use tokenwatch_core::embedding::EmbeddingDims;
+pub use tokenwatch_core::embedding::EmbeddingInput;
 use tokenwatch_core::model::{FirstToken, RequestRecord};
 use tokio::sync::{Notify, mpsc};
-
-/// One output embedding of a model at a time.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EmbeddingInput {
-    pub model: String,
-    pub at_ms: i64,
-    pub vector: Arc<[f32]>,
-}
 
 /// What reaches the engine. Records are most of the queue, so they are not boxed (boxing would
 /// add an allocation per record to save space only on the rarer variants).
@@ -54,31 +49,30 @@ impl EngineFeed {
         }
     }
 
-    /// Posted embeddings (dimensions already admitted): waits for room in the queue (an API
-    /// caller may be slowed, never the proxy), dropping (counted) only after `FEED_WAIT`.
-    pub async fn send_embeddings(&self, items: impl IntoIterator<Item = EmbeddingInput>) {
-        for e in items {
-            if !matches!(
-                self.tx.send_timeout(Input::Embedding(e), FEED_WAIT).await,
-                Ok(())
-            ) {
+    /// Waits for room in the queue for each input (an API caller may be slowed, never the
+    /// proxy), dropping (counted) only after `FEED_WAIT`.
+    async fn send_waiting(&self, inputs: impl IntoIterator<Item = Input>) {
+        for i in inputs {
+            if !matches!(self.tx.send_timeout(i, FEED_WAIT).await, Ok(())) {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.wake.notify_one();
     }
+}
 
-    /// Posted feedback and scores, as `send_embeddings`.
-    pub async fn send_scores(&self, items: impl IntoIterator<Item = super::scores::ScoreInput>) {
-        for s in items {
-            if !matches!(
-                self.tx.send_timeout(Input::Score(s), FEED_WAIT).await,
-                Ok(())
-            ) {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.wake.notify_one();
+impl PostedInputs for EngineFeed {
+    fn dims(&self) -> Arc<EmbeddingDims> {
+        self.dims.clone()
+    }
+
+    /// Posted embeddings, their dimensions already admitted.
+    fn send_embeddings(&self, items: Vec<EmbeddingInput>) -> PortFuture<'_> {
+        Box::pin(self.send_waiting(items.into_iter().map(Input::Embedding)))
+    }
+
+    fn send_scores(&self, items: Vec<super::scores::ScoreInput>) -> PortFuture<'_> {
+        Box::pin(self.send_waiting(items.into_iter().map(Input::Score)))
     }
 }
 

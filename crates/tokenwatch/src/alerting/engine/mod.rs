@@ -254,7 +254,7 @@ pub fn start_with_slos(
             tx,
             wake: wake.clone(),
             dropped: dropped.clone(),
-            dims: Arc::new(crate::alerting::ingest::EmbeddingDims::default()),
+            dims: Arc::default(),
         },
     };
     let book = Arc::new(AlertBook::default());
@@ -1073,7 +1073,6 @@ pub struct AlertingHandle {
     pub sink: Option<AlertSink>,
     /// The alerts, for other readers of the API (fleet overview).
     pub book: Arc<AlertBook>,
-    pub routes: axum::Router,
     pub tasks: Vec<JoinHandle<()>>,
     /// The SLOs' statuses (never computed while alerting is disabled).
     pub slos: Arc<crate::slo::SloBook>,
@@ -1114,8 +1113,6 @@ pub fn start_from_config(
         let book = Arc::new(AlertBook::default());
         return Ok(AlertingHandle {
             sink: None,
-            routes: crate::alerting::api::router(book.clone())
-                .merge(crate::alerting::ingest::router_without_engine(store)),
             book,
             tasks: Vec::new(),
             slos: Arc::default(),
@@ -1157,10 +1154,8 @@ pub fn start_from_config(
         &cfg.scaling,
     );
     tasks.push(started.task);
-    let ingest = crate::alerting::ingest::router_with_engine(store, &started.sink);
     Ok(AlertingHandle {
         sink: Some(started.sink),
-        routes: crate::alerting::api::router(started.book.clone()).merge(ingest),
         book: started.book,
         slos: started.slos,
         scaling: started.scaling,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 /// Shortest sampling slot (slots grow when long retention × many dimensions would not fit).
 pub const SLOT_MS: i64 = 5_000;
 /// Floats kept per model across all slots (8 MiB of f32); with at most 1,000 models having
-/// embeddings (`ingest::MAX_MODELS`) this bounds the memory of the samples.
+/// embeddings (`tokenwatch_core::embedding::MAX_EMBEDDING_MODELS`) this bounds the memory of the samples.
 const FLOAT_BUDGET: usize = 2 << 20;
 const MIN_PER_SLOT: usize = 4;
 const MAX_PER_SLOT: usize = 1024;

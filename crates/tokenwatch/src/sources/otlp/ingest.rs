@@ -15,6 +15,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use std::sync::{Arc, Mutex};
+use tokenwatch_core::alert::PostedInputs;
 use tokenwatch_core::signals::SharedSignals;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -142,11 +143,14 @@ pub struct Ingest {
     /// Stored log records are mined into templates too (`crate::logs`).
     log_feed: Option<crate::logs::LogFeed>,
     /// Scores sent as span attributes are stored here and handed to the alert engine.
-    scores: Option<(
-        Arc<dyn tokenwatch_store::Store>,
-        Option<crate::alerting::engine::inputs::EngineFeed>,
-    )>,
+    scores: Option<ScoreOutlet>,
     pub stats: OtlpStats,
+}
+
+/// Where scores of span attributes go: the store, and the engine's port while alerting runs.
+struct ScoreOutlet {
+    store: Arc<dyn tokenwatch_store::Store>,
+    feed: Option<Arc<dyn PostedInputs>>,
 }
 
 impl Ingest {
@@ -188,16 +192,16 @@ impl Ingest {
     pub fn with_scores(
         mut self,
         store: Arc<dyn tokenwatch_store::Store>,
-        feed: Option<crate::alerting::engine::inputs::EngineFeed>,
+        feed: Option<Arc<dyn PostedInputs>>,
     ) -> Ingest {
-        self.scores = Some((store, feed));
+        self.scores = Some(ScoreOutlet { store, feed });
         self
     }
 
     /// Scores of span attributes: stored (off the async workers) then given to the engine; a
     /// failed store write is logged (the spans and records are accepted either way).
     async fn keep_scores(&self, rows: Vec<tokenwatch_store::ScoreRow>) {
-        let Some((store, feed)) = &self.scores else {
+        let Some(ScoreOutlet { store, feed }) = &self.scores else {
             return;
         };
         if rows.is_empty() {

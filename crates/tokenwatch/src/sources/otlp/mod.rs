@@ -153,7 +153,7 @@ impl super::Source for OtlpSource {
                 )
                 .with_span_export(ctx.span_export)
                 .with_log_feed(ctx.log_feed)
-                .with_scores(ctx.store.clone(), ctx.engine_feed.clone()),
+                .with_scores(ctx.store.clone(), ctx.posted.clone()),
             );
             ingest.stats.register(&ctx.metrics);
             let grpc_task = tokio::spawn(grpc::serve(

@@ -1,7 +1,7 @@
 // `POST /api/v1/feedback` and `POST /api/v1/scores`: thumbs, evaluation scores, guardrail and
 // hallucination verdicts and RAG retrieval numbers on requests, checked item by item, stored, fed to the engine.
 
-use crate::alerting::ingest::{
+use super::{
     IngestState, ItemError, ItemsEndpoint, item_error, items_answer, json_type, read_items, refuse,
 };
 use axum::body::Body;

@@ -1,8 +1,11 @@
-// `POST /api/v1/embeddings`: output embeddings computed after the response, checked item by item
-// (partial success), stored, and handed to the alert engine (semantic drift, drift vote).
+// Inputs posted to the API: `POST /api/v1/embeddings` (output embeddings computed after the
+// response; here), `POST /api/v1/feedback` and `POST /api/v1/scores` (`feedback`) — checked item
+// by item (partial success), stored, and handed to the alert engine through its posted-inputs
+// port (semantic drift, drift vote, quality). A source: it serves routes on the API port.
 
-use crate::alerting::engine::AlertSink;
-use crate::alerting::engine::inputs::{EmbeddingInput, EngineFeed};
+pub mod feedback;
+
+use crate::sources::{Source, SourceContext, SourceHandle, StartFuture};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -10,10 +13,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use tokenwatch_core::alert::PostedInputs;
 use tokenwatch_core::clock::now_unix_ms;
-use tokenwatch_core::embedding::{EmbeddingError, MAX_DIMS, check_embedding};
+use tokenwatch_core::embedding::{
+    EmbeddingDims, EmbeddingError, EmbeddingInput, MAX_DIMS, check_embedding,
+};
 use tokenwatch_store::{EmbeddingRow, Store};
 
 /// Most items in one `POST /api/v1/embeddings`.
@@ -23,90 +28,47 @@ pub const MAX_BODY_BYTES: usize = 16 << 20;
 /// Oldest and furthest-ahead `timestamp_unix_ms` accepted, relative to now.
 const MAX_AGE_MS: i64 = 24 * 3_600_000;
 const MAX_AHEAD_MS: i64 = 5 * 60_000;
-/// A model's embedding dimension may change after it sent none for this long.
-const DIM_IDLE_RESET_MS: i64 = 3_600_000;
-/// Most models whose embedding dimension is remembered (and so whose embeddings are kept).
-pub const MAX_MODELS: usize = 1_000;
 const ITEM_FIELDS: &str = "request_id, model_id, embedding, timestamp_unix_ms";
-
-/// Why a model's embedding was refused by [`EmbeddingDims`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum DimError {
-    #[error("has {got} dimensions but this model's embeddings have {expected}")]
-    Mismatch { got: usize, expected: usize },
-    #[error("embeddings of more than {MAX_MODELS} models are being tracked")]
-    TooManyModels,
-}
-
-/// The embedding dimension of each model, shared by the API and the engine's record sink: the
-/// first embedding sets it; another is refused until the model sent none for an hour.
-#[derive(Default)]
-pub struct EmbeddingDims {
-    inner: Mutex<HashMap<String, (usize, i64)>>,
-}
-
-impl EmbeddingDims {
-    pub fn admit(&self, model: &str, dim: usize, now: i64) -> Result<(), DimError> {
-        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((d, last)) = m.get_mut(model) {
-            if *d != dim && now - *last < DIM_IDLE_RESET_MS {
-                return Err(DimError::Mismatch {
-                    got: dim,
-                    expected: *d,
-                });
-            }
-            *d = dim;
-            *last = (*last).max(now);
-            return Ok(());
-        }
-        if m.len() >= MAX_MODELS {
-            m.retain(|_, (_, last)| now - *last < DIM_IDLE_RESET_MS);
-            if m.len() >= MAX_MODELS {
-                return Err(DimError::TooManyModels);
-            }
-        }
-        m.insert(model.to_string(), (dim, now));
-        Ok(())
-    }
-}
-
-/// What the endpoint needs: the store, and the engine when alerting is enabled.
+/// What the endpoints need: the store, the embedding dimension each model keeps, and the
+/// engine's port when alerting is enabled.
 pub struct IngestState {
     pub store: Arc<dyn Store>,
     pub dims: Arc<EmbeddingDims>,
-    pub engine: Option<EngineFeed>,
+    pub engine: Option<Arc<dyn PostedInputs>>,
 }
 
-pub fn router(state: Arc<IngestState>) -> axum::Router {
+/// The endpoints over `store`, feeding `engine` (alerting enabled) or storing only.
+pub fn router(store: Arc<dyn Store>, engine: Option<Arc<dyn PostedInputs>>) -> axum::Router {
+    let dims = engine
+        .as_ref()
+        .map_or_else(|| Arc::new(EmbeddingDims::default()), |e| e.dims());
     axum::Router::new()
         .route("/api/v1/embeddings", post(post_embeddings))
-        .route(
-            "/api/v1/feedback",
-            post(crate::alerting::feedback::post_feedback),
-        )
-        .route(
-            "/api/v1/scores",
-            post(crate::alerting::feedback::post_scores),
-        )
-        .with_state(state)
+        .route("/api/v1/feedback", post(feedback::post_feedback))
+        .route("/api/v1/scores", post(feedback::post_scores))
+        .with_state(Arc::new(IngestState {
+            store,
+            dims,
+            engine,
+        }))
 }
 
-/// The endpoint feeding the engine behind `sink` (alerting enabled).
-pub fn router_with_engine(store: Arc<dyn Store>, sink: &AlertSink) -> axum::Router {
-    router(Arc::new(IngestState {
-        store,
-        dims: sink.feed.dims.clone(),
-        engine: Some(sink.feed.clone()),
-    }))
-}
+/// The posted-inputs source: always on (the endpoints answer whether or not alerting runs).
+pub struct Posted;
 
-/// The endpoint storing embeddings only (alerting disabled).
-pub fn router_without_engine(store: Arc<dyn Store>) -> axum::Router {
-    router(Arc::new(IngestState {
-        store,
-        dims: Arc::new(EmbeddingDims::default()),
-        engine: None,
-    }))
+impl Source for Posted {
+    fn name(&self) -> &'static str {
+        "posted"
+    }
+
+    fn start(self: Box<Self>, ctx: SourceContext) -> StartFuture {
+        Box::pin(async move {
+            Ok(SourceHandle {
+                tasks: Vec::new(),
+                routes: Some(router(ctx.store, ctx.posted)),
+            })
+        })
+    }
 }
 
 /// A refused item: its index, the field at fault (`items[3].embedding[7]`) and why.
@@ -406,11 +368,14 @@ async fn post_embeddings(State(st): State<Arc<IngestState>>, body: Body) -> Resp
             );
         }
         if let Some(feed) = &st.engine {
-            let inputs = accepted.into_iter().map(|it| EmbeddingInput {
-                model: it.model_id,
-                at_ms: it.at_unix_ms,
-                vector: it.embedding.into(),
-            });
+            let inputs = accepted
+                .into_iter()
+                .map(|it| EmbeddingInput {
+                    model: it.model_id,
+                    at_ms: it.at_unix_ms,
+                    vector: it.embedding.into(),
+                })
+                .collect();
             feed.send_embeddings(inputs).await;
         }
     }
@@ -418,5 +383,5 @@ async fn post_embeddings(State(st): State<Arc<IngestState>>, body: Body) -> Resp
 }
 
 #[cfg(test)]
-#[path = "ingest_tests.rs"]
+#[path = "embeddings_tests.rs"]
 mod tests;

@@ -94,21 +94,3 @@ fn item_errors_name_the_index_and_field() {
         );
     }
 }
-
-#[test]
-fn dimensions_are_fixed_per_model_until_it_goes_quiet() {
-    let d = EmbeddingDims::default();
-    assert_eq!(d.admit("a", 384, 0), Ok(()));
-    assert_eq!(d.admit("b", 768, 0), Ok(()));
-    assert_eq!(d.admit("a", 384, 10), Ok(()));
-    assert_eq!(
-        d.admit("a", 768, 20),
-        Err(DimError::Mismatch {
-            got: 768,
-            expected: 384
-        })
-    );
-    // An hour without embeddings: the model may switch its embedding model.
-    assert_eq!(d.admit("a", 768, 10 + DIM_IDLE_RESET_MS), Ok(()));
-    assert!(d.admit("a", 384, 20 + DIM_IDLE_RESET_MS).is_err());
-}
