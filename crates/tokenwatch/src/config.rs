@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-mod duration;
 pub mod env;
+
+pub use crate::kernel::duration::HumanDuration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -380,40 +381,6 @@ impl Default for AggregationConfig {
             idle_series_after: HumanDuration(Duration::from_secs(7200)),
             max_series: 50_000,
         }
-    }
-}
-
-/// A duration in Prometheus syntax (`250ms`, `5s`, `1h30m`, `7d`, `2w`) or with a decimal amount
-/// (`1.5s`); see `config::duration`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HumanDuration(pub Duration);
-
-impl HumanDuration {
-    pub fn parse(s: &str) -> Result<HumanDuration, String> {
-        duration::parse(s).map(HumanDuration)
-    }
-}
-
-impl<'de> Deserialize<'de> for HumanDuration {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        HumanDuration::parse(&s).map_err(serde::de::Error::custom)
-    }
-}
-
-/// In the published schema: a string in the same syntax (checked by pattern; the loader's
-/// parser is the authority and names the key when a value is wrong).
-impl schemars::JsonSchema for HumanDuration {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "Duration".into()
-    }
-
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "type": "string",
-            "description": "A duration in Prometheus syntax (250ms, 5s, 1h30m, 7d, 2w) or with a decimal amount (1.5s)",
-            "pattern": duration::SCHEMA_PATTERN,
-        })
     }
 }
 

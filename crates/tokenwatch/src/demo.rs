@@ -44,7 +44,7 @@ pub struct DemoArgs {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    crate::config::HumanDuration::parse(s).map(|d| d.0)
+    crate::kernel::duration::HumanDuration::parse(s).map(|d| d.0)
 }
 
 /// The simulated fleet: one simulator per model, with different speeds.
@@ -192,7 +192,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .map(|s| crate::sources::scrape::ScrapeTarget {
             url: format!("http://{}/metrics", s.addr),
             runtime: Some("vllm".into()),
-            interval: Some(crate::config::HumanDuration(Duration::from_secs(2))),
+            interval: Some(crate::kernel::duration::HumanDuration(Duration::from_secs(
+                2,
+            ))),
             timeout: None,
             labels: [("instance".to_string(), format!("sim-{}", s.addr.port()))]
                 .into_iter()

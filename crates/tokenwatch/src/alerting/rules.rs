@@ -7,7 +7,7 @@ mod template;
 pub use template::render;
 
 use crate::alerting::detectors::{self, Detector, EvalCtx, RuleInput};
-use crate::config::HumanDuration;
+use crate::kernel::duration::HumanDuration;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -52,7 +52,7 @@ fn parse_since(s: &str) -> Option<i64> {
     if let Ok(ms) = s.parse::<i64>() {
         return (ms >= 0).then_some(ms);
     }
-    let d = crate::config::HumanDuration::parse(s).ok()?.0;
+    let d = crate::kernel::duration::HumanDuration::parse(s).ok()?.0;
     Some(now_unix_ms().saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
 }
 
@@ -198,7 +198,7 @@ pub async fn compare(
         .parse_with(
             "window",
             |s| {
-                crate::config::HumanDuration::parse(s)
+                crate::kernel::duration::HumanDuration::parse(s)
                     .ok()
                     .map(|d| d.0)
                     .filter(|d| *d >= Duration::from_secs(1) && *d <= MAX_WINDOW)

@@ -5,8 +5,9 @@ pub mod entry;
 pub mod http;
 pub mod writer;
 
-use crate::config::{Config, HumanDuration};
+use crate::config::Config;
 use crate::export::prometheus::Metrics;
+use crate::kernel::duration::HumanDuration;
 use chrono::Utc;
 pub use entry::{AuditEvent, Record, RequestEntry};
 use prometheus_client::metrics::counter::Counter;

@@ -7,8 +7,9 @@ pub mod http;
 pub mod tokens;
 
 use crate::audit::{AuditEvent, AuditLog};
-use crate::config::{Config, HumanDuration};
+use crate::config::Config;
 use crate::export::prometheus::Metrics;
+use crate::kernel::duration::HumanDuration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -5,7 +5,7 @@ pub mod extract;
 pub mod mask;
 pub mod telemetry;
 
-use crate::config::HumanDuration;
+use crate::kernel::duration::HumanDuration;
 use crate::sources::proxy::sse::StreamFormat;
 use bytes::Bytes;
 use http::HeaderMap;

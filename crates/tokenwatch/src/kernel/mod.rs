@@ -4,5 +4,6 @@
 // canary rollback acts on; the clock and the record and signal types are in the
 // `tokenwatch-core` crate.
 
+pub mod duration;
 pub mod splits;
 pub mod tls;

@@ -1,7 +1,7 @@
 // Server certificates of tokenwatch's own listeners: the `tls` keys, which certificate each
 // listener uses, PEM loading with errors naming key and file, and reloading when files change.
 
-use crate::config::HumanDuration;
+use crate::kernel::duration::HumanDuration;
 use rustls::ServerConfig;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;

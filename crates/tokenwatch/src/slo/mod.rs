@@ -26,7 +26,7 @@ pub mod metrics;
 pub mod scaling;
 pub mod tracker;
 
-use crate::config::HumanDuration;
+use crate::kernel::duration::HumanDuration;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;

@@ -35,7 +35,9 @@ pub struct Slo {
 
 impl Slo {
     pub fn compile(c: &SloConfig) -> Slo {
-        let ms = |d: crate::config::HumanDuration| d.0.as_millis().min(i64::MAX as u128) as i64;
+        let ms = |d: crate::kernel::duration::HumanDuration| {
+            d.0.as_millis().min(i64::MAX as u128) as i64
+        };
         let w = &c.burn_windows;
         let [fl, fs, sl, ss] = [w.fast_long, w.fast_short, w.slow_long, w.slow_short].map(ms);
         let window_ms = ms(c.window).max(1000);
@@ -401,7 +403,7 @@ fn status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::HumanDuration;
+    use crate::kernel::duration::HumanDuration;
     use crate::slo::{BurnWindowsConfig, SloConfig};
     use std::time::Duration;
 

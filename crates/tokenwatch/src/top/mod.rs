@@ -54,7 +54,7 @@ fn token(args: &TopArgs) -> anyhow::Result<Option<String>> {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    let d = crate::config::HumanDuration::parse(s)?.0;
+    let d = crate::kernel::duration::HumanDuration::parse(s)?.0;
     if d < MIN_INTERVAL {
         return Err(format!("{s:?} is too short: at least 200ms"));
     }

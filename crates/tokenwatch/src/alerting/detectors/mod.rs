@@ -338,8 +338,8 @@ impl BuiltinExport {
     }
 }
 
-fn secs(s: u64) -> crate::config::HumanDuration {
-    crate::config::HumanDuration(std::time::Duration::from_secs(s))
+fn secs(s: u64) -> crate::kernel::duration::HumanDuration {
+    crate::kernel::duration::HumanDuration(std::time::Duration::from_secs(s))
 }
 
 /// True once per period (the first call, then every `period_ms`); holds the last result.

@@ -188,7 +188,7 @@ mod tests {
     use crate::alerting::engine::eval::EvalCtx;
     use crate::alerting::engine::inputs::{Inputs, Rec};
     use crate::alerting::rules::{RuleConfig, compile_rule};
-    use crate::config::HumanDuration;
+    use crate::kernel::duration::HumanDuration;
     use crate::slo::{BurnWindowsConfig, Objective, SloConfig, tracker::SloTracker};
     use std::time::Duration;
     use tokenwatch_core::signals::SignalBoard;

@@ -25,8 +25,9 @@ pub use convert::{ExportSpan, request_of, span_of_row};
 pub use queue::SpanQueue;
 pub use sender::{DROP_REASONS, ExportMetrics, MAX_BACKOFF, MIN_BACKOFF};
 
-use crate::config::{HumanDuration, UpstreamTlsConfig};
+use crate::config::UpstreamTlsConfig;
 use crate::export::prometheus::Metrics;
+use crate::kernel::duration::HumanDuration;
 use crate::kernel::tls::UpstreamTls;
 use serde::Deserialize;
 use std::collections::BTreeMap;

@@ -27,8 +27,9 @@ pub use convert::{series_from_exposition, sort_labels, split};
 pub use proto::{Label, Sample, TimeSeries, WriteRequest};
 pub use sender::{MAX_BACKOFF, MIN_BACKOFF, RemoteWriteMetrics};
 
-use crate::config::{HumanDuration, UpstreamTlsConfig};
+use crate::config::UpstreamTlsConfig;
 use crate::export::prometheus::Metrics;
+use crate::kernel::duration::HumanDuration;
 use crate::kernel::tls::UpstreamTls;
 use serde::Deserialize;
 use std::collections::BTreeMap;

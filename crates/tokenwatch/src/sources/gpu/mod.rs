@@ -9,7 +9,8 @@ pub mod reader;
 pub mod replay;
 pub mod sampler;
 
-use crate::config::{Config, HumanDuration};
+use crate::config::Config;
+use crate::kernel::duration::HumanDuration;
 use anyhow::Context;
 use reader::{GpuError, GpuReader};
 use sampler::{GpuMetrics, GpuState, Sampler, SharedGpuState};

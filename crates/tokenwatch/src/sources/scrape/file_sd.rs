@@ -90,7 +90,7 @@ pub fn parse(text: &str, file: &Path, defaults: Defaults) -> Result<Vec<TargetSp
             let url = format!("{scheme}://{}{path}", t.trim());
             let interval = match &interval {
                 Some(s) => Some(
-                    crate::config::HumanDuration::parse(s)
+                    crate::kernel::duration::HumanDuration::parse(s)
                         .map_err(|m| err(SpecError::Duration(m)))?
                         .0,
                 ),
@@ -98,7 +98,7 @@ pub fn parse(text: &str, file: &Path, defaults: Defaults) -> Result<Vec<TargetSp
             };
             let timeout = match &timeout {
                 Some(s) => Some(
-                    crate::config::HumanDuration::parse(s)
+                    crate::kernel::duration::HumanDuration::parse(s)
                         .map_err(|m| err(SpecError::Duration(m)))?
                         .0,
                 ),

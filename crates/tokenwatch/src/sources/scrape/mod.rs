@@ -11,7 +11,8 @@ pub mod tables;
 pub mod target;
 pub mod xid;
 
-use crate::config::{Config, HumanDuration};
+use crate::config::Config;
+use crate::kernel::duration::HumanDuration;
 use crate::sources::{Source, SourceContext, SourceHandle, StartFuture};
 pub use rules::MappingRule;
 use serde::Deserialize;

@@ -1,6 +1,8 @@
 // Durations of the configuration and the command line: Prometheus syntax (`1h30m`, `90s`, `7d`,
-// `2w`, `1y`, `250ms`, `0`) plus decimal amounts (`1.5s`, `0.25h`), parsed exactly to nanoseconds.
+// `2w`, `1y`, `250ms`, `0`) plus decimal amounts (`1.5s`, `0.25h`), parsed exactly to nanoseconds;
+// `HumanDuration`, the type every stage's configuration section holds them in.
 
+use serde::Deserialize;
 use std::time::Duration;
 
 const NS_PER_S: u128 = 1_000_000_000;
@@ -86,6 +88,40 @@ fn amount_ns(num: &str, unit_ns: u128) -> Option<u128> {
         ns = ns.checked_add(f * unit_ns / scale)?;
     }
     Some(ns)
+}
+
+/// A duration in Prometheus syntax (`250ms`, `5s`, `1h30m`, `7d`, `2w`) or with a decimal amount
+/// (`1.5s`); see `parse`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl HumanDuration {
+    pub fn parse(s: &str) -> Result<HumanDuration, String> {
+        parse(s).map(HumanDuration)
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        HumanDuration::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// In the published schema: a string in the same syntax (checked by pattern; the loader's
+/// parser is the authority and names the key when a value is wrong).
+impl schemars::JsonSchema for HumanDuration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "A duration in Prometheus syntax (250ms, 5s, 1h30m, 7d, 2w) or with a decimal amount (1.5s)",
+            "pattern": SCHEMA_PATTERN,
+        })
+    }
 }
 
 #[cfg(test)]
