@@ -2,6 +2,7 @@
 // section 4, and rule compilation with key-path errors (`alerting.rules[3].params`) by the
 // registered detectors (`alerting/detectors`); templates are in `rules/template.rs`.
 
+pub mod spec;
 mod template;
 
 pub use template::render;
@@ -9,6 +10,7 @@ pub use template::render;
 use crate::alerting::detectors::{self, Detector, EvalCtx, RuleInput};
 use crate::kernel::duration::HumanDuration;
 use serde::Deserialize;
+pub use spec::{RuleConfig, RuleError, RuleSpec};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use template::check_template;
@@ -98,45 +100,6 @@ impl Default for AlertingConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RuleConfig {
-    pub name: String,
-    /// One of the registered detectors (`detectors::names()`).
-    pub detector: String,
-    /// Watched signal where the detector takes one (latency metric, drift series, threshold signal).
-    #[serde(default)]
-    pub signal: Option<String>,
-    /// Labels that make one alert; default `[model_id]`.
-    #[serde(default)]
-    pub group_by: Option<Vec<String>>,
-    /// How long the condition must hold before the alert fires (default 0s).
-    #[serde(default, rename = "for")]
-    pub for_: Option<HumanDuration>,
-    /// Evaluation window of windowed detectors (latency, drift, jitter, A/B, prompt decay).
-    #[serde(default)]
-    pub window: Option<HumanDuration>,
-    /// Overrides `alerting.resolve_after` for this rule (a suppression window).
-    #[serde(default)]
-    pub resolve_after: Option<HumanDuration>,
-    #[serde(default = "default_severity")]
-    pub severity: Severity,
-    /// `L1` or `L2` (spec section 5).
-    #[serde(default)]
-    pub grade: Option<String>,
-    /// Detector parameters; unknown keys are refused.
-    #[serde(default)]
-    pub params: serde_json::Value,
-    #[serde(default)]
-    pub summary: Option<String>,
-    #[serde(default)]
-    pub description: Option<String>,
-}
-
-fn default_severity() -> Severity {
-    Severity::Warning
-}
-
 #[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuleOverride {
@@ -205,22 +168,6 @@ pub fn default_inhibit_rules() -> Vec<InhibitRule> {
             equal: vec!["slo".into(), "model_id".into(), "tenant".into()],
         },
     ]
-}
-
-/// A compiled rule: what the engine and the export read, and its compiled detector.
-#[derive(Debug, Clone)]
-pub struct RuleSpec {
-    pub name: String,
-    pub detector: String,
-    pub signal: String,
-    pub group_by: Vec<String>,
-    pub for_ms: i64,
-    pub window_ms: i64,
-    pub resolve_after_ms: Option<i64>,
-    pub severity: Severity,
-    pub grade: Option<String>,
-    pub summary: String,
-    pub description: String,
 }
 
 /// A compiled rule with its detector (parameters and per-rule state).
@@ -420,9 +367,6 @@ pub fn default_rule_configs() -> Vec<RuleConfig> {
     // The embedded YAML is checked by a unit test; a failure here is a build defect.
     serde_saphyr::from_str(DEFAULT_RULES_YAML).unwrap_or_default()
 }
-
-/// A configuration error: key path and message.
-pub type RuleError = (String, String);
 
 /// Default rules (when enabled), then configured ones (replacing same-named defaults), then overrides.
 pub fn compile(cfg: &AlertingConfig) -> Result<Vec<Rule>, RuleError> {

@@ -56,7 +56,7 @@ pub use triple_signal_health::TripleSignalHealth;
 
 pub use crate::alerting::engine::eval::EvalCtx;
 pub use crate::alerting::promexport::{PromCtx, PromRule};
-use crate::alerting::rules::{RuleConfig, RuleError, RuleSpec};
+use crate::alerting::rules::spec::{RuleConfig, RuleError, RuleSpec};
 use serde::de::DeserializeOwned;
 use std::any::Any;
 use tokenwatch_core::alert::{AnomalyEvent, Severity};
