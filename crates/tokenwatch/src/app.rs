@@ -3,7 +3,8 @@
 
 use crate::api::{ApiState, router as api_router};
 use crate::config::Config;
-use crate::export::prometheus::{Metrics, MetricsSink};
+use crate::export::prometheus::MetricsSink;
+use crate::kernel::telemetry::Metrics;
 use crate::pipeline::{
     Pipeline, PipelineConfig, ProxySpanBuilder, ProxySpanSink, RecordSink, StoreSink, StoreWriter,
     StoreWriterConfig, StoreWriterThread,
@@ -175,7 +176,7 @@ impl RunningApp {
             cfg.signals.history_points,
             cfg.signals.max_series,
         )));
-        metrics.register_signals(signals.clone());
+        crate::export::prometheus::register_signals(&metrics, signals.clone());
         // Evaluation, roll-ups and sampling run on the analysis runtime (lower priority).
         let in_analysis = analysis.handle().enter();
         // The proxy's route splits: published by the proxy, acted on by canary rollback, shown

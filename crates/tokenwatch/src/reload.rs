@@ -5,7 +5,7 @@ use crate::alerting::engine::{EngineControl, Reconfigure};
 use crate::alerting::rules::AlertingConfig;
 use crate::audit::{AuditEvent, AuditLog};
 use crate::config::Config;
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use crate::sources::proxy::{ProxyState, UpstreamRouter};
 use crate::sources::scrape::target::TargetSpec;
 use axum::Json;

@@ -36,8 +36,8 @@ mod metrics;
 mod payload;
 mod worker;
 
-use crate::export::prometheus::Metrics;
 use crate::kernel::duration::HumanDuration;
+use crate::kernel::telemetry::Metrics;
 use metrics::DeliveryMetrics;
 use payload::RenderOptions;
 use serde::Deserialize;

@@ -14,7 +14,7 @@ pub mod timeline;
 mod traces;
 
 use crate::alerting::engine::AlertBook;
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use crate::sources::Components;
 use axum::Json;
 use axum::extract::{RawQuery, State};

@@ -6,8 +6,8 @@ pub mod http;
 pub mod writer;
 
 use crate::config::Config;
-use crate::export::prometheus::Metrics;
 use crate::kernel::duration::HumanDuration;
+use crate::kernel::telemetry::Metrics;
 use chrono::Utc;
 pub use entry::{AuditEvent, Record, RequestEntry};
 use prometheus_client::metrics::counter::Counter;

@@ -8,8 +8,8 @@ pub mod tokens;
 
 use crate::audit::{AuditEvent, AuditLog};
 use crate::config::Config;
-use crate::export::prometheus::Metrics;
 use crate::kernel::duration::HumanDuration;
+use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 use tokenwatch_core::model::CapturedText;
 
@@ -33,7 +34,7 @@ pub struct CaptureConfig {
     /// What counts as personal data.
     pub mask: mask::MaskConfig,
     /// Local embeddings of responses (for semantic drift), text not kept.
-    pub embeddings: crate::embed::EmbeddingsConfig,
+    pub embeddings: EmbeddingsConfig,
 }
 
 impl Default for CaptureConfig {
@@ -44,7 +45,7 @@ impl Default for CaptureConfig {
             region_header: "x-tokenwatch-region".into(),
             tenant_regions: BTreeMap::new(),
             mask: mask::MaskConfig::default(),
-            embeddings: crate::embed::EmbeddingsConfig::default(),
+            embeddings: EmbeddingsConfig::default(),
         }
     }
 }
@@ -81,6 +82,70 @@ impl CaptureConfig {
             .and_then(region_name)
             .or_else(|| self.tenant_regions.get(tenant).and_then(|r| region_name(r)))
             .unwrap_or_else(|| tokenwatch_store::DEFAULT_REGION.to_string())
+    }
+}
+
+/// `capture.embeddings`: embed the responses the proxy sees with a local model.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddingsConfig {
+    /// Embed each proxied response's completion text in memory (the text is dropped after,
+    /// and stored only when `capture.text` is on). Off by default.
+    pub enabled: bool,
+    /// Directory of a BERT sentence-embedding model (all-MiniLM-L6-v2 kind):
+    /// `model.safetensors`, `config.json`, `tokenizer.json`, optionally
+    /// `sentence_bert_config.json`. Required when enabled.
+    pub model_dir: Option<PathBuf>,
+    /// Most characters of a completion that are embedded (the model reads at most its token
+    /// limit, 256 for all-MiniLM-L6-v2, of them).
+    pub max_chars: usize,
+    /// CPU threads the model may use.
+    pub threads: usize,
+    /// Responses waiting for the embedder; when full, a response goes on without embedding
+    /// (counted in `tokenwatch_embeddings_dropped_total`).
+    pub queue_capacity: usize,
+}
+
+impl Default for EmbeddingsConfig {
+    fn default() -> Self {
+        EmbeddingsConfig {
+            enabled: false,
+            model_dir: None,
+            max_chars: 4096,
+            threads: 1,
+            queue_capacity: 256,
+        }
+    }
+}
+
+impl EmbeddingsConfig {
+    /// (key path, message) of the first invalid setting. The model itself is read at startup.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.max_chars == 0 {
+            return Err((
+                "capture.embeddings.max_chars".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        if !(1..=256).contains(&self.threads) {
+            return Err((
+                "capture.embeddings.threads".into(),
+                "must be 1 to 256".into(),
+            ));
+        }
+        if self.queue_capacity == 0 {
+            return Err((
+                "capture.embeddings.queue_capacity".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        if self.enabled && self.model_dir.is_none() {
+            return Err((
+                "capture.embeddings.model_dir".into(),
+                "is required when capture.embeddings.enabled is true".into(),
+            ));
+        }
+        Ok(())
     }
 }
 

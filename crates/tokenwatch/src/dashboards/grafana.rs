@@ -18,7 +18,7 @@ pub const DATASOURCE_VAR: &str = "DS_PROMETHEUS";
 
 /// The model label of tokenwatch's request series: the GenAI conventions' `gen_ai.request.model`.
 const MODEL: &str = "gen_ai_request_model";
-/// Selector of tokenwatch's request series (labels of `export::prometheus::RequestLabels`).
+/// Selector of tokenwatch's request series (labels of `kernel::telemetry::RequestLabels`).
 const TW: &str = r#"gen_ai_request_model=~"$model", instance=~"$instance""#;
 /// Selector of the normalised signals tokenwatch exports (`tokenwatch_kv_cache_usage_ratio`…).
 const SIG: &str = r#"model=~"$model", instance=~"$instance""#;

@@ -6,4 +6,5 @@
 
 pub mod duration;
 pub mod splits;
+pub mod telemetry;
 pub mod tls;

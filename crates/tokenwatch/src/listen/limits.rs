@@ -1,7 +1,7 @@
 // Request limits of the HTTP listeners (API, proxy, OTLP/HTTP): the `limits` configuration,
 // the header check answering 431, and the count of refused requests by listener and reason.
 
-use crate::export::prometheus::{Metrics, RejectedLabels};
+use crate::kernel::telemetry::{Metrics, RejectedLabels};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use prometheus_client::metrics::counter::Counter;

@@ -499,7 +499,7 @@ mod tests {
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "hello" }));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let metrics = crate::export::prometheus::Metrics::new();
+        let metrics = crate::kernel::telemetry::Metrics::new();
         let limits = limits::LimitsConfig {
             max_header_bytes: 4096,
             max_headers: 10,
@@ -606,7 +606,7 @@ mod tests {
         let guard = limits::Guard::new(
             "api",
             &Default::default(),
-            &crate::export::prometheus::Metrics::new(),
+            &crate::kernel::telemetry::Metrics::new(),
         );
         let server = tokio::spawn(serve_router(listener, None, app, stop, guard));
 
@@ -722,7 +722,7 @@ mod tests {
         let guard = limits::Guard::new(
             "api",
             &Default::default(),
-            &crate::export::prometheus::Metrics::new(),
+            &crate::kernel::telemetry::Metrics::new(),
         );
         let server = tokio::spawn(serve_router(listener, Some(config), app, stop, guard));
 

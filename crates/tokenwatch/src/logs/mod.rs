@@ -8,8 +8,8 @@ pub mod file_source;
 pub mod mask;
 pub mod miner;
 
-use crate::export::prometheus::Metrics;
 use crate::kernel::duration::HumanDuration;
+use crate::kernel::telemetry::Metrics;
 use file_source::{FileOffset, Tailer};
 use miner::{LogLine, SavedState, TemplateMiner};
 use prometheus_client::metrics::counter::Counter;

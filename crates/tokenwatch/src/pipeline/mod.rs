@@ -12,7 +12,7 @@ pub use store_sink::StoreSink;
 pub use store_writer::{StoreHealth, StoreWriter, StoreWriterConfig, StoreWriterThread};
 
 use crate::capture::{RawText, TextCapture};
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -422,7 +422,7 @@ impl RecordSink for ProxySpanSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::prometheus::Metrics;
+    use crate::kernel::telemetry::Metrics;
     use std::sync::Arc;
     use tokenwatch_core::model::{ErrorClass, ProxySpan, SeriesLabels};
 

@@ -21,8 +21,8 @@
 //! (`decision="kept_overflow"`): nothing is lost silently. At shutdown every buffered trace is
 //! decided at once.
 
-use crate::export::prometheus::Metrics;
 use crate::kernel::duration::HumanDuration;
+use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -1,7 +1,7 @@
 // The store's own writer thread behind a bounded queue: records, spans, log records, roll-ups
 // and retention reach the store in order, and a slow or unreachable store never holds the pipeline.
 
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -2,7 +2,7 @@
 // window, set from each refresh of the tracker (series that ended disappear).
 
 use super::SloStatus;
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

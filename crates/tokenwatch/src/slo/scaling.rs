@@ -12,8 +12,8 @@
 
 use crate::alerting::engine::enrich::instance_loads;
 use crate::alerting::engine::inputs::{Inputs, quantile, values};
-use crate::export::prometheus::Metrics;
 use crate::kernel::duration::HumanDuration;
+use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

@@ -8,7 +8,7 @@ pub mod proxy;
 pub mod scrape;
 
 use crate::config::Config;
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use crate::pipeline::TelemetryQueue;
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -1,7 +1,7 @@
 // Delivery self-metrics in `/metrics`: notifications by receiver and outcome, delivery latency
 // and queue depth per receiver.
 
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -3,7 +3,7 @@
 // and the kept state's figures on `/metrics` (records evicted at the per-model cap, bytes kept).
 
 use super::thin::{Cuts, sample_id};
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::collections::VecDeque;

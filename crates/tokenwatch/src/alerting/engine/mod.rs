@@ -28,7 +28,7 @@ pub use inputs::AlertSink;
 use crate::alerting::deliver::Notifier;
 use crate::alerting::rules::{AlertingConfig, InhibitRule, Rule, default_inhibit_rules, render};
 use crate::alerting::snapshot::{SnapshotContext, prune_snapshots, snapshot_dir, write_snapshot};
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use enrich::EventHistory;
 use lifecycle::{Timing, Tracked, Transition, fingerprint, group_labels};
 use noise::{AlertMetrics, Firing, Incidents};

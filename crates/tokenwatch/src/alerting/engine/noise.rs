@@ -3,7 +3,7 @@
 // own alerts), incidents (alerts of one model close in time), and alert metrics.
 
 use crate::alerting::rules::InhibitRule;
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

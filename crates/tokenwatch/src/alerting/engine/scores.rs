@@ -2,7 +2,7 @@
 // model, A/B group and prompt version (by request or trace id), kept per model for the window.
 
 use super::inputs::{Label, Rec, TraceKey};
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

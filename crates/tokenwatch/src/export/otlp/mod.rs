@@ -26,8 +26,8 @@ pub use queue::SpanQueue;
 pub use sender::{DROP_REASONS, ExportMetrics, MAX_BACKOFF, MIN_BACKOFF};
 
 use crate::config::UpstreamTlsConfig;
-use crate::export::prometheus::Metrics;
 use crate::kernel::duration::HumanDuration;
+use crate::kernel::telemetry::Metrics;
 use crate::kernel::tls::UpstreamTls;
 use serde::Deserialize;
 use std::collections::BTreeMap;

@@ -5,7 +5,7 @@ use super::convert::{ExportSpan, request_of};
 use super::queue::SpanQueue;
 use super::{Prepared, Protocol};
 use crate::export::delivery::{Attempt, Delivered, Endpoint, HttpClient, LAST_ATTEMPT, stopped};
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;

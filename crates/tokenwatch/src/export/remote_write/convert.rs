@@ -236,7 +236,8 @@ stamped{a=\"b\"} 1.5 1700000000000
 
     #[test]
     fn the_metrics_exposition_converts_with_its_genai_labels() {
-        use crate::export::prometheus::{Metrics, MetricsSink};
+        use crate::export::prometheus::MetricsSink;
+        use crate::kernel::telemetry::Metrics;
         use crate::pipeline::RecordSink;
         use tokenwatch_core::model::{RequestRecord, SeriesLabels};
         let m = std::sync::Arc::new(Metrics::new());

@@ -28,8 +28,8 @@ pub use proto::{Label, Sample, TimeSeries, WriteRequest};
 pub use sender::{MAX_BACKOFF, MIN_BACKOFF, RemoteWriteMetrics};
 
 use crate::config::UpstreamTlsConfig;
-use crate::export::prometheus::Metrics;
 use crate::kernel::duration::HumanDuration;
+use crate::kernel::telemetry::Metrics;
 use crate::kernel::tls::UpstreamTls;
 use serde::Deserialize;
 use std::collections::BTreeMap;

@@ -5,7 +5,7 @@ use super::convert;
 use super::proto::Label;
 pub use crate::export::delivery::HttpClient;
 use crate::export::delivery::{self, Attempt, Delivered, stopped};
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use prometheus_client::encoding::EncodeLabelSet;

@@ -4,7 +4,7 @@
 use super::cgroup;
 use super::points::{PointContext, snapshot_points};
 use super::reader::{GpuReader, GpuSnapshot};
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;

@@ -6,7 +6,7 @@ use super::genai;
 use super::logs;
 use super::metrics::MetricsMapper;
 use crate::capture::telemetry::TelemetryText;
-use crate::export::prometheus::Metrics;
+use crate::kernel::telemetry::Metrics;
 use crate::pipeline::{StoreWriter, TelemetryQueue};
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;

@@ -52,7 +52,7 @@ pub struct Health {
 }
 
 impl Health {
-    pub fn register(&self, metrics: &crate::export::prometheus::Metrics) {
+    pub fn register(&self, metrics: &crate::kernel::telemetry::Metrics) {
         metrics.register(
             "tokenwatch_scrape_up",
             "1 when the last scrape of the target succeeded, else 0",

@@ -1,0 +1,496 @@
+// tokenwatch's telemetry registry, below every stage: each stage registers its own health
+// metrics here (`Metrics::register`, `register_collector`) and the pipeline's, store's and
+// listeners' counters live on it; the request series named and labelled after the OpenTelemetry
+// GenAI conventions (`observe`) too. `/metrics` encodes it (`export::prometheus` adds the signal
+// board's gauges and feeds it records).
+
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokenwatch_core::model::RequestRecord;
+
+/// Buckets recommended by the GenAI conventions for `gen_ai.server.time_to_first_token`.
+const TTFT_BUCKETS: [f64; 16] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+/// Buckets recommended for `gen_ai.server.time_per_output_token`.
+const TPOT_BUCKETS: [f64; 13] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+];
+/// Buckets recommended for `gen_ai.server.request.duration` and `gen_ai.client.operation.duration`.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+/// Buckets recommended for `gen_ai.client.token.usage` (powers of 4).
+pub const TOKEN_USAGE_BUCKETS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+const STORE_WRITE_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// `gen_ai.operation.name` of a request, from its endpoint: the client's path for proxied
+/// requests, the span's route or operation for received spans. Unknown paths are chats.
+pub fn operation_name(endpoint: &str) -> &'static str {
+    const WELL_KNOWN: [&str; 9] = [
+        "chat",
+        "text_completion",
+        "generate_content",
+        "embeddings",
+        "retrieval",
+        "execute_tool",
+        "create_agent",
+        "invoke_agent",
+        "invoke_workflow",
+    ];
+    if let Some(op) = WELL_KNOWN.iter().find(|op| **op == endpoint) {
+        return op;
+    }
+    let path = endpoint
+        .split('?')
+        .next()
+        .unwrap_or("")
+        .trim_end_matches('/');
+    if path.ends_with("/chat/completions") || path.ends_with("/api/chat") {
+        "chat"
+    } else if path.ends_with("/completions")
+        || path.ends_with("/generate")
+        || path.ends_with("/generate_stream")
+    {
+        "text_completion"
+    } else if path.ends_with("/embeddings") || path.ends_with("/embed") {
+        "embeddings"
+    } else {
+        "chat"
+    }
+}
+
+/// `gen_ai.provider.name` of a route's runtime: the conventions' well-known value where one
+/// exists (older `gen_ai.system` spellings included), else the runtime's own name. A route
+/// without a runtime speaks the OpenAI API (Anthropic's on `/v1/messages`).
+pub fn provider_name(runtime: &str, endpoint: &str) -> String {
+    let known = match runtime.to_ascii_lowercase().as_str() {
+        "" if endpoint == "/v1/messages" => "anthropic",
+        "" | "openai" => "openai",
+        "anthropic" => "anthropic",
+        "azure_openai" | "azure-openai" | "az.ai.openai" | "azure.ai.openai" => "azure.ai.openai",
+        "az.ai.inference" | "azure.ai.inference" => "azure.ai.inference",
+        "bedrock" | "aws_bedrock" | "aws.bedrock" => "aws.bedrock",
+        "gemini" | "gcp.gemini" => "gcp.gemini",
+        "vertex_ai" | "vertexai" | "gcp.vertex_ai" => "gcp.vertex_ai",
+        "gcp.gen_ai" => "gcp.gen_ai",
+        "mistral" | "mistral_ai" | "mistralai" => "mistral_ai",
+        "xai" | "x_ai" => "x_ai",
+        "watsonx" | "ibm.watsonx.ai" => "ibm.watsonx.ai",
+        "cohere" => "cohere",
+        "deepseek" => "deepseek",
+        "groq" => "groq",
+        "perplexity" => "perplexity",
+        _ => return runtime.to_string(),
+    };
+    known.to_string()
+}
+
+/// Labels of the request series: the GenAI conventions' attributes (dots as underscores) and
+/// tokenwatch's own. `tenant` is written only when `export.prometheus.tenant_label` is on.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct RequestLabels {
+    pub gen_ai_operation_name: &'static str,
+    pub gen_ai_provider_name: String,
+    pub gen_ai_request_model: String,
+    /// The model the response named; the request's model when it named none.
+    pub gen_ai_response_model: String,
+    pub instance: String,
+    pub ab_group: String,
+    pub model_version: String,
+    pub tenant: Option<String>,
+}
+
+impl RequestLabels {
+    pub fn of(r: &RequestRecord, with_tenant: bool) -> RequestLabels {
+        let l = &r.labels;
+        let response_model = if r.span.response_model.is_empty() {
+            &l.model_id
+        } else {
+            &r.span.response_model
+        };
+        RequestLabels {
+            gen_ai_operation_name: operation_name(&r.endpoint),
+            gen_ai_provider_name: provider_name(&l.runtime, &r.endpoint),
+            gen_ai_request_model: l.model_id.clone(),
+            gen_ai_response_model: response_model.clone(),
+            instance: l.instance.clone(),
+            ab_group: l.ab_group.clone(),
+            model_version: l.model_version.clone(),
+            tenant: with_tenant.then(|| l.tenant.clone()),
+        }
+    }
+}
+
+pub(crate) fn label(
+    encoder: &mut LabelSetEncoder,
+    key: &str,
+    value: &str,
+) -> Result<(), std::fmt::Error> {
+    (key, value).encode(encoder.encode_label())
+}
+
+impl EncodeLabelSet for RequestLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        label(encoder, "gen_ai_operation_name", self.gen_ai_operation_name)?;
+        label(encoder, "gen_ai_provider_name", &self.gen_ai_provider_name)?;
+        label(encoder, "gen_ai_request_model", &self.gen_ai_request_model)?;
+        label(
+            encoder,
+            "gen_ai_response_model",
+            &self.gen_ai_response_model,
+        )?;
+        label(encoder, "instance", &self.instance)?;
+        label(encoder, "ab_group", &self.ab_group)?;
+        label(encoder, "model_version", &self.model_version)?;
+        if let Some(t) = &self.tenant {
+            label(encoder, "tenant", t)?;
+        }
+        Ok(())
+    }
+}
+
+/// The request labels plus `error_type`, which (as `error.type` in the conventions) is there
+/// only when the request failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct OutcomeLabels {
+    pub request: RequestLabels,
+    pub error_type: Option<String>,
+}
+
+impl OutcomeLabels {
+    pub fn of(r: &RequestRecord, request: RequestLabels) -> OutcomeLabels {
+        let error_type = match r.error_class {
+            Some(c) => Some(c.name().to_string()),
+            // The conventions' fallback for a failure without a class: the status code.
+            None if r.status >= 400 => Some(r.status.to_string()),
+            None => None,
+        };
+        OutcomeLabels {
+            request,
+            error_type,
+        }
+    }
+}
+
+impl EncodeLabelSet for OutcomeLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.request.encode(encoder)?;
+        if let Some(e) = &self.error_type {
+            label(encoder, "error_type", e)?;
+        }
+        Ok(())
+    }
+}
+
+/// The request labels plus `gen_ai_token_type` (`input` or `output`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct TokenLabels {
+    pub request: RequestLabels,
+    pub gen_ai_token_type: &'static str,
+}
+
+impl EncodeLabelSet for TokenLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.request.encode(encoder)?;
+        label(encoder, "gen_ai_token_type", self.gen_ai_token_type)
+    }
+}
+
+type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn ttft_hist() -> Histogram {
+    Histogram::new(TTFT_BUCKETS)
+}
+fn tpot_hist() -> Histogram {
+    Histogram::new(TPOT_BUCKETS)
+}
+fn duration_hist() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+fn token_usage_hist() -> Histogram {
+    Histogram::new(TOKEN_USAGE_BUCKETS)
+}
+
+/// Every metric tokenwatch exposes, and the registry that encodes them.
+pub struct Metrics {
+    registry: std::sync::RwLock<Registry>,
+    pub ttft: HistFamily<RequestLabels>,
+    pub tpot: HistFamily<RequestLabels>,
+    pub duration: HistFamily<OutcomeLabels>,
+    pub operation_duration: HistFamily<OutcomeLabels>,
+    pub tokens: HistFamily<TokenLabels>,
+    pub requests: Family<OutcomeLabels, Counter>,
+    /// `export.prometheus.tenant_label`: request series carry `tenant`.
+    tenant_label: AtomicBool,
+    pub queue_depth: Gauge,
+    pub queue_capacity: Gauge,
+    /// `tokenwatch_telemetry_dropped_records_total{reason="queue_full"}`: fetched once, so the
+    /// proxy's drop is one atomic add.
+    pub dropped_records: Counter,
+    /// The same, `reason="shutting_down"`: the pipeline had stopped accepting records.
+    pub dropped_records_closed: Counter,
+    pub pipeline_records: Counter,
+    pub store_write_seconds: Histogram,
+    pub store_records_written: Counter,
+    pub store_write_errors: Counter,
+    pub store_rollups_written: Counter,
+    pub aggregator_series: Gauge,
+    pub aggregator_refused_series: Gauge,
+    /// Requests refused by a listener's limits (`crate::listen::limits`).
+    pub rejected_requests: Family<RejectedLabels, Counter>,
+}
+
+/// Labels of `tokenwatch_rejected_requests`: the listener (`api`, `proxy`, `otlp`) and why
+/// (`headers_too_large`, `body_too_large`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectedLabels {
+    pub listener: String,
+    pub reason: String,
+}
+
+/// Labels of `tokenwatch_telemetry_dropped_records`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: String,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let ttft: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_hist);
+        let tpot: HistFamily<RequestLabels> = Family::new_with_constructor(tpot_hist);
+        let duration: HistFamily<OutcomeLabels> = Family::new_with_constructor(duration_hist);
+        let operation_duration: HistFamily<OutcomeLabels> =
+            Family::new_with_constructor(duration_hist);
+        registry.register(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Time from a successful request's arrival at the proxy to its first content-bearing chunk",
+            ttft.clone(),
+        );
+        registry.register(
+            "gen_ai_server_time_per_output_token_seconds",
+            "Time per output token after the first, per successful streamed request",
+            tpot.clone(),
+        );
+        registry.register(
+            "gen_ai_server_request_duration_seconds",
+            "Time from the request's arrival to the end of its response (error_type on failures)",
+            duration.clone(),
+        );
+        registry.register(
+            "gen_ai_client_operation_duration_seconds",
+            "The whole call to the model as the proxy, the upstream's client, measured it (error_type on failures)",
+            operation_duration.clone(),
+        );
+        let tokens: HistFamily<TokenLabels> = Family::new_with_constructor(token_usage_hist);
+        registry.register(
+            "gen_ai_client_token_usage",
+            "Tokens per request, by gen_ai_token_type (input or output)",
+            tokens.clone(),
+        );
+        let requests = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "tokenwatch_requests",
+            "Requests seen by tokenwatch, with the request histograms' labels (error_type on failures)",
+            requests.clone(),
+        );
+
+        let queue_depth = Gauge::default();
+        registry.register(
+            "tokenwatch_telemetry_queue_depth",
+            "Records waiting in the telemetry queue",
+            queue_depth.clone(),
+        );
+        let queue_capacity = Gauge::default();
+        registry.register(
+            "tokenwatch_telemetry_queue_capacity",
+            "Capacity of the telemetry queue",
+            queue_capacity.clone(),
+        );
+        let dropped = Family::<ReasonLabels, Counter>::default();
+        let dropped_records = dropped
+            .get_or_create(&ReasonLabels {
+                reason: "queue_full".into(),
+            })
+            .clone();
+        let dropped_records_closed = dropped
+            .get_or_create(&ReasonLabels {
+                reason: "shutting_down".into(),
+            })
+            .clone();
+        registry.register(
+            "tokenwatch_telemetry_dropped_records",
+            "Records dropped before the pipeline (requests were not affected), by reason: queue_full, shutting_down",
+            dropped,
+        );
+        let pipeline_records = Counter::default();
+        registry.register(
+            "tokenwatch_pipeline_records",
+            "Records processed by the pipeline",
+            pipeline_records.clone(),
+        );
+        let store_write_seconds = Histogram::new(STORE_WRITE_BUCKETS);
+        registry.register(
+            "tokenwatch_store_write_duration_seconds",
+            "Latency of one committed batch write to the store",
+            store_write_seconds.clone(),
+        );
+        let store_records_written = Counter::default();
+        registry.register(
+            "tokenwatch_store_records_written",
+            "Request records committed to the store",
+            store_records_written.clone(),
+        );
+        let store_write_errors = Counter::default();
+        registry.register(
+            "tokenwatch_store_write_errors",
+            "Failed store writes",
+            store_write_errors.clone(),
+        );
+        let store_rollups_written = Counter::default();
+        registry.register(
+            "tokenwatch_store_rollups_written",
+            "Per-minute sketch roll-ups committed to the store",
+            store_rollups_written.clone(),
+        );
+        let aggregator_series = Gauge::default();
+        registry.register(
+            "tokenwatch_aggregator_series",
+            "Series held in memory by the aggregator",
+            aggregator_series.clone(),
+        );
+        let aggregator_refused_series = Gauge::default();
+        registry.register(
+            "tokenwatch_aggregator_refused_series",
+            "New series refused because aggregation.max_series was reached",
+            aggregator_refused_series.clone(),
+        );
+        let rejected_requests = Family::<RejectedLabels, Counter>::default();
+        registry.register(
+            "tokenwatch_rejected_requests",
+            "Requests refused for headers or a body over their limits, by listener and reason",
+            rejected_requests.clone(),
+        );
+        let build_info = Family::<BuildLabels, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
+        registry.register(
+            "tokenwatch_build_info",
+            "tokenwatch version",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").into(),
+            })
+            .set(1);
+
+        Metrics {
+            registry: std::sync::RwLock::new(registry),
+            ttft,
+            tpot,
+            duration,
+            operation_duration,
+            tokens,
+            requests,
+            tenant_label: AtomicBool::new(false),
+            queue_depth,
+            queue_capacity,
+            dropped_records,
+            dropped_records_closed,
+            pipeline_records,
+            store_write_seconds,
+            store_records_written,
+            store_write_errors,
+            store_rollups_written,
+            aggregator_series,
+            aggregator_refused_series,
+            rejected_requests,
+        }
+    }
+
+    /// Register a further metric (a source's own health, for example). Names must be unique.
+    pub fn register(
+        &self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        let mut r = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        r.register(name, help, metric);
+    }
+
+    /// Register a collector that produces its metrics at encode time.
+    pub fn register_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        let mut r = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        r.register_collector(collector);
+    }
+
+    /// Prometheus text exposition format 0.0.4.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        let registry = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {
+            tracing::error!(error = %e, "encoding /metrics failed");
+        }
+        out
+    }
+
+    pub const CONTENT_TYPE: &'static str =
+        prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+    /// `export.prometheus.tenant_label`: whether request series carry `tenant` from now on.
+    pub fn set_tenant_label(&self, on: bool) {
+        self.tenant_label.store(on, Ordering::Relaxed);
+    }
+
+    /// Counts one finished request into the GenAI request series (the Prometheus exporter's
+    /// record sink calls it for every record the pipeline carries).
+    pub fn observe(&self, r: &RequestRecord) {
+        let req = RequestLabels::of(r, self.tenant_label.load(Ordering::Relaxed));
+        // The conventions observe first-token and per-token latency for successful responses only.
+        if r.is_success() {
+            if let Some(t) = r.first_token_s {
+                self.ttft.get_or_create(&req).observe(t);
+            }
+            if let Some(t) = r.time_per_output_token_s() {
+                self.tpot.get_or_create(&req).observe(t);
+            }
+        }
+        for (kind, n) in [("input", r.prompt_tokens), ("output", r.output_tokens)] {
+            if let Some(n) = n {
+                let t = TokenLabels {
+                    request: req.clone(),
+                    gen_ai_token_type: kind,
+                };
+                self.tokens.get_or_create(&t).observe(n as f64);
+            }
+        }
+        let outcome = OutcomeLabels::of(r, req);
+        self.duration.get_or_create(&outcome).observe(r.end_s);
+        self.operation_duration
+            .get_or_create(&outcome)
+            .observe(r.end_s);
+        self.requests.get_or_create(&outcome).inc();
+    }
+}
