@@ -6,7 +6,7 @@ pub mod bert;
 
 use crate::capture::RawText;
 use crate::kernel::telemetry::Metrics;
-use crate::pipeline::TelemetryQueue;
+use crate::pipeline::{Detour, TelemetryQueue};
 use prometheus_client::metrics::counter::Counter;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{SyncSender, TrySendError};
@@ -90,12 +90,10 @@ pub struct EmbedQueue {
     dropped: Counter,
 }
 
-impl EmbedQueue {
+impl Detour for EmbedQueue {
     /// Queue a record with its response bytes; a full queue hands them back (counted), and
-    /// the caller sends the record on without an embedding. (The large error is the record
-    /// itself, handed back by value: boxing it would cost an allocation per refusal.)
-    #[allow(clippy::result_large_err)]
-    pub fn offer(
+    /// the caller sends the record on without an embedding.
+    fn offer(
         &self,
         record: RequestRecord,
         raw: Box<RawText>,

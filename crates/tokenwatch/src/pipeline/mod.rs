@@ -69,7 +69,21 @@ pub struct TelemetryQueue {
     first: mpsc::Sender<FirstToken>,
     metrics: Arc<Metrics>,
     /// `capture.embeddings`: records with response bytes pass the embedding thread first.
-    embed: Option<crate::embed::EmbedQueue>,
+    embed: Option<Arc<dyn Detour>>,
+}
+
+/// A stage that records with their request's and response's bytes pass through before the
+/// queue (the local embedder, `crate::embed`), which sends them on itself: it takes a record,
+/// or hands it back (counted) when it has no room, and the queue sends it on without it.
+pub trait Detour: Send + Sync {
+    /// (The large error is the record itself, handed back by value: boxing it would cost an
+    /// allocation per refusal.)
+    #[allow(clippy::result_large_err)]
+    fn offer(
+        &self,
+        record: RequestRecord,
+        raw: Box<RawText>,
+    ) -> Result<(), (RequestRecord, Box<RawText>)>;
 }
 
 impl TelemetryQueue {
@@ -98,8 +112,8 @@ impl TelemetryQueue {
     }
 
     /// This queue with records that carry response bytes sent through the local embedder.
-    pub fn with_embeddings(mut self, embed: crate::embed::EmbedQueue) -> TelemetryQueue {
-        self.embed = Some(embed);
+    pub fn with_embeddings(mut self, embed: impl Detour + 'static) -> TelemetryQueue {
+        self.embed = Some(Arc::new(embed));
         self
     }
 
