@@ -126,7 +126,10 @@ impl RunningApp {
         };
         let runtimes_cfg = &cfg.runtime;
         // Refuse to listen off loopback by accident, and load the tokens, before anything binds.
-        let auth = crate::auth::AuthHandle::from_config(&cfg)?;
+        if let Some((key, message)) = cfg.exposure_problem() {
+            anyhow::bail!("{key}: {message}");
+        }
+        let auth = crate::auth::AuthHandle::from_config(&cfg.auth)?;
         // Certificates first: a missing or bad file stops the start before anything binds.
         let tls = Arc::new(crate::listen::tls::ServerTls::load(&cfg).map_err(anyhow::Error::msg)?);
         let analysis = OwnedRuntime(Some(
@@ -288,7 +291,8 @@ impl RunningApp {
         servers.extend(log_templates.task);
         drop(in_analysis);
         servers.extend(tls.spawn_reloader(stop.clone()));
-        let (audit, audit_closer) = crate::audit::start(&cfg, &metrics, stop.clone())?;
+        let (audit, audit_closer) =
+            crate::audit::start(&cfg.audit, &cfg.data_dir, &metrics, stop.clone())?;
         servers.extend(audit_closer);
         servers.extend(auth.spawn_reload(stop.clone(), audit.clone()));
 

@@ -384,6 +384,10 @@ impl Default for AggregationConfig {
     }
 }
 
+fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().to_canonical().is_loopback()
+}
+
 /// The JSON Schema (draft 2020-12) of `tokenwatch.yaml`, generated from these types: unknown keys
 /// are refused as the loader refuses them; cross-field checks stay the loader's (`check-config`).
 pub fn json_schema() -> String {
@@ -395,6 +399,38 @@ pub fn json_schema() -> String {
 }
 
 impl Config {
+    /// The first listener bound off loopback without protection: `(key, message)`.
+    pub fn exposure_problem(&self) -> Option<(String, String)> {
+        let cfg = self;
+        if cfg.auth.allow_unauthenticated {
+            return None;
+        }
+        if cfg.auth.tokens_file.is_none() {
+            let mut guarded = vec![("listen", cfg.listen)];
+            if cfg.otlp.enabled {
+                guarded.push(("otlp.grpc_listen", cfg.otlp.grpc_listen));
+                guarded.push(("otlp.http_listen", cfg.otlp.http_listen));
+            }
+            if let Some((key, addr)) = guarded.into_iter().find(|(_, a)| !is_loopback(a)) {
+                let message = format!(
+                    "{addr} is not a loopback address and no auth.tokens_file is set: set auth.tokens_file (or --auth-tokens) or opt out with auth.allow_unauthenticated: true"
+                );
+                return Some((key.to_string(), message));
+            }
+        }
+        if !cfg.proxy.upstreams.is_empty()
+            && !cfg.proxy.allow_public
+            && !is_loopback(&cfg.proxy.listen)
+        {
+            let message = format!(
+                "{} is not a loopback address: the proxy checks no tokenwatch token (it forwards each client's own Authorization header to the upstream); set proxy.allow_public: true if the upstream authenticates its clients, or bind the proxy to loopback",
+                cfg.proxy.listen
+            );
+            return Some(("proxy.listen".into(), message));
+        }
+        None
+    }
+
     /// Read and validate a configuration file; errors name the file and the key path.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
@@ -569,8 +605,11 @@ impl Config {
                 ));
             }
         }
-        crate::auth::validate(self).map_err(|(path, message)| invalid(path, message))?;
-        crate::audit::validate(self).map_err(|(path, message)| invalid(path, message))?;
+        crate::auth::validate(&self.auth).map_err(|(path, message)| invalid(path, message))?;
+        if let Some((path, message)) = self.exposure_problem() {
+            return Err(invalid(path, message));
+        }
+        crate::audit::validate(&self.audit).map_err(|(path, message)| invalid(path, message))?;
         crate::export::remote_write::validate(&self.export.remote_write)
             .map_err(|e| invalid(e.key, e.message))?;
         crate::export::otlp::validate(self.export.otlp.as_ref())

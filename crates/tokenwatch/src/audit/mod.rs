@@ -5,7 +5,6 @@ pub mod entry;
 pub mod http;
 pub mod writer;
 
-use crate::config::Config;
 use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::Metrics;
 use chrono::Utc;
@@ -54,8 +53,8 @@ impl AuditConfig {
 }
 
 /// Checks of the `audit:` section for `Config::validate`.
-pub fn validate(cfg: &Config) -> Result<(), (String, String)> {
-    if cfg.audit.retention.0 < Duration::from_secs(86_400) {
+pub fn validate(audit: &AuditConfig) -> Result<(), (String, String)> {
+    if audit.retention.0 < Duration::from_secs(86_400) {
         return Err((
             "audit.retention".into(),
             "must be at least 1d (the log is kept in one file per day)".into(),
@@ -119,21 +118,23 @@ pub(crate) fn test_log(capacity: usize) -> (AuditLog, std::sync::mpsc::Receiver<
     (AuditLog(Some(Arc::new(inner))), rx)
 }
 
-/// Start the audit log of `cfg`: create its directory, delete expired files, start the writer
+/// Start the audit log of `audit` (its files under `data_dir` unless `audit.dir` says where):
+/// create its directory, delete expired files, start the writer
 /// thread and expose `tokenwatch_audit_dropped_total`. The returned task closes the writer
 /// (flushing it) once `stop` is set. Off (`audit.enabled: false`): a handle that records nothing.
 pub fn start(
-    cfg: &Config,
+    audit: &AuditConfig,
+    data_dir: &std::path::Path,
     metrics: &Metrics,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<(AuditLog, Option<JoinHandle<()>>)> {
-    if !cfg.audit.enabled {
+    if !audit.enabled {
         return Ok((AuditLog::default(), None));
     }
-    let dir = cfg.audit.dir(&cfg.data_dir);
+    let dir = audit.dir(data_dir);
     writer::create_dir(&dir)
         .map_err(|e| anyhow::anyhow!("audit.dir: cannot create {}: {e}", dir.display()))?;
-    match writer::prune(&dir, cfg.audit.retention.0, Utc::now().date_naive()) {
+    match writer::prune(&dir, audit.retention.0, Utc::now().date_naive()) {
         Ok(0) => {}
         Ok(n) => {
             tracing::info!(deleted = n, dir = %dir.display(), "audit: expired audit files deleted")
@@ -143,7 +144,7 @@ pub fn start(
         }
     }
     let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE_CAPACITY);
-    let w = writer::Writer::new(dir.clone(), cfg.audit.retention.0);
+    let w = writer::Writer::new(dir.clone(), audit.retention.0);
     let thread = std::thread::Builder::new()
         .name("tw-audit".into())
         .spawn(move || w.run(rx))
@@ -157,7 +158,7 @@ pub fn start(
         "Audit log entries dropped because the writer's queue was full",
         inner.dropped.clone(),
     );
-    tracing::info!(dir = %dir.display(), retention = ?cfg.audit.retention.0, "audit: logging API requests");
+    tracing::info!(dir = %dir.display(), retention = ?audit.retention.0, "audit: logging API requests");
     let closer = spawn_closer(thread, Arc::downgrade(&inner), stop);
     Ok((AuditLog(Some(inner)), Some(closer)))
 }

@@ -7,7 +7,6 @@ pub mod http;
 pub mod tokens;
 
 use crate::audit::{AuditEvent, AuditLog};
-use crate::config::Config;
 use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -15,7 +14,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -47,52 +45,17 @@ impl Default for AuthConfig {
     }
 }
 
-fn is_loopback(addr: &SocketAddr) -> bool {
-    addr.ip().to_canonical().is_loopback()
-}
-
-/// The first listener bound off loopback without protection: `(key, message)`.
-pub fn exposure_problem(cfg: &Config) -> Option<(String, String)> {
-    if cfg.auth.allow_unauthenticated {
-        return None;
-    }
-    if cfg.auth.tokens_file.is_none() {
-        let mut guarded = vec![("listen", cfg.listen)];
-        if cfg.otlp.enabled {
-            guarded.push(("otlp.grpc_listen", cfg.otlp.grpc_listen));
-            guarded.push(("otlp.http_listen", cfg.otlp.http_listen));
-        }
-        if let Some((key, addr)) = guarded.into_iter().find(|(_, a)| !is_loopback(a)) {
-            let message = format!(
-                "{addr} is not a loopback address and no auth.tokens_file is set: set auth.tokens_file (or --auth-tokens) or opt out with auth.allow_unauthenticated: true"
-            );
-            return Some((key.to_string(), message));
-        }
-    }
-    if !cfg.proxy.upstreams.is_empty() && !cfg.proxy.allow_public && !is_loopback(&cfg.proxy.listen)
-    {
-        let message = format!(
-            "{} is not a loopback address: the proxy checks no tokenwatch token (it forwards each client's own Authorization header to the upstream); set proxy.allow_public: true if the upstream authenticates its clients, or bind the proxy to loopback",
-            cfg.proxy.listen
-        );
-        return Some(("proxy.listen".into(), message));
-    }
-    None
-}
-
-/// Checks of the `auth:` section for `Config::validate`: exposure, the tokens file, the interval.
-pub fn validate(cfg: &Config) -> Result<(), (String, String)> {
-    if cfg.auth.reload_interval.0 < MIN_RELOAD_INTERVAL {
+/// Checks of the `auth:` section for `Config::validate`: the tokens file, the interval (the
+/// listeners' exposure, which reads other sections too, is `Config::exposure_problem`).
+pub fn validate(auth: &AuthConfig) -> Result<(), (String, String)> {
+    if auth.reload_interval.0 < MIN_RELOAD_INTERVAL {
         return Err((
             "auth.reload_interval".into(),
             format!("must be at least {}ms", MIN_RELOAD_INTERVAL.as_millis()),
         ));
     }
-    if let Some(file) = &cfg.auth.tokens_file {
+    if let Some(file) = &auth.tokens_file {
         TokenSet::load(file).map_err(|e| ("auth.tokens_file".to_string(), e.to_string()))?;
-    }
-    if let Some(problem) = exposure_problem(cfg) {
-        return Err(problem);
     }
     Ok(())
 }
@@ -208,17 +171,15 @@ fn bearer(value: &str) -> Option<&str> {
 }
 
 impl AuthHandle {
-    /// Refuse an accidental exposure, load the tokens file and warn about an explicit opt-out.
-    pub fn from_config(cfg: &Config) -> Result<AuthHandle, anyhow::Error> {
-        if let Some((key, message)) = exposure_problem(cfg) {
-            anyhow::bail!("{key}: {message}");
-        }
-        if cfg.auth.allow_unauthenticated {
+    /// Load the tokens file and warn about an explicit opt-out (the caller refuses an
+    /// accidental exposure first, `Config::exposure_problem`).
+    pub fn from_config(auth: &AuthConfig) -> Result<AuthHandle, anyhow::Error> {
+        if auth.allow_unauthenticated {
             tracing::warn!(
                 "auth.allow_unauthenticated is true: listeners off loopback accept requests without a token"
             );
         }
-        let Some(file) = &cfg.auth.tokens_file else {
+        let Some(file) = &auth.tokens_file else {
             return Ok(AuthHandle(None));
         };
         let name = file.display().to_string();
@@ -236,7 +197,7 @@ impl AuthHandle {
         tracing::info!(file = %file.display(), tokens = set.len(), "auth: tokens loaded; API and OTLP need bearer tokens");
         Ok(AuthHandle(Some(Arc::new(Auth {
             file: file.clone(),
-            reload_interval: cfg.auth.reload_interval.0,
+            reload_interval: auth.reload_interval.0,
             loaded: Some(Sha256::digest(&bytes).into()),
             tokens: RwLock::new(Arc::new(set)),
             failures: Family::default(),

@@ -2,6 +2,7 @@
 // the config checks, and reloading the tokens file.
 
 use super::*;
+use crate::config::Config;
 
 const READ: &str = "read-token-0123456789abcdef";
 const INGEST: &str = "ingest-token-0123456789abcdef";
@@ -135,9 +136,9 @@ fn messages_say_what_is_needed() {
 #[test]
 fn exposure_needs_tokens_or_an_explicit_opt_out() {
     let mut cfg = Config::default();
-    assert_eq!(exposure_problem(&cfg), None);
+    assert_eq!(cfg.exposure_problem(), None);
     cfg.listen = "0.0.0.0:9464".parse().unwrap();
-    let (key, msg) = exposure_problem(&cfg).unwrap();
+    let (key, msg) = cfg.exposure_problem().unwrap();
     assert_eq!(key, "listen");
     assert!(
         msg.contains("0.0.0.0:9464 is not a loopback address")
@@ -146,16 +147,16 @@ fn exposure_needs_tokens_or_an_explicit_opt_out() {
     );
     cfg.listen = "[::1]:9464".parse().unwrap();
     cfg.otlp.http_listen = "[::]:4318".parse().unwrap();
-    assert_eq!(exposure_problem(&cfg).unwrap().0, "otlp.http_listen");
+    assert_eq!(cfg.exposure_problem().unwrap().0, "otlp.http_listen");
     cfg.otlp.enabled = false;
-    assert_eq!(exposure_problem(&cfg), None);
+    assert_eq!(cfg.exposure_problem(), None);
     cfg.otlp.enabled = true;
     cfg.auth.tokens_file = Some("t".into());
-    assert_eq!(exposure_problem(&cfg), None);
+    assert_eq!(cfg.exposure_problem(), None);
 
     // The proxy: only with an upstream, and tokens are not what makes it safe.
     cfg.proxy.listen = "0.0.0.0:8080".parse().unwrap();
-    assert_eq!(exposure_problem(&cfg), None);
+    assert_eq!(cfg.exposure_problem(), None);
     cfg.proxy.upstreams = Config::from_yaml(
         "proxy:\n  upstreams:\n    - url: http://127.0.0.1:8000\n",
         "c",
@@ -163,16 +164,16 @@ fn exposure_needs_tokens_or_an_explicit_opt_out() {
     .unwrap()
     .proxy
     .upstreams;
-    let (key, msg) = exposure_problem(&cfg).unwrap();
+    let (key, msg) = cfg.exposure_problem().unwrap();
     assert_eq!(key, "proxy.listen");
     assert!(msg.contains("proxy.allow_public: true"), "{msg}");
     cfg.proxy.allow_public = true;
-    assert_eq!(exposure_problem(&cfg), None);
+    assert_eq!(cfg.exposure_problem(), None);
     cfg.proxy.allow_public = false;
     cfg.auth.tokens_file = None;
     cfg.auth.allow_unauthenticated = true;
     cfg.listen = "0.0.0.0:1".parse().unwrap();
-    assert_eq!(exposure_problem(&cfg), None);
+    assert_eq!(cfg.exposure_problem(), None);
 }
 
 #[test]
@@ -237,7 +238,7 @@ async fn reload_replaces_tokens_and_keeps_them_on_a_bad_file() {
     let mut cfg = Config::default();
     cfg.auth.tokens_file = Some(file.clone());
     cfg.auth.reload_interval = HumanDuration(Duration::from_millis(100));
-    let h = AuthHandle::from_config(&cfg).unwrap();
+    let h = AuthHandle::from_config(&cfg.auth).unwrap();
     let (stop_tx, stop) = watch::channel(false);
     let task = h
         .spawn_reload(stop, crate::audit::AuditLog::default())
