@@ -131,7 +131,13 @@ impl RunningApp {
         }
         let auth = crate::auth::AuthHandle::from_config(&cfg.auth)?;
         // Certificates first: a missing or bad file stops the start before anything binds.
-        let tls = Arc::new(crate::listen::tls::ServerTls::load(&cfg).map_err(anyhow::Error::msg)?);
+        let tls = Arc::new(
+            cfg.listener_certs()
+                .and_then(|certs| {
+                    crate::listen::tls::ServerTls::load(certs, cfg.tls.reload_interval.0)
+                })
+                .map_err(anyhow::Error::msg)?,
+        );
         let analysis = OwnedRuntime(Some(
             crate::runtimes::analysis_runtime(runtimes_cfg)
                 .context("starting the analysis runtime")?,

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 pub mod env;
 
+pub use crate::kernel::tls::UpstreamTlsConfig;
+
 pub use crate::kernel::duration::HumanDuration;
 
 #[derive(Debug, thiserror::Error)]
@@ -199,18 +201,6 @@ pub struct UpstreamConfig {
     pub tls: Option<UpstreamTlsConfig>,
 }
 
-/// `proxy.upstreams[].tls`: what an https upstream is trusted by and called.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct UpstreamTlsConfig {
-    /// PEM file of CA certificates trusted for this upstream, in addition to the system's roots.
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-    /// Name sent in SNI and checked against the certificate [default: the URL's host].
-    #[serde(default)]
-    pub server_name: Option<String>,
-}
-
 fn default_runtime() -> String {
     "openai".into()
 }
@@ -399,6 +389,17 @@ pub fn json_schema() -> String {
 }
 
 impl Config {
+    /// The certificates each listener serves (`tls`, `proxy.tls`, `otlp.tls`).
+    pub fn listener_certs(
+        &self,
+    ) -> Result<crate::listen::tls::ListenerCerts, crate::listen::tls::TlsError> {
+        crate::listen::tls::ListenerCerts::new(
+            &self.tls,
+            self.proxy.tls.as_ref(),
+            self.otlp.tls.as_ref(),
+        )
+    }
+
     /// The first listener bound off loopback without protection: `(key, message)`.
     pub fn exposure_problem(&self) -> Option<(String, String)> {
         let cfg = self;
@@ -523,7 +524,8 @@ impl Config {
         self.scrape
             .static_targets()
             .map_err(|(path, message)| invalid(path, message))?;
-        let listener_certs = crate::listen::tls::ListenerCerts::from_config(self)
+        let listener_certs = self
+            .listener_certs()
             .map_err(|e| invalid(e.key, e.message))?;
         listener_certs
             .check_files()

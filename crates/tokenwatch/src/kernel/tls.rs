@@ -1,7 +1,6 @@
 // TLS to https:// upstreams: rustls (ring provider) trusting the system's roots plus an optional
 // per-upstream CA file, SNI from the URL host or `server_name`, ALPN h2 + http/1.1, clear errors.
 
-use crate::config::UpstreamTlsConfig;
 use bytes::Bytes;
 use http::Uri;
 use http_body_util::Full;
@@ -14,8 +13,9 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{CertificateError, ClientConfig, RootCertStore};
+use serde::Deserialize;
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -244,6 +244,19 @@ fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rust
         };
     }
     None
+}
+
+/// `proxy.upstreams[].tls` (and the exporters' `tls`): what an https peer is trusted by and
+/// called.
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsConfig {
+    /// PEM file of CA certificates trusted for this upstream, in addition to the system's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Name sent in SNI and checked against the certificate [default: the URL's host].
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 #[cfg(test)]

@@ -143,17 +143,23 @@ pub struct ListenerCerts {
 }
 
 impl ListenerCerts {
-    pub fn from_config(cfg: &crate::config::Config) -> Result<ListenerCerts, TlsError> {
-        if cfg.tls.reload_interval.0 < Duration::from_millis(100) {
+    /// The certificates of each listener: the shared `tls:` section, overridden by the proxy's
+    /// and the OTLP listeners' own (`proxy.tls`, `otlp.tls`).
+    pub fn new(
+        shared: &TlsConfig,
+        proxy: Option<&ListenerTlsConfig>,
+        otlp: Option<&ListenerTlsConfig>,
+    ) -> Result<ListenerCerts, TlsError> {
+        if shared.reload_interval.0 < Duration::from_millis(100) {
             return Err(TlsError::new(
                 "tls.reload_interval",
                 "must be at least 100ms",
             ));
         }
         Ok(ListenerCerts {
-            api: resolve(&cfg.tls, None, "tls")?,
-            proxy: resolve(&cfg.tls, cfg.proxy.tls.as_ref(), "proxy.tls")?,
-            otlp: resolve(&cfg.tls, cfg.otlp.tls.as_ref(), "otlp.tls")?,
+            api: resolve(shared, None, "tls")?,
+            proxy: resolve(shared, proxy, "proxy.tls")?,
+            otlp: resolve(shared, otlp, "otlp.tls")?,
         })
     }
 
@@ -327,11 +333,11 @@ pub struct ServerTls {
 }
 
 impl ServerTls {
-    /// Load the certificates the configuration names; errors name the key and the file.
-    pub fn load(cfg: &crate::config::Config) -> Result<ServerTls, TlsError> {
-        let wanted = ListenerCerts::from_config(cfg)?;
+    /// Load the certificates `wanted` names, reread every `reload_interval`; errors name the
+    /// key and the file.
+    pub fn load(wanted: ListenerCerts, reload_interval: Duration) -> Result<ServerTls, TlsError> {
         let mut tls = ServerTls {
-            reload_interval: cfg.tls.reload_interval.0,
+            reload_interval,
             ..ServerTls::default()
         };
         tls.api = tls.config_for(wanted.api.as_ref(), Alpn::Http)?;
@@ -499,7 +505,7 @@ mod tests {
             "t.yaml",
         )
         .unwrap();
-        assert!(ListenerCerts::from_config(&c).unwrap().proxy.is_none());
+        assert!(c.listener_certs().unwrap().proxy.is_none());
         let err = Config::from_yaml("otlp:\n  tls:\n    cert: a.pem\n", "t.yaml")
             .unwrap_err()
             .to_string();

@@ -25,10 +25,10 @@ pub use convert::{ExportSpan, request_of, span_of_row};
 pub use queue::SpanQueue;
 pub use sender::{DROP_REASONS, ExportMetrics, MAX_BACKOFF, MIN_BACKOFF};
 
-use crate::config::UpstreamTlsConfig;
 use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::Metrics;
 use crate::kernel::tls::UpstreamTls;
+use crate::kernel::tls::UpstreamTlsConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -27,10 +27,10 @@ pub use convert::{series_from_exposition, sort_labels, split};
 pub use proto::{Label, Sample, TimeSeries, WriteRequest};
 pub use sender::{MAX_BACKOFF, MIN_BACKOFF, RemoteWriteMetrics};
 
-use crate::config::UpstreamTlsConfig;
 use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::Metrics;
 use crate::kernel::tls::UpstreamTls;
+use crate::kernel::tls::UpstreamTlsConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;

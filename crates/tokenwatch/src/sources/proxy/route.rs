@@ -334,7 +334,7 @@ mod tests {
         let e = Router::new(&[bad]).unwrap_err();
         assert!(e.contains("proxy.upstreams[0].tls"), "{e}");
         let mut missing = up("https://h:1", &["a"]);
-        missing.tls = Some(crate::config::UpstreamTlsConfig {
+        missing.tls = Some(crate::kernel::tls::UpstreamTlsConfig {
             ca_file: Some("/nonexistent/ca.pem".into()),
             server_name: None,
         });
