@@ -292,8 +292,15 @@ impl RunningApp {
             stop.clone(),
         )?);
         // Log templates: OTLP logs and tailed files, mined on a thread of their own.
-        let log_templates =
-            crate::logs::start(&cfg, alerting.events.clone(), &metrics, stop.clone())?;
+        let log_templates = crate::logs::start(
+            &cfg.logs,
+            &cfg.sources,
+            &cfg.data_dir,
+            &cfg.runtime,
+            alerting.events.clone(),
+            &metrics,
+            stop.clone(),
+        )?;
         servers.extend(log_templates.task);
         drop(in_analysis);
         servers.extend(tls.spawn_reloader(stop.clone()));
@@ -307,7 +314,7 @@ impl RunningApp {
 
         let mut source_routes = Vec::new();
         let reload_hooks = crate::reload::Hooks::default();
-        for source in sources_mod::from_config(&cfg)? {
+        for source in sources_mod::registry::from_config(&cfg)? {
             let name = source.name();
             let ctx = SourceContext {
                 signals: signals.clone(),

@@ -517,36 +517,40 @@ pub fn save_state(path: &Path, state: &SavedState) -> Result<(), StateError> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
-/// Load the saved state, start the miner's thread (files, OTLP lines, evaluation, saving) and
-/// build the API routes. A missing or unreadable state starts empty (the reason is logged).
+/// Load the saved state (under `data_dir`), start the miner's thread (the `sources.files`,
+/// OTLP lines, evaluation, saving; at the analysis priority of `runtime`) and build the API
+/// routes. A missing or unreadable state starts empty (the reason is logged).
 pub fn start(
-    cfg: &crate::config::Config,
+    logs: &LogsConfig,
+    sources: &SourcesConfig,
+    data_dir: &Path,
+    runtime: &crate::runtimes::RuntimeConfig,
     inbox: EventInbox,
     metrics: &Metrics,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Started> {
     let now = tokenwatch_core::clock::now_unix_ms();
-    let path = state_path(&cfg.data_dir);
+    let path = state_path(data_dir);
     let (miner, files) = match load_state(&path) {
         Ok(Some(state)) => {
             let files = state.files.clone();
-            match TemplateMiner::restore(&cfg.logs, state, now) {
+            match TemplateMiner::restore(logs, state, now) {
                 Ok(m) => (m, files),
                 Err(e) => {
                     tracing::warn!(file = %path.display(), error = %e, "saved log templates not loaded: starting empty");
-                    (TemplateMiner::new(&cfg.logs, now), BTreeMap::new())
+                    (TemplateMiner::new(logs, now), BTreeMap::new())
                 }
             }
         }
-        Ok(None) => (TemplateMiner::new(&cfg.logs, now), BTreeMap::new()),
+        Ok(None) => (TemplateMiner::new(logs, now), BTreeMap::new()),
         Err(e) => {
             tracing::warn!(error = %e, "saved log templates not loaded: starting empty");
-            (TemplateMiner::new(&cfg.logs, now), BTreeMap::new())
+            (TemplateMiner::new(logs, now), BTreeMap::new())
         }
     };
     let miner: SharedMiner = Arc::new(Mutex::new(miner));
-    let routes = api::router(miner.clone(), cfg.logs.enabled);
-    if !cfg.logs.enabled {
+    let routes = api::router(miner.clone(), logs.enabled);
+    if !logs.enabled {
         return Ok(Started {
             miner,
             feed: None,
@@ -561,8 +565,7 @@ pub fn start(
         tx,
         dropped: m.dropped.clone(),
     };
-    let tailers: Vec<(Tailer, String, String)> = cfg
-        .sources
+    let tailers: Vec<(Tailer, String, String)> = sources
         .files
         .iter()
         .map(|f| {
@@ -581,15 +584,15 @@ pub fn start(
         inbox,
         metrics: m,
         state_path: path,
-        poll: cfg.logs.poll_interval.0,
+        poll: logs.poll_interval.0,
         stop: stop.clone(),
         errors: BTreeMap::new(),
         dirty: false,
     };
-    for f in &cfg.sources.files {
+    for f in &sources.files {
         tracing::info!(path = %f.path.display(), runtime = %f.runtime, instance = %f.instance(), "tailing log file");
     }
-    let priority = crate::runtimes::analysis_priority(&cfg.runtime);
+    let priority = crate::runtimes::analysis_priority(runtime);
     let handle = std::thread::Builder::new()
         .name("tw-log-templates".into())
         .spawn(move || {
@@ -803,7 +806,16 @@ mod tests {
         };
         let (stop_tx, stop) = watch::channel(false);
         let before = thread_ticks("tw-log-templates");
-        let started = start(&cfg, EventInbox::default(), &Metrics::new(), stop).unwrap();
+        let started = start(
+            &cfg.logs,
+            &cfg.sources,
+            &cfg.data_dir,
+            &cfg.runtime,
+            EventInbox::default(),
+            &Metrics::new(),
+            stop,
+        )
+        .unwrap();
         // Nothing will ever be offered: the OTLP side of the channel is gone.
         drop(started.feed);
         std::thread::sleep(Duration::from_millis(600));

@@ -5,9 +5,9 @@ pub mod gpu;
 pub mod otlp;
 pub mod posted;
 pub mod proxy;
+pub mod registry;
 pub mod scrape;
 
-use crate::config::Config;
 use crate::kernel::telemetry::Metrics;
 use crate::pipeline::TelemetryQueue;
 use std::collections::BTreeMap;
@@ -80,14 +80,4 @@ pub trait Source: Send {
     fn name(&self) -> &'static str;
     /// Bind, spawn the source's tasks and return. Errors stop tokenwatch from starting.
     fn start(self: Box<Self>, ctx: SourceContext) -> StartFuture;
-}
-
-/// The sources the configuration asks for (the proxy is wired separately, in `app.rs`).
-pub fn from_config(cfg: &Config) -> anyhow::Result<Vec<Box<dyn Source>>> {
-    let mut sources: Vec<Box<dyn Source>> = Vec::new();
-    sources.extend(scrape::from_config(cfg)?);
-    sources.extend(otlp::from_config(cfg)?);
-    sources.extend(gpu::from_config(cfg)?);
-    sources.push(Box::new(posted::Posted));
-    Ok(sources)
 }

@@ -9,7 +9,6 @@ pub mod reader;
 pub mod replay;
 pub mod sampler;
 
-use crate::config::Config;
 use crate::kernel::duration::HumanDuration;
 use anyhow::Context;
 use reader::{GpuError, GpuReader};
@@ -89,10 +88,8 @@ impl GpuConfig {
 }
 
 /// The GPU source is always listed, so `/api/v1/gpus` and `/readyz` can say why it is off.
-pub fn from_config(cfg: &Config) -> anyhow::Result<Vec<Box<dyn super::Source>>> {
-    Ok(vec![Box::new(GpuSource {
-        cfg: cfg.gpu.clone(),
-    })])
+pub fn from_config(gpu: &GpuConfig) -> anyhow::Result<Vec<Box<dyn super::Source>>> {
+    Ok(vec![Box::new(GpuSource { cfg: gpu.clone() })])
 }
 
 pub struct GpuSource {
@@ -199,6 +196,7 @@ impl super::Source for GpuSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn interval_below_200ms_is_refused_with_its_key() {

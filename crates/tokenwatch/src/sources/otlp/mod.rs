@@ -21,7 +21,6 @@ pub mod span_scores;
 /// The OTLP protobuf types (for fuzz targets and benchmarks built on this crate).
 pub use opentelemetry_proto as proto;
 
-use crate::config::Config;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -101,13 +100,16 @@ pub fn decode_and_map(
     })
 }
 
-pub fn from_config(cfg: &Config) -> anyhow::Result<Vec<Box<dyn super::Source>>> {
-    if !cfg.otlp.enabled {
+pub fn from_config(
+    otlp: &OtlpConfig,
+    limits: &crate::listen::limits::LimitsConfig,
+) -> anyhow::Result<Vec<Box<dyn super::Source>>> {
+    if !otlp.enabled {
         return Ok(Vec::new());
     }
     Ok(vec![Box::new(OtlpSource {
-        cfg: cfg.otlp.clone(),
-        limits: cfg.limits.clone(),
+        cfg: otlp.clone(),
+        limits: limits.clone(),
     })])
 }
 

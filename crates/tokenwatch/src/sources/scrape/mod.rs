@@ -11,7 +11,6 @@ pub mod tables;
 pub mod target;
 pub mod xid;
 
-use crate::config::Config;
 use crate::kernel::duration::HumanDuration;
 use crate::sources::{Source, SourceContext, SourceHandle, StartFuture};
 pub use rules::MappingRule;
@@ -166,8 +165,7 @@ impl ScrapeConfig {
     }
 }
 
-pub fn from_config(cfg: &Config) -> anyhow::Result<Vec<Box<dyn Source>>> {
-    let sc = &cfg.scrape;
+pub fn from_config(sc: &ScrapeConfig) -> anyhow::Result<Vec<Box<dyn Source>>> {
     if sc.targets.is_empty() && sc.file_sd.is_empty() {
         return Ok(Vec::new());
     }
@@ -396,6 +394,7 @@ fn reconcile(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn config_errors_name_the_key() {
@@ -436,12 +435,12 @@ mod tests {
             labels: BTreeMap::new(),
         });
         assert!(
-            from_config(&c)
+            from_config(&c.scrape)
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default()
                 .contains("scrape.targets[0].interval")
         );
-        assert!(from_config(&Config::default()).unwrap().is_empty());
+        assert!(from_config(&ScrapeConfig::default()).unwrap().is_empty());
     }
 }
