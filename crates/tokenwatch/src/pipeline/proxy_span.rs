@@ -17,9 +17,9 @@
 
 use super::store_writer::StoreWriter;
 use super::{RecordSink, SinkError};
-use crate::config::{UpstreamConfig, parse_upstream_url};
 use crate::export::otlp::{ExportSpan, SpanExport};
 use crate::sources::otlp::attrs;
+use crate::sources::proxy::config::{UpstreamConfig, parse_upstream_url};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
 use opentelemetry_proto::tonic::trace::v1::span::{Event, SpanKind};
 use opentelemetry_proto::tonic::trace::v1::{Span, Status, status::StatusCode};

@@ -371,9 +371,9 @@ mod tests {
     use super::*;
     use crate::alerting::engine::inputs::Inputs;
     use crate::alerting::rules::{Rule, RuleConfig, compile_rule};
-    use crate::config::UpstreamConfig;
     use crate::kernel::splits::{RouteConfig, SplitArmConfig};
     use crate::sources::proxy::UpstreamRouter;
+    use crate::sources::proxy::config::UpstreamConfig;
     use tokenwatch_core::signals::SignalBoard;
 
     fn table(windows: u32) -> Arc<SplitTable> {

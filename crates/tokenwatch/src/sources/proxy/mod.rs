@@ -1,6 +1,7 @@
 // The streaming proxy source (spec 1.1): forwards requests to OpenAI-compatible upstreams,
 // streams responses back untouched, and records one `RequestRecord` per LLM request.
 
+pub mod config;
 pub mod identity;
 mod models;
 pub mod prefix;
@@ -11,8 +12,8 @@ mod tap;
 
 pub use route::Router as UpstreamRouter;
 
-use crate::config::ProxyConfig;
 use crate::pipeline::TelemetryQueue;
+use crate::sources::proxy::config::ProxyConfig;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;

@@ -22,7 +22,7 @@ pub fn list(router: &Router, created: i64) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::UpstreamConfig;
+    use crate::sources::proxy::config::UpstreamConfig;
 
     fn up(url: &str, runtime: &str, models: &[&str]) -> UpstreamConfig {
         UpstreamConfig {

@@ -1,8 +1,8 @@
 // Routing of proxied requests to upstreams by model: the upstreams listing the model, else the
 // catch-all upstreams, each set a pool balanced by in-flight requests (lock-free atomics).
 
-use crate::config::{UpstreamConfig, parse_upstream_url};
 use crate::kernel::tls::UpstreamTls;
+use crate::sources::proxy::config::{UpstreamConfig, parse_upstream_url};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
