@@ -246,8 +246,7 @@ fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rust
     None
 }
 
-/// `proxy.upstreams[].tls` (and the exporters' `tls`): what an https peer is trusted by and
-/// called.
+/// `proxy.upstreams[].tls`: what an https upstream is trusted by and called.
 #[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTlsConfig {
