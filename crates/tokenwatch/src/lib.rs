@@ -25,3 +25,6 @@ pub mod top;
 pub mod traffic;
 pub mod ui;
 pub mod writer_id;
+
+#[cfg(test)]
+mod architecture_tests;
