@@ -46,11 +46,6 @@ const STAGES: &[(&str, u8)] = &[
 const KNOWN: &[(&str, &str, &str)] = &[
     (
         "alerting",
-        "api",
-        "the alerts API (alerting/api.rs) uses the API's shared query helpers",
-    ),
-    (
-        "alerting",
         "config",
         "the engine starts from the whole Config (start_from_config, redacted_config)",
     ),
@@ -60,19 +55,9 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "the latency API names the store backend (config::StoreBackendKind)",
     ),
     (
-        "capture",
-        "sources",
-        "text capture reads the proxy's stream format (sources::proxy::sse::StreamFormat)",
-    ),
-    (
         "embed",
         "pipeline",
         "the embedder sends records on through the pipeline's queue",
-    ),
-    (
-        "logs",
-        "api",
-        "the log templates API uses the API's shared query helpers",
     ),
     (
         "pipeline",

@@ -4,7 +4,7 @@
 
 use crate::alerting::engine::AlertBook;
 use crate::alerting::snapshot::{SNAPSHOT_CONTENT_TYPE, read_snapshot};
-use crate::api::params::{ParamError, Params};
+use crate::kernel::params::{ParamError, Params};
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};

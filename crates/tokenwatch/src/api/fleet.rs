@@ -2,8 +2,8 @@
 // `GET /api/v1/timeseries` (one model's charts on one time axis), from the fleet timeline.
 
 use super::ApiState;
-use super::params::{ParamError, Params};
 use super::timeline::{Column, STEP_MS, Timeline, sample_fleet};
+use crate::kernel::params::{ParamError, Params};
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;

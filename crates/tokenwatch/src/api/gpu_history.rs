@@ -3,7 +3,7 @@
 
 use super::ApiState;
 use super::fleet::{RANGES, parse_range, signal_unit};
-use super::params::{ParamError, Params};
+use crate::kernel::params::{ParamError, Params};
 use crate::sources::gpu::points::GPU_PROCESS_MEMORY_BYTES;
 use axum::Json;
 use axum::extract::{RawQuery, State};

@@ -2,8 +2,8 @@
 // (`source=memory`) or merged from the per-minute sketch roll-ups every instance stores (`source=store`).
 
 use super::ApiState;
-use super::params::{ParamError, Params};
 use crate::config::StoreBackendKind;
+use crate::kernel::params::{ParamError, Params};
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;

@@ -2,7 +2,7 @@
 // every signal of a marker's model before vs after it, with 95 % intervals and verdicts.
 
 use super::ApiState;
-use super::params::{ParamError, Params};
+use crate::kernel::params::{ParamError, Params};
 use crate::markers::compare::{compare_records, compare_signal};
 use crate::markers::{MarkerKind, MarkerSource, marker};
 use axum::Json;

@@ -4,7 +4,7 @@
 // one request, its captured `text` (masked; only when `capture.text` is on) and its `scores`.
 
 use super::ApiState;
-use super::params::{ParamError, Params};
+use crate::kernel::params::{ParamError, Params};
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;

@@ -2,7 +2,7 @@
 // window) as the alert engine last computed it, with the state of its burn alerts.
 
 use super::ApiState;
-use super::params::{ParamError, Params};
+use crate::kernel::params::{ParamError, Params};
 use crate::slo::SloStatus;
 use axum::Json;
 use axum::extract::{RawQuery, State};

@@ -1,7 +1,7 @@
 // The text of a proxied request and of its response, read after the fact from the bytes the
 // proxy kept: prompt fields of every API it times, streamed deltas or the whole JSON answer.
 
-use crate::sources::proxy::sse::StreamFormat;
+use crate::kernel::stream_format::StreamFormat;
 use serde_json::Value;
 
 /// The prompt as `role: text` lines: `system`/`instructions`, `messages`, `prompt` or `input`

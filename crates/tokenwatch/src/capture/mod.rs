@@ -6,7 +6,7 @@ pub mod mask;
 pub mod telemetry;
 
 use crate::kernel::duration::HumanDuration;
-use crate::sources::proxy::sse::StreamFormat;
+use crate::kernel::stream_format::StreamFormat;
 use bytes::Bytes;
 use http::HeaderMap;
 use serde::Deserialize;

@@ -2,7 +2,7 @@
 // seen, examples and field values, the last anomaly — filtered by level, runtime, instance.
 
 use super::{Severity, SharedMiner};
-use crate::api::params::{ParamError, Params};
+use crate::kernel::params::{ParamError, Params};
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};

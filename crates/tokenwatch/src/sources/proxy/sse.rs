@@ -5,6 +5,7 @@ mod anthropic;
 mod chat;
 mod responses;
 
+pub use crate::kernel::stream_format::StreamFormat;
 use serde::de::{self, Deserializer, Visitor};
 use std::fmt;
 
@@ -21,34 +22,7 @@ pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 /// Longest `event:` name kept; longer names are cut (no vocabulary has names near this).
 const MAX_EVENT_NAME: usize = 64;
 
-/// The API whose event vocabulary a response speaks, chosen from the request's endpoint. Each
-/// variant's events and JSON bodies are read in its own module (`chat`, `responses`,
-/// `anthropic`); the SSE framing here is shared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamFormat {
-    /// OpenAI chat completions, completions and embeddings: `choices` chunks, then `data: [DONE]`.
-    OpenAi,
-    /// OpenAI Responses (`/v1/responses`): typed `response.*` events, ending with
-    /// `response.completed`, `response.incomplete` or `response.failed` (no `[DONE]`).
-    Responses,
-    /// Anthropic Messages (`/v1/messages`): `message_start` … `content_block_delta` …
-    /// `message_delta`, `message_stop`.
-    Anthropic,
-}
-
 impl StreamFormat {
-    /// The format of an endpoint whose requests become records; None for every other path.
-    pub fn for_endpoint(path: &str) -> Option<StreamFormat> {
-        match path {
-            "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" => {
-                Some(StreamFormat::OpenAi)
-            }
-            "/v1/responses" => Some(StreamFormat::Responses),
-            "/v1/messages" => Some(StreamFormat::Anthropic),
-            _ => None,
-        }
-    }
-
     /// Reads one dispatched event (`event:` name, possibly empty, and its joined `data:`) into
     /// `seen`; true when the event carried generated content.
     fn event(

@@ -1,4 +1,4 @@
-// Query-string checking for the API: only known parameter names, each at most once, and
+// Query-string checking for the API routes (of every stage): only known parameter names, each at most once, and
 // typed values whose errors say which parameter was wrong and what it accepts.
 
 use std::collections::HashMap;
