@@ -45,6 +45,15 @@ use tokenwatch_core::model::{
 /// Name of the database file created inside the data directory.
 pub const DB_FILE_NAME: &str = "tokenwatch.db";
 
+/// `store.backend` in the configuration: which backend keeps tokenwatch's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+pub enum StoreBackendKind {
+    #[serde(rename = "sqlite")]
+    Sqlite,
+    #[serde(rename = "clickhouse")]
+    ClickHouse,
+}
+
 /// Which backend keeps tokenwatch's data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreBackend {

@@ -50,11 +50,6 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "the engine starts from the whole Config (start_from_config, redacted_config)",
     ),
     (
-        "api",
-        "config",
-        "the latency API names the store backend (config::StoreBackendKind)",
-    ),
-    (
         "embed",
         "pipeline",
         "the embedder sends records on through the pipeline's queue",

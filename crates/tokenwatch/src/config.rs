@@ -12,6 +12,7 @@ pub use crate::kernel::tls::UpstreamTlsConfig;
 pub use crate::sources::proxy::config::{
     ProxyConfig, UpstreamConfig, UpstreamUrl, parse_upstream_url,
 };
+pub use tokenwatch_store::StoreBackendKind;
 
 pub use crate::kernel::duration::HumanDuration;
 
@@ -221,14 +222,6 @@ impl Default for StoreConfig {
             batch_rows: None,
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
-pub enum StoreBackendKind {
-    #[serde(rename = "sqlite")]
-    Sqlite,
-    #[serde(rename = "clickhouse")]
-    ClickHouse,
 }
 
 /// `store.clickhouse`: the server's HTTP interface (plain `http://`), database and credentials.

@@ -2,7 +2,6 @@
 // (`source=memory`) or merged from the per-minute sketch roll-ups every instance stores (`source=store`).
 
 use super::ApiState;
-use crate::config::StoreBackendKind;
 use crate::kernel::params::{ParamError, Params};
 use axum::Json;
 use axum::extract::{RawQuery, State};
@@ -16,6 +15,7 @@ use tokenwatch_core::clock::now_unix_ms;
 use tokenwatch_core::model::{GroupLabel, LatencyMetric};
 use tokenwatch_core::sketch::{LatencySketch, LatencySummary, RELATIVE_ACCURACY};
 use tokenwatch_core::window::{TIER_1M_MS, Window};
+use tokenwatch_store::StoreBackendKind;
 use tokenwatch_store::{RollupQuery, RollupRow};
 
 /// The windows of `source=store`: name and length. Each covers that many complete minutes.

@@ -31,7 +31,7 @@ pub struct ApiState {
     pub aggregator: Arc<Mutex<Aggregator>>,
     pub store: Arc<dyn Store>,
     /// The backend behind `store`: `/api/v1/latency` answers from it by default when shared.
-    pub store_backend: crate::config::StoreBackendKind,
+    pub store_backend: tokenwatch_store::StoreBackendKind,
     /// What the store's writer thread last learnt of the store, for `/readyz`.
     pub store_health: Arc<crate::pipeline::StoreHealth>,
     pub metrics: Arc<Metrics>,
