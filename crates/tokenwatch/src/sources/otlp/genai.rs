@@ -13,12 +13,15 @@
 // model calls and stay plain spans.
 //
 // Streams and first tokens, as each common instrumentation reports them: the stream flag from
-// `gen_ai.request.stream`, OpenLIT's `gen_ai.request.is_stream`, Traceloop's `llm.is_streaming`
-// or OpenInference's `llm.invocation_parameters` (JSON, `"stream": true`); the first-token time
-// from `gen_ai.response.time_to_first_chunk`, OpenLIT's `gen_ai.server.time_to_first_token`
-// (older releases: `gen_ai.server.ttft`; seconds), OpenInference's `First Token Stream Event` event, or the first of Traceloop's
-// `llm.content.completion.chunk` events, whose times also give the chunk offsets (inter-token
-// gaps). A span with a first-token time is a stream unless it says otherwise.
+// `gen_ai.request.stream`, OpenLIT's `gen_ai.request.is_stream`, Traceloop's
+// `gen_ai.is_streaming` (older releases: `llm.is_streaming`) or OpenInference's
+// `llm.invocation_parameters` (JSON, `"stream": true`); the first-token time from
+// `gen_ai.response.time_to_first_chunk`, OpenLIT's `gen_ai.server.time_to_first_token`
+// (older releases: `gen_ai.server.ttft`; seconds), OpenInference's `First Token Stream Event`
+// event, or the first of Traceloop's `gen_ai.content.completion.chunk` events (older releases:
+// `llm.content.completion.chunk`), whose times also give the chunk offsets (inter-token gaps).
+// A span with a first-token time is a stream unless it says otherwise; one that says it did not
+// stream has no first-token time (OpenLIT gives its whole duration there).
 //
 // One model, one id: the requested model names the record (the response's model, often a
 // longer or dated spelling of the same, stays in the span's attributes), as the proxy and the
@@ -202,9 +205,10 @@ impl<'a> GenAi<'a> {
                 "error.type" => &mut g.error_type,
                 "http.response.status_code" => &mut g.http_status,
                 "http.route" | "url.path" => &mut g.route,
-                "gen_ai.request.stream" | "gen_ai.request.is_stream" | "llm.is_streaming" => {
-                    &mut g.stream
-                }
+                "gen_ai.request.stream"
+                | "gen_ai.request.is_stream"
+                | "gen_ai.is_streaming"
+                | "llm.is_streaming" => &mut g.stream,
                 "gen_ai.server.time_to_first_token" | "gen_ai.server.ttft" => &mut g.server_ttft,
                 "tenant.id" | "tokenwatch.tenant" => &mut g.tenant,
                 "tokenwatch.ab_group" => &mut g.ab_group,
@@ -459,6 +463,16 @@ fn record_of(
         .and_then(as_f64)
         .filter(|t| *t >= 0.0)
         .or(events.first_token_s);
+    let stream = match (g.stream, g.invocation_stream) {
+        (Some(Value::BoolValue(b)), _) => *b,
+        (Some(Value::StringValue(t)), _) if t.eq_ignore_ascii_case("true") => true,
+        (Some(Value::StringValue(t)), _) if t.eq_ignore_ascii_case("false") => false,
+        (_, Some(b)) => b,
+        _ => first_token_s.is_some(),
+    };
+    // A call that did not stream has no first token apart from its answer (OpenLIT reports its
+    // whole duration as the time to first token), as the proxy records it.
+    let first_token_s = first_token_s.filter(|_| stream);
     let (prompt_tokens, output_tokens) = match (
         g.input_tokens.and_then(as_u64),
         g.output_tokens.and_then(as_u64),
@@ -493,13 +507,7 @@ fn record_of(
             .or_else(|| text(g.operation))
             .or_else(|| g.kind_operation.map(String::from))
             .unwrap_or_default(),
-        stream: match (g.stream, g.invocation_stream) {
-            (Some(Value::BoolValue(b)), _) => *b,
-            (Some(Value::StringValue(t)), _) if t.eq_ignore_ascii_case("true") => true,
-            (Some(Value::StringValue(t)), _) if t.eq_ignore_ascii_case("false") => false,
-            (_, Some(b)) => b,
-            _ => first_token_s.is_some(),
-        },
+        stream,
         arrival_unix_ms: nanos(start / 1_000_000),
         upstream_headers_s: None,
         first_token_s,
@@ -527,8 +535,10 @@ fn record_of(
 
 /// OpenInference's first-token event.
 pub const OPENINFERENCE_FIRST_TOKEN_EVENT: &str = "First Token Stream Event";
-/// Traceloop's (OpenLLMetry's) event per streamed chunk.
-pub const TRACELOOP_CHUNK_EVENT: &str = "llm.content.completion.chunk";
+/// Traceloop's (OpenLLMetry's) event per streamed chunk: its current name, and the one of
+/// releases before 0.4x.
+pub const TRACELOOP_CHUNK_EVENT: &str = "gen_ai.content.completion.chunk";
+pub const TRACELOOP_CHUNK_EVENT_OLD: &str = "llm.content.completion.chunk";
 
 /// What a span's events say about its stream: the first token's time and every chunk's, in
 /// seconds / microseconds after the span's start.
@@ -551,7 +561,7 @@ impl StreamEvents {
                         first = Some(first.map_or(ns, |f: u64| f.min(ns)));
                     }
                 }
-                TRACELOOP_CHUNK_EVENT => {
+                TRACELOOP_CHUNK_EVENT | TRACELOOP_CHUNK_EVENT_OLD => {
                     if let Some(ns) = after(e.time_unix_nano) {
                         chunks.push(u32::try_from(ns / 1_000).unwrap_or(u32::MAX));
                     }
@@ -742,6 +752,21 @@ mod tests {
     }
 
     #[test]
+    fn current_traceloop_names_give_the_stream_and_the_first_token() {
+        // traceloop-sdk 0.62: `gen_ai.is_streaming` and `gen_ai.content.completion.chunk`.
+        let r = bare_stream_span(
+            vec![kv("gen_ai.is_streaming", Value::BoolValue(true))],
+            vec![
+                ("gen_ai.content.completion.chunk", 80),
+                ("gen_ai.content.completion.chunk", 95),
+            ],
+        );
+        assert!(r.stream);
+        assert_eq!(r.first_token_s, Some(0.08));
+        assert_eq!(r.chunk_offsets_us, vec![80_000, 95_000]);
+    }
+
+    #[test]
     fn openlit_stream_flag_and_server_first_token_time() {
         let r = bare_stream_span(
             vec![
@@ -757,6 +782,18 @@ mod tests {
         assert_eq!(r.first_token_s, Some(0.042));
         // None of them: no first token, not a stream.
         let r = bare_stream_span(vec![], vec![]);
+        assert_eq!((r.first_token_s, r.stream), (None, false));
+        // OpenLIT on a call that did not stream: its "first token" is the whole answer.
+        let r = bare_stream_span(
+            vec![
+                kv("gen_ai.request.is_stream", Value::BoolValue(false)),
+                kv(
+                    "gen_ai.server.time_to_first_token",
+                    Value::DoubleValue(0.265),
+                ),
+            ],
+            vec![],
+        );
         assert_eq!((r.first_token_s, r.stream), (None, false));
     }
 
