@@ -313,7 +313,7 @@ impl RunningApp {
         components.set("pipeline", "ok");
 
         let mut source_routes = Vec::new();
-        let reload_hooks = crate::reload::Hooks::default();
+        let reload_hooks = crate::sources::ReloadHooks::default();
         for source in sources_mod::registry::from_config(&cfg)? {
             let name = source.name();
             let ctx = SourceContext {

@@ -79,11 +79,6 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "pipeline",
         "sources emit into the pipeline's queue and store writer (not yet ports in the kernel)",
     ),
-    (
-        "sources",
-        "reload",
-        "sources leave their reload hooks (reload::Hooks in SourceContext)",
-    ),
 ];
 
 fn stage(module: &str) -> Option<u8> {

@@ -6,6 +6,7 @@ use crate::alerting::rules::AlertingConfig;
 use crate::audit::{AuditEvent, AuditLog};
 use crate::config::Config;
 use crate::kernel::telemetry::Metrics;
+use crate::sources::ReloadHooks as Hooks;
 use crate::sources::proxy::{ProxyState, UpstreamRouter};
 use crate::sources::scrape::target::TargetSpec;
 use axum::Json;
@@ -19,8 +20,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
 use std::fmt::Debug;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -57,33 +58,6 @@ impl Trigger {
             Trigger::Sighup => "sighup",
             Trigger::Api => "api",
         }
-    }
-}
-
-/// Where sources leave what a reload changes in them (`SourceContext::reload`).
-#[derive(Clone, Default)]
-pub struct Hooks(Arc<Mutex<HookSet>>);
-
-#[derive(Default)]
-struct HookSet {
-    scrape_targets: Option<watch::Sender<Vec<TargetSpec>>>,
-}
-
-impl Hooks {
-    /// The running scrape source's static targets: a reload sends the new list here.
-    pub fn set_scrape_targets(&self, tx: watch::Sender<Vec<TargetSpec>>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .scrape_targets = Some(tx);
-    }
-
-    fn scrape_targets(&self) -> Option<watch::Sender<Vec<TargetSpec>>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .scrape_targets
-            .clone()
     }
 }
 

@@ -13,7 +13,7 @@ use crate::pipeline::TelemetryQueue;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use tokenwatch_core::signals::SharedSignals;
 use tokenwatch_store::Store;
 use tokio::sync::watch;
@@ -61,7 +61,7 @@ pub struct SourceContext {
     /// Anomaly events raised by a source (GPU XID errors) go to the alert engine's root cause.
     pub events: tokenwatch_core::alert::EventInbox,
     /// Where a source leaves what configuration reloads change in it (scrape targets).
-    pub reload: crate::reload::Hooks,
+    pub reload: ReloadHooks,
     /// The alert engine's port for embeddings, feedback and scores (posted to the API, sent as
     /// span attributes); None: alerting is off.
     pub posted: Option<Arc<dyn tokenwatch_core::alert::PostedInputs>>,
@@ -80,4 +80,32 @@ pub trait Source: Send {
     fn name(&self) -> &'static str;
     /// Bind, spawn the source's tasks and return. Errors stop tokenwatch from starting.
     fn start(self: Box<Self>, ctx: SourceContext) -> StartFuture;
+}
+
+/// Where sources leave what a configuration reload changes in them (`SourceContext::reload`;
+/// `crate::reload` sends the new values).
+#[derive(Clone, Default)]
+pub struct ReloadHooks(Arc<Mutex<HookSet>>);
+
+#[derive(Default)]
+struct HookSet {
+    scrape_targets: Option<watch::Sender<Vec<scrape::target::TargetSpec>>>,
+}
+
+impl ReloadHooks {
+    /// The running scrape source's static targets: a reload sends the new list here.
+    pub fn set_scrape_targets(&self, tx: watch::Sender<Vec<scrape::target::TargetSpec>>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .scrape_targets = Some(tx);
+    }
+
+    pub(crate) fn scrape_targets(&self) -> Option<watch::Sender<Vec<scrape::target::TargetSpec>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .scrape_targets
+            .clone()
+    }
 }
