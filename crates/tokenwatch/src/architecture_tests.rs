@@ -71,11 +71,6 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ),
     (
         "sources",
-        "markers",
-        "the scraper turns version changes into deploy markers",
-    ),
-    (
-        "sources",
         "pipeline",
         "sources emit into the pipeline's queue and store writer (not yet ports in the kernel)",
     ),

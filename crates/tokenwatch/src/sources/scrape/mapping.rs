@@ -27,7 +27,7 @@ pub struct MapOutput {
     pub points: Vec<SignalPoint>,
     /// New GPU XID errors seen in this scrape (`super::xid`), for root cause.
     pub events: Vec<AnomalyEvent>,
-    /// (model, version) the target reports (`crate::markers::scraped`), for version markers.
+    /// (model, version) the target reports (`super::versions`), for version markers.
     pub versions: Vec<(String, String)>,
     /// What each (model, instance) added since the previous scrape (none on the first).
     pub counts: Vec<ScrapeCounts>,
@@ -89,7 +89,7 @@ impl Mapper {
         let mut models: HashSet<String> = HashSet::new();
         let mut detected: Option<&'static str> = None;
         let mut samples = 0usize;
-        let mut versions = crate::markers::scraped::ScrapeVersions::default();
+        let mut versions = super::versions::ScrapeVersions::default();
 
         for fam in families {
             if let Some(rt) = runtime_of(fam.name) {
@@ -100,7 +100,7 @@ impl Mapper {
             }
             for s in &fam.samples {
                 samples += 1;
-                if let Some((model, version)) = crate::markers::scraped::version_of(fam.name, s) {
+                if let Some((model, version)) = super::versions::version_of(fam.name, s) {
                     versions.add(model, version);
                 }
                 for &(idx, role) in rules.lookup(s.name) {

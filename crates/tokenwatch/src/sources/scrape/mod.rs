@@ -9,6 +9,7 @@ pub mod shard;
 pub mod status;
 pub mod tables;
 pub mod target;
+pub mod versions;
 pub mod xid;
 
 use crate::kernel::duration::HumanDuration;
@@ -210,7 +211,7 @@ impl Source for ScrapeSource {
                 health,
                 signals: ctx.signals.clone(),
                 events: ctx.events.clone(),
-                versions: crate::markers::scraped::ScrapedMarkers::new(ctx.store.clone()),
+                versions: versions::ScrapedMarkers::new(ctx.store.clone()),
                 window: cfg.latency_window.0,
                 max_body: cfg.max_body_bytes,
                 shutdown: ctx.shutdown.clone(),

@@ -199,7 +199,7 @@ pub struct Shared {
     /// GPU XID errors go to the alert engine's root-cause history.
     pub events: EventInbox,
     /// Scraped model versions become version markers.
-    pub versions: crate::markers::scraped::ScrapedMarkers,
+    pub versions: super::versions::ScrapedMarkers,
     pub window: Duration,
     pub max_body: usize,
     pub shutdown: watch::Receiver<bool>,

@@ -1,7 +1,7 @@
 // Version markers from scraped runtime metrics: the model version a target reports (a
 // `model_version` label, Triton's per-model `version`) changing makes a `scrape` marker.
 
-use super::{MarkerKind, marker};
+use crate::kernel::markers::{MarkerKind, MarkerSource, marker};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use tokenwatch_core::exposition::Sample;
@@ -123,7 +123,7 @@ impl VersionTracker {
             model,
             &from,
             version,
-            super::MarkerSource::Scrape,
+            MarkerSource::Scrape,
             since,
             &format!(
                 "model_version of {model} changed from {from} to {version} (reported by {instance})"
