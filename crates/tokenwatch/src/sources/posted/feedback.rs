@@ -2,11 +2,11 @@
 // hallucination verdicts and RAG retrieval numbers on requests, checked item by item, stored, fed to the engine.
 
 use super::{
-    IngestState, ItemError, ItemsEndpoint, item_error, items_answer, json_type, read_items, refuse,
+    IngestState, ItemError, ItemsEndpoint, MAX_AGE_MS, MAX_AHEAD_MS, item_error, items_answer,
+    json_type, read_items, store_or_refuse,
 };
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -17,9 +17,6 @@ use tokenwatch_core::scores::{
 };
 use tokenwatch_store::ScoreRow;
 
-/// Oldest and furthest-ahead `timestamp_unix_ms` accepted, relative to now.
-const MAX_AGE_MS: i64 = 24 * 3_600_000;
-const MAX_AHEAD_MS: i64 = 5 * 60_000;
 /// Most scores in one item's `scores` object.
 pub const MAX_SCORES_PER_ITEM: usize = 32;
 
@@ -351,18 +348,12 @@ async fn post(st: Arc<IngestState>, body: Body, source: Source) -> Response {
     if !accepted.is_empty() {
         let rows: Vec<ScoreRow> = accepted.iter().flat_map(|it| it.rows(source)).collect();
         let store = st.store.clone();
-        let stored = tokio::task::spawn_blocking(move || store.insert_scores(&rows)).await;
-        let failure = match stored {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(e) => Some(e.to_string()),
-        };
-        if let Some(e) = failure {
-            tracing::warn!(error = %e, "storing posted {} failed", source.as_str());
-            return refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("storing the items failed, none was accepted; retry later: {e}"),
-            );
+        if let Err(answer) = store_or_refuse(source.as_str(), "the items", move || {
+            store.insert_scores(&rows)
+        })
+        .await
+        {
+            return answer;
         }
         if let Some(feed) = &st.engine {
             let inputs: Vec<ScoreInput> = accepted.iter().flat_map(Item::inputs).collect();

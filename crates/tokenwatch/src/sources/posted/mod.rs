@@ -25,9 +25,9 @@ use tokenwatch_store::{EmbeddingRow, Store};
 pub const MAX_ITEMS: usize = 256;
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 16 << 20;
-/// Oldest and furthest-ahead `timestamp_unix_ms` accepted, relative to now.
-const MAX_AGE_MS: i64 = 24 * 3_600_000;
-const MAX_AHEAD_MS: i64 = 5 * 60_000;
+/// Oldest and furthest-ahead `timestamp_unix_ms` accepted, relative to now (every posted item).
+pub(crate) const MAX_AGE_MS: i64 = 24 * 3_600_000;
+pub(crate) const MAX_AHEAD_MS: i64 = 5 * 60_000;
 const ITEM_FIELDS: &str = "request_id, model_id, embedding, timestamp_unix_ms";
 /// What the endpoints need: the store, the embedding dimension each model keeps, and the
 /// engine's port when alerting is enabled.
@@ -218,6 +218,25 @@ pub(crate) fn refuse(status: StatusCode, msg: String) -> Response {
     (status, Json(json!({ "error": msg }))).into_response()
 }
 
+/// Runs a store write of accepted items off the async workers; a failed one is logged (as
+/// posted `logged`) and answered 503 — none of `answered` was accepted, the caller retries.
+pub(crate) async fn store_or_refuse(
+    logged: &str,
+    answered: &str,
+    write: impl FnOnce() -> Result<(), tokenwatch_store::StoreError> + Send + 'static,
+) -> Result<(), Response> {
+    let e = match tokio::task::spawn_blocking(write).await {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(error = %e, "storing posted {logged} failed");
+    Err(refuse(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("storing {answered} failed, none was accepted; retry later: {e}"),
+    ))
+}
+
 /// How a partial-success endpoint names itself and its items in its refusals.
 pub(crate) struct ItemsEndpoint {
     /// `POST /api/v1/embeddings`.
@@ -354,18 +373,12 @@ async fn post_embeddings(State(st): State<Arc<IngestState>>, body: Body) -> Resp
             })
             .collect();
         let store = st.store.clone();
-        let stored = tokio::task::spawn_blocking(move || store.insert_embeddings(&rows)).await;
-        let failure = match stored {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(e) => Some(e.to_string()),
-        };
-        if let Some(e) = failure {
-            tracing::warn!(error = %e, "storing posted embeddings failed");
-            return refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("storing the embeddings failed, none was accepted; retry later: {e}"),
-            );
+        if let Err(answer) = store_or_refuse("embeddings", "the embeddings", move || {
+            store.insert_embeddings(&rows)
+        })
+        .await
+        {
+            return answer;
         }
         if let Some(feed) = &st.engine {
             let inputs = accepted
