@@ -391,6 +391,16 @@ impl Series {
         n / ((now - first.start) as f64 / 1000.0).max(1.0)
     }
 
+    /// A test's (trials, events) over the minutes from the one holding `from` on.
+    fn trials_since(&self, k: &TestKey, from: i64) -> (f64, f64) {
+        let from = from - from.rem_euclid(MINUTE_MS);
+        self.minutes
+            .iter()
+            .filter(|m| m.start >= from)
+            .filter_map(|m| m.trials(k))
+            .fold((0.0, 0.0), |(a, b), (n, x)| (a + n, b + x))
+    }
+
     fn alarmed(&self) -> bool {
         self.tests.values().any(|t| t.cusum.alarmed()) || self.location.values().any(|l| l.alarmed)
     }
@@ -460,18 +470,12 @@ impl ModelState {
     fn concentrated(&self, p: &Params) -> Option<String> {
         let mut named: Option<String> = None;
         for (k, t) in self.whole.tests.iter().filter(|(_, t)| t.cusum.alarmed()) {
-            let from = t.cusum.changed_at.unwrap_or(i64::MIN);
-            let from = from - from.rem_euclid(MINUTE_MS);
+            let from = t.cusum.changed_at.unwrap_or(i64::MIN / 2);
             let counts: Vec<(&String, f64, f64)> = self
                 .instances
                 .iter()
                 .map(|(i, s)| {
-                    let (n, x) = s
-                        .minutes
-                        .iter()
-                        .filter(|m| m.start >= from)
-                        .filter_map(|m| m.trials(k))
-                        .fold((0.0, 0.0), |(a, b), (n, x)| (a + n, b + x));
+                    let (n, x) = s.trials_since(k, from);
                     (i, n, x)
                 })
                 .collect();
@@ -480,7 +484,7 @@ impl ModelState {
             let (top, n, x) = counts
                 .iter()
                 .max_by(|a, b| excess(a.1, a.2).total_cmp(&excess(b.1, b.2)))?;
-            if total <= 0.0 || excess(*n, *x) < p.attribute_share * total || *n <= 0.0 {
+            if total <= 0.0 || excess(*n, *x) < p.attribute_share * total {
                 return None;
             }
             let (rest_n, rest_x) = counts
@@ -799,13 +803,7 @@ impl ReplicaShift {
 /// The share a test counts since `from` (the alarm's change point; the current minute at least).
 fn share_since(series: &Series, k: &TestKey, from: Option<i64>) -> Option<f64> {
     let last = series.minutes.back()?.start;
-    let from = from.map_or(last, |f| (f - f.rem_euclid(MINUTE_MS)).min(last));
-    let (n, x) = series
-        .minutes
-        .iter()
-        .filter(|m| m.start >= from)
-        .filter_map(|m| m.trials(k))
-        .fold((0.0, 0.0), |(a, b), (n, x)| (a + n, b + x));
+    let (n, x) = series.trials_since(k, from.map_or(last, |f| f.min(last)));
     (n > 0.0).then(|| x / n)
 }
 
@@ -926,7 +924,7 @@ impl Detector for ReplicaShift {
             let only = (st.instances.len() == 1)
                 .then(|| st.instances.keys().next().cloned())
                 .flatten();
-            let alarmed = !any && finding(&st.whole, "", p).is_some();
+            let alarmed = !any && st.whole.alarmed();
             if !alarmed {
                 st.attributed = None;
             } else if only.is_none() && st.attributed.is_none() {
