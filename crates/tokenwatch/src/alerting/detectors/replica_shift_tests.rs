@@ -273,9 +273,14 @@ fn histogram(bounds: &[f64], values: &[f64]) -> CumulativeHistogram {
 /// One rule running both kinds of test (the default rule set splits them into a paging
 /// `replica_errors` and a ticketing `replica_latency`), with the detector's defaults.
 pub(crate) fn rule() -> Rule {
-    let cfg: AlertingConfig = serde_saphyr::from_str(
-        "default_rules: false\nrules: [{name: replica_shift, detector: replica_shift, group_by: [model_id, instance], severity: critical}]",
-    )
+    rule_with("{}")
+}
+
+/// The same rule with `params` (a YAML mapping) overriding the detector's defaults.
+fn rule_with(params: &str) -> Rule {
+    let cfg: AlertingConfig = serde_saphyr::from_str(&format!(
+        "default_rules: false\nrules: [{{name: replica_shift, detector: replica_shift, group_by: [model_id, instance], severity: critical, params: {params}}}]",
+    ))
     .expect("config");
     compile(&cfg)
         .expect("the rule compiles")
@@ -915,17 +920,7 @@ fn model_test_only(seed: u64, faulty: Vec<usize>, fault: Fault) -> Vec<AnomalyEv
     let mut fleet = Fleet::new(seed, &t);
     let start = T0 + 40 * 60_000;
     fleet.faults.push((faulty, fault, start, start + 600_000));
-    let cfg: AlertingConfig = serde_saphyr::from_str(
-        "default_rules: false\nrules: [{name: replica_shift, detector: replica_shift, \
-         group_by: [model_id, instance], severity: critical, \
-         params: {own_multiple: 1000000, location_ratio: 1000000}}]",
-    )
-    .expect("config");
-    let mut rule = compile(&cfg)
-        .expect("compiles")
-        .into_iter()
-        .next()
-        .expect("rule");
+    let mut rule = rule_with("{own_multiple: 1000000, location_ratio: 1000000}");
     let mut board = SignalBoard::default();
     let before = run(&mut fleet, &mut rule, &mut board, T0, start);
     assert!(before.is_empty(), "seed {seed}: {before:?}");
