@@ -65,15 +65,20 @@ fn export(transport: &str, endpoint: &str, model: &str) -> serde_json::Value {
         ])
         .output()
         .expect("running the OpenTelemetry exporter script");
+    script_json("exporter script", &out)
+}
+
+/// What a script reported on its last line of output (JSON); fails with its output otherwise.
+fn script_json(what: &str, out: &std::process::Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "exporter script failed ({}):\n{stdout}\n{}",
+        "{what} failed ({}):\n{stdout}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(stdout.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("script output not JSON ({e}): {stdout}"))
+        .unwrap_or_else(|e| panic!("{what}: output not JSON ({e}): {stdout}"))
 }
 
 /// Poll `url` until `ok` accepts its JSON, or fail with the last answer and the log.
@@ -365,8 +370,8 @@ fn instrumentations() -> Vec<(String, String)> {
 }
 
 /// How an instrumentation's first-token time reads against the client's: None when its spans
-/// say nothing of streams, else how much shorter it may be (beyond the 5 ms both ways every
-/// reading gets). OpenLIT starts its clock when its stream wrapper is made, after the request
+/// say nothing of streams, else how much shorter it may be on top of what every reading may be
+/// (5 ms at the median, 30 ms for one call). OpenLIT starts its clock when its stream wrapper is made, after the request
 /// was sent and the response's headers came back, so its time to first token is short by that.
 fn first_token_reading(kind: &str) -> Option<f64> {
     match kind {
@@ -401,15 +406,7 @@ async fn instrumented_openai_apps_give_stream_flag_first_token_and_the_requested
             ])
             .output()
             .expect("running the instrumented client");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{kind}: instrumented client failed ({}):\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let sent: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
-            .unwrap_or_else(|e| panic!("{kind}: output not JSON ({e}): {stdout}"));
+        let sent = script_json(&format!("{kind}: instrumented client"), &out);
         let url = format!(
             "http://{}/api/v1/requests?model={}",
             c.api,
