@@ -319,15 +319,14 @@ impl Config {
 
     /// The first listener bound off loopback without protection: `(key, message)`.
     pub fn exposure_problem(&self) -> Option<(String, String)> {
-        let cfg = self;
-        if cfg.auth.allow_unauthenticated {
+        if self.auth.allow_unauthenticated {
             return None;
         }
-        if cfg.auth.tokens_file.is_none() {
-            let mut guarded = vec![("listen", cfg.listen)];
-            if cfg.otlp.enabled {
-                guarded.push(("otlp.grpc_listen", cfg.otlp.grpc_listen));
-                guarded.push(("otlp.http_listen", cfg.otlp.http_listen));
+        if self.auth.tokens_file.is_none() {
+            let mut guarded = vec![("listen", self.listen)];
+            if self.otlp.enabled {
+                guarded.push(("otlp.grpc_listen", self.otlp.grpc_listen));
+                guarded.push(("otlp.http_listen", self.otlp.http_listen));
             }
             if let Some((key, addr)) = guarded.into_iter().find(|(_, a)| !is_loopback(a)) {
                 let message = format!(
@@ -336,13 +335,13 @@ impl Config {
                 return Some((key.to_string(), message));
             }
         }
-        if !cfg.proxy.upstreams.is_empty()
-            && !cfg.proxy.allow_public
-            && !is_loopback(&cfg.proxy.listen)
+        if !self.proxy.upstreams.is_empty()
+            && !self.proxy.allow_public
+            && !is_loopback(&self.proxy.listen)
         {
             let message = format!(
                 "{} is not a loopback address: the proxy checks no tokenwatch token (it forwards each client's own Authorization header to the upstream); set proxy.allow_public: true if the upstream authenticates its clients, or bind the proxy to loopback",
-                cfg.proxy.listen
+                self.proxy.listen
             );
             return Some(("proxy.listen".into(), message));
         }
