@@ -41,17 +41,19 @@ pub struct ReplicaShiftParams {
     /// replica's second reference (it must be worse than its peers and than itself).
     pub own_quantile: f64,
     pub own_multiple: f64,
-    /// A replica's location test (part of `latency`): each minute, the log of its median over
-    /// its peers' median of the same minute, against the usual value and spread of that log
-    /// ratio in its clean baseline minutes; a Gaussian CUSUM designed for a median
-    /// `location_ratio` × its usual ratio (and at least `location_min_sigmas` of its spread)
-    /// sees a replica that slows every request alike, which the tail test (its own median
-    /// moves) does not. A minute counts with at least `location_min_count` observations on each
-    /// side; the test runs once the baseline holds `location_min_minutes` such minutes.
+    /// A replica's location test (part of `latency`): every `location_step_s` (a slot), the
+    /// log of its median over its peers' median of the same slot, against the usual value and
+    /// spread of that log ratio in its clean baseline slots; a Gaussian CUSUM designed for a
+    /// median `location_ratio` × its usual ratio (and at least `location_min_sigmas` of its
+    /// spread) sees a replica that slows every request alike, which the tail test (its own
+    /// median moves) does not. A slot counts with at least `location_min_count` observations a
+    /// minute (pro rata) on each side; the test runs once the baseline holds
+    /// `location_min_minutes` minutes of such slots. No single slot pages.
     pub location_ratio: f64,
     pub location_min_sigmas: f64,
     pub location_min_count: f64,
     pub location_min_minutes: usize,
+    pub location_step_s: f64,
     /// When the model's own test alarms while no replica's does, the replica that carries at
     /// least this share of the alarm's excess events (slow or failed requests beyond what the
     /// reference rate expects, since the change point), at a rate whose lower confidence bound
@@ -106,6 +108,7 @@ impl Default for ReplicaShiftParams {
             location_min_sigmas: 3.0,
             location_min_count: 50.0,
             location_min_minutes: 20,
+            location_step_s: 30.0,
             attribute_share: 2.0 / 3.0,
             attribute_z: 3.0,
             ratio: 4.0,
@@ -183,6 +186,11 @@ impl Validate for ReplicaShiftParams {
             self.location_min_minutes >= 2,
             "location_min_minutes",
             "must be ≥ 2",
+        )?;
+        check(
+            [10.0, 15.0, 20.0, 30.0, 60.0].contains(&self.location_step_s),
+            "location_step_s",
+            "must be 10, 15, 20, 30 or 60 (a whole number of slots a minute)",
         )?;
         check(
             self.attribute_share.is_finite()
@@ -279,6 +287,16 @@ impl ReplicaShiftParams {
         self.tests.iter().any(|t| t == test)
     }
 
+    /// The location test's slot length (ms) …
+    pub fn location_step_ms(&self) -> i64 {
+        (self.location_step_s * 1000.0) as i64
+    }
+
+    /// … and how many slots a minute holds.
+    pub fn location_slots_per_minute(&self) -> usize {
+        ((60.0 / self.location_step_s).round() as usize).max(1)
+    }
+
     /// The rate a test is designed to detect, from its reference rate `p0`.
     pub fn design(&self, p0: f64) -> f64 {
         (p0 * self.ratio).max(p0 + self.min_shift).min(0.99)
@@ -311,17 +329,17 @@ pub fn mean_sd(xs: &[f64]) -> Option<(f64, f64)> {
     Some((mean, var.sqrt()))
 }
 
-/// The optimal delay (seconds) of a test that reads one observation a minute — a minute's median
-/// against its peers' — for a Gaussian mean shift of `delta_sigmas` standard deviations, at a
-/// budget of one false alarm per `period_s`: h / (δ²/2) minutes (the CUSUM's first-order delay,
-/// KL δ²/2 nats a minute), and never under one minute, since no test of a minute statistic
-/// decides before that minute's evidence is in. Infinite when there is no shift.
-pub fn minute_location_delay_s(delta_sigmas: f64, period_s: f64) -> f64 {
-    if delta_sigmas.is_nan() || delta_sigmas <= 0.0 {
+/// The optimal delay (seconds) of a test that reads one observation every `step_s` — a slot's
+/// median against its peers' — for a Gaussian mean shift of `delta_sigmas` standard deviations
+/// of that observation, at a budget of one false alarm per `period_s`: h / (δ²/2) slots (the
+/// CUSUM's first-order delay, KL δ²/2 nats a slot), and never under one slot, since no test of a
+/// slot's statistic decides before that slot's evidence is in. Infinite when there is no shift.
+pub fn location_delay_s(delta_sigmas: f64, step_s: f64, period_s: f64) -> f64 {
+    if delta_sigmas.is_nan() || delta_sigmas <= 0.0 || step_s.is_nan() || step_s <= 0.0 {
         return f64::INFINITY;
     }
-    let h = cusum_threshold(period_s, 1.0 / 60.0, 1);
-    60.0 * (h / (delta_sigmas * delta_sigmas / 2.0)).max(1.0)
+    let h = cusum_threshold(period_s, 1.0 / step_s, 1);
+    step_s * (h / (delta_sigmas * delta_sigmas / 2.0)).max(1.0)
 }
 
 /// Kullback–Leibler divergence of Bernoulli(`p`) from Bernoulli(`q`), in nats.
@@ -531,6 +549,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(p.validate().unwrap_err().field, "location_min_minutes");
+        for step in [0.0, 25.0, 45.0, f64::NAN] {
+            let p = ReplicaShiftParams {
+                location_step_s: step,
+                ..Default::default()
+            };
+            assert_eq!(p.validate().unwrap_err().field, "location_step_s");
+        }
         let p = ReplicaShiftParams {
             attribute_share: 0.5,
             ..Default::default()
@@ -544,17 +569,22 @@ mod tests {
     }
 
     #[test]
-    fn minute_location_delay_counts_whole_minutes_of_evidence_and_no_less_than_one() {
+    fn location_delay_counts_whole_slots_of_evidence_and_no_less_than_one() {
         let period = 30.0 * 86400.0;
         // One false alarm per 30 days at one observation a minute: h = ln 43,200 ≈ 10.67 nats.
         let h = (30.0f64 * 1440.0).ln();
         // δ = 2: KL 2 nats a minute, h / 2 ≈ 5.3 minutes.
-        assert!((minute_location_delay_s(2.0, period) - 60.0 * h / 2.0).abs() < 1e-9);
-        // δ = 10: 50 nats a minute would decide in 0.2 minutes, but a minute must end first.
-        assert_eq!(minute_location_delay_s(10.0, period), 60.0);
-        assert_eq!(minute_location_delay_s(0.0, period), f64::INFINITY);
-        assert_eq!(minute_location_delay_s(-1.0, period), f64::INFINITY);
-        assert_eq!(minute_location_delay_s(f64::NAN, period), f64::INFINITY);
+        assert!((location_delay_s(2.0, 60.0, period) - 60.0 * h / 2.0).abs() < 1e-9);
+        // Half-minute slots: twice the observations (h grows by ln 2), each slot's δ its own.
+        let h30 = (30.0f64 * 2880.0).ln();
+        assert!((location_delay_s(2.0, 30.0, period) - 30.0 * h30 / 2.0).abs() < 1e-9);
+        // δ = 10: 50 nats a slot would decide in a fraction of it, but the slot must end first.
+        assert_eq!(location_delay_s(10.0, 60.0, period), 60.0);
+        assert_eq!(location_delay_s(10.0, 30.0, period), 30.0);
+        assert_eq!(location_delay_s(0.0, 30.0, period), f64::INFINITY);
+        assert_eq!(location_delay_s(-1.0, 30.0, period), f64::INFINITY);
+        assert_eq!(location_delay_s(f64::NAN, 30.0, period), f64::INFINITY);
+        assert_eq!(location_delay_s(2.0, 0.0, period), f64::INFINITY);
     }
 
     #[test]

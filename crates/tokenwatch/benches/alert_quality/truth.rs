@@ -2,7 +2,7 @@
 // few seconds (independently of tokenwatch), and from it the optimal CUSUM's detection delay for
 // each fault — the best any test of the same statistic could do at the same false-alarm budget
 // (issue 27, item 3): h / KL per sample for the error rate, for the share of a replica's TTFT or
-// ITL beyond 6 × its healthy median, for its per-minute median against its peers', and for GPU
+// ITL beyond 6 × its healthy median, for its per-slot median against its peers', and for GPU
 // memory growth. The faulted window is what the replica really served, not what was planned.
 
 use super::procs::{client, http, now_ms};
@@ -222,11 +222,14 @@ pub fn bound_s(
             best = best.min(bernoulli_bound(period_s, rate, p0, p1));
         }
     }
-    // Location: each minute's log(median / peers' median), healthy minutes against faulted.
+    // Location: each slot's log(median / peers' median) (the detector's slot length), the 30
+    // healthy minutes' slots against the faulted ones.
+    let step_s = ReplicaShiftParams::default().location_step_s;
+    let step_ms = (step_s * 1000.0) as i64;
     for pick in [|s: &Snap| s.ttft.clone(), |s: &Snap| s.itl.clone()] {
-        let minute_ratio = |m0: i64| -> Option<f64> {
+        let slot_ratio = |m0: i64| -> Option<f64> {
             let own = |snaps: &[Snap]| -> Option<CumulativeHistogram> {
-                let (a, b) = (at(snaps, m0)?, at(snaps, m0 + 60_000)?);
+                let (a, b) = (at(snaps, m0)?, at(snaps, m0 + step_ms)?);
                 Some(pick(b)?.delta_since(&pick(a)?))
             };
             let mine = own(snaps)?.quantile(0.5)?.value;
@@ -244,15 +247,15 @@ pub fn bound_s(
             let theirs = merged?.quantile(0.5)?.value;
             (mine > 0.0 && theirs > 0.0).then(|| (mine / theirs).ln())
         };
-        let healthy: Vec<f64> = (0..30)
-            .map(|k| start_ms - (k + 1) * 60_000)
+        let healthy: Vec<f64> = (0..30 * 60_000 / step_ms)
+            .map(|k| start_ms - (k + 1) * step_ms)
             .filter(|m| *m >= snaps[0].at_ms)
-            .filter_map(minute_ratio)
+            .filter_map(slot_ratio)
             .collect();
         let faulted: Vec<f64> = (0..)
-            .map(|k| start_ms + k * 60_000)
-            .take_while(|m| m + 60_000 <= end_ms)
-            .filter_map(minute_ratio)
+            .map(|k| start_ms + k * step_ms)
+            .take_while(|m| m + step_ms <= end_ms)
+            .filter_map(slot_ratio)
             .collect();
         if let (Some((mu, sd)), Some(shifted)) = (
             seq::mean_sd(&healthy),
@@ -260,7 +263,7 @@ pub fn bound_s(
         ) {
             // The detector's floor on the spread (MIN_LOG_RATIO_SPREAD).
             let delta = (shifted - mu) / sd.max(0.02);
-            best = best.min(seq::minute_location_delay_s(delta, period_s));
+            best = best.min(seq::location_delay_s(delta, step_s, period_s));
         }
     }
     // GPU memory: growth per scrape interval against its healthy spread (at least 8 MiB, the

@@ -30,9 +30,9 @@ const MINUTE_MS: i64 = 60_000;
 const DEFAULT_OVERDISPERSION: f64 = 2.0;
 /// Largest overdispersion used (a test slowed beyond this is better off not counting).
 const MAX_OVERDISPERSION: f64 = 20.0;
-/// A minute is read by the location test this long after it began (every series' scrapes of it
-/// have arrived).
-const SETTLE_MS: i64 = 75_000;
+/// A location slot is read this long after it ends (the scrapes stamped in it, every series',
+/// have been evaluated: they are stamped when they arrive).
+const SETTLE_LAG_MS: i64 = 5_000;
 /// Smallest spread (standard deviation) of a minute's log median ratio used: medians read from
 /// histogram buckets are not exact.
 const MIN_LOG_RATIO_SPREAD: f64 = 0.02;
@@ -146,7 +146,16 @@ struct Minute {
     pearson: BTreeMap<TestKey, (f64, f64)>,
     /// A test of the series was alarmed in it: left out of its own reference.
     alarmed: bool,
-    /// The location test has read this minute …
+    /// The location test's slots of the minute (`location_step_s` each), in time order.
+    slots: Vec<Slot>,
+}
+
+/// One slot of a minute as the location test reads it.
+#[derive(Debug, Default)]
+struct Slot {
+    /// The latency histograms of the scrapes stamped in it.
+    latency: BTreeMap<String, CumulativeHistogram>,
+    /// The location test has read this slot …
     located: bool,
     /// … and found these logs of the replica's median over its peers' median, per signal.
     log_ratio: BTreeMap<String, f64>,
@@ -177,6 +186,24 @@ impl Minute {
             acc.0 += n;
             acc.1 += x;
         }
+    }
+
+    /// The location slot holding `at` (the minute has `60 / step` of them).
+    fn slot(&mut self, at: i64, step_ms: i64) -> &mut Slot {
+        let slots = (MINUTE_MS / step_ms.max(1)).max(1) as usize;
+        if self.slots.len() < slots {
+            self.slots.resize_with(slots, Slot::default);
+        }
+        let i = ((at - self.start).max(0) / step_ms.max(1)) as usize;
+        &mut self.slots[i.min(slots - 1)]
+    }
+
+    /// (start, slot) of each location slot, in time order.
+    fn slots(&self, step_ms: i64) -> impl Iterator<Item = (i64, &Slot)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .map(move |(i, s)| (self.start + i as i64 * step_ms, s))
     }
 
     /// (trials, events) of a test in this minute.
@@ -263,11 +290,11 @@ struct Shift {
 struct Location {
     /// The CUSUM statistic (nats) …
     s: f64,
-    /// … the minute its run began (the change point when it alarms) …
+    /// … the slot its run began (the change point when it alarms) …
     since: i64,
     /// … and whether it crossed the threshold (until it falls back to 0).
     alarmed: bool,
-    /// The last minute's median ratio, the usual one, the spread of its log, the designed
+    /// The last slot's median ratio, the usual one, the spread of its log, the designed
     /// shift (standard deviations) and the threshold.
     ratio: f64,
     usual: f64,
@@ -277,15 +304,17 @@ struct Location {
 }
 
 impl Location {
-    /// One minute's log ratio `r` against the baseline's mean `mu` and spread `sigma`.
-    fn update(&mut self, minute: i64, r: f64, (mu, sigma): (f64, f64), h: f64, p: &Params) {
+    /// One slot's log ratio `r` (the slot began at `start`) against the baseline's mean `mu`
+    /// and spread `sigma`.
+    fn update(&mut self, start: i64, r: f64, (mu, sigma): (f64, f64), h: f64, p: &Params) {
         let design = (p.location_ratio.ln() / sigma).max(p.location_min_sigmas);
         let z = (r - mu) / sigma;
         if self.s <= 0.0 {
-            self.since = minute;
+            self.since = start;
         }
-        // No single minute (one stalled batch) pages.
-        let llr = seq::gaussian_llr(z, design).min(0.5 * h);
+        // One slot adds at most a third of the threshold: no single slot (one stalled batch),
+        // nor one bad minute, pages.
+        let llr = seq::gaussian_llr(z, design).min(h / 3.0);
         self.s = (self.s + llr).clamp(0.0, 1.5 * h);
         self.alarmed = if self.alarmed {
             self.s > 0.0
@@ -325,6 +354,24 @@ impl Series {
         self.minutes.back_mut().expect("just pushed")
     }
 
+    /// The location slot that begins at `start`.
+    fn slot_at(&self, start: i64, step_ms: i64) -> Option<&Slot> {
+        let m = self
+            .minutes
+            .iter()
+            .find(|m| m.start <= start && start < m.start + MINUTE_MS)?;
+        m.slots(step_ms)
+            .find(|(at, _)| *at == start)
+            .map(|(_, slot)| slot)
+    }
+
+    /// The minute holding `at`, if kept.
+    fn minute_holding(&mut self, at: i64) -> Option<&mut Minute> {
+        self.minutes
+            .iter_mut()
+            .find(|m| m.start <= at && at < m.start + MINUTE_MS)
+    }
+
     /// Drops the minutes before `before`, and the histograms of those before `anchor_from`
     /// (only anchors read them; the references keep their counts).
     fn prune(&mut self, before: i64, anchor_from: i64) {
@@ -337,6 +384,7 @@ impl Series {
             .take_while(|m| m.start < anchor_from)
         {
             m.latency.clear();
+            m.slots.iter_mut().for_each(|s| s.latency.clear());
         }
     }
 
@@ -405,10 +453,10 @@ impl Series {
         self.tests.values().any(|t| t.cusum.alarmed()) || self.location.values().any(|l| l.alarmed)
     }
 
-    /// The mean and spread of a signal's log median ratio over the clean minutes starting in
-    /// `[from, to)`, once there are `location_min_minutes` of them. The spread is the larger of
-    /// the standard deviation and the scaled median absolute deviation, and at least
-    /// `MIN_LOG_RATIO_SPREAD`.
+    /// The mean and spread of a signal's log median ratio over the slots of the clean minutes
+    /// starting in `[from, to)`, once they hold `location_min_minutes` minutes' worth. The
+    /// spread is the larger of the standard deviation and the scaled median absolute deviation,
+    /// and at least `MIN_LOG_RATIO_SPREAD`.
     fn location_baseline(
         &self,
         signal: &str,
@@ -420,9 +468,10 @@ impl Series {
             .minutes
             .iter()
             .filter(|m| m.start >= from && m.start < to && !m.alarmed)
-            .filter_map(|m| m.log_ratio.get(signal).copied())
+            .flat_map(|m| m.slots.iter())
+            .filter_map(|s| s.log_ratio.get(signal).copied())
             .collect();
-        if v.len() < p.location_min_minutes {
+        if v.len() < p.location_min_minutes * p.location_slots_per_minute() {
             return None;
         }
         let (mean, sd) = seq::mean_sd(&v)?;
@@ -627,9 +676,22 @@ fn test(
     }
 }
 
-/// A replica's location tests over its minutes settled by `now` and not yet read: each minute's
-/// log median ratio against its peers' merged distribution of the same minute, into the
-/// signal's CUSUM against the replica's clean baseline minutes (threshold `h`).
+/// A quantile read by linear interpolation inside its bucket `[lower, upper]`, placed at the
+/// same rank geometrically instead: latency is closer to uniform in its log than in itself
+/// across a bucket as wide as 2.5 × (vLLM's 0.1–0.25 s), so a shift of the distribution moves
+/// the estimate about as much as it moves the quantile. Unchanged where `lower` is 0 or the
+/// bucket is open.
+fn geometric_within_bucket(value: f64, lower: f64, upper: f64) -> f64 {
+    if lower <= 0.0 || !upper.is_finite() || upper <= lower {
+        return value;
+    }
+    let frac = ((value - lower) / (upper - lower)).clamp(0.0, 1.0);
+    lower * (upper / lower).powf(frac)
+}
+
+/// A replica's location tests over its slots settled by `now` and not yet read: each slot's
+/// log median ratio against its peers' merged distribution of the same slot, into the signal's
+/// CUSUM against the replica's clean baseline slots (threshold `h`).
 fn locate(st: &mut ModelState, instance: &str, now: i64, baseline: (i64, i64), h: f64, p: &Params) {
     if !p.runs("latency") || st.instances.len() < 2 {
         return;
@@ -637,28 +699,32 @@ fn locate(st: &mut ModelState, instance: &str, now: i64, baseline: (i64, i64), h
     let Some(inst) = st.instances.get(instance) else {
         return;
     };
+    let step_ms = p.location_step_ms();
     let due: Vec<i64> = inst
         .minutes
         .iter()
-        .filter(|m| !m.located && m.start + SETTLE_MS <= now)
-        .map(|m| m.start)
+        .flat_map(|m| m.slots(step_ms))
+        .filter(|(start, s)| !s.located && start + step_ms + SETTLE_LAG_MS <= now)
+        .map(|(start, _)| start)
         .collect();
     if due.is_empty() {
         return;
     }
+    // Each slot counts with `location_min_count` observations a minute's worth on each side.
+    let min_count = p.location_min_count / p.location_slots_per_minute() as f64;
     let median = |h: Option<&CumulativeHistogram>| {
-        h.filter(|h| h.count >= p.location_min_count)
+        h.filter(|h| h.count >= min_count)
             .and_then(|h| h.quantile(0.5))
-            .map(|q| q.value)
+            .map(|q| geometric_within_bucket(q.value, q.bucket_lower, q.bucket_upper))
             .filter(|v| v.is_finite() && *v > 0.0)
     };
     let mut found: Vec<(i64, String, f64)> = Vec::new();
     for &start in &due {
-        let mine = inst.minutes.iter().find(|m| m.start == start);
+        let mine = inst.slot_at(start, step_ms);
         let mut peers: BTreeMap<String, CumulativeHistogram> = BTreeMap::new();
         for (_, s) in st.instances.iter().filter(|(n, _)| n.as_str() != instance) {
-            if let Some(m) = s.minutes.iter().find(|m| m.start == start) {
-                for (sig, hist) in &m.latency {
+            if let Some(slot) = s.slot_at(start, step_ms) {
+                for (sig, hist) in &slot.latency {
                     merge(&mut peers, sig, hist);
                 }
             }
@@ -673,12 +739,14 @@ fn locate(st: &mut ModelState, instance: &str, now: i64, baseline: (i64, i64), h
     let Some(inst) = st.instances.get_mut(instance) else {
         return;
     };
-    for m in inst.minutes.iter_mut().filter(|m| due.contains(&m.start)) {
-        m.located = true;
+    for &start in &due {
+        if let Some(m) = inst.minute_holding(start) {
+            m.slot(start, step_ms).located = true;
+        }
     }
     for (start, sig, r) in found {
-        if let Some(m) = inst.minutes.iter_mut().find(|m| m.start == start) {
-            m.log_ratio.insert(sig.clone(), r);
+        if let Some(m) = inst.minute_holding(start) {
+            m.slot(start, step_ms).log_ratio.insert(sig.clone(), r);
         }
         let Some(base) = inst.location_baseline(&sig, baseline.0, baseline.1, p) else {
             continue;
@@ -745,8 +813,15 @@ impl ReplicaShift {
             counted.push((k.clone(), trials));
         }
         let hold = inst.hold(now, max_hold_ms);
-        inst.minute(now).add(c, &counted, hold);
-        let h = seq::cusum_threshold(budget.period_s, 1.0 / 60.0, budget.tests);
+        let minute = inst.minute(now);
+        minute.add(c, &counted, hold);
+        if p.runs("latency") {
+            let slot = minute.slot(now, p.location_step_ms());
+            for (sig, h) in c.latency.iter().filter(|(s, _)| p.signals.contains(s)) {
+                merge(&mut slot.latency, sig, h);
+            }
+        }
+        let h = seq::cusum_threshold(budget.period_s, 1.0 / p.location_step_s, budget.tests);
         locate(st, &c.instance, now, baseline, h, p);
 
         // The model as a whole: latency against its own recent distribution.
@@ -986,13 +1061,15 @@ impl ReplicaShift {
             .unwrap_or_default()
     }
 
-    /// A replica's (minute start, log median ratio against its peers) of `signal`.
-    fn minute_log_ratios(&self, model: &str, instance: &str, signal: &str) -> Vec<(i64, f64)> {
+    /// A replica's (slot start, log median ratio against its peers) of `signal`.
+    fn slot_log_ratios(&self, model: &str, instance: &str, signal: &str) -> Vec<(i64, f64)> {
+        let step_ms = self.params.location_step_ms();
         self.series(model, Some(instance))
             .map(|s| {
                 s.minutes
                     .iter()
-                    .filter_map(|m| m.log_ratio.get(signal).map(|r| (m.start, *r)))
+                    .flat_map(|m| m.slots(step_ms))
+                    .filter_map(|(at, slot)| slot.log_ratio.get(signal).map(|r| (at, *r)))
                     .collect()
             })
             .unwrap_or_default()

@@ -381,6 +381,8 @@ pub(crate) struct Outcome {
     pub before: Vec<String>,
     pub others: Vec<String>,
     pub late: Vec<String>,
+    /// The first event that counted as the page, as text.
+    pub paged_by: Option<String>,
 }
 
 pub(crate) struct Scenario {
@@ -470,19 +472,21 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
         bound_s = bound_s.min(phi * seq::optimal_delay_samples(h, p1, p0) / rate);
     }
     // The location tests (a replica's median against its peers'): a Gaussian shift of δ
-    // standard deviations per minute (the healthy minutes' spread), KL δ²/2 per minute, each
-    // minute's evidence complete at its end (so never under a minute).
+    // standard deviations per slot (the healthy slots' spread), KL δ²/2 per slot, each slot's
+    // evidence complete at its end (so never under a slot).
     if let Some(instance) = series {
+        let step_s = detector.params.location_step_s;
         for signal in &detector.params.signals {
-            let ratios = detector.minute_log_ratios(&model, instance, signal);
+            let ratios = detector.slot_log_ratios(&model, instance, signal);
             let pick = |healthy: bool| -> Vec<f64> {
                 ratios
                     .iter()
                     .filter(|(m, _)| {
                         if healthy {
-                            *m + MINUTE_MS <= start && *m >= start - 30 * 60_000
+                            *m + detector.params.location_step_ms() <= start
+                                && *m >= start - 30 * 60_000
                         } else {
-                            *m >= start && *m + MINUTE_MS <= end
+                            *m >= start && *m + detector.params.location_step_ms() <= end
                         }
                     })
                     .map(|(_, r)| *r)
@@ -494,7 +498,7 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
                 continue;
             };
             let delta = (shifted - mu) / sd.max(MIN_LOG_RATIO_SPREAD);
-            bound_s = bound_s.min(seq::minute_location_delay_s(delta, period_s));
+            bound_s = bound_s.min(seq::location_delay_s(delta, step_s, period_s));
         }
     }
     let bound_s = bound_s + sc.scrape_s as f64;
@@ -505,9 +509,22 @@ pub(crate) fn scenario(sc: &Scenario) -> Outcome {
             .map(|(at, e)| format!("{} s: {}", (at - start) / 1000, e.summary))
             .collect::<Vec<_>>()
     };
+    let paged_by = text(
+        events
+            .iter()
+            .filter(|(at, e)| {
+                *at >= start
+                    && e.labels.get("model_id") == Some(&model)
+                    && want.is_none_or(|i| e.labels.get("instance").map(String::as_str) == Some(i))
+            })
+            .take(1)
+            .collect(),
+    )
+    .pop();
     Outcome {
         delay_s,
         bound_s,
+        paged_by,
         before: text(events.iter().filter(|(at, _)| *at < start).collect()),
         others: text(
             events
@@ -642,10 +659,14 @@ fn a_replica_slowing_every_request_twofold_is_paged_by_its_median_against_its_pe
         let o = scenario(&sc);
         assert!(o.before.is_empty(), "seed {seed}: {:?}", o.before);
         assert!(o.others.is_empty(), "seed {seed}: {:?}", o.others);
-        // Minutes are read 75 s after they begin; two of them at least (no single minute pages).
+        // Half-minute slots, each read 5 s after it ends; three of them at least (no single
+        // slot, nor a minute, pages): with the slot the fault begins in, about two minutes.
         let delay = o.delay_s.unwrap_or(f64::INFINITY);
-        assert!(delay <= 240.0, "seed {seed}: ×2 on every request: {o:?}");
-        eprintln!("seed {seed}, scrape {scrape_s} s: paged after {delay} s");
+        assert!(delay <= 150.0, "seed {seed}: ×2 on every request: {o:?}");
+        eprintln!(
+            "seed {seed}, scrape {scrape_s} s: paged after {delay} s: {}",
+            o.paged_by.as_deref().unwrap_or("")
+        );
         assert!(o.late.is_empty(), "seed {seed}: {:?}", o.late);
     }
 }
@@ -977,4 +998,19 @@ fn a_model_alarm_carried_by_one_replica_names_that_replica_and_a_spread_one_name
             );
         }
     }
+}
+
+#[test]
+fn a_median_inside_its_bucket_is_placed_geometrically_and_left_alone_where_it_cannot_be() {
+    // Half-way through 0.1–0.4 by rank: 0.25 linearly, 0.2 geometrically.
+    assert!((geometric_within_bucket(0.25, 0.1, 0.4) - 0.2).abs() < 1e-12);
+    // The bounds stay the bounds.
+    assert_eq!(geometric_within_bucket(0.1, 0.1, 0.4), 0.1);
+    assert!((geometric_within_bucket(0.4, 0.1, 0.4) - 0.4).abs() < 1e-12);
+    // A first bucket from 0 and an open last one keep the linear reading.
+    assert_eq!(geometric_within_bucket(0.003, 0.0, 0.005), 0.003);
+    assert_eq!(
+        geometric_within_bucket(2560.0, 2560.0, f64::INFINITY),
+        2560.0
+    );
 }
