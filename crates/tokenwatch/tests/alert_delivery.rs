@@ -389,14 +389,17 @@ async fn webhooks_get_documented_body_with_retries_and_isolation() {
             WebhookConfig {
                 url: slow_url,
                 headers: BTreeMap::new(),
+                tls: None,
             },
             WebhookConfig {
                 url: format!("http://{dead}/hook"),
                 headers: BTreeMap::new(),
+                tls: None,
             },
             WebhookConfig {
                 url: flaky_url,
                 headers: BTreeMap::from([("Authorization".into(), "Bearer s3cret".into())]),
+                tls: None,
             },
         ],
         queue_capacity: 1,
@@ -509,4 +512,167 @@ async fn webhooks_get_documented_body_with_retries_and_isolation() {
             .unwrap();
     }
     drop(black_hole);
+}
+
+/// A CA (PEM) and a certificate for localhost and 127.0.0.1 it signed (chain, key).
+fn test_pki() -> (
+    String,
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "tokenwatch receiver test CA");
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap())
+        .unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
+        key.serialize_der(),
+    ));
+    (ca.pem(), vec![leaf.der().clone(), ca.der().clone()], key)
+}
+
+/// A TLS front on 127.0.0.1 (the certificate of `test_pki`) relaying each connection to the
+/// plain receiver at `backend`: an https receiver with its own CA.
+async fn tls_front(
+    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    key: rustls::pki_types::PrivateKeyDer<'static>,
+    backend: SocketAddr,
+) -> SocketAddr {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(backend).await else {
+                    return;
+                };
+                let _ = plain.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    addr
+}
+
+fn authority(url: &str) -> SocketAddr {
+    let rest = url.trim_start_matches("http://");
+    rest.split('/').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_receivers_trusted_by_their_own_ca_get_alerts_and_an_untrusted_one_fails_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca_pem, chain, key) = test_pki();
+    let ca_file = dir.path().join("receivers-ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    // A real Alertmanager and a webhook, each behind a TLS front with the test CA's certificate.
+    let (am_hook, am_hook_url) = Hook::serve(0).await;
+    let am = Alertmanager::start(dir.path(), &am_hook_url).await;
+    let am_tls = tls_front(chain.clone(), key.clone_key(), authority(&am.url)).await;
+    let (hook, hook_url) = Hook::serve(0).await;
+    let hook_tls = tls_front(chain, key, authority(&hook_url)).await;
+    let trusted = Some(tokenwatch::config::UpstreamTlsConfig {
+        ca_file: Some(ca_file.clone()),
+        server_name: None,
+    });
+    let metrics = Arc::new(Metrics::new());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let cfg = DeliveryConfig {
+        alertmanagers: vec![format!("https://{am_tls}")],
+        alertmanager_tls: trusted.clone(),
+        webhooks: vec![
+            // Named by host: the certificate holds localhost.
+            WebhookConfig {
+                url: format!("https://localhost:{}/hook", hook_tls.port()),
+                headers: BTreeMap::from([("Authorization".into(), "Bearer s3cret".into())]),
+                tls: trusted,
+            },
+            // The same receiver with the system's roots only: its certificate is not trusted.
+            WebhookConfig {
+                url: format!("https://127.0.0.1:{}/hook", hook_tls.port()),
+                ..Default::default()
+            },
+        ],
+        max_retries: 1,
+        initial_backoff: HumanDuration(Duration::from_millis(50)),
+        external_url: "http://127.0.0.1:9464".into(),
+        ..Default::default()
+    };
+    cfg.validate().unwrap();
+    let (notifier, tasks) = Notifier::start(cfg, metrics.clone(), stop_rx);
+    let names = notifier.receiver_names();
+    let (am_name, trusted_name, untrusted_name) = (&names[0], &names[1], &names[2]);
+
+    notifier.notify(&alert("al-tls", AlertState::Firing));
+    let got = hook
+        .wait_for("webhook over https", Duration::from_secs(10), |b| {
+            !b.is_empty()
+        })
+        .await;
+    assert_eq!(got[0]["alert"]["id"], "al-tls");
+    assert_eq!(
+        hook.received.lock().unwrap()[0].0["authorization"],
+        "Bearer s3cret"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while find(&am.alerts().await, "al-tls").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "alert never reached Alertmanager over https; its log:\n{}\n{}",
+            am.log(),
+            metrics.encode()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The untrusted receiver: the handshake fails, is retried once, and counted failed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter(&metrics, untrusted_name, "failed") < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the untrusted receiver was never counted failed:\n{}",
+            metrics.encode()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(counter(&metrics, untrusted_name, "sent"), 0.0);
+    assert_eq!(counter(&metrics, trusted_name, "sent"), 1.0);
+    assert_eq!(counter(&metrics, am_name, "sent"), 1.0);
+    assert_eq!(
+        hook.bodies().len(),
+        1,
+        "only the trusted webhook got through"
+    );
+    drop(am_hook);
+
+    stop_tx.send(true).unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .expect("delivery task ends on shutdown")
+            .unwrap();
+    }
 }

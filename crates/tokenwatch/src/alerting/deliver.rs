@@ -30,14 +30,22 @@
 //! Any 2xx answer is success; connection errors, timeouts, 429 and 5xx are retried with
 //! exponential backoff (`initial_backoff`, doubling, at most 10 s, `max_retries` retries); other
 //! answers are not retried. Each receiver has its own task and bounded queue: a full queue drops
-//! the notification (counted in `tokenwatch_alert_notifications{outcome="dropped"}`).
+//! the notification (counted in `tokenwatch_alert_notifications{outcome="dropped"}`). At
+//! shutdown, what is queued gets one short attempt each (until one fails).
+//!
+//! # TLS
+//! `https://` receivers are reached with rustls, trusting the system's roots plus the CA file of
+//! `alertmanager_tls` (every Alertmanager) or of the webhook's own `tls`; `server_name`
+//! overrides the name checked against the certificate.
 
 mod metrics;
 mod payload;
 mod worker;
 
+use crate::kernel::delivery::{self, HttpClient, RetryPolicy};
 use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::Metrics;
+use crate::kernel::tls::{UpstreamTls, UpstreamTlsConfig};
 use metrics::DeliveryMetrics;
 use payload::RenderOptions;
 use serde::Deserialize;
@@ -54,19 +62,26 @@ use worker::{Job, Kind, Worker};
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// `http://` URL the body is POSTed to.
+    /// `http://` or `https://` URL the body is POSTed to.
     pub url: String,
     /// Extra request headers, e.g. `Authorization`.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// TLS to an `https://` URL: a CA file trusted besides the system's roots, a server name.
+    #[serde(default)]
+    pub tls: Option<UpstreamTlsConfig>,
 }
 
 /// Where and how alerts are delivered.
 #[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeliveryConfig {
-    /// Alertmanager base URLs, e.g. `http://127.0.0.1:9093` (the API path is appended).
+    /// Alertmanager base URLs, e.g. `http://127.0.0.1:9093` or `https://am.example:9093` (the
+    /// API path is appended).
     pub alertmanagers: Vec<String>,
+    /// TLS to `https://` Alertmanagers: a CA file trusted besides the system's roots, a server
+    /// name.
+    pub alertmanager_tls: Option<UpstreamTlsConfig>,
     pub webhooks: Vec<WebhookConfig>,
     /// Firing alerts are re-sent to Alertmanager this often.
     pub resend_interval: HumanDuration,
@@ -87,6 +102,7 @@ impl Default for DeliveryConfig {
     fn default() -> Self {
         DeliveryConfig {
             alertmanagers: Vec::new(),
+            alertmanager_tls: None,
             webhooks: Vec::new(),
             resend_interval: HumanDuration(Duration::from_secs(30)),
             queue_capacity: 1024,
@@ -114,6 +130,8 @@ pub enum DeliveryConfigError {
     },
     #[error("{field} must be greater than zero")]
     Zero { field: &'static str },
+    #[error("{what}: {reason}")]
+    Tls { what: String, reason: String },
 }
 
 fn parse_http_url(what: &str, url: &str) -> Result<http::Uri, DeliveryConfigError> {
@@ -125,19 +143,39 @@ fn parse_http_url(what: &str, url: &str) -> Result<http::Uri, DeliveryConfigErro
     let uri: http::Uri = url
         .parse()
         .map_err(|e: http::uri::InvalidUri| err(&e.to_string()))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(err(
-                "https is not supported; use an http:// endpoint (for example a local relay)",
-            ));
-        }
-        _ => return Err(err("expected an http:// URL")),
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(err("expected an http:// or https:// URL"));
     }
     if uri.authority().is_none() {
         return Err(err("no host"));
     }
     Ok(uri)
+}
+
+/// The client for a receiver at `uri`: plain for http://, TLS (system roots plus `tls`'s CA
+/// file) for https://. `tls` on an http:// URL is a mistake worth refusing.
+fn client_for(
+    what: &str,
+    uri: &http::Uri,
+    tls: Option<&UpstreamTlsConfig>,
+    connect_timeout: Duration,
+) -> Result<HttpClient, DeliveryConfigError> {
+    let tls_err = |key: &str, reason: String| DeliveryConfigError::Tls {
+        what: if key.is_empty() {
+            format!("{what}.tls")
+        } else {
+            format!("{what}.tls.{key}")
+        },
+        reason,
+    };
+    if uri.scheme_str() != Some("https") {
+        if tls.is_some() {
+            return Err(tls_err("", "tls applies to https:// URLs only".into()));
+        }
+        return Ok(HttpClient::new(None, connect_timeout));
+    }
+    let setup = UpstreamTls::new(tls).map_err(|e| tls_err(e.key(), e.to_string()))?;
+    Ok(HttpClient::new(Some(&setup), connect_timeout))
 }
 
 fn parse_headers(
@@ -179,6 +217,15 @@ impl DeliveryConfig {
         Ok(())
     }
 
+    /// Each attempt's limit (the default where the configured one is zero).
+    fn attempt_timeout(&self) -> Duration {
+        if self.timeout.0.is_zero() {
+            Duration::from_secs(5)
+        } else {
+            self.timeout.0
+        }
+    }
+
     /// Fill an empty `external_url` with `http://<listen>` and drop a trailing slash.
     pub fn resolve_external_url(&mut self, listen: SocketAddr) {
         if self.external_url.trim().is_empty() {
@@ -189,8 +236,10 @@ impl DeliveryConfig {
         }
     }
 
-    /// (metrics name, kind, endpoint) of each receiver, in configuration order.
-    fn receivers(&self) -> Result<Vec<(String, Kind, http::Uri)>, DeliveryConfigError> {
+    /// (metrics name, kind, endpoint, client) of each receiver, in configuration order; each
+    /// attempt (connect included) is limited to `timeout`.
+    fn receivers(&self) -> Result<Vec<(String, Kind, http::Uri, HttpClient)>, DeliveryConfigError> {
+        let timeout = self.attempt_timeout();
         let mut out = Vec::new();
         let mut names: HashMap<String, usize> = HashMap::new();
         let mut name_of = |kind: &str, uri: &http::Uri| {
@@ -214,13 +263,34 @@ impl DeliveryConfig {
                 },
                 other => other,
             })?;
-            out.push((name_of("alertmanager", &uri), Kind::Alertmanager, uri));
+            let client =
+                client_for(&what, &uri, self.alertmanager_tls.as_ref(), timeout).map_err(|e| {
+                    match e {
+                        DeliveryConfigError::Tls { reason, what: w } => DeliveryConfigError::Tls {
+                            what: w.replace(&format!("{what}.tls"), "alertmanager_tls"),
+                            reason: format!("{what}: {reason}"),
+                        },
+                        other => other,
+                    }
+                })?;
+            out.push((
+                name_of("alertmanager", &uri),
+                Kind::Alertmanager,
+                uri,
+                client,
+            ));
         }
         for (i, w) in self.webhooks.iter().enumerate() {
             let what = format!("webhooks[{i}]");
             let uri = parse_http_url(&what, &w.url)?;
             let headers = parse_headers(&what, &w.headers)?;
-            out.push((name_of("webhook", &uri), Kind::Webhook { headers }, uri));
+            let client = client_for(&what, &uri, w.tls.as_ref(), timeout)?;
+            out.push((
+                name_of("webhook", &uri),
+                Kind::Webhook { headers },
+                uri,
+                client,
+            ));
         }
         Ok(out)
     }
@@ -269,11 +339,7 @@ impl Notifier {
         } else {
             cfg.resend_interval.0
         };
-        let timeout = if cfg.timeout.0.is_zero() {
-            Duration::from_secs(5)
-        } else {
-            cfg.timeout.0
-        };
+        let timeout = cfg.attempt_timeout();
         let render = RenderOptions {
             external_url: cfg.external_url.trim_end_matches('/').to_string(),
             firing_ttl_ms: 4 * resend.as_millis() as i64,
@@ -285,13 +351,14 @@ impl Notifier {
                 Vec::new()
             }
         };
-        let client: worker::HttpClient =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build(http_connector(timeout));
-
+        let policy = RetryPolicy {
+            min_backoff: cfg.initial_backoff.0,
+            max_backoff: worker::MAX_BACKOFF,
+            max_retries: Some(cfg.max_retries),
+        };
         let mut tasks = Vec::new();
         let mut handles = Vec::new();
-        for (name, kind, endpoint) in receivers {
+        for (name, kind, endpoint, client) in receivers {
             dm.init_receiver(&name);
             let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
             let is_alertmanager = matches!(kind, Kind::Alertmanager);
@@ -299,12 +366,16 @@ impl Notifier {
                 name: name.clone(),
                 kind,
                 endpoint,
-                client: client.clone(),
+                client,
                 render: render.clone(),
                 metrics: dm.clone(),
                 timeout,
-                max_retries: cfg.max_retries,
-                initial_backoff: cfg.initial_backoff.0,
+                delivery: delivery::Endpoint::new(
+                    "alert notification",
+                    name.clone(),
+                    "tokenwatch_alert_notifications_total{outcome=\"failed\"}",
+                )
+                .with_policy(policy),
             };
             tasks.push(tokio::spawn(w.run(rx, shutdown.clone())));
             handles.push(Receiver {
@@ -422,7 +493,7 @@ impl Notifier {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = worker::shutdown_requested(&mut shutdown) => return,
+                _ = delivery::stopped(&mut shutdown) => return,
             }
             let alerts: Vec<Arc<Alert>> = {
                 let firing = self.inner.firing.lock().unwrap_or_else(|p| p.into_inner());
@@ -452,15 +523,6 @@ fn am_view_changed(old: &Alert, new: &Alert) -> bool {
             != new.root_cause.first().map(|c| (&c.path, &c.summary))
 }
 
-/// The HTTP connector used for every receiver (plain HTTP; connect limited by the timeout).
-fn http_connector(timeout: Duration) -> hyper_util::client::legacy::connect::HttpConnector {
-    let mut c = hyper_util::client::legacy::connect::HttpConnector::new();
-    c.set_connect_timeout(Some(timeout));
-    c.set_nodelay(true);
-    c.enforce_http(true);
-    c
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -487,15 +549,68 @@ mod tests {
     #[test]
     fn invalid_receivers_are_named() {
         let c = DeliveryConfig {
-            alertmanagers: vec!["https://am".into()],
+            alertmanagers: vec!["ftp://am".into()],
             ..Default::default()
         };
         let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("alertmanagers[0]") && e.contains("https"), "{e}");
+        assert!(
+            e.contains("alertmanagers[0]") && e.contains("https://"),
+            "{e}"
+        );
+        // https is reached with TLS; a CA file that cannot be read is named by its key.
+        let missing = Some(UpstreamTlsConfig {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            server_name: None,
+        });
+        let c = DeliveryConfig {
+            alertmanagers: vec!["https://am:9093".into()],
+            alertmanager_tls: missing.clone(),
+            ..Default::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with("alertmanager_tls.ca_file: alertmanagers[0]: cannot read the CA file"),
+            "{e}"
+        );
+        let c = DeliveryConfig {
+            webhooks: vec![WebhookConfig {
+                url: "https://hooks.example/x".into(),
+                tls: missing,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.starts_with("webhooks[0].tls.ca_file: cannot read"), "{e}");
+        // tls on an http:// receiver is a mistake, not ignored.
+        let c = DeliveryConfig {
+            webhooks: vec![WebhookConfig {
+                url: "http://hooks.example/x".into(),
+                tls: Some(UpstreamTlsConfig::default()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with("webhooks[0].tls: tls applies to https://"),
+            "{e}"
+        );
+        // With the system's roots alone, https receivers are valid.
+        let c = DeliveryConfig {
+            alertmanagers: vec!["https://am:9093".into()],
+            webhooks: vec![WebhookConfig {
+                url: "https://hooks.example/x".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        c.validate().unwrap();
         let c = DeliveryConfig {
             webhooks: vec![WebhookConfig {
                 url: "http://h/x".into(),
                 headers: [("bad header".into(), "v".into())].into(),
+                tls: None,
             }],
             ..Default::default()
         };

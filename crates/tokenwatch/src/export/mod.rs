@@ -1,7 +1,6 @@
 // Export stage: what leaves tokenwatch for other tools. The Prometheus `/metrics` exposition
 // and its remote write (`export:` in the configuration); ClickHouse will sit beside them.
 
-pub mod delivery;
 pub mod otlp;
 pub mod prometheus;
 pub mod remote_write;

@@ -1,19 +1,16 @@
-// One receiver's delivery task: takes jobs from its own bounded queue and POSTs them, retrying
-// with exponential backoff, so a slow or dead receiver only ever delays itself.
+// One receiver's delivery task: takes jobs from its own bounded queue and POSTs them through the
+// kernel's delivery loop (retries with exponential backoff, one short last attempt at shutdown),
+// so a slow or dead receiver only ever delays itself.
 
 use super::metrics::DeliveryMetrics;
 use super::payload::{self, RenderOptions};
+use crate::kernel::delivery::{self, Attempt, Deliver, Delivered, HttpClient, stopped};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use http_body_util::Full;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokenwatch_core::alert::Alert;
-use tokenwatch_core::backoff::Backoff;
 use tokio::sync::{mpsc, watch};
-
-pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Longest wait between two attempts.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -41,28 +38,8 @@ pub(crate) struct Worker {
     pub render: RenderOptions,
     pub metrics: DeliveryMetrics,
     pub timeout: Duration,
-    pub max_retries: u32,
-    pub initial_backoff: Duration,
-}
-
-enum Attempt {
-    Sent,
-    /// Worth retrying: connection error, timeout, 429 or 5xx.
-    Retry(String),
-    /// Retrying cannot help (4xx other than 429).
-    Fatal(String),
-}
-
-/// Resolves once shutdown is requested; never when the sender is gone without asking.
-pub(crate) async fn shutdown_requested(rx: &mut watch::Receiver<bool>) {
-    loop {
-        if *rx.borrow_and_update() {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
+    /// Retry policy and state-change logging.
+    pub delivery: delivery::Endpoint,
 }
 
 fn now_ms() -> i64 {
@@ -75,90 +52,91 @@ impl Worker {
         mut rx: mpsc::Receiver<Job>,
         mut shutdown: watch::Receiver<bool>,
     ) {
+        // Whether what is queued at shutdown is still worth one short attempt each.
+        let mut flush = true;
         loop {
             let job = tokio::select! {
+                biased;
+                _ = stopped(&mut shutdown) => break,
                 job = rx.recv() => match job { Some(j) => j, None => return },
-                _ = shutdown_requested(&mut shutdown) => return,
             };
             self.metrics.depth(&self.name).dec();
-            match &self.kind {
-                Kind::Alertmanager => {
-                    // Rendered per attempt inside `deliver`, so a retried firing alert carries a fresh endsAt.
-                    let alerts = job.alerts.clone();
-                    let n = alerts.len() as u64;
-                    self.deliver(n, job.enqueued, &mut shutdown, move |r| {
-                        payload::am_body(&alerts, r, now_ms())
-                    })
-                    .await;
-                }
-                Kind::Webhook { .. } => {
-                    for alert in job.alerts {
-                        self.deliver(1, job.enqueued, &mut shutdown, move |_| {
-                            Some(payload::webhook_body(&alert, now_ms()))
-                        })
-                        .await;
-                    }
-                }
+            if !self.send(job, &mut shutdown).await {
+                flush = false;
+                break;
+            }
+        }
+        // Shutdown: what is queued gets one short attempt each, until one fails; the rest is
+        // counted failed.
+        while let Ok(job) = rx.try_recv() {
+            self.metrics.depth(&self.name).dec();
+            if flush {
+                flush = self.send(job, &mut shutdown).await;
+            } else {
+                self.metrics
+                    .outcome(&self.name, "failed")
+                    .inc_by(job.alerts.len() as u64);
             }
         }
     }
 
-    /// Send one body (rendered afresh before each attempt), retrying with backoff; counts the
-    /// outcome for `n` alerts. Returns early (counted as failed) when shutdown is requested.
-    async fn deliver(
-        &self,
-        n: u64,
-        enqueued: Instant,
-        shutdown: &mut watch::Receiver<bool>,
-        render: impl Fn(&RenderOptions) -> Option<Vec<u8>>,
-    ) {
-        let mut backoff = Backoff::new(self.initial_backoff, MAX_BACKOFF);
-        let mut attempt = 0u32;
-        loop {
-            let Some(body) = render(&self.render) else {
-                return;
-            };
-            let outcome = tokio::select! {
-                a = self.attempt(body) => a,
-                _ = shutdown_requested(shutdown) => {
-                    self.metrics.outcome(&self.name, "failed").inc_by(n);
-                    return;
-                }
-            };
+    /// Deliver one job: one POST of all its alerts for Alertmanager, one per alert for a
+    /// webhook. False once a delivery gave up at shutdown (the rest of the job counted failed).
+    async fn send(&self, job: Job, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let batches: Vec<Vec<Arc<Alert>>> = match self.kind {
+            Kind::Alertmanager => vec![job.alerts],
+            Kind::Webhook { .. } => job.alerts.into_iter().map(|a| vec![a]).collect(),
+        };
+        let mut batches = batches.into_iter();
+        while let Some(alerts) = batches.next() {
+            let n = alerts.len() as u64;
+            // Pending alerts are not sent to Alertmanager: nothing to do for a batch of them.
+            if self.body(&alerts).is_none() {
+                continue;
+            }
+            let (outcome, go_on) = delivery::deliver(self, &alerts, self.timeout, shutdown).await;
             match outcome {
-                Attempt::Sent => {
+                Delivered::Sent(()) => {
                     self.metrics.outcome(&self.name, "sent").inc_by(n);
                     self.metrics
                         .latency(&self.name)
-                        .observe(enqueued.elapsed().as_secs_f64());
-                    return;
+                        .observe(job.enqueued.elapsed().as_secs_f64());
                 }
-                Attempt::Fatal(why) => {
-                    tracing::warn!(receiver = %self.name, error = %why, "alert notification refused; not retrying");
+                Delivered::Rejected | Delivered::GaveUp => {
                     self.metrics.outcome(&self.name, "failed").inc_by(n);
-                    return;
-                }
-                Attempt::Retry(why) if attempt < self.max_retries => {
-                    tracing::debug!(receiver = %self.name, error = %why, attempt, "alert notification failed; retrying");
-                    attempt += 1;
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff.next_delay()) => {}
-                        _ = shutdown_requested(shutdown) => {
-                            self.metrics.outcome(&self.name, "failed").inc_by(n);
-                            return;
-                        }
-                    }
-                }
-                Attempt::Retry(why) => {
-                    tracing::warn!(receiver = %self.name, error = %why, attempts = attempt + 1, "alert notification failed; giving up");
-                    self.metrics.outcome(&self.name, "failed").inc_by(n);
-                    return;
                 }
             }
+            if !go_on {
+                let rest: u64 = batches.map(|b| b.len() as u64).sum();
+                self.metrics.outcome(&self.name, "failed").inc_by(rest);
+                return false;
+            }
         }
+        true
     }
 
-    async fn attempt(&self, body: Vec<u8>) -> Attempt {
+    /// The body for `alerts`, rendered afresh (a retried firing alert carries a fresh endsAt);
+    /// None when there is nothing to send.
+    fn body(&self, alerts: &[Arc<Alert>]) -> Option<Vec<u8>> {
+        match self.kind {
+            Kind::Alertmanager => payload::am_body(alerts, &self.render, now_ms()),
+            Kind::Webhook { .. } => alerts.first().map(|a| payload::webhook_body(a, now_ms())),
+        }
+    }
+}
+
+impl Deliver for Worker {
+    type Batch = [Arc<Alert>];
+    type Receipt = ();
+
+    fn endpoint(&self) -> &delivery::Endpoint {
+        &self.delivery
+    }
+
+    async fn attempt(&self, alerts: &[Arc<Alert>], timeout: Duration) -> Attempt<()> {
+        let Some(body) = self.body(alerts) else {
+            return Attempt::Sent(());
+        };
         let mut b = http::Request::builder()
             .method(http::Method::POST)
             .uri(self.endpoint.clone())
@@ -174,36 +152,12 @@ impl Worker {
         }
         let req = match b.body(Full::new(Bytes::from(body))) {
             Ok(r) => r,
-            Err(e) => return Attempt::Fatal(format!("building the request: {e}")),
+            Err(e) => return Attempt::Rejected(format!("building the request: {e}")),
         };
-        let exchange = async {
-            let resp = self.client.request(req).await.map_err(|e| format!("{e}"))?;
-            let status = resp.status();
-            // Read (a bounded part of) the body so the connection can be reused and errors named.
-            let text = match http_body_util::Limited::new(resp.into_body(), 4096)
-                .collect()
-                .await
-            {
-                Ok(c) => String::from_utf8_lossy(&c.to_bytes()).trim().to_string(),
-                Err(_) => String::new(),
-            };
-            Ok::<_, String>((status, text))
-        };
-        match tokio::time::timeout(self.timeout, exchange).await {
-            Err(_) => Attempt::Retry(format!(
-                "no answer from {} within {:?}",
-                self.endpoint, self.timeout
-            )),
-            Ok(Err(e)) => Attempt::Retry(format!("{}: {e}", self.endpoint)),
-            Ok(Ok((status, _))) if status.is_success() => Attempt::Sent,
-            Ok(Ok((status, text))) => {
-                let why = format!("{} answered {status}: {text}", self.endpoint);
-                if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {
-                    Attempt::Retry(why)
-                } else {
-                    Attempt::Fatal(why)
-                }
-            }
+        // Errors name the receiver (its log label), not the URL: webhook paths carry secrets.
+        match self.client.exchange(req, timeout, 4096).await {
+            Err(e) => Attempt::Retry(e),
+            Ok((status, body)) => delivery::classify(status, &body),
         }
     }
 }

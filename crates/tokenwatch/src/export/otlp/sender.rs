@@ -4,10 +4,12 @@
 use super::convert::{ExportSpan, request_of};
 use super::queue::SpanQueue;
 use super::{Prepared, Protocol};
-use crate::export::delivery::{Attempt, Delivered, Endpoint, HttpClient, LAST_ATTEMPT, stopped};
+use crate::kernel::delivery::{
+    self, Attempt, Deliver, Delivered, Endpoint, HttpClient, LAST_ATTEMPT, stopped,
+};
 use crate::kernel::telemetry::Metrics;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -21,7 +23,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
-pub use crate::export::delivery::{MAX_BACKOFF, MIN_BACKOFF};
+pub use crate::kernel::delivery::{MAX_BACKOFF, MIN_BACKOFF};
 
 /// Why spans were dropped (`reason` of `tokenwatch_otlp_export_dropped_total`).
 pub const DROP_REASONS: [&str; 3] = ["queue_full", "rejected", "shutdown"];
@@ -219,23 +221,27 @@ impl Sender {
     async fn deliver(&self, batch: Vec<ExportSpan>, stop: &mut watch::Receiver<bool>) -> bool {
         let n = batch.len() as u64;
         let req = request_of(batch);
-        let (delivered, go_on) = self
-            .endpoint
-            .deliver(
-                self.timeout,
-                stop,
-                |timeout| self.attempt(&req, timeout),
-                || {
-                    self.metrics.failures.inc();
-                },
-            )
-            .await;
+        let (delivered, go_on) = delivery::deliver(self, &req, self.timeout, stop).await;
         match delivered {
             Delivered::Sent(refused) => self.accepted(n, refused),
             Delivered::Rejected => self.metrics.drop_spans("rejected", n),
             Delivered::GaveUp => self.metrics.drop_spans("shutdown", n),
         }
         go_on
+    }
+}
+
+impl Deliver for Sender {
+    type Batch = ExportTraceServiceRequest;
+    /// Spans the endpoint refused in an accepted request (partial success).
+    type Receipt = u64;
+
+    fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    fn failed(&self) {
+        self.metrics.failures.inc();
     }
 
     async fn attempt(&self, req: &ExportTraceServiceRequest, timeout: Duration) -> Attempt<u64> {
@@ -249,23 +255,9 @@ impl Sender {
                 *r.method_mut() = http::Method::POST;
                 *r.uri_mut() = uri.clone();
                 *r.headers_mut() = headers.clone();
-                let exchange = async {
-                    let resp = client.request(r).await.map_err(|e| error_chain(&e))?;
-                    let status = resp.status();
-                    // Read (a bounded part of) the answer: the connection is reused, errors named.
-                    let body = match http_body_util::Limited::new(resp.into_body(), 64 * 1024)
-                        .collect()
-                        .await
-                    {
-                        Ok(c) => c.to_bytes(),
-                        Err(_) => Bytes::new(),
-                    };
-                    Ok::<_, String>((status, body))
-                };
-                match tokio::time::timeout(timeout, exchange).await {
-                    Err(_) => Attempt::Retry(format!("no answer within {timeout:?}")),
-                    Ok(Err(e)) => Attempt::Retry(e),
-                    Ok(Ok((status, body))) if status.is_success() => {
+                match client.exchange(r, timeout, 64 * 1024).await {
+                    Err(e) => Attempt::Retry(e),
+                    Ok((status, body)) if status.is_success() => {
                         let refused = ExportTraceServiceResponse::decode(body)
                             .ok()
                             .and_then(|r| r.partial_success)
@@ -273,7 +265,7 @@ impl Sender {
                             .unwrap_or(0);
                         Attempt::Sent(refused)
                     }
-                    Ok(Ok((status, body))) => {
+                    Ok((status, body)) => {
                         let text = String::from_utf8_lossy(&body[..body.len().min(512)])
                             .trim()
                             .to_string();
@@ -318,16 +310,4 @@ impl Sender {
             }
         }
     }
-}
-
-/// An error with its causes (hyper's own message alone is "client error (Connect)").
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -3,11 +3,11 @@
 
 use super::convert;
 use super::proto::Label;
-pub use crate::export::delivery::HttpClient;
-use crate::export::delivery::{self, Attempt, Delivered, stopped};
+pub use crate::kernel::delivery::HttpClient;
+use crate::kernel::delivery::{self, Attempt, Deliver, Delivered, stopped};
 use crate::kernel::telemetry::Metrics;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
-pub use crate::export::delivery::{MAX_BACKOFF, MIN_BACKOFF};
+pub use crate::kernel::delivery::{MAX_BACKOFF, MIN_BACKOFF};
 
 /// Why samples were dropped (`reason` of `tokenwatch_remote_write_dropped_total`).
 pub const DROP_REASONS: [&str; 3] = ["queue_full", "rejected", "shutdown"];
@@ -285,17 +285,7 @@ impl Endpoint {
 
     /// Send `batch`, retrying with backoff; false once shutdown was requested.
     async fn deliver(&self, batch: &Batch, stop: &mut watch::Receiver<bool>) -> bool {
-        let (delivered, go_on) = self
-            .delivery
-            .deliver(
-                self.timeout,
-                stop,
-                |timeout| self.attempt(batch, timeout),
-                || {
-                    self.metrics.failures(&self.label).inc();
-                },
-            )
-            .await;
+        let (delivered, go_on) = delivery::deliver(self, batch, self.timeout, stop).await;
         match delivered {
             Delivered::Sent(()) => {
                 self.metrics.samples(&self.label).inc_by(batch.samples);
@@ -305,53 +295,28 @@ impl Endpoint {
         }
         go_on
     }
+}
+
+impl Deliver for Endpoint {
+    type Batch = Batch;
+    type Receipt = ();
+
+    fn endpoint(&self) -> &delivery::Endpoint {
+        &self.delivery
+    }
 
     async fn attempt(&self, batch: &Batch, timeout: Duration) -> Attempt<()> {
         let mut req = http::Request::new(Full::new(batch.body.clone()));
         *req.method_mut() = http::Method::POST;
         *req.uri_mut() = self.uri.clone();
         *req.headers_mut() = self.headers.clone();
-        let exchange = async {
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| error_chain(&e))?;
-            let status = resp.status();
-            // Read (a bounded part of) the answer: the connection is reused and errors named.
-            let text = match http_body_util::Limited::new(resp.into_body(), 4096)
-                .collect()
-                .await
-            {
-                Ok(c) => String::from_utf8_lossy(&c.to_bytes()).trim().to_string(),
-                Err(_) => String::new(),
-            };
-            Ok::<_, String>((status, text))
-        };
-        match tokio::time::timeout(timeout, exchange).await {
-            Err(_) => Attempt::Retry(format!("no answer within {timeout:?}")),
-            Ok(Err(e)) => Attempt::Retry(e),
-            Ok(Ok((status, _))) if status.is_success() => Attempt::Sent(()),
-            Ok(Ok((status, text))) => {
-                let why = format!("answered {status}: {text}");
-                if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {
-                    Attempt::Retry(why)
-                } else {
-                    Attempt::Rejected(why)
-                }
-            }
+        match self.client.exchange(req, timeout, 4096).await {
+            Err(e) => Attempt::Retry(e),
+            Ok((status, body)) => delivery::classify(status, &body),
         }
     }
-}
 
-/// An error with its causes (hyper's own message alone is "client error (Connect)").
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
+    fn failed(&self) {
+        self.metrics.failures(&self.label).inc();
     }
-    s
 }

@@ -1,9 +1,12 @@
-// Delivery loop shared by the exporters (remote write, OTLP): attempts with a timeout,
-// exponential backoff between retryable failures, one short last attempt once shutdown is asked.
+// The one delivery loop every deliverer sends through (Alertmanager, webhooks, OTLP export,
+// remote write): a deliverer says how to make one attempt ([`Deliver`]); the loop retries what is
+// worth retrying with exponential backoff ([`RetryPolicy`]), gives up on refusals, logs an
+// endpoint's state changes once, and makes one short last attempt once shutdown is asked. Also
+// the outbound HTTP client (plain or TLS) and one bounded HTTP exchange they share.
 
 use crate::kernel::tls::{HttpsClient, UpstreamTls};
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -20,7 +23,27 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Time allowed to each attempt made after shutdown was requested.
 pub const LAST_ATTEMPT: Duration = Duration::from_secs(2);
 
-/// An exporter's HTTP client: plain, or HTTPS with rustls as for https upstreams.
+/// How a deliverer retries: backoff from `min_backoff`, doubling up to `max_backoff`, at most
+/// `max_retries` retries after the first attempt (None: until sent, refused or shut down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+    pub max_retries: Option<u32>,
+}
+
+impl Default for RetryPolicy {
+    /// The exporters' policy: 100 ms doubling to 30 s, retried until sent or shut down.
+    fn default() -> Self {
+        RetryPolicy {
+            min_backoff: MIN_BACKOFF,
+            max_backoff: MAX_BACKOFF,
+            max_retries: None,
+        }
+    }
+}
+
+/// An outbound HTTP client: plain, or HTTPS with rustls as for https upstreams.
 #[derive(Clone)]
 pub enum HttpClient {
     Plain(Client<HttpConnector, Full<Bytes>>),
@@ -51,6 +74,62 @@ impl HttpClient {
             HttpClient::Tls(c) => c.request(req),
         }
     }
+
+    /// Send `req` and read at most `body_limit` bytes of the answer (so the connection can be
+    /// reused and an error named), all within `timeout`. A transport error or a timeout is worth
+    /// retrying and comes back as its text.
+    pub async fn exchange(
+        &self,
+        req: http::Request<Full<Bytes>>,
+        timeout: Duration,
+        body_limit: usize,
+    ) -> Result<(http::StatusCode, Bytes), String> {
+        let exchange = async {
+            let resp = self.request(req).await.map_err(|e| error_chain(&e))?;
+            let status = resp.status();
+            let body = match http_body_util::Limited::new(resp.into_body(), body_limit)
+                .collect()
+                .await
+            {
+                Ok(c) => c.to_bytes(),
+                Err(_) => Bytes::new(),
+            };
+            Ok::<_, String>((status, body))
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Err(_) => Err(format!("no answer within {timeout:?}")),
+            Ok(r) => r,
+        }
+    }
+}
+
+/// What an HTTP answer means for delivery: 2xx sent; 429 and 5xx worth retrying; any other
+/// answer refused. `body` (trimmed) names the refusal.
+pub fn classify(status: http::StatusCode, body: &[u8]) -> Attempt<()> {
+    if status.is_success() {
+        return Attempt::Sent(());
+    }
+    let why = format!(
+        "answered {status}: {}",
+        String::from_utf8_lossy(body).trim()
+    );
+    if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {
+        Attempt::Retry(why)
+    } else {
+        Attempt::Rejected(why)
+    }
+}
+
+/// An error with its causes (hyper's own message alone is "client error (Connect)").
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// What one attempt to send a batch gave.
@@ -64,22 +143,62 @@ pub enum Attempt<T> {
 }
 
 /// How a batch ended.
+#[derive(Debug, PartialEq, Eq)]
 pub enum Delivered<T> {
     Sent(T),
     /// Refused by the endpoint: the batch is dropped.
     Rejected,
-    /// Shutdown was requested and the last attempt failed: the batch is dropped.
+    /// The retries ran out, or shutdown was requested and the last attempt failed: the batch is
+    /// dropped.
     GaveUp,
+}
+
+/// A deliverer: one kind of batch sent to one endpoint. The loop ([`deliver`]) is the same for
+/// every deliverer; what differs is how one attempt is made and what its failures count.
+pub trait Deliver {
+    type Batch: ?Sized;
+    /// What the endpoint said about an accepted batch.
+    type Receipt;
+    /// The endpoint's delivery state (its retry policy and state-change logging).
+    fn endpoint(&self) -> &Endpoint;
+    /// One attempt to send `batch`, within `timeout`.
+    fn attempt(
+        &self,
+        batch: &Self::Batch,
+        timeout: Duration,
+    ) -> impl Future<Output = Attempt<Self::Receipt>>;
+    /// Runs after every failed attempt (the deliverer's failure counter).
+    fn failed(&self) {}
+}
+
+/// Send `batch` through `d` with attempts of at most `timeout` each, retrying by its endpoint's
+/// policy: how the batch ended, and whether the sender should keep going (false once shutdown
+/// was asked).
+pub async fn deliver<D: Deliver>(
+    d: &D,
+    batch: &D::Batch,
+    timeout: Duration,
+    stop: &mut watch::Receiver<bool>,
+) -> (Delivered<D::Receipt>, bool) {
+    d.endpoint()
+        .deliver(
+            timeout,
+            stop,
+            |limit| d.attempt(batch, limit),
+            || d.failed(),
+        )
+        .await
 }
 
 /// One endpoint's delivery state, for logging transitions once instead of on every attempt.
 pub struct Endpoint {
-    /// What the logs call the exporter ("remote write", "OTLP export").
+    /// What the logs call the deliverer ("remote write", "OTLP export", "alert notification").
     what: &'static str,
     /// The endpoint as the logs and counters name it.
     label: String,
     /// The counter that counts what a refused request drops, named in the log.
     dropped_counter: &'static str,
+    policy: RetryPolicy,
     healthy: AtomicBool,
     rejection_logged: AtomicBool,
 }
@@ -97,19 +216,27 @@ impl Endpoint {
             what,
             label,
             dropped_counter,
+            policy: RetryPolicy::default(),
             healthy: AtomicBool::new(true),
             rejection_logged: AtomicBool::new(false),
         }
+    }
+
+    /// The same endpoint retrying by `policy`.
+    pub fn with_policy(mut self, policy: RetryPolicy) -> Endpoint {
+        self.policy = policy;
+        self
     }
 
     pub fn label(&self) -> &str {
         &self.label
     }
 
-    /// Send one batch with `attempt(timeout)`, retrying with backoff until it is accepted or
-    /// refused; once `stop` turns true, one more attempt with at most [`LAST_ATTEMPT`].
-    /// `on_failure` runs after every failed attempt (the exporter's failure counter). Returns how
-    /// the batch ended and whether the sender should keep going (false once shutdown was asked).
+    /// Send one batch with `attempt(timeout)`, retrying with backoff until it is accepted,
+    /// refused or out of retries; once `stop` turns true, one more attempt with at most
+    /// [`LAST_ATTEMPT`] (an attempt in flight then is that last one, given that much longer). `on_failure` runs after every failed attempt (the deliverer's failure
+    /// counter). Returns how the batch ended and whether the sender should keep going (false
+    /// once shutdown was asked).
     pub async fn deliver<T, F, Fut>(
         &self,
         timeout: Duration,
@@ -122,15 +249,33 @@ impl Endpoint {
         Fut: Future<Output = Attempt<T>>,
     {
         let (what, label, counter) = (self.what, self.label.as_str(), self.dropped_counter);
-        let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
-        let mut last = false;
+        let mut backoff = Backoff::new(self.policy.min_backoff, self.policy.max_backoff);
+        let mut last = *stop.borrow();
+        let mut retries = 0u32;
         loop {
             let limit = if last {
                 timeout.min(LAST_ATTEMPT)
             } else {
                 timeout
             };
-            match attempt(limit).await {
+            let mut pending = std::pin::pin!(attempt(limit));
+            let outcome = if last {
+                pending.await
+            } else {
+                // Shutdown asked while an attempt is in flight: it gets at most LAST_ATTEMPT
+                // more and is the last (not cut and sent again: the endpoint may have it).
+                tokio::select! {
+                    biased;
+                    a = &mut pending => a,
+                    _ = stopped(stop) => {
+                        last = true;
+                        tokio::time::timeout(LAST_ATTEMPT, &mut pending)
+                            .await
+                            .unwrap_or_else(|_| Attempt::Retry(format!("no answer {LAST_ATTEMPT:?} after shutdown was asked")))
+                    }
+                }
+            };
+            match outcome {
                 Attempt::Sent(v) => {
                     if !self.healthy.swap(true, Ordering::Relaxed) {
                         tracing::info!(endpoint = %label, "{what}: the endpoint accepts requests again");
@@ -151,6 +296,11 @@ impl Endpoint {
                     if last {
                         return (Delivered::GaveUp, false);
                     }
+                    if self.policy.max_retries.is_some_and(|max| retries >= max) {
+                        tracing::warn!(endpoint = %label, error = %why, attempts = retries + 1, "{what} failed; giving up (see {counter})");
+                        return (Delivered::GaveUp, true);
+                    }
+                    retries += 1;
                     if self.healthy.swap(false, Ordering::Relaxed) {
                         tracing::warn!(endpoint = %label, error = %why, "{what} failed; retrying with backoff");
                     } else {
