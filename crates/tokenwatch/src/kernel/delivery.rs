@@ -232,6 +232,10 @@ impl Endpoint {
         &self.label
     }
 
+    pub fn policy(&self) -> RetryPolicy {
+        self.policy
+    }
+
     /// Send one batch with `attempt(timeout)`, retrying with backoff until it is accepted,
     /// refused or out of retries; once `stop` turns true, one more attempt with at most
     /// [`LAST_ATTEMPT`] (an attempt in flight then is that last one, given that much longer). `on_failure` runs after every failed attempt (the deliverer's failure
@@ -314,6 +318,183 @@ impl Endpoint {
                 }
             }
         }
+    }
+}
+
+/// What every deliverer must do, checked against a scripted HTTP endpoint (each deliverer's tests
+/// call [`conformance::check`]): retry 5xx with its backoff, doubling, within its bounds; not
+/// retry a refusal; retry an attempt that timed out; stop after its retries; at shutdown give an
+/// attempt in flight one short last chance and never send it again; count every failed attempt.
+#[cfg(test)]
+pub(crate) mod conformance {
+    use super::*;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    /// How the scripted endpoint answers one request.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) enum Answer {
+        Status(u16),
+        /// Never answers.
+        Silent,
+    }
+
+    /// The endpoint's script (answers in order; 200 once it runs out) and the requests' times.
+    #[derive(Default)]
+    pub(crate) struct Script {
+        answers: Mutex<VecDeque<Answer>>,
+        requests: Mutex<Vec<Instant>>,
+    }
+
+    impl Script {
+        fn set(&self, answers: &[Answer]) {
+            *self.answers.lock().unwrap() = answers.iter().copied().collect();
+            self.requests.lock().unwrap().clear();
+        }
+
+        fn requests(&self) -> Vec<Instant> {
+            self.requests.lock().unwrap().clone()
+        }
+    }
+
+    /// A scripted HTTP/1.1 endpoint on 127.0.0.1 answering any path: its base URL.
+    pub(crate) async fn endpoint() -> (String, Arc<Script>) {
+        let script = Arc::new(Script::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = script.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let _ = tcp.set_nodelay(true);
+                let script = shared.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let script = script.clone();
+                        async move {
+                            let _ = req.into_body().collect().await;
+                            script.requests.lock().unwrap().push(Instant::now());
+                            let answer = script.answers.lock().unwrap().pop_front();
+                            let status = match answer.unwrap_or(Answer::Status(200)) {
+                                Answer::Status(s) => s,
+                                Answer::Silent => std::future::pending::<u16>().await,
+                            };
+                            let mut resp = http::Response::new(Full::new(Bytes::new()));
+                            *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                            Ok::<_, std::convert::Infallible>(resp)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        (format!("http://{addr}"), script)
+    }
+
+    fn gaps(times: &[Instant]) -> Vec<Duration> {
+        times.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    /// Checks `d` (which sends to the `script`ed endpoint) with `batch`; `failures` reads the
+    /// deliverer's own count of failed attempts.
+    pub(crate) async fn check<D: Deliver>(
+        d: &D,
+        script: &Script,
+        batch: &D::Batch,
+        failures: impl Fn() -> u64,
+    ) {
+        let policy = d.endpoint().policy();
+        let slack = Duration::from_millis(400);
+        let (_keep, mut stop) = watch::channel(false);
+        let second = Duration::from_secs(2);
+
+        // 5xx is retried after the policy's backoff, doubling, then sent.
+        script.set(&[
+            Answer::Status(503),
+            Answer::Status(503),
+            Answer::Status(200),
+        ]);
+        let before = failures();
+        let (out, go_on) = deliver(d, batch, second, &mut stop).await;
+        assert!(matches!(out, Delivered::Sent(_)) && go_on, "503, 503, 200");
+        let times = script.requests();
+        assert_eq!(times.len(), 3, "503, 503, 200: three attempts");
+        assert_eq!(failures() - before, 2, "each failed attempt counted");
+        let g = gaps(&times);
+        let first = policy.min_backoff.min(policy.max_backoff);
+        let then = (first * 2).min(policy.max_backoff);
+        assert!(
+            g[0] >= first && g[0] <= first + slack,
+            "first backoff {:?}, policy {policy:?}",
+            g[0]
+        );
+        assert!(
+            g[1] >= then && g[1] <= then + slack,
+            "second backoff {:?}, policy {policy:?}",
+            g[1]
+        );
+
+        // A refusal is not retried.
+        script.set(&[Answer::Status(400)]);
+        let before = failures();
+        let (out, go_on) = deliver(d, batch, second, &mut stop).await;
+        assert!(
+            matches!(out, Delivered::Rejected) && go_on,
+            "400 is a refusal"
+        );
+        assert_eq!(script.requests().len(), 1, "a refusal is not retried");
+        assert_eq!(failures() - before, 1);
+
+        // An attempt that times out is retried.
+        script.set(&[Answer::Silent, Answer::Status(200)]);
+        let (out, _) = deliver(d, batch, Duration::from_millis(300), &mut stop).await;
+        assert!(matches!(out, Delivered::Sent(_)), "a timeout is retried");
+        assert_eq!(script.requests().len(), 2);
+
+        // The retries run out.
+        if let Some(max) = policy.max_retries {
+            script.set(&vec![Answer::Status(503); max as usize + 1]);
+            let (out, go_on) = deliver(d, batch, second, &mut stop).await;
+            assert!(matches!(out, Delivered::GaveUp) && go_on, "out of retries");
+            assert_eq!(script.requests().len(), max as usize + 1);
+        }
+
+        // Shutdown during an attempt that hangs: one short last chance, never sent twice.
+        script.set(&[Answer::Silent, Answer::Silent, Answer::Silent]);
+        let (stop_tx, mut stop) = watch::channel(false);
+        let started = Instant::now();
+        let stopper = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            stop_tx.send(true).unwrap();
+        };
+        let ((out, go_on), ()) = tokio::join!(
+            deliver(d, batch, Duration::from_secs(30), &mut stop),
+            stopper
+        );
+        assert!(
+            matches!(out, Delivered::GaveUp) && !go_on,
+            "given up at shutdown"
+        );
+        let took = started.elapsed();
+        assert!(
+            took <= Duration::from_millis(200) + LAST_ATTEMPT + slack,
+            "shutdown took {took:?}"
+        );
+        assert_eq!(
+            script.requests().len(),
+            1,
+            "the hanging attempt is not sent again"
+        );
+
+        // Once shutdown is asked, a batch gets one short attempt.
+        script.set(&[Answer::Status(503)]);
+        let (out, go_on) = deliver(d, batch, Duration::from_secs(30), &mut stop).await;
+        assert!(matches!(out, Delivered::GaveUp) && !go_on);
+        assert_eq!(script.requests().len(), 1, "one attempt after shutdown");
     }
 }
 

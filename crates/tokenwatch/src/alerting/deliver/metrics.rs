@@ -35,6 +35,7 @@ pub(crate) struct DeliveryMetrics {
     notifications: Family<OutcomeLabels, Counter>,
     latency: Family<ReceiverLabels, Histogram, fn() -> Histogram>,
     queue_depth: Family<ReceiverLabels, Gauge>,
+    attempt_failures: Family<ReceiverLabels, Counter>,
 }
 
 impl DeliveryMetrics {
@@ -44,6 +45,7 @@ impl DeliveryMetrics {
             notifications: Family::default(),
             latency: Family::new_with_constructor(latency_hist),
             queue_depth: Family::default(),
+            attempt_failures: Family::default(),
         };
         metrics.register(
             "tokenwatch_alert_notifications",
@@ -54,6 +56,11 @@ impl DeliveryMetrics {
             "tokenwatch_alert_notification_latency_seconds",
             "Time from an alert notification being queued to the receiver accepting it",
             m.latency.clone(),
+        );
+        metrics.register(
+            "tokenwatch_alert_notification_failures",
+            "Alert notification attempts that failed (connection errors, timeouts, refusals); every retried attempt counts",
+            m.attempt_failures.clone(),
         );
         metrics.register(
             "tokenwatch_alert_queue_depth",
@@ -69,6 +76,15 @@ impl DeliveryMetrics {
             self.outcome(receiver, o);
         }
         self.depth(receiver);
+        self.attempt_failures(receiver);
+    }
+
+    pub(crate) fn attempt_failures(&self, receiver: &str) -> Counter {
+        self.attempt_failures
+            .get_or_create(&ReceiverLabels {
+                receiver: receiver.into(),
+            })
+            .clone()
     }
 
     pub(crate) fn outcome(&self, receiver: &str, outcome: &str) -> Counter {

@@ -177,7 +177,7 @@ pub(crate) fn webhook_body(alert: &Alert, now_ms: i64) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tokenwatch_core::alert::{CauseCandidate, Severity};
 

@@ -133,6 +133,10 @@ impl Deliver for Worker {
         &self.delivery
     }
 
+    fn failed(&self) {
+        self.metrics.attempt_failures(&self.name).inc();
+    }
+
     async fn attempt(&self, alerts: &[Arc<Alert>], timeout: Duration) -> Attempt<()> {
         let Some(body) = self.body(alerts) else {
             return Attempt::Sent(());
@@ -158,6 +162,52 @@ impl Deliver for Worker {
         match self.client.exchange(req, timeout, 4096).await {
             Err(e) => Attempt::Retry(e),
             Ok((status, body)) => delivery::classify(status, &body),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::delivery::{RetryPolicy, conformance};
+    use crate::kernel::telemetry::Metrics;
+    use tokenwatch_core::alert::AlertState;
+
+    fn worker(kind: Kind, url: &str, metrics: DeliveryMetrics) -> Worker {
+        Worker {
+            name: "receiver".into(),
+            kind,
+            endpoint: url.parse().unwrap(),
+            client: HttpClient::new(None, Duration::from_secs(2)),
+            render: RenderOptions {
+                external_url: "http://127.0.0.1:9464".into(),
+                firing_ttl_ms: 120_000,
+            },
+            metrics,
+            timeout: Duration::from_secs(2),
+            delivery: delivery::Endpoint::new("alert notification", "receiver".into(), "-")
+                .with_policy(RetryPolicy {
+                    min_backoff: Duration::from_millis(50),
+                    max_backoff: MAX_BACKOFF,
+                    max_retries: Some(2),
+                }),
+        }
+    }
+
+    #[tokio::test]
+    async fn alertmanager_and_webhook_delivery_pass_the_deliverers_conformance_checks() {
+        let batch = [Arc::new(payload::tests::alert(AlertState::Firing))];
+        for kind in [
+            Kind::Alertmanager,
+            Kind::Webhook {
+                headers: Vec::new(),
+            },
+        ] {
+            let (url, script) = conformance::endpoint().await;
+            let dm = DeliveryMetrics::register(&Metrics::new());
+            let w = worker(kind, &format!("{url}/api/v2/alerts"), dm.clone());
+            let failures = || dm.attempt_failures("receiver").get();
+            conformance::check(&w, &script, &batch, failures).await;
         }
     }
 }

@@ -311,3 +311,23 @@ impl Deliver for Sender {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::delivery::conformance;
+
+    #[tokio::test]
+    async fn otlp_http_export_passes_the_deliverers_conformance_checks() {
+        let (url, script) = conformance::endpoint().await;
+        let metrics = ExportMetrics::register(&Metrics::new());
+        let transport = Transport::Http {
+            client: Box::new(HttpClient::new(None, Duration::from_secs(2))),
+            uri: format!("{url}/v1/traces").parse().unwrap(),
+            headers: http::HeaderMap::new(),
+        };
+        let sender = Sender::new(url, transport, Duration::from_secs(2), metrics.clone());
+        let batch = ExportTraceServiceRequest::default();
+        conformance::check(&sender, &script, &batch, || metrics.failures.get()).await;
+    }
+}

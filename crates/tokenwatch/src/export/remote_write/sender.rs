@@ -320,3 +320,29 @@ impl Deliver for Endpoint {
         self.metrics.failures(&self.label).inc();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::delivery::conformance;
+
+    #[tokio::test]
+    async fn remote_write_passes_the_deliverers_conformance_checks() {
+        let (url, script) = conformance::endpoint().await;
+        let metrics = RemoteWriteMetrics::register(&Metrics::new());
+        let label = format!("{url}/api/v1/write");
+        let ep = Endpoint::new(
+            label.clone(),
+            label.parse().unwrap(),
+            http::HeaderMap::new(),
+            HttpClient::new(None, Duration::from_secs(2)),
+            Duration::from_secs(2),
+            metrics.clone(),
+        );
+        let batch = Batch {
+            body: Bytes::from_static(b"snappy"),
+            samples: 3,
+        };
+        conformance::check(&ep, &script, &batch, || metrics.failures(&label).get()).await;
+    }
+}
