@@ -55,19 +55,9 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "the embedder sends records on through the pipeline's queue",
     ),
     (
-        "pipeline",
-        "export",
-        "proxy spans are handed to the OTLP span export (export::otlp::SpanExport)",
-    ),
-    (
         "sources",
         "config",
         "the source registry reads each source's section from the whole Config",
-    ),
-    (
-        "sources",
-        "export",
-        "received spans are exported too (export::otlp::SpanExport in SourceContext)",
     ),
     (
         "sources",

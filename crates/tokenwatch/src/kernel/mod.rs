@@ -1,7 +1,8 @@
 // The shared kernel of the binary's stages: what every stage may import and that imports no
 // stage — the outbound TLS client and its settings (the proxy's https upstreams, OTLP export,
 // remote write and webhooks all dial through it), the one delivery loop every deliverer
-// (Alertmanager, webhooks, OTLP export, remote write) sends through, the telemetry registry every stage registers
+// (Alertmanager, webhooks, OTLP export, remote write) sends through, the span-export port the
+// pipeline and the OTLP receiver hand spans to, the telemetry registry every stage registers
 // its health on, the configuration's duration type, the API routes' query-string checks, the
 // streamed-response formats, the version/deploy marker model, and the route split tables the proxy picks from and canary
 // rollback acts on. The clock and the record and signal types are in the `tokenwatch-core` crate.
@@ -10,6 +11,7 @@ pub mod delivery;
 pub mod duration;
 pub mod markers;
 pub mod params;
+pub mod spans;
 pub mod splits;
 pub mod stream_format;
 pub mod telemetry;

@@ -17,7 +17,7 @@
 
 use super::store_writer::StoreWriter;
 use super::{RecordSink, SinkError};
-use crate::export::otlp::{ExportSpan, SpanExport};
+use crate::kernel::spans::{ExportSpan, SpanExport};
 use crate::sources::otlp::attrs;
 use crate::sources::proxy::config::{UpstreamConfig, parse_upstream_url};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};

@@ -57,7 +57,7 @@ pub struct SourceContext {
     /// Received OTLP log records go to the log-template miner too (None: mining is off).
     pub log_feed: Option<crate::logs::LogFeed>,
     /// Received spans are exported too (`export.otlp.include_received`): stored rows go here.
-    pub span_export: Option<crate::export::otlp::SpanExport>,
+    pub span_export: Option<crate::kernel::spans::SpanExport>,
     /// Anomaly events raised by a source (GPU XID errors) go to the alert engine's root cause.
     pub events: tokenwatch_core::alert::EventInbox,
     /// Where a source leaves what configuration reloads change in it (scrape targets).

@@ -10,12 +10,7 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Sta
 use std::collections::BTreeMap;
 use tokenwatch_store::SpanRow;
 
-/// One span to export, with the `service.name` of its resource.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExportSpan {
-    pub service_name: String,
-    pub span: Span,
-}
+pub use crate::kernel::spans::ExportSpan;
 
 /// A JSON value (a stored attribute) as an OTLP value; None for null.
 fn any_value(v: serde_json::Value) -> Option<AnyValue> {

@@ -1,7 +1,7 @@
 // OTLP trace export (`export.otlp`): the proxy's own spans, and optionally the spans received
 // over OTLP, sent batched to any OTLP endpoint over gRPC or HTTP/protobuf.
 
-//! Spans enter a bounded in-memory queue ([`SpanExport::push`], never waits: the pipeline thread
+//! Spans enter a bounded in-memory queue ([`SpanSink::push`], never waits: the pipeline thread
 //! pushes the proxy's spans, the OTLP receiver the received ones when `include_received` is on).
 //! A full queue drops its oldest spans. One sender task, on the analysis runtime (never the
 //! proxy's), takes up to `queue.max_batch` spans once the batch is full or `queue.flush_interval`
@@ -26,6 +26,7 @@ pub use queue::SpanQueue;
 pub use sender::{DROP_REASONS, ExportMetrics, MAX_BACKOFF, MIN_BACKOFF};
 
 use crate::kernel::duration::HumanDuration;
+pub use crate::kernel::spans::{SpanExport, SpanSink};
 use crate::kernel::telemetry::Metrics;
 use crate::kernel::tls::UpstreamTls;
 use crate::kernel::tls::UpstreamTlsConfig;
@@ -273,45 +274,46 @@ pub fn validate(cfg: Option<&OtlpExportConfig>) -> Result<(), OtlpExportConfigEr
     }
 }
 
-/// Where spans to export are pushed: cheap to clone, never waits.
+/// The exporter's queue, as the stages see it through the kernel's span-export port
+/// (`kernel::spans::SpanSink`): cheap to clone, never waits.
 #[derive(Clone)]
-pub struct SpanExport {
+pub struct SpanQueueHandle {
     queue: Arc<SpanQueue>,
     metrics: ExportMetrics,
     include_received: bool,
 }
 
-impl SpanExport {
+impl SpanSink for SpanQueueHandle {
     /// Queue `spans`; when the queue is full its oldest spans are dropped and counted.
-    pub fn push(&self, spans: Vec<ExportSpan>) {
+    fn push(&self, spans: Vec<ExportSpan>) {
         let dropped = self.queue.push(spans);
         self.metrics.drop_spans("queue_full", dropped as u64);
     }
 
     /// Queue stored rows of received spans (when `include_received` is on; else nothing).
-    pub fn push_received(&self, rows: &[SpanRow]) {
+    fn push_received(&self, rows: &[SpanRow]) {
         if !self.include_received || rows.is_empty() {
             return;
         }
         self.push(rows.iter().filter_map(span_of_row).collect());
     }
 
-    /// Whether received spans are exported too.
-    pub fn includes_received(&self) -> bool {
+    fn includes_received(&self) -> bool {
         self.include_received
     }
 }
 
 /// The running exporter: the handle spans are pushed to, and its sender task.
 pub struct OtlpExporter {
-    handle: SpanExport,
+    handle: SpanQueueHandle,
     close: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
 impl OtlpExporter {
+    /// The handle the stages push spans to (the kernel's span-export port).
     pub fn handle(&self) -> SpanExport {
-        self.handle.clone()
+        Arc::new(self.handle.clone())
     }
 
     /// Send what is still queued (one last attempt, bounded by the timeout and 2 s) and stop.
@@ -352,7 +354,7 @@ pub fn start(
         cfg.queue.flush_interval.0,
         closed,
     ));
-    let handle = SpanExport {
+    let handle = SpanQueueHandle {
         queue,
         metrics: counters,
         include_received: cfg.include_received,

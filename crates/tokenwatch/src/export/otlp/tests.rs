@@ -96,7 +96,7 @@ fn config(endpoint: &str, protocol: Protocol, flush: &str, max_batch: usize) -> 
 #[test]
 fn a_full_queue_drops_its_oldest_spans_and_counts_them() {
     let metrics = Metrics::new();
-    let export = SpanExport {
+    let export = SpanQueueHandle {
         queue: Arc::new(SpanQueue::new(3)),
         metrics: ExportMetrics::register(&metrics),
         include_received: false,
@@ -134,7 +134,7 @@ fn a_full_queue_drops_its_oldest_spans_and_counts_them() {
     };
     export.push_received(std::slice::from_ref(&row));
     assert!(export.queue.is_empty());
-    let with_received = SpanExport {
+    let with_received = SpanQueueHandle {
         include_received: true,
         ..export
     };
@@ -150,7 +150,7 @@ async fn http_batches_spans_with_headers_and_retries_until_accepted() {
         .insert("authorization".into(), "Bearer t0k".into());
     let metrics = Metrics::new();
     let exporter = start(Some(&cfg), &metrics).unwrap().unwrap();
-    let export = exporter.handle();
+    let export = exporter.handle.clone();
     export.push((1..=3).map(span).collect());
     wait_until("the retried batch", || rx.got.lock().unwrap().len() >= 2).await;
     export.push(vec![span(4)]);
@@ -195,7 +195,7 @@ async fn http_refusals_drop_the_batch_and_shutdown_counts_what_is_left() {
     let exporter = start(Some(&config(&url, Protocol::Http, "10ms", 100)), &metrics)
         .unwrap()
         .unwrap();
-    let export = exporter.handle();
+    let export = exporter.handle.clone();
     export.push(vec![span(1), span(2)]);
     wait_until("the refusal", || export.metrics.dropped("rejected") == 2).await;
     assert_eq!(rx.got.lock().unwrap().len(), 1, "a 400 is not retried");
@@ -213,7 +213,7 @@ async fn http_refusals_drop_the_batch_and_shutdown_counts_what_is_left() {
     let mut cfg = config(&dead, Protocol::Http, "10ms", 2);
     cfg.timeout = HumanDuration::parse("500ms").unwrap();
     let exporter = start(Some(&cfg), &metrics).unwrap().unwrap();
-    let export = exporter.handle();
+    let export = exporter.handle.clone();
     export.push((1..=5).map(span).collect());
     wait_until("a failed attempt", || export.metrics.failures() >= 1).await;
     let started = Instant::now();
@@ -265,7 +265,7 @@ async fn grpc_sends_batches_with_metadata_and_retries_unavailable() {
     cfg.headers.insert("x-scope-orgid".into(), "team-a".into());
     let metrics = Metrics::new();
     let exporter = start(Some(&cfg), &metrics).unwrap().unwrap();
-    let export = exporter.handle();
+    let export = exporter.handle.clone();
     export.push(vec![span(1), span(2)]);
     wait_until("the retried export", || export.metrics.sent() == 2).await;
     {

@@ -139,7 +139,7 @@ pub struct Ingest {
     /// Prompt and completion text in spans and logs: dropped or masked before storage.
     text: TelemetryText,
     /// Stored spans are exported too (`export.otlp.include_received`).
-    span_export: Option<crate::export::otlp::SpanExport>,
+    span_export: Option<crate::kernel::spans::SpanExport>,
     /// Stored log records are mined into templates too (`crate::logs`).
     log_feed: Option<crate::logs::LogFeed>,
     /// Scores sent as span attributes are stored here and handed to the alert engine.
@@ -177,7 +177,7 @@ impl Ingest {
     }
 
     /// Export the spans stored from now on (`export.otlp.include_received`).
-    pub fn with_span_export(mut self, export: Option<crate::export::otlp::SpanExport>) -> Ingest {
+    pub fn with_span_export(mut self, export: Option<crate::kernel::spans::SpanExport>) -> Ingest {
         self.span_export = export;
         self
     }
@@ -390,7 +390,7 @@ fn queue_spans(
     mut spans: Vec<tokenwatch_store::SpanRow>,
     text: &TelemetryText,
     writer: &StoreWriter,
-    export: Option<&crate::export::otlp::SpanExport>,
+    export: Option<&crate::kernel::spans::SpanExport>,
 ) -> usize {
     for s in &mut spans {
         s.attributes_json = text.attributes(std::mem::take(&mut s.attributes_json));
