@@ -98,6 +98,26 @@ pub(super) async fn fleet(
             for c in Column::ALL {
                 row.insert(c.name().into(), json!(sample.and_then(|s| s.get(c))));
             }
+            // Where the latency / rate / error figures come from, and the runtime's bucket error.
+            row.insert(
+                "figure_source".into(),
+                json!(sample.and_then(|s| s.figure_source.name())),
+            );
+            let bounds: Map<String, Value> = sample
+                .map(|s| {
+                    s.bucket_bounds
+                        .iter()
+                        .map(|(c, (lower, upper))| {
+                            let upper = upper.is_finite().then_some(*upper);
+                            (
+                                c.name().to_string(),
+                                json!({ "lower": lower, "upper": upper }),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            row.insert("bucket_bounds".into(), Value::Object(bounds));
             let ratio = sample.and_then(|s| {
                 let used = s.get(Column::GpuMemoryUsedBytes)?;
                 let total = s.get(Column::GpuMemoryTotalBytes).filter(|t| *t > 0.0)?;
