@@ -1,7 +1,8 @@
 // Runtime-side latency end to end: a collector-only tokenwatch (no proxy, no OTLP) scrapes a
 // target serving the recorded real vLLM exposition whose histograms and counters advance by known
-// bucket increments each scrape; `/api/v1/latency` (no source asked) and `/api/v1/fleet` answer
-// from the runtime windows, each percentile inside its stated bucket and where the increments put it.
+// bucket increments each scrape; `/api/v1/latency` (no source asked), `/api/v1/fleet` and the
+// model page's `/api/v1/timeseries` answer from the runtime windows, each percentile inside its
+// stated bucket and where the increments put it.
 
 mod common;
 
@@ -250,4 +251,16 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
         row["kv_cache_usage"].is_number(),
         "still from the gauges: {row:#}"
     );
+
+    // The model page's charts: the timeline samples the same figures every 5 s.
+    let charts = format!("http://{api}/api/v1/timeseries?model=tinyllama&range=5m");
+    let has = |v: &Value, column: &str| {
+        v["series"][column]
+            .as_array()
+            .is_some_and(|s| s.iter().any(Value::is_number))
+    };
+    wait_for(&charts, &tw, 15, |v| {
+        has(v, "ttft_p99_s") && has(v, "itl_p50_s") && has(v, "requests_per_s")
+    })
+    .await;
 }
