@@ -14,8 +14,10 @@ pub const MINUTE_MS: i64 = 60_000;
 pub const KEEP_MINUTES: i64 = 60;
 /// The percentiles every answer has, by name.
 pub const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99)];
-/// (model, instance) lines kept at most; further ones are refused (counted in `refused`).
-const DEFAULT_MAX_LINES: usize = 10_000;
+/// (model, instance) lines kept at most; further ones are refused (counted in `refused`). A line
+/// of vLLM's full histogram set is about 4 KB a minute, 240 KB for the hour: 2048 lines ≈ 500 MB
+/// at most, a hundred replicas ≈ 24 MB.
+const DEFAULT_MAX_LINES: usize = 2048;
 
 /// What the scrapes of one (model, instance) added during one minute.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -634,5 +636,17 @@ mod tests {
             w.models(60_000, T0 + 35_000),
             BTreeSet::from(["m".to_string()])
         );
+    }
+
+    #[test]
+    fn lines_beyond_the_limit_are_refused_and_counted() {
+        let mut w = RuntimeWindows::new(1);
+        w.record(&scrape("a", T0, hist([1.0, 0.0, 0.0, 0.0, 0.0])));
+        w.record(&scrape("b", T0, hist([1.0, 0.0, 0.0, 0.0, 0.0])));
+        w.record(&scrape("a", T0 + 1, hist([1.0, 0.0, 0.0, 0.0, 0.0])));
+        assert_eq!(w.refused(), 1);
+        let l = w.latency(&ttft(60_000, Some(RuntimeGroup::Instance)), T0 + 2);
+        assert_eq!(l.total.count, 2);
+        assert_eq!(l.groups.map(|g| g.len()), Some(1));
     }
 }
