@@ -259,8 +259,9 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
             .as_array()
             .is_some_and(|s| s.iter().any(Value::is_number))
     };
-    wait_for(&charts, &tw, 15, |v| {
+    let ts = wait_for(&charts, &tw, 15, |v| {
         has(v, "ttft_p99_s") && has(v, "itl_p50_s") && has(v, "requests_per_s")
     })
     .await;
+    assert_eq!(ts["figure_source"], "runtime", "{ts:#}");
 }

@@ -214,6 +214,14 @@ pub(super) async fn timeseries(
         let timeline = st.timeline.read().unwrap_or_else(|p| p.into_inner());
         timeline.view(model, since, &Column::ALL)
     };
+    // Where the model's latency, rate and error figures come from now (the last minute).
+    let figure_source = {
+        let agg = st.aggregator.lock().unwrap_or_else(|p| p.into_inner());
+        let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
+        sample_fleet(&agg, &board, Window::M1, now)
+            .get(model)
+            .and_then(|s| s.figure_source.name())
+    };
     let signals: Vec<Value> = {
         let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
         board
@@ -266,6 +274,7 @@ pub(super) async fn timeseries(
         "units": units,
         "by_context_bucket": buckets,
         "signals": signals,
+        "figure_source": figure_source,
     });
     Ok(Json(body).into_response())
 }
