@@ -21,6 +21,10 @@ pub struct ScrapeCounts {
     /// Requests failed by the server in the interval (vLLM `finished_reason="error"`, TGI
     /// `tgi_request_failure`); None: not reported.
     pub failed: Option<f64>,
+    /// Prompt and output tokens processed in the interval (vLLM `prompt_tokens_total`,
+    /// `generation_tokens_total`, …); None: not reported.
+    pub prompt_tokens: Option<f64>,
+    pub output_tokens: Option<f64>,
     /// Latency histograms (`ttft`, `itl`, `e2e`, `queue`, …) → observations of the interval.
     pub latency: Vec<(String, CumulativeHistogram)>,
 }
@@ -34,7 +38,11 @@ impl ScrapeCounts {
 
     /// Whether the scrape counted anything (a target of gauges only does not).
     pub fn is_empty(&self) -> bool {
-        self.finished.is_none() && self.failed.is_none() && self.latency.is_empty()
+        self.finished.is_none()
+            && self.failed.is_none()
+            && self.prompt_tokens.is_none()
+            && self.output_tokens.is_none()
+            && self.latency.is_empty()
     }
 
     /// The interval's histogram of `signal`, if the runtime reports it.
@@ -117,6 +125,8 @@ mod tests {
             interval_ms: 1000,
             finished: Some(10.0),
             failed: Some(1.0),
+            prompt_tokens: None,
+            output_tokens: None,
             latency: vec![(
                 "ttft".into(),
                 CumulativeHistogram {

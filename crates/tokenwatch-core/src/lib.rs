@@ -11,6 +11,7 @@ pub mod exposition;
 pub mod histogram;
 pub mod model;
 pub mod placement;
+pub mod runtime_latency;
 pub mod scores;
 pub mod signals;
 pub mod sketch;

@@ -88,6 +88,8 @@ pub struct SignalBoard {
     counts: crate::counts::CountsLog,
     /// Which serving instance each GPU works for (`crate::placement`).
     placement: crate::placement::Placement,
+    /// The scraped counts per minute for the last hour, for runtime-side latency and rates.
+    runtime_windows: crate::runtime_latency::RuntimeWindows,
 }
 
 impl Default for SignalBoard {
@@ -106,12 +108,20 @@ impl SignalBoard {
             refused: 0,
             counts: crate::counts::CountsLog::default(),
             placement: crate::placement::Placement::default(),
+            runtime_windows: crate::runtime_latency::RuntimeWindows::default(),
         }
     }
 
     /// Keep what one scrape of one (model, instance) added (read through `counts`).
+    /// The counts also go into the per-minute runtime windows (read through `runtime_windows`).
     pub fn record_counts(&mut self, c: crate::counts::ScrapeCounts) {
+        self.runtime_windows.record(&c);
         self.counts.push(c);
+    }
+
+    /// The runtime's own latency histograms and counters, per minute for the last hour.
+    pub fn runtime_windows(&self) -> &crate::runtime_latency::RuntimeWindows {
+        &self.runtime_windows
     }
 
     /// The log of scraped counts, read incrementally by sequence number.

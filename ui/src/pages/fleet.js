@@ -1,5 +1,7 @@
 // Fleet overview (#/): what hurts now — a banner per model with active alerts (since when, why),
 // then one row per model with latency percentiles, rates, errors, KV cache, GPU memory, sparklines.
+// Figures a model's runtime reported (no proxy/OTLP record of it) carry a marker and, on hover,
+// the histogram bucket each percentile lies in.
 
 import { getJSON } from '../api.js';
 import { h, setText, badge, modelHref } from '../dom.js';
@@ -9,6 +11,9 @@ import { activeByModel, alertTitle, alertSentence, causeText } from './alert_tex
 
 const WINDOWS = ['1m', '5m', '1h'];
 const SEV_ORDER = { critical: 0, warning: 1, info: 2 };
+// Row cells whose figure is from records or the runtime (`figure_source`), with its fleet column.
+const FIGURE_CELLS = [['ttft50', 'ttft_p50_s'], ['ttft99', 'ttft_p99_s'], ['itl50', 'itl_p50_s'],
+  ['itl99', 'itl_p99_s'], ['rps', 'requests_per_s'], ['tps', 'output_tokens_per_s'], ['err', 'error_ratio']];
 
 const SPARKS = [
   ['ttft_p99_s', 'TTFT P99', PALETTE[1], 'seconds'],
@@ -37,8 +42,10 @@ function mount(el, ctx) {
   const empty = h('p', { class: 'muted', hidden: true }, 'No model has been seen yet: send traffic through the proxy, or configure scrape targets / OTLP.');
   el.append(h('div', { class: 'page-head' }, h('h1', {}, 'Fleet'), picker), banner,
     h('div', { class: 'scroll' }, table), empty,
-    h('p', { class: 'muted small' }, `Numbers over the last ${win}; sparklines show the last 5 minutes. Click a model for its charts.`));
-  st = { win, banner, tbody, empty, rows: new Map() };
+    h('p', { class: 'muted small' }, `Numbers over the last ${win}; sparklines show the last 5 minutes. Click a model for its charts.`),
+    h('p', { class: 'muted small', id: 'runtime-legend', hidden: true },
+      'ʳ reported by the serving runtime (its scraped histograms and counters: no proxy or OTLP record of the model); a percentile lies within its histogram bucket, shown on hover.'));
+  st = { win, banner, tbody, empty, legend: el.querySelector('#runtime-legend'), rows: new Map() };
 }
 
 function rowFor(model) {
@@ -80,6 +87,7 @@ function fillRow(row, m) {
   setText(c.rps, num(m.requests_per_s, 2));
   setText(c.tps, num(m.output_tokens_per_s));
   setText(c.err, ratio(m.error_ratio));
+  markSource(c, m);
   setText(c.kv, ratio(m.kv_cache_usage));
   const gpu = m.gpu_memory_used_bytes == null ? bytes(null)
     : `${bytes(m.gpu_memory_used_bytes)} / ${bytes(m.gpu_memory_total_bytes)} (${ratio(m.gpu_memory_used_ratio)})`;
@@ -87,6 +95,21 @@ function fillRow(row, m) {
   const cls = m.worst_severity ? `hurt sev-row-${m.worst_severity}` : '';
   if (row.tr.className !== cls) row.tr.className = cls;
   for (const s of row.sparks) drawSparkline(s.canvas, m.sparklines?.[s.key], { color: s.color, unit: s.unit });
+}
+
+// Marks the figures the runtime reported, with the bucket of each latency percentile as a title.
+function markSource(cells, m) {
+  const runtime = m.figure_source === 'runtime';
+  for (const [cell, column] of FIGURE_CELLS) {
+    const el = cells[cell];
+    const on = runtime && m[column] != null;
+    el.classList.toggle('src-runtime', on);
+    const b = m.bucket_bounds?.[column];
+    const title = !on ? '' : b
+      ? `from the runtime's histogram: within (${seconds(b.lower)}, ${b.upper == null ? '+Inf' : seconds(b.upper)}]`
+      : "from the runtime's counters";
+    if (el.title !== title) el.title = title;
+  }
 }
 
 function renderBanner(alertList) {
@@ -135,6 +158,7 @@ async function refresh(ctx) {
     }
   }
   st.empty.hidden = models.length > 0;
+  if (st.legend) st.legend.hidden = !models.some((m) => m.figure_source === 'runtime');
 }
 
 export default { name: 'fleet', nav: 'fleet', title: 'Fleet', mount, refresh, unmount: () => { st = null; } };

@@ -1,5 +1,6 @@
 // Model page (#/model/NAME?range=15m): latency percentiles, KV cache, GPU memory, queue,
-// throughput, errors and per-context TTFT on one shared, cursor-synced time axis with alert marks.
+// throughput, errors and per-context TTFT on one shared, cursor-synced time axis with alert marks;
+// a note says when the figures are the runtime's own (no proxy or OTLP record of the model).
 
 import { getJSON } from '../api.js';
 import { h, badge, stateBadge } from '../dom.js';
@@ -50,8 +51,10 @@ function mount(el, ctx) {
     h('div', { class: 'page-head' }, h('h1', {}, model), picker),
     alertsEl,
     h('p', { class: 'muted' }, 'All charts share one time axis (your time zone; it starts where the data starts when that is later than the range); hover one to read all. Dashed lines mark when alerts began, solid purple ones version changes and deploys.'),
+    h('p', { class: 'muted small', id: 'runtime-source', hidden: true },
+      'ʳ Latency, request, token and error figures come from the runtime\'s own histograms and counters (no proxy or OTLP record of this model): each percentile lies within its histogram bucket.'),
     grid);
-  st = { model, range, alertsEl, markers: [], xmin: Date.now() / 1000 - RANGES[range], xmax: Date.now() / 1000, charts: {} };
+  st = { model, range, alertsEl, sourceNote: el.querySelector('#runtime-source'), markers: [], xmin: Date.now() / 1000 - RANGES[range], xmax: Date.now() / 1000, charts: {} };
   const xRange = () => [st.xmin, st.xmax];
   const markers = () => st.markers;
   for (const p of PANELS) {
@@ -104,6 +107,7 @@ async function refresh(ctx) {
     getJSON('/api/v1/alerts', { model: st.model }, ctx.signal),
   ]);
   if (ctx.signal.aborted) return;
+  if (st.sourceNote) st.sourceNote.hidden = ts?.figure_source !== 'runtime';
   const alerts = alertBody?.alerts ?? [];
   renderAlerts(alerts);
   st.markers = alerts.map((a) => ({

@@ -98,6 +98,26 @@ pub(super) async fn fleet(
             for c in Column::ALL {
                 row.insert(c.name().into(), json!(sample.and_then(|s| s.get(c))));
             }
+            // Where the latency / rate / error figures come from, and the runtime's bucket error.
+            row.insert(
+                "figure_source".into(),
+                json!(sample.and_then(|s| s.figure_source.name())),
+            );
+            let bounds: Map<String, Value> = sample
+                .map(|s| {
+                    s.bucket_bounds
+                        .iter()
+                        .map(|(c, (lower, upper))| {
+                            let upper = upper.is_finite().then_some(*upper);
+                            (
+                                c.name().to_string(),
+                                json!({ "lower": lower, "upper": upper }),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            row.insert("bucket_bounds".into(), Value::Object(bounds));
             let ratio = sample.and_then(|s| {
                 let used = s.get(Column::GpuMemoryUsedBytes)?;
                 let total = s.get(Column::GpuMemoryTotalBytes).filter(|t| *t > 0.0)?;
@@ -194,6 +214,14 @@ pub(super) async fn timeseries(
         let timeline = st.timeline.read().unwrap_or_else(|p| p.into_inner());
         timeline.view(model, since, &Column::ALL)
     };
+    // Where the model's latency, rate and error figures come from now (the last minute).
+    let figure_source = {
+        let agg = st.aggregator.lock().unwrap_or_else(|p| p.into_inner());
+        let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
+        sample_fleet(&agg, &board, Window::M1, now)
+            .get(model)
+            .and_then(|s| s.figure_source.name())
+    };
     let signals: Vec<Value> = {
         let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
         board
@@ -246,6 +274,7 @@ pub(super) async fn timeseries(
         "units": units,
         "by_context_bucket": buckets,
         "signals": signals,
+        "figure_source": figure_source,
     });
     Ok(Json(body).into_response())
 }

@@ -1,5 +1,7 @@
 // `/api/v1/latency`: percentiles of one latency metric from this instance's in-memory windows
-// (`source=memory`) or merged from the per-minute sketch roll-ups every instance stores (`source=store`).
+// (`source=memory`), merged from the per-minute sketch roll-ups every instance stores
+// (`source=store`), or from the runtimes' own scraped histograms (`source=runtime`, chosen by
+// itself when no proxy or OTLP record holds the model), each percentile with its bucket bounds.
 
 use super::ApiState;
 use crate::kernel::params::{ParamError, Params};
@@ -7,12 +9,15 @@ use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokenwatch_core::aggregate::{Aggregator, LatencyGroup, LatencyQuery, ROLLUP_GRACE_MS};
 use tokenwatch_core::clock::now_unix_ms;
+use tokenwatch_core::histogram::BucketQuantile;
 use tokenwatch_core::model::{GroupLabel, LatencyMetric};
+use tokenwatch_core::runtime_latency::{RuntimeGroup, RuntimeQuery, RuntimeSummary};
+use tokenwatch_core::signals::SignalBoard;
 use tokenwatch_core::sketch::{LatencySketch, LatencySummary, RELATIVE_ACCURACY};
 use tokenwatch_core::window::{TIER_1M_MS, Window};
 use tokenwatch_store::StoreBackendKind;
@@ -29,9 +34,14 @@ const STORE_WINDOWS: [(&str, i64); 6] = [
 ];
 const STORE_WINDOW_NAMES: &str = "1m, 5m, 1h, 6h, 24h, 7d";
 const MEMORY_WINDOW_NAMES: &str = "1m, 5m, 1h (6h, 24h and 7d need source=store)";
-const SOURCE_NAMES: &str = "memory, store";
+const RUNTIME_WINDOW_NAMES: &str = "1m, 5m, 1h (the runtime windows keep one hour)";
+const SOURCE_NAMES: &str = "memory, store, runtime";
 const GROUP_LABEL_NAMES: &str =
     "model_id, runtime, instance, tenant, ab_group, model_version, context_bucket";
+const RUNTIME_GROUP_LABEL_NAMES: &str =
+    "model_id, runtime, instance (the runtime's histograms carry no other label)";
+/// Why an answer without `source` came from the runtime.
+const RUNTIME_CHOSEN: &str = "no proxy or OTLP record of this model in the window: answered from the runtime's own histograms (source=memory or source=store asks for the records)";
 
 /// Where a latency query is answered from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +50,8 @@ enum Source {
     Memory,
     /// The per-minute roll-ups in the store (every instance writing to it, complete minutes).
     Store,
+    /// The scraped histograms of the serving runtimes (`runtime_latency::RuntimeWindows`).
+    Runtime,
 }
 
 impl Source {
@@ -47,6 +59,7 @@ impl Source {
         match s {
             "memory" => Some(Source::Memory),
             "store" => Some(Source::Store),
+            "runtime" => Some(Source::Runtime),
             _ => None,
         }
     }
@@ -55,6 +68,7 @@ impl Source {
         match self {
             Source::Memory => "memory",
             Source::Store => "store",
+            Source::Runtime => "runtime",
         }
     }
 
@@ -174,15 +188,33 @@ pub(super) async fn latency(
         .parse_with("metric", LatencyMetric::parse, "ttft, itl, e2e, queue")?
         .unwrap_or(LatencyMetric::Ttft);
     let by = p.parse_with("by", GroupLabel::parse, GROUP_LABEL_NAMES)?;
-    let source = p
-        .parse_with("source", Source::parse, SOURCE_NAMES)?
-        .unwrap_or_else(|| Source::default_for(st.store_backend));
-    match source {
+    let asked = p.parse_with("source", Source::parse, SOURCE_NAMES)?;
+    let (body, window) = match asked.unwrap_or_else(|| Source::default_for(st.store_backend)) {
+        Source::Runtime => {
+            let window = p
+                .parse_with("window", Window::parse, RUNTIME_WINDOW_NAMES)?
+                .unwrap_or(Window::M5);
+            let by = match by {
+                None => None,
+                Some(g) => Some(runtime_group(g).ok_or_else(|| ParamError::BadValue {
+                    name: "by".into(),
+                    value: g.name().into(),
+                    allowed: RUNTIME_GROUP_LABEL_NAMES.into(),
+                })?),
+            };
+            let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
+            let (_, body) =
+                from_runtime(&board, model.as_deref(), metric, window, by, now_unix_ms());
+            return Ok(Json(body).into_response());
+        }
         Source::Memory => {
             let window = p
                 .parse_with("window", Window::parse, MEMORY_WINDOW_NAMES)?
                 .unwrap_or(Window::M5);
-            Ok(from_memory(&st, model, metric, window, by))
+            (
+                from_memory(&st, model.clone(), metric, window, by),
+                Some(window),
+            )
         }
         Source::Store => {
             let window = p
@@ -192,9 +224,129 @@ pub(super) async fn latency(
                     STORE_WINDOW_NAMES,
                 )?
                 .unwrap_or(STORE_WINDOWS[1]);
-            from_store(&st, model, metric, window, by).await
+            let body = from_store(&st, model.clone(), metric, window, by).await?;
+            (body, Window::parse(window.0))
+        }
+    };
+    // No source asked for and no record of the model: the runtime answers, when it can.
+    let runtime_can_group = by.is_none_or(|g| runtime_group(g).is_some());
+    let no_records = body.get("count").and_then(Value::as_u64) == Some(0);
+    if let (None, Some(window), true, true) = (asked, window, runtime_can_group, no_records) {
+        let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
+        let (count, mut runtime) = from_runtime(
+            &board,
+            model.as_deref(),
+            metric,
+            window,
+            by.and_then(runtime_group),
+            now_unix_ms(),
+        );
+        if count > 0 {
+            runtime.insert("source_chosen".into(), json!(RUNTIME_CHOSEN));
+            return Ok(Json(runtime).into_response());
         }
     }
+    Ok(Json(body).into_response())
+}
+
+/// The runtime histograms' grouping for a `by` label, if they carry it.
+fn runtime_group(g: GroupLabel) -> Option<RuntimeGroup> {
+    match g {
+        GroupLabel::ModelId => Some(RuntimeGroup::ModelId),
+        GroupLabel::Instance => Some(RuntimeGroup::Instance),
+        GroupLabel::Runtime => Some(RuntimeGroup::Runtime),
+        _ => None,
+    }
+}
+
+/// The scraped histogram signal (`sources::scrape` tables) that measures `metric`: vLLM's
+/// inter-token latency and time per output token are both `itl`.
+pub fn runtime_signal(metric: LatencyMetric) -> &'static str {
+    match metric {
+        LatencyMetric::Ttft => "ttft",
+        LatencyMetric::Itl => "itl",
+        LatencyMetric::E2e => "e2e",
+        LatencyMetric::Queue => "queue",
+    }
+}
+
+/// A bucket bound as JSON: +Inf (the last bucket) is `null`, unbounded.
+fn bound(v: f64) -> Value {
+    if v.is_finite() { json!(v) } else { Value::Null }
+}
+
+/// The bucket a quantile lies in and the largest error that allows (`null`: unbounded).
+pub fn bucket_json(e: &BucketQuantile) -> Value {
+    json!({
+        "lower": bound(e.bucket_lower),
+        "upper": bound(e.bucket_upper),
+        "max_abs_error": bound(e.max_abs_error()),
+    })
+}
+
+/// A runtime summary in the fields of `LatencySummary`, plus each percentile's bucket bounds.
+fn runtime_summary_fields(s: &RuntimeSummary) -> Map<String, Value> {
+    let mut out = Map::new();
+    out.insert("count".into(), json!(s.count));
+    out.insert("mean".into(), json!(s.mean));
+    let mut bounds = Map::new();
+    for (name, _) in tokenwatch_core::runtime_latency::QUANTILES {
+        let q = s.quantile(name);
+        out.insert(name.into(), json!(q.map(|e| e.value)));
+        if let Some(e) = q {
+            bounds.insert(name.into(), bucket_json(e));
+        }
+    }
+    out.insert("bucket_bounds".into(), Value::Object(bounds));
+    if s.observations_left_out > 0 {
+        out.insert(
+            "observations_left_out".into(),
+            json!(s.observations_left_out),
+        );
+    }
+    out
+}
+
+/// The answer from the runtime windows, with its observation count.
+fn from_runtime(
+    board: &SignalBoard,
+    model: Option<&str>,
+    metric: LatencyMetric,
+    window: Window,
+    by: Option<RuntimeGroup>,
+    now: i64,
+) -> (u64, Map<String, Value>) {
+    let answer = board.runtime_windows().latency(
+        &RuntimeQuery {
+            model,
+            signal: runtime_signal(metric),
+            window_ms: window.duration_ms(),
+            by,
+        },
+        now,
+    );
+    let mut body = Map::new();
+    body.insert("model".into(), json!(model));
+    body.insert("metric".into(), json!(metric.name()));
+    body.insert("window".into(), json!(window.name()));
+    body.insert("source".into(), json!(Source::Runtime.name()));
+    body.insert("unit".into(), json!("seconds"));
+    // Not a sketch: the error of each percentile is its bucket (`bucket_bounds`).
+    body.insert("relative_error".into(), Value::Null);
+    body.extend(runtime_summary_fields(&answer.total));
+    body.insert("instances".into(), json!(answer.total.instances));
+    body.insert("runtimes".into(), json!(answer.total.runtimes));
+    body.insert("from_unix_ms".into(), json!(answer.from_unix_ms));
+    body.insert("through_unix_ms".into(), json!(now));
+    if let (Some(by), Some(groups)) = (by, answer.groups) {
+        let groups: Vec<Value> = groups
+            .iter()
+            .map(|(labels, s)| json!({ "labels": labels, "summary": runtime_summary_fields(s) }))
+            .collect();
+        body.insert("by".into(), json!(by.name()));
+        body.insert("groups".into(), json!(groups));
+    }
+    (answer.total.count, body)
 }
 
 /// The fields every answer has, with the total summary's fields at the top level.
@@ -206,15 +358,15 @@ fn body(
     total: LatencySummary,
     by: Option<GroupLabel>,
     groups: Option<Vec<LatencyGroup>>,
-) -> serde_json::Map<String, serde_json::Value> {
-    let mut body = serde_json::Map::new();
+) -> Map<String, Value> {
+    let mut body = Map::new();
     body.insert("model".into(), json!(model));
     body.insert("metric".into(), json!(metric.name()));
     body.insert("window".into(), json!(window));
     body.insert("source".into(), json!(source.name()));
     body.insert("unit".into(), json!("seconds"));
     body.insert("relative_error".into(), json!(RELATIVE_ACCURACY));
-    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(&total) {
+    if let Ok(Value::Object(fields)) = serde_json::to_value(&total) {
         body.extend(fields);
     }
     if let (Some(by), Some(groups)) = (by, groups) {
@@ -230,7 +382,7 @@ fn from_memory(
     metric: LatencyMetric,
     window: Window,
     by: Option<GroupLabel>,
-) -> Response {
+) -> Map<String, Value> {
     let query = LatencyQuery {
         model: model.clone(),
         metric,
@@ -253,7 +405,7 @@ fn from_memory(
         .into_iter()
         .next()
         .map_or_else(|| LatencySketch::new().summary(), |g| g.summary);
-    let body = body(
+    body(
         model.as_deref(),
         metric,
         window.name(),
@@ -261,8 +413,7 @@ fn from_memory(
         total,
         by,
         grouped,
-    );
-    Json(body).into_response()
+    )
 }
 
 async fn from_store(
@@ -271,7 +422,7 @@ async fn from_store(
     metric: LatencyMetric,
     (window, window_ms): (&str, i64),
     by: Option<GroupLabel>,
-) -> Result<Response, LatencyError> {
+) -> Result<Map<String, Value>, LatencyError> {
     let through = complete_through(now_unix_ms());
     let from = through.saturating_sub(window_ms);
     let query = RollupQuery {
@@ -305,7 +456,7 @@ async fn from_store(
     if merged.unreadable_rows > 0 {
         body.insert("unreadable_rollups".into(), json!(merged.unreadable_rows));
     }
-    Ok(Json(body).into_response())
+    Ok(body)
 }
 
 #[cfg(test)]
@@ -523,7 +674,118 @@ mod tests {
             p.parse_with("source", Source::parse, SOURCE_NAMES)
                 .unwrap_err(),
         );
-        assert!(e.to_string().contains("memory, store"), "{e}");
+        assert!(e.to_string().contains("memory, store, runtime"), "{e}");
         assert_eq!(e.into_response().status(), StatusCode::BAD_REQUEST);
+    }
+
+    fn board_with_ttft(instance_buckets: &[(&str, [f64; 3])], at: i64) -> SignalBoard {
+        let mut board = SignalBoard::default();
+        for (instance, per_bucket) in instance_buckets {
+            let mut running = 0.0;
+            let cumulative: Vec<f64> = per_bucket
+                .iter()
+                .map(|n| {
+                    running += n;
+                    running
+                })
+                .collect();
+            board.record_counts(tokenwatch_core::counts::ScrapeCounts {
+                model_id: "m".into(),
+                instance: (*instance).into(),
+                runtime: "vllm".into(),
+                at_unix_ms: at,
+                interval_ms: 5_000,
+                finished: Some(running),
+                failed: Some(0.0),
+                prompt_tokens: None,
+                output_tokens: None,
+                latency: vec![(
+                    "ttft".into(),
+                    tokenwatch_core::histogram::CumulativeHistogram {
+                        bounds: vec![0.1, 0.5, f64::INFINITY],
+                        cumulative,
+                        sum: 0.0,
+                        count: running,
+                    },
+                )],
+            });
+        }
+        board
+    }
+
+    #[test]
+    fn the_runtime_answers_in_the_latency_shape_with_bucket_bounds() {
+        let now = 1_700_000_070_000;
+        let board = board_with_ttft(&[("a", [10.0, 0.0, 0.0]), ("b", [0.0, 8.0, 2.0])], now);
+        let (count, body) = from_runtime(
+            &board,
+            Some("m"),
+            LatencyMetric::Ttft,
+            Window::M5,
+            Some(RuntimeGroup::Instance),
+            now,
+        );
+        assert_eq!(count, 20);
+        assert_eq!(body["source"], "runtime");
+        assert_eq!(body["count"], 20);
+        assert_eq!(body["relative_error"], Value::Null);
+        assert_eq!(body["instances"], json!(["a", "b"]));
+        assert_eq!(body["from_unix_ms"], json!(1_700_000_040_000_i64));
+        for q in ["p50", "p90", "p95", "p99"] {
+            let v = body[q].as_f64().unwrap();
+            let b = &body["bucket_bounds"][q];
+            let lower = b["lower"].as_f64().unwrap();
+            match b["upper"].as_f64() {
+                Some(upper) => assert!(lower <= v && v <= upper, "{q}: {body:?}"),
+                None => assert_eq!(b["max_abs_error"], Value::Null, "+Inf is unbounded"),
+            }
+        }
+        // P50: the 10th of 20, the top of (0, 0.1]; P99 in the +Inf bucket (unbounded).
+        assert_eq!(body["bucket_bounds"]["p50"]["upper"], json!(0.1));
+        assert_eq!(body["bucket_bounds"]["p99"]["upper"], Value::Null);
+        assert_eq!(
+            body["p99"],
+            json!(0.5),
+            "the largest finite bound, as PromQL"
+        );
+        let groups = body["groups"].as_array().unwrap();
+        assert_eq!(body["by"], "instance");
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[1]["labels"]["instance"], "b");
+        assert_eq!(groups[1]["summary"]["count"], 10);
+        // Another metric, another model, or a window ending before the data: nothing.
+        for (model, metric) in [
+            (Some("m"), LatencyMetric::Itl),
+            (Some("x"), LatencyMetric::Ttft),
+        ] {
+            let (count, body) = from_runtime(&board, model, metric, Window::M5, None, now);
+            assert_eq!(count, 0);
+            assert_eq!(body["p50"], Value::Null);
+            assert_eq!(body["bucket_bounds"], json!({}));
+        }
+    }
+
+    #[test]
+    fn runtime_groups_are_the_labels_scrapes_carry() {
+        assert_eq!(
+            runtime_group(GroupLabel::Instance),
+            Some(RuntimeGroup::Instance)
+        );
+        assert_eq!(
+            runtime_group(GroupLabel::ModelId),
+            Some(RuntimeGroup::ModelId)
+        );
+        assert_eq!(
+            runtime_group(GroupLabel::Runtime),
+            Some(RuntimeGroup::Runtime)
+        );
+        assert_eq!(runtime_group(GroupLabel::Tenant), None);
+        for m in LatencyMetric::ALL {
+            assert_eq!(
+                runtime_signal(m),
+                m.name(),
+                "the scrape tables use the API's names"
+            );
+        }
     }
 }

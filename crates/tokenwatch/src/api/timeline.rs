@@ -1,9 +1,12 @@
 // The fleet timeline: every 5 s, each model's latency percentiles, rates, error ratio (trailing
 // minute) and latest KV-cache / queue / GPU-memory signals, kept an hour in memory for the UI and `top`.
+// Latency, rates and errors come from the proxy/OTLP records, or — for a model no record holds —
+// from the runtime's own scraped histograms and counters (`FigureSource::Runtime`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tokenwatch_core::aggregate::Aggregator;
 use tokenwatch_core::model::{ContextBucket, GroupLabel, LatencyMetric};
+use tokenwatch_core::runtime_latency::RuntimeQuery;
 use tokenwatch_core::signals::{SignalBoard, names};
 use tokenwatch_core::sketch::LatencySketch;
 use tokenwatch_core::window::Window;
@@ -107,6 +110,45 @@ impl Column {
     }
 }
 
+/// Where a model's latency, rate and error figures come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FigureSource {
+    /// No figure (no record, no scraped counts in the window).
+    #[default]
+    None,
+    /// Request records: the proxy's, or OTLP spans'.
+    Proxy,
+    /// The serving runtime's own histograms and counters, scraped (bucket error stated).
+    Runtime,
+}
+
+impl FigureSource {
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            FigureSource::None => None,
+            FigureSource::Proxy => Some("proxy"),
+            FigureSource::Runtime => Some("runtime"),
+        }
+    }
+}
+
+/// The columns that come from records or, failing them, from the runtime.
+pub const FIGURE_COLUMNS: [Column; 13] = [
+    Column::TtftP50,
+    Column::TtftP90,
+    Column::TtftP99,
+    Column::ItlP50,
+    Column::ItlP90,
+    Column::ItlP99,
+    Column::E2eP50,
+    Column::E2eP90,
+    Column::E2eP99,
+    Column::RequestsPerS,
+    Column::PromptTokensPerS,
+    Column::OutputTokensPerS,
+    Column::ErrorRatio,
+];
+
 /// A context bucket and the latency metric (TTFT or E2E) whose P99 the timeline keeps for it.
 pub type BucketKey = (ContextBucket, LatencyMetric);
 
@@ -117,6 +159,10 @@ pub struct ModelSample {
     pub by_bucket: BTreeMap<BucketKey, f64>,
     pub runtimes: BTreeSet<String>,
     pub instances: BTreeSet<String>,
+    /// Where the `FIGURE_COLUMNS` values come from.
+    pub figure_source: FigureSource,
+    /// For runtime latency columns: the bucket (lower, upper; +Inf unbounded) the value lies in.
+    pub bucket_bounds: BTreeMap<Column, (f64, f64)>,
 }
 
 impl ModelSample {
@@ -175,6 +221,12 @@ pub fn sample_fleet(
         let ratio = (c.requests > 0).then(|| c.errors as f64 / c.requests as f64);
         sample.set(Column::ErrorRatio, ratio);
     }
+    for sample in out.values_mut() {
+        if FIGURE_COLUMNS.iter().any(|c| sample.get(*c).is_some()) {
+            sample.figure_source = FigureSource::Proxy;
+        }
+    }
+    sample_runtime(board, window, now_ms, &mut out);
     for (model, runtimes, instances) in agg.label_values_by_model() {
         let sample = out.entry(model).or_default();
         sample.runtimes.extend(runtimes);
@@ -182,6 +234,57 @@ pub fn sample_fleet(
     }
     sample_signals(board, now_ms, &mut out);
     out
+}
+
+/// For every model with scraped counts in the window and no figure from records: latency
+/// percentiles (with their bucket bounds), rates and error ratio from the runtime windows.
+fn sample_runtime(
+    board: &SignalBoard,
+    window: Window,
+    now_ms: i64,
+    out: &mut BTreeMap<String, ModelSample>,
+) {
+    let windows = board.runtime_windows();
+    let window_ms = window.duration_ms();
+    for model in windows.models(window_ms, now_ms) {
+        let sample = out.entry(model.clone()).or_default();
+        if sample.figure_source == FigureSource::Proxy {
+            continue;
+        }
+        for metric in [LatencyMetric::Ttft, LatencyMetric::Itl, LatencyMetric::E2e] {
+            let answer = windows.latency(
+                &RuntimeQuery {
+                    model: Some(&model),
+                    signal: super::latency::runtime_signal(metric),
+                    window_ms,
+                    by: None,
+                },
+                now_ms,
+            );
+            for (col, name) in Column::latency(metric)
+                .into_iter()
+                .zip(["p50", "p90", "p99"])
+            {
+                if let Some(q) = answer.total.quantile(name) {
+                    sample.set(col, Some(q.value));
+                    sample
+                        .bucket_bounds
+                        .insert(col, (q.bucket_lower, q.bucket_upper));
+                }
+            }
+            sample.runtimes.extend(answer.total.runtimes);
+            sample.instances.extend(answer.total.instances);
+        }
+        if let Some(r) = windows.rates(&model, window_ms, now_ms) {
+            sample.set(Column::RequestsPerS, r.requests_per_s);
+            sample.set(Column::PromptTokensPerS, r.prompt_tokens_per_s);
+            sample.set(Column::OutputTokensPerS, r.output_tokens_per_s);
+            sample.set(Column::ErrorRatio, r.error_ratio);
+        }
+        if FIGURE_COLUMNS.iter().any(|c| sample.get(*c).is_some()) {
+            sample.figure_source = FigureSource::Runtime;
+        }
+    }
 }
 
 /// Latest fresh signal values per model: KV cache as the fullest instance, queues summed over

@@ -3,6 +3,8 @@
 
 use super::*;
 use tokenwatch_core::aggregate::AggregatorConfig;
+use tokenwatch_core::counts::ScrapeCounts;
+use tokenwatch_core::histogram::CumulativeHistogram;
 use tokenwatch_core::model::{RequestRecord, SeriesLabels};
 use tokenwatch_core::signals::SignalPoint;
 
@@ -154,5 +156,76 @@ fn timeline_aligns_models_keeps_an_hour_and_drops_silent_models() {
     assert_eq!(
         tl.view("b", 0, &[Column::TtftP99]).unwrap().t_ms.len(),
         KEEP_POINTS
+    );
+}
+
+/// What one 5 s scrape of `model` on instance `i1` counted: `per_bucket` TTFT observations in
+/// (0, 0.1], (0.1, 0.5], (0.5, +Inf), one request each, 20 output tokens each, `failed` failed.
+fn scraped(model: &str, at: i64, per_bucket: [f64; 3], failed: f64) -> ScrapeCounts {
+    let mut running = 0.0;
+    let cumulative: Vec<f64> = per_bucket
+        .iter()
+        .map(|n| {
+            running += n;
+            running
+        })
+        .collect();
+    ScrapeCounts {
+        model_id: model.into(),
+        instance: "i1".into(),
+        runtime: "vllm".into(),
+        at_unix_ms: at,
+        interval_ms: 5_000,
+        finished: Some(running),
+        failed: Some(failed),
+        prompt_tokens: Some(running * 100.0),
+        output_tokens: Some(running * 20.0),
+        latency: vec![(
+            "ttft".into(),
+            CumulativeHistogram {
+                bounds: vec![0.1, 0.5, f64::INFINITY],
+                cumulative,
+                sum: 0.0,
+                count: running,
+            },
+        )],
+    }
+}
+
+#[test]
+fn a_model_no_record_holds_gets_its_figures_from_the_runtime() {
+    let mut agg = Aggregator::new(AggregatorConfig::default());
+    for i in 0..10 {
+        agg.observe(&rec("proxied", NOW - i * 1000, 0.1, 100, 200));
+    }
+    let mut board = SignalBoard::default();
+    for k in 0..4 {
+        board.record_counts(scraped("scraped", NOW - k * 5_000, [8.0, 2.0, 0.0], 1.0));
+        // The runtime of the proxied model too: its records win.
+        board.record_counts(scraped("proxied", NOW - k * 5_000, [0.0, 0.0, 10.0], 0.0));
+    }
+    let fleet = sample_fleet(&agg, &board, Window::M1, NOW);
+    let s = &fleet["scraped"];
+    assert_eq!(s.figure_source, FigureSource::Runtime);
+    let p50 = s.get(Column::TtftP50).unwrap();
+    let (lower, upper) = s.bucket_bounds[&Column::TtftP50];
+    assert_eq!((lower, upper), (0.0, 0.1));
+    assert!(lower <= p50 && p50 <= upper, "{p50}");
+    assert_eq!(s.bucket_bounds[&Column::TtftP99], (0.1, 0.5));
+    // 10 requests per 5 s scrape: 2/s, 40 output tokens/s, 1 failed of 10.
+    assert!((s.get(Column::RequestsPerS).unwrap() - 2.0).abs() < 1e-9);
+    assert!((s.get(Column::OutputTokensPerS).unwrap() - 40.0).abs() < 1e-9);
+    assert!((s.get(Column::ErrorRatio).unwrap() - 0.1).abs() < 1e-9);
+    assert_eq!(s.get(Column::ItlP50), None, "no ITL histogram scraped");
+    assert_eq!(s.instances.iter().collect::<Vec<_>>(), ["i1"]);
+    let p = &fleet["proxied"];
+    assert_eq!(p.figure_source, FigureSource::Proxy);
+    assert!((p.get(Column::TtftP50).unwrap() - 0.1).abs() < 0.002);
+    assert!(p.bucket_bounds.is_empty());
+    assert_eq!(
+        sample_fleet(&agg, &SignalBoard::default(), Window::M1, NOW)
+            .get("scraped")
+            .map(|s| s.figure_source),
+        None
     );
 }

@@ -51,6 +51,9 @@ pub struct ModelRow {
     pub alerts_firing: u64,
     #[serde(default, deserialize_with = "nullable")]
     pub alerts_pending: u64,
+    /// Where the latency, rate and error figures come from: `proxy` (request records) or
+    /// `runtime` (the runtime's scraped histograms and counters); None without figures.
+    pub figure_source: Option<String>,
     /// Of the firing alerts: `critical`, `warning`, `info` (kept as text so a new level still shows).
     pub worst_severity: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
@@ -58,6 +61,11 @@ pub struct ModelRow {
 }
 
 impl ModelRow {
+    /// Whether the figures are the runtime's own (no proxy or OTLP record of the model).
+    pub fn from_runtime(&self) -> bool {
+        self.figure_source.as_deref() == Some("runtime")
+    }
+
     /// GPU memory in use as a ratio: the reported one, else used / total.
     pub fn gpu_ratio(&self) -> Option<f64> {
         self.gpu_memory_used_ratio.or_else(|| {

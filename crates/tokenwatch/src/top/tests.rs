@@ -350,3 +350,27 @@ fn small_terminals_still_draw() {
         "the trend column goes first"
     );
 }
+
+#[test]
+fn runtime_figures_are_marked_in_the_table_and_explained_in_the_detail_pane() {
+    let fleet = r#"{ "window": "1m", "models": [
+      { "model_id": "scraped-only", "ttft_p50_s": 0.09, "requests_per_s": 2.0, "figure_source": "runtime" },
+      { "model_id": "proxied", "ttft_p50_s": 0.05, "requests_per_s": 1.0, "figure_source": "proxy" } ] }"#;
+    let mut s = TopState::new("http://127.0.0.1:9464", Window::M1, Duration::from_secs(1));
+    s.set_fleet(
+        serde_json::from_str(fleet).expect("parses"),
+        chrono::Local::now(),
+    );
+    let screen = render(&mut s, 160, 20);
+    let (_, line) = line_of(&screen, "scraped-only").expect("row");
+    assert!(line.contains("scraped-only ʳ"), "{line}");
+    let (_, line) = line_of(&screen, "proxied").expect("row");
+    assert!(!line.contains('ʳ'), "{line}");
+    // The detail pane of the runtime model says where its figures come from.
+    while !matches!(key(&mut s, KeyCode::Enter), Action::FetchAlerts(m) if m == "scraped-only") {
+        key(&mut s, KeyCode::Esc);
+        key(&mut s, KeyCode::Down);
+    }
+    let all = render(&mut s, 200, 40).join("\n");
+    assert!(all.contains("reported by the runtime"), "{all}");
+}

@@ -126,6 +126,8 @@ fn cell(state: &TopState, m: &ModelRow, col: Col, width: u16) -> Cell<'static> {
         SortKey::Model if m.alerts_firing > 0 => {
             Cell::from(m.model_id.clone()).style(severity_style(m.worst_severity.as_deref()))
         }
+        // ʳ: the figures are the runtime's own (see the detail pane).
+        SortKey::Model if m.from_runtime() => Cell::from(format!("{} ʳ", m.model_id)),
         SortKey::Model => Cell::from(m.model_id.clone()),
         SortKey::TtftP50 => Cell::from(fmt::latency(m.ttft_p50_s)),
         SortKey::TtftP99 => Cell::from(fmt::latency(m.ttft_p99_s)),
@@ -242,7 +244,7 @@ fn table(frame: &mut Frame, area: Rect, state: &mut TopState, visible: &[usize])
     // The model column is as wide as the longest id shown (within limits); the trend takes the rest.
     let longest = shown
         .iter()
-        .map(|&i| models[i].model_id.chars().count())
+        .map(|&i| models[i].model_id.chars().count() + if models[i].from_runtime() { 2 } else { 0 })
         .max()
         .unwrap_or(0);
     let columns = fit_columns(area.width.saturating_sub(2), longest);
@@ -290,6 +292,14 @@ fn detail_lines(state: &TopState) -> (String, Vec<Line<'static>>) {
             list(&m.runtimes),
             list(&m.instances)
         )));
+        if m.from_runtime() {
+            lines.push(
+                Line::from(
+                    "ʳ figures reported by the runtime (scraped histograms: each percentile is within its bucket; no proxy or OTLP record)",
+                )
+                .fg(Color::Cyan),
+            );
+        }
         lines.push(Line::from(format!(
             "TTFT p50 {} p99 {}   ITL p50 {} p99 {}   E2E p50 {} p99 {}",
             fmt::latency(m.ttft_p50_s),

@@ -246,6 +246,8 @@ impl Fleet {
             interval_ms: interval,
             finished: Some(n as f64),
             failed: Some(failed as f64),
+            prompt_tokens: None,
+            output_tokens: None,
             latency: vec![
                 ("ttft".into(), histogram(TTFT_BUCKETS, &ttft)),
                 ("itl".into(), histogram(ITL_BUCKETS, &itl)),

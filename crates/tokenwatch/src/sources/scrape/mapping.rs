@@ -228,6 +228,8 @@ impl Mapper {
                             interval_ms: (e * 1000.0).round() as i64,
                             finished: None,
                             failed: None,
+                            prompt_tokens: None,
+                            output_tokens: None,
                             latency: Vec::new(),
                         }))
                     }
@@ -241,6 +243,14 @@ impl Mapper {
                     } else if rule.signal == names::REQUEST_ERRORS_PER_SECOND && c.failed.is_none()
                     {
                         c.failed = Some(acc.delta);
+                    } else if rule.signal == names::PROMPT_TOKENS_PER_SECOND
+                        && c.prompt_tokens.is_none()
+                    {
+                        c.prompt_tokens = Some(acc.delta * rule.scale);
+                    } else if rule.signal == names::OUTPUT_TOKENS_PER_SECOND
+                        && c.output_tokens.is_none()
+                    {
+                        c.output_tokens = Some(acc.delta * rule.scale);
                     }
                 }
                 match rule.kind {

@@ -727,6 +727,35 @@ fn per_scrape_counts_of_requests_errors_and_latency_buckets() {
     );
 }
 
+#[test]
+fn per_scrape_counts_carry_prompt_and_output_tokens() {
+    let mut m = mapper(&[]);
+    let t0 = Instant::now();
+    let text = |prompt: f64, output: f64| {
+        let l = "model_name=\"m\",engine=\"0\"";
+        format!(
+            "# TYPE vllm:prompt_tokens_total counter\n\
+             vllm:prompt_tokens_total{{{l}}} {prompt}\n\
+             # TYPE vllm:generation_tokens_total counter\n\
+             vllm:generation_tokens_total{{{l}}} {output}\n"
+        )
+    };
+    let mut scrape = |body: String, at_s: u64| {
+        let f = tokenwatch_core::exposition::parse(
+            &body,
+            tokenwatch_core::exposition::Format::PrometheusText,
+        )
+        .unwrap();
+        m.map(&f, t0 + Duration::from_secs(at_s), at_s as i64 * 1000)
+    };
+    assert!(scrape(text(100.0, 1000.0), 0).counts.is_empty());
+    let out = scrape(text(160.0, 1900.0), 2);
+    assert_eq!(out.counts.len(), 1);
+    assert_eq!(out.counts[0].prompt_tokens, Some(60.0));
+    assert_eq!(out.counts[0].output_tokens, Some(900.0));
+    assert_eq!(out.counts[0].finished, None, "no request counter exposed");
+}
+
 fn mapper_at(url: &str, labels: &[(&str, &str)]) -> Mapper {
     let target = TargetIdentity {
         instance: url

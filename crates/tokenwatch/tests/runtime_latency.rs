@@ -1,0 +1,267 @@
+// Runtime-side latency end to end: a collector-only tokenwatch (no proxy, no OTLP) scrapes a
+// target serving the recorded real vLLM exposition whose histograms and counters advance by known
+// bucket increments each scrape; `/api/v1/latency` (no source asked), `/api/v1/fleet` and the
+// model page's `/api/v1/timeseries` answer from the runtime windows, each percentile inside its
+// stated bucket and where the increments put it.
+
+mod common;
+
+use common::metrics_target::MetricsTarget;
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Per scrape: 6 TTFT observations in (0.02, 0.04] and 2 in (0.25, 0.5]; 40 inter-token gaps in
+/// (0.01, 0.025]; 8 requests finished (7 `stop`, 1 `error`); 400 prompt and 160 output tokens.
+const TTFT_PER_SCRAPE: f64 = 8.0;
+const ITL_PER_SCRAPE: f64 = 40.0;
+const OUTPUT_TOKENS_PER_SCRAPE: f64 = 160.0;
+
+/// What the increments put each percentile at (linear interpolation inside its bucket, whatever
+/// the number of scrapes in the window): (name, value, bucket lower, bucket upper).
+const TTFT_EXPECTED: [(&str, f64, f64, f64); 4] = [
+    // rank 4 of 8 per scrape, 6 in (0.02, 0.04]: 0.02 + 0.02 · 4/6
+    ("p50", 0.02 + 0.02 * 4.0 / 6.0, 0.02, 0.04),
+    // rank 7.2 of 8: 1.2 of the 2 in (0.25, 0.5]
+    ("p90", 0.25 + 0.25 * 1.2 / 2.0, 0.25, 0.5),
+    ("p95", 0.25 + 0.25 * 1.6 / 2.0, 0.25, 0.5),
+    ("p99", 0.25 + 0.25 * 1.92 / 2.0, 0.25, 0.5),
+];
+
+/// The recorded vLLM exposition (real metric names and labels) after `n` scrapes' increments.
+fn vllm_after(text: &str, n: usize) -> String {
+    let n = n as f64;
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let parsed = line
+            .rsplit_once(' ')
+            .filter(|_| !line.starts_with('#'))
+            .and_then(|(series, v)| v.parse::<f64>().ok().map(|v| (series, v)));
+        let Some((series, value)) = parsed else {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        let name = series.split('{').next().unwrap_or("");
+        let le = series
+            .split("le=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .map(|le| {
+                if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap()
+                }
+            })
+            .unwrap_or(f64::NAN);
+        let step = match name {
+            "vllm:time_to_first_token_seconds_bucket" if le >= 0.5 => 8.0,
+            "vllm:time_to_first_token_seconds_bucket" if le >= 0.04 => 6.0,
+            "vllm:time_to_first_token_seconds_count" => TTFT_PER_SCRAPE,
+            "vllm:time_to_first_token_seconds_sum" => 6.0 * 0.03 + 2.0 * 0.4,
+            "vllm:inter_token_latency_seconds_bucket" if le >= 0.025 => ITL_PER_SCRAPE,
+            "vllm:inter_token_latency_seconds_count" => ITL_PER_SCRAPE,
+            "vllm:inter_token_latency_seconds_sum" => ITL_PER_SCRAPE * 0.02,
+            "vllm:request_success_total" if series.contains("finished_reason=\"stop\"") => 7.0,
+            "vllm:request_success_total" if series.contains("finished_reason=\"error\"") => 1.0,
+            "vllm:prompt_tokens_total" => 400.0,
+            "vllm:generation_tokens_total" => OUTPUT_TOKENS_PER_SCRAPE,
+            _ => 0.0,
+        };
+        out.push_str(&format!("{series} {:?}\n", value + step * n));
+    }
+    out
+}
+
+async fn json(url: &str) -> Value {
+    let r = get(url).await;
+    assert_eq!(r.status, 200, "{url}: {}", r.body);
+    r.json()
+}
+
+/// Poll `url` until `check` accepts the JSON, or fail with the last answer and the log.
+async fn wait_for(url: &str, tw: &Proc, secs: u64, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let v = json(url).await;
+        if check(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{url} never matched; last answer:\n{v:#}\nlog:\n{}",
+            tw.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/vllm-cpu-metrics.txt"),
+    )
+    .unwrap();
+    let scrapes = Arc::new(AtomicUsize::new(0));
+    let served = scrapes.clone();
+    let target =
+        MetricsTarget::start(move || vllm_after(&text, served.fetch_add(1, Ordering::SeqCst)))
+            .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "scrape:\n  interval: 1s\n  timeout: 1s\n");
+    let url = format!("http://{}/metrics", target.addr);
+    let api = free_addr();
+    let tw = start_collector(
+        dir.path(),
+        api,
+        &["-c", &config.to_string_lossy(), "--scrape", &url],
+    )
+    .await;
+
+    // No source asked for: nothing holds records of the model, so the runtime answers.
+    let latency = format!("http://{api}/api/v1/latency?model=tinyllama&metric=ttft&window=5m");
+    wait_for(&latency, &tw, 30, |v| {
+        v["count"].as_u64().unwrap_or(0) >= 3 * TTFT_PER_SCRAPE as u64
+    })
+    .await;
+    let before = target.hits();
+    let l = json(&latency).await;
+    let after = target.hits();
+    assert_eq!(l["source"], "runtime", "{l:#}");
+    assert!(
+        l["source_chosen"]
+            .as_str()
+            .is_some_and(|s| s.contains("runtime")),
+        "{l:#}"
+    );
+    assert_eq!(l["metric"], "ttft");
+    assert_eq!(l["instances"], serde_json::json!([target.addr.to_string()]));
+    // Every scrape after the first adds 8 observations: the count is 8 per scrape counted, and
+    // at most one per scrape served (the first is the baseline; one may still be in flight).
+    let count = l["count"].as_u64().unwrap();
+    assert_eq!(count % TTFT_PER_SCRAPE as u64, 0, "{l:#}");
+    let counted = (count / TTFT_PER_SCRAPE as u64) as usize;
+    assert!(
+        counted < after && counted + 2 >= before,
+        "{counted} scrapes counted, {before}..{after} served: {l:#}"
+    );
+    for (name, value, lower, upper) in TTFT_EXPECTED {
+        let got = l[name].as_f64().unwrap_or_else(|| panic!("{name}: {l:#}"));
+        let bounds = &l["bucket_bounds"][name];
+        assert_eq!(
+            (bounds["lower"].as_f64(), bounds["upper"].as_f64()),
+            (Some(lower), Some(upper)),
+            "{name}: {l:#}"
+        );
+        assert!(
+            lower <= got && got <= upper,
+            "{name} {got} outside its bucket: {l:#}"
+        );
+        assert!(
+            close(got, value),
+            "{name}: {got}, the increments put it at {value}: {l:#}"
+        );
+    }
+
+    // ITL: every gap in (0.01, 0.025].
+    let itl = json(&format!(
+        "http://{api}/api/v1/latency?model=tinyllama&metric=itl&window=5m&source=runtime&by=instance"
+    ))
+    .await;
+    assert_eq!(itl["source"], "runtime");
+    assert!(close(itl["p50"].as_f64().unwrap(), 0.0175), "{itl:#}");
+    assert_eq!(itl["bucket_bounds"]["p99"]["upper"].as_f64(), Some(0.025));
+    assert_eq!(
+        itl["groups"][0]["labels"]["instance"],
+        target.addr.to_string()
+    );
+    assert!(itl["count"].as_u64().unwrap() >= 3 * ITL_PER_SCRAPE as u64);
+    // The records (source=memory) hold nothing; bad sources and labels keep their 400s.
+    let memory = json(&format!("{latency}&source=memory")).await;
+    assert_eq!(
+        (&memory["source"], &memory["count"]),
+        (&"memory".into(), &0.into())
+    );
+    for (query, says) in [
+        ("source=proxy", "memory, store, runtime"),
+        ("source=runtime&by=tenant", "model_id, runtime, instance"),
+        ("source=runtime&window=6h", "1m, 5m, 1h"),
+    ] {
+        let r = get(&format!("http://{api}/api/v1/latency?{query}")).await;
+        assert_eq!(r.status, 400, "{query}: {}", r.body);
+        assert!(r.body.contains(says), "{query}: {}", r.body);
+    }
+
+    // The fleet row: TTFT/ITL percentiles, rates and errors from the runtime, labelled so.
+    let fleet_url = format!("http://{api}/api/v1/fleet");
+    let fleet = wait_for(&fleet_url, &tw, 15, |v| {
+        v["models"]
+            .as_array()
+            .and_then(|m| m.iter().find(|r| r["model_id"] == "tinyllama"))
+            .is_some_and(|r| r["ttft_p99_s"].is_number() && r["requests_per_s"].is_number())
+    })
+    .await;
+    let row = fleet["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["model_id"] == "tinyllama")
+        .unwrap();
+    assert_eq!(row["figure_source"], "runtime", "{row:#}");
+    assert!(
+        close(row["ttft_p50_s"].as_f64().unwrap(), TTFT_EXPECTED[0].1),
+        "{row:#}"
+    );
+    assert!(
+        close(row["ttft_p99_s"].as_f64().unwrap(), TTFT_EXPECTED[3].1),
+        "{row:#}"
+    );
+    assert_eq!(
+        row["bucket_bounds"]["ttft_p50_s"]["lower"].as_f64(),
+        Some(0.02)
+    );
+    assert_eq!(
+        row["bucket_bounds"]["ttft_p50_s"]["upper"].as_f64(),
+        Some(0.04)
+    );
+    assert!(close(row["itl_p50_s"].as_f64().unwrap(), 0.0175), "{row:#}");
+    assert!(row["itl_p99_s"].as_f64().unwrap() <= 0.025, "{row:#}");
+    // 8 requests and 160 output tokens per scrape, every ~1 s (a loaded machine may stretch
+    // the intervals); 1 of the 8 failed.
+    let rps = row["requests_per_s"].as_f64().unwrap();
+    assert!((2.0..=12.0).contains(&rps), "{rps} req/s: {row:#}");
+    let tps = row["output_tokens_per_s"].as_f64().unwrap();
+    assert!(
+        close(tps / rps, OUTPUT_TOKENS_PER_SCRAPE / TTFT_PER_SCRAPE),
+        "{row:#}"
+    );
+    assert!(
+        close(row["error_ratio"].as_f64().unwrap(), 1.0 / 8.0),
+        "{row:#}"
+    );
+    assert!(
+        row["kv_cache_usage"].is_number(),
+        "still from the gauges: {row:#}"
+    );
+
+    // The model page's charts: the timeline samples the same figures every 5 s.
+    let charts = format!("http://{api}/api/v1/timeseries?model=tinyllama&range=5m");
+    let has = |v: &Value, column: &str| {
+        v["series"][column]
+            .as_array()
+            .is_some_and(|s| s.iter().any(Value::is_number))
+    };
+    let ts = wait_for(&charts, &tw, 15, |v| {
+        has(v, "ttft_p99_s") && has(v, "itl_p50_s") && has(v, "requests_per_s")
+    })
+    .await;
+    assert_eq!(ts["figure_source"], "runtime", "{ts:#}");
+}
