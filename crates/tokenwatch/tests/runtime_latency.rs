@@ -116,7 +116,15 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
         MetricsTarget::start(move || vllm_after(&text, served.fetch_add(1, Ordering::SeqCst)))
             .await;
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "scrape:\n  interval: 1s\n  timeout: 1s\n");
+    // The success SLO on windows of seconds (budget 10 min, fast pair 20 s / 10 s), so that
+    // one failed request in eight burns it at 25 × within the test.
+    let config = write_config(
+        dir.path(),
+        "scrape:\n  interval: 1s\n  timeout: 1s\n\
+         alerting:\n  overrides:\n    slo_burn: {params: {min_requests: 10}}\n\
+         slos:\n  - name: success\n    objective: success\n    window: 10m\n    \
+         burn_windows: {fast_long: 20s, fast_short: 10s, slow_long: 60s, slow_short: 15s}\n",
+    );
     let url = format!("http://{}/metrics", target.addr);
     let api = free_addr();
     let tw = start_collector(
@@ -264,4 +272,34 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
     })
     .await;
     assert_eq!(ts["figure_source"], "runtime", "{ts:#}");
+
+    // The success SLO burns on runtime data alone: 1 of 8 requests failed (12.5 % against a
+    // 0.5 % budget, burn 25 ×), counted from the scraped counters, and its page fires.
+    let slos_url = format!("http://{api}/api/v1/slos?slo=success&model=tinyllama");
+    let slos = wait_for(&slos_url, &tw, 60, |v| {
+        v["slos"][0]["alert_state"] == "firing"
+    })
+    .await;
+    let success = &slos["slos"][0];
+    assert_eq!(success["counted_from"], "runtime", "{success:#}");
+    let (total, bad) = (
+        success["total"].as_u64().unwrap(),
+        success["bad"].as_u64().unwrap(),
+    );
+    assert!(
+        total >= 16 && total % 8 == 0 && bad * 8 == total,
+        "{success:#}"
+    );
+    let fast = success["burn"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["pair"] == "fast")
+        .unwrap();
+    assert!(
+        fast["burn_rate"]
+            .as_f64()
+            .is_some_and(|b| (b - 25.0).abs() < 1e-6),
+        "{success:#}"
+    );
 }

@@ -281,6 +281,10 @@ pub struct SloStatus {
     pub labels: std::collections::BTreeMap<String, String>,
     /// `ok`, or `no_data` when no request was counted in the window.
     pub status: &'static str,
+    /// What was counted: `requests` (the proxy's or OTLP's request records), `runtime` (a
+    /// model no record names, counted from its runtime's scraped histograms and counters —
+    /// latency SLOs within the histogram bucket that holds the threshold), or both.
+    pub counted_from: &'static str,
     /// Why there is no data, when there is none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,

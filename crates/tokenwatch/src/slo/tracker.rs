@@ -1,6 +1,8 @@
 // SLO counting on the alert engine's thread: each record is a good or bad event of every SLO
 // (per model / tenant series) in time buckets, and every half second the SLI, budget and burn
 // windows of each series are computed once for the `slo_burn` detector, the API and `/metrics`.
+// A model no request record names (collector-only: no proxy, no OTLP) is counted from what its
+// runtime's scrapes add to its own histograms and counters instead.
 
 use super::metrics::SloMetrics;
 use super::{Objective, SloBook, SloConfig, SloLabel, SloStatus};
@@ -8,12 +10,25 @@ use crate::alerting::engine::inputs::{Label, Rec};
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use tokenwatch_core::counts::ScrapeCounts;
 use tokenwatch_detect as det;
 
 /// Series kept at most (SLOs × models × tenants); records of further series are not counted.
 pub const MAX_SERIES: usize = 10_000;
 /// How often statuses are recomputed (the buckets are summed once per refresh).
 const REFRESH_MS: i64 = 500;
+/// A model a request record named this recently is counted from its records only: its
+/// runtime's scraped counts would count the same requests twice.
+const RECORDS_PREFERRED_MS: i64 = 10 * 60_000;
+
+/// Events counted at once: one request (`total` 1), or what one scrape of a runtime added.
+struct Event {
+    at_ms: i64,
+    bad: u64,
+    total: u64,
+    /// From the runtime's scraped counts (else from request records).
+    runtime: bool,
+}
 
 /// One configured SLO, compiled.
 #[derive(Debug, Clone)]
@@ -105,15 +120,16 @@ impl Buckets {
         }
     }
 
-    fn add(&mut self, at: i64, bad: bool) {
+    /// `total` events at `at`, `bad` of them bad.
+    fn add(&mut self, at: i64, bad: u64, total: u64) {
         let start = at - at.rem_euclid(self.width);
         match self.q.back_mut() {
             // Out of order (a long request finishing late) counts in the newest bucket.
             Some(last) if last.0 >= start => {
-                last.1 += u64::from(bad);
-                last.2 += 1;
+                last.1 += bad;
+                last.2 += total;
             }
-            _ => self.q.push_back((start, u64::from(bad), 1)),
+            _ => self.q.push_back((start, bad, total)),
         }
     }
 
@@ -141,6 +157,9 @@ impl Buckets {
 struct Series {
     fine: Buckets,
     coarse: Buckets,
+    /// What was counted in it: request records, the runtime's scraped counts.
+    from_records: bool,
+    from_runtime: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -161,6 +180,8 @@ pub struct SloTracker {
     metrics: Option<SloMetrics>,
     /// Records of series beyond `MAX_SERIES` (not counted).
     pub overflow: u64,
+    /// When a request record last named each model (see `RECORDS_PREFERRED_MS`).
+    recorded: HashMap<Label, i64>,
 }
 
 impl SloTracker {
@@ -218,10 +239,73 @@ impl SloTracker {
 
     /// Count `r` in every SLO it is an event of.
     pub fn observe(&mut self, r: &Rec, tenant: &Label) {
+        if self.slos.is_empty() {
+            return;
+        }
+        match self.recorded.get_mut(&r.model) {
+            Some(t) => *t = (*t).max(r.at_ms),
+            None => {
+                self.recorded.insert(r.model.clone(), r.at_ms);
+            }
+        }
         for i in 0..self.slos.len() {
             if let Some(good) = self.slos[i].outcome(r) {
-                self.count(i, &r.model, tenant, r.at_ms, !good);
+                let event = Event {
+                    at_ms: r.at_ms,
+                    bad: u64::from(!good),
+                    total: 1,
+                    runtime: false,
+                };
+                self.count(i, &r.model, tenant, event);
             }
+        }
+    }
+
+    /// Count what one scrape of a model's runtime added, for a model no request record named
+    /// in the last `RECORDS_PREFERRED_MS`: `success` from its finished and failed requests,
+    /// `ttft_p95` from its TTFT histogram (good: at or under the threshold, interpolated inside
+    /// the bucket that holds it — the bucket is the error), `itl_p99` from its inter-token
+    /// histogram, its share of slow tokens counted per request (the runtime does not keep each
+    /// request's mean). Not split by tenant: the runtime does not know them.
+    pub fn observe_scraped(&mut self, c: &ScrapeCounts) {
+        if self.slos.is_empty() {
+            return;
+        }
+        let model = Label::new(&c.model_id);
+        if self
+            .recorded
+            .get(&model)
+            .is_some_and(|t| c.at_unix_ms - t < RECORDS_PREFERRED_MS)
+        {
+            return;
+        }
+        let whole = |v: f64| v.max(0.0).round() as u64;
+        for i in 0..self.slos.len() {
+            let slo = &self.slos[i];
+            let under = |signal: &str| -> Option<(f64, f64)> {
+                let h = c.histogram(signal)?;
+                let above = h.count_above(slo.threshold_s?)?;
+                (h.count > 0.0).then_some((h.count, above.min(h.count)))
+            };
+            let counted = match slo.objective {
+                Objective::Success => c.finished.map(|n| (n, c.failed.unwrap_or(0.0).min(n))),
+                Objective::TtftP95 => under("ttft"),
+                Objective::ItlP99 => under("itl").and_then(|(n, slow)| {
+                    let requests = c.requests().filter(|r| *r > 0.0)?;
+                    Some((requests, slow / n * requests))
+                }),
+                Objective::GuardrailRate => None,
+            };
+            let Some((total, bad)) = counted.filter(|(n, _)| *n > 0.0) else {
+                continue;
+            };
+            let event = Event {
+                at_ms: c.at_unix_ms,
+                bad: whole(bad),
+                total: whole(total),
+                runtime: true,
+            };
+            self.count(i, &model, &Label::default(), event);
         }
     }
 
@@ -230,12 +314,18 @@ impl SloTracker {
     pub fn observe_verdict(&mut self, model: &Label, tenant: &Label, at_ms: i64, flagged: bool) {
         for i in 0..self.slos.len() {
             if self.slos[i].objective == Objective::GuardrailRate {
-                self.count(i, model, tenant, at_ms, flagged);
+                let event = Event {
+                    at_ms,
+                    bad: u64::from(flagged),
+                    total: 1,
+                    runtime: false,
+                };
+                self.count(i, model, tenant, event);
             }
         }
     }
 
-    fn count(&mut self, i: usize, model: &Label, tenant: &Label, at_ms: i64, bad: bool) {
+    fn count(&mut self, i: usize, model: &Label, tenant: &Label, e: Event) {
         let s = &self.slos[i];
         {
             let key = Key {
@@ -262,10 +352,17 @@ impl SloTracker {
                 Entry::Vacant(e) => e.insert(Series {
                     fine: Buckets::new(s.fine_ms, s.longest_burn_ms),
                     coarse: Buckets::new(s.coarse_ms, s.window_ms),
+                    from_records: false,
+                    from_runtime: false,
                 }),
             };
-            series.fine.add(at_ms, bad);
-            series.coarse.add(at_ms, bad);
+            series.fine.add(e.at_ms, e.bad, e.total);
+            series.coarse.add(e.at_ms, e.bad, e.total);
+            if e.runtime {
+                series.from_runtime = true;
+            } else {
+                series.from_records = true;
+            }
         }
     }
 
@@ -281,6 +378,7 @@ impl SloTracker {
             s.coarse.prune(now);
         }
         self.series.retain(|_, s| !s.coarse.q.is_empty());
+        self.recorded.retain(|_, t| now - *t < RECORDS_PREFERRED_MS);
         self.statuses = self.compute(now);
         if let Some(m) = &self.metrics {
             m.set(&self.statuses);
@@ -382,6 +480,11 @@ fn status(
         .collect(),
         labels,
         status: if total == 0 { "no_data" } else { "ok" },
+        counted_from: match series.map(|s| (s.from_records, s.from_runtime)) {
+            Some((true, true)) => "requests and runtime",
+            Some((false, true)) => "runtime",
+            _ => "requests",
+        },
         note,
         total,
         bad,
@@ -432,6 +535,84 @@ mod tests {
             },
             ..SloConfig::default_for(objective)
         }
+    }
+
+    /// One scrape of model `m`'s runtime at `at`: `n` requests, `failed` of them failed, TTFT
+    /// observations split over vLLM's buckets around the 800 ms threshold.
+    fn scraped(model: &str, at: i64, n: f64, failed: f64, ttft_counts: [f64; 3]) -> ScrapeCounts {
+        use tokenwatch_core::histogram::CumulativeHistogram;
+        // Buckets ≤ 0.5, ≤ 1.0 (0.8 lies in it: 60 % of its observations count as good), +Inf.
+        let [a, b, c] = ttft_counts;
+        ScrapeCounts {
+            model_id: model.into(),
+            instance: "10.0.0.1:8000".into(),
+            runtime: "vllm".into(),
+            at_unix_ms: at,
+            interval_ms: 5_000,
+            finished: Some(n),
+            failed: Some(failed),
+            prompt_tokens: None,
+            output_tokens: None,
+            latency: vec![(
+                "ttft".into(),
+                CumulativeHistogram {
+                    bounds: vec![0.5, 1.0, f64::INFINITY],
+                    cumulative: vec![a, a + b, a + b + c],
+                    sum: 0.0,
+                    count: a + b + c,
+                },
+            )],
+        }
+    }
+
+    #[test]
+    fn a_model_no_record_names_is_counted_from_its_runtimes_scrapes() {
+        let mut t = SloTracker::new(&[short(Objective::TtftP95), short(Objective::Success)]);
+        // 10 scrapes: 100 requests each, 2 failed; TTFT 90 under 0.5 s, 5 in 0.5–1.0 s, 3 above.
+        for k in 0..10i64 {
+            t.observe_scraped(&scraped("m", 5_000 * (k + 1), 100.0, 2.0, [90.0, 5.0, 3.0]));
+        }
+        t.prune(51_000);
+        let st = t.statuses();
+        let (ttft, success) = (&st[0], &st[1]);
+        assert_eq!((success.total, success.bad), (1000, 20));
+        assert_eq!(success.counted_from, "runtime");
+        // Bad: 3 above 1.0 s and 40 % of the 5 in (0.5, 1.0] (0.8 s interpolated) = 5 a scrape.
+        assert_eq!((ttft.total, ttft.bad), (980, 50));
+        assert_eq!(ttft.counted_from, "runtime");
+        assert_eq!(ttft.labels["model_id"], "m");
+        assert!(ttft.burn.iter().all(|w| w.total > 0), "{:?}", ttft.burn);
+    }
+
+    #[test]
+    fn a_model_with_request_records_is_not_counted_twice_from_its_runtime() {
+        let mut t = SloTracker::new(&[short(Objective::Success)]);
+        let none = Label::default();
+        t.observe(&rec("m", 1_000, 0.3, true), &none);
+        t.observe_scraped(&scraped("m", 5_000, 100.0, 50.0, [98.0, 0.0, 0.0]));
+        // Another model, no record: counted from its runtime.
+        t.observe_scraped(&scraped("other", 5_000, 100.0, 1.0, [99.0, 0.0, 0.0]));
+        t.prune(6_000);
+        let st = t.statuses();
+        let m = st.iter().find(|s| s.labels["model_id"] == "m").unwrap();
+        assert_eq!((m.total, m.bad, m.counted_from), (1, 0, "requests"));
+        let other = st.iter().find(|s| s.labels["model_id"] == "other").unwrap();
+        assert_eq!(
+            (other.total, other.bad, other.counted_from),
+            (100, 1, "runtime")
+        );
+        // Ten minutes without a record of "m": its runtime counts again.
+        t.observe_scraped(&scraped(
+            "m",
+            1_000 + RECORDS_PREFERRED_MS,
+            100.0,
+            50.0,
+            [50.0, 0.0, 0.0],
+        ));
+        t.prune(2_000 + RECORDS_PREFERRED_MS);
+        let st = t.statuses();
+        let m = st.iter().find(|s| s.labels["model_id"] == "m").unwrap();
+        assert_eq!(m.counted_from, "requests and runtime");
     }
 
     #[test]
@@ -596,9 +777,9 @@ mod tests {
         let s = Slo::compile(&short(Objective::TtftP95));
         assert_eq!(s.fine_ms, 1000);
         let mut b = Buckets::new(1000, 5000);
-        b.add(10_500, true);
-        b.add(9_000, false); // late: joins the newest bucket
-        b.add(12_100, false);
+        b.add(10_500, 1, 1);
+        b.add(9_000, 0, 1); // late: joins the newest bucket
+        b.add(12_100, 0, 1);
         assert_eq!(b.sum(12_500, 1000), (0, 1));
         assert_eq!(b.sum(12_500, 3000), (1, 3));
         b.prune(16_000);

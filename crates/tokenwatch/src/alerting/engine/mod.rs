@@ -307,6 +307,7 @@ pub fn start_with_slos(
         last_span_poll: i64::MIN,
         dropped,
         dropped_seen: 0,
+        slo_counts_seq: 0,
         interval: cfg.evaluation_interval.0.max(Duration::from_millis(10)),
     };
     engine.restore(now_unix_ms());
@@ -358,6 +359,8 @@ struct Engine {
     last_span_poll: i64,
     dropped: Arc<AtomicU64>,
     dropped_seen: u64,
+    /// The last scraped counts the SLOs counted (the signal board's counts log).
+    slo_counts_seq: u64,
     /// Longest time between two evaluations (`alerting.evaluation_interval`).
     interval: Duration,
 }
@@ -610,6 +613,15 @@ impl Engine {
         self.apply_trace_breakdowns();
         for r in &new_records {
             self.inputs.ingest(r.clone());
+        }
+        {
+            // Models no record names are counted by the SLOs from their runtime's scrapes.
+            let board = self.signals.read().unwrap_or_else(|p| p.into_inner());
+            let log = board.counts();
+            for (_, c) in log.since(self.slo_counts_seq) {
+                self.inputs.slos_mut().observe_scraped(c);
+            }
+            self.slo_counts_seq = log.last_seq();
         }
         self.inputs.prune(now);
         self.kept_metrics.publish(
