@@ -303,3 +303,87 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
         "{success:#}"
     );
 }
+
+/// The simulator's default model (its /metrics name it too).
+const SIM_MODEL: &str = "sim-llama-8b";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_proxy_and_runtime_both_see_a_model_the_fleet_shows_both_and_their_difference() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_sim, sim) = start_sim(dir.path(), &[]).await;
+    let (api, proxy) = (free_addr(), free_addr());
+    let scrape = format!("http://{sim}/metrics");
+    let tw = start_tokenwatch(
+        dir.path(),
+        api,
+        proxy,
+        &format!("http://{sim}"),
+        &["--scrape", &scrape],
+    );
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let body = serde_json::json!({
+        "model": SIM_MODEL,
+        "stream": true,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hello"}],
+    });
+    let fleet_url = format!("http://{api}/api/v1/fleet");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let row = loop {
+        for _ in 0..5 {
+            chat_answer(proxy, &body, &[]).await;
+        }
+        let fleet = json(&fleet_url).await;
+        let row = fleet["models"]
+            .as_array()
+            .and_then(|m| m.iter().find(|r| r["model_id"] == SIM_MODEL).cloned());
+        if let Some(row) = row.filter(|r| r["runtime_view"]["ttft_p50_s"]["value"].is_number()) {
+            break row;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no runtime view beside the proxy's figures; log:\n{}",
+            tw.log_tail(40)
+        );
+    };
+    // The row's figures are the proxy's (client-felt); the runtime's own sit beside them.
+    assert_eq!(row["figure_source"], "proxy", "{row:#}");
+    for column in ["ttft_p50_s", "ttft_p99_s", "itl_p50_s"] {
+        let client = row[column]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{column}: {row:#}"));
+        let runtime = &row["runtime_view"][column];
+        let value = runtime["value"].as_f64().unwrap();
+        let lower = runtime["bucket"]["lower"].as_f64().unwrap();
+        assert!(lower <= value, "{column}: {row:#}");
+        let gap = &row["client_minus_runtime"][column];
+        assert!(
+            close(gap["value"].as_f64().unwrap(), client - value),
+            "{column}: {row:#}"
+        );
+        // Known to the runtime's bucket: between client − upper and client − lower.
+        assert!(
+            close(gap["at_most"].as_f64().unwrap(), client - lower),
+            "{column}: {row:#}"
+        );
+        if let Some(upper) = runtime["bucket"]["upper"].as_f64() {
+            assert!(
+                close(gap["at_least"].as_f64().unwrap(), client - upper),
+                "{column}: {row:#}"
+            );
+        }
+    }
+    // What the client feels of the first token includes what the runtime measured of it:
+    // never below the bucket the runtime's median lies in.
+    let client = row["ttft_p50_s"].as_f64().unwrap();
+    let lower = row["runtime_view"]["ttft_p50_s"]["bucket"]["lower"]
+        .as_f64()
+        .unwrap();
+    assert!(client >= lower, "{row:#}");
+    eprintln!(
+        "TTFT P50: client-felt {client:.4} s, runtime {} (bucket {}), in front {}",
+        row["runtime_view"]["ttft_p50_s"]["value"],
+        row["runtime_view"]["ttft_p50_s"]["bucket"],
+        row["client_minus_runtime"]["ttft_p50_s"]
+    );
+}

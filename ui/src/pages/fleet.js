@@ -44,8 +44,10 @@ function mount(el, ctx) {
     h('div', { class: 'scroll' }, table), empty,
     h('p', { class: 'muted small' }, `Numbers over the last ${win}; sparklines show the last 5 minutes. Click a model for its charts.`),
     h('p', { class: 'muted small', id: 'runtime-legend', hidden: true },
-      'ʳ reported by the serving runtime (its scraped histograms and counters: no proxy or OTLP record of the model); a percentile lies within its histogram bucket, shown on hover.'));
-  st = { win, banner, tbody, empty, legend: el.querySelector('#runtime-legend'), rows: new Map() };
+      'ʳ reported by the serving runtime (its scraped histograms and counters: no proxy or OTLP record of the model); a percentile lies within its histogram bucket, shown on hover.'),
+    h('p', { class: 'muted small', id: 'both-legend', hidden: true },
+      '⇄ the proxy and the runtime both see the model: on hover, the runtime\'s own percentile beside the client-felt one, and the time in front of the runtime (network, gateways, queueing before it).'));
+  st = { win, banner, tbody, empty, legend: el.querySelector('#runtime-legend'), both: el.querySelector('#both-legend'), rows: new Map() };
 }
 
 function rowFor(model) {
@@ -97,17 +99,27 @@ function fillRow(row, m) {
   for (const s of row.sparks) drawSparkline(s.canvas, m.sparklines?.[s.key], { color: s.color, unit: s.unit });
 }
 
-// Marks the figures the runtime reported, with the bucket of each latency percentile as a title.
+// Marks the figures the runtime reported, with the bucket of each latency percentile as a title;
+// where the proxy and the runtime both see the model, the runtime's own percentile and the time
+// in front of it (network, gateways, queueing before the runtime) beside the client-felt one.
 function markSource(cells, m) {
   const runtime = m.figure_source === 'runtime';
+  const within = (b) => `within (${seconds(b.lower)}, ${b.upper == null ? '+Inf' : seconds(b.upper)}]`;
   for (const [cell, column] of FIGURE_CELLS) {
     const el = cells[cell];
     const on = runtime && m[column] != null;
     el.classList.toggle('src-runtime', on);
+    const beside = !runtime && m[column] != null ? m.runtime_view?.[column] : null;
+    el.classList.toggle('src-both', beside != null);
     const b = m.bucket_bounds?.[column];
-    const title = !on ? '' : b
-      ? `from the runtime's histogram: within (${seconds(b.lower)}, ${b.upper == null ? '+Inf' : seconds(b.upper)}]`
-      : "from the runtime's counters";
+    let title = '';
+    if (on) title = b ? `from the runtime's histogram: ${within(b)}` : "from the runtime's counters";
+    else if (beside) {
+      const gap = m.client_minus_runtime?.[column];
+      const range = gap ? `${gap.at_least == null ? '−∞' : seconds(gap.at_least)} to ${seconds(gap.at_most)}` : '–';
+      title = `client-felt (proxy) ${seconds(m[column])}; the runtime reports ${seconds(beside.value)} (${within(beside.bucket)}): `
+        + `${range} in front of the runtime`;
+    }
     if (el.title !== title) el.title = title;
   }
 }
@@ -159,6 +171,7 @@ async function refresh(ctx) {
   }
   st.empty.hidden = models.length > 0;
   if (st.legend) st.legend.hidden = !models.some((m) => m.figure_source === 'runtime');
+  if (st.both) st.both.hidden = !models.some((m) => m.runtime_view && Object.keys(m.runtime_view).length);
 }
 
 export default { name: 'fleet', nav: 'fleet', title: 'Fleet', mount, refresh, unmount: () => { st = null; } };

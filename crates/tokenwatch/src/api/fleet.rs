@@ -118,6 +118,35 @@ pub(super) async fn fleet(
                 })
                 .unwrap_or_default();
             row.insert("bucket_bounds".into(), Value::Object(bounds));
+            // Proxy and runtime both see the model: the runtime's own percentiles beside the
+            // client-felt ones, and what lies in front of the runtime (network, gateways,
+            // queueing before it): the difference, within the runtime's bucket.
+            if let Some(s) = sample.filter(|s| !s.runtime_view.is_empty()) {
+                let mut view = Map::new();
+                let mut gap = Map::new();
+                for (c, (v, lower, upper)) in &s.runtime_view {
+                    view.insert(
+                        c.name().into(),
+                        json!({
+                            "value": v,
+                            "bucket": {"lower": lower, "upper": upper.is_finite().then_some(*upper)},
+                        }),
+                    );
+                    // The runtime's percentile is known to its bucket only: so is the gap.
+                    if let Some(client) = s.get(*c) {
+                        gap.insert(
+                            c.name().into(),
+                            json!({
+                                "value": client - v,
+                                "at_least": upper.is_finite().then_some(client - upper),
+                                "at_most": client - lower,
+                            }),
+                        );
+                    }
+                }
+                row.insert("runtime_view".into(), Value::Object(view));
+                row.insert("client_minus_runtime".into(), Value::Object(gap));
+            }
             let ratio = sample.and_then(|s| {
                 let used = s.get(Column::GpuMemoryUsedBytes)?;
                 let total = s.get(Column::GpuMemoryTotalBytes).filter(|t| *t > 0.0)?;

@@ -163,6 +163,10 @@ pub struct ModelSample {
     pub figure_source: FigureSource,
     /// For runtime latency columns: the bucket (lower, upper; +Inf unbounded) the value lies in.
     pub bucket_bounds: BTreeMap<Column, (f64, f64)>,
+    /// Where the figures come from records (the proxy's, client-felt) and the runtime reports
+    /// the same model too: its own latency percentiles beside them, (value, bucket lower,
+    /// bucket upper) per latency column.
+    pub runtime_view: BTreeMap<Column, (f64, f64, f64)>,
 }
 
 impl ModelSample {
@@ -248,9 +252,8 @@ fn sample_runtime(
     let window_ms = window.duration_ms();
     for model in windows.models(window_ms, now_ms) {
         let sample = out.entry(model.clone()).or_default();
-        if sample.figure_source == FigureSource::Proxy {
-            continue;
-        }
+        // Seen by the proxy too: the runtime's percentiles go beside the client-felt ones.
+        let beside = sample.figure_source == FigureSource::Proxy;
         for metric in [LatencyMetric::Ttft, LatencyMetric::Itl, LatencyMetric::E2e] {
             let answer = windows.latency(
                 &RuntimeQuery {
@@ -265,7 +268,16 @@ fn sample_runtime(
                 .into_iter()
                 .zip(["p50", "p90", "p99"])
             {
-                if let Some(q) = answer.total.quantile(name) {
+                let Some(q) = answer.total.quantile(name) else {
+                    continue;
+                };
+                if beside {
+                    if q.value.is_finite() {
+                        sample
+                            .runtime_view
+                            .insert(col, (q.value, q.bucket_lower, q.bucket_upper));
+                    }
+                } else {
                     sample.set(col, Some(q.value));
                     sample
                         .bucket_bounds
@@ -274,6 +286,9 @@ fn sample_runtime(
             }
             sample.runtimes.extend(answer.total.runtimes);
             sample.instances.extend(answer.total.instances);
+        }
+        if beside {
+            continue;
         }
         if let Some(r) = windows.rates(&model, window_ms, now_ms) {
             sample.set(Column::RequestsPerS, r.requests_per_s);
