@@ -83,23 +83,6 @@ async fn json(url: &str) -> Value {
     r.json()
 }
 
-/// Poll `url` until `check` accepts the JSON, or fail with the last answer and the log.
-async fn wait_for(url: &str, tw: &Proc, secs: u64, check: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let v = json(url).await;
-        if check(&v) {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{url} never matched; last answer:\n{v:#}\nlog:\n{}",
-            tw.log_tail(40)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-6
 }
@@ -136,7 +119,7 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
 
     // No source asked for: nothing holds records of the model, so the runtime answers.
     let latency = format!("http://{api}/api/v1/latency?model=tinyllama&metric=ttft&window=5m");
-    wait_for(&latency, &tw, 30, |v| {
+    poll_json(&latency, &tw, 30, |v| {
         v["count"].as_u64().unwrap_or(0) >= 3 * TTFT_PER_SCRAPE as u64
     })
     .await;
@@ -210,7 +193,7 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
 
     // The fleet row: TTFT/ITL percentiles, rates and errors from the runtime, labelled so.
     let fleet_url = format!("http://{api}/api/v1/fleet");
-    let fleet = wait_for(&fleet_url, &tw, 15, |v| {
+    let fleet = poll_json(&fleet_url, &tw, 15, |v| {
         v["models"]
             .as_array()
             .and_then(|m| m.iter().find(|r| r["model_id"] == "tinyllama"))
@@ -267,7 +250,7 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
             .as_array()
             .is_some_and(|s| s.iter().any(Value::is_number))
     };
-    let ts = wait_for(&charts, &tw, 15, |v| {
+    let ts = poll_json(&charts, &tw, 15, |v| {
         has(v, "ttft_p99_s") && has(v, "itl_p50_s") && has(v, "requests_per_s")
     })
     .await;
@@ -276,7 +259,7 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
     // The success SLO burns on runtime data alone: 1 of 8 requests failed (12.5 % against a
     // 0.5 % budget, burn 25 ×), counted from the scraped counters, and its page fires.
     let slos_url = format!("http://{api}/api/v1/slos?slo=success&model=tinyllama");
-    let slos = wait_for(&slos_url, &tw, 60, |v| {
+    let slos = poll_json(&slos_url, &tw, 60, |v| {
         v["slos"][0]["alert_state"] == "firing"
     })
     .await;

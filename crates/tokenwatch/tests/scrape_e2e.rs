@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn fixture(name: &str) -> String {
@@ -182,24 +182,6 @@ fn signal<'a>(signals: &'a Value, name: &str) -> Option<&'a Value> {
         .find(|s| s["signal"] == name)
 }
 
-/// Poll `url` until `check` accepts the JSON, or fail with the last answer and the log.
-async fn wait_for(url: &str, tw: &Proc, secs: u64, check: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let v = json(url).await;
-        if check(&v) {
-            return v;
-        }
-        if Instant::now() > deadline {
-            panic!(
-                "{url} never matched; last answer:\n{v:#}\nlog:\n{}",
-                tw.log()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 fn target<'a>(targets: &'a Value, url: &str) -> &'a Value {
     targets["targets"]
         .as_array()
@@ -242,7 +224,7 @@ async fn real_vllm_and_dcgm_samples_become_signals() {
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
 
     let url = format!("http://{api}/api/v1/signals?model=tinyllama");
-    let s = wait_for(&url, &tw, 15, |v| {
+    let s = poll_json(&url, &tw, 15, |v| {
         signal(v, "ttft_p50_seconds").is_some() && signal(v, "prompt_tokens_per_second").is_some()
     })
     .await;
@@ -392,7 +374,7 @@ async fn bad_targets_do_not_disturb_a_good_one() {
         hang.url(),
         format!("http://{refused}/metrics"),
     );
-    let targets = wait_for(&turl, &tw, 15, |v| {
+    let targets = poll_json(&turl, &tw, 15, |v| {
         v["targets"].as_array().is_some_and(|a| a.len() == 4)
             && [&g, &h, &r]
                 .iter()
@@ -456,7 +438,7 @@ async fn bad_targets_do_not_disturb_a_good_one() {
 
     // Edit the file: the hanging and refused targets leave, without a restart.
     std::fs::write(&sd, group(&[garbage.addr.to_string()])).unwrap();
-    let targets = wait_for(&turl, &tw, 10, |v| {
+    let targets = poll_json(&turl, &tw, 10, |v| {
         v["targets"].as_array().is_some_and(|a| a.len() == 2)
     })
     .await;
@@ -485,7 +467,7 @@ async fn simulator_scraped_with_the_scrape_flag() {
     let tw = start_collector(dir.path(), api, "", std::slice::from_ref(&scrape));
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
     let turl = format!("http://{api}/api/v1/targets");
-    wait_for(&turl, &tw, 10, |v| target(v, &scrape)["health"] == "up").await;
+    poll_json(&turl, &tw, 10, |v| target(v, &scrape)["health"] == "up").await;
 
     // Traffic through the simulator's OpenAI API while it is being scraped.
     let url = format!("http://{sim_addr}/v1/completions");
@@ -504,7 +486,7 @@ async fn simulator_scraped_with_the_scrape_flag() {
     }
 
     let surl = format!("http://{api}/api/v1/signals?model=sim-llama-8b");
-    let s = wait_for(&surl, &tw, 10, |v| signal(v, "ttft_p99_seconds").is_some()).await;
+    let s = poll_json(&surl, &tw, 10, |v| signal(v, "ttft_p99_seconds").is_some()).await;
     for name in [
         "kv_cache_usage",
         "requests_running",

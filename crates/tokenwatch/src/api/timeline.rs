@@ -132,22 +132,9 @@ impl FigureSource {
     }
 }
 
-/// The columns that come from records or, failing them, from the runtime.
-pub const FIGURE_COLUMNS: [Column; 13] = [
-    Column::TtftP50,
-    Column::TtftP90,
-    Column::TtftP99,
-    Column::ItlP50,
-    Column::ItlP90,
-    Column::ItlP99,
-    Column::E2eP50,
-    Column::E2eP90,
-    Column::E2eP99,
-    Column::RequestsPerS,
-    Column::PromptTokensPerS,
-    Column::OutputTokensPerS,
-    Column::ErrorRatio,
-];
+/// The columns that come from records or, failing them, from the runtime: the latency
+/// percentiles, rates and error ratio (the first 13 of `Column::ALL`).
+pub const FIGURE_COLUMNS: &[Column] = Column::ALL.split_at(13).0;
 
 /// A context bucket and the latency metric (TTFT or E2E) whose P99 the timeline keeps for it.
 pub type BucketKey = (ContextBucket, LatencyMetric);

@@ -272,6 +272,29 @@ pub async fn wait_markers(
     }
 }
 
+/// Polls `url` (GET, its JSON) every 200 ms until `check` accepts it, or fails after `secs`
+/// with the last answer and the tail of `tw`'s log.
+pub async fn poll_json(
+    url: &str,
+    tw: &Proc,
+    secs: u64,
+    check: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let v = get(url).await.json();
+        if check(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{url} never matched; last answer:\n{v:#}\nlog:\n{}",
+            tw.log_tail(60)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// POSTs the chat request `body` through the proxy with `headers`, asserts 200 and returns the
 /// answer's text as the client received it (the deltas of a stream put together).
 pub async fn chat_answer(
