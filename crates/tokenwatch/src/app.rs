@@ -320,7 +320,7 @@ impl RunningApp {
                 signals: signals.clone(),
                 queue: queue.clone(),
                 store: store.clone(),
-                store_writer: writer.clone(),
+                store_writer: std::sync::Arc::new(writer.clone()),
                 metrics: metrics.clone(),
                 components: components.clone(),
                 shutdown: stop.clone(),

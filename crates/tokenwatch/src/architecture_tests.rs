@@ -50,19 +50,9 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "the engine starts from the whole Config (start_from_config, redacted_config)",
     ),
     (
-        "embed",
-        "pipeline",
-        "the embedder sends records on through the pipeline's queue",
-    ),
-    (
         "sources",
         "config",
         "the source registry reads each source's section from the whole Config",
-    ),
-    (
-        "sources",
-        "pipeline",
-        "sources emit into the pipeline's queue and store writer (not yet ports in the kernel)",
     ),
 ];
 

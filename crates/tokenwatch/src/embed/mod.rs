@@ -5,8 +5,8 @@
 pub mod bert;
 
 use crate::capture::RawText;
+use crate::kernel::queue::{Detour, TelemetryQueue};
 use crate::kernel::telemetry::Metrics;
-use crate::pipeline::{Detour, TelemetryQueue};
 use prometheus_client::metrics::counter::Counter;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{SyncSender, TrySendError};

@@ -2,7 +2,8 @@
 // stage — the outbound TLS client and its settings (the proxy's https upstreams, OTLP export,
 // remote write and webhooks all dial through it), the one delivery loop every deliverer
 // (Alertmanager, webhooks, OTLP export, remote write) sends through, the span-export port the
-// pipeline and the OTLP receiver hand spans to, the telemetry registry every stage registers
+// pipeline and the OTLP receiver hand spans to, the telemetry queue's sending side every source
+// emits records through and the store-rows port received spans and logs are queued through, the telemetry registry every stage registers
 // its health on, the configuration's duration type, the API routes' query-string checks, the
 // streamed-response formats, the version/deploy marker model, and the route split tables the proxy picks from and canary
 // rollback acts on. The clock and the record and signal types are in the `tokenwatch-core` crate.
@@ -11,6 +12,8 @@ pub mod delivery;
 pub mod duration;
 pub mod markers;
 pub mod params;
+pub mod queue;
+pub mod rows;
 pub mod spans;
 pub mod splits;
 pub mod stream_format;

@@ -11,7 +11,8 @@ pub use proxy_span::{ProxySpanBuilder, ProxySpanSink};
 pub use store_sink::StoreSink;
 pub use store_writer::{StoreHealth, StoreWriter, StoreWriterConfig, StoreWriterThread};
 
-use crate::capture::{RawText, TextCapture};
+use crate::capture::TextCapture;
+pub use crate::kernel::queue::{Detour, Queued, TelemetryQueue};
 use crate::kernel::telemetry::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,99 +53,6 @@ pub trait RecordSink: Send {
     }
 }
 
-/// The sources' side of the telemetry queue: `submit` never waits; when the queue is full
-/// the record is dropped and counted, and the request it describes is unaffected.
-/// A record on its way to the pipeline, with the bytes kept for text capture when it is on
-/// (turned into masked text on the pipeline thread, before any sink sees the record).
-pub struct Queued {
-    record: RequestRecord,
-    raw: Option<Box<RawText>>,
-}
-
-#[derive(Clone)]
-pub struct TelemetryQueue {
-    tx: mpsc::Sender<Queued>,
-    /// First tokens, ahead of their records. One that finds the queue full is dropped
-    /// uncounted: its record carries the same time, only later.
-    first: mpsc::Sender<FirstToken>,
-    metrics: Arc<Metrics>,
-    /// `capture.embeddings`: records with response bytes pass the embedding thread first.
-    embed: Option<Arc<dyn Detour>>,
-}
-
-/// A stage that records with their request's and response's bytes pass through before the
-/// queue (the local embedder, `crate::embed`), which sends them on itself: it takes a record,
-/// or hands it back (counted) when it has no room, and the queue sends it on without it.
-pub trait Detour: Send + Sync {
-    /// (The large error is the record itself, handed back by value: boxing it would cost an
-    /// allocation per refusal.)
-    #[allow(clippy::result_large_err)]
-    fn offer(
-        &self,
-        record: RequestRecord,
-        raw: Box<RawText>,
-    ) -> Result<(), (RequestRecord, Box<RawText>)>;
-}
-
-impl TelemetryQueue {
-    pub fn submit(&self, record: RequestRecord) {
-        self.submit_with_text(record, None);
-    }
-
-    /// `submit`, with the request's and response's bytes for text capture.
-    pub fn submit_with_text(&self, record: RequestRecord, raw: Option<Box<RawText>>) {
-        let (record, raw) = match (&self.embed, raw) {
-            (Some(embed), Some(raw)) => match embed.offer(record, raw) {
-                Ok(()) => return,
-                Err((record, raw)) => (record, Some(raw)),
-            },
-            (_, raw) => (record, raw),
-        };
-        match self.tx.try_send(Queued { record, raw }) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.metrics.dropped_records.inc();
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                self.metrics.dropped_records_closed.inc();
-            }
-        }
-    }
-
-    /// This queue with records that carry response bytes sent through the local embedder.
-    pub fn with_embeddings(mut self, embed: impl Detour + 'static) -> TelemetryQueue {
-        self.embed = Some(Arc::new(embed));
-        self
-    }
-
-    /// Report a response's first token while it is still streaming; never waits.
-    pub fn first_token(&self, first: FirstToken) {
-        let _ = self.first.try_send(first);
-    }
-
-    /// The queue's capacity (`telemetry.queue_capacity`).
-    pub fn capacity(&self) -> usize {
-        self.tx.max_capacity()
-    }
-
-    /// Queue all of `records` or none of them (false, no drop counted) when the queue lacks
-    /// room for all: for sources that can answer "retry later" (OTLP's 429).
-    pub fn try_submit_all(&self, records: Vec<RequestRecord>) -> bool {
-        if records.is_empty() {
-            return true;
-        }
-        match self.tx.try_reserve_many(records.len()) {
-            Ok(permits) => {
-                for (permit, record) in permits.zip(records) {
-                    permit.send(Queued { record, raw: None });
-                }
-                true
-            }
-            Err(_) => false,
-        }
-    }
-}
-
 pub struct PipelineConfig {
     pub queue_capacity: usize,
     pub batch_max: usize,
@@ -175,12 +83,7 @@ impl Pipeline {
         let (tx, rx) = mpsc::channel(cfg.queue_capacity);
         let (first, first_rx) = mpsc::channel(cfg.queue_capacity);
         metrics.queue_capacity.set(cfg.queue_capacity as i64);
-        let queue = TelemetryQueue {
-            tx,
-            first,
-            metrics: metrics.clone(),
-            embed: None,
-        };
+        let queue = TelemetryQueue::new(tx, first, metrics.clone());
         let handle = tokio::runtime::Handle::current();
         let close = Arc::new(AtomicBool::new(false));
         let worker = Worker {
@@ -313,7 +216,8 @@ impl Worker {
     fn process(&mut self, queued: &mut Vec<Queued>) {
         let batch: Vec<RequestRecord> = queued
             .drain(..)
-            .map(|Queued { mut record, raw }| {
+            .map(|q| {
+                let (mut record, raw) = q.into_parts();
                 if let (Some(raw), Some(capture)) = (raw, &self.cfg.text_capture) {
                     record.text = Some(Box::new(capture.finish(&raw)));
                 }

@@ -639,6 +639,17 @@ impl Writer {
     }
 }
 
+/// The sources' port to the writer (`kernel::rows`): spans and log records they receive.
+impl crate::kernel::rows::RowSink for StoreWriter {
+    fn spans(&self, rows: Vec<SpanRow>) -> usize {
+        StoreWriter::spans(self, rows)
+    }
+
+    fn logs(&self, rows: Vec<LogRow>) -> usize {
+        StoreWriter::logs(self, rows)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,8 +8,8 @@ pub mod proxy;
 pub mod registry;
 pub mod scrape;
 
+use crate::kernel::queue::TelemetryQueue;
 use crate::kernel::telemetry::Metrics;
-use crate::pipeline::TelemetryQueue;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -41,7 +41,7 @@ pub struct SourceContext {
     pub queue: TelemetryQueue,
     pub store: Arc<dyn Store>,
     /// Received spans and log records reach the store through its writer thread.
-    pub store_writer: crate::pipeline::StoreWriter,
+    pub store_writer: crate::kernel::rows::StoreRows,
     /// Register the source's own health metrics with `metrics.register(..)`.
     pub metrics: Arc<Metrics>,
     pub components: Components,

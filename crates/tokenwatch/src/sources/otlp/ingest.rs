@@ -6,8 +6,9 @@ use super::genai;
 use super::logs;
 use super::metrics::MetricsMapper;
 use crate::capture::telemetry::TelemetryText;
+use crate::kernel::queue::TelemetryQueue;
+use crate::kernel::rows::StoreRows;
 use crate::kernel::telemetry::Metrics;
-use crate::pipeline::{StoreWriter, TelemetryQueue};
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -132,7 +133,7 @@ pub enum Refused {
 pub struct Ingest {
     queue: TelemetryQueue,
     /// Spans and log records reach the store through its writer thread (bounded queue).
-    writer: StoreWriter,
+    writer: StoreRows,
     signals: SharedSignals,
     mapper: Mutex<MetricsMapper>,
     permits: Arc<Semaphore>,
@@ -157,7 +158,7 @@ impl Ingest {
     /// `max_in_flight` exports are processed at once; more are told to retry later.
     pub fn new(
         queue: TelemetryQueue,
-        writer: StoreWriter,
+        writer: StoreRows,
         signals: SharedSignals,
         max_in_flight: usize,
         text: TelemetryText,
@@ -389,7 +390,7 @@ impl Ingest {
 fn queue_spans(
     mut spans: Vec<tokenwatch_store::SpanRow>,
     text: &TelemetryText,
-    writer: &StoreWriter,
+    writer: &StoreRows,
     export: Option<&crate::kernel::spans::SpanExport>,
 ) -> usize {
     for s in &mut spans {
@@ -410,7 +411,7 @@ fn queue_spans(
 fn queue_logs(
     mut rows: Vec<tokenwatch_store::LogRow>,
     text: &TelemetryText,
-    writer: &StoreWriter,
+    writer: &StoreRows,
     feed: Option<&crate::logs::LogFeed>,
 ) -> usize {
     for r in &mut rows {
@@ -430,7 +431,9 @@ fn queue_logs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::{Pipeline, PipelineConfig, StoreWriterConfig, StoreWriterThread};
+    use crate::pipeline::{
+        Pipeline, PipelineConfig, StoreWriter, StoreWriterConfig, StoreWriterThread,
+    };
     use opentelemetry_proto::tonic::common::v1::AnyValue;
     use opentelemetry_proto::tonic::common::v1::any_value::Value;
     use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
@@ -474,7 +477,13 @@ mod tests {
         let signals: SharedSignals = Arc::new(std::sync::RwLock::new(
             tokenwatch_core::signals::SignalBoard::new(8, 8),
         ));
-        let ingest = Ingest::new(queue, writer, signals, 4, TelemetryText::dropping());
+        let ingest = Ingest::new(
+            queue,
+            std::sync::Arc::new(writer),
+            signals,
+            4,
+            TelemetryText::dropping(),
+        );
         (ingest, pipeline, thread, store, metrics)
     }
 

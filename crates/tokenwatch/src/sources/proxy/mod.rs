@@ -12,7 +12,7 @@ mod tap;
 
 pub use route::Router as UpstreamRouter;
 
-use crate::pipeline::TelemetryQueue;
+use crate::kernel::queue::TelemetryQueue;
 use crate::sources::proxy::config::ProxyConfig;
 use axum::body::Body;
 use axum::extract::{Request, State};

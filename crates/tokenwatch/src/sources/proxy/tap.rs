@@ -3,7 +3,7 @@
 
 use super::route::Slot;
 use super::sse::{Observed, SseObserver, StreamFormat};
-use crate::pipeline::TelemetryQueue;
+use crate::kernel::queue::TelemetryQueue;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
