@@ -176,7 +176,7 @@ fn run(full: bool, batches: Vec<Arc<Vec<RequestRecord>>>, batch_max: usize) -> R
             tokenwatch_core::aggregate::Aggregator::new(Default::default()),
         ));
         let handle = tokenwatch::alerting::engine::start_from_config(
-            &config,
+            config.engine_sections(),
             signals,
             store.clone(),
             aggregator,

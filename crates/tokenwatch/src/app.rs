@@ -192,7 +192,7 @@ impl RunningApp {
         // and set through the API.
         let splits: Arc<crate::kernel::splits::SplitBoard> = Arc::default();
         let alerting = crate::alerting::engine::start_from_config(
-            &cfg,
+            cfg.engine_sections(),
             signals.clone(),
             store.clone(),
             aggregator.clone(),

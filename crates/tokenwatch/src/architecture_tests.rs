@@ -43,18 +43,11 @@ const STAGES: &[(&str, u8)] = &[
 ];
 
 /// Known imports of a later stage: (from, to, why it is still there).
-const KNOWN: &[(&str, &str, &str)] = &[
-    (
-        "alerting",
-        "config",
-        "the engine starts from the whole Config (start_from_config, redacted_config)",
-    ),
-    (
-        "sources",
-        "config",
-        "the source registry reads each source's section from the whole Config",
-    ),
-];
+const KNOWN: &[(&str, &str, &str)] = &[(
+    "sources",
+    "config",
+    "the source registry reads each source's section from the whole Config",
+)];
 
 fn stage(module: &str) -> Option<u8> {
     STAGES.iter().find(|(m, _)| *m == module).map(|(_, s)| *s)

@@ -306,6 +306,35 @@ pub fn json_schema() -> String {
 }
 
 impl Config {
+    /// The effective configuration for snapshots, secrets (tenant salt, receiver headers)
+    /// redacted.
+    pub fn redacted_json(&self) -> serde_json::Value {
+        let mut c = self.clone();
+        if !c.proxy.tenant_salt.is_empty() {
+            c.proxy.tenant_salt = "<redacted>".into();
+        }
+        for w in &mut c.alerting.delivery.webhooks {
+            for v in w.headers.values_mut() {
+                *v = "<redacted>".into();
+            }
+        }
+        serde_json::json!({ "format": "rust-debug", "config": format!("{c:#?}") })
+    }
+
+    /// The sections the alert engine starts from.
+    pub fn engine_sections(&self) -> crate::alerting::engine::EngineSections<'_> {
+        crate::alerting::engine::EngineSections {
+            alerting: &self.alerting,
+            slos: &self.slos,
+            scaling: &self.scaling,
+            traces: &self.traces,
+            listen: self.listen,
+            data_dir: self.data_dir.clone(),
+            raw_retention: self.store.raw_retention.0,
+            config_json: self.redacted_json(),
+        }
+    }
+
     /// The certificates each listener serves (`tls`, `proxy.tls`, `otlp.tls`).
     pub fn listener_certs(
         &self,

@@ -159,7 +159,7 @@ pub fn plan(running: &Config, new: &Config, parts: Running) -> Result<Plan, Stri
             unchanged,
             cfg: merged.alerting.clone(),
             slos: slos_changed.then(|| crate::slo::effective(&merged.slos)),
-            config_json: Some(crate::alerting::engine::redacted_config(&merged)),
+            config_json: Some(merged.redacted_json()),
         });
     }
     let restart_required = changed_keys(&merged, new);

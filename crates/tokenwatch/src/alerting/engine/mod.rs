@@ -146,7 +146,7 @@ pub struct Reconfigure {
     pub cfg: AlertingConfig,
     /// The SLOs to count from now on; None: unchanged.
     pub slos: Option<Vec<crate::slo::SloConfig>>,
-    /// The configuration snapshots show from now on (`redacted_config` of the running one).
+    /// The configuration snapshots show from now on (`Config::redacted_json` of the running one).
     pub config_json: Option<serde_json::Value>,
 }
 
@@ -1096,23 +1096,26 @@ pub struct AlertingHandle {
     pub control: Option<EngineControl>,
 }
 
-/// The effective configuration for snapshots, secrets (tenant salt, receiver headers) redacted.
-pub fn redacted_config(cfg: &crate::config::Config) -> serde_json::Value {
-    let mut c = cfg.clone();
-    if !c.proxy.tenant_salt.is_empty() {
-        c.proxy.tenant_salt = "<redacted>".into();
-    }
-    for w in &mut c.alerting.delivery.webhooks {
-        for v in w.headers.values_mut() {
-            *v = "<redacted>".into();
-        }
-    }
-    serde_json::json!({ "format": "rust-debug", "config": format!("{c:#?}") })
+/// The configuration sections the engine starts from (the assembly reads them out of the whole
+/// configuration: `crate::app`).
+pub struct EngineSections<'a> {
+    pub alerting: &'a AlertingConfig,
+    /// `slos:` as configured (None: the spec's defaults).
+    pub slos: &'a Option<Vec<crate::slo::SloConfig>>,
+    pub scaling: &'a crate::slo::scaling::ScalingConfig,
+    pub traces: &'a crate::pipeline::trace_components::TracesConfig,
+    /// The API's listen address: receivers' links when `delivery.external_url` is empty.
+    pub listen: std::net::SocketAddr,
+    /// Where snapshots are written, and how long they are kept (the raw-record retention).
+    pub data_dir: std::path::PathBuf,
+    pub raw_retention: Duration,
+    /// The effective configuration as snapshots carry it, secrets redacted.
+    pub config_json: serde_json::Value,
 }
 
 /// Compile the rules, start the notifier and the engine (when `alerting.enabled`).
 pub fn start_from_config(
-    cfg: &crate::config::Config,
+    cfg: EngineSections<'_>,
     signals: SharedSignals,
     store: Arc<dyn Store>,
     aggregator: Arc<Mutex<tokenwatch_core::aggregate::Aggregator>>,
@@ -1120,7 +1123,7 @@ pub fn start_from_config(
     splits: Arc<crate::kernel::splits::SplitBoard>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<AlertingHandle> {
-    let a = &cfg.alerting;
+    let a = cfg.alerting;
     if !a.enabled {
         let book = Arc::new(AlertBook::default());
         return Ok(AlertingHandle {
@@ -1142,9 +1145,9 @@ pub fn start_from_config(
         signals: signals.clone(),
         store: store.clone(),
         aggregator,
-        config_json: redacted_config(cfg),
+        config_json: cfg.config_json.clone(),
         data_dir: cfg.data_dir.clone(),
-        retention: cfg.store.raw_retention.0,
+        retention: cfg.raw_retention,
     });
     tracing::info!(rules = rules.len(), receivers = ?notifier.receiver_names(), "alerting enabled");
     let started = start_with_slos(
@@ -1158,12 +1161,12 @@ pub fn start_from_config(
             snapshot,
             shutdown,
             components: Arc::new(crate::pipeline::trace_components::ComponentMap::new(
-                &cfg.traces,
+                cfg.traces,
             )),
             splits,
         },
-        &crate::slo::effective(&cfg.slos),
-        &cfg.scaling,
+        &crate::slo::effective(cfg.slos),
+        cfg.scaling,
     );
     tasks.push(started.task);
     Ok(AlertingHandle {
