@@ -10,7 +10,7 @@ use crate::pipeline::{
     StoreWriterConfig, StoreWriterThread,
 };
 use crate::sources::proxy::{self, ProxyState, UpstreamRouter};
-use crate::sources::{self as sources_mod, Components, SourceContext};
+use crate::sources::{Components, SourceContext};
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -314,7 +314,7 @@ impl RunningApp {
 
         let mut source_routes = Vec::new();
         let reload_hooks = crate::sources::ReloadHooks::default();
-        for source in sources_mod::registry::from_config(&cfg)? {
+        for source in cfg.sources()? {
             let name = source.name();
             let ctx = SourceContext {
                 signals: signals.clone(),

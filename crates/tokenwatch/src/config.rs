@@ -306,6 +306,18 @@ pub fn json_schema() -> String {
 }
 
 impl Config {
+    /// The source registry: the sources the configuration asks for, one line each, every
+    /// source handed only its own section (the proxy is wired separately, in `app.rs`).
+    pub fn sources(&self) -> anyhow::Result<Vec<Box<dyn crate::sources::Source>>> {
+        use crate::sources::{Source, gpu, otlp, posted, scrape};
+        let mut sources: Vec<Box<dyn Source>> = Vec::new();
+        sources.extend(scrape::from_config(&self.scrape)?);
+        sources.extend(otlp::from_config(&self.otlp, &self.limits)?);
+        sources.extend(gpu::from_config(&self.gpu)?);
+        sources.push(Box::new(posted::Posted));
+        Ok(sources)
+    }
+
     /// The effective configuration for snapshots, secrets (tenant salt, receiver headers)
     /// redacted.
     pub fn redacted_json(&self) -> serde_json::Value {

@@ -5,7 +5,6 @@ pub mod gpu;
 pub mod otlp;
 pub mod posted;
 pub mod proxy;
-pub mod registry;
 pub mod scrape;
 
 use crate::kernel::queue::TelemetryQueue;
