@@ -54,10 +54,31 @@ pub struct ModelRow {
     /// Where the latency, rate and error figures come from: `proxy` (request records) or
     /// `runtime` (the runtime's scraped histograms and counters); None without figures.
     pub figure_source: Option<String>,
+    /// Where the proxy and the runtime both see the model: the runtime's own percentiles by
+    /// fleet column (`ttft_p50_s` …) …
+    #[serde(default, deserialize_with = "nullable")]
+    pub runtime_view: BTreeMap<String, RuntimeFigure>,
+    /// … and the time in front of the runtime, known to its bucket.
+    #[serde(default, deserialize_with = "nullable")]
+    pub client_minus_runtime: BTreeMap<String, FrontGap>,
     /// Of the firing alerts: `critical`, `warning`, `info` (kept as text so a new level still shows).
     pub worst_severity: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     pub sparklines: Sparklines,
+}
+
+/// One of the runtime's own percentiles beside the proxy's.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct RuntimeFigure {
+    pub value: f64,
+}
+
+/// Client-felt minus runtime-reported: `at_least` (None: unbounded) to `at_most`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct FrontGap {
+    pub value: f64,
+    pub at_least: Option<f64>,
+    pub at_most: f64,
 }
 
 impl ModelRow {

@@ -374,3 +374,21 @@ fn runtime_figures_are_marked_in_the_table_and_explained_in_the_detail_pane() {
     let all = render(&mut s, 200, 40).join("\n");
     assert!(all.contains("reported by the runtime"), "{all}");
 }
+
+#[test]
+fn where_proxy_and_runtime_both_see_a_model_the_detail_pane_shows_the_runtimes_view() {
+    let fleet = r#"{ "window": "1m", "models": [
+      { "model_id": "both", "ttft_p50_s": 0.07, "ttft_p99_s": 0.2, "figure_source": "proxy",
+        "runtime_view": { "ttft_p50_s": {"value": 0.05, "bucket": {"lower": 0.04, "upper": 0.06}},
+                          "ttft_p99_s": {"value": 0.18, "bucket": {"lower": 0.1, "upper": 0.25}} },
+        "client_minus_runtime": { "ttft_p50_s": {"value": 0.02, "at_least": 0.01, "at_most": 0.03} } } ] }"#;
+    let mut s = TopState::new("http://127.0.0.1:9464", Window::M1, Duration::from_secs(1));
+    s.set_fleet(
+        serde_json::from_str(fleet).expect("parses"),
+        chrono::Local::now(),
+    );
+    assert!(matches!(key(&mut s, KeyCode::Enter), Action::FetchAlerts(m) if m == "both"));
+    let all = render(&mut s, 200, 40).join("\n");
+    assert!(all.contains("the runtime reports TTFT p50"), "{all}");
+    assert!(all.contains("in front of it"), "{all}");
+}

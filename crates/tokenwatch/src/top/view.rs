@@ -292,6 +292,9 @@ fn detail_lines(state: &TopState) -> (String, Vec<Line<'static>>) {
             list(&m.runtimes),
             list(&m.instances)
         )));
+        if let Some(line) = runtime_beside(m) {
+            lines.push(Line::from(line).fg(Color::Cyan));
+        }
         if m.from_runtime() {
             lines.push(
                 Line::from(
@@ -376,4 +379,25 @@ pub fn draw(frame: &mut Frame, state: &mut TopState) {
     } else {
         table(frame, body, state, &visible);
     }
+}
+
+/// "runtime reports TTFT p50 … p99 …; in front of it …" for a model the proxy and the runtime
+/// both see; None otherwise.
+fn runtime_beside(m: &ModelRow) -> Option<String> {
+    let p50 = m.runtime_view.get("ttft_p50_s")?;
+    let p99 = m.runtime_view.get("ttft_p99_s");
+    let mut line = format!(
+        "⇄ the runtime reports TTFT p50 {} p99 {}",
+        fmt::latency(Some(p50.value)),
+        fmt::latency(p99.map(|f| f.value))
+    );
+    if let Some(gap) = m.client_minus_runtime.get("ttft_p50_s") {
+        line.push_str(&format!(
+            "; in front of it (p50): {} to {}",
+            gap.at_least
+                .map_or("−∞".to_string(), |v| fmt::latency(Some(v))),
+            fmt::latency(Some(gap.at_most))
+        ));
+    }
+    Some(line)
 }
