@@ -317,6 +317,23 @@ async fn length_blowup_raises_the_length_outlier_alert() {
     assert!(quiet.is_empty(), "healthy traffic raised {quiet:#?}");
     s.fault("length_blowup:factor=4").await;
     let fault_at = Instant::now();
+    // Shown if the alert never comes: how the traffic went, and which instance served it.
+    let (done, api) = (traffic.done.clone(), s.api);
+    let monitor = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let by_instance = get(&format!(
+                "http://{api}/api/v1/latency?model={MODEL}&metric=e2e&window=1m&by=instance"
+            ))
+            .await;
+            eprintln!(
+                "{:.0} s after the fault: {} requests done; e2e by instance (1 min): {}",
+                fault_at.elapsed().as_secs_f64(),
+                done.load(Ordering::Relaxed),
+                by_instance.body
+            );
+        }
+    });
     // Time to detect is measured by the alert-quality bench; this waits generously.
     let a = wait_firing_on(
         &s,
@@ -335,6 +352,7 @@ async fn length_blowup_raises_the_length_outlier_alert() {
             fault_at.elapsed()
         ),
     );
+    monitor.abort();
     assert_eq!(a["labels"]["model_id"], MODEL, "{a:#}");
     let ev = &a["last_event"]["evidence"];
     assert_eq!(ev["instances"], "sim-a", "{a:#}");
