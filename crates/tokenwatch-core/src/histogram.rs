@@ -44,6 +44,25 @@ impl BucketQuantile {
 }
 
 impl CumulativeHistogram {
+    /// A histogram of `per_bucket` observations in the buckets whose upper bounds are `bounds`
+    /// (the last one +Inf), as a scrape's increase reads; the sum is not known (0).
+    pub fn from_bucket_counts(bounds: &[f64], per_bucket: &[f64]) -> CumulativeHistogram {
+        let cumulative: Vec<f64> = per_bucket
+            .iter()
+            .scan(0.0, |running, n| {
+                *running += n;
+                Some(*running)
+            })
+            .collect();
+        let count = cumulative.last().copied().unwrap_or(0.0);
+        CumulativeHistogram {
+            bounds: bounds.to_vec(),
+            cumulative,
+            sum: 0.0,
+            count,
+        }
+    }
+
     /// Observations between `earlier` and `self`, bucket by bucket. When the bucket layout
     /// changed, or any bucket went down (a reset), `self` alone is the window.
     pub fn delta_since(&self, earlier: &CumulativeHistogram) -> CumulativeHistogram {
@@ -167,6 +186,16 @@ impl CumulativeHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn from_bucket_counts_accumulates_the_buckets() {
+        let h =
+            CumulativeHistogram::from_bucket_counts(&[0.1, 0.5, f64::INFINITY], &[2.0, 3.0, 1.0]);
+        assert_eq!(h.cumulative, vec![2.0, 5.0, 6.0]);
+        assert_eq!(h.count, 6.0);
+        assert_eq!(h.bounds, vec![0.1, 0.5, f64::INFINITY]);
+        assert_eq!(CumulativeHistogram::from_bucket_counts(&[], &[]).count, 0.0);
+    }
 
     #[test]
     fn add_sums_windows_of_one_layout_only() {

@@ -134,6 +134,35 @@ fn counter(metrics: &Metrics, receiver: &str, outcome: &str) -> f64 {
     common::metric_value(&metrics.encode(), &series).unwrap_or(0.0)
 }
 
+/// Waits (10 s at most) until `receiver` has counted a notification as `outcome`.
+async fn wait_counted(metrics: &Metrics, receiver: &str, outcome: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter(metrics, receiver, outcome) < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "{what} was never counted {outcome}:\n{}",
+            metrics.encode()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (10 s at most) until Alertmanager lists the alert `id`; returns it.
+async fn wait_listed(am: &Alertmanager, id: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(a) = find(&am.alerts().await, id) {
+            return a.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} never listed by Alertmanager; its log:\n{}",
+            am.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn find<'a>(alerts: &'a [serde_json::Value], id: &str) -> Option<&'a serde_json::Value> {
     alerts
         .iter()
@@ -169,18 +198,7 @@ async fn alertmanager_receives_resends_and_resolves() {
     // Firing: listed by Alertmanager, active, with our labels and annotations.
     let firing = alert("al-1", AlertState::Firing);
     notifier.notify(&firing);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let listed = loop {
-        if let Some(a) = find(&am.alerts().await, "al-1") {
-            break a.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "alert never listed by Alertmanager; its log:\n{}",
-            am.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let listed = wait_listed(&am, "al-1").await;
     assert_eq!(listed["status"]["state"], "active", "{listed:#}");
     let labels = &listed["labels"];
     assert_eq!(labels["alertname"], "ttft_p99_spike");
@@ -445,15 +463,7 @@ async fn webhooks_get_documented_body_with_retries_and_isolation() {
     assert_eq!(headers["content-type"], "application/json");
 
     // The refused receiver gave up after its retries; the silent one is still waiting.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counter(&metrics, dead_name, "failed") < 1.0 {
-        assert!(
-            Instant::now() < deadline,
-            "dead receiver never counted as failed:\n{}",
-            metrics.encode()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_counted(&metrics, dead_name, "failed", "the dead receiver").await;
     assert_eq!(counter(&metrics, flaky_name, "sent"), 1.0);
     assert_eq!(
         counter(&metrics, slow, "sent") + counter(&metrics, slow, "failed"),
@@ -638,26 +648,9 @@ async fn https_receivers_trusted_by_their_own_ca_get_alerts_and_an_untrusted_one
         hook.received.lock().unwrap()[0].0["authorization"],
         "Bearer s3cret"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while find(&am.alerts().await, "al-tls").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "alert never reached Alertmanager over https; its log:\n{}\n{}",
-            am.log(),
-            metrics.encode()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_listed(&am, "al-tls").await;
     // The untrusted receiver: the handshake fails, is retried once, and counted failed.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counter(&metrics, untrusted_name, "failed") < 1.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the untrusted receiver was never counted failed:\n{}",
-            metrics.encode()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_counted(&metrics, untrusted_name, "failed", "the untrusted receiver").await;
     assert_eq!(counter(&metrics, untrusted_name, "sent"), 0.0);
     assert_eq!(counter(&metrics, trusted_name, "sent"), 1.0);
     assert_eq!(counter(&metrics, am_name, "sent"), 1.0);

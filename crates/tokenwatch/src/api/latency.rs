@@ -679,35 +679,22 @@ mod tests {
     }
 
     fn board_with_ttft(instance_buckets: &[(&str, [f64; 3])], at: i64) -> SignalBoard {
+        use tokenwatch_core::histogram::CumulativeHistogram;
         let mut board = SignalBoard::default();
         for (instance, per_bucket) in instance_buckets {
-            let mut running = 0.0;
-            let cumulative: Vec<f64> = per_bucket
-                .iter()
-                .map(|n| {
-                    running += n;
-                    running
-                })
-                .collect();
+            let ttft =
+                CumulativeHistogram::from_bucket_counts(&[0.1, 0.5, f64::INFINITY], per_bucket);
             board.record_counts(tokenwatch_core::counts::ScrapeCounts {
                 model_id: "m".into(),
                 instance: (*instance).into(),
                 runtime: "vllm".into(),
                 at_unix_ms: at,
                 interval_ms: 5_000,
-                finished: Some(running),
+                finished: Some(ttft.count),
                 failed: Some(0.0),
                 prompt_tokens: None,
                 output_tokens: None,
-                latency: vec![(
-                    "ttft".into(),
-                    tokenwatch_core::histogram::CumulativeHistogram {
-                        bounds: vec![0.1, 0.5, f64::INFINITY],
-                        cumulative,
-                        sum: 0.0,
-                        count: running,
-                    },
-                )],
+                latency: vec![("ttft".into(), ttft)],
             });
         }
         board

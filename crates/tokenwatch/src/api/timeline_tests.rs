@@ -162,33 +162,19 @@ fn timeline_aligns_models_keeps_an_hour_and_drops_silent_models() {
 /// What one 5 s scrape of `model` on instance `i1` counted: `per_bucket` TTFT observations in
 /// (0, 0.1], (0.1, 0.5], (0.5, +Inf), one request each, 20 output tokens each, `failed` failed.
 fn scraped(model: &str, at: i64, per_bucket: [f64; 3], failed: f64) -> ScrapeCounts {
-    let mut running = 0.0;
-    let cumulative: Vec<f64> = per_bucket
-        .iter()
-        .map(|n| {
-            running += n;
-            running
-        })
-        .collect();
+    let ttft = CumulativeHistogram::from_bucket_counts(&[0.1, 0.5, f64::INFINITY], &per_bucket);
+    let requests = ttft.count;
     ScrapeCounts {
         model_id: model.into(),
         instance: "i1".into(),
         runtime: "vllm".into(),
         at_unix_ms: at,
         interval_ms: 5_000,
-        finished: Some(running),
+        finished: Some(requests),
         failed: Some(failed),
-        prompt_tokens: Some(running * 100.0),
-        output_tokens: Some(running * 20.0),
-        latency: vec![(
-            "ttft".into(),
-            CumulativeHistogram {
-                bounds: vec![0.1, 0.5, f64::INFINITY],
-                cumulative,
-                sum: 0.0,
-                count: running,
-            },
-        )],
+        prompt_tokens: Some(requests * 100.0),
+        output_tokens: Some(requests * 20.0),
+        latency: vec![("ttft".into(), ttft)],
     }
 }
 

@@ -542,7 +542,8 @@ mod tests {
     fn scraped(model: &str, at: i64, n: f64, failed: f64, ttft_counts: [f64; 3]) -> ScrapeCounts {
         use tokenwatch_core::histogram::CumulativeHistogram;
         // Buckets ≤ 0.5, ≤ 1.0 (0.8 lies in it: 60 % of its observations count as good), +Inf.
-        let [a, b, c] = ttft_counts;
+        let ttft =
+            CumulativeHistogram::from_bucket_counts(&[0.5, 1.0, f64::INFINITY], &ttft_counts);
         ScrapeCounts {
             model_id: model.into(),
             instance: "10.0.0.1:8000".into(),
@@ -553,15 +554,7 @@ mod tests {
             failed: Some(failed),
             prompt_tokens: None,
             output_tokens: None,
-            latency: vec![(
-                "ttft".into(),
-                CumulativeHistogram {
-                    bounds: vec![0.5, 1.0, f64::INFINITY],
-                    cumulative: vec![a, a + b, a + b + c],
-                    sum: 0.0,
-                    count: a + b + c,
-                },
-            )],
+            latency: vec![("ttft".into(), ttft)],
         }
     }
 

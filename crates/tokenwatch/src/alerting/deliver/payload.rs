@@ -98,14 +98,23 @@ pub(crate) fn root_cause_line(alert: &Alert) -> Option<String> {
 
 /// The Alertmanager view of one alert, or None when Alertmanager should not hear of it
 /// (pending, or resolved without ever having fired).
+/// Whether Alertmanager is told about `alert`: not while pending, and a resolved one only if
+/// it ever fired.
+pub(crate) fn am_sends(alert: &Alert) -> bool {
+    match alert.state {
+        AlertState::Pending => false,
+        AlertState::Firing => true,
+        AlertState::Resolved => alert.fired_at_unix_ms.is_some(),
+    }
+}
+
 pub(crate) fn am_alert(alert: &Alert, opts: &RenderOptions, now_ms: i64) -> Option<AmAlert> {
+    if !am_sends(alert) {
+        return None;
+    }
     let ends_ms = match alert.state {
-        AlertState::Pending => return None,
         AlertState::Firing => now_ms + opts.firing_ttl_ms,
-        AlertState::Resolved => {
-            alert.fired_at_unix_ms?;
-            alert.resolved_at_unix_ms.unwrap_or(now_ms)
-        }
+        _ => alert.resolved_at_unix_ms.unwrap_or(now_ms),
     };
     let mut labels: BTreeMap<String, String> = alert
         .labels

@@ -91,7 +91,7 @@ impl Worker {
         while let Some(alerts) = batches.next() {
             let n = alerts.len() as u64;
             // Pending alerts are not sent to Alertmanager: nothing to do for a batch of them.
-            if self.body(&alerts).is_none() {
+            if !self.sends(&alerts) {
                 continue;
             }
             let (outcome, go_on) = delivery::deliver(self, &alerts, self.timeout, shutdown).await;
@@ -113,6 +113,14 @@ impl Worker {
             }
         }
         true
+    }
+
+    /// Whether `alerts` make a request at all (the body itself is rendered per attempt).
+    fn sends(&self, alerts: &[Arc<Alert>]) -> bool {
+        match self.kind {
+            Kind::Alertmanager => alerts.iter().any(|a| payload::am_sends(a)),
+            Kind::Webhook { .. } => !alerts.is_empty(),
+        }
     }
 
     /// The body for `alerts`, rendered afresh (a retried firing alert carries a fresh endsAt);
