@@ -743,6 +743,8 @@ fn a_slowdown_on_six_percent_of_a_models_requests_is_paged() {
 #[ignore]
 fn power_curves() {
     let seeds: u64 = knob("TW_POWER_SEEDS", 3);
+    // TW_POWER_RUNS=1 prints every run (scrape interval, delay, bound, the paging event).
+    let runs: u64 = knob("TW_POWER_RUNS", 0);
     let mut rng = StdRng::seed_from_u64(2027);
     let mut faults: Vec<(String, Fault)> = Vec::new();
     for rate in [0.02, 0.05, 0.1, 0.2, 0.5] {
@@ -787,6 +789,17 @@ fn power_curves() {
                         clumps: true,
                     };
                     let o = scenario(&sc);
+                    if runs > 0 {
+                        eprintln!(
+                            "  {name} {} {rate} req/s, {} replicas, scrape {} s: delay {:?} bound {:.0} by {:?}",
+                            if whole_model { "model" } else { "replica" },
+                            sc.replicas,
+                            sc.scrape_s,
+                            o.delay_s.map(|d| d.round()),
+                            o.bound_s,
+                            o.paged_by
+                        );
+                    }
                     if let Some(first) = o.before.first() {
                         false_before.push(format!("{name}, {rate} req/s: {first}"));
                     }
