@@ -130,7 +130,7 @@ pub fn gpu_memory_leak_sequential(
         // No single block pages: a block of one reading adds at most half the threshold; one
         // of several at most a third, since a step of memory (an adapter loaded) that falls
         // inside a block can show in both it and the next one.
-        let cap = if b.readings > 1 { h / 3.0 } else { h / 2.0 };
+        let cap = crate::sequential::sample_cap(h, if b.readings > 1 { 3 } else { 2 });
         s = (s + block_llr(b.growth, mu, sigma, cap)).max(0.0);
         if s == 0.0 {
             run_start = k + 1;

@@ -312,6 +312,18 @@ pub fn cusum_threshold(period_s: f64, samples_per_s: f64, tests: usize) -> f64 {
     arl.max(100.0).ln()
 }
 
+/// How far above `threshold / samples` a sample's cap sits (see `sample_cap`).
+pub const SAMPLE_CAP_SLACK: f64 = 0.02;
+
+/// The most one sample may add to a CUSUM whose alarm must rest on at least `samples` samples:
+/// `threshold / samples`, a hair above it so that `samples` full samples do reach the threshold
+/// however their sum rounds, and when the threshold moves a little between samples (it follows
+/// the request rate). Exactly half, two capped samples of a large fault could fall a rounding
+/// short, and the alarm waited for a third scrape.
+pub fn sample_cap(threshold: f64, samples: u32) -> f64 {
+    threshold / f64::from(samples.max(1)) * (1.0 + SAMPLE_CAP_SLACK)
+}
+
 /// Log-likelihood ratio of a standardised observation `z` under a mean shift of `d` standard
 /// deviations against none (Gaussian): d·z − d²/2.
 pub fn gaussian_llr(z: f64, d: f64) -> f64 {
@@ -478,10 +490,10 @@ impl CusumBank {
             if *s <= 0.0 {
                 *since = at;
             }
-            // No single sample alarms: one scrape adds at most half the threshold, so a clump
+            // No single sample alarms: one scrape adds at most about half the threshold, so a clump
             // (a stalled batch, a failed one) needs another behind it to page.
             let full = bernoulli_llr(n, x, p0, p1) / phi;
-            let raw = *s + full.min(0.5 * hm);
+            let raw = *s + full.min(sample_cap(hm, 2));
             // The design with the most evidence before the caps names the shift.
             if raw >= hm && best.is_none_or(|(v, _, _)| *s + full > v) {
                 best = Some((*s + full, p1, *since));
@@ -701,5 +713,28 @@ mod tests {
             .unwrap();
         assert!(healthy <= 3, "{healthy}");
         assert_eq!(b, CusumBank::default());
+    }
+
+    #[test]
+    fn an_overwhelming_shift_alarms_on_its_second_sample_never_its_first() {
+        let (p0, p_min) = (0.007, 0.027);
+        // The threshold follows the request rate: here it rises a little between the samples.
+        for (h1, h2) in [(19.68, 19.68), (19.68, 19.69), (19.68, 19.9), (15.0, 15.0)] {
+            let mut b = CusumBank::default();
+            assert!(
+                !b.update(0, 160.0, 80.0, p0, p_min, 1.7, h1, 3.0),
+                "one sample"
+            );
+            assert!(
+                b.update(16, 160.0, 80.0, p0, p_min, 1.7, h2, 3.0),
+                "{h1} → {h2}"
+            );
+        }
+        // Two capped samples reach the threshold however the sum rounds; one never does.
+        for h in [1.0, 7.3, 19.686_401, 31.17] {
+            assert!(2.0 * sample_cap(h, 2) >= h && sample_cap(h, 2) < h);
+            let third = sample_cap(h, 3);
+            assert!(third + third + third >= h && third + third < h);
+        }
     }
 }

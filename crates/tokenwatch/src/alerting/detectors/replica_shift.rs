@@ -312,9 +312,9 @@ impl Location {
         if self.s <= 0.0 {
             self.since = start;
         }
-        // One slot adds at most a third of the threshold: no single slot (one stalled batch),
+        // One slot adds at most about a third of the threshold: no single slot (one stalled batch),
         // nor one bad minute, pages.
-        let llr = seq::gaussian_llr(z, design).min(h / 3.0);
+        let llr = seq::gaussian_llr(z, design).min(seq::sample_cap(h, 3));
         self.s = (self.s + llr).clamp(0.0, 1.5 * h);
         self.alarmed = if self.alarmed {
             self.s > 0.0

@@ -791,10 +791,11 @@ fn power_curves() {
                     let o = scenario(&sc);
                     if runs > 0 {
                         eprintln!(
-                            "  {name} {} {rate} req/s, {} replicas, scrape {} s: delay {:?} bound {:.0} by {:?}",
+                            "  {name} {} {rate} req/s, {} replicas, scrape {} s (seed {}): delay {:?} bound {:.0} by {:?}",
                             if whole_model { "model" } else { "replica" },
                             sc.replicas,
                             sc.scrape_s,
+                            sc.seed,
                             o.delay_s.map(|d| d.round()),
                             o.bound_s,
                             o.paged_by
@@ -940,6 +941,56 @@ fn diagnose_bench_fleet() {
                     println!("{}\n{l}", lines[i - 1]);
                 }
             }
+        }
+    }
+}
+
+/// Replays one power-curve run (TW_SEED, TW_REPLICAS, TW_RATE, TW_SCRAPE, TW_ERRORS: the error
+/// rate of a fault on replica 0) and prints, each second a scrape arrives after the fault starts,
+/// the test lines holding TW_WHO with the events raised.
+#[test]
+#[ignore]
+fn diagnose_fault_run() {
+    let seed: u64 = knob("TW_SEED", 1);
+    let replicas: usize = knob("TW_REPLICAS", 2);
+    let rate: f64 = knob("TW_RATE", 10.0);
+    let scrape_s: i64 = knob("TW_SCRAPE", 16);
+    let errors: f64 = knob("TW_ERRORS", 0.5);
+    let who = std::env::var("TW_WHO").unwrap_or_else(|_| "failed".into());
+    let t = Topology {
+        models: 1,
+        replicas_per_model: replicas,
+        rate: (rate, rate),
+        scrape_s: (scrape_s, scrape_s),
+    };
+    let mut fleet = Fleet::new(seed, &t);
+    let start = T0 + 40 * 60_000;
+    fleet.faults.push((
+        vec![0],
+        Fault::Errors { rate: errors },
+        start,
+        start + 900_000,
+    ));
+    let mut rule = rule();
+    let mut board = SignalBoard::default();
+    run(&mut fleet, &mut rule, &mut board, T0, start);
+    let d = |rule: &Rule| {
+        (rule.compiled.as_ref() as &dyn std::any::Any)
+            .downcast_ref::<ReplicaShift>()
+            .unwrap()
+            .dump()
+    };
+    for second in 1..=120 {
+        let from = start + (second - 1) * 1000;
+        let ev = run(&mut fleet, &mut rule, &mut board, from, from + 1000);
+        let dump = d(&rule);
+        for l in dump.lines() {
+            if l.contains(&who) && l.contains("10.0.0.0") {
+                println!("+{second} s: {l}");
+            }
+        }
+        for (_, e) in &ev {
+            println!("+{second} s EVENT {}", e.summary);
         }
     }
 }
