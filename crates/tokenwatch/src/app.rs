@@ -188,9 +188,13 @@ impl RunningApp {
         crate::export::prometheus::register_signals(&metrics, signals.clone());
         // Evaluation, roll-ups and sampling run on the analysis runtime (lower priority).
         let in_analysis = analysis.handle().enter();
-        // The proxy's route splits: published by the proxy, acted on by canary rollback, shown
-        // and set through the API.
+        // The proxy's route splits: published by the proxy, judged by canary rollback, changed by
+        // the act stage on its decision, shown and set through the API.
         let splits: Arc<crate::kernel::splits::SplitBoard> = Arc::default();
+        let actions = Arc::new(crate::act::Actuator::new(
+            splits.clone(),
+            Some(metrics.as_ref()),
+        ));
         let alerting = crate::alerting::engine::start_from_config(
             cfg.engine_sections(),
             signals.clone(),
@@ -198,6 +202,7 @@ impl RunningApp {
             aggregator.clone(),
             metrics.clone(),
             splits.clone(),
+            actions,
             stop.clone(),
         )?;
         // OTLP trace export: its sender runs on the analysis runtime, never the proxy's.

@@ -1,6 +1,7 @@
 // tokenwatch as a library: every pipeline stage of the binary, so benchmarks, fuzz targets and
-// tests can reach them. Data flows sources → normalise → aggregate → store/export → API.
+// tests can reach them. Data flows sources → pipeline → store/export → detect/alert → act → API.
 
+pub mod act;
 pub mod alerting;
 pub mod api;
 pub mod app;

@@ -155,6 +155,13 @@ async fn a_faulty_canary_is_rolled_back_and_restored_through_the_api() {
     let last = &rolled["last_window"]["arms"];
     assert!(last[1]["error_rate"].as_f64().unwrap() > 0.3, "{rolled:#}");
     assert!(last[0]["error_rate"].as_f64().unwrap() < 0.05, "{rolled:#}");
+    // The act stage applied the decision once, and counted it.
+    let metrics = common::get(&format!("http://{}/metrics", s.api)).await.body;
+    assert!(
+        metrics
+            .contains(r#"tokenwatch_actions_total{action="canary_rollback",outcome="applied"} 1"#),
+        "{metrics}"
+    );
 
     // From now on every request goes to the stable version.
     let after_rollback = versions_since(s.api, now_ms(), 150).await;

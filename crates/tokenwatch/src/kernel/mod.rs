@@ -6,8 +6,9 @@
 // emits records through and the store-rows port received spans and logs are queued through, the telemetry registry every stage registers
 // its health on, the configuration's duration type, the API routes' query-string checks, the
 // streamed-response formats, the version/deploy marker model, and the route split tables the proxy picks from and canary
-// rollback acts on. The clock and the record and signal types are in the `tokenwatch-core` crate.
+// rollback acts on, and the action port through which a detector's decision reaches the act stage. The clock and the record and signal types are in the `tokenwatch-core` crate.
 
+pub mod actions;
 pub mod delivery;
 pub mod duration;
 pub mod markers;

@@ -178,6 +178,7 @@ proptest! {
                     rule.window_ms = w;
                     let cx = EvalCtx {
                         splits: &Default::default(),
+                        actions: &crate::kernel::actions::NoActions,
                         inputs: &inputs,
                         board: &board,
                         new_records: &[],

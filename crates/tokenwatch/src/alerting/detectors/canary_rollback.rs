@@ -7,6 +7,7 @@ use super::{Detector, EvalCtx, PromCtx, PromRule, RuleInput};
 use crate::alerting::engine::eval::labels;
 use crate::alerting::engine::inputs::{Rec, values};
 use crate::alerting::rules::{RuleError, RuleSpec};
+use crate::kernel::actions::RollbackRequest;
 use crate::kernel::splits::{ArmWindow, RollbackOn, SplitTable, WindowView};
 use serde::Deserialize;
 use serde_json::json;
@@ -259,11 +260,15 @@ impl CanaryRollback {
             let Some((_, verdict)) = verdicts.iter().find(|(x, _)| *x == v) else {
                 continue;
             };
-            if let Some(rb) =
-                t.roll_back(&v, n, verdict.reason.clone(), verdict.evidence.clone(), now)
-            {
-                tracing::warn!(route = %t.name, version = %rb.version, weight_before = rb.weight_before, reason = %rb.reason, "canary rolled back: weight set to 0");
-            }
+            // The decision is made; the act stage applies it (and logs and counts it).
+            cx.actions.roll_back_canary(RollbackRequest {
+                route: t.name.clone(),
+                version: v,
+                windows: n,
+                reason: verdict.reason.clone(),
+                evidence: verdict.evidence.clone(),
+                at_unix_ms: now,
+            });
         }
     }
 
@@ -442,8 +447,13 @@ mod tests {
     ) -> Vec<AnomalyEvent> {
         let board = SignalBoard::default();
         let models = Default::default();
+        // The decision goes through the real act stage, acting on a board holding the route.
+        let splits = Arc::new(crate::kernel::splits::SplitBoard::default());
+        splits.publish(vec![t.clone()]);
+        let actions = crate::act::Actuator::new(splits.clone(), None);
         let cx = EvalCtx {
-            splits: &Default::default(),
+            splits: &splits,
+            actions: &actions,
             inputs,
             board: &board,
             new_records: &[],

@@ -163,6 +163,7 @@ mod tests {
         let splits = Default::default();
         let cx = |now| EvalCtx {
             splits: &splits,
+            actions: &crate::kernel::actions::NoActions,
             inputs: &inputs,
             board: &board,
             new_records: &[],

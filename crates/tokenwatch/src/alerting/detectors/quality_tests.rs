@@ -57,6 +57,7 @@ fn rec(model: &str, at_ms: i64, output_tokens: u64) -> Rec {
 fn eval_at<'a>(inputs: &'a Inputs, board: &'a SignalBoard, now: i64) -> EvalCtx<'a> {
     EvalCtx {
         splits: &NO_SPLITS,
+        actions: &crate::kernel::actions::NoActions,
         inputs,
         board,
         new_records: &[],

@@ -309,6 +309,7 @@ pub(crate) fn run(
         }
         let cx = EvalCtx {
             splits: &Default::default(),
+            actions: &crate::kernel::actions::NoActions,
             inputs: &inputs,
             board,
             new_records: &[],

@@ -218,6 +218,7 @@ mod tests {
         let models = Default::default();
         let cx = EvalCtx {
             splits: &Default::default(),
+            actions: &crate::kernel::actions::NoActions,
             inputs,
             board: &board,
             new_records: &[],

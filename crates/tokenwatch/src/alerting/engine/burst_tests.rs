@@ -240,6 +240,7 @@ impl Pair {
         let empty = Default::default();
         let cx = EvalCtx {
             splits: &Default::default(),
+            actions: &crate::kernel::actions::NoActions,
             inputs: &self.inputs,
             board: &self.board,
             new_records: &[],
@@ -408,6 +409,7 @@ fn a_large_window_is_counted_without_collecting_and_sorting_it() {
     let empty = Default::default();
     let cx = EvalCtx {
         splits: &Default::default(),
+        actions: &crate::kernel::actions::NoActions,
         inputs: &pair.inputs,
         board: &pair.board,
         new_records: &[],

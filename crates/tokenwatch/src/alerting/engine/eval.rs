@@ -14,8 +14,10 @@ pub const MIN_WINDOW_SAMPLES: usize = 20;
 pub struct EvalCtx<'a> {
     pub inputs: &'a Inputs,
     pub board: &'a SignalBoard,
-    /// The proxy's route splits (canary rollback acts on them).
+    /// The proxy's route splits, read (canary rollback judges their arms' windows) …
     pub splits: &'a crate::kernel::splits::SplitBoard,
+    /// … and the action port a detector's decision goes through (the act stage applies it).
+    pub actions: &'a dyn crate::kernel::actions::Actions,
     /// Records ingested since the previous evaluation (per-request detectors).
     pub new_records: &'a [Rec],
     /// Recent spans: (root trace id, reports CUDA OOM).

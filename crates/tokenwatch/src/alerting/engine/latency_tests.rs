@@ -204,6 +204,7 @@ impl Harness {
         let empty = BTreeSet::new();
         let cx = EvalCtx {
             splits: &Default::default(),
+            actions: &crate::kernel::actions::NoActions,
             inputs: &self.inputs,
             board: &self.board,
             new_records: &[],

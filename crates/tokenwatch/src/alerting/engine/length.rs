@@ -209,6 +209,7 @@ mod tests {
             }
             let cx = EvalCtx {
                 splits: &Default::default(),
+                actions: &crate::kernel::actions::NoActions,
                 inputs: &inputs,
                 board: &board,
                 new_records: &new,

@@ -187,8 +187,10 @@ pub struct EngineDeps {
     pub shutdown: watch::Receiver<bool>,
     /// Maps spans to components for the latency breakdown measured from traces.
     pub components: Arc<crate::pipeline::trace_components::ComponentMap>,
-    /// The proxy's route splits (canary rollback reads and acts on them); empty without a proxy.
+    /// The proxy's route splits (canary rollback reads them); empty without a proxy.
     pub splits: Arc<crate::kernel::splits::SplitBoard>,
+    /// Where a detector's decision to act goes (the act stage, `crate::act`).
+    pub actions: Arc<dyn crate::kernel::actions::Actions>,
 }
 
 pub struct Started {
@@ -301,6 +303,7 @@ pub fn start_with_slos(
         snap_tx,
         components: deps.components,
         splits: deps.splits,
+        actions: deps.actions,
         breakdowns: enrich::TraceBreakdowns::default(),
         persist: persist::Persist::start(deps.store.clone()),
         spans: Vec::new(),
@@ -352,6 +355,7 @@ struct Engine {
     snap_tx: mpsc::Sender<(String, String)>,
     components: Arc<crate::pipeline::trace_components::ComponentMap>,
     splits: Arc<crate::kernel::splits::SplitBoard>,
+    actions: Arc<dyn crate::kernel::actions::Actions>,
     /// Latency breakdowns measured from traces, read off the engine's thread after `enrich`.
     breakdowns: enrich::TraceBreakdowns,
     persist: persist::Persist,
@@ -653,6 +657,7 @@ impl Engine {
                 inputs: &self.inputs,
                 board: &board,
                 splits: &self.splits,
+                actions: self.actions.as_ref(),
                 new_records: &new_records,
                 spans: &self.spans,
                 semantic_drift_models: &semantic_drift_models,
@@ -1121,6 +1126,7 @@ pub fn start_from_config(
     aggregator: Arc<Mutex<tokenwatch_core::aggregate::Aggregator>>,
     metrics: Arc<Metrics>,
     splits: Arc<crate::kernel::splits::SplitBoard>,
+    actions: Arc<dyn crate::kernel::actions::Actions>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<AlertingHandle> {
     let a = cfg.alerting;
@@ -1164,6 +1170,7 @@ pub fn start_from_config(
                 cfg.traces,
             )),
             splits,
+            actions,
         },
         &crate::slo::effective(cfg.slos),
         cfg.scaling,

@@ -56,6 +56,7 @@ pub(super) fn start_default_on(
             shutdown,
             components: Default::default(),
             splits: Default::default(),
+            actions: Arc::new(crate::kernel::actions::NoActions),
         },
     );
     (stop, started)

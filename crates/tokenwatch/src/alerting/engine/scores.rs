@@ -703,6 +703,7 @@ mod tests {
             }
             let cx = EvalCtx {
                 splits: &Default::default(),
+                actions: &crate::kernel::actions::NoActions,
                 inputs: &inputs,
                 board: &board,
                 new_records: &[],
