@@ -201,8 +201,10 @@ impl RunningApp {
             store.clone(),
             aggregator.clone(),
             metrics.clone(),
-            splits.clone(),
-            actions,
+            crate::alerting::engine::RouteHandles {
+                splits: splits.clone(),
+                actions,
+            },
             stop.clone(),
         )?;
         // OTLP trace export: its sender runs on the analysis runtime, never the proxy's.

@@ -1118,6 +1118,23 @@ pub struct EngineSections<'a> {
     pub config_json: serde_json::Value,
 }
 
+/// The proxy's routes as the engine meets them: the board it reads, and the port its decisions to
+/// change them go through.
+pub struct RouteHandles {
+    pub splits: Arc<crate::kernel::splits::SplitBoard>,
+    pub actions: Arc<dyn crate::kernel::actions::Actions>,
+}
+
+impl Default for RouteHandles {
+    /// No proxy: no routes, and every action refused.
+    fn default() -> Self {
+        RouteHandles {
+            splits: Arc::default(),
+            actions: Arc::new(crate::kernel::actions::NoActions),
+        }
+    }
+}
+
 /// Compile the rules, start the notifier and the engine (when `alerting.enabled`).
 pub fn start_from_config(
     cfg: EngineSections<'_>,
@@ -1125,8 +1142,7 @@ pub fn start_from_config(
     store: Arc<dyn Store>,
     aggregator: Arc<Mutex<tokenwatch_core::aggregate::Aggregator>>,
     metrics: Arc<Metrics>,
-    splits: Arc<crate::kernel::splits::SplitBoard>,
-    actions: Arc<dyn crate::kernel::actions::Actions>,
+    routes: RouteHandles,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<AlertingHandle> {
     let a = cfg.alerting;
@@ -1169,8 +1185,8 @@ pub fn start_from_config(
             components: Arc::new(crate::pipeline::trace_components::ComponentMap::new(
                 cfg.traces,
             )),
-            splits,
-            actions,
+            splits: routes.splits,
+            actions: routes.actions,
         },
         &crate::slo::effective(cfg.slos),
         cfg.scaling,
