@@ -46,7 +46,9 @@ use tokenwatch_core::model::{
 pub const DB_FILE_NAME: &str = "tokenwatch.db";
 
 /// `store.backend` in the configuration: which backend keeps tokenwatch's data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema, serde::Serialize,
+)]
 pub enum StoreBackendKind {
     #[serde(rename = "sqlite")]
     Sqlite,

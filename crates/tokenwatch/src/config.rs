@@ -40,7 +40,7 @@ pub enum ConfigError {
     },
 }
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// API, `/metrics` and health endpoints.
@@ -85,7 +85,7 @@ pub struct Config {
     pub logs: crate::logs::LogsConfig,
 }
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SignalsConfig {
     /// Points of history kept per signal series (for detectors and charts).
@@ -136,7 +136,7 @@ impl Default for Config {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// Bounded queue between the sources and the pipeline; when full, records are dropped and counted.
@@ -157,7 +157,7 @@ impl Default for TelemetryConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     pub raw_retention: HumanDuration,
@@ -225,7 +225,7 @@ impl Default for StoreConfig {
 }
 
 /// `store.clickhouse`: the server's HTTP interface (plain `http://`), database and credentials.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClickHouseStoreConfig {
     pub url: String,
@@ -273,7 +273,7 @@ impl StoreConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AggregationConfig {
     /// Series with no data for this long are dropped from memory (their roll-ups stay stored).
@@ -318,19 +318,34 @@ impl Config {
         Ok(sources)
     }
 
-    /// The effective configuration for snapshots, secrets (tenant salt, receiver headers)
-    /// redacted.
+    /// The effective configuration for snapshots, as JSON, secrets (tenant salt, the headers of
+    /// alert receivers, OTLP export and remote write — `Authorization` goes there) redacted.
     pub fn redacted_json(&self) -> serde_json::Value {
         let mut c = self.clone();
         if !c.proxy.tenant_salt.is_empty() {
             c.proxy.tenant_salt = "<redacted>".into();
         }
-        for w in &mut c.alerting.delivery.webhooks {
-            for v in w.headers.values_mut() {
+        let headers = c
+            .alerting
+            .delivery
+            .webhooks
+            .iter_mut()
+            .map(|w| &mut w.headers)
+            .chain(c.export.remote_write.iter_mut().map(|r| &mut r.headers))
+            .chain(c.export.otlp.iter_mut().map(|o| &mut o.headers));
+        for h in headers {
+            for v in h.values_mut() {
                 *v = "<redacted>".into();
             }
         }
-        serde_json::json!({ "format": "rust-debug", "config": format!("{c:#?}") })
+        match serde_json::to_value(&c) {
+            Ok(config) => serde_json::json!({ "format": "json", "config": config }),
+            // Plain configuration data always serialises; should it not, the snapshot still
+            // shows the configuration, as text.
+            Err(e) => {
+                serde_json::json!({ "format": "rust-debug", "config": format!("{c:#?}"), "error": e.to_string() })
+            }
+        }
     }
 
     /// The sections the alert engine starts from.
@@ -788,5 +803,25 @@ mod tests {
         assert!(HumanDuration::parse("5").is_err());
         assert!(HumanDuration::parse("x5s").is_err());
         assert!(HumanDuration::parse("99999999999999999999d").is_err());
+    }
+
+    #[test]
+    fn the_snapshot_configuration_is_json_with_its_secrets_redacted() {
+        let c = Config::from_yaml(
+            "proxy:\n  tenant_salt: pepper\nalerting:\n  delivery:\n    webhooks:\n      - {url: 'http://127.0.0.1:2/h', headers: {Authorization: 'Bearer w'}}\nexport:\n  otlp: {endpoint: 'http://127.0.0.1:4318', headers: {Authorization: 'Bearer o'}}\n  remote_write:\n    - {url: 'http://127.0.0.1:9090/api/v1/write', headers: {Authorization: 'Bearer r'}}\nstore:\n  raw_retention: 36h\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let v = c.redacted_json();
+        assert_eq!(v["format"], "json");
+        let text = v.to_string();
+        for secret in ["pepper", "Bearer w", "Bearer o", "Bearer r"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert_eq!(v["config"]["store"]["raw_retention"], "36h");
+        assert_eq!(
+            v["config"]["export"]["otlp"]["headers"]["Authorization"],
+            "<redacted>"
+        );
     }
 }

@@ -18,7 +18,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
-use std::fmt::Debug;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -103,7 +102,6 @@ pub struct Plan {
 /// Compare `new` with `running` and build what the changed reloadable sections need. Keys
 /// outside them (or of parts that do not run) are reported in `restart_required`.
 pub fn plan(running: &Config, new: &Config, parts: Running) -> Result<Plan, String> {
-    let differs = |a: &dyn Debug, b: &dyn Debug| format!("{a:?}") != format!("{b:?}");
     let mut merged = running.clone();
     let mut applied = Vec::new();
     let mut routes = None;
@@ -208,30 +206,43 @@ fn take_reloadable_alerting(into: &mut AlertingConfig, from: &AlertingConfig) {
 /// on), the configured rule of its name and the override of its name: all three the same, the
 /// rule is the same.
 fn rule_unchanged(old: &AlertingConfig, new: &AlertingConfig, name: &str) -> bool {
-    let configured = |c: &AlertingConfig| format!("{:?}", c.rules.iter().find(|r| r.name == name));
-    let overridden = |c: &AlertingConfig| format!("{:?}", c.overrides.get(name));
+    let configured = |c: &AlertingConfig| value(&c.rules.iter().find(|r| r.name == name));
+    let overridden = |c: &AlertingConfig| value(&c.overrides.get(name));
     old.default_rules == new.default_rules
         && configured(old) == configured(new)
         && overridden(old) == overridden(new)
 }
 
-/// Key paths whose values differ between `a` and `b`, read from their `{:#?}` renderings: the
-/// fields of structs are followed down (`store.clickhouse.url`), anything else (lists, maps,
-/// options, plain values) is compared whole. A field added to the configuration later is
-/// covered without being listed anywhere.
-pub fn changed_keys<T: Debug>(a: &T, b: &T) -> Vec<String> {
-    let (a, b) = (format!("{a:#?}"), format!("{b:#?}"));
-    let (a, b): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+/// A configuration value as data (every section serialises as it deserialises: durations in
+/// their syntax, enums by their names), for comparing two of them. Serialising plain
+/// configuration data cannot fail; if it ever did, the value reads as null on both sides only
+/// when both fail.
+fn value<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+/// Whether two values of one configuration type differ.
+fn differs<T: Serialize>(a: &T, b: &T) -> bool {
+    value(a) != value(b)
+}
+
+/// Key paths whose values differ between `a` and `b`, in key order: the fields of sections are followed down
+/// (`store.clickhouse.url`); anything else (lists, maps, options, plain values) is compared
+/// whole. A field added to the configuration later is covered without being listed anywhere.
+pub fn changed_keys<T: Serialize>(a: &T, b: &T) -> Vec<String> {
     let mut out = Vec::new();
-    diff_values("", &a, &b, 0, &mut out);
+    diff_values("", &value(a), &value(b), &mut out);
     out
 }
 
-fn diff_values(path: &str, a: &[&str], b: &[&str], indent: usize, out: &mut Vec<String>) {
+fn diff_values(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value::Object;
     if a == b {
         return;
     }
-    let (Some(fa), Some(fb)) = (struct_fields(a, indent), struct_fields(b, indent)) else {
+    // Sections and maps are followed down to the key that changed; lists and plain values are
+    // compared whole.
+    let (Object(fa), Object(fb)) = (a, b) else {
         out.push(path.to_string());
         return;
     };
@@ -242,44 +253,15 @@ fn diff_values(path: &str, a: &[&str], b: &[&str], indent: usize, out: &mut Vec<
             format!("{path}.{name}")
         }
     };
-    for (name, va) in &fa {
-        match fb.iter().find(|(n, _)| n == name) {
-            Some((_, vb)) => diff_values(&key(name), va, vb, indent + 4, out),
+    for (name, va) in fa {
+        match fb.get(name) {
+            Some(vb) => diff_values(&key(name), va, vb, out),
             None => out.push(key(name)),
         }
     }
-    for (name, _) in fb.iter().filter(|(n, _)| !fa.iter().any(|(m, _)| m == n)) {
+    for name in fb.keys().filter(|n| !fa.contains_key(*n)) {
         out.push(key(name));
     }
-}
-
-/// The fields of a struct rendered by `{:#?}` whose first line (the type name and `{`) is
-/// `lines[0]` and whose fields are at `indent + 4`: each field's value as lines, the first one
-/// without the `name: ` prefix. None when the value is not a struct with named fields.
-fn struct_fields<'a>(lines: &[&'a str], indent: usize) -> Option<Vec<(String, Vec<&'a str>)>> {
-    let head = lines.first()?.trim_start();
-    let type_name = head.strip_suffix(" {")?;
-    if type_name.is_empty()
-        || !type_name
-            .chars()
-            .all(|c| c.is_alphanumeric() || c == '_' || c == ':')
-    {
-        return None;
-    }
-    let pad = " ".repeat(indent + 4);
-    let mut fields: Vec<(String, Vec<&'a str>)> = Vec::new();
-    for line in &lines[1..lines.len().saturating_sub(1)] {
-        let starts_field = line
-            .strip_prefix(pad.as_str())
-            .filter(|rest| !rest.starts_with(' '));
-        match starts_field.and_then(|rest| rest.split_once(": ")) {
-            Some((name, value)) if name.chars().all(|c| c.is_alphanumeric() || c == '_') => {
-                fields.push((name.to_string(), vec![value.trim_end_matches(',')]));
-            }
-            _ => fields.last_mut()?.1.push(line.trim_end_matches(',')),
-        }
-    }
-    Some(fields)
 }
 
 impl Plan {

@@ -21,7 +21,7 @@ fn changed_keys_follow_struct_fields_down() {
     );
     assert_eq!(
         changed_keys(&a, &b),
-        ["listen", "store.raw_retention", "store.clickhouse.database"]
+        ["listen", "store.clickhouse.database", "store.raw_retention"]
     );
     assert!(changed_keys(&a, &a.clone()).is_empty());
     let up = |m: &str| {
@@ -59,7 +59,7 @@ fn reloadable_sections_apply_and_the_rest_waits_for_a_restart() {
     );
     assert_eq!(
         p.outcome.restart_required,
-        ["listen", "alerting.incident_window"]
+        ["alerting.incident_window", "listen"]
     );
     assert_eq!(p.outcome.unchanged, ["proxy.routes", "slos"]);
     // The running values stay for what needs a restart.
@@ -79,10 +79,9 @@ fn reloadable_sections_apply_and_the_rest_waits_for_a_restart() {
     }
     assert!(e.slos.is_none());
     // Snapshots show the configuration that runs now.
-    let shown = e.config_json.as_ref().unwrap()["config"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let json = e.config_json.as_ref().unwrap();
+    assert_eq!(json["format"], "json", "{json:#}");
+    let shown = json["config"].to_string();
     assert!(
         shown.contains("http://127.0.0.1:2") && shown.contains("kv_high"),
         "{shown}"
@@ -94,7 +93,7 @@ fn reloadable_sections_apply_and_the_rest_waits_for_a_restart() {
     assert!(again.outcome.applied.is_empty());
     assert_eq!(
         again.outcome.restart_required,
-        ["listen", "alerting.incident_window"]
+        ["alerting.incident_window", "listen"]
     );
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::runtime::Runtime;
 
 /// `runtime:` in the configuration.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// Worker threads of the proxy's runtime; 0 = one per CPU.

@@ -59,7 +59,9 @@ use tokio::task::JoinHandle;
 use worker::{Job, Kind, Worker};
 
 /// One webhook receiver.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema, serde::Serialize,
+)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     /// `http://` or `https://` URL the body is POSTed to.
@@ -73,7 +75,7 @@ pub struct WebhookConfig {
 }
 
 /// Where and how alerts are delivered.
-#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeliveryConfig {
     /// Alertmanager base URLs, e.g. `http://127.0.0.1:9093` or `https://am.example:9093` (the

@@ -35,7 +35,7 @@ use tokenwatch_core::alert::{AnomalyEvent, Severity};
 ///   causal_graph: {replace_defaults: false, edges: [{cause: a, effect: b, confidence: 0.8, delay: 2s}]}
 ///   delivery: {alertmanagers: [http://127.0.0.1:9093]}
 /// ```
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlertingConfig {
     /// Evaluate rules at all.
@@ -100,7 +100,7 @@ impl Default for AlertingConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuleOverride {
     /// `false` removes the rule.
@@ -117,7 +117,7 @@ pub struct RuleOverride {
     pub description: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CausalGraphConfig {
     /// Start from an empty graph instead of the spec's default edges.
@@ -125,7 +125,7 @@ pub struct CausalGraphConfig {
     pub edges: Vec<CausalEdgeConfig>,
 }
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CausalEdgeConfig {
     pub cause: String,
@@ -136,7 +136,7 @@ pub struct CausalEdgeConfig {
 
 /// While an alert of a `source` rule (rule name or detector) fires, alerts of `target` rules
 /// whose `equal` labels match are kept but marked `inhibited_by` and not delivered.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct InhibitRule {
     pub source: Vec<String>,

@@ -24,7 +24,7 @@ const QUEUE_CAPACITY: usize = 16_384;
 /// At shutdown, how long the writer may wait for the API's last entries before it closes.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuditConfig {
     /// Write the audit log.

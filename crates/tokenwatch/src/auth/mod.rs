@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 /// Shortest reload interval accepted (the file is re-read on every tick).
 const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(100);
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// `ROLE TOKEN [NAME]` per line (roles `read`, `admin`, `ingest`); unset: no tokens are checked.

@@ -72,7 +72,7 @@ const MAX_PASSES: usize = 8;
 const MAX_NAME_LEN: usize = 32;
 
 /// The `capture.mask` configuration.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MaskConfig {
     /// Kinds masked; default all: email, phone, card, ipv4, ipv6, national_id.

@@ -20,7 +20,7 @@ pub const KEY_FILE: &str = "capture-key";
 /// Most response bytes the proxy keeps of one response for capture; the rest still flows.
 const MAX_RAW_RESPONSE: usize = 4 * 1024 * 1024;
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CaptureConfig {
     /// Store prompts and completions, with personal data masked. Off by default.
@@ -86,7 +86,7 @@ impl CaptureConfig {
 }
 
 /// `capture.embeddings`: embed the responses the proxy sees with a local model.
-#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EmbeddingsConfig {
     /// Embed each proxied response's completion text in memory (the text is dropped after,
@@ -159,7 +159,7 @@ fn region_name(s: &str) -> Option<String> {
 }
 
 /// `retention:` — how long captured text is kept per region.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionConfig {
     /// Region → how long its text is kept; `default` covers every region not listed. Text

@@ -6,7 +6,7 @@ pub mod prometheus;
 pub mod remote_write;
 
 /// `export:` in the configuration.
-#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ExportConfig {
     /// The `/metrics` exposition's options (`tenant_label`).

@@ -16,7 +16,7 @@ pub use crate::kernel::telemetry::Metrics;
 use crate::kernel::telemetry::label;
 
 /// `export.prometheus` in the configuration.
-#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrometheusExportConfig {
     /// Add `tenant` to the request series. Off by default: tenants can be many, and per-tenant

@@ -95,6 +95,35 @@ fn amount_ns(num: &str, unit_ns: u128) -> Option<u128> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HumanDuration(pub Duration);
 
+/// Written back in the same syntax, in the largest unit that holds it exactly (`90s` stays
+/// `90s`, `1h30m` becomes `90m`, `2w` stays `2w`), so `parse` reads back the same duration.
+impl std::fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const UNITS: [(&str, u128); 6] = [
+            ("w", 7 * 86_400 * 1_000_000_000),
+            ("d", 86_400 * 1_000_000_000),
+            ("h", 3_600 * 1_000_000_000),
+            ("m", 60 * 1_000_000_000),
+            ("s", 1_000_000_000),
+            ("ms", 1_000_000),
+        ];
+        let nanos = self.0.as_nanos();
+        if nanos == 0 {
+            return f.write_str("0");
+        }
+        match UNITS.iter().find(|(_, n)| nanos % n == 0) {
+            Some((unit, n)) => write!(f, "{}{unit}", nanos / n),
+            None => write!(f, "{}s", self.0.as_secs_f64()),
+        }
+    }
+}
+
+impl serde::Serialize for HumanDuration {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl HumanDuration {
     pub fn parse(s: &str) -> Result<HumanDuration, String> {
         parse(s).map(HumanDuration)
@@ -182,5 +211,25 @@ mod tests {
                 "{s:?}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn written_back_in_the_same_syntax_and_read_back_the_same() {
+        for (text, shown) in [
+            ("90s", "90s"),
+            ("1h30m", "90m"),
+            ("2w", "2w"),
+            ("250ms", "250ms"),
+            ("0", "0"),
+            ("1.5s", "1500ms"),
+            ("7d", "1w"),
+        ] {
+            let d = HumanDuration::parse(text).unwrap();
+            assert_eq!(d.to_string(), shown, "{text}");
+            assert_eq!(HumanDuration::parse(shown).unwrap(), d, "{text}");
+            assert_eq!(serde_json::to_value(d).unwrap(), serde_json::json!(shown));
+        }
+        let odd = HumanDuration(Duration::from_nanos(1_500));
+        assert_eq!(HumanDuration::parse(&odd.to_string()).unwrap(), odd);
     }
 }

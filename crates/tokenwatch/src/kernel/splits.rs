@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 pub const MAX_ARMS: usize = 8;
 
 /// `proxy.routes[]`: requests for `model` are split between model versions by weight.
-#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// The route's name (`/api/v1/routes/{name}`, alert labels).
@@ -31,7 +31,7 @@ pub struct RouteConfig {
 }
 
 /// One arm of `proxy.routes[].split`.
-#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SplitArmConfig {
     /// An entry of `proxy.upstreams`: its `instance` (default `host:port`) or its index.
@@ -54,7 +54,7 @@ pub enum Sticky {
 }
 
 /// `proxy.routes[].rollback`: when the `canary_rollback` rule sets a canary's weight to 0.
-#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RollbackConfig {
     /// Roll a canary back automatically.

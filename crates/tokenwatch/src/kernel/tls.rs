@@ -248,7 +248,9 @@ fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rust
 
 /// `proxy.upstreams[].tls` (and the exporters' and alert receivers' `tls`): what an https
 /// endpoint is trusted by and called.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema, serde::Serialize,
+)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTlsConfig {
     /// PEM file of CA certificates trusted for this upstream, in addition to the system's roots.

@@ -16,7 +16,7 @@ const HYPER_DEFAULT_MAX_HEADERS: usize = 100;
 const HEADER_LINE_OVERHEAD: usize = 4;
 
 /// `limits`: what one request may carry on every HTTP listener.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
     /// Largest request head (request line and headers) in bytes; more gets 431.

@@ -70,7 +70,7 @@ pub async fn serve_router(
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The protocol a new connection speaks, told without consuming any of its bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Protocol {
     Http1,
     Http2,

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// `tls`: the API listener's certificate, and the default of the proxy and OTLP listeners.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
     /// PEM certificate chain, leaf first.
@@ -39,7 +39,7 @@ impl Default for TlsConfig {
 
 /// `proxy.tls` / `otlp.tls`: this listener's own certificate, or `enabled: false` to keep it
 /// plain while the shared `tls` is set.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerTlsConfig {
     #[serde(default = "enabled_by_default")]

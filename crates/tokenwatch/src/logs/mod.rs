@@ -38,14 +38,14 @@ const SAVE_EVERY: Duration = Duration::from_secs(10);
 pub type SharedMiner = Arc<Mutex<TemplateMiner>>;
 
 /// `sources:` — sources configured as a list (files tailed into the template miner).
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SourcesConfig {
     pub files: Vec<FileSourceConfig>,
 }
 
 /// One tailed log file.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileSourceConfig {
     pub path: PathBuf,
@@ -72,7 +72,7 @@ impl FileSourceConfig {
 }
 
 /// `logs:` — the template miner and its anomaly tests.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogsConfig {
     /// Mine OTLP logs and tailed files into templates.

@@ -52,7 +52,7 @@ const REFRESH_EVERY: u32 = 32;
 const MAX_AGE_DELAYS: u32 = 6;
 
 /// `traces.sampling` in the configuration.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SamplingConfig {
     /// Off by default: a sampled span reaches the store only `decision_delay` after its

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use tokenwatch_store::SpanRow;
 
 /// `traces:` in the configuration.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TracesConfig {
     /// Rules mapping spans to components, tried in order before the built-in ones.
@@ -28,7 +28,7 @@ pub struct TracesConfig {
 }
 
 /// One `traces.components[]` rule: every condition given must hold.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ComponentRule {
     pub component: String,

@@ -101,7 +101,7 @@ pub enum SloLabel {
 ///     by: [model, tenant]    # one series per value ([] = one overall)
 ///     burn_windows: {fast_long: 1h, fast_short: 5m, slow_long: 6h, slow_short: 30m}
 /// ```
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SloConfig {
     pub name: String,
@@ -127,7 +127,7 @@ fn default_by() -> Vec<SloLabel> {
 }
 
 /// The two window pairs of the multi-window burn alerts.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BurnWindowsConfig {
     pub fast_long: HumanDuration,

@@ -33,7 +33,7 @@ use tokenwatch_detect as det;
 ///   recommendation: {cooldown_s: 60, min_replicas: 1, max_replicas: 16, calm_periods: 3}
 ///   eviction: {memory_ratio: 0.92, latency_jump_s: 0.3, weights: {memory: 0.4, p99: 0.3, queued: 0.3}}
 /// ```
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScalingConfig {
     pub enabled: bool,

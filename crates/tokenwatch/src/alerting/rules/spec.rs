@@ -7,7 +7,7 @@ use crate::kernel::duration::HumanDuration;
 use serde::Deserialize;
 use tokenwatch_core::alert::Severity;
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     pub name: String,

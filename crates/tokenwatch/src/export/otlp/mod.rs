@@ -42,7 +42,9 @@ use tokio::task::JoinHandle;
 const PROTOCOL_HEADERS: [&str; 4] = ["content-type", "content-length", "host", "te"];
 
 /// `export.otlp.protocol`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, serde::Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// OTLP/gRPC (`TraceService/Export`), usually port 4317.
@@ -53,7 +55,7 @@ pub enum Protocol {
 }
 
 /// `export.otlp`.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct OtlpExportConfig {
     /// Base URL of the receiver, e.g. `http://collector:4318` (http) or `http://collector:4317`
@@ -79,7 +81,7 @@ pub struct OtlpExportConfig {
 }
 
 /// `export.otlp.queue`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ExportQueueConfig {
     /// Spans waiting to be sent; when full the oldest are dropped and counted.

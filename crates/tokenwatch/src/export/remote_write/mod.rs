@@ -50,7 +50,7 @@ const PROTOCOL_HEADERS: [&str; 5] = [
 ];
 
 /// One `export.remote_write` endpoint.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RemoteWriteConfig {
     /// `http://` or `https://` URL of the receiver, e.g. `http://prometheus:9090/api/v1/write`.
@@ -76,7 +76,7 @@ pub struct RemoteWriteConfig {
 }
 
 /// `export.remote_write[].queue`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueConfig {
     /// Requests waiting per shard; when full the oldest is dropped and counted.

@@ -22,7 +22,7 @@ use std::time::Duration;
 /// The shortest sampling interval accepted.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(200);
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GpuConfig {
     pub enabled: bool,

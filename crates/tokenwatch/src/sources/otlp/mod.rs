@@ -28,7 +28,7 @@ use std::sync::Arc;
 /// Exports processed at once across both transports; more get 429 / RESOURCE_EXHAUSTED.
 const MAX_IN_FLIGHT: usize = 16;
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpConfig {
     pub enabled: bool,

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
     pub listen: SocketAddr,
@@ -57,7 +57,7 @@ impl Default for ProxyConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Base URL, `http://host:port[/base]` or `https://host[:port][/base]`.

@@ -40,7 +40,7 @@ use tokio::task::JoinHandle;
 ///   mappings: []            # extra rules, see `rules::MappingRule`
 ///   shard: {index: 0, count: 2}   # scrape only this shard of the targets (`shard::ShardConfig`)
 /// ```
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScrapeConfig {
     /// Default interval between scrapes of a target (down to 1s).
@@ -79,7 +79,7 @@ impl Default for ScrapeConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScrapeTarget {
     /// `http://host:port/metrics`

@@ -5,7 +5,9 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 
 /// How a metric turns into a signal value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema, serde::Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum RuleKind {
     /// The value as read (× scale), combined across series with `aggregate`.
@@ -20,7 +22,9 @@ pub enum RuleKind {
 }
 
 /// How the series of one group (same model, device and instance) are combined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, serde::Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Aggregate {
     #[default]
@@ -57,7 +61,7 @@ fn one() -> f64 {
 ///
 /// `device_label` makes the rule a device-level (GPU) rule: its value becomes `device_id`, and a
 /// `Hostname`/`hostname` label, when present, becomes the instance.
-#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MappingRule {
     pub metric: String,
