@@ -111,7 +111,7 @@ impl std::fmt::Display for HumanDuration {
         if nanos == 0 {
             return f.write_str("0");
         }
-        match UNITS.iter().find(|(_, n)| nanos % n == 0) {
+        match UNITS.iter().find(|(_, n)| nanos.is_multiple_of(*n)) {
             Some((unit, n)) => write!(f, "{}{unit}", nanos / n),
             None => write!(f, "{}s", self.0.as_secs_f64()),
         }
