@@ -2,7 +2,8 @@
 // target serving the recorded real vLLM exposition whose histograms and counters advance by known
 // bucket increments each scrape; `/api/v1/latency` (no source asked), `/api/v1/fleet` and the
 // model page's `/api/v1/timeseries` answer from the runtime windows, each percentile inside its
-// stated bucket and where the increments put it.
+// stated bucket and where the increments put it; `/api/v1/compare` around a deploy marker
+// compares the runtime's minutes before and after it.
 
 mod common;
 
@@ -33,7 +34,13 @@ const TTFT_EXPECTED: [(&str, f64, f64, f64); 4] = [
 
 /// The recorded vLLM exposition (real metric names and labels) after `n` scrapes' increments.
 fn vllm_after(text: &str, n: usize) -> String {
-    let n = n as f64;
+    vllm_with(text, n, 0)
+}
+
+/// The recorded vLLM exposition after `fast` scrapes' increments as above and `slow` more whose
+/// 8 first tokens each all fall in (0.25, 0.5].
+fn vllm_with(text: &str, fast: usize, slow: usize) -> String {
+    let (n, slow) = (fast as f64, slow as f64);
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let parsed = line
@@ -72,7 +79,16 @@ fn vllm_after(text: &str, n: usize) -> String {
             "vllm:generation_tokens_total" => OUTPUT_TOKENS_PER_SCRAPE,
             _ => 0.0,
         };
-        out.push_str(&format!("{series} {:?}\n", value + step * n));
+        let slow_step = match name {
+            "vllm:time_to_first_token_seconds_bucket" if le >= 0.5 => 8.0,
+            "vllm:time_to_first_token_seconds_bucket" => 0.0,
+            "vllm:time_to_first_token_seconds_sum" => 8.0 * 0.4,
+            _ => step,
+        };
+        out.push_str(&format!(
+            "{series} {:?}\n",
+            value + step * n + slow_step * slow
+        ));
     }
     out
 }
@@ -368,5 +384,128 @@ async fn where_proxy_and_runtime_both_see_a_model_the_fleet_shows_both_and_their
         row["runtime_view"]["ttft_p50_s"]["value"],
         row["runtime_view"]["ttft_p50_s"]["bucket"],
         row["client_minus_runtime"]["ttft_p50_s"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_around_a_marker_answers_from_the_runtime_for_a_model_no_record_holds() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/vllm-cpu-metrics.txt"),
+    )
+    .unwrap();
+    // The deploy happens at a minute boundary (set below): scrapes served after it add slow
+    // first tokens, those before it fast ones.
+    let boundary = Arc::new(std::sync::atomic::AtomicI64::new(i64::MAX));
+    let (fast, slow) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (b, f, sl) = (boundary.clone(), fast.clone(), slow.clone());
+    let target = MetricsTarget::start(move || {
+        let (nf, ns) = (f.load(Ordering::SeqCst), sl.load(Ordering::SeqCst));
+        let body = vllm_with(&text, nf, ns);
+        if now_ms() >= b.load(Ordering::SeqCst) {
+            sl.fetch_add(1, Ordering::SeqCst);
+        } else {
+            f.fetch_add(1, Ordering::SeqCst);
+        }
+        body
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "scrape:\n  interval: 1s\n  timeout: 1s\n");
+    let api = free_addr();
+    let url = format!("http://{}/metrics", target.addr);
+    let _tw = start_collector(
+        dir.path(),
+        api,
+        &["-c", &config.to_string_lossy(), "--scrape", &url],
+    )
+    .await;
+    // The next minute boundary at least 8 s away: five or more scrapes land before it.
+    let minute = 60_000;
+    let mut at = (now_ms() / minute + 1) * minute;
+    if at - now_ms() < 8_000 {
+        at += minute;
+    }
+    boundary.store(at, Ordering::SeqCst);
+    let posted = post(
+        &format!("http://{api}/api/v1/markers"),
+        &format!(r#"{{"kind":"deploy","model":"tinyllama","note":"v2","at_unix_ms":{at}}}"#),
+    )
+    .await;
+    assert_eq!(posted.status, 201, "{}", posted.body);
+    let id = posted.json()["id"].as_str().unwrap().to_string();
+    let wait_ms = (at + 8_000 - now_ms()).max(0) as u64;
+    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+    let compare = json(&format!(
+        "http://{api}/api/v1/compare?marker={id}&window=5m"
+    ))
+    .await;
+    assert_eq!(compare["figure_source"], "runtime", "{compare:#}");
+    assert!(
+        compare["source_chosen"]
+            .as_str()
+            .is_some_and(|s| s.contains("no proxy or OTLP record")),
+        "{compare:#}"
+    );
+    assert_eq!(compare["before"]["requests"], 0, "no record either side");
+    // On a minute boundary: no minute mixes both sides.
+    assert_eq!(
+        compare["runtime"]["marker_minute_left_out_unix_ms"],
+        Value::Null,
+        "{compare:#}"
+    );
+    assert_eq!(
+        compare["runtime"]["after"]["first_minute_unix_ms"],
+        serde_json::json!(at)
+    );
+    assert_eq!(
+        compare["runtime"]["before"]["instances"],
+        serde_json::json!([target.addr.to_string()])
+    );
+    let signals = compare["signals"].as_array().unwrap();
+    let find = |name: &str| {
+        signals
+            .iter()
+            .find(|r| r["signal"] == name)
+            .unwrap_or_else(|| panic!("{name}: {compare:#}"))
+    };
+    let p50 = find("ttft_p50_seconds");
+    assert_eq!(
+        (&p50["source"], &p50["verdict"]),
+        (&"runtime".into(), &"worse".into()),
+        "{p50:#}"
+    );
+    // Each side's P50 in the bucket its increments put it in (a scrape served just before the
+    // boundary but stamped after it may carry fast first tokens into the after side: the value
+    // moves inside the bucket, the bucket does not).
+    for (side, lower, upper) in [("before", 0.02, 0.04), ("after", 0.25, 0.5)] {
+        let bucket = &p50["bucket_bounds"][side];
+        assert_eq!(
+            (bucket["lower"].as_f64(), bucket["upper"].as_f64()),
+            (Some(lower), Some(upper)),
+            "{side}: {p50:#}"
+        );
+        let got = p50[side]["value"].as_f64().unwrap();
+        assert!(lower <= got && got <= upper, "{side}: {got}: {p50:#}");
+        let (lo, hi) = (
+            p50[side]["lo"].as_f64().unwrap(),
+            p50[side]["hi"].as_f64().unwrap(),
+        );
+        assert!(lo <= lower + 1e-9 && hi >= upper - 1e-9, "{side}: {p50:#}");
+        assert_eq!(p50[side]["n"].as_u64().unwrap() % 8, 0, "{p50:#}");
+    }
+    // ITL did not change; 1 of 8 requests failed both sides.
+    assert_eq!(find("itl_p50_seconds")["verdict"], "no_change");
+    let err = find("error_rate");
+    assert_eq!(
+        (&err["source"], &err["verdict"]),
+        (&"runtime".into(), &"no_change".into())
+    );
+    assert!(
+        close(err["after"]["value"].as_f64().unwrap(), 1.0 / 8.0),
+        "{err:#}"
+    );
+    eprintln!(
+        "compare: TTFT P50 {} → {} (runtime, {} → {} first tokens)",
+        p50["before"]["value"], p50["after"]["value"], p50["before"]["n"], p50["after"]["n"]
     );
 }
