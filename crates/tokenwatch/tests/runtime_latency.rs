@@ -259,6 +259,44 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
         "still from the gauges: {row:#}"
     );
 
+    // `top --once` prints the same row: the model's TTFT and ITL percentiles as the fleet gives
+    // them (its name is marked ʳ, runtime figures, unless an alert colours it).
+    let out = std::process::Command::new(BIN)
+        .args([
+            "top", "--once", "--window", "5m", "--size", "200x30", "--url",
+        ])
+        .arg(format!("http://{api}"))
+        .output()
+        .unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "top --once: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = screen
+        .lines()
+        .find(|l| l.contains("│tinyllama "))
+        .unwrap_or_else(|| panic!("no runtime row for tinyllama:\n{screen}"));
+    for figure in [
+        tokenwatch::top::fmt::latency(row["ttft_p50_s"].as_f64()),
+        tokenwatch::top::fmt::latency(row["itl_p50_s"].as_f64()),
+    ] {
+        assert!(line.contains(&figure), "{figure} not in {line:?}\n{screen}");
+    }
+    let bad = std::process::Command::new(BIN)
+        .args([
+            "top",
+            "--once",
+            "--url",
+            "http://127.0.0.1:9",
+            "--timeout",
+            "1s",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success(), "no API: top --once fails");
+
     // The model page's charts: the timeline samples the same figures every 5 s.
     let charts = format!("http://{api}/api/v1/timeseries?model=tinyllama&range=5m");
     let has = |v: &Value, column: &str| {
