@@ -547,3 +547,83 @@ async fn compare_around_a_marker_answers_from_the_runtime_for_a_model_no_record_
         p50["before"]["value"], p50["after"]["value"], p50["before"]["n"], p50["after"]["n"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_aliases_put_scraped_series_and_otlp_records_under_one_model_id() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/vllm-cpu-metrics.txt"),
+    )
+    .unwrap();
+    let scrapes = Arc::new(AtomicUsize::new(0));
+    let served = scrapes.clone();
+    let target =
+        MetricsTarget::start(move || vllm_after(&text, served.fetch_add(1, Ordering::SeqCst)))
+            .await;
+    let dir = tempfile::tempdir().unwrap();
+    // vLLM serves `tinyllama`; an instrumented app names it `tiny-llama-chat`: one model.
+    let (tw, api, http) = start_otlp_collector_with(
+        dir.path(),
+        &format!(
+            "scrape:\n  interval: 1s\n  timeout: 1s\n  targets:\n    - url: http://{}/metrics\n\
+             models:\n  aliases:\n    meta/tinyllama: [tinyllama, tiny-llama-chat]\n",
+            target.addr
+        ),
+    )
+    .await;
+    let now_ns = now_ns();
+    let span = format!(
+        r#"{{"resourceSpans":[{{"resource":{{"attributes":[{{"key":"service.name","value":{{"stringValue":"app"}}}}]}},
+        "scopeSpans":[{{"scope":{{"name":"raw"}},"spans":[
+          {{"traceId":"5b8efff798038103d269b633813fc60c","spanId":"eee19b7ec3c1b174","name":"chat","kind":3,
+            "startTimeUnixNano":"{}","endTimeUnixNano":"{now_ns}",
+            "attributes":[{{"key":"gen_ai.operation.name","value":{{"stringValue":"chat"}}}},
+              {{"key":"gen_ai.request.model","value":{{"stringValue":"tiny-llama-chat"}}}},
+              {{"key":"gen_ai.usage.output_tokens","value":{{"intValue":"12"}}}}]}}]}}]}}]}}"#,
+        now_ns - 1_000_000_000
+    );
+    let r = post(&format!("http://{http}/v1/traces"), &span).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The record is stored under the model's id.
+    let requests = poll_json(
+        &format!("http://{api}/api/v1/requests?model=meta/tinyllama"),
+        &tw,
+        20,
+        |v| v["requests"].as_array().is_some_and(|r| !r.is_empty()),
+    )
+    .await;
+    assert_eq!(
+        requests["requests"][0]["model_id"], "meta/tinyllama",
+        "{requests:#}"
+    );
+    // The scraped histograms too: the runtime windows answer for the id, not for the alias.
+    let latency = format!(
+        "http://{api}/api/v1/latency?model=meta/tinyllama&metric=ttft&window=5m&source=runtime"
+    );
+    poll_json(&latency, &tw, 30, |v| {
+        v["count"].as_u64().unwrap_or(0) >= 2 * TTFT_PER_SCRAPE as u64
+    })
+    .await;
+    let alias = json(&format!(
+        "http://{api}/api/v1/latency?model=tinyllama&metric=ttft&window=5m&source=runtime"
+    ))
+    .await;
+    assert_eq!(alias["count"], 0, "{alias:#}");
+    // One fleet row, with the runtime's figures beside the record's model.
+    let fleet = json(&format!("http://{api}/api/v1/fleet")).await;
+    let ids: Vec<&str> = fleet["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["model_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["meta/tinyllama"], "{fleet:#}");
+    let metrics = get(&format!("http://{api}/metrics")).await.body;
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("tokenwatch_runtime_requests_finished_total{")
+                && l.contains("model=\"meta/tinyllama\"")
+        ),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("model=\"tinyllama\""), "{metrics}");
+}

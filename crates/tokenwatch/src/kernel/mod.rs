@@ -5,12 +5,13 @@
 // pipeline and the OTLP receiver hand spans to, the telemetry queue's sending side every source
 // emits records through and the store-rows port received spans and logs are queued through, the telemetry registry every stage registers
 // its health on, the configuration's duration type, the API routes' query-string checks, the
-// streamed-response formats, the version/deploy marker model, and the route split tables the proxy picks from and canary
-// rollback acts on. The clock and the record and signal types are in the `tokenwatch-core` crate.
+// streamed-response formats, the version/deploy marker model, the route split tables the proxy picks from and canary
+// rollback acts on, and the model aliases every source's model ids are resolved through. The clock and the record and signal types are in the `tokenwatch-core` crate.
 
 pub mod delivery;
 pub mod duration;
 pub mod markers;
+pub mod models;
 pub mod params;
 pub mod queue;
 pub mod rows;
