@@ -502,6 +502,7 @@ async fn collector_only_the_fleet_and_latency_panels_have_data_from_the_runtime(
         "Time to first token",
         "Inter-token latency",
         "End-to-end duration",
+        "Queue time in the runtime",
     ] {
         assert!(
             panels.contains(want),

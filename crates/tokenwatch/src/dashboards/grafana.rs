@@ -424,14 +424,18 @@ pub fn rows() -> Vec<Row> {
                 ),
                 panel(
                     "Queue time in the runtime",
-                    "Time requests waited in vLLM's scheduler queue.",
+                    "Time requests waited in the runtime's scheduler queue: vLLM's own series, and (runtime) any runtime's queue histogram as tokenwatch scraped it.",
                     TimeSeries,
                     "s",
                     12,
-                    vec![
-                        target(quantile(0.5, "vllm:request_queue_time_seconds", "model_name", VLLM), "{{model_name}} p50"),
-                        target(quantile(0.99, "vllm:request_queue_time_seconds", "model_name", VLLM), "{{model_name}} p99"),
-                    ],
+                    [
+                        vec![
+                            target(quantile(0.5, "vllm:request_queue_time_seconds", "model_name", VLLM), "{{model_name}} p50"),
+                            target(quantile(0.99, "vllm:request_queue_time_seconds", "model_name", VLLM), "{{model_name}} p99"),
+                        ],
+                        runtime_percentiles("tokenwatch_runtime_queue_time_seconds"),
+                    ]
+                    .concat(),
                 ),
             ],
         },
