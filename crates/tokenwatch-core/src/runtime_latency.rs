@@ -2,6 +2,8 @@
 // hour added to the runtime's own histograms (TTFT, ITL, e2e, queue, …) and request / token /
 // error counters, answering percentiles — each with the bucket it lies in, the only error bound
 // a histogram gives — and rates over 1m/5m/1h, merged across instances or per instance.
+// Also answers any span of whole minutes (before/after a marker) and keeps, per line, the running
+// totals since it was first scraped, which `/metrics` re-exports as histograms and counters.
 // Fed with the scrape's `ScrapeCounts` (deltas, resets already handled) by `SignalBoard`.
 
 use crate::counts::ScrapeCounts;
@@ -73,6 +75,41 @@ struct InstanceLine {
     runtime: String,
     /// Oldest first, one per minute that had a scrape.
     minutes: VecDeque<MinuteCounts>,
+    /// Everything counted since the line was first scraped (a bucket layout change starts the
+    /// signal's histogram afresh, as a runtime restart would).
+    total: MinuteCounts,
+}
+
+/// The running totals of one (model, instance) since tokenwatch first scraped it: cumulative
+/// histograms and counters, as a Prometheus exposition would carry them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeTotals {
+    pub model_id: String,
+    pub instance: String,
+    pub runtime: String,
+    pub finished: Option<f64>,
+    pub failed: Option<f64>,
+    pub prompt_tokens: Option<f64>,
+    pub output_tokens: Option<f64>,
+    /// Signal (`ttft`, `itl`, `e2e`, `queue`, …) → cumulative histogram.
+    pub histograms: BTreeMap<String, CumulativeHistogram>,
+}
+
+/// What the minutes of a span added up to, every instance of the model merged.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuntimeSpan {
+    /// Start of the first and of the last minute counted (None: no minute in the span).
+    pub first_minute_ms: Option<i64>,
+    pub last_minute_ms: Option<i64>,
+    /// Requests finished and failed, where the runtimes report them.
+    pub finished: Option<f64>,
+    pub failed: Option<f64>,
+    /// Signal → merged histogram (the first bucket layout met; others counted out).
+    pub histograms: BTreeMap<String, CumulativeHistogram>,
+    /// Signal → observations left out for another bucket layout.
+    pub observations_left_out: BTreeMap<String, u64>,
+    pub instances: BTreeSet<String>,
+    pub runtimes: BTreeSet<String>,
 }
 
 /// How the answers of a runtime latency query are grouped.
@@ -273,6 +310,7 @@ impl RuntimeWindows {
             }
         };
         line.minutes[slot].add(c);
+        line.total.add(c);
         let horizon = minute - KEEP_MINUTES * MINUTE_MS;
         while line.minutes.front().is_some_and(|m| m.start_ms <= horizon) {
             line.minutes.pop_front();
@@ -397,6 +435,71 @@ impl RuntimeWindows {
             _ => None,
         };
         Some(out)
+    }
+
+    /// Every minute of `model` (or of every model) that starts in `[from_ms, to_ms)`, merged:
+    /// the histograms bucket by bucket, the request counters summed.
+    pub fn span(&self, model: Option<&str>, from_ms: i64, to_ms: i64) -> RuntimeSpan {
+        let mut out = RuntimeSpan::default();
+        let mut merges: BTreeMap<&str, Merge> = BTreeMap::new();
+        let lines = self
+            .lines
+            .iter()
+            .filter(|((m, _), _)| model.is_none_or(|want| m == want));
+        for ((_, instance), line) in lines {
+            for m in line
+                .minutes
+                .iter()
+                .filter(|m| m.start_ms >= from_ms && m.start_ms < to_ms)
+            {
+                out.first_minute_ms = Some(
+                    out.first_minute_ms
+                        .map_or(m.start_ms, |f| f.min(m.start_ms)),
+                );
+                out.last_minute_ms =
+                    Some(out.last_minute_ms.map_or(m.start_ms, |l| l.max(m.start_ms)));
+                add_to(&mut out.finished, m.finished);
+                add_to(&mut out.failed, m.failed);
+                out.instances.insert(instance.clone());
+                if !line.runtime.is_empty() {
+                    out.runtimes.insert(line.runtime.clone());
+                }
+                for (signal, h) in &m.histograms {
+                    merges
+                        .entry(signal)
+                        .or_default()
+                        .add(h, instance, &line.runtime);
+                }
+            }
+        }
+        for (signal, merge) in merges {
+            let left_out = count_of(merge.left_out);
+            if left_out > 0 {
+                out.observations_left_out
+                    .insert(signal.to_string(), left_out);
+            }
+            if let Some(h) = merge.histogram {
+                out.histograms.insert(signal.to_string(), h);
+            }
+        }
+        out
+    }
+
+    /// Every line's running totals, ordered by (model, instance).
+    pub fn totals(&self) -> Vec<RuntimeTotals> {
+        self.lines
+            .iter()
+            .map(|((model, instance), line)| RuntimeTotals {
+                model_id: model.clone(),
+                instance: instance.clone(),
+                runtime: line.runtime.clone(),
+                finished: line.total.finished,
+                failed: line.total.failed,
+                prompt_tokens: line.total.prompt_tokens,
+                output_tokens: line.total.output_tokens,
+                histograms: line.total.histograms.clone(),
+            })
+            .collect()
     }
 
     /// Models with any scraped minute overlapping the window.
@@ -636,6 +739,73 @@ mod tests {
             w.models(60_000, T0 + 35_000),
             BTreeSet::from(["m".to_string()])
         );
+    }
+
+    #[test]
+    fn spans_take_the_minutes_starting_in_them_and_totals_run_since_the_first_scrape() {
+        let mut w = RuntimeWindows::default();
+        // Minute 0: 8 fast first tokens on a; minute 1: 5 slow on a (one request failed), 3 on b.
+        w.record(&scrape("a", T0 + 10_000, hist([4.0, 0.0, 0.0, 0.0, 0.0])));
+        w.record(&scrape("a", T0 + 50_000, hist([4.0, 0.0, 0.0, 0.0, 0.0])));
+        let mut slow = scrape(
+            "a",
+            T0 + MINUTE_MS + 10_000,
+            hist([0.0, 0.0, 0.0, 5.0, 0.0]),
+        );
+        slow.failed = Some(1.0);
+        w.record(&slow);
+        w.record(&scrape(
+            "b",
+            T0 + MINUTE_MS + 20_000,
+            hist([0.0, 0.0, 0.0, 3.0, 0.0]),
+        ));
+        let before = w.span(Some("m"), T0, T0 + MINUTE_MS);
+        assert_eq!(before.histograms["ttft"].count, 8.0);
+        assert_eq!(before.histograms["ttft"].cumulative[0], 8.0);
+        assert_eq!(
+            (before.first_minute_ms, before.last_minute_ms),
+            (Some(T0), Some(T0))
+        );
+        assert_eq!((before.finished, before.failed), (Some(8.0), Some(0.0)));
+        let after = w.span(Some("m"), T0 + MINUTE_MS, T0 + 2 * MINUTE_MS);
+        assert_eq!(after.histograms["ttft"].count, 8.0);
+        assert_eq!(after.histograms["ttft"].cumulative[2], 0.0, "none fast");
+        assert_eq!((after.finished, after.failed), (Some(8.0), Some(1.0)));
+        assert_eq!(
+            after.instances,
+            BTreeSet::from(["a".to_string(), "b".to_string()])
+        );
+        assert_eq!(after.runtimes, BTreeSet::from(["vllm".to_string()]));
+        // A minute counts in a span only when it starts in it.
+        assert_eq!(
+            w.span(Some("m"), T0 + 1, T0 + 2 * MINUTE_MS).histograms["ttft"].count,
+            8.0
+        );
+        assert!(
+            w.span(Some("x"), T0, T0 + 2 * MINUTE_MS)
+                .histograms
+                .is_empty()
+        );
+        assert_eq!(
+            w.span(None, T0, T0 + 2 * MINUTE_MS).histograms["ttft"].count,
+            16.0
+        );
+        // Totals: every scrape of the line added up, cumulative as an exposition carries them.
+        let totals = w.totals();
+        assert_eq!(totals.len(), 2);
+        let a = &totals[0];
+        assert_eq!((a.instance.as_str(), a.runtime.as_str()), ("a", "vllm"));
+        assert_eq!(
+            a.histograms["ttft"].cumulative,
+            vec![8.0, 8.0, 8.0, 13.0, 13.0]
+        );
+        assert_eq!(a.histograms["ttft"].count, 13.0);
+        assert_eq!((a.finished, a.failed), (Some(13.0), Some(1.0)));
+        assert_eq!(
+            (a.prompt_tokens, a.output_tokens),
+            (Some(300.0), Some(260.0))
+        );
+        assert_eq!(totals[1].histograms["ttft"].count, 3.0);
     }
 
     #[test]

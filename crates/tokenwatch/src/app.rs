@@ -264,6 +264,14 @@ impl RunningApp {
             Some(c) => crate::capture::telemetry::TelemetryText::masking(c.masker()),
             None => crate::capture::telemetry::TelemetryText::dropping(),
         };
+        let model_aliases: crate::kernel::models::SharedAliases = Arc::new(
+            cfg.models
+                .aliases()
+                .map_err(|(key, message)| anyhow::anyhow!("configuration {key}: {message}"))?,
+        );
+        if !model_aliases.is_empty() {
+            tracing::info!(aliases = ?cfg.models.aliases, "model aliases: these ids are counted under their model's");
+        }
         let (pipeline, queue) = Pipeline::start(
             PipelineConfig {
                 queue_capacity: cfg.telemetry.queue_capacity,
@@ -272,6 +280,7 @@ impl RunningApp {
                 maintenance_interval: Duration::from_secs(600),
                 thread_priority: analysis_priority,
                 text_capture,
+                model_aliases: model_aliases.clone(),
             },
             aggregator.clone(),
             sinks,
@@ -339,6 +348,7 @@ impl RunningApp {
                 events: alerting.events.clone(),
                 reload: reload_hooks.clone(),
                 posted: posted.clone(),
+                model_aliases: model_aliases.clone(),
             };
             let handle = source
                 .start(ctx)

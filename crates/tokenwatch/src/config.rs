@@ -83,6 +83,8 @@ pub struct Config {
     pub sources: crate::logs::SourcesConfig,
     /// Log templates mined from OTLP logs and tailed files, and their anomaly tests.
     pub logs: crate::logs::LogsConfig,
+    /// Other ids a model goes by (`aliases`), counted under its one id.
+    pub models: crate::kernel::models::ModelsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
@@ -132,6 +134,7 @@ impl Default for Config {
             traces: Default::default(),
             sources: Default::default(),
             logs: Default::default(),
+            models: Default::default(),
         }
     }
 }
@@ -495,6 +498,9 @@ impl Config {
             .map_err(|(path, message)| invalid(path, message))?;
         self.scrape
             .static_targets()
+            .map_err(|(path, message)| invalid(path, message))?;
+        self.models
+            .aliases()
             .map_err(|(path, message)| invalid(path, message))?;
         let listener_certs = self
             .listener_certs()

@@ -1,7 +1,10 @@
 // `tokenwatch dashboards export --format grafana` checked against a real Prometheus (Debian
 // `prometheus`): it scrapes a running `tokenwatch demo` and the demo's simulators (vLLM and
 // dcgm-exporter metrics) every second, and every template variable and panel query of the
-// exported dashboard must parse and return data, or the test fails naming the panel.
+// exported dashboard must parse and return data, or the test fails naming the panel. Collector-
+// only (tokenwatch scraping a simulator, no proxy; Prometheus scraping tokenwatch alone), the
+// variables must list the model and every fleet and latency query over the runtime's series
+// must return data.
 
 mod common;
 
@@ -12,6 +15,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The simulator's default model (its /metrics name it too).
+const SIM_MODEL: &str = "sim-llama-8b";
 
 /// How long every query gets to return data: the demo's kv_leak fault must have raised a
 /// firing alert by then (the alert panels need one).
@@ -187,6 +193,41 @@ fn substitute(expr: &str, vars: &BTreeMap<String, String>) -> String {
     s
 }
 
+/// The values a template variable's query finds: `label_values(SERIES, LABEL)` through the
+/// label values API, `query_result(EXPR)` as an instant query whose series' labels the
+/// variable's regex (`/LABEL="([^"]+)"/`) picks. Sorted, without duplicates.
+async fn variable_values(
+    prom: &Prometheus,
+    v: &Value,
+    vars: &BTreeMap<String, String>,
+) -> Result<Vec<String>, String> {
+    let q = v["query"]["query"]
+        .as_str()
+        .or(v["query"].as_str())
+        .expect("a variable query");
+    if let Some(expr) = q
+        .trim()
+        .strip_prefix("query_result(")
+        .and_then(|s| s.strip_suffix(')'))
+    {
+        let regex = v["regex"].as_str().unwrap_or_default();
+        let label = regex
+            .strip_prefix('/')
+            .and_then(|r| r.strip_suffix(r#"="([^"]+)"/"#))
+            .unwrap_or_else(|| panic!("a query_result variable picks one label: {regex:?}"));
+        let result = prom.query(&substitute(expr, vars)).await?;
+        let mut values: Vec<String> = result
+            .iter()
+            .filter_map(|s| s["metric"][label].as_str().map(String::from))
+            .collect();
+        values.sort();
+        values.dedup();
+        return Ok(values);
+    }
+    let (series, label) = parse_label_values(q);
+    prom.label_values(&substitute(&series, vars), &label).await
+}
+
 /// `label_values(SERIES, LABEL)` → (SERIES, LABEL).
 fn parse_label_values(q: &str) -> (String, String) {
     let inner = q
@@ -290,15 +331,9 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
                 );
             }
             "query" => {
-                let q = v["query"]["query"]
-                    .as_str()
-                    .or(v["query"].as_str())
-                    .expect("a variable query");
-                let (series, label) = parse_label_values(q);
-                let series = substitute(&series, &all);
+                let q = &v["query"];
                 let values = loop {
-                    let got = prom
-                        .label_values(&series, &label)
+                    let got = variable_values(&prom, v, &all)
                         .await
                         .unwrap_or_else(|e| panic!("variable {name}: {q}: {e}"));
                     if !got.is_empty() {
@@ -392,4 +427,136 @@ fn export_writes_to_stdout_or_a_file_and_refuses_unknown_formats() {
         !bad.status.success() && err.contains("kibana") && err.contains("grafana"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collector_only_the_fleet_and_latency_panels_have_data_from_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_sim, sim) = common::start_sim(dir.path(), &[]).await;
+    let api = free_addr();
+    let config = common::write_config(dir.path(), "scrape:\n  interval: 1s\n  timeout: 1s\n");
+    let scrape = format!("http://{sim}/metrics");
+    let tw = common::start_collector(
+        dir.path(),
+        api,
+        &["-c", &config.to_string_lossy(), "--scrape", &scrape],
+    )
+    .await;
+    // Prometheus scrapes tokenwatch alone: the runtime's figures reach it only through tokenwatch.
+    let prom = Prometheus::start(dir.path(), api, &[]).await;
+    // Streamed chat requests straight to the simulator (no proxy) until the test ends.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let traffic = common::chat_traffic(sim, SIM_MODEL, 2, stop.clone(), done.clone());
+    let dashboard: Value =
+        serde_json::from_str(&tokenwatch::dashboards::grafana::render()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let context = |prom: &Prometheus| {
+        format!(
+            "--- tokenwatch log tail ---\n{}\n--- prometheus log ---\n{}",
+            tw.log_tail(30),
+            prom.log()
+        )
+    };
+    // The model and instance variables list the runtime's model and the simulator.
+    let mut vars: BTreeMap<String, String> = BTreeMap::from([
+        ("model".to_string(), ".*".to_string()),
+        ("instance".to_string(), ".*".to_string()),
+        ("slo_objective".to_string(), "0.995".to_string()),
+    ]);
+    for v in dashboard["templating"]["list"].as_array().unwrap() {
+        let name = v["name"].as_str().unwrap();
+        let want = match name {
+            "model" => SIM_MODEL.to_string(),
+            "instance" => sim.to_string(),
+            _ => continue,
+        };
+        loop {
+            let got = variable_values(&prom, v, &vars)
+                .await
+                .unwrap_or_else(|e| panic!("variable {name}: {e}"));
+            if got.contains(&want) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "variable {name} lists {got:?}, not {want}\n{}",
+                context(&prom)
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    vars.insert("model".into(), SIM_MODEL.into());
+    // Every query of the fleet and latency rows over the runtime's series returns data for the
+    // model; the proxy's own series have none here.
+    let queries: Vec<Query> = panel_queries(&dashboard)
+        .into_iter()
+        .filter(|q| q.expr.contains("tokenwatch_runtime_"))
+        .collect();
+    let panels: std::collections::BTreeSet<&str> =
+        queries.iter().map(|q| q.panel.as_str()).collect();
+    for want in [
+        "Requests per second",
+        "Error rate",
+        "Tokens per second",
+        "Time to first token",
+        "Inter-token latency",
+        "End-to-end duration",
+        "Queue time in the runtime",
+    ] {
+        assert!(
+            panels.contains(want),
+            "{want} has no runtime query: {panels:?}"
+        );
+    }
+    let mut pending: Vec<(String, String)> = queries
+        .iter()
+        .map(|q| {
+            (
+                format!("panel {:?} query {}", q.panel, q.ref_id),
+                substitute(&q.expr, &vars),
+            )
+        })
+        .collect();
+    loop {
+        let mut still = Vec::new();
+        for (label, promql) in pending {
+            match prom.query(&promql).await {
+                Err(e) => panic!("{label} does not parse: {e}\n{promql}"),
+                Ok(r) if r.is_empty() => still.push((label, promql)),
+                Ok(r) => {
+                    for series in &r {
+                        assert_eq!(series["metric"]["model"], SIM_MODEL, "{label}: {r:?}");
+                    }
+                }
+            }
+        }
+        pending = still;
+        if pending.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<String> = pending.iter().map(|(l, q)| format!("  {l}: {q}")).collect();
+            panic!(
+                "{} runtime queries returned no data collector-only ({} requests sent):\n{}\n{}",
+                missing.len(),
+                done.load(std::sync::atomic::Ordering::Relaxed),
+                missing.join("\n"),
+                context(&prom)
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let ttft = prom
+        .query(&format!(
+            "histogram_quantile(0.5, sum by (le) (rate(tokenwatch_runtime_time_to_first_token_seconds_bucket{{model=\"{SIM_MODEL}\"}}[1m])))"
+        ))
+        .await
+        .unwrap();
+    let p50: f64 = ttft[0]["value"][1].as_str().unwrap().parse().unwrap();
+    assert!(p50 > 0.0 && p50 < 10.0, "runtime TTFT P50 {p50}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in traffic {
+        let _ = t.await;
+    }
 }

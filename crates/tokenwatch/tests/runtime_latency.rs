@@ -2,7 +2,8 @@
 // target serving the recorded real vLLM exposition whose histograms and counters advance by known
 // bucket increments each scrape; `/api/v1/latency` (no source asked), `/api/v1/fleet` and the
 // model page's `/api/v1/timeseries` answer from the runtime windows, each percentile inside its
-// stated bucket and where the increments put it.
+// stated bucket and where the increments put it; `/api/v1/compare` around a deploy marker
+// compares the runtime's minutes before and after it.
 
 mod common;
 
@@ -33,7 +34,13 @@ const TTFT_EXPECTED: [(&str, f64, f64, f64); 4] = [
 
 /// The recorded vLLM exposition (real metric names and labels) after `n` scrapes' increments.
 fn vllm_after(text: &str, n: usize) -> String {
-    let n = n as f64;
+    vllm_with(text, n, 0)
+}
+
+/// The recorded vLLM exposition after `fast` scrapes' increments as above and `slow` more whose
+/// 8 first tokens each all fall in (0.25, 0.5].
+fn vllm_with(text: &str, fast: usize, slow: usize) -> String {
+    let (n, slow) = (fast as f64, slow as f64);
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let parsed = line
@@ -72,7 +79,16 @@ fn vllm_after(text: &str, n: usize) -> String {
             "vllm:generation_tokens_total" => OUTPUT_TOKENS_PER_SCRAPE,
             _ => 0.0,
         };
-        out.push_str(&format!("{series} {:?}\n", value + step * n));
+        let slow_step = match name {
+            "vllm:time_to_first_token_seconds_bucket" if le >= 0.5 => 8.0,
+            "vllm:time_to_first_token_seconds_bucket" => 0.0,
+            "vllm:time_to_first_token_seconds_sum" => 8.0 * 0.4,
+            _ => step,
+        };
+        out.push_str(&format!(
+            "{series} {:?}\n",
+            value + step * n + slow_step * slow
+        ));
     }
     out
 }
@@ -243,6 +259,44 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
         "still from the gauges: {row:#}"
     );
 
+    // `top --once` prints the same row: the model's TTFT and ITL percentiles as the fleet gives
+    // them (its name is marked ʳ, runtime figures, unless an alert colours it).
+    let out = std::process::Command::new(BIN)
+        .args([
+            "top", "--once", "--window", "5m", "--size", "200x30", "--url",
+        ])
+        .arg(format!("http://{api}"))
+        .output()
+        .unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "top --once: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = screen
+        .lines()
+        .find(|l| l.contains("│tinyllama "))
+        .unwrap_or_else(|| panic!("no runtime row for tinyllama:\n{screen}"));
+    for figure in [
+        tokenwatch::top::fmt::latency(row["ttft_p50_s"].as_f64()),
+        tokenwatch::top::fmt::latency(row["itl_p50_s"].as_f64()),
+    ] {
+        assert!(line.contains(&figure), "{figure} not in {line:?}\n{screen}");
+    }
+    let bad = std::process::Command::new(BIN)
+        .args([
+            "top",
+            "--once",
+            "--url",
+            "http://127.0.0.1:9",
+            "--timeout",
+            "1s",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success(), "no API: top --once fails");
+
     // The model page's charts: the timeline samples the same figures every 5 s.
     let charts = format!("http://{api}/api/v1/timeseries?model=tinyllama&range=5m");
     let has = |v: &Value, column: &str| {
@@ -369,4 +423,207 @@ async fn where_proxy_and_runtime_both_see_a_model_the_fleet_shows_both_and_their
         row["runtime_view"]["ttft_p50_s"]["bucket"],
         row["client_minus_runtime"]["ttft_p50_s"]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_around_a_marker_answers_from_the_runtime_for_a_model_no_record_holds() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/vllm-cpu-metrics.txt"),
+    )
+    .unwrap();
+    // The deploy happens at a minute boundary (set below): scrapes served after it add slow
+    // first tokens, those before it fast ones.
+    let boundary = Arc::new(std::sync::atomic::AtomicI64::new(i64::MAX));
+    let (fast, slow) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (b, f, sl) = (boundary.clone(), fast.clone(), slow.clone());
+    let target = MetricsTarget::start(move || {
+        let (nf, ns) = (f.load(Ordering::SeqCst), sl.load(Ordering::SeqCst));
+        let body = vllm_with(&text, nf, ns);
+        if now_ms() >= b.load(Ordering::SeqCst) {
+            sl.fetch_add(1, Ordering::SeqCst);
+        } else {
+            f.fetch_add(1, Ordering::SeqCst);
+        }
+        body
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "scrape:\n  interval: 1s\n  timeout: 1s\n");
+    let api = free_addr();
+    let url = format!("http://{}/metrics", target.addr);
+    let _tw = start_collector(
+        dir.path(),
+        api,
+        &["-c", &config.to_string_lossy(), "--scrape", &url],
+    )
+    .await;
+    // The next minute boundary at least 8 s away: five or more scrapes land before it.
+    let minute = 60_000;
+    let mut at = (now_ms() / minute + 1) * minute;
+    if at - now_ms() < 8_000 {
+        at += minute;
+    }
+    boundary.store(at, Ordering::SeqCst);
+    let posted = post(
+        &format!("http://{api}/api/v1/markers"),
+        &format!(r#"{{"kind":"deploy","model":"tinyllama","note":"v2","at_unix_ms":{at}}}"#),
+    )
+    .await;
+    assert_eq!(posted.status, 201, "{}", posted.body);
+    let id = posted.json()["id"].as_str().unwrap().to_string();
+    let wait_ms = (at + 8_000 - now_ms()).max(0) as u64;
+    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+    let compare = json(&format!(
+        "http://{api}/api/v1/compare?marker={id}&window=5m"
+    ))
+    .await;
+    assert_eq!(compare["figure_source"], "runtime", "{compare:#}");
+    assert!(
+        compare["source_chosen"]
+            .as_str()
+            .is_some_and(|s| s.contains("no proxy or OTLP record")),
+        "{compare:#}"
+    );
+    assert_eq!(compare["before"]["requests"], 0, "no record either side");
+    // On a minute boundary: no minute mixes both sides.
+    assert_eq!(
+        compare["runtime"]["marker_minute_left_out_unix_ms"],
+        Value::Null,
+        "{compare:#}"
+    );
+    assert_eq!(
+        compare["runtime"]["after"]["first_minute_unix_ms"],
+        serde_json::json!(at)
+    );
+    assert_eq!(
+        compare["runtime"]["before"]["instances"],
+        serde_json::json!([target.addr.to_string()])
+    );
+    let signals = compare["signals"].as_array().unwrap();
+    let find = |name: &str| {
+        signals
+            .iter()
+            .find(|r| r["signal"] == name)
+            .unwrap_or_else(|| panic!("{name}: {compare:#}"))
+    };
+    let p50 = find("ttft_p50_seconds");
+    assert_eq!(
+        (&p50["source"], &p50["verdict"]),
+        (&"runtime".into(), &"worse".into()),
+        "{p50:#}"
+    );
+    // Each side's P50 in the bucket its increments put it in (a scrape served just before the
+    // boundary but stamped after it may carry fast first tokens into the after side: the value
+    // moves inside the bucket, the bucket does not).
+    for (side, lower, upper) in [("before", 0.02, 0.04), ("after", 0.25, 0.5)] {
+        let bucket = &p50["bucket_bounds"][side];
+        assert_eq!(
+            (bucket["lower"].as_f64(), bucket["upper"].as_f64()),
+            (Some(lower), Some(upper)),
+            "{side}: {p50:#}"
+        );
+        let got = p50[side]["value"].as_f64().unwrap();
+        assert!(lower <= got && got <= upper, "{side}: {got}: {p50:#}");
+        let (lo, hi) = (
+            p50[side]["lo"].as_f64().unwrap(),
+            p50[side]["hi"].as_f64().unwrap(),
+        );
+        assert!(lo <= lower + 1e-9 && hi >= upper - 1e-9, "{side}: {p50:#}");
+        assert_eq!(p50[side]["n"].as_u64().unwrap() % 8, 0, "{p50:#}");
+    }
+    // ITL did not change; 1 of 8 requests failed both sides.
+    assert_eq!(find("itl_p50_seconds")["verdict"], "no_change");
+    let err = find("error_rate");
+    assert_eq!(
+        (&err["source"], &err["verdict"]),
+        (&"runtime".into(), &"no_change".into())
+    );
+    assert!(
+        close(err["after"]["value"].as_f64().unwrap(), 1.0 / 8.0),
+        "{err:#}"
+    );
+    eprintln!(
+        "compare: TTFT P50 {} → {} (runtime, {} → {} first tokens)",
+        p50["before"]["value"], p50["after"]["value"], p50["before"]["n"], p50["after"]["n"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_aliases_put_scraped_series_and_otlp_records_under_one_model_id() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/vllm-cpu-metrics.txt"),
+    )
+    .unwrap();
+    let scrapes = Arc::new(AtomicUsize::new(0));
+    let served = scrapes.clone();
+    let target =
+        MetricsTarget::start(move || vllm_after(&text, served.fetch_add(1, Ordering::SeqCst)))
+            .await;
+    let dir = tempfile::tempdir().unwrap();
+    // vLLM serves `tinyllama`; an instrumented app names it `tiny-llama-chat`: one model.
+    let (tw, api, http) = start_otlp_collector_with(
+        dir.path(),
+        &format!(
+            "scrape:\n  interval: 1s\n  timeout: 1s\n  targets:\n    - url: http://{}/metrics\n\
+             models:\n  aliases:\n    meta/tinyllama: [tinyllama, tiny-llama-chat]\n",
+            target.addr
+        ),
+    )
+    .await;
+    let now_ns = now_ns();
+    let span = format!(
+        r#"{{"resourceSpans":[{{"resource":{{"attributes":[{{"key":"service.name","value":{{"stringValue":"app"}}}}]}},
+        "scopeSpans":[{{"scope":{{"name":"raw"}},"spans":[
+          {{"traceId":"5b8efff798038103d269b633813fc60c","spanId":"eee19b7ec3c1b174","name":"chat","kind":3,
+            "startTimeUnixNano":"{}","endTimeUnixNano":"{now_ns}",
+            "attributes":[{{"key":"gen_ai.operation.name","value":{{"stringValue":"chat"}}}},
+              {{"key":"gen_ai.request.model","value":{{"stringValue":"tiny-llama-chat"}}}},
+              {{"key":"gen_ai.usage.output_tokens","value":{{"intValue":"12"}}}}]}}]}}]}}]}}"#,
+        now_ns - 1_000_000_000
+    );
+    let r = post(&format!("http://{http}/v1/traces"), &span).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The record is stored under the model's id.
+    let requests = poll_json(
+        &format!("http://{api}/api/v1/requests?model=meta/tinyllama"),
+        &tw,
+        20,
+        |v| v["requests"].as_array().is_some_and(|r| !r.is_empty()),
+    )
+    .await;
+    assert_eq!(
+        requests["requests"][0]["model_id"], "meta/tinyllama",
+        "{requests:#}"
+    );
+    // The scraped histograms too: the runtime windows answer for the id, not for the alias.
+    let latency = format!(
+        "http://{api}/api/v1/latency?model=meta/tinyllama&metric=ttft&window=5m&source=runtime"
+    );
+    poll_json(&latency, &tw, 30, |v| {
+        v["count"].as_u64().unwrap_or(0) >= 2 * TTFT_PER_SCRAPE as u64
+    })
+    .await;
+    let alias = json(&format!(
+        "http://{api}/api/v1/latency?model=tinyllama&metric=ttft&window=5m&source=runtime"
+    ))
+    .await;
+    assert_eq!(alias["count"], 0, "{alias:#}");
+    // One fleet row, with the runtime's figures beside the record's model.
+    let fleet = json(&format!("http://{api}/api/v1/fleet")).await;
+    let ids: Vec<&str> = fleet["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["model_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["meta/tinyllama"], "{fleet:#}");
+    let metrics = get(&format!("http://{api}/metrics")).await.body;
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("tokenwatch_runtime_requests_finished_total{")
+                && l.contains("model=\"meta/tinyllama\"")
+        ),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("model=\"tinyllama\""), "{metrics}");
 }

@@ -61,7 +61,7 @@ function mount(el, ctx) {
     charts);
   st = {
     by, win, records, wantModel: p.get('model') ?? '', wantBase: p.get('base'), model: null, models: [],
-    modelSel: model, baseSel: base, tbody, rows: new Map(), groups: [], recordsAt: 0, recordsCapped: false, fleetAt: 0,
+    modelSel: model, baseSel: base, runtimeModels: new Set(), tbody, rows: new Map(), groups: [], recordsAt: 0, recordsCapped: false, fleetAt: 0,
     lead, alertsEl, source,
     charts: Object.fromEntries(METRICS.map(([m, label]) => [m, new BarChart(charts, { id: `p99-${m}`, title: `${label} P99`, unit: 'seconds' })])),
   };
@@ -136,7 +136,11 @@ function renderLead(groups, baseline) {
   const dim = DIMS.find(([d]) => d === st.by)[1];
   if (groups.length < 2) {
     const only = groups.length ? `only ${dim} ${groupName(groups[0].value)}` : `no request`;
-    setText(st.lead, `${st.model}: ${only} in the last ${st.win} — nothing to compare. The proxy labels requests from the headers it is configured with (x-ab-group, x-prompt-version and x-model-version by default).`);
+    // Seen by the runtime's scrapes alone: its histograms carry no A/B, version or tenant label.
+    const hint = st.runtimeModels.has(st.model) && st.by !== 'instance'
+      ? `Only the runtime's own metrics see ${st.model} (no proxy or OTLP record): they carry no ${dim}, so compare by instance.`
+      : 'The proxy labels requests from the headers it is configured with (x-ab-group, x-prompt-version and x-model-version by default).';
+    setText(st.lead, `${st.model}: ${only} in the last ${st.win} — nothing to compare. ${hint}`);
     return;
   }
   const findings = [];
@@ -196,6 +200,7 @@ async function refresh(ctx) {
     if (ctx.signal.aborted) return;
     st.fleetAt = Date.now();
     st.models = (fleet?.models ?? []).map((m) => m.model_id).sort();
+    st.runtimeModels = new Set((fleet?.models ?? []).filter((m) => m.figure_source === 'runtime').map((m) => m.model_id));
   }
   st.model = st.wantModel || st.models[0] || null;
   const models = st.model && !st.models.includes(st.model) ? [...st.models, st.model] : st.models;
@@ -217,7 +222,9 @@ async function refresh(ctx) {
   renderLead(groups, baseline);
   renderAlerts(alerts);
   renderCharts(groups, baseline);
-  setText(st.source, st.records
+  setText(st.source, groups.runtime
+    ? `From the runtime's own histograms over the last ${st.win}: no proxy or OTLP record of ${st.model}, so tokenwatch's scrapes of its /metrics answer (by instance only). Each percentile is interpolated inside the histogram bucket it falls in, which bounds its error (the latency API's bucket_bounds); a P99 in the +Inf bucket shows the largest finite bound. Requests = the runtime's end-to-end observations.`
+    : st.records
     ? `Computed in your browser from the ${st.recordsCapped ? `newest ${RECORDS_LIMIT}` : 'stored'} request records of the window (prompt versions have no latency sketch), refreshed every ${RECORDS_EVERY_MS / 1000} s; nearest-rank percentiles, ITL = every gap between content chunks. Success = requests without an error, what prompt_version_decay watches.`
     : `From tokenwatch's latency sketches over the last ${st.win} (relative error 1 %), refreshed live. Share = the group's requests / all requests of ${st.model}. P99 changes over +5 % against the baseline are red (the A/B regression threshold); groups with fewer than ${MIN_SAMPLES} requests have a P99 close to their maximum.`);
 }

@@ -18,9 +18,14 @@ function sorted(groups) {
   return groups.sort((a, b) => (a.value === '') - (b.value === '') || collator.compare(a.value, b.value));
 }
 
-/** The three latency metrics grouped by `by` from `/api/v1/latency`, merged per group value. */
+/**
+ * The three latency metrics grouped by `by` from `/api/v1/latency`, merged per group value. For
+ * a model no record holds the API answers from the runtime's own histograms (`source: runtime`,
+ * by instance only): the list's `runtime` is then true, and each summary has its `bucket_bounds`.
+ */
 export async function sketchGroups(model, by, win, signal) {
   const bodies = await Promise.all(METRICS.map(([m]) => getJSON('/api/v1/latency', { model, metric: m, window: win, by }, signal)));
+  const runtime = bodies.some((b) => b?.source === 'runtime');
   const groups = new Map();
   bodies.forEach((body, i) => {
     for (const g of body?.groups ?? []) {
@@ -33,7 +38,9 @@ export async function sketchGroups(model, by, win, signal) {
     // Every finished request has an end-to-end latency: that count is the group's requests.
     g.count = g.e2e?.count ?? Math.max(g.ttft?.count ?? 0, g.itl?.count ?? 0);
   }
-  return sorted([...groups.values()]);
+  const out = sorted([...groups.values()]);
+  out.runtime = runtime;
+  return out;
 }
 
 /** Nearest-rank percentiles of a list of seconds. */

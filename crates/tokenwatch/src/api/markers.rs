@@ -1,9 +1,10 @@
 // `GET/POST /api/v1/markers` (version, deploy and custom markers) and `GET /api/v1/compare`:
-// every signal of a marker's model before vs after it, with 95 % intervals and verdicts.
+// every signal of a marker's model before vs after it, with 95 % intervals and verdicts — from
+// request records, or from the runtime's own histograms for a model no record holds.
 
 use super::ApiState;
 use crate::kernel::params::{ParamError, Params};
-use crate::markers::compare::{compare_records, compare_signal};
+use crate::markers::compare::{compare_records, compare_runtime, compare_signal};
 use crate::markers::{MarkerKind, MarkerSource, marker};
 use axum::Json;
 use axum::body::Bytes;
@@ -15,6 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokenwatch_core::clock::now_unix_ms;
+use tokenwatch_core::runtime_latency::MINUTE_MS;
 use tokenwatch_store::{MarkerQuery, MarkerRow, RecordQuery, StoreError};
 
 /// Fields a posted marker may have.
@@ -28,6 +30,22 @@ const DEFAULT_WINDOW: Duration = Duration::from_secs(30 * 60);
 const MAX_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Records read per comparison at most.
 const MAX_RECORDS: usize = 200_000;
+/// Why a comparison's latency and error rows came from the runtime.
+const RUNTIME_CHOSEN: &str = "no proxy or OTLP record of this model in either window: latency and error rate from the runtime's own histograms and counters, in whole minutes (each percentile's interval reaches to the edges of its buckets)";
+
+/// The runtime's minutes (their starts) on each side of a marker at `at`: before, those starting
+/// in `[from, at)` and ending by `at`; after, those starting in `[at, to]`. The minute holding a
+/// marker off a minute boundary mixes both sides and is left out (its start).
+fn runtime_sides(from: i64, at: i64, to: i64) -> ((i64, i64), (i64, i64), Option<i64>) {
+    let marker_minute = at.div_euclid(MINUTE_MS) * MINUTE_MS;
+    let straddled = (marker_minute != at).then_some(marker_minute);
+    let after_from = straddled.map_or(at, |m| m + MINUTE_MS);
+    (
+        (from.div_euclid(MINUTE_MS) * MINUTE_MS, marker_minute),
+        (after_from, to.saturating_add(1)),
+        straddled,
+    )
+}
 
 fn error(status: StatusCode, msg: String) -> Response {
     (status, Json(json!({ "error": msg }))).into_response()
@@ -245,7 +263,51 @@ pub async fn compare(
         .into_iter()
         .filter(|r| r.arrival_unix_ms < to)
         .partition(|r| r.arrival_unix_ms < m.at_unix_ms);
-    let mut rows = compare_records(&before, &after);
+    // No record of the model on either side: the runtime's own minutes answer, when it has any.
+    let mut figure_source = "records";
+    let mut runtime_note = None;
+    let mut rows = if before.is_empty() && after.is_empty() {
+        let (b_range, a_range, left_out) = runtime_sides(from, m.at_unix_ms, to);
+        let model = (!m.model.is_empty()).then_some(m.model.as_str());
+        let (b_span, a_span) = {
+            let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
+            let w = board.runtime_windows();
+            (
+                w.span(model, b_range.0, b_range.1),
+                w.span(model, a_range.0, a_range.1),
+            )
+        };
+        if b_span.histograms.is_empty() && a_span.histograms.is_empty() {
+            compare_records(&before, &after)
+        } else {
+            figure_source = "runtime";
+            let side = |s: &tokenwatch_core::runtime_latency::RuntimeSpan| {
+                json!({
+                    "first_minute_unix_ms": s.first_minute_ms,
+                    "last_minute_unix_ms": s.last_minute_ms,
+                    "instances": s.instances,
+                    "runtimes": s.runtimes,
+                    "observations_left_out": s.observations_left_out,
+                })
+            };
+            runtime_note = Some(json!({
+                "before": side(&b_span),
+                "after": side(&a_span),
+                "marker_minute_left_out_unix_ms": left_out,
+                "resolution_ms": MINUTE_MS,
+            }));
+            let mut rows = compare_runtime(&b_span, &a_span);
+            // Tokens per request have no runtime histogram here: the records' rows stay (no data).
+            rows.extend(
+                compare_records(&before, &after)
+                    .into_iter()
+                    .filter(|r| r.signal.ends_with("_per_request")),
+            );
+            rows
+        }
+    } else {
+        compare_records(&before, &after)
+    };
     // Normalised signals of the model (every instance together) from the board's history.
     let mut series: BTreeMap<(String, String), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     {
@@ -279,7 +341,12 @@ pub async fn compare(
         "before": { "from_unix_ms": from, "to_unix_ms": m.at_unix_ms, "requests": before.len() },
         "after": { "from_unix_ms": m.at_unix_ms, "to_unix_ms": to, "requests": after.len() },
         "signals": rows,
+        "figure_source": figure_source,
     });
+    if let Some(runtime) = runtime_note {
+        body["source_chosen"] = json!(RUNTIME_CHOSEN);
+        body["runtime"] = runtime;
+    }
     if m.at_unix_ms > now {
         body["note"] = json!("the marker is in the future: nothing after it yet");
     }
@@ -361,6 +428,19 @@ mod tests {
                 .unwrap_err()
                 .contains("\"note\"")
         );
+    }
+
+    #[test]
+    fn the_minute_holding_a_marker_is_left_out_of_both_sides() {
+        let minute = 1_800_000_000_000 - 1_800_000_000_000 % MINUTE_MS;
+        let at = minute + 20_000;
+        let (before, after, left_out) = runtime_sides(at - 600_000, at, at + 600_000);
+        assert_eq!(before, (minute - 10 * MINUTE_MS, minute));
+        assert_eq!(after, (minute + MINUTE_MS, at + 600_001));
+        assert_eq!(left_out, Some(minute));
+        // On a minute boundary: nothing mixed, nothing left out.
+        let (before, after, left_out) = runtime_sides(minute - 300_000, minute, minute + 1);
+        assert_eq!((before.1, after.0, left_out), (minute, minute, None));
     }
 
     #[test]

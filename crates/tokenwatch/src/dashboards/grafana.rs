@@ -1,5 +1,8 @@
 // The Grafana dashboard (`tokenwatch dashboards export --format grafana`): rows of panels over
-// tokenwatch's `/metrics` and the runtimes' own metrics (vLLM, DCGM), as dashboard JSON.
+// tokenwatch's `/metrics` and the runtimes' own metrics (vLLM, DCGM), as dashboard JSON. The
+// fleet and latency panels read both the proxy's request series and the runtimes' histograms
+// and counters tokenwatch re-exports (`tokenwatch_runtime_*`), so they have data collector-only
+// (no proxy) too, and the model and instance variables list what either sees.
 //
 // Prometheus must scrape tokenwatch with `honor_labels: true`: tokenwatch's request series carry
 // the upstream's `instance` (by default the upstream URL's `host:port`, which is also the
@@ -26,6 +29,10 @@ const SIG: &str = r#"model=~"$model", instance=~"$instance""#;
 const VLLM: &str = r#"model_name=~"$model", instance=~"$instance""#;
 /// Grafana's rate window, which adapts to the scrape interval and the zoom.
 const RATE: &str = "$__rate_interval";
+/// Every series tokenwatch exports from the runtimes' own metrics (labels `model`, `runtime`,
+/// `instance`), whatever runtime: the re-exported histograms and counters and the normalised
+/// queue gauges.
+const RUNTIME_SERIES: &str = r#"__name__=~"tokenwatch_runtime_.+""#;
 
 /// How a panel draws its targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +98,15 @@ pub enum Variable {
         series: String,
         label_name: &'static str,
     },
+    /// Values of `label_name` on the series an instant query returns (`query_result(expr)`
+    /// with a regex picking the label), multi-select with "All" = `.*`: a union of series whose
+    /// label names differ.
+    QueryResult {
+        name: &'static str,
+        label: &'static str,
+        expr: String,
+        label_name: &'static str,
+    },
     /// A fixed list of values with a default.
     Custom {
         name: &'static str,
@@ -105,6 +121,7 @@ impl Variable {
         match self {
             Variable::Datasource { name, .. }
             | Variable::LabelValues { name, .. }
+            | Variable::QueryResult { name, .. }
             | Variable::Custom { name, .. } => name,
         }
     }
@@ -176,6 +193,38 @@ fn percentiles(histogram: &str, by: &str, selector: &str) -> Vec<Target> {
         .collect()
 }
 
+/// P50 and P99 targets of a runtime histogram tokenwatch re-exports, per model, labelled as the
+/// runtime's.
+fn runtime_percentiles(histogram: &str) -> Vec<Target> {
+    [(0.5, "p50"), (0.99, "p99")]
+        .into_iter()
+        .map(|(q, name)| {
+            target(
+                quantile(q, histogram, "model", SIG),
+                &format!("{{{{model}}}} {name} (runtime)"),
+            )
+        })
+        .collect()
+}
+
+/// Failed share of the requests the runtimes finished, per model, from their own counters; 0 for
+/// a model without failures.
+fn runtime_error_ratio(window: &str) -> String {
+    let all = sum_rate(
+        "model",
+        "tokenwatch_runtime_requests_finished_total",
+        SIG,
+        window,
+    );
+    let failed = sum_rate(
+        "model",
+        "tokenwatch_runtime_requests_failed_total",
+        SIG,
+        window,
+    );
+    format!("({failed} or ({all} * 0)) / {all}")
+}
+
 /// Failed share of tokenwatch's requests per model over `window`; 0 (not "no data") for a
 /// model without errors.
 fn error_ratio(window: &str) -> String {
@@ -196,16 +245,21 @@ pub fn variables() -> Vec<Variable> {
             name: DATASOURCE_VAR,
             label: "Prometheus",
         },
-        Variable::LabelValues {
+        // The proxy's models (`gen_ai_request_model`) and the runtimes' (`model`), one list.
+        Variable::QueryResult {
             name: "model",
             label: "Model",
-            series: "tokenwatch_requests_total".into(),
-            label_name: MODEL,
+            expr: format!(
+                r#"group by (model) (label_join(tokenwatch_requests_total, "model", "", "{MODEL}")) or group by (model) ({{{RUNTIME_SERIES}, model!=""}})"#
+            ),
+            label_name: "model",
         },
-        Variable::LabelValues {
+        Variable::QueryResult {
             name: "instance",
             label: "Instance",
-            series: r#"tokenwatch_requests_total{gen_ai_request_model=~"$model"}"#.into(),
+            expr: format!(
+                r#"group by (instance) (tokenwatch_requests_total{{{MODEL}=~"$model"}}) or group by (instance) ({{{RUNTIME_SERIES}, model=~"$model"}})"#
+            ),
             label_name: "instance",
         },
         Variable::Custom {
@@ -247,19 +301,28 @@ pub fn rows() -> Vec<Row> {
             panels: vec![
                 panel(
                     "Requests per second",
-                    "Requests seen by tokenwatch, per model.",
+                    "Requests seen by tokenwatch's proxy or OTLP receiver, per model, and (runtime) those the runtimes finished by their own counters, as tokenwatch scraped them.",
                     TimeSeries,
                     "reqps",
                     8,
-                    vec![target(sum_rate(MODEL, tw_req, TW, RATE), "{{gen_ai_request_model}}")],
+                    vec![
+                        target(sum_rate(MODEL, tw_req, TW, RATE), "{{gen_ai_request_model}}"),
+                        target(
+                            sum_rate("model", "tokenwatch_runtime_requests_finished_total", SIG, RATE),
+                            "{{model}} (runtime)",
+                        ),
+                    ],
                 ),
                 panel(
                     "Error rate",
-                    "Share of requests that ended in an error, per model.",
+                    "Share of requests that ended in an error, per model; (runtime): requests the runtime failed over those it finished, by its own counters.",
                     TimeSeries,
                     "percentunit",
                     8,
-                    vec![target(error_ratio(RATE), "{{gen_ai_request_model}}")],
+                    vec![
+                        target(error_ratio(RATE), "{{gen_ai_request_model}}"),
+                        target(runtime_error_ratio(RATE), "{{model}} (runtime)"),
+                    ],
                 ),
                 panel(
                     "Responses by outcome",
@@ -277,14 +340,24 @@ pub fn rows() -> Vec<Row> {
                 ),
                 panel(
                     "Tokens per second",
-                    "Input and output tokens processed, per model.",
+                    "Input and output tokens processed, per model; (runtime): prompt and output tokens by the runtime's own counters.",
                     TimeSeries,
                     "short",
                     12,
-                    vec![target(
-                        sum_rate(&format!("{MODEL}, gen_ai_token_type"), tokens, TW, RATE),
-                        "{{gen_ai_request_model}} {{gen_ai_token_type}}",
-                    )],
+                    vec![
+                        target(
+                            sum_rate(&format!("{MODEL}, gen_ai_token_type"), tokens, TW, RATE),
+                            "{{gen_ai_request_model}} {{gen_ai_token_type}}",
+                        ),
+                        target(
+                            sum_rate("model", "tokenwatch_runtime_prompt_tokens_total", SIG, RATE),
+                            "{{model}} input (runtime)",
+                        ),
+                        target(
+                            sum_rate("model", "tokenwatch_runtime_output_tokens_total", SIG, RATE),
+                            "{{model}} output (runtime)",
+                        ),
+                    ],
                 ),
                 panel(
                     "Runtime batch and queue",
@@ -304,27 +377,39 @@ pub fn rows() -> Vec<Row> {
             panels: vec![
                 panel(
                     "Time to first token",
-                    "From the request's arrival at the proxy to its first content-bearing chunk.",
+                    "From the request's arrival at the proxy to its first content-bearing chunk (what clients feel); (runtime): the runtime's own TTFT histogram as tokenwatch scraped it, any runtime, known to its bucket — the only lines collector-only.",
                     TimeSeries,
                     "s",
                     8,
-                    percentiles("gen_ai_server_time_to_first_token_seconds", MODEL, TW),
+                    [
+                        percentiles("gen_ai_server_time_to_first_token_seconds", MODEL, TW),
+                        runtime_percentiles("tokenwatch_runtime_time_to_first_token_seconds"),
+                    ]
+                    .concat(),
                 ),
                 panel(
                     "Inter-token latency",
-                    "Time per output token after the first, per streamed request.",
+                    "Time per output token after the first, per streamed request; (runtime): the runtime's own inter-token histogram as tokenwatch scraped it.",
                     TimeSeries,
                     "s",
                     8,
-                    percentiles("gen_ai_server_time_per_output_token_seconds", MODEL, TW),
+                    [
+                        percentiles("gen_ai_server_time_per_output_token_seconds", MODEL, TW),
+                        runtime_percentiles("tokenwatch_runtime_inter_token_latency_seconds"),
+                    ]
+                    .concat(),
                 ),
                 panel(
                     "End-to-end duration",
-                    "From the request's arrival to the end of its response.",
+                    "From the request's arrival to the end of its response; (runtime): the runtime's own end-to-end histogram as tokenwatch scraped it.",
                     TimeSeries,
                     "s",
                     8,
-                    percentiles("gen_ai_server_request_duration_seconds", MODEL, TW),
+                    [
+                        percentiles("gen_ai_server_request_duration_seconds", MODEL, TW),
+                        runtime_percentiles("tokenwatch_runtime_request_duration_seconds"),
+                    ]
+                    .concat(),
                 ),
                 panel(
                     "Time to first token reported by the runtime",
@@ -339,14 +424,18 @@ pub fn rows() -> Vec<Row> {
                 ),
                 panel(
                     "Queue time in the runtime",
-                    "Time requests waited in vLLM's scheduler queue.",
+                    "Time requests waited in the runtime's scheduler queue: vLLM's own series, and (runtime) any runtime's queue histogram as tokenwatch scraped it.",
                     TimeSeries,
                     "s",
                     12,
-                    vec![
-                        target(quantile(0.5, "vllm:request_queue_time_seconds", "model_name", VLLM), "{{model_name}} p50"),
-                        target(quantile(0.99, "vllm:request_queue_time_seconds", "model_name", VLLM), "{{model_name}} p99"),
-                    ],
+                    [
+                        vec![
+                            target(quantile(0.5, "vllm:request_queue_time_seconds", "model_name", VLLM), "{{model_name}} p50"),
+                            target(quantile(0.99, "vllm:request_queue_time_seconds", "model_name", VLLM), "{{model_name}} p99"),
+                        ],
+                        runtime_percentiles("tokenwatch_runtime_queue_time_seconds"),
+                    ]
+                    .concat(),
                 ),
             ],
         },
@@ -766,6 +855,31 @@ fn variable_json(v: &Variable) -> Value {
                 "hide": 0,
             })
         }
+        Variable::QueryResult {
+            name,
+            label,
+            expr,
+            label_name,
+        } => {
+            let query = format!("query_result({expr})");
+            json!({
+                "name": name,
+                "label": label,
+                "type": "query",
+                "datasource": datasource(),
+                "definition": query,
+                "query": { "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery" },
+                "refresh": 2,
+                "multi": true,
+                "includeAll": true,
+                "allValue": ".*",
+                "current": { "selected": true, "text": ["All"], "value": ["$__all"] },
+                "options": [],
+                "regex": format!("/{label_name}=\"([^\"]+)\"/"),
+                "sort": 1,
+                "hide": 0,
+            })
+        }
         Variable::Custom {
             name,
             label,
@@ -956,9 +1070,31 @@ mod tests {
             vars,
             ["DS_PROMETHEUS", "model", "instance", "slo_objective"]
         );
-        assert_eq!(
-            d["templating"]["list"][1]["definition"],
-            "label_values(tokenwatch_requests_total, gen_ai_request_model)"
+        let model = &d["templating"]["list"][1];
+        let definition = model["definition"].as_str().unwrap();
+        assert!(
+            definition.starts_with("query_result(")
+                && definition.contains("tokenwatch_requests_total")
+                && definition.contains("tokenwatch_runtime_"),
+            "the proxy's and the runtimes' models: {definition}"
         );
+        assert_eq!(model["regex"], r#"/model="([^"]+)"/"#);
+        // Every latency panel has the runtime's lines beside the proxy's.
+        for panel in [
+            "Time to first token",
+            "Inter-token latency",
+            "End-to-end duration",
+        ] {
+            let exprs: Vec<String> = queries()
+                .into_iter()
+                .filter(|q| q.panel == panel)
+                .map(|q| q.expr)
+                .collect();
+            assert!(
+                exprs.iter().any(|e| e.contains("gen_ai_server_"))
+                    && exprs.iter().any(|e| e.contains("tokenwatch_runtime_")),
+                "{panel}: {exprs:?}"
+            );
+        }
     }
 }

@@ -1,15 +1,21 @@
 // `/metrics`: the telemetry registry (`kernel::telemetry::Metrics`: tokenwatch's own health and
 // the GenAI request series) fed with every record the pipeline carries (`MetricsSink`), plus the
-// normalised signals read from the board at scrape time, via prometheus-client.
+// normalised signals and the runtimes' own latency histograms and request / token counters (as
+// scraped, under one name whatever the runtime) read from the board at scrape time, via
+// prometheus-client.
 
 use crate::pipeline::RecordSink;
 use prometheus_client::collector::Collector;
+use prometheus_client::encoding::NoLabelSet;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelSet, EncodeMetric, LabelSetEncoder,
 };
 use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use tokenwatch_core::histogram::CumulativeHistogram;
 use tokenwatch_core::model::RequestRecord;
+use tokenwatch_core::runtime_latency::RuntimeTotals;
 use tokenwatch_core::signals::{SharedSignals, SignalPoint, names};
 
 pub use crate::kernel::telemetry::Metrics;
@@ -104,6 +110,119 @@ const EXPORTED_SIGNALS: [(&str, &str, &str); 14] = [
     ),
 ];
 
+/// The runtimes' latency histograms (scrape signal → exported name, help), whichever runtime
+/// reported them (vLLM, SGLang, TGI, Triton…): the observations tokenwatch's scrapes counted since
+/// it first scraped the instance, in the runtime's own buckets.
+const RUNTIME_HISTOGRAMS: [(&str, &str, &str); 8] = [
+    (
+        "ttft",
+        "tokenwatch_runtime_time_to_first_token_seconds",
+        "Time to first token as the serving runtime measured it (its own histogram, scraped)",
+    ),
+    (
+        "itl",
+        "tokenwatch_runtime_inter_token_latency_seconds",
+        "Inter-token latency as the serving runtime measured it (its own histogram, scraped)",
+    ),
+    (
+        "tpot",
+        "tokenwatch_runtime_time_per_output_token_seconds",
+        "Time per output token as the serving runtime measured it (its own histogram, scraped)",
+    ),
+    (
+        "e2e",
+        "tokenwatch_runtime_request_duration_seconds",
+        "End-to-end request latency as the serving runtime measured it (its own histogram, scraped)",
+    ),
+    (
+        "queue",
+        "tokenwatch_runtime_queue_time_seconds",
+        "Time requests waited in the runtime's queue (its own histogram, scraped)",
+    ),
+    (
+        "prefill",
+        "tokenwatch_runtime_prefill_time_seconds",
+        "Prefill time in the runtime (its own histogram, scraped)",
+    ),
+    (
+        "decode",
+        "tokenwatch_runtime_decode_time_seconds",
+        "Decode time in the runtime (its own histogram, scraped)",
+    ),
+    (
+        "inference",
+        "tokenwatch_runtime_inference_time_seconds",
+        "Inference time in the runtime (its own histogram, scraped)",
+    ),
+];
+
+/// The runtimes' request and token counters (exported name without `_total`, help, value).
+type TotalOf = fn(&RuntimeTotals) -> Option<f64>;
+const RUNTIME_COUNTERS: [(&str, &str, TotalOf); 4] = [
+    (
+        "tokenwatch_runtime_requests_finished",
+        "Requests the runtime finished, failed ones included (its own counters, scraped)",
+        |t| t.finished,
+    ),
+    (
+        "tokenwatch_runtime_requests_failed",
+        "Requests the runtime failed (vLLM finished_reason=\"error\", TGI request failures…)",
+        |t| t.failed,
+    ),
+    (
+        "tokenwatch_runtime_prompt_tokens",
+        "Prompt tokens the runtime processed (its own counters, scraped)",
+        |t| t.prompt_tokens,
+    ),
+    (
+        "tokenwatch_runtime_output_tokens",
+        "Output tokens the runtime generated (its own counters, scraped)",
+        |t| t.output_tokens,
+    ),
+];
+
+/// Labels of a runtime series: model, runtime and instance (each left out when empty).
+struct RuntimeLabels<'a>(&'a RuntimeTotals);
+
+impl EncodeLabelSet for RuntimeLabels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        let t = self.0;
+        for (key, value) in [
+            ("model", &t.model_id),
+            ("runtime", &t.runtime),
+            ("instance", &t.instance),
+        ] {
+            if !value.is_empty() {
+                label(encoder, key, value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A cumulative histogram's buckets as prometheus-client takes them: (upper bound, count in the
+/// bucket alone), whole observations.
+fn per_bucket(h: &CumulativeHistogram) -> Vec<(f64, u64)> {
+    let whole = |v: f64| {
+        if v.is_finite() && v > 0.0 {
+            v.round() as u64
+        } else {
+            0
+        }
+    };
+    let mut below = 0u64;
+    h.bounds
+        .iter()
+        .zip(&h.cumulative)
+        .map(|(bound, cumulative)| {
+            let c = whole(*cumulative).max(below);
+            let n = c - below;
+            below = c;
+            (*bound, n)
+        })
+        .collect()
+}
+
 /// Labels of an exported signal: the model, runtime, instance and GPU it belongs to (each
 /// left out when empty: device-level signals have no model, model-level ones no GPU).
 struct SignalLabels<'a>(&'a SignalPoint);
@@ -168,6 +287,40 @@ impl Collector for SignalCollector {
             for (_, p) in group {
                 let labels = SignalLabels(p);
                 ConstGauge::new(p.value).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let totals = {
+            let board = self.board.read().unwrap_or_else(|p| p.into_inner());
+            board.runtime_windows().totals()
+        };
+        for (signal, name, help) in RUNTIME_HISTOGRAMS {
+            let lines: Vec<(&RuntimeTotals, &CumulativeHistogram)> = totals
+                .iter()
+                .filter_map(|t| t.histograms.get(signal).map(|h| (t, h)))
+                .collect();
+            if lines.is_empty() {
+                continue;
+            }
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+            for (t, h) in lines {
+                let buckets = per_bucket(h);
+                let count = buckets.iter().map(|(_, n)| n).sum();
+                family
+                    .encode_family(&RuntimeLabels(t))?
+                    .encode_histogram::<NoLabelSet>(h.sum.max(0.0), count, &buckets, None)?;
+            }
+        }
+        for (name, help, value) in RUNTIME_COUNTERS {
+            let lines: Vec<(&RuntimeTotals, f64)> = totals
+                .iter()
+                .filter_map(|t| value(t).filter(|v| v.is_finite()).map(|v| (t, v)))
+                .collect();
+            if lines.is_empty() {
+                continue;
+            }
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (t, v) in lines {
+                ConstCounter::new(v.max(0.0)).encode(family.encode_family(&RuntimeLabels(t))?)?;
             }
         }
         Ok(())
@@ -495,5 +648,99 @@ mod tests {
         );
         board.write().unwrap().evict_older_than(10_000, 1);
         assert!(!m.encode().contains("tokenwatch_kv_cache_usage_ratio"));
+    }
+
+    #[test]
+    fn the_runtimes_histograms_and_counters_are_exported_cumulative_under_one_name() {
+        use tokenwatch_core::counts::ScrapeCounts;
+        let board: SharedSignals =
+            std::sync::Arc::new(std::sync::RwLock::new(SignalBoard::new(4, 100)));
+        let m = Metrics::new();
+        register_signals(&m, board.clone());
+        assert!(
+            !m.encode()
+                .contains("tokenwatch_runtime_time_to_first_token")
+        );
+        let scrape = |at: i64, per_bucket: [f64; 3], failed: f64| ScrapeCounts {
+            model_id: "m1".into(),
+            instance: "10.0.0.1:8000".into(),
+            runtime: "sglang".into(),
+            at_unix_ms: at,
+            interval_ms: 1_000,
+            finished: Some(per_bucket.iter().sum()),
+            failed: Some(failed),
+            prompt_tokens: None,
+            output_tokens: Some(50.0),
+            latency: vec![(
+                "ttft".into(),
+                CumulativeHistogram {
+                    sum: 0.5,
+                    ..CumulativeHistogram::from_bucket_counts(
+                        &[0.1, 0.5, f64::INFINITY],
+                        &per_bucket,
+                    )
+                },
+            )],
+        };
+        {
+            let mut b = board.write().unwrap();
+            b.record_counts(scrape(1_700_000_000_000, [3.0, 1.0, 0.0], 0.0));
+            b.record_counts(scrape(1_700_000_001_000, [1.0, 2.0, 1.0], 1.0));
+        }
+        let text = m.encode();
+        assert!(
+            text.contains("# TYPE tokenwatch_runtime_time_to_first_token_seconds histogram"),
+            "{text}"
+        );
+        let buckets: Vec<(String, f64)> = samples(
+            &text,
+            "tokenwatch_runtime_time_to_first_token_seconds_bucket",
+        )
+        .into_iter()
+        .map(|(l, v)| {
+            assert_eq!(
+                (l["model"].as_str(), l["runtime"].as_str()),
+                ("m1", "sglang")
+            );
+            (l["le"].clone(), v)
+        })
+        .collect();
+        assert_eq!(
+            buckets,
+            [
+                ("0.1".to_string(), 4.0),
+                ("0.5".to_string(), 7.0),
+                ("+Inf".to_string(), 8.0)
+            ]
+        );
+        assert_eq!(
+            samples(
+                &text,
+                "tokenwatch_runtime_time_to_first_token_seconds_count"
+            )[0]
+            .1,
+            8.0
+        );
+        assert_eq!(
+            samples(&text, "tokenwatch_runtime_time_to_first_token_seconds_sum")[0].1,
+            1.0
+        );
+        assert_eq!(
+            samples(&text, "tokenwatch_runtime_requests_finished_total")[0].1,
+            8.0
+        );
+        assert_eq!(
+            samples(&text, "tokenwatch_runtime_requests_failed_total")[0].1,
+            1.0
+        );
+        assert_eq!(
+            samples(&text, "tokenwatch_runtime_output_tokens_total")[0].1,
+            100.0
+        );
+        assert!(
+            samples(&text, "tokenwatch_runtime_prompt_tokens_total").is_empty(),
+            "not reported, not exported"
+        );
+        assert!(!text.contains("tokenwatch_runtime_inter_token_latency"));
     }
 }

@@ -5,13 +5,16 @@
 // pipeline and the OTLP receiver hand spans to, the telemetry queue's sending side every source
 // emits records through and the store-rows port received spans and logs are queued through, the telemetry registry every stage registers
 // its health on, the configuration's duration type, the API routes' query-string checks, the
-// streamed-response formats, the version/deploy marker model, and the route split tables the proxy picks from and canary
-// rollback acts on, and the action port through which a detector's decision reaches the act stage. The clock and the record and signal types are in the `tokenwatch-core` crate.
+// streamed-response formats, the version/deploy marker model, the route split tables the proxy
+// picks from and the act stage changes on canary rollback, the action port through which a
+// detector's decision reaches the act stage, and the model aliases every source's model ids are
+// resolved through. The clock and the record and signal types are in the `tokenwatch-core` crate.
 
 pub mod actions;
 pub mod delivery;
 pub mod duration;
 pub mod markers;
+pub mod models;
 pub mod params;
 pub mod queue;
 pub mod rows;

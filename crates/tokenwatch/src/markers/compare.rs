@@ -1,9 +1,42 @@
 // Before/after comparison around a marker: latency quantiles, error rate and tokens per request
-// from request records, and the normalised signals' history, each with a 95 % interval and a verdict.
+// from request records — or, for a model no record holds, latency quantiles and error rate from
+// the runtime's own histograms and counters, each with its bucket — and the normalised signals'
+// history, each with a 95 % interval and a verdict.
 
-use super::stats::{Better, Estimate, mean_ci, quantile_ci, verdict, wilson};
+use super::stats::{
+    Better, Estimate, histogram_quantile_ci, mean_ci, quantile_ci, verdict, wilson,
+};
 use serde::Serialize;
+use tokenwatch_core::histogram::BucketQuantile;
 use tokenwatch_core::model::RequestRecord;
+use tokenwatch_core::runtime_latency::RuntimeSpan;
+
+/// The bucket a runtime percentile lies in, and the largest error that allows (`None`: the +Inf
+/// bucket, unbounded).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Bucket {
+    pub lower: f64,
+    pub upper: Option<f64>,
+    pub max_abs_error: Option<f64>,
+}
+
+impl From<BucketQuantile> for Bucket {
+    fn from(q: BucketQuantile) -> Bucket {
+        let finite = |v: f64| v.is_finite().then_some(v);
+        Bucket {
+            lower: q.bucket_lower,
+            upper: finite(q.bucket_upper),
+            max_abs_error: finite(q.max_abs_error()),
+        }
+    }
+}
+
+/// The buckets of a runtime percentile's estimates before and after.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BucketSides {
+    pub before: Option<Bucket>,
+    pub after: Option<Bucket>,
+}
 
 /// One signal before and after.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -21,6 +54,10 @@ pub struct SignalComparison {
     /// `better`, `worse`, `changed` (no good direction), `no_change` (intervals overlap) or
     /// `insufficient_data`.
     pub verdict: &'static str,
+    /// Runtime percentiles only: the bucket each estimate lies in (its interval `lo`–`hi` is
+    /// already widened to the buckets; `hi` null: the +Inf bucket).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bucket_bounds: Option<BucketSides>,
 }
 
 fn better_name(b: Better) -> &'static str {
@@ -48,6 +85,7 @@ fn row(
         better: better_name(better),
         before,
         after,
+        bucket_bounds: None,
     }
 }
 
@@ -120,6 +158,50 @@ pub fn compare_records(before: &[RequestRecord], after: &[RequestRecord]) -> Vec
             mean_ci(&vals(&a_ok)),
         ));
     }
+    out
+}
+
+/// The scraped histogram signals compared, with the name of their rows.
+const RUNTIME_LATENCIES: [(&str, &str); 3] = [("ttft", "ttft"), ("itl", "itl"), ("e2e", "e2e")];
+
+/// TTFT, ITL and E2E P50/P95 from the runtime's histograms of each side (source `runtime`, each
+/// with its bucket), and the error rate from its failed / finished counters, where it reports
+/// them: the rows [`compare_records`] gives, for a model no record holds.
+pub fn compare_runtime(before: &RuntimeSpan, after: &RuntimeSpan) -> Vec<SignalComparison> {
+    let mut out = Vec::new();
+    for (signal, metric) in RUNTIME_LATENCIES {
+        let (bh, ah) = (before.histograms.get(signal), after.histograms.get(signal));
+        for (q, p) in [("p50", 0.5), ("p95", 0.95)] {
+            let b = bh.and_then(|h| histogram_quantile_ci(h, p));
+            let a = ah.and_then(|h| histogram_quantile_ci(h, p));
+            let mut r = row(
+                format!("{metric}_{q}_seconds"),
+                "runtime",
+                "seconds",
+                Better::Lower,
+                b.map(|(e, _)| e),
+                a.map(|(e, _)| e),
+            );
+            r.bucket_bounds = Some(BucketSides {
+                before: b.map(|(_, q)| q.into()),
+                after: a.map(|(_, q)| q.into()),
+            });
+            out.push(r);
+        }
+    }
+    let errors = |s: &RuntimeSpan| {
+        let (finished, failed) = (s.finished?, s.failed?);
+        let n = finished.max(0.0).round() as u64;
+        wilson(failed.max(0.0).round() as u64, n)
+    };
+    out.push(row(
+        "error_rate".into(),
+        "runtime",
+        "ratio",
+        Better::Lower,
+        errors(before),
+        errors(after),
+    ));
     out
 }
 
@@ -215,6 +297,73 @@ mod tests {
         assert_eq!(
             find(&rows, "prompt_tokens_per_request").verdict,
             "insufficient_data"
+        );
+    }
+
+    fn span(ttft_per_bucket: [f64; 4], finished: f64, failed: f64) -> RuntimeSpan {
+        use tokenwatch_core::histogram::CumulativeHistogram;
+        let h = CumulativeHistogram::from_bucket_counts(
+            &[0.04, 0.25, 0.5, f64::INFINITY],
+            &ttft_per_bucket,
+        );
+        RuntimeSpan {
+            finished: Some(finished),
+            failed: Some(failed),
+            histograms: [("ttft".to_string(), h)].into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn runtime_histograms_compare_with_their_buckets_as_the_interval() {
+        // Before: 40 first tokens ≤ 0.04 s; after: 40 in (0.25, 0.5]; 40 of 400 requests failed.
+        let before = span([40.0, 0.0, 0.0, 0.0], 400.0, 0.0);
+        let after = span([0.0, 0.0, 40.0, 0.0], 400.0, 40.0);
+        let rows = compare_runtime(&before, &after);
+        let p50 = find(&rows, "ttft_p50_seconds");
+        assert_eq!(
+            (p50.source.as_str(), p50.verdict),
+            ("runtime", "worse"),
+            "{p50:?}"
+        );
+        let (b, a) = (p50.before.unwrap(), p50.after.unwrap());
+        assert_eq!(
+            (b.lo, b.hi, b.n),
+            (0.0, 0.04, 40),
+            "the bucket is the interval"
+        );
+        assert_eq!((a.lo, a.hi), (0.25, 0.5));
+        assert!(b.lo <= b.value && b.value <= b.hi && a.lo <= a.value && a.value <= a.hi);
+        let buckets = p50.bucket_bounds.unwrap();
+        assert_eq!(buckets.after.unwrap().upper, Some(0.5));
+        assert_eq!(buckets.before.unwrap().lower, 0.0);
+        // The same histogram both sides: no change; ITL and E2E not reported: no data.
+        let same = compare_runtime(&before, &before);
+        assert_eq!(find(&same, "ttft_p95_seconds").verdict, "no_change");
+        assert_eq!(find(&rows, "itl_p50_seconds").verdict, "insufficient_data");
+        let err = find(&rows, "error_rate");
+        assert_eq!((err.source.as_str(), err.verdict), ("runtime", "worse"));
+        assert_eq!(err.after.unwrap().value, 0.1);
+        // A tail in the +Inf bucket: unbounded above, serialised as null.
+        let tail = span([20.0, 0.0, 0.0, 20.0], 40.0, 0.0);
+        let rows = compare_runtime(&before, &tail);
+        let p95 = find(&rows, "ttft_p95_seconds");
+        assert!(p95.after.unwrap().hi.is_infinite());
+        assert_eq!(
+            p95.bucket_bounds.unwrap().after.unwrap().max_abs_error,
+            None
+        );
+        let json = serde_json::to_value(p95).unwrap();
+        assert_eq!(json["after"]["hi"], serde_json::Value::Null);
+        assert_eq!(
+            json["bucket_bounds"]["after"]["upper"],
+            serde_json::Value::Null
+        );
+        assert!(
+            serde_json::to_value(find(&compare_records(&[], &[]), "ttft_p50_seconds"))
+                .unwrap()
+                .get("bucket_bounds")
+                .is_none()
         );
     }
 

@@ -1,5 +1,6 @@
 // Estimates with 95 % confidence intervals for before/after comparisons: distribution-free
-// (order-statistic) intervals for quantiles, Wilson intervals for rates, normal ones for means.
+// (order-statistic) intervals for quantiles — of raw values, or of a runtime's bucket histogram,
+// widened to the buckets — Wilson intervals for rates, normal ones for means.
 
 use serde::Serialize;
 
@@ -43,6 +44,34 @@ pub fn quantile_ci(xs: &[f64], p: f64) -> Option<Estimate> {
         hi: at((n * p + half).ceil() - 1.0),
         n: v.len() as u64,
     })
+}
+
+/// The `p` quantile of a bucket histogram (a runtime's own, `CumulativeHistogram`) with the
+/// interval of [`quantile_ci`] taken to the buckets: from the lower bound of the bucket holding
+/// rank n·p − z·√(n·p·(1−p)) to the upper bound of the one holding rank n·p + z·√(…) — sampling
+/// and bucket error together. `hi` is +∞ where that rank falls in the +Inf bucket. Also the
+/// bucket the estimate lies in. None for fewer than 2 observations.
+pub fn histogram_quantile_ci(
+    h: &tokenwatch_core::histogram::CumulativeHistogram,
+    p: f64,
+) -> Option<(Estimate, tokenwatch_core::histogram::BucketQuantile)> {
+    let n = h.count;
+    if !n.is_finite() || n < 2.0 {
+        return None;
+    }
+    let at = h.quantile(p)?;
+    let half = Z95 * (n * p * (1.0 - p)).sqrt();
+    let lo = h.quantile(((n * p - half) / n).clamp(0.0, 1.0))?;
+    let hi = h.quantile(((n * p + half) / n).clamp(0.0, 1.0))?;
+    Some((
+        Estimate {
+            value: at.value,
+            lo: lo.bucket_lower.min(at.value),
+            hi: hi.bucket_upper.max(at.value),
+            n: n.round() as u64,
+        },
+        at,
+    ))
 }
 
 /// The rate k/n with its Wilson score interval. None when n is 0.

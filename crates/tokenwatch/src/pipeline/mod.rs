@@ -1,5 +1,6 @@
 // The pipeline between sources and everything downstream: a bounded telemetry queue that
-// never blocks a request, and one thread that aggregates, stores and exports each batch.
+// never blocks a request, and one thread that resolves each record's model id through the
+// configured aliases, then aggregates, stores and exports each batch.
 
 pub mod proxy_span;
 pub mod span_sampler;
@@ -62,6 +63,9 @@ pub struct PipelineConfig {
     pub thread_priority: crate::runtimes::AnalysisPriority,
     /// Masks captured text (`capture.text`); None: capture is off.
     pub text_capture: Option<TextCapture>,
+    /// Other ids of a model (`models.aliases`): records and first tokens naming one are
+    /// counted under the model's id.
+    pub model_aliases: crate::kernel::models::SharedAliases,
 }
 
 /// Handle to the running pipeline thread.
@@ -189,7 +193,7 @@ impl Worker {
             }
             self.metrics.queue_depth.set(self.rx.len() as i64);
             if !firsts.is_empty() {
-                self.process_first_tokens(&firsts);
+                self.process_first_tokens(&mut firsts);
                 firsts.clear();
             }
             if !batch.is_empty() {
@@ -218,6 +222,7 @@ impl Worker {
             .drain(..)
             .map(|q| {
                 let (mut record, raw) = q.into_parts();
+                self.cfg.model_aliases.apply(&mut record.labels.model_id);
                 if let (Some(raw), Some(capture)) = (raw, &self.cfg.text_capture) {
                     record.text = Some(Box::new(capture.finish(&raw)));
                 }
@@ -245,7 +250,10 @@ impl Worker {
         }
     }
 
-    fn process_first_tokens(&mut self, firsts: &[FirstToken]) {
+    fn process_first_tokens(&mut self, firsts: &mut [FirstToken]) {
+        for f in firsts.iter_mut() {
+            self.cfg.model_aliases.apply(&mut f.model_id);
+        }
         for sink in &mut self.sinks {
             if let Err(e) = sink.consume_first_tokens(firsts) {
                 tracing::warn!(sink = sink.name(), error = %e, "sink failed on first tokens");
@@ -319,6 +327,7 @@ mod tests {
             maintenance_interval: Duration::from_secs(600),
             thread_priority: Default::default(),
             text_capture: None,
+            model_aliases: Default::default(),
         };
         let agg = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default())));
         let (pipeline, queue) = Pipeline::start(

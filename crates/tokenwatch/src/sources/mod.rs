@@ -64,6 +64,9 @@ pub struct SourceContext {
     /// The alert engine's port for embeddings, feedback and scores (posted to the API, sent as
     /// span attributes); None: alerting is off.
     pub posted: Option<Arc<dyn tokenwatch_core::alert::PostedInputs>>,
+    /// Other ids of a model (`models.aliases`): scraped and OTLP-metric series naming one go
+    /// under the model's id (records are resolved by the pipeline).
+    pub model_aliases: crate::kernel::models::SharedAliases,
 }
 
 /// A started source: its tasks, and API routes it serves on the API port (if any).

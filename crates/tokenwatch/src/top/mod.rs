@@ -1,5 +1,6 @@
 // `tokenwatch top`: a live terminal view of a running tokenwatch's fleet (`--url`), refreshed
-// every `--interval`; owns the arguments, terminal setup/restore and the event/refresh loop.
+// every `--interval`; owns the arguments, terminal setup/restore and the event/refresh loop, and
+// `--once`: one screen printed as text (scripts, CI, no terminal needed).
 
 pub mod client;
 pub mod fmt;
@@ -37,6 +38,13 @@ pub struct TopArgs {
     /// File holding a `read` token, for an API with `auth.tokens_file` (or set TOKENWATCH_TOKEN).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// Read the fleet once, print the screen as plain text and exit (no terminal needed); exits
+    /// non-zero when the API does not answer.
+    #[arg(long)]
+    pub once: bool,
+    /// Columns and rows of the `--once` screen, e.g. 160x40.
+    #[arg(long, default_value = "160x40", value_parser = parse_size)]
+    pub size: (u16, u16),
 }
 
 /// The token from `--token-file` or `TOKENWATCH_TOKEN`, if any (never from the command line
@@ -59,6 +67,19 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} is too short: at least 200ms"));
     }
     Ok(d)
+}
+
+fn parse_size(s: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("{s:?}: expected COLUMNSxROWS, each 20 to 1000, e.g. 160x40");
+    let (w, h) = s.split_once('x').ok_or_else(bad)?;
+    let (w, h) = (
+        w.parse::<u16>().map_err(|_| bad())?,
+        h.parse::<u16>().map_err(|_| bad())?,
+    );
+    if !(20..=1000).contains(&w) || !(20..=1000).contains(&h) {
+        return Err(bad());
+    }
+    Ok((w, h))
 }
 
 fn parse_window(s: &str) -> Result<Window, String> {
@@ -102,6 +123,21 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
     if let Some(t) = token(&args)? {
         client = client.with_token(&t)?;
     }
+    if args.once {
+        let fleet = client
+            .fleet(args.window)
+            .await
+            .with_context(|| format!("reading the fleet from {}", client.base_url()))?;
+        let mut state = TopState::new(client.base_url(), args.window, args.interval);
+        state.set_fleet(fleet, chrono::Local::now());
+        let mut out = String::new();
+        for line in screen(&mut state, args.size)? {
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        print!("{out}");
+        return Ok(());
+    }
     let mut terminal =
         ratatui::try_init().context("tokenwatch top needs an interactive terminal")?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -112,6 +148,22 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
     let restored = ratatui::try_restore().context("restoring the terminal");
     let _ = input.join();
     result.and(restored)
+}
+
+/// The screen `state` draws at `(columns, rows)`, one string per row.
+pub fn screen(state: &mut TopState, (w, h): (u16, u16)) -> anyhow::Result<Vec<String>> {
+    let mut term = ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h))
+        .context("an in-memory screen")?;
+    term.draw(|f| view::draw(f, state))
+        .context("drawing the screen")?;
+    let buf = term.backend().buffer();
+    Ok((0..h)
+        .map(|y| {
+            (0..w)
+                .filter_map(|x| buf.cell((x, y)).map(|c| c.symbol().to_string()))
+                .collect()
+        })
+        .collect())
 }
 
 async fn event_loop(

@@ -392,3 +392,20 @@ fn where_proxy_and_runtime_both_see_a_model_the_detail_pane_shows_the_runtimes_v
     assert!(all.contains("the runtime reports TTFT p50"), "{all}");
     assert!(all.contains("in front of it"), "{all}");
 }
+
+#[test]
+fn once_screens_are_sized_columns_by_rows() {
+    assert_eq!(super::parse_size("160x40"), Ok((160, 40)));
+    for bad in ["160", "10x40", "160x2000", "axb", "160x"] {
+        assert!(super::parse_size(bad).is_err(), "{bad}");
+    }
+    let mut s = state();
+    let lines = super::screen(&mut s, (120, 30)).unwrap();
+    assert_eq!(lines.len(), 30);
+    assert!(lines.iter().all(|l| l.chars().count() == 120));
+    assert_eq!(
+        lines,
+        render(&mut s, 120, 30),
+        "the screen the live view draws"
+    );
+}

@@ -135,6 +135,8 @@ pub struct Ingest {
     /// Spans and log records reach the store through its writer thread (bounded queue).
     writer: StoreRows,
     signals: SharedSignals,
+    /// Other ids of a model (`models.aliases`): metric points naming one go under its id.
+    aliases: crate::kernel::models::SharedAliases,
     mapper: Mutex<MetricsMapper>,
     permits: Arc<Semaphore>,
     /// Prompt and completion text in spans and logs: dropped or masked before storage.
@@ -167,6 +169,7 @@ impl Ingest {
             queue,
             writer,
             signals,
+            aliases: Default::default(),
             text,
             span_export: None,
             log_feed: None,
@@ -175,6 +178,13 @@ impl Ingest {
             permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
             stats: OtlpStats::default(),
         }
+    }
+
+    /// Resolve the model ids of received metric points through `aliases` (records are resolved
+    /// by the pipeline).
+    pub fn with_model_aliases(mut self, aliases: crate::kernel::models::SharedAliases) -> Ingest {
+        self.aliases = aliases;
+        self
     }
 
     /// Export the spans stored from now on (`export.otlp.include_received`).
@@ -324,7 +334,8 @@ impl Ingest {
         };
         if !batch.points.is_empty() {
             let mut board = self.signals.write().unwrap_or_else(|p| p.into_inner());
-            for p in batch.points {
+            for mut p in batch.points {
+                self.aliases.apply(&mut p.model_id);
                 board.update(p);
             }
         }
@@ -469,6 +480,7 @@ mod tests {
                 maintenance_interval: Duration::from_secs(600),
                 thread_priority: Default::default(),
                 text_capture: None,
+                model_aliases: Default::default(),
             },
             Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default()))),
             Vec::new(),

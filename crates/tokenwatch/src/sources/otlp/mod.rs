@@ -153,6 +153,7 @@ impl super::Source for OtlpSource {
                     MAX_IN_FLIGHT,
                     ctx.telemetry_text,
                 )
+                .with_model_aliases(ctx.model_aliases.clone())
                 .with_span_export(ctx.span_export)
                 .with_log_feed(ctx.log_feed)
                 .with_scores(ctx.store.clone(), ctx.posted.clone()),

@@ -211,6 +211,7 @@ impl Source for ScrapeSource {
                 health,
                 signals: ctx.signals.clone(),
                 events: ctx.events.clone(),
+                aliases: ctx.model_aliases.clone(),
                 versions: versions::ScrapedMarkers::new(ctx.store.clone()),
                 window: cfg.latency_window.0,
                 max_body: cfg.max_body_bytes,

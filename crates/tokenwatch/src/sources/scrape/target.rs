@@ -198,11 +198,33 @@ pub struct Shared {
     pub signals: SharedSignals,
     /// GPU XID errors go to the alert engine's root-cause history.
     pub events: EventInbox,
+    /// Other ids of a model (`models.aliases`): series naming one go under the model's id.
+    pub aliases: crate::kernel::models::SharedAliases,
     /// Scraped model versions become version markers.
     pub versions: super::versions::ScrapedMarkers,
     pub window: Duration,
     pub max_body: usize,
     pub shutdown: watch::Receiver<bool>,
+}
+
+/// Renames the model of every point, count, placement and version of a scrape that names an
+/// alias (`models.aliases`) to the model's id.
+fn resolve_aliases(
+    out: &mut super::mapping::MapOutput,
+    aliases: &crate::kernel::models::ModelAliases,
+) {
+    for p in &mut out.points {
+        aliases.apply(&mut p.model_id);
+    }
+    for c in &mut out.counts {
+        aliases.apply(&mut c.model_id);
+    }
+    for p in &mut out.placed {
+        aliases.apply(&mut p.model_id);
+    }
+    for (model, _) in &mut out.versions {
+        aliases.apply(model);
+    }
 }
 
 /// Scrape `spec` every interval until shutdown (or until the task is aborted).
@@ -251,7 +273,10 @@ async fn scrape_once(spec: &TargetSpec, shared: &Shared, mapper: &mut Mapper) {
     });
     let duration = started.elapsed();
     let outcome = match result {
-        Ok((out, now_ms)) => {
+        Ok((mut out, now_ms)) => {
+            if !shared.aliases.is_empty() {
+                resolve_aliases(&mut out, &shared.aliases);
+            }
             shared
                 .versions
                 .observe(&spec.instance(), &out.versions, now_ms);
