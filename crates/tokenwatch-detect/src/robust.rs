@@ -69,37 +69,10 @@ fn median_in_place(v: &mut [f64]) -> f64 {
     }
 }
 
-/// ln Γ(x) for x > 0 (Lanczos, g = 7, n = 9; relative error < 1e-13).
-fn ln_gamma(x: f64) -> f64 {
-    const G: f64 = 7.0;
-    const C: [f64; 9] = [
-        0.999_999_999_999_809_9,
-        676.520_368_121_885_1,
-        -1_259.139_216_722_402_8,
-        771.323_428_777_653_1,
-        -176.615_029_162_140_6,
-        12.507_343_278_686_905,
-        -0.138_571_095_265_720_12,
-        9.984_369_578_019_572e-6,
-        1.505_632_735_149_311_6e-7,
-    ];
-    if x < 0.5 {
-        // Reflection: Γ(x)Γ(1−x) = π / sin(πx).
-        return (std::f64::consts::PI / (std::f64::consts::PI * x).sin()).ln() - ln_gamma(1.0 - x);
-    }
-    let x = x - 1.0;
-    let mut a = C[0];
-    let t = x + G + 0.5;
-    for (i, c) in C.iter().enumerate().skip(1) {
-        a += c / (x + i as f64);
-    }
-    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + a.ln()
-}
-
-/// P(X ≥ k) for X ~ Binomial(n, p): the one-sided p-value of seeing `k` or more successes.
-/// Summed in log space from k upwards until the terms stop mattering (they fall geometrically
-/// above the mode), so it is exact to ~1e-12 relative and cheap for any n.
+/// P(X ≥ k) for X ~ Binomial(n, p): the one-sided p-value of seeing `k` or more successes
+/// (`statrs`: the regularised incomplete beta function, accurate far into the tail).
 pub fn binomial_sf(k: u64, n: u64, p: f64) -> f64 {
+    use statrs::distribution::{Binomial, DiscreteCDF};
     if k == 0 {
         return 1.0;
     }
@@ -109,44 +82,14 @@ pub fn binomial_sf(k: u64, n: u64, p: f64) -> f64 {
     if p >= 1.0 {
         return 1.0;
     }
-    let (nf, lp, lq) = (n as f64, p.ln(), (1.0 - p).ln());
-    let ln_c = ln_gamma(nf + 1.0);
-    let ln_pmf =
-        |i: f64| ln_c - ln_gamma(i + 1.0) - ln_gamma(nf - i + 1.0) + i * lp + (nf - i) * lq;
-    let mode = ((nf + 1.0) * p).floor();
-    if (k as f64) <= mode {
-        // Below the mode the upper tail holds at least half the mass: 1 − P(X < k).
-        let mut below = 0.0;
-        for i in 0..k {
-            below += ln_pmf(i as f64).exp();
-        }
-        return (1.0 - below).clamp(0.0, 1.0);
-    }
-    let first = ln_pmf(k as f64);
-    // Relative terms: pmf(i+1)/pmf(i) = (n − i)/(i + 1) · p/q.
-    let (mut sum, mut term, mut i) = (1.0f64, 1.0f64, k as f64);
-    while i < nf {
-        term *= (nf - i) / (i + 1.0) * (p / (1.0 - p));
-        sum += term;
-        i += 1.0;
-        if term < sum * 1e-15 {
-            break;
-        }
-    }
-    (first + sum.ln()).exp().clamp(0.0, 1.0)
+    // sf(x) is P(X > x).
+    Binomial::new(p, n).map_or(f64::NAN, |b| b.sf(k - 1).clamp(0.0, 1.0))
 }
 
-/// Wilson score upper bound of a rate from `k` of `n` at normal quantile `z` (one-sided).
-/// None without observations.
+/// Wilson score upper bound of a rate from `k` of `n` at normal quantile `z` (one-sided); the
+/// one Wilson interval is `sequential::wilson_interval`. None without observations.
 pub fn wilson_upper(k: u64, n: u64, z: f64) -> Option<f64> {
-    if n == 0 {
-        return None;
-    }
-    let (nf, p) = (n as f64, k.min(n) as f64 / n as f64);
-    let z2 = z * z;
-    let centre = p + z2 / (2.0 * nf);
-    let half = z * (p * (1.0 - p) / nf + z2 / (4.0 * nf * nf)).sqrt();
-    Some(((centre + half) / (1.0 + z2 / nf)).clamp(0.0, 1.0))
+    crate::sequential::rate_upper(k.min(n) as f64, n as f64, z)
 }
 
 #[cfg(test)]
@@ -218,7 +161,6 @@ mod tests {
             .collect();
         let sp = median_split_sigma(&capped).unwrap();
         assert!(sp.above < 1.0 && sp.below > 20.0, "{sp:?}");
-        assert!(ln_gamma(0.3).is_finite() && (ln_gamma(5.0) - 24f64.ln()).abs() < 1e-12);
     }
 
     proptest! {

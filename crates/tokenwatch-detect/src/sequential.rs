@@ -375,7 +375,10 @@ pub fn optimal_delay_samples(h: f64, p_true: f64, p0: f64) -> f64 {
 
 /// Wilson's score interval of a rate from `x` events in `n` trials at `z` standard errors (it
 /// stays inside [0, 1] for small counts): (lower, upper).
-fn wilson(x: f64, n: f64, z: f64) -> Option<(f64, f64)> {
+/// The Wilson score interval (lower, upper) of a rate from `x` events in `n` trials at `z`
+/// standard errors: the one used wherever a rate's confidence bound is needed. None without
+/// trials.
+pub fn wilson_interval(x: f64, n: f64, z: f64) -> Option<(f64, f64)> {
     if n <= 0.0 {
         return None;
     }
@@ -392,12 +395,12 @@ fn wilson(x: f64, n: f64, z: f64) -> Option<(f64, f64)> {
 
 /// The upper confidence bound of a rate from `x` events in `n` trials, `z` standard errors up.
 pub fn rate_upper(x: f64, n: f64, z: f64) -> Option<f64> {
-    wilson(x, n, z).map(|(_, upper)| upper)
+    wilson_interval(x, n, z).map(|(_, upper)| upper)
 }
 
 /// The lower confidence bound of a rate from `x` events in `n` trials, `z` standard errors down.
 pub fn rate_lower(x: f64, n: f64, z: f64) -> Option<f64> {
-    wilson(x, n, z).map(|(lower, _)| lower)
+    wilson_interval(x, n, z).map(|(lower, _)| lower)
 }
 
 /// Overdispersion of grouped counts: Pearson's χ² of each group against the rate of its block,

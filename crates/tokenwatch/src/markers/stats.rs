@@ -76,28 +76,13 @@ pub fn histogram_quantile_ci(
 
 /// The rate k/n with its Wilson score interval. None when n is 0.
 pub fn wilson(k: u64, n: u64) -> Option<Estimate> {
-    if n == 0 {
-        return None;
-    }
-    let (k, nf) = (k.min(n) as f64, n as f64);
-    let p = k / nf;
-    let z2 = Z95 * Z95;
-    let denom = 1.0 + z2 / nf;
-    let centre = (p + z2 / (2.0 * nf)) / denom;
-    let half = Z95 * (p * (1.0 - p) / nf + z2 / (4.0 * nf * nf)).sqrt() / denom;
+    let (kf, nf) = (k.min(n) as f64, n as f64);
+    let (lo, hi) = tokenwatch_detect::sequential::wilson_interval(kf, nf, Z95)?;
     Some(Estimate {
-        value: p,
+        value: kf / nf,
         // Exact at the ends (0 of n, n of n), where rounding would leave a hair off 0 or 1.
-        lo: if k == 0.0 {
-            0.0
-        } else {
-            (centre - half).max(0.0)
-        },
-        hi: if k == nf {
-            1.0
-        } else {
-            (centre + half).min(1.0)
-        },
+        lo: if kf == 0.0 { 0.0 } else { lo },
+        hi: if kf == nf { 1.0 } else { hi },
         n,
     })
 }
