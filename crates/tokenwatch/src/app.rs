@@ -4,6 +4,7 @@
 use crate::api::{ApiState, router as api_router};
 use crate::config::Config;
 use crate::export::prometheus::MetricsSink;
+use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::Metrics;
 use crate::pipeline::{
     Pipeline, PipelineConfig, ProxySpanBuilder, ProxySpanSink, RecordSink, StoreSink, StoreWriter,
@@ -22,14 +23,60 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// How long in-flight streams get to finish once shutdown starts.
+/// How long the API, the exporters and the store writer get to finish once the proxy has
+/// drained (or, without a proxy, once shutdown starts).
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
+
+/// The `shutdown:` section: how the request path drains on SIGTERM or SIGINT.
+///
+/// ```yaml
+/// shutdown:
+///   delay: 5s            # /readyz answers 503 at once; the proxy keeps accepting this long
+///   drain_timeout: 10m   # then requests and streams in flight get this long to finish
+/// ```
+///
+/// In Kubernetes, `terminationGracePeriodSeconds` must exceed `delay + drain_timeout` plus a
+/// few seconds for the flush (or the pod is killed mid-stream), and a `preStop` hook is not
+/// needed for the delay: tokenwatch keeps serving through it by itself.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    /// After the signal, `/readyz` answers 503 at once and the proxy keeps accepting new
+    /// connections for this long: the time a load balancer or Kubernetes needs to stop sending.
+    /// Only when the proxy runs (collector-only has no request path to drain).
+    pub delay: HumanDuration,
+    /// Then the proxy stops accepting; requests and streams in flight run to completion for up
+    /// to this long (the longest stream you expect), their count logged and in
+    /// `tokenwatch_shutdown_in_flight_requests`. A second signal cuts the drain short.
+    pub drain_timeout: HumanDuration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig {
+            delay: HumanDuration(Duration::from_secs(5)),
+            drain_timeout: HumanDuration(Duration::from_secs(600)),
+        }
+    }
+}
+
+/// The proxy's listener as shutdown meets it: its own stop, its task, what it has in flight.
+struct ProxyServer {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    state: Arc<ProxyState>,
+}
 
 pub struct RunningApp {
     pub api_addr: SocketAddr,
     pub proxy_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
+    /// The proxy, drained before everything else stops (None in collector-only mode).
+    proxy: Option<ProxyServer>,
+    drain: ShutdownConfig,
+    components: Components,
+    in_flight_gauge: prometheus_client::metrics::gauge::Gauge,
     pipeline: Pipeline,
     /// The store's writer thread, drained after the pipeline.
     store_writer: StoreWriterThread,
@@ -362,6 +409,7 @@ impl RunningApp {
             .and_then(|r| r.with_splits(&cfg.proxy.routes))
             .map_err(anyhow::Error::msg)?;
         let mut proxy_state = None;
+        let mut proxy_server = None;
         let proxy_addr = if routes.is_empty() {
             components.set(
                 "proxy",
@@ -395,14 +443,21 @@ impl RunningApp {
             );
             proxy_state = Some(state.clone());
             let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, &metrics);
-            servers.push(serve_proxy(
+            // The proxy stops on its own signal: it drains first, while the API still answers.
+            let (proxy_stop, proxy_stopped) = watch::channel(false);
+            let task = serve_proxy(
                 proxy_rt.handle(),
                 listener,
                 tls.proxy.clone(),
-                proxy::router(state),
-                stop.clone(),
+                proxy::router(state.clone()),
+                proxy_stopped,
                 guard,
-            ));
+            );
+            proxy_server = Some(ProxyServer {
+                stop: proxy_stop,
+                task,
+                state,
+            });
             components.set("proxy", "ok");
             Some(addr)
         };
@@ -434,8 +489,8 @@ impl RunningApp {
             store,
             store_backend: cfg.store.backend,
             store_health,
-            metrics,
-            components,
+            metrics: metrics.clone(),
+            components: components.clone(),
             signals,
             alerts,
             timeline,
@@ -455,11 +510,21 @@ impl RunningApp {
         app = crate::auth::http::protect_api(app, &auth);
         app = crate::audit::http::audit_api(app, &audit);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
+        let in_flight_gauge = prometheus_client::metrics::gauge::Gauge::default();
+        metrics.register(
+            "tokenwatch_shutdown_in_flight_requests",
+            "Requests and streams the proxy still forwards while it drains at shutdown (0 otherwise)",
+            in_flight_gauge.clone(),
+        );
         Ok(RunningApp {
             api_addr,
             proxy_addr,
             shutdown,
             servers,
+            proxy: proxy_server,
+            drain: cfg.shutdown.clone(),
+            components: components.clone(),
+            in_flight_gauge,
             pipeline,
             store_writer,
             otlp_export,
@@ -467,12 +532,64 @@ impl RunningApp {
         })
     }
 
-    /// Stop accepting, give in-flight streams one grace period (for all tasks together), then
-    /// flush what the pipeline has queued.
+    /// Shut down without waiting for a second signal (`shutdown_or_cut`).
     pub async fn shutdown(self) {
+        self.shutdown_or_cut(std::future::pending()).await
+    }
+
+    /// Drain, then stop: `/readyz` answers 503 at once; the proxy keeps accepting for
+    /// `shutdown.delay`, then stops accepting and lets what is in flight finish for up to
+    /// `shutdown.drain_timeout` (`cut` resolving — a second signal — ends either wait); then
+    /// the API and the other tasks stop within one grace, and what the pipeline has queued is
+    /// flushed.
+    pub async fn shutdown_or_cut(mut self, cut: impl std::future::Future<Output = ()>) {
+        tokio::pin!(cut);
+        self.components.set_draining("draining: shutting down");
+        if let Some(proxy) = self.proxy.take() {
+            let (delay, timeout) = (self.drain.delay.0, self.drain.drain_timeout.0);
+            tracing::info!(
+                delay_s = delay.as_secs_f64(),
+                drain_timeout_s = timeout.as_secs_f64(),
+                "shutting down: /readyz answers 503; the proxy keeps accepting for shutdown.delay"
+            );
+            let mut cut_short = tokio::select! {
+                _ = tokio::time::sleep(delay) => false,
+                _ = &mut cut => true,
+            };
+            let _ = proxy.stop.send(true);
+            let abort = proxy.task.abort_handle();
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut task = proxy.task;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut last_log = tokio::time::Instant::now();
+            while !cut_short {
+                tokio::select! {
+                    _ = &mut task => break,
+                    _ = tick.tick() => {
+                        let n = proxy.state.in_flight();
+                        self.in_flight_gauge.set(n as i64);
+                        if tokio::time::Instant::now() >= deadline {
+                            tracing::warn!(in_flight = n, "shutdown.drain_timeout reached: cutting what is still in flight");
+                            cut_short = true;
+                        } else if last_log.elapsed() >= Duration::from_secs(5) {
+                            last_log = tokio::time::Instant::now();
+                            tracing::info!(in_flight = n, "draining: the proxy no longer accepts; waiting for requests in flight");
+                        }
+                    }
+                    _ = &mut cut => {
+                        tracing::warn!(in_flight = proxy.state.in_flight(), "second signal: cutting the drain short");
+                        cut_short = true;
+                    }
+                }
+            }
+            if cut_short {
+                abort.abort();
+            }
+            self.in_flight_gauge.set(0);
+        }
         let _ = self.shutdown.send(true);
         let deadline = tokio::time::Instant::now() + DRAIN_GRACE;
-        for s in self.servers {
+        for s in std::mem::take(&mut self.servers) {
             let abort = s.abort_handle();
             if tokio::time::timeout_at(deadline, s).await.is_err() {
                 abort.abort();

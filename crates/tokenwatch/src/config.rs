@@ -85,6 +85,8 @@ pub struct Config {
     pub logs: crate::logs::LogsConfig,
     /// Other ids a model goes by (`aliases`), counted under its one id.
     pub models: crate::kernel::models::ModelsConfig,
+    /// How the request path drains on SIGTERM/SIGINT (`delay`, `drain_timeout`).
+    pub shutdown: crate::app::ShutdownConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
@@ -135,6 +137,7 @@ impl Default for Config {
             sources: Default::default(),
             logs: Default::default(),
             models: Default::default(),
+            shutdown: Default::default(),
         }
     }
 }

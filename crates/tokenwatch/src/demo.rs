@@ -173,6 +173,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..Config::default()
     };
     cfg.proxy.listen = args.proxy_listen;
+    // The demo stops its own traffic first: no load balancer to wait for, nothing long to drain.
+    cfg.shutdown.delay = crate::kernel::duration::HumanDuration(std::time::Duration::ZERO);
+    cfg.shutdown.drain_timeout =
+        crate::kernel::duration::HumanDuration(std::time::Duration::from_secs(5));
     cfg.otlp.grpc_listen = args.otlp_grpc_listen;
     cfg.otlp.http_listen = args.otlp_http_listen;
     cfg.proxy.upstreams = sims

@@ -413,7 +413,8 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
             tracing::info!(api = %app.api_addr, proxy = ?app.proxy_addr, "tokenwatch running");
             app::shutdown_signal().await;
             tracing::info!("shutting down");
-            app.shutdown().await;
+            // A second SIGTERM or Ctrl-C cuts the drain short.
+            app.shutdown_or_cut(app::shutdown_signal()).await;
             Ok(())
         }
         Command::Sim(args) => tokenwatch_sim::run(args).await.map_err(anyhow::Error::from),

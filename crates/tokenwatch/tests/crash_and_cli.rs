@@ -212,41 +212,126 @@ async fn demo_runs_traffic_switches_a_fault_and_stops_cleanly() {
 }
 
 /// A stream the upstream never finishes must not hold the process open on SIGTERM: the drain
-/// grace (5 s) cuts it, the pipeline stops accepting and the records already queued are stored.
+/// ends at `shutdown.drain_timeout` (or at a second signal), the pipeline stops accepting and
+/// the records already queued are stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_during_a_stalled_stream_stops_within_the_grace() {
-    let mut stack = Stack::start(
+async fn sigterm_during_a_stalled_stream_stops_at_the_drain_timeout_or_a_second_signal() {
+    for second_signal in [false, true] {
+        let timeout = if second_signal { "10m" } else { "3s" };
+        let mut stack = Stack::start_with_config(
+            &[
+                "--model",
+                "m1",
+                "--ttft-ms",
+                "1",
+                "--itl-ms",
+                "1",
+                "--fault",
+                "stall:seconds=600,rate=1",
+            ],
+            &format!("shutdown:\n  delay: 1s\n  drain_timeout: {timeout}\n"),
+        )
+        .await;
+        let url = format!("http://{}/v1/chat/completions", stack.proxy);
+        let stalled = tokio::spawn(async move {
+            send("POST", &url, Some(CHAT), &[("x-request-id", "stalled")]).await
+        });
+        // The stream has started and stalls mid-way (the simulator pauses it for 10 minutes).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(!stalled.is_finished(), "the stalled stream ended early");
+        let began = std::time::Instant::now();
+        stack.tw.send_term();
+        if second_signal {
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            stack.tw.send_term();
+        }
+        let status = stack.tw.wait_exit(Duration::from_secs(15));
+        assert!(
+            status.success(),
+            "exit status {status}; log:\n{}",
+            stack.tw.log()
+        );
+        let took = began.elapsed();
+        // delay 1 s + drain_timeout 3 s; or the second signal at 2.5 s.
+        assert!(
+            took >= Duration::from_millis(2400) && took < Duration::from_secs(12),
+            "second signal {second_signal}: took {took:?}"
+        );
+        stalled.abort();
+    }
+}
+
+/// SIGTERM with a stream in flight: `/readyz` answers 503 at once, the proxy still serves new
+/// requests during `shutdown.delay` and refuses connections after it, the API answers with the
+/// count still in flight, and the stream runs to its end before the process exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_stream_in_flight_finish_and_serves_new_requests_during_the_delay() {
+    let mut stack = Stack::start_with_config(
+        // Every answer streams 60 reasoning tokens first (within a request's max_tokens).
         &[
             "--model",
             "m1",
             "--ttft-ms",
             "1",
             "--itl-ms",
-            "1",
-            "--fault",
-            "stall:seconds=600,rate=1",
+            "100",
+            "--reasoning-tokens",
+            "60",
         ],
-        &[],
+        "shutdown:\n  delay: 2s\n  drain_timeout: 60s\n",
     )
     .await;
     let url = format!("http://{}/v1/chat/completions", stack.proxy);
-    let stalled = tokio::spawn(async move {
-        send("POST", &url, Some(CHAT), &[("x-request-id", "stalled")]).await
-    });
-    // The stream has started and stalls mid-way (the simulator pauses it for 10 minutes).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!stalled.is_finished(), "the stalled stream ended early");
+    let long = r#"{"model":"m1","messages":[{"role":"user","content":"hi there"}],"stream":true,"max_tokens":300}"#;
+    let stream = {
+        let url = url.clone();
+        tokio::spawn(async move { send("POST", &url, Some(long), &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let began = std::time::Instant::now();
-    let status = stack.tw.terminate(); // panics after 15 s
+    stack.tw.send_term();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ready = get(&format!("http://{}/readyz", stack.api)).await;
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert!(ready.body.contains("draining"), "{}", ready.body);
+    // Within the delay: a new request is served in full.
+    let short = send("POST", &url, Some(CHAT), &[]).await.unwrap();
+    assert_eq!(short.status, 200, "{}", short.body);
+    assert!(short.body.contains("[DONE]"), "{}", short.body);
+    // After it: the proxy accepts no more; the API answers, counting the stream in flight.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(
-        status.success(),
-        "exit status {status}; log:\n{}",
-        stack.tw.log()
+        send("POST", &url, Some(CHAT), &[]).await.is_err(),
+        "the proxy still accepts after shutdown.delay"
     );
+    let metrics = match send("GET", &format!("http://{}/metrics", stack.api), None, &[]).await {
+        Ok(r) => r.body,
+        Err(e) => panic!(
+            "the API no longer answers during the drain: {e}; log:\n{}",
+            stack.tw.log()
+        ),
+    };
     assert!(
-        began.elapsed() < Duration::from_secs(12),
-        "took {:?}",
+        metrics.contains("tokenwatch_shutdown_in_flight_requests 1"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("shutdown"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // The stream (at least 61 tokens, 100 ms apart: over 6 s) ends whole, then the process
+    // exits.
+    let r = stream.await.unwrap().unwrap();
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("[DONE]"), "cut: {}", r.body);
+    let chunks = r.body.matches("data: {").count();
+    assert!(chunks >= 61, "{chunks} chunks: {}", r.body);
+    let status = stack.tw.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{status}; log:\n{}", stack.tw.log());
+    assert!(
+        began.elapsed() > Duration::from_secs(5),
+        "exited after {:?}, before the stream could end",
         began.elapsed()
     );
-    stalled.abort();
 }

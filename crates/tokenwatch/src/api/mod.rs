@@ -105,7 +105,8 @@ async fn readyz(State(st): State<Arc<ApiState>>) -> Response {
         Ok(()) => "ok".to_string(),
         Err(e) => format!("error: {e}"),
     };
-    let ready = store == "ok";
+    // Shutting down: not ready, whatever else holds, so a load balancer stops sending.
+    let ready = store == "ok" && !st.components.draining();
     let mut components: serde_json::Map<String, serde_json::Value> = st
         .components
         .snapshot()

@@ -31,7 +31,22 @@ impl Components {
     pub fn snapshot(&self) -> BTreeMap<String, String> {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
+
+    /// Shutdown has begun: `/readyz` answers 503 from now on (a load balancer stops sending).
+    pub fn set_draining(&self, status: impl Into<String>) {
+        self.set(DRAINING, status);
+    }
+
+    pub fn draining(&self) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(DRAINING)
+    }
 }
+
+/// The component `/readyz` shows while tokenwatch shuts down.
+const DRAINING: &str = "shutdown";
 
 /// What a source gets to work with when it starts.
 pub struct SourceContext {

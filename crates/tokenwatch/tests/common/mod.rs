@@ -89,11 +89,21 @@ impl Proc {
 
     /// SIGTERM and wait for a clean exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.send_term();
+        self.wait_exit(Duration::from_secs(15))
+    }
+
+    /// SIGTERM, without waiting.
+    pub fn send_term(&self) {
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.child.id().to_string())
             .status();
-        let deadline = Instant::now() + Duration::from_secs(15);
+    }
+
+    /// Waits for the process to exit, up to `within` (then kills it and fails the test).
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
         loop {
             if let Ok(Some(s)) = self.child.try_wait() {
                 return s;
@@ -101,7 +111,7 @@ impl Proc {
             if Instant::now() > deadline {
                 self.kill9();
                 panic!(
-                    "{} did not stop on SIGTERM; log:\n{}",
+                    "{} did not stop within {within:?} of SIGTERM; log:\n{}",
                     self.name,
                     self.log()
                 );

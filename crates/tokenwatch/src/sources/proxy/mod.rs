@@ -57,6 +57,8 @@ pub struct ProxyState {
     capture: Option<crate::capture::CaptureConfig>,
     /// Where the routes' splits are published (the rollback controller and the API read them).
     splits: Arc<split::SplitBoard>,
+    /// Responses being forwarded now (`in_flight`; shutdown drains them).
+    active: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ProxyState {
@@ -93,6 +95,7 @@ impl ProxyState {
             max_body: cfg.max_request_body_bytes,
             capture: None,
             splits,
+            active: Arc::default(),
         }
     }
 
@@ -109,6 +112,12 @@ impl ProxyState {
     }
 
     /// The routes new requests take now.
+    /// Requests (and streams) the proxy is forwarding now, over every upstream: from the
+    /// upstream's answer until its body has been sent (or dropped).
+    pub fn in_flight(&self) -> usize {
+        self.active.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn routing(&self) -> Arc<Routing> {
         self.routing
             .read()
@@ -509,7 +518,7 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
         event_stream,
         json,
         st.idle_timeout,
-        slot,
+        [slot, Some(route::Slot::enter(&st.active))],
     );
     Response::from_parts(up_parts, Body::new(tapped))
 }

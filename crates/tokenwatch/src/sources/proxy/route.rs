@@ -83,6 +83,14 @@ impl Route {
 #[derive(Debug)]
 pub struct Slot(Arc<AtomicUsize>);
 
+impl Slot {
+    /// One more in `counter`, until the slot is dropped.
+    pub fn enter(counter: &Arc<AtomicUsize>) -> Slot {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Slot(counter.clone())
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);

@@ -56,14 +56,16 @@ pub struct TapBody {
     expect_done: bool,
     idle: Duration,
     idle_timer: Pin<Box<Sleep>>,
-    /// Keeps the request counted in its upstream pool until the body is dropped.
-    _slot: Option<Slot>,
+    /// Keep the request counted until the body is dropped: in its upstream pool (when the pool
+    /// has several members), and among everything the proxy has in flight.
+    _slots: [Option<Slot>; 2],
 }
 
 impl TapBody {
     /// `format`: the API whose events and bodies are read (from the endpoint); `event_stream`:
-    /// the upstream answered `text/event-stream`; `json`: `application/json`; `slot`: the
-    /// request's place in its upstream pool, released when the body is dropped.
+    /// the upstream answered `text/event-stream`; `json`: `application/json`; `slots`: the
+    /// request's place in its upstream pool and in the proxy's in-flight count, released when
+    /// the body is dropped.
     pub fn new(
         inner: Incoming,
         mut flight: InFlight,
@@ -71,7 +73,7 @@ impl TapBody {
         event_stream: bool,
         json: bool,
         idle: Duration,
-        slot: Option<Slot>,
+        slots: [Option<Slot>; 2],
     ) -> TapBody {
         let mode = if event_stream {
             Mode::Sse(SseObserver::new(format))
@@ -91,7 +93,7 @@ impl TapBody {
             expect_done,
             idle,
             idle_timer: Box::pin(tokio::time::sleep(idle)),
-            _slot: slot,
+            _slots: slots,
         }
     }
 
