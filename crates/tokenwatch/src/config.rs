@@ -324,8 +324,10 @@ impl Config {
         Ok(sources)
     }
 
-    /// The effective configuration for snapshots, as JSON, secrets (tenant salt, the headers of
-    /// alert receivers, OTLP export and remote write — `Authorization` goes there) redacted.
+    /// The effective configuration for snapshots, as JSON, secrets redacted: the tenant salt, the
+    /// headers of alert receivers, OTLP export and remote write (`Authorization` goes there),
+    /// credentials and query strings in their URLs, and a webhook's whole path (Slack, Teams
+    /// and Discord webhooks carry their token in it).
     pub fn redacted_json(&self) -> serde_json::Value {
         let mut c = self.clone();
         if !c.proxy.tenant_salt.is_empty() {
@@ -343,6 +345,19 @@ impl Config {
             for v in h.values_mut() {
                 *v = "<redacted>".into();
             }
+        }
+        for w in &mut c.alerting.delivery.webhooks {
+            w.url = redact_url(&w.url, false);
+        }
+        let urls = c
+            .alerting
+            .delivery
+            .alertmanagers
+            .iter_mut()
+            .chain(c.export.remote_write.iter_mut().map(|r| &mut r.url))
+            .chain(c.export.otlp.iter_mut().map(|o| &mut o.endpoint));
+        for u in urls {
+            *u = redact_url(u, true);
         }
         match serde_json::to_value(&c) {
             Ok(config) => serde_json::json!({ "format": "json", "config": config }),
@@ -621,6 +636,33 @@ impl Config {
     }
 }
 
+/// `url` without what may be secret in it: credentials (`user:pass@`) and the query string
+/// always, the path too unless `keep_path`. Unparseable: redacted whole.
+fn redact_url(url: &str, keep_path: bool) -> String {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return "<redacted>".into();
+    };
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return "<redacted>".into();
+    };
+    let host = match authority.port_u16() {
+        Some(port) => format!("{}:{port}", authority.host()),
+        None => authority.host().to_string(),
+    };
+    let path = uri.path();
+    let path = if keep_path || path == "/" || path.is_empty() {
+        path.to_string()
+    } else {
+        "/<redacted>".into()
+    };
+    let query = if uri.query().is_some() {
+        "?<redacted>"
+    } else {
+        ""
+    };
+    format!("{scheme}://{host}{path}{query}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -832,5 +874,29 @@ mod tests {
             v["config"]["export"]["otlp"]["headers"]["Authorization"],
             "<redacted>"
         );
+    }
+
+    #[test]
+    fn urls_lose_credentials_queries_and_webhook_paths() {
+        assert_eq!(
+            redact_url("https://hooks.slack.com/services/T0/B0/XXXX", false),
+            "https://hooks.slack.com/<redacted>"
+        );
+        assert_eq!(
+            redact_url("http://user:pw@am.example:9093/api/v2/alerts?token=s", true),
+            "http://am.example:9093/api/v2/alerts?<redacted>"
+        );
+        assert_eq!(
+            redact_url("http://127.0.0.1:4318", true),
+            "http://127.0.0.1:4318/"
+        );
+        assert_eq!(redact_url("not a url", true), "<redacted>");
+        let c = Config::from_yaml(
+            "alerting:\n  delivery:\n    alertmanagers: ['http://u:secretpw@127.0.0.1:9093']\n    webhooks:\n      - {url: 'https://hooks.example/T/B/secrettoken'}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let text = c.redacted_json().to_string();
+        assert!(!text.contains("secret"), "{text}");
     }
 }
