@@ -87,6 +87,11 @@ pub struct Config {
     pub models: crate::kernel::models::ModelsConfig,
     /// How the request path drains on SIGTERM/SIGINT (`delay`, `drain_timeout`).
     pub shutdown: crate::app::ShutdownConfig,
+    /// The values `${NAME}`s of the file were replaced by (not configuration: kept to show
+    /// `${NAME}` instead of them in errors).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub env_values: env::EnvValues,
 }
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
@@ -138,6 +143,7 @@ impl Default for Config {
             logs: Default::default(),
             models: Default::default(),
             shutdown: Default::default(),
+            env_values: Default::default(),
         }
     }
 }
@@ -453,12 +459,22 @@ impl Config {
     }
 
     fn parse_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
-        let text = &env::expand_env(text).map_err(|e| ConfigError::Env {
+        Config::parse_yaml_with(text, file, |name| std::env::var(name))
+    }
+
+    /// `parse_yaml`, looking `${NAME}`s up with `lookup`.
+    fn parse_yaml_with(
+        text: &str,
+        file: &str,
+        lookup: impl Fn(&str) -> Result<String, std::env::VarError>,
+    ) -> Result<Config, ConfigError> {
+        let (text, env_values) = env::expand(text, lookup).map_err(|e| ConfigError::Env {
             file: file.to_string(),
             line: e.line,
             message: e.message,
         })?;
-        let cfg: Config = if text.trim().is_empty() {
+        let text = text.as_str();
+        let mut cfg: Config = if text.trim().is_empty() {
             Config::default()
         } else {
             let mut key_path = String::new();
@@ -476,15 +492,33 @@ impl Config {
                 };
                 ConfigError::Parse {
                     file: file.to_string(),
-                    message: format!("{at}{e}"),
+                    // A value from the environment is shown as its ${NAME}, never itself.
+                    message: env_values.hide(&format!("{at}{e}")),
                 }
             })?
         };
+        cfg.env_values = env_values;
         Ok(cfg)
     }
 
-    /// Checks that serde cannot express.
+    /// Checks that serde cannot express. A value that came from the environment is shown as
+    /// its `${NAME}` in the error.
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        self.check(file).map_err(|e| match e {
+            ConfigError::Invalid {
+                file,
+                path,
+                message,
+            } => ConfigError::Invalid {
+                file,
+                path,
+                message: self.env_values.hide(&message),
+            },
+            other => other,
+        })
+    }
+
+    fn check(&self, file: &str) -> Result<(), ConfigError> {
         let invalid = |path: String, message: String| ConfigError::Invalid {
             file: file.to_string(),
             path,
@@ -873,6 +907,35 @@ mod tests {
         assert_eq!(
             v["config"]["export"]["otlp"]["headers"]["Authorization"],
             "<redacted>"
+        );
+    }
+
+    #[test]
+    fn values_from_the_environment_never_appear_in_errors() {
+        let lookup = |name: &str| match name {
+            "UPSTREAM" => Ok("ftp://hunter2-secret-host:21".to_string()),
+            "BATCH" => Ok("many-hunter2".to_string()),
+            _ => Err(std::env::VarError::NotPresent),
+        };
+        // A value the parser refuses, and one only the checks refuse.
+        let parse =
+            Config::parse_yaml_with("telemetry:\n  batch_max: ${BATCH}\n", "t.yaml", lookup)
+                .unwrap_err()
+                .to_string();
+        assert!(
+            parse.contains("${BATCH}") && !parse.contains("hunter2"),
+            "{parse}"
+        );
+        let cfg = Config::parse_yaml_with(
+            "proxy:\n  upstreams:\n    - {url: '${UPSTREAM}', models: [m]}\n",
+            "t.yaml",
+            lookup,
+        )
+        .unwrap();
+        let invalid = cfg.validate("t.yaml").unwrap_err().to_string();
+        assert!(
+            invalid.contains("${UPSTREAM}") && !invalid.contains("hunter2"),
+            "{invalid}"
         );
     }
 

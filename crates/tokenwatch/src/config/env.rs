@@ -14,18 +14,54 @@ pub struct ExpandError {
     pub message: String,
 }
 
+/// The values `${NAME}`s were replaced by, kept to take them back out of error messages: a
+/// configuration error shows `${NAME}`, never a secret the environment held. Shown by name only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EnvValues(Vec<(String, String)>);
+
+impl std::fmt::Debug for EnvValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(name, _)| name))
+            .finish()
+    }
+}
+
+/// Values shorter than this are left in messages (too short to be a secret, too common to
+/// replace without garbling the message).
+const MIN_HIDDEN_LEN: usize = 4;
+
+impl EnvValues {
+    /// `message` with every expanded value written back as its `${NAME}`.
+    pub fn hide(&self, message: &str) -> String {
+        let mut values: Vec<&(String, String)> = self
+            .0
+            .iter()
+            .filter(|(_, v)| v.len() >= MIN_HIDDEN_LEN)
+            .collect();
+        // Longest first: a value inside another is replaced after it.
+        values.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
+        let mut out = message.to_string();
+        for (name, value) in values {
+            out = out.replace(value.as_str(), &format!("${{{name}}}"));
+        }
+        out
+    }
+}
+
 /// Expand `text` with values from the process environment.
-pub fn expand_env(text: &str) -> Result<String, ExpandError> {
+pub fn expand_env(text: &str) -> Result<(String, EnvValues), ExpandError> {
     expand(text, |name| std::env::var(name))
 }
 
-/// Expand `text`, looking each name up with `lookup`.
+/// Expand `text`, looking each name up with `lookup`; also the values put in.
 pub fn expand(
     text: &str,
     lookup: impl Fn(&str) -> Result<String, VarError>,
-) -> Result<String, ExpandError> {
+) -> Result<(String, EnvValues), ExpandError> {
+    let mut used = EnvValues::default();
     if !text.contains('$') {
-        return Ok(text.to_string());
+        return Ok((text.to_string(), used));
     }
     let mut out = String::with_capacity(text.len());
     for (i, line) in text.split_inclusive('\n').enumerate() {
@@ -71,6 +107,7 @@ pub fn expand(
                     )));
                 }
                 out.push_str(&value);
+                used.0.push((name.to_string(), value));
                 rest = &a[end + 1..];
             } else {
                 out.push('$');
@@ -79,7 +116,7 @@ pub fn expand(
         }
         out.push_str(rest);
     }
-    Ok(out)
+    Ok((out, used))
 }
 
 fn valid_name(name: &str) -> bool {
@@ -107,17 +144,17 @@ mod tests {
     #[test]
     fn replaces_variables_and_keeps_everything_else() {
         let text = "auth:\n  tokens_file: ${TOKEN_FILE}\ngpu:\n  instance: \"${NODE}-${NODE}\"\nx: a$b $ $$ ${EMPTY}end\ny: $${NOT_EXPANDED}\n";
-        let out = expand(text, env).unwrap();
+        let out = expand(text, env).unwrap().0;
         assert_eq!(
             out,
             "auth:\n  tokens_file: /run/secrets/tokens\ngpu:\n  instance: \"gpu-7-gpu-7\"\nx: a$b $ $$ end\ny: ${NOT_EXPANDED}\n"
         );
         assert_eq!(
-            expand("no variables: $5\n", env).unwrap(),
+            expand("no variables: $5\n", env).unwrap().0,
             "no variables: $5\n"
         );
         assert_eq!(
-            expand("a: ${NODE}", env).unwrap(),
+            expand("a: ${NODE}", env).unwrap().0,
             "a: gpu-7",
             "no final newline"
         );
@@ -126,7 +163,7 @@ mod tests {
     #[test]
     fn comment_lines_are_not_expanded() {
         let text = "# set ${UNSET} to …\n  # ${ALSO_UNSET}\na: 1\n";
-        assert_eq!(expand(text, env).unwrap(), text);
+        assert_eq!(expand(text, env).unwrap().0, text);
     }
 
     #[test]
@@ -156,5 +193,15 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.message.contains("not valid UTF-8"), "{e:?}");
+    }
+
+    #[test]
+    fn expanded_values_are_taken_back_out_of_messages() {
+        let (_, used) = expand("a: ${TOKEN_FILE}\nb: ${NODE}\n", env).unwrap();
+        assert_eq!(
+            used.hide("key a: /run/secrets/tokens is not readable; node gpu-7"),
+            "key a: ${TOKEN_FILE} is not readable; node ${NODE}"
+        );
+        assert_eq!(format!("{used:?}"), r#"["TOKEN_FILE", "NODE"]"#);
     }
 }
