@@ -194,6 +194,13 @@ impl AuthHandle {
         })?;
         let set = TokenSet::from_bytes(&bytes, &name)
             .map_err(|e| anyhow::anyhow!("auth.tokens_file: {e}"))?;
+        if let Some(mode) = readable_by_others(file) {
+            tracing::warn!(
+                file = %file.display(),
+                mode = format!("{mode:o}"),
+                "auth.tokens_file is readable by other users of this machine: chmod 600 it"
+            );
+        }
         tracing::info!(file = %file.display(), tokens = set.len(), "auth: tokens loaded; API and OTLP need bearer tokens");
         Ok(AuthHandle(Some(Arc::new(Auth {
             file: file.clone(),
@@ -369,6 +376,21 @@ pub(crate) fn handle_for(set: TokenSet, file: &std::path::Path) -> AuthHandle {
         tokens: RwLock::new(Arc::new(set)),
         failures: Family::default(),
     })))
+}
+
+/// The file's permission bits when its group or others may read it (Unix); None otherwise.
+fn readable_by_others(file: &std::path::Path) -> Option<u32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(file).ok()?.permissions().mode() & 0o777;
+        (mode & 0o044 != 0).then_some(mode)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        None
+    }
 }
 
 #[cfg(test)]

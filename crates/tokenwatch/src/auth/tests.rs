@@ -279,3 +279,16 @@ async fn reload_replaces_tokens_and_keeps_them_on_a_bad_file() {
     stop_tx.send(true).unwrap();
     task.await.unwrap();
 }
+
+#[cfg(unix)]
+#[test]
+fn a_tokens_file_others_can_read_is_told_apart() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens");
+    std::fs::write(&file, "admin t0k3n-long-enough-1234\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(super::readable_by_others(&file), Some(0o644));
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(super::readable_by_others(&file), None);
+}
