@@ -524,6 +524,32 @@ impl Config {
             path,
             message,
         };
+        // Sizes a start allocates or queues by: refused here, not by an abort at start.
+        for (path, value, most) in [
+            (
+                "telemetry.queue_capacity",
+                self.telemetry.queue_capacity,
+                1 << 24,
+            ),
+            ("telemetry.batch_max", self.telemetry.batch_max, 1 << 20),
+            (
+                "store.write_queue_records",
+                self.store.write_queue_records,
+                1 << 24,
+            ),
+            (
+                "store.batch_rows",
+                self.store.batch_rows.unwrap_or(1),
+                1 << 20,
+            ),
+        ] {
+            if value == 0 || value > most {
+                return Err(invalid(
+                    path.to_string(),
+                    format!("{value} is out of range: 1 to {most}"),
+                ));
+            }
+        }
         for (i, u) in self.proxy.upstreams.iter().enumerate() {
             let url = parse_upstream_url(&u.url)
                 .map_err(|m| invalid(format!("proxy.upstreams[{i}].url"), m))?;
@@ -937,6 +963,25 @@ mod tests {
             invalid.contains("${UPSTREAM}") && !invalid.contains("hunter2"),
             "{invalid}"
         );
+    }
+
+    #[test]
+    fn sizes_out_of_range_are_refused_by_name() {
+        for (yaml, key) in [
+            (
+                "telemetry:\n  batch_max: 100000000000000\n",
+                "telemetry.batch_max",
+            ),
+            (
+                "telemetry:\n  queue_capacity: 0\n",
+                "telemetry.queue_capacity",
+            ),
+            ("store:\n  batch_rows: 0\n", "store.batch_rows"),
+        ] {
+            let e = Config::from_yaml(yaml, "t.yaml").unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("out of range"), "{e}");
+        }
+        assert!(Config::from_yaml("telemetry:\n  batch_max: 4096\n", "t.yaml").is_ok());
     }
 
     #[test]
