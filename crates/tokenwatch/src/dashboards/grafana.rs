@@ -815,6 +815,28 @@ fn panel_json(p: &Panel, id: u32, x: u32, y: u32) -> Value {
     v
 }
 
+/// A multi-value query variable with "All" (`label_values` or `query_result`; `regex` picks
+/// the value out of a `query_result` line).
+fn query_variable(name: &str, label: &str, query: &str, regex: String) -> Value {
+    json!({
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": datasource(),
+        "definition": query,
+        "query": { "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery" },
+        "refresh": 2,
+        "multi": true,
+        "includeAll": true,
+        "allValue": ".*",
+        "current": { "selected": true, "text": ["All"], "value": ["$__all"] },
+        "options": [],
+        "regex": regex,
+        "sort": 1,
+        "hide": 0,
+    })
+}
+
 fn variable_json(v: &Variable) -> Value {
     match v {
         Variable::Datasource { name, label } => json!({
@@ -837,23 +859,7 @@ fn variable_json(v: &Variable) -> Value {
             label_name,
         } => {
             let query = format!("label_values({series}, {label_name})");
-            json!({
-                "name": name,
-                "label": label,
-                "type": "query",
-                "datasource": datasource(),
-                "definition": query,
-                "query": { "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery" },
-                "refresh": 2,
-                "multi": true,
-                "includeAll": true,
-                "allValue": ".*",
-                "current": { "selected": true, "text": ["All"], "value": ["$__all"] },
-                "options": [],
-                "regex": "",
-                "sort": 1,
-                "hide": 0,
-            })
+            query_variable(name, label, &query, String::new())
         }
         Variable::QueryResult {
             name,
@@ -862,23 +868,7 @@ fn variable_json(v: &Variable) -> Value {
             label_name,
         } => {
             let query = format!("query_result({expr})");
-            json!({
-                "name": name,
-                "label": label,
-                "type": "query",
-                "datasource": datasource(),
-                "definition": query,
-                "query": { "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery" },
-                "refresh": 2,
-                "multi": true,
-                "includeAll": true,
-                "allValue": ".*",
-                "current": { "selected": true, "text": ["All"], "value": ["$__all"] },
-                "options": [],
-                "regex": format!("/{label_name}=\"([^\"]+)\"/"),
-                "sort": 1,
-                "hide": 0,
-            })
+            query_variable(name, label, &query, format!("/{label_name}=\"([^\"]+)\"/"))
         }
         Variable::Custom {
             name,

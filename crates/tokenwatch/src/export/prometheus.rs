@@ -181,22 +181,31 @@ const RUNTIME_COUNTERS: [(&str, &str, TotalOf); 4] = [
     ),
 ];
 
+/// Encodes the labels of `pairs` whose value is not empty.
+fn present_labels(
+    encoder: &mut LabelSetEncoder,
+    pairs: &[(&str, &str)],
+) -> Result<(), std::fmt::Error> {
+    for (key, value) in pairs.iter().filter(|(_, v)| !v.is_empty()) {
+        label(encoder, key, value)?;
+    }
+    Ok(())
+}
+
 /// Labels of a runtime series: model, runtime and instance (each left out when empty).
 struct RuntimeLabels<'a>(&'a RuntimeTotals);
 
 impl EncodeLabelSet for RuntimeLabels<'_> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
         let t = self.0;
-        for (key, value) in [
-            ("model", &t.model_id),
-            ("runtime", &t.runtime),
-            ("instance", &t.instance),
-        ] {
-            if !value.is_empty() {
-                label(encoder, key, value)?;
-            }
-        }
-        Ok(())
+        present_labels(
+            encoder,
+            &[
+                ("model", &t.model_id),
+                ("runtime", &t.runtime),
+                ("instance", &t.instance),
+            ],
+        )
     }
 }
 
@@ -230,17 +239,15 @@ struct SignalLabels<'a>(&'a SignalPoint);
 impl EncodeLabelSet for SignalLabels<'_> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
         let p = self.0;
-        for (key, value) in [
-            ("model", &p.model_id),
-            ("runtime", &p.runtime),
-            ("instance", &p.instance),
-            ("gpu", &p.device_id),
-        ] {
-            if !value.is_empty() {
-                label(encoder, key, value)?;
-            }
-        }
-        Ok(())
+        present_labels(
+            encoder,
+            &[
+                ("model", &p.model_id),
+                ("runtime", &p.runtime),
+                ("instance", &p.instance),
+                ("gpu", &p.device_id),
+            ],
+        )
     }
 }
 
