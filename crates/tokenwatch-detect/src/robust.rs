@@ -86,6 +86,20 @@ pub fn binomial_sf(k: u64, n: u64, p: f64) -> f64 {
     Binomial::new(p, n).map_or(f64::NAN, |b| b.sf(k - 1).clamp(0.0, 1.0))
 }
 
+/// P(X ≥ k) for X ~ Poisson(λ): the one-sided p-value of seeing `k` or more events where `λ`
+/// are expected (`statrs`: the regularised incomplete gamma function).
+pub fn poisson_sf(k: u64, lambda: f64) -> f64 {
+    use statrs::distribution::{DiscreteCDF, Poisson};
+    if k == 0 {
+        return 1.0;
+    }
+    if lambda.is_nan() || lambda <= 0.0 {
+        return 0.0;
+    }
+    // sf(x) is P(X > x).
+    Poisson::new(lambda).map_or(f64::NAN, |d| d.sf(k - 1).clamp(0.0, 1.0))
+}
+
 /// Wilson score upper bound of a rate from `k` of `n` at normal quantile `z` (one-sided); the
 /// one Wilson interval is `sequential::wilson_interval`. None without observations.
 pub fn wilson_upper(k: u64, n: u64, z: f64) -> Option<f64> {
