@@ -572,7 +572,7 @@ mod tests {
     fn series_limits_default_and_parse() {
         let d = crate::config::Config::from_yaml("listen: 127.0.0.1:9999\n", "t.yaml").unwrap();
         assert_eq!(d.export.prometheus.max_label_bytes, 128);
-        assert_eq!(d.export.prometheus.max_series_per_family, 1000);
+        assert_eq!(d.export.prometheus.max_series_per_family, 500);
         let c = crate::config::Config::from_yaml(
             "export:\n  prometheus:\n    max_label_bytes: 64\n    max_series_per_family: 50\n",
             "t.yaml",

@@ -340,7 +340,7 @@ pub struct Metrics {
 /// Default `export.prometheus.max_label_bytes`.
 pub const DEFAULT_MAX_LABEL_BYTES: usize = 128;
 /// Default `export.prometheus.max_series_per_family`.
-pub const DEFAULT_MAX_SERIES_PER_FAMILY: usize = 1000;
+pub const DEFAULT_MAX_SERIES_PER_FAMILY: usize = 500;
 /// The shortest label limit honoured: room for a few characters and the marker.
 const MIN_LABEL_BYTES: usize = 16;
 
