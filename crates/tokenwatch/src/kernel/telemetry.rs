@@ -662,6 +662,11 @@ impl Metrics {
     pub const CONTENT_TYPE: &'static str =
         prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
+    /// `export.prometheus.max_label_bytes` as set (for other families labelled from input).
+    pub fn max_label_bytes(&self) -> usize {
+        self.max_label_bytes.load(Ordering::Relaxed)
+    }
+
     /// `export.prometheus.tenant_label`: whether request series carry `tenant` from now on.
     pub fn set_tenant_label(&self, on: bool) {
         self.tenant_label.store(on, Ordering::Relaxed);
