@@ -222,6 +222,10 @@ impl RunningApp {
                 .context("starting the version-marker detector")?;
         let metrics = Arc::new(Metrics::new());
         metrics.set_tenant_label(cfg.export.prometheus.tenant_label);
+        metrics.set_series_limits(
+            cfg.export.prometheus.max_label_bytes,
+            cfg.export.prometheus.max_series_per_family,
+        );
         auth.register(&metrics);
         let aggregator = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig {
             idle_series_after_ms: cfg.aggregation.idle_series_after.0.as_millis() as i64,

@@ -22,12 +22,30 @@ pub use crate::kernel::telemetry::Metrics;
 use crate::kernel::telemetry::label;
 
 /// `export.prometheus` in the configuration.
-#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema, serde::Serialize)]
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrometheusExportConfig {
     /// Add `tenant` to the request series. Off by default: tenants can be many, and per-tenant
     /// latency is served by the API (`by=tenant`) from sketches instead.
     pub tenant_label: bool,
+    /// Longest request-series label value in bytes (model, instance, tenant… come from requests
+    /// and spans): a longer one is cut on a character boundary and ends with `...`, within the
+    /// limit. Values under 16 count as 16.
+    pub max_label_bytes: usize,
+    /// Label sets each request family (`gen_ai_*`, `tokenwatch_requests`) holds; further ones are
+    /// counted in one series whose input-derived labels read `__other__`, and in
+    /// `tokenwatch_metrics_series_overflow_total{family}`.
+    pub max_series_per_family: usize,
+}
+
+impl Default for PrometheusExportConfig {
+    fn default() -> Self {
+        PrometheusExportConfig {
+            tenant_label: false,
+            max_label_bytes: crate::kernel::telemetry::DEFAULT_MAX_LABEL_BYTES,
+            max_series_per_family: crate::kernel::telemetry::DEFAULT_MAX_SERIES_PER_FAMILY,
+        }
+    }
 }
 
 /// Read the normalised signals from `board` at every encode of `metrics` (see [`SignalCollector`]).
@@ -450,6 +468,125 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("# EOF"));
+    }
+
+    fn with_model(model: &str) -> RequestRecord {
+        let mut r = record();
+        r.labels.model_id = model.into();
+        r
+    }
+
+    fn overflow(text: &str, family: &str) -> f64 {
+        samples(text, "tokenwatch_metrics_series_overflow_total")
+            .into_iter()
+            .find(|(l, _)| l.get("family").map(String::as_str) == Some(family))
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| panic!("no overflow counter for {family}: {text}"))
+    }
+
+    #[test]
+    fn each_request_family_holds_its_budget_and_folds_the_rest_into_other() {
+        let m = std::sync::Arc::new(Metrics::new());
+        m.set_series_limits(128, 3);
+        let mut sink = MetricsSink(m.clone());
+        sink.consume(&[with_model("m0")]).unwrap();
+        let text = m.encode();
+        // Declared, at zero, before any overflow.
+        assert_eq!(overflow(&text, "tokenwatch_requests"), 0.0, "{text}");
+        let batch: Vec<RequestRecord> = (1..10).map(|i| with_model(&format!("m{i}"))).collect();
+        sink.consume(&batch).unwrap();
+        // An admitted label set keeps its own series after the budget filled.
+        sink.consume(&[with_model("m0")]).unwrap();
+        let text = m.encode();
+        let requests = samples(&text, "tokenwatch_requests_total");
+        let models: Vec<&str> = requests
+            .iter()
+            .map(|(l, _)| l["gen_ai_request_model"].as_str())
+            .collect();
+        assert_eq!(requests.len(), 4, "{text}");
+        for want in ["m0", "m1", "m2", "__other__"] {
+            assert!(models.contains(&want), "{want}: {text}");
+        }
+        let value = |model: &str| {
+            requests
+                .iter()
+                .find(|(l, _)| l["gen_ai_request_model"] == model)
+                .map(|(_, v)| *v)
+        };
+        assert_eq!(value("m0"), Some(2.0));
+        assert_eq!(value("__other__"), Some(7.0));
+        let (other, _) = requests
+            .iter()
+            .find(|(l, _)| l["gen_ai_request_model"] == "__other__")
+            .unwrap();
+        for key in ["gen_ai_response_model", "instance", "gen_ai_provider_name"] {
+            assert_eq!(other[key], "__other__", "{key}: {text}");
+        }
+        assert_eq!(other["gen_ai_operation_name"], "chat");
+        assert_eq!(overflow(&text, "tokenwatch_requests"), 7.0, "{text}");
+        assert_eq!(
+            overflow(&text, "gen_ai_server_time_to_first_token_seconds"),
+            7.0
+        );
+        // Input and output tokens are two label sets per request: m0 and m1's input fill it.
+        assert_eq!(overflow(&text, "gen_ai_client_token_usage"), 17.0, "{text}");
+        assert_eq!(samples(&text, "gen_ai_client_token_usage_count").len(), 5);
+        assert_eq!(
+            samples(&text, "gen_ai_server_time_to_first_token_seconds_count").len(),
+            4
+        );
+    }
+
+    #[test]
+    fn long_label_values_are_cut_on_a_character_boundary() {
+        let long = "é".repeat(5_000);
+        let m = std::sync::Arc::new(Metrics::new());
+        m.set_series_limits(64, 100);
+        MetricsSink(m.clone())
+            .consume(&[with_model(&long)])
+            .unwrap();
+        let text = m.encode();
+        let s = samples(&text, "tokenwatch_requests_total");
+        let model = &s[0].0["gen_ai_request_model"];
+        assert!(model.len() <= 64, "{}", model.len());
+        assert!(model.ends_with("..."), "{model}");
+        assert_eq!(model.trim_end_matches("..."), "é".repeat(30));
+        assert!(text.len() < 64 * 1024, "{}", text.len());
+
+        let mut v = "abcdef".to_string();
+        crate::kernel::telemetry::cap_label(&mut v, 16);
+        assert_eq!(v, "abcdef");
+        let mut v = "a".repeat(17);
+        crate::kernel::telemetry::cap_label(&mut v, 16);
+        assert_eq!(v, format!("{}...", "a".repeat(13)));
+    }
+
+    #[test]
+    fn unrouted_models_are_counted_under_other() {
+        let mut r = with_model("no-such-model");
+        r.status = 404;
+        r.error_class = Some(ErrorClass::NoRoute);
+        r.first_token_s = None;
+        let text = encode(&[r], false);
+        let s = samples(&text, "tokenwatch_requests_total");
+        assert_eq!(s.len(), 1, "{text}");
+        assert_eq!(s[0].0["gen_ai_request_model"], "__other__");
+        assert_eq!(s[0].0["error_type"], "no_route");
+        assert!(!text.contains("no-such-model"), "{text}");
+    }
+
+    #[test]
+    fn series_limits_default_and_parse() {
+        let d = crate::config::Config::from_yaml("listen: 127.0.0.1:9999\n", "t.yaml").unwrap();
+        assert_eq!(d.export.prometheus.max_label_bytes, 128);
+        assert_eq!(d.export.prometheus.max_series_per_family, 500);
+        let c = crate::config::Config::from_yaml(
+            "export:\n  prometheus:\n    max_label_bytes: 64\n    max_series_per_family: 50\n",
+            "t.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.export.prometheus.max_label_bytes, 64);
+        assert_eq!(c.export.prometheus.max_series_per_family, 50);
     }
 
     #[test]

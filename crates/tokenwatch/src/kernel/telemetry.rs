@@ -2,15 +2,22 @@
 // metrics here (`Metrics::register`, `register_collector`) and the pipeline's, store's and
 // listeners' counters live on it; the request series named and labelled after the OpenTelemetry
 // GenAI conventions (`observe`) too. `/metrics` encodes it (`export::prometheus` adds the signal
-// board's gauges and feeds it records).
+// board's gauges and feeds it records). The request series' labels come from request bodies and
+// spans, so they are bounded here (`SeriesBudget`): values cut at `export.prometheus.
+// max_label_bytes`, and each family holds at most `max_series_per_family` label sets, the rest
+// folded into one `__other__` series and counted in `tokenwatch_metrics_series_overflow_total`.
 
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use tokenwatch_core::model::ErrorClass;
 use tokenwatch_core::model::RequestRecord;
 
 /// Buckets recommended by the GenAI conventions for `gen_ai.server.time_to_first_token`.
@@ -132,6 +139,62 @@ impl RequestLabels {
     }
 }
 
+impl RequestLabels {
+    /// Every value that can come from input cut to `max_bytes` (see [`cap_label`]).
+    fn capped(mut self, max_bytes: usize) -> RequestLabels {
+        for v in [
+            &mut self.gen_ai_provider_name,
+            &mut self.gen_ai_request_model,
+            &mut self.gen_ai_response_model,
+            &mut self.instance,
+            &mut self.ab_group,
+            &mut self.model_version,
+        ] {
+            cap_label(v, max_bytes);
+        }
+        if let Some(t) = &mut self.tenant {
+            cap_label(t, max_bytes);
+        }
+        self
+    }
+
+    /// The `other` series: every value that can come from input replaced by [`OTHER`]; the
+    /// operation (one of a fixed few) is kept.
+    fn folded(self) -> RequestLabels {
+        RequestLabels {
+            gen_ai_operation_name: self.gen_ai_operation_name,
+            gen_ai_provider_name: OTHER.into(),
+            gen_ai_request_model: OTHER.into(),
+            gen_ai_response_model: OTHER.into(),
+            instance: OTHER.into(),
+            ab_group: OTHER.into(),
+            model_version: OTHER.into(),
+            tenant: self.tenant.map(|_| OTHER.into()),
+        }
+    }
+}
+
+/// The label value that stands for every label set over a family's budget, and for models no
+/// upstream routes.
+pub const OTHER: &str = "__other__";
+
+/// What a cut label value ends with.
+pub const CUT_MARKER: &str = "...";
+
+/// Cut `value` to at most `max_bytes` bytes: over the limit, it keeps the longest prefix that ends
+/// on a character boundary and leaves room for [`CUT_MARKER`], then the marker.
+pub fn cap_label(value: &mut String, max_bytes: usize) {
+    if value.len() <= max_bytes {
+        return;
+    }
+    let mut end = max_bytes.saturating_sub(CUT_MARKER.len());
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    value.truncate(end);
+    value.push_str(CUT_MARKER);
+}
+
 pub(crate) fn label(
     encoder: &mut LabelSetEncoder,
     key: &str,
@@ -183,6 +246,15 @@ impl OutcomeLabels {
     }
 }
 
+impl OutcomeLabels {
+    fn folded(self) -> OutcomeLabels {
+        OutcomeLabels {
+            request: self.request.folded(),
+            error_type: self.error_type,
+        }
+    }
+}
+
 impl EncodeLabelSet for OutcomeLabels {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
         self.request.encode(encoder)?;
@@ -198,6 +270,15 @@ impl EncodeLabelSet for OutcomeLabels {
 pub struct TokenLabels {
     pub request: RequestLabels,
     pub gen_ai_token_type: &'static str,
+}
+
+impl TokenLabels {
+    fn folded(self) -> TokenLabels {
+        TokenLabels {
+            request: self.request.folded(),
+            gen_ai_token_type: self.gen_ai_token_type,
+        }
+    }
 }
 
 impl EncodeLabelSet for TokenLabels {
@@ -249,6 +330,98 @@ pub struct Metrics {
     pub aggregator_refused_series: Gauge,
     /// Requests refused by a listener's limits (`crate::listen::limits`).
     pub rejected_requests: Family<RejectedLabels, Counter>,
+    /// `export.prometheus.max_label_bytes`.
+    max_label_bytes: AtomicUsize,
+    /// `export.prometheus.max_series_per_family`.
+    max_series_per_family: AtomicUsize,
+    budgets: RequestBudgets,
+}
+
+/// Default `export.prometheus.max_label_bytes`.
+pub const DEFAULT_MAX_LABEL_BYTES: usize = 128;
+/// Default `export.prometheus.max_series_per_family`.
+pub const DEFAULT_MAX_SERIES_PER_FAMILY: usize = 500;
+/// The shortest label limit honoured: room for a few characters and the marker.
+const MIN_LABEL_BYTES: usize = 16;
+
+/// One request family's series budget: how many label sets it admitted, its overflow counter and
+/// whether the overflow was logged.
+struct SeriesBudget {
+    family: &'static str,
+    admitted: Mutex<usize>,
+    overflow: Counter,
+    warned: AtomicBool,
+}
+
+impl SeriesBudget {
+    fn new(family: &'static str, overflow: &Family<FamilyLabels, Counter>) -> SeriesBudget {
+        SeriesBudget {
+            family,
+            admitted: Mutex::new(0),
+            overflow: overflow
+                .get_or_create(&FamilyLabels {
+                    family: family.into(),
+                })
+                .clone(),
+            warned: AtomicBool::new(false),
+        }
+    }
+
+    /// Feeds `f` the series of `labels` in `fam` when it exists or the budget (`max` label sets)
+    /// has room for it, else the series of `fold(labels)` (created whatever the budget), counting
+    /// the overflow and logging it the first time.
+    fn with<L, M, C>(
+        &self,
+        fam: &Family<L, M, C>,
+        max: usize,
+        labels: L,
+        fold: impl FnOnce(L) -> L,
+        f: impl FnOnce(&M),
+    ) where
+        L: Clone + Hash + Eq,
+        C: MetricConstructor<M>,
+    {
+        if let Some(m) = fam.get(&labels) {
+            return f(&m);
+        }
+        let mut admitted = self.admitted.lock().unwrap_or_else(|p| p.into_inner());
+        // Another observer may have created it while this one waited.
+        if let Some(m) = fam.get(&labels) {
+            return f(&m);
+        }
+        if *admitted < max {
+            *admitted += 1;
+            return f(&fam.get_or_create(&labels));
+        }
+        drop(admitted);
+        self.overflow.inc();
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                family = self.family,
+                max_series = max,
+                "a request metric family reached export.prometheus.max_series_per_family; \
+                 further label sets are folded into the __other__ series \
+                 (tokenwatch_metrics_series_overflow_total counts them)"
+            );
+        }
+        f(&fam.get_or_create(&fold(labels)))
+    }
+}
+
+/// The budgets of the request families, one each.
+struct RequestBudgets {
+    ttft: SeriesBudget,
+    tpot: SeriesBudget,
+    duration: SeriesBudget,
+    operation_duration: SeriesBudget,
+    tokens: SeriesBudget,
+    requests: SeriesBudget,
+}
+
+/// Labels of `tokenwatch_metrics_series_overflow`: the family's metric name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabels {
+    pub family: String,
 }
 
 /// Labels of `tokenwatch_rejected_requests`: the listener (`api`, `proxy`, `otlp`) and why
@@ -393,6 +566,24 @@ impl Metrics {
             "Requests refused for headers or a body over their limits, by listener and reason",
             rejected_requests.clone(),
         );
+        let overflow = Family::<FamilyLabels, Counter>::default();
+        registry.register(
+            "tokenwatch_metrics_series_overflow",
+            "Observations folded into a request family's __other__ series because the family held \
+             export.prometheus.max_series_per_family label sets, by family",
+            overflow.clone(),
+        );
+        let budgets = RequestBudgets {
+            ttft: SeriesBudget::new("gen_ai_server_time_to_first_token_seconds", &overflow),
+            tpot: SeriesBudget::new("gen_ai_server_time_per_output_token_seconds", &overflow),
+            duration: SeriesBudget::new("gen_ai_server_request_duration_seconds", &overflow),
+            operation_duration: SeriesBudget::new(
+                "gen_ai_client_operation_duration_seconds",
+                &overflow,
+            ),
+            tokens: SeriesBudget::new("gen_ai_client_token_usage", &overflow),
+            requests: SeriesBudget::new("tokenwatch_requests", &overflow),
+        };
         let build_info = Family::<BuildLabels, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
         registry.register(
             "tokenwatch_build_info",
@@ -426,7 +617,19 @@ impl Metrics {
             aggregator_series,
             aggregator_refused_series,
             rejected_requests,
+            max_label_bytes: AtomicUsize::new(DEFAULT_MAX_LABEL_BYTES),
+            max_series_per_family: AtomicUsize::new(DEFAULT_MAX_SERIES_PER_FAMILY),
+            budgets,
         }
+    }
+
+    /// `export.prometheus.max_label_bytes` and `max_series_per_family`: the bounds on the request
+    /// series from now on (a label limit under 16 bytes counts as 16, a budget of 0 as 1).
+    pub fn set_series_limits(&self, max_label_bytes: usize, max_series_per_family: usize) {
+        self.max_label_bytes
+            .store(max_label_bytes.max(MIN_LABEL_BYTES), Ordering::Relaxed);
+        self.max_series_per_family
+            .store(max_series_per_family.max(1), Ordering::Relaxed);
     }
 
     /// Register a further metric (a source's own health, for example). Names must be unique.
@@ -459,22 +662,43 @@ impl Metrics {
     pub const CONTENT_TYPE: &'static str =
         prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
+    /// `export.prometheus.max_label_bytes` as set (for other families labelled from input).
+    pub fn max_label_bytes(&self) -> usize {
+        self.max_label_bytes.load(Ordering::Relaxed)
+    }
+
     /// `export.prometheus.tenant_label`: whether request series carry `tenant` from now on.
     pub fn set_tenant_label(&self, on: bool) {
         self.tenant_label.store(on, Ordering::Relaxed);
     }
 
     /// Counts one finished request into the GenAI request series (the Prometheus exporter's
-    /// record sink calls it for every record the pipeline carries).
+    /// record sink calls it for every record the pipeline carries), within the label limit and
+    /// each family's series budget. A request for a model no upstream routes (`no_route`) is
+    /// counted under the model [`OTHER`].
     pub fn observe(&self, r: &RequestRecord) {
-        let req = RequestLabels::of(r, self.tenant_label.load(Ordering::Relaxed));
+        let max_bytes = self.max_label_bytes.load(Ordering::Relaxed);
+        let max = self.max_series_per_family.load(Ordering::Relaxed);
+        let mut req =
+            RequestLabels::of(r, self.tenant_label.load(Ordering::Relaxed)).capped(max_bytes);
+        if r.error_class == Some(ErrorClass::NoRoute) {
+            req.gen_ai_request_model = OTHER.into();
+            req.gen_ai_response_model = OTHER.into();
+        }
+        let b = &self.budgets;
         // The conventions observe first-token and per-token latency for successful responses only.
         if r.is_success() {
             if let Some(t) = r.first_token_s {
-                self.ttft.get_or_create(&req).observe(t);
+                b.ttft
+                    .with(&self.ttft, max, req.clone(), RequestLabels::folded, |h| {
+                        h.observe(t)
+                    });
             }
             if let Some(t) = r.time_per_output_token_s() {
-                self.tpot.get_or_create(&req).observe(t);
+                b.tpot
+                    .with(&self.tpot, max, req.clone(), RequestLabels::folded, |h| {
+                        h.observe(t)
+                    });
             }
         }
         for (kind, n) in [("input", r.prompt_tokens), ("output", r.output_tokens)] {
@@ -483,14 +707,33 @@ impl Metrics {
                     request: req.clone(),
                     gen_ai_token_type: kind,
                 };
-                self.tokens.get_or_create(&t).observe(n as f64);
+                b.tokens
+                    .with(&self.tokens, max, t, TokenLabels::folded, |h| {
+                        h.observe(n as f64)
+                    });
             }
         }
-        let outcome = OutcomeLabels::of(r, req);
-        self.duration.get_or_create(&outcome).observe(r.end_s);
-        self.operation_duration
-            .get_or_create(&outcome)
-            .observe(r.end_s);
-        self.requests.get_or_create(&outcome).inc();
+        let mut outcome = OutcomeLabels::of(r, req);
+        if let Some(e) = &mut outcome.error_type {
+            cap_label(e, max_bytes);
+        }
+        b.duration.with(
+            &self.duration,
+            max,
+            outcome.clone(),
+            OutcomeLabels::folded,
+            |h| h.observe(r.end_s),
+        );
+        b.operation_duration.with(
+            &self.operation_duration,
+            max,
+            outcome.clone(),
+            OutcomeLabels::folded,
+            |h| h.observe(r.end_s),
+        );
+        b.requests
+            .with(&self.requests, max, outcome, OutcomeLabels::folded, |c| {
+                c.inc();
+            });
     }
 }

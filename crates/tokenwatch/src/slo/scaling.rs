@@ -134,6 +134,8 @@ struct ModelLabel {
 struct ScalingMetrics {
     desired: Family<ModelLabel, Gauge>,
     score: Family<ModelLabel, Gauge<f64, AtomicU64>>,
+    /// `export.prometheus.max_label_bytes` when registered: model names come from requests.
+    max_label_bytes: usize,
 }
 
 impl ScalingMetrics {
@@ -141,6 +143,7 @@ impl ScalingMetrics {
         let s = ScalingMetrics {
             desired: Family::default(),
             score: Family::default(),
+            max_label_bytes: m.max_label_bytes(),
         };
         m.register(
             "tokenwatch_scaling_desired_replicas",
@@ -207,9 +210,10 @@ impl Scaler {
             g.desired.clear();
             g.score.clear();
             for m in self.latest.values() {
-                let l = ModelLabel {
+                let mut l = ModelLabel {
                     model: m.model.clone(),
                 };
+                crate::kernel::telemetry::cap_label(&mut l.model, g.max_label_bytes);
                 g.desired
                     .get_or_create(&l)
                     .set(i64::from(m.desired_replicas));
@@ -379,6 +383,43 @@ mod tests {
         s.step(&signals, &inputs, t + 10);
         assert_eq!(book.get("m").unwrap().at_unix_ms, t);
         assert!(!m.eviction.triggered && m.eviction.memory_ratio.is_none());
+    }
+
+    #[test]
+    fn long_model_names_are_cut_at_the_label_limit() {
+        let book = Arc::new(ScalingBook::default());
+        let metrics = Metrics::new();
+        metrics.set_series_limits(32, 100);
+        let cfg = ScalingConfig {
+            period: HumanDuration(Duration::from_secs(1)),
+            ..ScalingConfig::default()
+        };
+        let mut s = Scaler::new(&cfg, book.clone(), Some(&metrics));
+        let mut inputs = Inputs::new(600_000, 100_000);
+        let signals: SharedSignals = Arc::new(RwLock::new(SignalBoard::default()));
+        let long = "y".repeat(10_000);
+        for t in 0..5i64 {
+            inputs.ingest(Rec {
+                model: long.as_str().into(),
+                instance: "i-1".into(),
+                at_ms: t * 1000,
+                ttft: Some(0.1),
+                output_tokens: Some(20),
+                prompt_tokens: Some(100),
+                ok: true,
+                ..Rec::default()
+            });
+            s.step(&signals, &inputs, (t + 1) * 1000);
+        }
+        assert!(book.get(&long).is_some(), "the model was scored");
+        let text = metrics.encode();
+        let cut = format!("{}...", "y".repeat(29));
+        assert!(
+            text.contains(&format!("tokenwatch_scaling_score{{model=\"{cut}\"}}")),
+            "{}",
+            &text[..text.len().min(3000)]
+        );
+        assert!(!text.contains(&"y".repeat(30)));
     }
 
     #[test]
