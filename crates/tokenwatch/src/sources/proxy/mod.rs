@@ -382,10 +382,10 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             // No upstream takes requests without a model: the routes say which models there are.
             return models::list(&routing.routes, routing.loaded_unix_s);
         }
-        let msg = format!(
-            "no upstream is configured for model {:?} (proxy.upstreams)",
-            record.labels.model_id
-        );
+        // The name as the client sent it, cut: an answer does not echo megabytes back.
+        let mut named = record.labels.model_id.clone();
+        crate::kernel::telemetry::cap_label(&mut named, 256);
+        let msg = format!("no upstream is configured for model {named:?} (proxy.upstreams)");
         if llm {
             record.status = 502;
             InFlight {
