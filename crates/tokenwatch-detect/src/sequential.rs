@@ -58,10 +58,13 @@ pub struct ReplicaShiftParams {
     /// least this share of the alarm's excess events (slow or failed requests beyond what the
     /// reference rate expects, since the change point), at a rate whose lower confidence bound
     /// lies beyond the upper bound of its peers' rate (both at `attribute_z` standard errors),
-    /// is named as where the shift lies (decided when the alarm is raised, so the alert keeps
-    /// one label set).
+    /// is named as where the shift lies (decided once, so the alert keeps one label set).
     pub attribute_share: f64,
     pub attribute_z: f64,
+    /// While one replica carries that share but its rate is not yet clear of its peers', the
+    /// model's alarm waits up to this long for the evidence to decide (or for the replica's own
+    /// alarm) before it pages as the whole model's. A spread alarm does not wait.
+    pub attribute_wait_s: f64,
     /// How recent the anchor's distribution is …
     pub anchor_s: f64,
     /// … and the fewest observations it needs.
@@ -111,6 +114,7 @@ impl Default for ReplicaShiftParams {
             location_step_s: 30.0,
             attribute_share: 2.0 / 3.0,
             attribute_z: 3.0,
+            attribute_wait_s: 30.0,
             ratio: 4.0,
             min_shift: 0.01,
             min_tail_rate: 0.002,
@@ -202,6 +206,11 @@ impl Validate for ReplicaShiftParams {
         check(
             self.attribute_z.is_finite() && self.attribute_z >= 0.0,
             "attribute_z",
+            "must be ≥ 0",
+        )?;
+        check(
+            self.attribute_wait_s.is_finite() && self.attribute_wait_s >= 0.0,
+            "attribute_wait_s",
             "must be ≥ 0",
         )?;
         check(

@@ -505,19 +505,33 @@ impl Series {
 struct ModelState {
     instances: BTreeMap<String, Series>,
     whole: Series,
-    /// Where the model's own alarm lies, decided when it was raised: Some(Some(replica)) when
-    /// one replica carries it, Some(None) when it is spread; None while the model is quiet.
+    /// Where the model's own alarm lies, decided once: Some(Some(replica)) when one replica
+    /// carries it, Some(None) when it is spread; None while the model is quiet or undecided.
     attributed: Option<Option<String>>,
+    /// Since when the model's alarm has waited for its attribution to decide.
+    undecided_since: Option<i64>,
+}
+
+/// Where a model's alarm lies, as far as its evidence tells yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Place {
+    /// One replica carries it, its rate clear of its peers'.
+    Replica(String),
+    /// No replica carries the share, or the tests disagree: the model as a whole.
+    Spread,
+    /// One replica carries the share but its rate is not yet clear of its peers'.
+    Undecided,
 }
 
 impl ModelState {
-    /// The replica the model's alarmed tests are concentrated on: for each alarmed test, the
-    /// events beyond what its reference rate expects since its change point, counted from the
-    /// scrapes of each replica; one replica must carry `attribute_share` of them (in every
-    /// alarmed test) at a rate whose lower confidence bound lies beyond the upper bound of its
-    /// peers' (both at `attribute_z` standard errors).
-    fn concentrated(&self, p: &Params) -> Option<String> {
+    /// Where the model's alarmed tests lie: for each alarmed test, the events beyond what its
+    /// reference rate expects since its change point, counted from the scrapes of each replica;
+    /// one replica must carry `attribute_share` of them (in every alarmed test) at a rate whose
+    /// lower confidence bound lies beyond the upper bound of its peers' (both at `attribute_z`
+    /// standard errors). It carrying the share without the bounds apart is undecided.
+    fn place(&self, p: &Params) -> Place {
         let mut named: Option<String> = None;
+        let mut undecided = false;
         for (k, t) in self.whole.tests.iter().filter(|(_, t)| t.cusum.alarmed()) {
             let from = t.cusum.changed_at.unwrap_or(i64::MIN / 2);
             let counts: Vec<(&String, f64, f64)> = self
@@ -530,27 +544,55 @@ impl ModelState {
                 .collect();
             let excess = |n: f64, x: f64| (x - n * t.reference).max(0.0);
             let total: f64 = counts.iter().map(|(_, n, x)| excess(*n, *x)).sum();
-            let (top, n, x) = counts
+            let Some((top, n, x)) = counts
                 .iter()
-                .max_by(|a, b| excess(a.1, a.2).total_cmp(&excess(b.1, b.2)))?;
+                .max_by(|a, b| excess(a.1, a.2).total_cmp(&excess(b.1, b.2)))
+            else {
+                return Place::Spread;
+            };
             if total <= 0.0 || excess(*n, *x) < p.attribute_share * total {
-                return None;
+                return Place::Spread;
             }
+            if named.as_ref().is_some_and(|m| m != *top) {
+                return Place::Spread;
+            }
+            named = Some((*top).clone());
             let (rest_n, rest_x) = counts
                 .iter()
                 .filter(|(i, _, _)| i != top)
                 .fold((0.0, 0.0), |(a, b), (_, n, x)| (a + n, b + x));
-            let rest_upper = seq::rate_upper(rest_x, rest_n, p.attribute_z)?;
-            let top_lower = seq::rate_lower(*x, *n, p.attribute_z)?;
-            if top_lower <= rest_upper {
-                return None;
-            }
-            if named.as_ref().is_some_and(|m| m != *top) {
-                return None;
-            }
-            named = Some((*top).clone());
+            let apart = seq::rate_upper(rest_x, rest_n, p.attribute_z)
+                .zip(seq::rate_lower(*x, *n, p.attribute_z))
+                .is_some_and(|(rest_upper, top_lower)| top_lower > rest_upper);
+            undecided |= !apart;
         }
-        named
+        match named {
+            Some(_) if undecided => Place::Undecided,
+            Some(i) => Place::Replica(i),
+            None => Place::Spread,
+        }
+    }
+
+    /// Decides where the model's alarm lies, once (`attributed`): at once when the evidence
+    /// tells, else after `attribute_wait_s`. False while it waits (the alarm is not paged yet).
+    fn attribute(&mut self, now: i64, p: &Params) -> bool {
+        if self.attributed.is_some() {
+            return true;
+        }
+        let place = self.place(p);
+        self.decide(place, now, p)
+    }
+
+    /// `attribute` once the evidence's `place` is read.
+    fn decide(&mut self, place: Place, now: i64, p: &Params) -> bool {
+        let since = *self.undecided_since.get_or_insert(now);
+        self.attributed = match place {
+            Place::Replica(i) => Some(Some(i)),
+            Place::Spread => Some(None),
+            Place::Undecided if (now - since) as f64 >= p.attribute_wait_s * 1000.0 => Some(None),
+            Place::Undecided => None,
+        };
+        self.attributed.is_some()
     }
 }
 
@@ -999,11 +1041,12 @@ impl Detector for ReplicaShift {
             let only = (st.instances.len() == 1)
                 .then(|| st.instances.keys().next().cloned())
                 .flatten();
-            let alarmed = !any && st.whole.alarmed();
+            let mut alarmed = !any && st.whole.alarmed();
             if !alarmed {
                 st.attributed = None;
-            } else if only.is_none() && st.attributed.is_none() {
-                st.attributed = Some(st.concentrated(p));
+                st.undecided_since = None;
+            } else if only.is_none() {
+                alarmed = st.attribute(cx.now, p);
             }
             let on = st.attributed.clone().flatten();
             let at = match (&only, &on) {

@@ -1081,3 +1081,25 @@ fn a_median_inside_its_bucket_is_placed_geometrically_and_left_alone_where_it_ca
         2560.0
     );
 }
+
+#[test]
+fn a_model_alarm_waits_for_its_attribution_to_decide_but_no_longer_than_attribute_wait_s() {
+    let p = det::ReplicaShiftParams::default();
+    let wait_ms = (p.attribute_wait_s * 1000.0) as i64;
+    // Undecided: no page until the wait is over, then the whole model's.
+    let mut st = ModelState::default();
+    assert!(!st.decide(Place::Undecided, 1_000, &p));
+    assert!(!st.decide(Place::Undecided, 1_000 + wait_ms - 1, &p));
+    assert_eq!(st.attributed, None);
+    assert!(st.decide(Place::Undecided, 1_000 + wait_ms, &p));
+    assert_eq!(st.attributed, Some(None));
+    // Decided while waiting: the replica, at once.
+    let mut st = ModelState::default();
+    assert!(!st.decide(Place::Undecided, 1_000, &p));
+    assert!(st.decide(Place::Replica("a".into()), 2_000, &p));
+    assert_eq!(st.attributed, Some(Some("a".into())));
+    // Spread: no wait at all.
+    let mut st = ModelState::default();
+    assert!(st.decide(Place::Spread, 1_000, &p));
+    assert_eq!(st.attributed, Some(None));
+}
