@@ -505,9 +505,7 @@ impl CusumBank {
             // No single sample alarms: one scrape adds at most about half the threshold, so a clump
             // (a stalled batch, a failed one) needs another behind it to page.
             let full = bernoulli_llr(n, x, p0, p1) / phi;
-            // Exactly half (not `sample_cap`): a cap 2 % above half alarms a scrape sooner, and the
-            // model-level test then raced replica attribution in the replica_shift e2e test.
-            let raw = *s + full.min(0.5 * hm);
+            let raw = *s + full.min(sample_cap(hm, 2));
             // The design with the most evidence before the caps names the shift.
             if raw >= hm && best.is_none_or(|(v, _, _)| *s + full > v) {
                 best = Some((*s + full, p1, *since));
