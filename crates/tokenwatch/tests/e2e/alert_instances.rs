@@ -2,7 +2,7 @@
 // Alertmanager: the alert both fire is one incident, one alert in Alertmanager and one in the
 // shared store's alert list (issue 11).
 
-mod common;
+use crate::common;
 
 use common::alertmanager::Alertmanager;
 use common::clickhouse::start_clickhouse;

@@ -2,8 +2,8 @@
 // firing time over a SIGTERM restart without being announced again as new, then resolves, and the
 // resolved alert is still listed after another restart (SQLite `alerts` table).
 
-mod alerting_support;
-mod common;
+use crate::alerting_support;
+use crate::common;
 
 use alerting_support::{FAST, Hook, Traffic};
 use common::{Proc, free_addr, get, send, start_tokenwatch, wait_ready};

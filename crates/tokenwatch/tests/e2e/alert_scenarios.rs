@@ -1,8 +1,8 @@
 // Alerting scenarios through the real binary: the simulator with a fault, tokenwatch proxying and
 // scraping it (1 s), our own streaming traffic, and the alerts read back from `/api/v1/alerts`.
 
-mod alerting_support;
-mod common;
+use crate::alerting_support;
+use crate::common;
 
 use alerting_support::{FAST, MODEL, Traffic};
 use common::{Proc, free_addr, get, send, start_tokenwatch, wait_ready};

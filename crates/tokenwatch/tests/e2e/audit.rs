@@ -2,8 +2,8 @@
 // the caller, role, status and bytes; token reloads as events; no token anywhere (query strings
 // redacted); anonymous callers without tokens; expired day files deleted at start.
 
-mod auth_support;
-mod common;
+use crate::auth_support;
+use crate::common;
 
 use auth_support::{ADMIN, INGEST, READ, READ2, UNKNOWN, call};
 use common::{Proc, free_addr, metric_value, start_collector, write_auth_files};

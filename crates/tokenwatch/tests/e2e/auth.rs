@@ -3,8 +3,8 @@
 // the UI, OTLP/HTTP, OTLP/gRPC (the OpenTelemetry SDK) and embeddings; counting; rotation; no
 // token in the log.
 
-mod auth_support;
-mod common;
+use crate::auth_support;
+use crate::common;
 
 use auth_support::*;
 use common::{

@@ -1,8 +1,8 @@
 // Canary rollback through the real binary: two simulators behind an 80/20 weighted route; a
 // faulty canary is set to weight 0 automatically with an alert, a healthy one keeps its share.
 
-mod alerting_support;
-mod common;
+use crate::alerting_support;
+use crate::common;
 
 use alerting_support::{FAST, MODEL, Stack, Traffic};
 use common::{get, send, start_sim};

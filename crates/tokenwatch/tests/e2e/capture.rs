@@ -2,7 +2,7 @@
 // stored with personal data replaced by keyed hashes (never in the database file), joinable
 // across requests, with the region from a header or the tenant; with it off nothing is kept.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

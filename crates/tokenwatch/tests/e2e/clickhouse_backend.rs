@@ -3,7 +3,7 @@
 // merge to the latency the API reports (also for two instances sharing the server), and a
 // vanished server costs records (each counted), never requests, aggregates or a prompt `/readyz`.
 
-mod common;
+use crate::common;
 
 use common::clickhouse::start_clickhouse;
 use common::*;

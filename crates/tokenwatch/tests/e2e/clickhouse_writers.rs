@@ -1,7 +1,7 @@
 // Two tokenwatch proxies in front of the SAME upstream instance share one ClickHouse: their
 // roll-ups of one series and minute are kept per writer and merged at query time (issue 11).
 
-mod common;
+use crate::common;
 
 use common::clickhouse::start_clickhouse;
 use common::*;

@@ -1,7 +1,7 @@
 // Configuration reload through the real binary: SIGHUP and `POST /-/reload` swap routes and
 // rules while a stream stays open, refuse a bad file, name restart keys, guard the admin role.
 
-mod common;
+use crate::common;
 
 use common::{
     Proc, Reply, free_addr, get, metric_value, send, start_collector, start_sim, stored_record,

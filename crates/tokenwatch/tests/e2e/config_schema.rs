@@ -2,7 +2,7 @@
 // schemas/tokenwatch.schema.json, and the reference validator (Python `jsonschema`) agrees with
 // the loader on real configurations (README, Kubernetes ConfigMap) and on broken ones.
 
-mod common;
+use crate::common;
 
 use common::{BIN, python};
 use serde_json::Value;

@@ -1,7 +1,7 @@
 // Crash safety (`kill -9` loses nothing acknowledged), API parameter errors, `check-config`
 // and the `demo` command, all through the real binary.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::process::Command;

@@ -9,7 +9,7 @@
 // which is accepted for monitoring.coreos.com and keda.sh kinds alone; their selectors, ports
 // and (for KEDA) the URL, model and valueLocation against a running tokenwatch are checked here.
 
-mod common;
+use crate::common;
 
 use common::{BIN, free_addr, get, start_collector};
 use serde_json::Value;

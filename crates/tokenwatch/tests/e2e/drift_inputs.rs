@@ -2,7 +2,7 @@
 // as an OTLP span attribute (semantic drift, drift vote), and the proxy's prefix-cache keys
 // (cache pollution), with short windows so each test takes seconds.
 
-mod common;
+use crate::common;
 
 use common::otlp::{attr, numbered_chat_span, span_id, str_attr};
 use common::{Proc, Reply, assert_partial, free_addr, get, now_ms, send, wait_ready};

@@ -1,8 +1,8 @@
 // A time-to-first-token spike is found from first tokens, as the proxy reports them, not from
 // records: the slowed streams take ~10 s to end, and the alert must come while none has ended.
 
-mod alerting_support;
-mod common;
+use crate::alerting_support;
+use crate::common;
 
 use alerting_support::{Req, Stack, Traffic, prompt};
 use common::get;

@@ -1,8 +1,8 @@
 // The alert engine's kept state on /metrics through the binary: with a small
 // `alerting.max_records_per_model`, records beyond it are thinned or evicted and counted, and the bytes kept stay bounded.
 
-mod alerting_support;
-mod common;
+use crate::alerting_support;
+use crate::common;
 
 use alerting_support::{FAST, Stack, Traffic};
 use common::{get, metric_value};

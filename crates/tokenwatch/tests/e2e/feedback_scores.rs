@@ -2,8 +2,8 @@
 // and the scores on the request, thumbs-down turning the drift vote, a toxic A/B arm, and
 // flagged guardrail verdicts burning the guardrail-rate SLO.
 
-mod alerting_support;
-mod common;
+use crate::alerting_support;
+use crate::common;
 
 use alerting_support::{FAST, MODEL, Req, Stack, Traffic, prompt};
 use common::otlp::{numbered_chat_span as span, span_id, trace_id as trace};

@@ -1,7 +1,7 @@
 // GPU source end to end: the real binary replays a recorded leaking GPU (with cgroup files for its
 // processes) and serves it on /api/v1/gpus and /api/v1/signals; without NVML it disables itself quietly.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

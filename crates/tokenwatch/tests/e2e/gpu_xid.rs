@@ -3,7 +3,7 @@
 // when its XID field turns to 79 while the simulator fails requests, the XID error is the root
 // cause of the error_burst alert, with the code and its meaning, and the fatal code pages.
 
-mod common;
+use crate::common;
 
 use common::{Proc, free_addr, get, send, start_sim, start_tokenwatch, wait_ready};
 use serde_json::{Value, json};
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const DCGM_SAMPLE: &str = include_str!("../../../fixtures/dcgm-exporter.txt");
+const DCGM_SAMPLE: &str = include_str!("../../../../fixtures/dcgm-exporter.txt");
 const UUID: &str = "GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43";
 const MODEL: &str = "sim-llama-8b";
 const SIM_ARGS: &[&str] = &["--itl-ms", "4", "--max-tokens", "24", "--ttft-ms", "40"];

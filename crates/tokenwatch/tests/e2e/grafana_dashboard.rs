@@ -6,7 +6,7 @@
 // variables must list the model and every fleet and latency query over the runtime's series
 // must return data.
 
-mod common;
+use crate::common;
 
 use common::{BIN, Proc, free_addr, get, start_demo_with_leak};
 use serde_json::Value;

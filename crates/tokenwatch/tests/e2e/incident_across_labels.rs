@@ -6,7 +6,7 @@
 // model and the replica it hurts, and every alert about replica A — the leak and its symptoms
 // — must be one incident (one Alertmanager group); nothing may be raised about replica B.
 
-mod common;
+use crate::common;
 
 use common::{
     Proc, alerts, chat_traffic, free_addr, send, start_collector, start_sim, write_config,

@@ -1,7 +1,7 @@
 // `/api/v1/latency` on the embedded SQLite backend, through the real binary: memory is the
 // default source, `source=store` merges the stored per-minute roll-ups to the same figures.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::time::{Duration, Instant};

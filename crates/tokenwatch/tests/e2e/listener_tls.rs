@@ -2,8 +2,8 @@
 // with a CA and certificates made here (rcgen); curl, the OpenAI and OpenTelemetry Python
 // clients, a plain-HTTP client refused promptly, certificate reload, and bad files refused.
 
-mod common;
-mod listener_tls_support;
+use crate::common;
+use crate::listener_tls_support;
 
 use bytes::Bytes;
 use common::*;

@@ -3,7 +3,7 @@
 
 #![cfg(feature = "embeddings")]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;
@@ -48,7 +48,7 @@ fn floats(v: &Value) -> Vec<f32> {
 
 #[test]
 fn vectors_match_sentence_transformers() {
-    let fixture: Value = serde_json::from_str(include_str!("fixtures/embedding_reference.json"))
+    let fixture: Value = serde_json::from_str(include_str!("../fixtures/embedding_reference.json"))
         .expect("fixture JSON");
     let embedder = Embedder::load(&model_dir(), 2).unwrap();
     assert_eq!(embedder.dim(), 384);

@@ -2,7 +2,7 @@
 // mined into stable templates that survive a restart (same ids, offsets resumed, counts not
 // doubled); a CUDA OOM burst then raises an anomaly named in the root cause of the error alert.
 
-mod common;
+use crate::common;
 
 use common::{Proc, free_addr, get, send, start_sim, start_tokenwatch, wait_ready};
 use serde_json::{Value, json};
@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 /// A vLLM 0.6 server's log: start-up, routes, then requests, metrics lines every 10 s and a
 /// few preemption warnings (modelled on vLLM's own lines).
-const SERVE_LOG: &str = include_str!("fixtures/vllm-serve.txt");
+const SERVE_LOG: &str = include_str!("../fixtures/vllm-serve.txt");
 /// Four failed engine steps: CUDA out of memory with its traceback, and the 500s that follow.
-const OOM_LOG: &str = include_str!("fixtures/vllm-cuda-oom.txt");
+const OOM_LOG: &str = include_str!("../fixtures/vllm-cuda-oom.txt");
 const MODEL: &str = "sim-llama-8b";
 const SIM_ARGS: &[&str] = &["--itl-ms", "4", "--max-tokens", "24", "--ttft-ms", "40"];
 

@@ -1,7 +1,7 @@
 // Version markers from the sources other than the proxy, through the binary: prompt versions on
 // OTLP spans (span or resource attribute) and the model version a scraped runtime reports.
 
-mod common;
+use crate::common;
 
 use common::metrics_target::MetricsTarget;
 use common::otlp::{chat_span, post_resource_spans, str_attr};

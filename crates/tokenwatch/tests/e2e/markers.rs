@@ -3,7 +3,7 @@
 // posted deploy markers are listed, bad input is refused naming the field, restarts keep them;
 // OTLP spans whose resource names a new model version make an `otlp` marker.
 
-mod common;
+use crate::common;
 
 use common::otlp::{chat_span, post_resource_spans, str_attr};
 use common::{Stack, get, now_ns, send, start_otlp_collector_with, wait_markers, wait_ready};

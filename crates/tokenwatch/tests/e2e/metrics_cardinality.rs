@@ -4,7 +4,7 @@
 // `tokenwatch_metrics_series_overflow_total`, no label value over `max_label_bytes`, the scrape
 // under a fixed size, and a normal request still served and counted under its own model.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 // configuration file, `${ENV_VAR}` expansion in it (and its file:line errors), durations in
 // Prometheus syntax, and `--log-format json` log lines.
 
-mod common;
+use crate::common;
 
 use common::{BIN, free_addr};
 use std::process::{Child, Command, Stdio};

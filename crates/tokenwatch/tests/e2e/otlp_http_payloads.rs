@@ -1,7 +1,7 @@
 // Raw OTLP/HTTP requests against a running `tokenwatch run`: OTLP/JSON accepted with partial
 // success, malformed payloads answered 400/413/415 with clear messages, and the server keeps serving.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::{Proc, free_addr, get, wait_ready};

@@ -2,7 +2,7 @@
 // `tokenwatch run` over gRPC and over HTTP/protobuf; records, latency, signals and spans appear,
 // from an OpenInference LLM span and exponential client chunk histograms too.
 
-mod common;
+use crate::common;
 
 use common::{Proc, free_addr, get, python, wait_ready};
 use std::net::SocketAddr;

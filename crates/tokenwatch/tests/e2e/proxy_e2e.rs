@@ -1,7 +1,7 @@
 // End to end through the real binary: the OpenAI Python client streams through the proxy
 // to the simulator; the API and `/metrics` then show correct timing, tokens and records.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::process::Command;

@@ -1,7 +1,7 @@
 // Upstream failures through the real binary: refused, hung, reset mid-stream, malformed SSE,
 // 5xx and stalls reach the client as they happened and are recorded with their error class.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 // caller's trace, the span exported over OTLP (HTTP and gRPC) to a second tokenwatch, and the
 // upstream's server span nesting under it in `GET /api/v1/traces/{id}`.
 
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::extract::{Request, State};

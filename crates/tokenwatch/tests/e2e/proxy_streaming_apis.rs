@@ -2,7 +2,7 @@
 // reasoning model's chat stream are timed and recorded like chat completions; mid-stream error
 // events are recorded as errors, and every byte reaches the client as the upstream sent it.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

@@ -1,7 +1,7 @@
 // HTTPS upstreams through the real binary: a local TLS upstream (rustls, a CA and leaf made with
 // rcgen here) reached with SNI and HTTP/2 via ALPN; CA trust, wrong names and bad CA files.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

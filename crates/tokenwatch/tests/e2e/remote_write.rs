@@ -1,7 +1,7 @@
 // Prometheus remote write against the real receivers — Prometheus (Debian `prometheus`, with
 // --web.enable-remote-write-receiver) and VictoriaMetrics (Debian `victoria-metrics`).
 
-mod common;
+use crate::common;
 
 use common::{Stack, free_addr, get, metric_value, send};
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 // fault on a tenth of one replica's requests must raise an alert naming that replica — and
 // nothing before it, nothing on its peer.
 
-mod common;
+use crate::common;
 
 use common::{Proc, alerts, chat_traffic, free_addr, send, start_sim, wait_ready};
 use serde_json::{Value, json};

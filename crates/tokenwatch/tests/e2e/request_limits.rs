@@ -2,7 +2,7 @@
 // limits 413 on the API, proxy and OTLP/HTTP listeners, named and counted, and each listener
 // keeps serving afterwards.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::io::{Read, Write};

@@ -1,7 +1,7 @@
 // `tokenwatch rules export --format prometheus`: the real binary writes a rules file that the
 // real `promtool check rules` accepts; bad formats and bad configurations fail clearly.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

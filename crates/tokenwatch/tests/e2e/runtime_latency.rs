@@ -5,7 +5,7 @@
 // stated bucket and where the increments put it; `/api/v1/compare` around a deploy marker
 // compares the runtime's minutes before and after it.
 
-mod common;
+use crate::common;
 
 use common::metrics_target::MetricsTarget;
 use common::*;

@@ -4,8 +4,8 @@
 // only after three calm periods and the cooldown. Read as KEDA does (/api/v1/scaling/{model})
 // and as an HPA does (/metrics).
 
-mod alerting_support;
-mod common;
+use crate::alerting_support;
+use crate::common;
 
 use alerting_support::{MODEL, Stack, Traffic};
 use common::get;

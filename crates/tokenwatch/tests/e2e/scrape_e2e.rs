@@ -1,7 +1,7 @@
 // Scrape source end to end: the real vLLM and dcgm-exporter samples served over HTTP, the
 // simulator scraped with --scrape, and bad targets (garbage, hanging, refused) beside a good one.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

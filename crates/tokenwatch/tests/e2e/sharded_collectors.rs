@@ -2,7 +2,7 @@
 // 1/2), one target list, one real ClickHouse and Alertmanager: each target is scraped by exactly
 // one, the fleet API of either lists all of them, each alert reaches Alertmanager once.
 
-mod common;
+use crate::common;
 
 use common::alertmanager::Alertmanager;
 use common::clickhouse::start_clickhouse;

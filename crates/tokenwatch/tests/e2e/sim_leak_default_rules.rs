@@ -1,7 +1,7 @@
 // The reproduction, end to end on shipped defaults: `tokenwatch sim --fault kv_leak`
 // scraped and proxied by `tokenwatch run` with no alerting configuration, ~3 streaming req/s.
 
-mod common;
+use crate::common;
 
 use common::{Proc, alerts, free_addr, get, send, start_tokenwatch, wait_ready};
 use serde_json::json;

@@ -2,8 +2,8 @@
 // healthy traffic leaves the budgets intact and raises no burn alert, then a latency fault makes
 // the TTFT SLO burn and its fast-burn (page) alert fire, seen in /api/v1/slos and /metrics.
 
-mod alerting_support;
-mod common;
+use crate::alerting_support;
+use crate::common;
 
 use alerting_support::{FAST, MODEL, Stack, Traffic};
 use common::{get, send};

@@ -1,7 +1,7 @@
 // Tail sampling of stored spans end to end: traces sent over OTLP/HTTP to the binary with
 // `traces.sampling` on; error traces stay complete up to the root, ordinary wide ones thin out.
 
-mod common;
+use crate::common;
 
 use common::*;
 use prost::Message;

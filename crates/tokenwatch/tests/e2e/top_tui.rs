@@ -1,7 +1,7 @@
 // `tokenwatch top` against a real `tokenwatch demo` with traffic: the view runs inside tmux on a
 // private socket, is read back with capture-pane and driven with send-keys (sort, filter, quit).
 
-mod common;
+use crate::common;
 
 use common::{BIN, Proc, free_addr, send, wait_ready};
 use std::path::Path;

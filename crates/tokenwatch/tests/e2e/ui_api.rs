@@ -1,7 +1,7 @@
 // The endpoints the web UI and `tokenwatch top` read, through the real binary: the fleet
 // overview, one model's time series, request filters and one request's token timeline.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

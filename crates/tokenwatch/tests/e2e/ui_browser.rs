@@ -3,7 +3,7 @@
 // (Playwright driving Debian's headless Chromium, sending OTLP spans to the demo's OTLP/HTTP
 // port for the trace waterfall), which writes screenshots to target/ui-artifacts.
 
-mod common;
+use crate::common;
 
 use common::{get, start_demo_with_leak};
 use std::os::unix::process::CommandExt;
