@@ -190,6 +190,15 @@ struct RunArgs {
     /// Bearer tokens, one `ROLE TOKEN [NAME]` per line (roles read, admin, ingest); sets auth.tokens_file.
     #[arg(long, value_name = "FILE")]
     auth_tokens: Option<PathBuf>,
+    /// What this process runs: all (proxy and analysis, the default), proxy (a thin replica that
+    /// ships its records to --aggregator) or aggregator (no proxy; receives the replicas'
+    /// records over OTLP); sets role.
+    #[arg(long, value_name = "ROLE", value_parser = tokenwatch::config::Role::parse)]
+    role: Option<tokenwatch::config::Role>,
+    /// Where a proxy replica ships its records: the aggregator's OTLP/HTTP receiver (or an
+    /// OpenTelemetry Collector's), e.g. http://tokenwatch-aggregator:4318; sets aggregator.endpoint.
+    #[arg(long, value_name = "URL")]
+    aggregator: Option<String>,
 }
 
 impl RunArgs {
@@ -250,6 +259,19 @@ impl RunArgs {
         }
         if let Some(file) = self.auth_tokens {
             cfg.auth.tokens_file = Some(file);
+        }
+        if let Some(role) = self.role {
+            cfg.role = role;
+        }
+        if let Some(url) = self.aggregator {
+            match &mut cfg.aggregator {
+                Some(link) => link.endpoint = url,
+                None => {
+                    cfg.aggregator = Some(
+                        tokenwatch::export::otlp::ship::AggregatorLinkConfig::new(url),
+                    )
+                }
+            }
         }
         if let Some(url) = self.upstream {
             if let Some(file) = &self.upstream_ca_file {

@@ -482,7 +482,9 @@ mod tests {
                 text_capture: None,
                 model_aliases: Default::default(),
             },
-            Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default()))),
+            Some(Arc::new(Mutex::new(Aggregator::new(
+                AggregatorConfig::default(),
+            )))),
             Vec::new(),
             metrics.clone(),
         );

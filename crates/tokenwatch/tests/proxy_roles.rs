@@ -1,0 +1,507 @@
+// Proxy and analysis as separate roles (issue 28, items 2 and 3), end to end with the real
+// binary on loopback: the same streams seen by one `role: all` proxy and by three `role: proxy`
+// replicas shipping to one `role: aggregator` give the same counts, percentiles and alert; and a
+// replica whose aggregator is killed (kill -9) keeps serving every stream at the same latency,
+// buffers the records and delivers every one of them once the aggregator is back.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const MODEL: &str = "sim-llama-8b";
+const SALT: &str = "replicas-share-this-salt";
+
+/// `tokenwatch run` named `name` (its log `name.log`), data in `dir/name`, with `args`.
+fn run(dir: &Path, name: &str, args: &[String]) -> Proc {
+    let data = dir.join(name).to_string_lossy().into_owned();
+    let mut all: Vec<&str> = vec!["run", "--data-dir", &data];
+    all.extend(args.iter().map(String::as_str));
+    Proc::start(name, &all, dir)
+}
+
+fn s(a: impl ToString) -> String {
+    a.to_string()
+}
+
+/// An aggregator (`role: aggregator`) on `api`, receiving OTLP/HTTP on `otlp`.
+fn start_aggregator(dir: &Path, config: &Path, api: SocketAddr, otlp: SocketAddr) -> Proc {
+    run(
+        dir,
+        "aggregator",
+        &[
+            s("-c"),
+            s(config.display()),
+            s("--role"),
+            s("aggregator"),
+            s("--listen"),
+            s(api),
+            s("--otlp-http-listen"),
+            s(otlp),
+            s("--otlp-grpc-listen"),
+            s(free_addr()),
+        ],
+    )
+}
+
+/// A proxy replica (`role: proxy`) forwarding to `upstream`, shipping to `otlp`.
+fn start_replica(
+    dir: &Path,
+    name: &str,
+    config: &Path,
+    upstream: &str,
+    otlp: SocketAddr,
+) -> (Proc, SocketAddr, SocketAddr) {
+    let (api, proxy) = (free_addr(), free_addr());
+    let p = run(
+        dir,
+        name,
+        &[
+            s("-c"),
+            s(config.display()),
+            s("--role"),
+            s("proxy"),
+            s("--listen"),
+            s(api),
+            s("--proxy-listen"),
+            s(proxy),
+            s("--upstream"),
+            s(upstream),
+            s("--upstream-runtime"),
+            s("sim"),
+            s("--aggregator"),
+            format!("http://{otlp}"),
+        ],
+    );
+    (p, api, proxy)
+}
+
+/// What the client saw of one stream.
+struct Seen {
+    request_id: String,
+    /// Time to the first content chunk and to the end, as the client measured them.
+    ttft: Duration,
+    total: Duration,
+}
+
+/// One streamed chat completion of `tokens` tokens through `proxy`; asserts it completed (200,
+/// every token, `[DONE]`).
+async fn stream(proxy: SocketAddr, tokens: u32, i: usize) -> Seen {
+    use http_body_util::BodyExt;
+    let body = serde_json::json!({
+        "model": MODEL,
+        "stream": true,
+        "max_tokens": tokens,
+        "messages": [{"role": "user", "content": format!("request {i}")}],
+    })
+    .to_string();
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{proxy}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer sk-client-{}", i % 3))
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let start = Instant::now();
+    let resp = client().request(req).await.expect("the proxy answers");
+    assert_eq!(resp.status(), 200);
+    let request_id = resp
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("x-request-id")
+        .to_string();
+    let mut body = resp.into_body();
+    let (mut text, mut ttft) = (String::new(), None);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.expect("the stream is not cut");
+        if let Some(data) = frame.data_ref() {
+            text.push_str(&String::from_utf8_lossy(data));
+            if ttft.is_none() && text.contains("\"content\"") {
+                ttft = Some(start.elapsed());
+            }
+        }
+    }
+    let total = start.elapsed();
+    let chunks = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())
+        })
+        .count();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "cut: {text}");
+    assert_eq!(chunks, tokens as usize, "every token arrives");
+    Seen {
+        request_id,
+        ttft: ttft.unwrap_or(total),
+        total,
+    }
+}
+
+/// `n` streams, `workers` at a time, the i-th through `proxies[i % len]`.
+async fn traffic(proxies: &[SocketAddr], n: usize, workers: usize, tokens: u32) -> Vec<Seen> {
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let (next, proxies) = (next.clone(), proxies.to_vec());
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= n {
+                    return seen;
+                }
+                seen.push(stream(proxies[i % proxies.len()], tokens, i).await);
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+/// The stored records of `MODEL` at `api`.
+async fn stored_ids(api: SocketAddr) -> BTreeSet<String> {
+    let v = get(&format!(
+        "http://{api}/api/v1/requests?model={MODEL}&limit=10000"
+    ))
+    .await
+    .json();
+    v["requests"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r["request_id"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn latency(api: SocketAddr, metric: &str) -> serde_json::Value {
+    get(&format!(
+        "http://{api}/api/v1/latency?model={MODEL}&metric={metric}&window=5m"
+    ))
+    .await
+    .json()
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    metric_value(text, series).unwrap_or_else(|| panic!("{series} missing"))
+}
+
+fn quantile(mut v: Vec<Duration>, q: f64) -> Duration {
+    v.sort();
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_sim, sim) = start_sim(d, &["--ttft-ms", "120", "--itl-ms", "12"]).await;
+    let (agg_api, agg_otlp) = (free_addr(), free_addr());
+    // One file for every role, as one ConfigMap would be; the alert fires on every request.
+    let config = write_config(
+        d,
+        &format!(
+            "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_otlp}\n  buffer: {{flush_interval: 50ms}}\n  retry: {{max_backoff: 500ms}}\nalerting:\n  evaluation_interval: 1s\n  overrides:\n    absolute_latency: {{for: 1s, window: 30s, group_by: [model_id], params: {{threshold_s: 0.1, min_samples: 10}}}}\n"
+        ),
+    );
+    // The reference: one `role: all` process that sees every request (the replicas' upstream).
+    let (one_api, one_proxy) = (free_addr(), free_addr());
+    let one = run(
+        d,
+        "one",
+        &[
+            s("-c"),
+            s(config.display()),
+            s("--listen"),
+            s(one_api),
+            s("--proxy-listen"),
+            s(one_proxy),
+            s("--upstream"),
+            format!("http://{sim}"),
+            s("--upstream-runtime"),
+            s("sim"),
+            s("--otlp-grpc-listen"),
+            s(free_addr()),
+            s("--otlp-http-listen"),
+            s(free_addr()),
+        ],
+    );
+    let aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        let (p, api, proxy) = start_replica(
+            d,
+            &format!("replica{i}"),
+            &config,
+            &format!("http://{one_proxy}"),
+            agg_otlp,
+        );
+        replicas.push((p, api, proxy));
+    }
+    wait_ready(&format!("http://{one_api}/readyz"), &one).await;
+    wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
+    for (p, api, _) in &replicas {
+        wait_ready(&format!("http://{api}/readyz"), p).await;
+        let r = get(&format!("http://{api}/api/v1/latency")).await;
+        assert_eq!(r.status, 404, "a replica serves no analysis: {}", r.body);
+    }
+
+    let n = 60;
+    let proxies: Vec<SocketAddr> = replicas.iter().map(|(_, _, p)| *p).collect();
+    let seen = traffic(&proxies, n, 6, 16).await;
+    assert_eq!(seen.len(), n);
+
+    // Every record reaches both, and the aggregator names them as the replicas did.
+    let client_ids: BTreeSet<String> = seen.iter().map(|s| s.request_id.clone()).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (a, o) = (stored_ids(agg_api).await, stored_ids(one_api).await);
+        if a == client_ids && o.len() == n {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "aggregator has {} of the {n} records, the single proxy {}; aggregator log:\n{}",
+            a.len(),
+            o.len(),
+            aggregator.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The same percentiles: each sketch is within 1% of the exact value of its rank, so two
+    // sketches of the same values differ by at most 2%; the replicas stand one hop in front of
+    // the single proxy, so their times also hold its forwarding (under a millisecond).
+    let mut table = String::new();
+    for m in ["ttft", "itl", "e2e"] {
+        let (one_l, agg_l) = (latency(one_api, m).await, latency(agg_api, m).await);
+        assert_eq!(
+            one_l["count"], agg_l["count"],
+            "{m}: {one_l:#} vs {agg_l:#}"
+        );
+        for q in ["p50", "p90", "p95", "p99"] {
+            let (x, y) = (one_l[q].as_f64().unwrap(), agg_l[q].as_f64().unwrap());
+            let allowed = 0.02 * x.max(y) + 0.001;
+            table.push_str(&format!(
+                "{m} {q}: one {:.2} ms, replicas→aggregator {:.2} ms\n",
+                x * 1e3,
+                y * 1e3
+            ));
+            assert!(
+                (x - y).abs() <= allowed,
+                "{m} {q}: one proxy {x}, replicas {y} (allowed ±{allowed})\n{table}"
+            );
+        }
+    }
+    println!("{table}");
+
+    // Tokens and tenants: the replicas share the salt, so one API key is one tenant.
+    let tenants = |api: SocketAddr| async move {
+        let v = get(&format!(
+            "http://{api}/api/v1/latency?model={MODEL}&metric=e2e&window=5m&by=tenant"
+        ))
+        .await
+        .json();
+        v["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["summary"]["count"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(tenants(agg_api).await, vec![20, 20, 20]);
+
+    // The same alert on both.
+    let firing = |api: SocketAddr| async move {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let names: BTreeSet<String> = alerts(api)
+                .await
+                .iter()
+                .filter(|a| a["state"] == "firing")
+                .filter_map(|a| a["rule"].as_str().map(String::from))
+                .collect();
+            if names.contains("absolute_latency") || Instant::now() > deadline {
+                return names;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    let (one_alerts, agg_alerts) = (firing(one_api).await, firing(agg_api).await);
+    assert!(
+        one_alerts.contains("absolute_latency"),
+        "single proxy: {one_alerts:?}"
+    );
+    assert!(
+        agg_alerts.contains("absolute_latency"),
+        "aggregator: {agg_alerts:?}"
+    );
+
+    for (mut p, api, _) in replicas {
+        let m = get(&format!("http://{api}/metrics")).await.body;
+        assert_eq!(
+            metric(&m, "tokenwatch_ship_dropped_total{reason=\"queue_full\"}"),
+            0.0
+        );
+        assert!(p.terminate().success(), "{}", p.log_tail(20));
+    }
+    let (mut one, mut aggregator) = (one, aggregator);
+    assert!(one.terminate().success());
+    assert!(aggregator.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_fails_open_while_its_aggregator_is_killed_and_delivers_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_sim, sim) = start_sim(d, &["--ttft-ms", "40", "--itl-ms", "10"]).await;
+    let (agg_api, agg_otlp) = (free_addr(), free_addr());
+    let config = write_config(
+        d,
+        &format!(
+            "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_otlp}\n  timeout: 1s\n  buffer: {{flush_interval: 50ms}}\n  retry: {{max_backoff: 300ms}}\n"
+        ),
+    );
+    let mut aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    let (replica, api, proxy) =
+        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_otlp);
+    wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
+    wait_ready(&format!("http://{api}/readyz"), &replica).await;
+
+    // Phase 1, aggregator up: every record stored.
+    let (n, workers, tokens) = (24, 4, 20);
+    let up = traffic(&[proxy], n, workers, tokens).await;
+    let mut ids: BTreeSet<String> = up.iter().map(|s| s.request_id.clone()).collect();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while stored_ids(agg_api).await != ids {
+        assert!(Instant::now() < deadline, "{}", aggregator.log_tail(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Phase 2, aggregator killed: every stream completes, as fast as before.
+    aggregator.kill9();
+    let down = traffic(&[proxy], n, workers, tokens).await;
+    let m = get(&format!("http://{api}/metrics")).await.body;
+    let buffered = metric(&m, "tokenwatch_ship_buffered_records");
+    assert!(
+        metric(&m, "tokenwatch_ship_failures_total") >= 1.0,
+        "sends to the dead aggregator fail: {m}"
+    );
+    assert!(
+        buffered + 512.0 >= n as f64 && buffered <= n as f64,
+        "the replica buffers the records ({buffered})"
+    );
+    let p = |v: &[Seen], f: fn(&Seen) -> Duration, q| quantile(v.iter().map(f).collect(), q);
+    let report = format!(
+        "client TTFT p50/p95 up {:?}/{:?}, aggregator down {:?}/{:?}; total p50/p95 up {:?}/{:?}, down {:?}/{:?}",
+        p(&up, |s| s.ttft, 0.5),
+        p(&up, |s| s.ttft, 0.95),
+        p(&down, |s| s.ttft, 0.5),
+        p(&down, |s| s.ttft, 0.95),
+        p(&up, |s| s.total, 0.5),
+        p(&up, |s| s.total, 0.95),
+        p(&down, |s| s.total, 0.5),
+        p(&down, |s| s.total, 0.95),
+    );
+    println!("{report}");
+    // Within noise: the streams take ~250 ms; a stalled telemetry path would add its timeout.
+    let slack = Duration::from_millis(40);
+    assert!(
+        p(&down, |s| s.total, 0.5) <= p(&up, |s| s.total, 0.5) + slack,
+        "{report}"
+    );
+    assert!(
+        p(&down, |s| s.ttft, 0.95) <= p(&up, |s| s.ttft, 0.95) + slack,
+        "{report}"
+    );
+
+    // The aggregator returns (same ports, same data): the buffer arrives, nothing lost.
+    let aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
+    ids.extend(down.iter().map(|s| s.request_id.clone()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stored = stored_ids(agg_api).await;
+        if stored == ids {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} records at the aggregator; replica log:\n{}",
+            stored.len(),
+            ids.len(),
+            replica.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let m = get(&format!("http://{api}/metrics")).await.body;
+    for reason in ["queue_full", "rejected", "shutdown"] {
+        let series = format!("tokenwatch_ship_dropped_total{{reason=\"{reason}\"}}");
+        assert_eq!(metric(&m, &series), 0.0, "{series}");
+    }
+    assert_eq!(metric(&m, "tokenwatch_ship_buffered_records"), 0.0);
+    assert!(metric(&m, "tokenwatch_ship_spans_total") >= (2 * n) as f64);
+    let (mut replica, mut aggregator) = (replica, aggregator);
+    assert!(replica.terminate().success());
+    assert!(aggregator.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_counts_exactly_what_a_full_buffer_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_sim, sim) = start_sim(d, &["--ttft-ms", "5", "--itl-ms", "2"]).await;
+    // Nothing listens on the aggregator's address: every record waits, the buffer holds 5.
+    let nowhere = free_addr();
+    let config = write_config(
+        d,
+        &format!(
+            "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{nowhere}\n  buffer: {{capacity: 5, max_batch: 2, flush_interval: 10ms}}\n"
+        ),
+    );
+    let (replica, api, proxy) =
+        start_replica(d, "replica", &config, &format!("http://{sim}"), nowhere);
+    wait_ready(&format!("http://{api}/readyz"), &replica).await;
+    let n = 20;
+    let seen = traffic(&[proxy], n, 2, 4).await;
+    assert_eq!(seen.len(), n);
+    // Each record is in the buffer (5), in the batch being retried (1 or 2: the sender took
+    // it when the first records came), or dropped — and counted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = get(&format!("http://{api}/metrics")).await.body;
+        let dropped = metric(&m, "tokenwatch_ship_dropped_total{reason=\"queue_full\"}");
+        let buffered = metric(&m, "tokenwatch_ship_buffered_records");
+        if buffered == 5.0 && dropped + buffered >= (n - 2) as f64 {
+            assert!(
+                [(n - 7) as f64, (n - 6) as f64].contains(&dropped),
+                "dropped {dropped} of {n}:\n{m}"
+            );
+            assert_eq!(metric(&m, "tokenwatch_ship_spans_total"), 0.0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dropped {dropped}, buffered {buffered}:\n{}",
+            replica.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut replica = replica;
+    assert!(replica.terminate().success());
+    let log = replica.log();
+    assert!(log.contains("dropped at shutdown"), "{log}");
+}
