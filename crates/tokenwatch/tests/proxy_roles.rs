@@ -85,6 +85,16 @@ struct Seen {
     /// Time to the first content chunk and to the end, as the client measured them.
     ttft: Duration,
     total: Duration,
+    /// Content chunks received.
+    chunks: u32,
+}
+
+impl Seen {
+    /// The client's time per chunk after the first (the simulator draws each answer's length,
+    /// so the total alone is not comparable between requests).
+    fn per_chunk(&self) -> Duration {
+        (self.total - self.ttft) / self.chunks.saturating_sub(1).max(1)
+    }
 }
 
 /// One streamed chat completion of `tokens` tokens through `proxy`; asserts it completed (200,
@@ -126,11 +136,16 @@ async fn stream(proxy: SocketAddr, tokens: u32, i: usize) -> Seen {
         }
     }
     let total = start.elapsed();
-    let chunks = text
+    // Complete: content, a finish reason, then `[DONE]` (the simulator draws each answer's
+    // length, up to `tokens`).
+    let events: Vec<serde_json::Value> = text
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter(|d| *d != "[DONE]")
-        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .map(|d| serde_json::from_str(d).expect("every event is whole JSON"))
+        .collect();
+    let content = events
+        .iter()
         .filter(|v| {
             v["choices"][0]["delta"]["content"]
                 .as_str()
@@ -138,11 +153,18 @@ async fn stream(proxy: SocketAddr, tokens: u32, i: usize) -> Seen {
         })
         .count();
     assert!(text.trim_end().ends_with("data: [DONE]"), "cut: {text}");
-    assert_eq!(chunks, tokens as usize, "every token arrives");
+    assert!((1..=tokens as usize).contains(&content), "{text}");
+    assert!(
+        events
+            .iter()
+            .any(|v| v["choices"][0]["finish_reason"].is_string()),
+        "no finish reason: {text}"
+    );
     Seen {
         request_id,
         ttft: ttft.unwrap_or(total),
         total,
+        chunks: content as u32,
     }
 }
 
@@ -170,21 +192,56 @@ async fn traffic(proxies: &[SocketAddr], n: usize, workers: usize, tokens: u32) 
     all
 }
 
-/// The stored records of `MODEL` at `api`.
-async fn stored_ids(api: SocketAddr) -> BTreeSet<String> {
+/// The request ids of the stored records of `MODEL` at `api`, sorted (a duplicate shows twice).
+async fn stored_ids(api: SocketAddr) -> Vec<String> {
     let v = get(&format!(
         "http://{api}/api/v1/requests?model={MODEL}&limit=10000"
     ))
     .await
     .json();
-    v["requests"]
+    let mut ids: Vec<String> = v["requests"]
         .as_array()
         .map(|a| {
             a.iter()
                 .filter_map(|r| r["request_id"].as_str().map(String::from))
                 .collect()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    ids.sort();
+    ids
+}
+
+fn sorted(ids: &BTreeSet<String>) -> Vec<String> {
+    ids.iter().cloned().collect()
+}
+
+/// The client's view with the aggregator away is the same as with it up, within noise: TTFT
+/// P50/P95 and time per chunk P50 (a telemetry path that waited would add its timeout).
+fn assert_fails_open(up: &[Seen], away: &[Seen], what: &str) -> String {
+    let q = |v: &[Seen], f: fn(&Seen) -> Duration, q| quantile(v.iter().map(f).collect(), q);
+    let report = format!(
+        "client TTFT p50/p95: aggregator up {:?}/{:?}, {what} {:?}/{:?}; time per chunk p50: up {:?}, {what} {:?}",
+        q(up, |s| s.ttft, 0.5),
+        q(up, |s| s.ttft, 0.95),
+        q(away, |s| s.ttft, 0.5),
+        q(away, |s| s.ttft, 0.95),
+        q(up, Seen::per_chunk, 0.5),
+        q(away, Seen::per_chunk, 0.5),
+    );
+    let slack = Duration::from_millis(15);
+    assert!(
+        q(away, |s| s.ttft, 0.5) <= q(up, |s| s.ttft, 0.5) + slack,
+        "{report}"
+    );
+    assert!(
+        q(away, |s| s.ttft, 0.95) <= q(up, |s| s.ttft, 0.95) + slack,
+        "{report}"
+    );
+    assert!(
+        q(away, Seen::per_chunk, 0.5) <= q(up, Seen::per_chunk, 0.5) + Duration::from_millis(3),
+        "{report}"
+    );
+    report
 }
 
 async fn latency(api: SocketAddr, metric: &str) -> serde_json::Value {
@@ -214,7 +271,7 @@ async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
     let config = write_config(
         d,
         &format!(
-            "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_otlp}\n  buffer: {{flush_interval: 50ms}}\n  retry: {{max_backoff: 500ms}}\nalerting:\n  evaluation_interval: 1s\n  overrides:\n    absolute_latency: {{for: 1s, window: 30s, group_by: [model_id], params: {{threshold_s: 0.1, min_samples: 10}}}}\n"
+            "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_otlp}\n  buffer: {{flush_interval: 50ms}}\n  retry: {{max_backoff: 500ms}}\nalerting:\n  evaluation_interval: 1s\n  overrides:\n    absolute_latency: {{for: 1s, window: 30s, group_by: [model_id], params: {{threshold_s: 0.1}}}}\n"
         ),
     );
     // The reference: one `role: all` process that sees every request (the replicas' upstream).
@@ -269,7 +326,7 @@ async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (a, o) = (stored_ids(agg_api).await, stored_ids(one_api).await);
-        if a == client_ids && o.len() == n {
+        if a == sorted(&client_ids) && o.len() == n {
             break;
         }
         assert!(
@@ -284,7 +341,8 @@ async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
 
     // The same percentiles: each sketch is within 1% of the exact value of its rank, so two
     // sketches of the same values differ by at most 2%; the replicas stand one hop in front of
-    // the single proxy, so their times also hold its forwarding (under a millisecond).
+    // the single proxy, so their times also hold its forwarding (a few milliseconds at most on
+    // a loaded test machine).
     let mut table = String::new();
     for m in ["ttft", "itl", "e2e"] {
         let (one_l, agg_l) = (latency(one_api, m).await, latency(agg_api, m).await);
@@ -294,7 +352,9 @@ async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
         );
         for q in ["p50", "p90", "p95", "p99"] {
             let (x, y) = (one_l[q].as_f64().unwrap(), agg_l[q].as_f64().unwrap());
-            let allowed = 0.02 * x.max(y) + 0.001;
+            // ITL gaps are differences: the hop's constant part cancels.
+            let hop = if m == "itl" { 0.0005 } else { 0.003 };
+            let allowed = 0.02 * x.max(y) + hop;
             table.push_str(&format!(
                 "{m} {q}: one {:.2} ms, replicas→aggregator {:.2} ms\n",
                 x * 1e3,
@@ -386,7 +446,7 @@ async fn a_replica_fails_open_while_its_aggregator_is_killed_and_delivers_after(
     let up = traffic(&[proxy], n, workers, tokens).await;
     let mut ids: BTreeSet<String> = up.iter().map(|s| s.request_id.clone()).collect();
     let deadline = Instant::now() + Duration::from_secs(15);
-    while stored_ids(agg_api).await != ids {
+    while stored_ids(agg_api).await != sorted(&ids) {
         assert!(Instant::now() < deadline, "{}", aggregator.log_tail(30));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -404,29 +464,7 @@ async fn a_replica_fails_open_while_its_aggregator_is_killed_and_delivers_after(
         buffered + 512.0 >= n as f64 && buffered <= n as f64,
         "the replica buffers the records ({buffered})"
     );
-    let p = |v: &[Seen], f: fn(&Seen) -> Duration, q| quantile(v.iter().map(f).collect(), q);
-    let report = format!(
-        "client TTFT p50/p95 up {:?}/{:?}, aggregator down {:?}/{:?}; total p50/p95 up {:?}/{:?}, down {:?}/{:?}",
-        p(&up, |s| s.ttft, 0.5),
-        p(&up, |s| s.ttft, 0.95),
-        p(&down, |s| s.ttft, 0.5),
-        p(&down, |s| s.ttft, 0.95),
-        p(&up, |s| s.total, 0.5),
-        p(&up, |s| s.total, 0.95),
-        p(&down, |s| s.total, 0.5),
-        p(&down, |s| s.total, 0.95),
-    );
-    println!("{report}");
-    // Within noise: the streams take ~250 ms; a stalled telemetry path would add its timeout.
-    let slack = Duration::from_millis(40);
-    assert!(
-        p(&down, |s| s.total, 0.5) <= p(&up, |s| s.total, 0.5) + slack,
-        "{report}"
-    );
-    assert!(
-        p(&down, |s| s.ttft, 0.95) <= p(&up, |s| s.ttft, 0.95) + slack,
-        "{report}"
-    );
+    println!("{}", assert_fails_open(&up, &down, "killed"));
 
     // The aggregator returns (same ports, same data): the buffer arrives, nothing lost.
     let aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
@@ -435,7 +473,7 @@ async fn a_replica_fails_open_while_its_aggregator_is_killed_and_delivers_after(
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let stored = stored_ids(agg_api).await;
-        if stored == ids {
+        if stored == sorted(&ids) {
             break;
         }
         assert!(
@@ -504,4 +542,85 @@ async fn a_replica_counts_exactly_what_a_full_buffer_drops() {
     assert!(replica.terminate().success());
     let log = replica.log();
     assert!(log.contains("dropped at shutdown"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_fails_open_while_its_aggregator_is_stalled_and_each_record_counts_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_sim, sim) = start_sim(d, &["--ttft-ms", "40", "--itl-ms", "10"]).await;
+    let (agg_api, agg_otlp) = (free_addr(), free_addr());
+    // Attempts time out after 300 ms: a stalled aggregator receives each batch several times.
+    let config = write_config(
+        d,
+        &format!(
+            "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_otlp}\n  timeout: 300ms\n  buffer: {{flush_interval: 50ms}}\n  retry: {{min_backoff: 50ms, max_backoff: 200ms}}\n"
+        ),
+    );
+    let aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    let (replica, api, proxy) =
+        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_otlp);
+    wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
+    wait_ready(&format!("http://{api}/readyz"), &replica).await;
+
+    let (n, workers, tokens) = (16, 4, 20);
+    let up = traffic(&[proxy], n, workers, tokens).await;
+    let mut ids: BTreeSet<String> = up.iter().map(|s| s.request_id.clone()).collect();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while stored_ids(agg_api).await != sorted(&ids) {
+        assert!(Instant::now() < deadline, "{}", aggregator.log_tail(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Stalled (SIGSTOP): it accepts connections but answers nothing.
+    let signal = |sig: &str| {
+        let pid = aggregator.child.id().to_string();
+        assert!(
+            std::process::Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    signal("-STOP");
+    let stalled = traffic(&[proxy], n, workers, tokens).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let m = get(&format!("http://{api}/metrics")).await.body;
+    let failures = metric(&m, "tokenwatch_ship_failures_total");
+    signal("-CONT");
+    println!("{}", assert_fails_open(&up, &stalled, "stalled"));
+    assert!(
+        failures >= 2.0,
+        "attempts time out while it is stalled: {failures}"
+    );
+
+    // Resumed: it reads every attempt it was sent; each record is stored once.
+    ids.extend(stalled.iter().map(|s| s.request_id.clone()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stored = stored_ids(agg_api).await;
+        if stored == sorted(&ids) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && stored.len() <= ids.len(),
+            "stored {} for {} requests (a duplicate?); replica log:\n{}",
+            stored.len(),
+            ids.len(),
+            replica.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Long enough for a late copy to have been stored, were it not dropped.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(stored_ids(agg_api).await, sorted(&ids));
+    let am = get(&format!("http://{agg_api}/metrics")).await.body;
+    println!(
+        "attempts failed while stalled: {failures}; duplicates dropped by the aggregator: {}",
+        metric(&am, "tokenwatch_otlp_shipped_duplicates_total")
+    );
+    let (mut replica, mut aggregator) = (replica, aggregator);
+    assert!(replica.terminate().success());
+    assert!(aggregator.terminate().success());
 }

@@ -62,10 +62,17 @@ pub struct OtlpStats {
     received: Family<ReceivedLabels, Counter>,
     rejected: Family<RejectedLabels, Counter>,
     requests: Family<RequestLabels, Counter>,
+    /// Proxy replicas' records received again and dropped (`shipped_dedup`).
+    shipped_duplicates: Counter,
 }
 
 impl OtlpStats {
     pub fn register(&self, metrics: &Metrics) {
+        metrics.register(
+            "tokenwatch_otlp_shipped_duplicates",
+            "Proxy replicas' request records received again (a retry after a lost answer) and dropped: each is counted once",
+            self.shipped_duplicates.clone(),
+        );
         metrics.register(
             "tokenwatch_otlp_received",
             "OTLP items accepted (spans, data points, log records)",
@@ -147,6 +154,8 @@ pub struct Ingest {
     log_feed: Option<crate::logs::LogFeed>,
     /// Scores sent as span attributes are stored here and handed to the alert engine.
     scores: Option<ScoreOutlet>,
+    /// Proxy replicas' records received again (a retry after a lost answer) are dropped.
+    shipped: super::shipped_dedup::ShippedDedup,
     pub stats: OtlpStats,
 }
 
@@ -174,6 +183,7 @@ impl Ingest {
             span_export: None,
             log_feed: None,
             scores: None,
+            shipped: super::shipped_dedup::ShippedDedup::new(0),
             mapper: Mutex::new(MetricsMapper::default()),
             permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
             stats: OtlpStats::default(),
@@ -190,6 +200,12 @@ impl Ingest {
     /// Export the spans stored from now on (`export.otlp.include_received`).
     pub fn with_span_export(mut self, export: Option<crate::kernel::spans::SpanExport>) -> Ingest {
         self.span_export = export;
+        self
+    }
+
+    /// Remember the last `capacity` shipped records' span ids and drop one received again.
+    pub fn with_shipped_dedup(mut self, capacity: usize) -> Ingest {
+        self.shipped = super::shipped_dedup::ShippedDedup::new(capacity);
         self
     }
 
@@ -248,7 +264,24 @@ impl Ingest {
             .map_err(|_| Refused::Busy("too many OTLP exports in flight; retry later".into()))
     }
 
+    /// One trace export: shipped records received before are dropped (and counted); the rest
+    /// is accepted whole or refused whole ("retry later"), and then forgotten by the dedup, so
+    /// that the retry gets in.
     pub async fn traces(
+        &self,
+        mut req: ExportTraceServiceRequest,
+        t: Transport,
+    ) -> Result<Accepted, Refused> {
+        let claimed = self.shipped.claim(&mut req);
+        self.stats.shipped_duplicates.inc_by(claimed.duplicates);
+        let result = self.accept_traces(req, t).await;
+        if result.is_err() {
+            self.shipped.release(&claimed);
+        }
+        result
+    }
+
+    async fn accept_traces(
         &self,
         req: ExportTraceServiceRequest,
         t: Transport,
