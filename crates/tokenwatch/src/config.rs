@@ -810,6 +810,61 @@ fn redact_url(url: &str, keep_path: bool) -> String {
 mod tests {
     use super::*;
 
+    /// The key path a refused configuration names.
+    fn refused_at(yaml: &str) -> String {
+        match Config::from_yaml(yaml, "t.yaml") {
+            Err(ConfigError::Invalid { path, .. }) => path,
+            Err(ConfigError::Parse { message, .. }) => format!("parse: {message}"),
+            other => panic!("expected a refusal of {yaml:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_role_asks_for_what_it_needs() {
+        let up = "proxy:\n  upstreams: [{url: 'http://127.0.0.1:8000'}]\n";
+        let salt = "  tenant_salt: s3cret\n";
+        let link = "aggregator: {endpoint: 'http://agg:4318'}\n";
+        assert_eq!(Config::from_yaml("", "t.yaml").unwrap().role, Role::All);
+        assert_eq!(
+            refused_at(&format!("role: proxy\n{up}{salt}")),
+            "aggregator"
+        );
+        assert_eq!(
+            refused_at(&format!("role: proxy\n{link}")),
+            "proxy.upstreams"
+        );
+        assert_eq!(
+            refused_at(&format!("role: proxy\n{up}{link}")),
+            "proxy.tenant_salt"
+        );
+        assert_eq!(
+            refused_at(&format!(
+                "role: proxy\n{up}{salt}{link}capture: {{text: true}}\n"
+            )),
+            "capture.text"
+        );
+        let ok = Config::from_yaml(&format!("role: proxy\n{up}{salt}{link}"), "t.yaml").unwrap();
+        assert_eq!(ok.aggregator.unwrap().buffer.capacity, 50_000);
+        assert_eq!(
+            refused_at("role: aggregator\notlp: {enabled: false}\n"),
+            "otlp.enabled"
+        );
+        // One file for every role: the aggregator ignores `aggregator:` and the upstreams.
+        assert!(
+            Config::from_yaml(&format!("role: aggregator\n{up}{salt}{link}"), "t.yaml").is_ok()
+        );
+        assert!(refused_at("role: replica\n").contains("replica"));
+        assert_eq!(
+            refused_at("aggregator: {endpoint: 'http://agg:4318', buffer: {capacity: 0}}\n"),
+            "aggregator.buffer.capacity"
+        );
+        assert!(
+            refused_at("aggregator: {endpoint: 'http://agg:4318', bufer: {}}\n").contains("bufer")
+        );
+        assert_eq!(Role::parse("proxy"), Ok(Role::Proxy));
+        assert!(Role::parse("both").is_err());
+    }
+
     #[test]
     fn empty_file_gives_defaults() {
         let c = Config::from_yaml("", "t.yaml").unwrap();
