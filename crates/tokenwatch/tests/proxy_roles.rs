@@ -29,6 +29,17 @@ fn s(a: impl ToString) -> String {
 
 /// An aggregator (`role: aggregator`) on `api`, receiving OTLP/HTTP on `otlp`.
 fn start_aggregator(dir: &Path, config: &Path, api: SocketAddr, otlp: SocketAddr) -> Proc {
+    start_aggregator_on(dir, config, api, otlp, free_addr())
+}
+
+/// An aggregator on `api` receiving OTLP/HTTP on `http` and OTLP/gRPC on `grpc`.
+fn start_aggregator_on(
+    dir: &Path,
+    config: &Path,
+    api: SocketAddr,
+    http: SocketAddr,
+    grpc: SocketAddr,
+) -> Proc {
     run(
         dir,
         "aggregator",
@@ -40,9 +51,9 @@ fn start_aggregator(dir: &Path, config: &Path, api: SocketAddr, otlp: SocketAddr
             s("--listen"),
             s(api),
             s("--otlp-http-listen"),
-            s(otlp),
+            s(http),
             s("--otlp-grpc-listen"),
-            s(free_addr()),
+            s(grpc),
         ],
     )
 }
@@ -622,5 +633,46 @@ async fn a_replica_fails_open_while_its_aggregator_is_stalled_and_each_record_co
     );
     let (mut replica, mut aggregator) = (replica, aggregator);
     assert!(replica.terminate().success());
+    assert!(aggregator.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_ships_over_grpc_and_sends_what_it_holds_when_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_sim, sim) = start_sim(d, &["--ttft-ms", "20", "--itl-ms", "5"]).await;
+    let (agg_api, agg_grpc) = (free_addr(), free_addr());
+    // A long flush interval: the records are still buffered when the replica is stopped.
+    let config = write_config(
+        d,
+        &format!(
+            "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_grpc}\n  protocol: grpc\n  buffer: {{flush_interval: 1m}}\nshutdown:\n  delay: 0s\n"
+        ),
+    );
+    let aggregator = start_aggregator_on(d, &config, agg_api, free_addr(), agg_grpc);
+    let (replica, api, proxy) =
+        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_grpc);
+    wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
+    wait_ready(&format!("http://{api}/readyz"), &replica).await;
+    let seen = traffic(&[proxy], 12, 3, 10).await;
+    let ids: BTreeSet<String> = seen.iter().map(|s| s.request_id.clone()).collect();
+    let m = get(&format!("http://{api}/metrics")).await.body;
+    assert_eq!(
+        metric(&m, "tokenwatch_ship_spans_total"),
+        0.0,
+        "still buffered"
+    );
+    let mut replica = replica;
+    assert!(replica.terminate().success(), "{}", replica.log_tail(20));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stored_ids(agg_api).await != sorted(&ids) {
+        assert!(
+            Instant::now() < deadline,
+            "the records buffered at shutdown never arrived; replica log:\n{}",
+            replica.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut aggregator = aggregator;
     assert!(aggregator.terminate().success());
 }
