@@ -265,8 +265,10 @@ impl Ingest {
     }
 
     /// One trace export: shipped records received before are dropped (and counted); the rest
-    /// is accepted whole or refused whole ("retry later"), and then forgotten by the dedup, so
-    /// that the retry gets in.
+    /// is accepted or refused ("retry later"). Only an accepted export's records stay
+    /// remembered by the dedup: a refused one, or one cancelled half-way because its client hung
+    /// up, is let in when sent again. Records are queued after the last await of
+    /// `accept_traces`, so an export cancelled before its answer queued none of them.
     pub async fn traces(
         &self,
         mut req: ExportTraceServiceRequest,
@@ -275,8 +277,8 @@ impl Ingest {
         let claimed = self.shipped.claim(&mut req);
         self.stats.shipped_duplicates.inc_by(claimed.duplicates);
         let result = self.accept_traces(req, t).await;
-        if result.is_err() {
-            self.shipped.release(&claimed);
+        if result.is_ok() {
+            claimed.commit();
         }
         result
     }

@@ -36,12 +36,30 @@ pub struct ShippedDedup {
     capacity: usize,
 }
 
-/// What `claim` took: the keys to forget again should the export be refused.
-#[derive(Debug, Default)]
-pub struct Claimed {
+/// What `claim` took. Unless `commit`ted — the export was accepted — its keys are forgotten
+/// again when it is dropped: a refused export, or one cancelled half-way (its client hung up
+/// before the answer), must be let in when it is sent again.
+pub struct Claimed<'a> {
+    dedup: &'a ShippedDedup,
     keys: Vec<SpanKey>,
     /// Shipped spans dropped as already received.
     pub duplicates: u64,
+    committed: bool,
+}
+
+impl Claimed<'_> {
+    /// The export was accepted: its records stay remembered.
+    pub fn commit(mut self) {
+        self.committed = true;
+    }
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.dedup.release(&self.keys);
+        }
+    }
 }
 
 impl ShippedDedup {
@@ -54,8 +72,13 @@ impl ShippedDedup {
 
     /// Drop from `req` the shipped spans received before (or twice in `req`) and remember the
     /// others. With capacity 0 nothing is remembered or dropped.
-    pub fn claim(&self, req: &mut ExportTraceServiceRequest) -> Claimed {
-        let mut claimed = Claimed::default();
+    pub fn claim(&self, req: &mut ExportTraceServiceRequest) -> Claimed<'_> {
+        let mut claimed = Claimed {
+            dedup: self,
+            keys: Vec::new(),
+            duplicates: 0,
+            committed: false,
+        };
         if self.capacity == 0 {
             return claimed;
         }
@@ -87,13 +110,13 @@ impl ShippedDedup {
         claimed
     }
 
-    /// Forget what `claimed` took: the export was refused, so its retry must be let in.
-    pub fn release(&self, claimed: &Claimed) {
-        if claimed.keys.is_empty() {
+    /// Forget `keys` (an export not accepted).
+    fn release(&self, keys: &[SpanKey]) {
+        if keys.is_empty() {
             return;
         }
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        for k in &claimed.keys {
+        for k in keys {
             seen.keys.remove(k);
         }
     }
@@ -149,7 +172,9 @@ mod tests {
     fn a_shipped_span_received_again_is_dropped_others_pass() {
         let d = ShippedDedup::new(3);
         let mut first = request(vec![span(1, true), span(2, true), span(9, false)]);
-        assert_eq!(d.claim(&mut first).duplicates, 0);
+        let claimed = d.claim(&mut first);
+        assert_eq!(claimed.duplicates, 0);
+        claimed.commit();
         let mut again = request(vec![
             span(1, true),
             span(2, true),
@@ -158,7 +183,9 @@ mod tests {
             span(9, false),
             span(9, false),
         ]);
-        assert_eq!(d.claim(&mut again).duplicates, 3);
+        let claimed = d.claim(&mut again);
+        assert_eq!(claimed.duplicates, 3);
+        claimed.commit();
         assert_eq!(ids(&again), vec![3, 9, 9], "plain spans are never dropped");
         // Capacity 3: 1 is forgotten once 4 is remembered.
         let mut more = request(vec![span(4, true), span(1, true)]);
@@ -166,13 +193,17 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_export_is_let_in_when_retried() {
+    fn an_export_not_accepted_is_let_in_when_retried() {
         let d = ShippedDedup::new(100);
         let mut r = request(vec![span(1, true)]);
-        let claimed = d.claim(&mut r);
-        d.release(&claimed);
+        // Refused, or cancelled half-way: dropped without a commit.
+        drop(d.claim(&mut r));
         let mut retry = request(vec![span(1, true)]);
-        assert_eq!(d.claim(&mut retry).duplicates, 0);
+        let claimed = d.claim(&mut retry);
+        assert_eq!(claimed.duplicates, 0);
+        claimed.commit();
         assert_eq!(ids(&retry), vec![1]);
+        let mut late = request(vec![span(1, true)]);
+        assert_eq!(d.claim(&mut late).duplicates, 1);
     }
 }
