@@ -264,6 +264,20 @@ impl Ingest {
             .map_err(|_| Refused::Busy("too many OTLP exports in flight; retry later".into()))
     }
 
+    /// `traces` in a task of its own, run to its end even when the caller is cancelled (its
+    /// client hung up, as a proxy replica does when an attempt times out): an export is then
+    /// processed whole or not at all, so a copy of it sent again is rightly seen as a duplicate.
+    pub async fn traces_to_the_end(
+        self: &Arc<Self>,
+        req: ExportTraceServiceRequest,
+        t: Transport,
+    ) -> Result<Accepted, Refused> {
+        let ingest = self.clone();
+        tokio::spawn(async move { ingest.traces(req, t).await })
+            .await
+            .unwrap_or_else(|e| Err(Refused::Unavailable(format!("processing spans: {e}"))))
+    }
+
     /// One trace export: shipped records received before are dropped (and counted); the rest
     /// is accepted or refused ("retry later"). Only an accepted export's records stay
     /// remembered by the dedup: a refused one, or one cancelled half-way because its client hung
