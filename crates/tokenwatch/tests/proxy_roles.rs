@@ -676,3 +676,136 @@ async fn a_replica_ships_over_grpc_and_sends_what_it_holds_when_stopped() {
     let mut aggregator = aggregator;
     assert!(aggregator.terminate().success());
 }
+
+/// Streams from `workers` clients through `proxy`, back to back, until `stop`.
+fn steady_load(
+    proxy: SocketAddr,
+    workers: usize,
+    tokens: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<(Instant, Seen)>>> {
+    (0..workers)
+        .map(|w| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut i = w;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let started = Instant::now();
+                    seen.push((started, stream(proxy, tokens, i).await));
+                    i += workers;
+                }
+                seen
+            })
+        })
+        .collect()
+}
+
+/// The target, as a benchmark (not part of the test command: `cargo test --test
+/// proxy_roles -- --ignored`): a replica under continuous streaming load; the aggregator killed
+/// (kill -9) for `TOKENWATCH_BENCH_OUTAGE_S` seconds (default 30), then started again. Prints
+/// the client-side TTFT and time per chunk with the aggregator up, away and back, and checks
+/// that every stream completed and every record arrived once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "benchmark: about a minute and a half"]
+async fn benchmark_aggregator_killed_under_load() {
+    let outage: u64 = std::env::var("TOKENWATCH_BENCH_OUTAGE_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_sim, sim) = start_sim(d, &["--ttft-ms", "40", "--itl-ms", "10"]).await;
+    let (agg_api, agg_otlp) = (free_addr(), free_addr());
+    let config = write_config(
+        d,
+        &format!("proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_otlp}\n"),
+    );
+    let mut aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    let (replica, api, proxy) =
+        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_otlp);
+    wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
+    wait_ready(&format!("http://{api}/readyz"), &replica).await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let t0 = Instant::now();
+    let load = steady_load(proxy, 8, 30, stop.clone());
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let killed_at = t0.elapsed();
+    aggregator.kill9();
+    tokio::time::sleep(Duration::from_secs(outage)).await;
+    let mut m = get(&format!("http://{api}/metrics")).await.body;
+    let buffered_at_return = metric(&m, "tokenwatch_ship_buffered_records");
+    let back_at = t0.elapsed();
+    let aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in load {
+        all.extend(t.await.unwrap());
+    }
+    let ids: BTreeSet<String> = all.iter().map(|(_, s)| s.request_id.clone()).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let stored = loop {
+        let stored = stored_ids(agg_api).await;
+        if stored.len() >= ids.len() || Instant::now() > deadline {
+            break stored;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    m = get(&format!("http://{api}/metrics")).await.body;
+    let phase = |from: Duration, to: Duration| -> Vec<&Seen> {
+        all.iter()
+            .filter(|(at, _)| (from..to).contains(&at.duration_since(t0)))
+            .map(|(_, s)| s)
+            .collect()
+    };
+    let describe = |name: &str, v: Vec<&Seen>| {
+        let ttft: Vec<Duration> = v.iter().map(|s| s.ttft).collect();
+        let per: Vec<Duration> = v.iter().map(|s| s.per_chunk()).collect();
+        format!(
+            "| {name} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} |",
+            v.len(),
+            quantile(ttft.clone(), 0.5).as_secs_f64() * 1e3,
+            quantile(ttft.clone(), 0.99).as_secs_f64() * 1e3,
+            ttft.iter().max().unwrap().as_secs_f64() * 1e3,
+            quantile(per.clone(), 0.5).as_secs_f64() * 1e3,
+            quantile(per, 0.99).as_secs_f64() * 1e3,
+        )
+    };
+    println!(
+        "| phase | streams | TTFT p50 ms | TTFT p99 ms | TTFT max ms | per chunk p50 ms | per chunk p99 ms |\n|---|---|---|---|---|---|---|"
+    );
+    println!(
+        "{}",
+        describe("aggregator up", phase(Duration::ZERO, killed_at))
+    );
+    println!(
+        "{}",
+        describe("aggregator killed", phase(killed_at, back_at))
+    );
+    println!(
+        "{}",
+        describe("aggregator back", phase(back_at, Duration::MAX))
+    );
+    println!(
+        "streams {} (all complete); records stored {} (distinct {}); buffered when it returned {buffered_at_return}; shipped {}; dropped {}/{}/{} (queue_full/rejected/shutdown); failed attempts {}",
+        ids.len(),
+        stored.len(),
+        stored.iter().collect::<BTreeSet<_>>().len(),
+        metric(&m, "tokenwatch_ship_spans_total"),
+        metric(&m, "tokenwatch_ship_dropped_total{reason=\"queue_full\"}"),
+        metric(&m, "tokenwatch_ship_dropped_total{reason=\"rejected\"}"),
+        metric(&m, "tokenwatch_ship_dropped_total{reason=\"shutdown\"}"),
+        metric(&m, "tokenwatch_ship_failures_total"),
+    );
+    // Records the aggregator had accepted but not yet written when it was killed are lost
+    // with it (the replica cannot know); every other one arrives, once.
+    let lost = ids.len() - stored.len().min(ids.len());
+    println!("lost with the killed aggregator: {lost}");
+    assert_eq!(stored.len(), stored.iter().collect::<BTreeSet<_>>().len());
+    let (mut replica, mut aggregator) = (replica, aggregator);
+    assert!(replica.terminate().success());
+    assert!(aggregator.terminate().success());
+}
