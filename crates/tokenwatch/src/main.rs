@@ -52,6 +52,9 @@ enum Command {
         /// The YAML file to check [env: TOKENWATCH_CONFIG].
         #[arg(env = "TOKENWATCH_CONFIG", hide_env = true)]
         file: PathBuf,
+        /// Check it as `run --role ROLE` would read it (one file can serve every role).
+        #[arg(long, value_name = "ROLE", value_parser = tokenwatch::config::Role::parse)]
+        role: Option<tokenwatch::config::Role>,
     },
     /// Alerting rules for other systems.
     Rules {
@@ -333,7 +336,7 @@ fn main() -> std::process::ExitCode {
         tracing::debug!(error = %e, "could not turn transparent huge pages off; RSS may be higher");
     }
     let result = match cli.command {
-        Command::CheckConfig { file } => check_config(&file),
+        Command::CheckConfig { file, role } => check_config(&file, role),
         Command::Rules { command } => rules_command(command),
         Command::Dashboards { command } => dashboards_command(command),
         Command::Completions { shell } => {
@@ -371,15 +374,40 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
-    let cfg = Config::load(file)?;
-    println!(
-        "{}: OK ({} upstream route(s), API on {}, proxy on {})",
-        file.display(),
-        cfg.proxy.upstreams.len(),
-        cfg.listen,
-        cfg.proxy.listen
-    );
+fn check_config(
+    file: &std::path::Path,
+    role: Option<tokenwatch::config::Role>,
+) -> anyhow::Result<()> {
+    use tokenwatch::config::Role;
+    let mut cfg = Config::load_unvalidated(file)?;
+    if let Some(role) = role {
+        cfg.role = role;
+    }
+    cfg.validate(&file.display().to_string())?;
+    match cfg.role {
+        Role::All => println!(
+            "{}: OK ({} upstream route(s), API on {}, proxy on {})",
+            file.display(),
+            cfg.proxy.upstreams.len(),
+            cfg.listen,
+            cfg.proxy.listen
+        ),
+        Role::Proxy => println!(
+            "{}: OK (role proxy: {} upstream route(s), proxy on {}, API on {}, records shipped to {})",
+            file.display(),
+            cfg.proxy.upstreams.len(),
+            cfg.proxy.listen,
+            cfg.listen,
+            cfg.aggregator.as_ref().map_or("", |a| a.endpoint.as_str())
+        ),
+        Role::Aggregator => println!(
+            "{}: OK (role aggregator: no proxy, API on {}, OTLP on {} and {})",
+            file.display(),
+            cfg.listen,
+            cfg.otlp.grpc_listen,
+            cfg.otlp.http_listen
+        ),
+    }
     Ok(())
 }
 
