@@ -809,3 +809,100 @@ async fn benchmark_aggregator_killed_under_load() {
     assert!(replica.terminate().success());
     assert!(aggregator.terminate().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_ships_with_its_ingest_token_to_an_aggregator_with_tokens_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_sim, sim) = start_sim(d, &["--ttft-ms", "10", "--itl-ms", "2"]).await;
+    let (ingest, read) = (
+        "0123456789abcdef0123456789abcdef",
+        "fedcba9876543210fedcba9876543210",
+    );
+    let tokens = d.join("tokens");
+    std::fs::write(
+        &tokens,
+        format!("ingest {ingest} proxies\nread {read} reader\n"),
+    )
+    .unwrap();
+    let (agg_api, agg_otlp) = (free_addr(), free_addr());
+    let agg_config = d.join("aggregator.yaml");
+    std::fs::write(
+        &agg_config,
+        format!("auth:\n  tokens_file: {}\n", tokens.display()),
+    )
+    .unwrap();
+    let replica_config = |token: &str| {
+        let path = d.join(format!("replica-{}.yaml", &token[..4]));
+        std::fs::write(
+            &path,
+            format!(
+                "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_otlp}\n  headers: {{Authorization: 'Bearer {token}'}}\n  buffer: {{flush_interval: 50ms}}\n"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let aggregator = start_aggregator(d, &agg_config, agg_api, agg_otlp);
+    let (good, good_api, good_proxy) = start_replica(
+        d,
+        "replica-ingest",
+        &replica_config(ingest),
+        &format!("http://{sim}"),
+        agg_otlp,
+    );
+    // A read token may not ingest: that replica's records are refused, and counted.
+    let (bad, bad_api, bad_proxy) = start_replica(
+        d,
+        "replica-read",
+        &replica_config(read),
+        &format!("http://{sim}"),
+        agg_otlp,
+    );
+    wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
+    wait_ready(&format!("http://{good_api}/readyz"), &good).await;
+    wait_ready(&format!("http://{bad_api}/readyz"), &bad).await;
+    let shipped = traffic(&[good_proxy], 6, 2, 4).await;
+    let refused = traffic(&[bad_proxy], 4, 2, 4).await;
+    assert_eq!(
+        refused.len(),
+        4,
+        "a refused record never touches the client"
+    );
+    let ids: BTreeSet<String> = shipped.iter().map(|s| s.request_id.clone()).collect();
+    let auth = format!("Bearer {read}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = send(
+            "GET",
+            &format!("http://{agg_api}/api/v1/requests?model={MODEL}&limit=100"),
+            None,
+            &[("authorization", &auth)],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        let mut stored: Vec<String> = r.json()["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["request_id"].as_str().unwrap().to_string())
+            .collect();
+        stored.sort();
+        let m = get(&format!("http://{bad_api}/metrics")).await.body;
+        let rejected = metric(&m, "tokenwatch_ship_dropped_total{reason=\"rejected\"}");
+        if stored == sorted(&ids) && rejected == 4.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stored {stored:?}, refused {rejected}; aggregator log:\n{}",
+            aggregator.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (mut good, mut bad, mut aggregator) = (good, bad, aggregator);
+    assert!(good.terminate().success());
+    assert!(bad.terminate().success());
+    assert!(aggregator.terminate().success());
+}
