@@ -1,8 +1,12 @@
 // `tokenwatch run`: wires the pipeline from configuration — store, aggregator, exporters,
-// the proxy source and the API — and shuts it down in order, flushing what was accepted.
+// the proxy source and the API — and shuts it down in order, flushing what was accepted. The
+// `role` picks what runs: everything (`all`), everything but the proxy (`aggregator`), or a thin
+// proxy replica (`proxy`, assembled in `proxy_replica`).
+
+mod proxy_replica;
 
 use crate::api::{ApiState, router as api_router};
-use crate::config::Config;
+use crate::config::{Config, Role};
 use crate::export::prometheus::MetricsSink;
 use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::Metrics;
@@ -78,10 +82,12 @@ pub struct RunningApp {
     components: Components,
     in_flight_gauge: prometheus_client::metrics::gauge::Gauge,
     pipeline: Pipeline,
-    /// The store's writer thread, drained after the pipeline.
-    store_writer: StoreWriterThread,
+    /// The store's writer thread, drained after the pipeline (None for a proxy replica).
+    store_writer: Option<StoreWriterThread>,
     /// OTLP trace export (`export.otlp`), stopped after the pipeline has drained.
     otlp_export: Option<crate::export::otlp::OtlpExporter>,
+    /// A proxy replica's record shipping to its aggregator, stopped after the pipeline.
+    shipper: Option<crate::export::otlp::ship::Shipper>,
     /// The proxy's runtime and the analysis runtime (see `runtimes`); stopped last.
     runtimes: Vec<OwnedRuntime>,
 }
@@ -165,6 +171,9 @@ impl RunningApp {
         cfg: Config,
         reload_source: Option<crate::reload::ConfigSource>,
     ) -> anyhow::Result<RunningApp> {
+        if cfg.role == Role::Proxy {
+            return RunningApp::start_proxy_replica(cfg).await;
+        }
         let store_opts = StoreOptions {
             raw_retention: cfg.store.raw_retention.0,
             rollup_retention: cfg.store.rollup_retention.0,
@@ -333,7 +342,7 @@ impl RunningApp {
                 text_capture,
                 model_aliases: model_aliases.clone(),
             },
-            aggregator.clone(),
+            Some(aggregator.clone()),
             sinks,
             metrics.clone(),
         );
@@ -414,7 +423,14 @@ impl RunningApp {
             .map_err(anyhow::Error::msg)?;
         let mut proxy_state = None;
         let mut proxy_server = None;
-        let proxy_addr = if routes.is_empty() {
+        let proxy_addr = if cfg.role == Role::Aggregator {
+            components.set(
+                "proxy",
+                "disabled: role aggregator (the proxy replicas' records arrive over OTLP)",
+            );
+            drop(queue);
+            None
+        } else if routes.is_empty() {
             components.set(
                 "proxy",
                 "disabled: no upstream configured (collector-only mode)",
@@ -530,8 +546,9 @@ impl RunningApp {
             components: components.clone(),
             in_flight_gauge,
             pipeline,
-            store_writer,
+            store_writer: Some(store_writer),
             otlp_export,
+            shipper: None,
             runtimes: vec![proxy_rt, analysis],
         })
     }
@@ -602,10 +619,15 @@ impl RunningApp {
         let pipeline = self.pipeline;
         let _ = tokio::task::spawn_blocking(move || pipeline.close_and_join()).await;
         // The pipeline's senders are gone: the writer stores what is queued, within the grace.
-        let store_writer = self.store_writer;
-        let _ = tokio::task::spawn_blocking(move || store_writer.finish(DRAIN_GRACE)).await;
+        if let Some(store_writer) = self.store_writer {
+            let _ = tokio::task::spawn_blocking(move || store_writer.finish(DRAIN_GRACE)).await;
+        }
         if let Some(export) = self.otlp_export {
             export.shutdown(DRAIN_GRACE).await;
+        }
+        // A replica's last records: one last attempt to ship what is buffered (the rest counted).
+        if let Some(shipper) = self.shipper {
+            shipper.shutdown(DRAIN_GRACE).await;
         }
         for mut rt in self.runtimes {
             if let Some(rt) = rt.0.take() {

@@ -87,11 +87,56 @@ pub struct Config {
     pub models: crate::kernel::models::ModelsConfig,
     /// How the request path drains on SIGTERM/SIGINT (`delay`, `drain_timeout`).
     pub shutdown: crate::app::ShutdownConfig,
+    /// Which part of tokenwatch this process runs: `all` (default: proxy and analysis in one
+    /// process), `proxy` (a thin replica that forwards, times every chunk and ships its request
+    /// records to `aggregator`; no store, no detectors) or `aggregator` (no proxy: receives
+    /// the replicas' records over OTLP, plus scrapes, OTLP and GPUs; stores, detects, alerts,
+    /// serves the API). `--role` sets it.
+    pub role: Role,
+    /// Where `role: proxy` ships its request records: the aggregator's OTLP receiver, or an
+    /// OpenTelemetry Collector in between (`--aggregator URL` sets the endpoint). Read by
+    /// `role: proxy` only.
+    pub aggregator: Option<crate::export::otlp::ship::AggregatorLinkConfig>,
     /// The values `${NAME}`s of the file were replaced by (not configuration: kept to show
     /// `${NAME}` instead of them in errors).
     #[serde(skip)]
     #[schemars(skip)]
     pub env_values: env::EnvValues,
+}
+
+/// `role`: which part of tokenwatch a process runs (see `Config::role`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Proxy and analysis in one process (the embedded default).
+    #[default]
+    All,
+    /// A thin proxy replica: forwards, times every chunk, ships its records to `aggregator`.
+    Proxy,
+    /// Analysis without a proxy: receives the replicas' records over OTLP.
+    Aggregator,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::All, Role::Proxy, Role::Aggregator];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::All => "all",
+            Role::Proxy => "proxy",
+            Role::Aggregator => "aggregator",
+        }
+    }
+
+    /// `all`, `proxy` or `aggregator` (the `--role` flag).
+    pub fn parse(s: &str) -> Result<Role, String> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| format!("{s:?} is not a role: all, proxy or aggregator"))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
@@ -143,6 +188,8 @@ impl Default for Config {
             logs: Default::default(),
             models: Default::default(),
             shutdown: Default::default(),
+            role: Role::All,
+            aggregator: None,
             env_values: Default::default(),
         }
     }
@@ -400,6 +447,35 @@ impl Config {
         )
     }
 
+    /// What the chosen `role` needs and the rest of the file does not give: `(key, message)`.
+    fn role_problem(&self) -> Option<(&'static str, &'static str)> {
+        match self.role {
+            Role::All => None,
+            Role::Proxy if self.aggregator.is_none() => Some((
+                "aggregator",
+                "role: proxy ships its request records to an aggregator: set aggregator.endpoint (or --aggregator URL)",
+            )),
+            Role::Proxy if self.proxy.upstreams.is_empty() => Some((
+                "proxy.upstreams",
+                "role: proxy forwards requests: configure at least one upstream (or --upstream URL)",
+            )),
+            Role::Proxy if self.proxy.tenant_salt.is_empty() => Some((
+                "proxy.tenant_salt",
+                "role: proxy needs the salt every replica shares (any secret string), so that one API key is one tenant and one prompt prefix one cache key whichever replica a request reaches",
+            )),
+            Role::Proxy if self.capture.text => Some((
+                "capture.text",
+                "role: proxy does not ship captured text to the aggregator: capture text in a role: all process",
+            )),
+            Role::Proxy => None,
+            Role::Aggregator if !self.otlp.enabled => Some((
+                "otlp.enabled",
+                "role: aggregator receives the proxy replicas' records over OTLP: the receiver must be on (drop --no-otlp)",
+            )),
+            Role::Aggregator => None,
+        }
+    }
+
     /// The first listener bound off loopback without protection: `(key, message)`.
     pub fn exposure_problem(&self) -> Option<(String, String)> {
         if self.auth.allow_unauthenticated {
@@ -407,7 +483,8 @@ impl Config {
         }
         if self.auth.tokens_file.is_none() {
             let mut guarded = vec![("listen", self.listen)];
-            if self.otlp.enabled {
+            // A proxy replica starts no OTLP receiver.
+            if self.otlp.enabled && self.role != Role::Proxy {
                 guarded.push(("otlp.grpc_listen", self.otlp.grpc_listen));
                 guarded.push(("otlp.http_listen", self.otlp.http_listen));
             }
@@ -672,6 +749,12 @@ impl Config {
             .map_err(|e| invalid(e.key, e.message))?;
         crate::export::otlp::validate(self.export.otlp.as_ref())
             .map_err(|e| invalid(e.key, e.message))?;
+        if let Some(link) = &self.aggregator {
+            crate::export::otlp::ship::validate(link).map_err(|e| invalid(e.key, e.message))?;
+        }
+        if let Some((path, message)) = self.role_problem() {
+            return Err(invalid(path.into(), message.into()));
+        }
         self.traces
             .validate()
             .map_err(|(path, message)| invalid(path, message))?;
@@ -726,6 +809,61 @@ fn redact_url(url: &str, keep_path: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The key path a refused configuration names.
+    fn refused_at(yaml: &str) -> String {
+        match Config::from_yaml(yaml, "t.yaml") {
+            Err(ConfigError::Invalid { path, .. }) => path,
+            Err(ConfigError::Parse { message, .. }) => format!("parse: {message}"),
+            other => panic!("expected a refusal of {yaml:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_role_asks_for_what_it_needs() {
+        let up = "proxy:\n  upstreams: [{url: 'http://127.0.0.1:8000'}]\n";
+        let salt = "  tenant_salt: s3cret\n";
+        let link = "aggregator: {endpoint: 'http://agg:4318'}\n";
+        assert_eq!(Config::from_yaml("", "t.yaml").unwrap().role, Role::All);
+        assert_eq!(
+            refused_at(&format!("role: proxy\n{up}{salt}")),
+            "aggregator"
+        );
+        assert_eq!(
+            refused_at(&format!("role: proxy\n{link}")),
+            "proxy.upstreams"
+        );
+        assert_eq!(
+            refused_at(&format!("role: proxy\n{up}{link}")),
+            "proxy.tenant_salt"
+        );
+        assert_eq!(
+            refused_at(&format!(
+                "role: proxy\n{up}{salt}{link}capture: {{text: true}}\n"
+            )),
+            "capture.text"
+        );
+        let ok = Config::from_yaml(&format!("role: proxy\n{up}{salt}{link}"), "t.yaml").unwrap();
+        assert_eq!(ok.aggregator.unwrap().buffer.capacity, 50_000);
+        assert_eq!(
+            refused_at("role: aggregator\notlp: {enabled: false}\n"),
+            "otlp.enabled"
+        );
+        // One file for every role: the aggregator ignores `aggregator:` and the upstreams.
+        assert!(
+            Config::from_yaml(&format!("role: aggregator\n{up}{salt}{link}"), "t.yaml").is_ok()
+        );
+        assert!(refused_at("role: replica\n").contains("replica"));
+        assert_eq!(
+            refused_at("aggregator: {endpoint: 'http://agg:4318', buffer: {capacity: 0}}\n"),
+            "aggregator.buffer.capacity"
+        );
+        assert!(
+            refused_at("aggregator: {endpoint: 'http://agg:4318', bufer: {}}\n").contains("bufer")
+        );
+        assert_eq!(Role::parse("proxy"), Ok(Role::Proxy));
+        assert!(Role::parse("both").is_err());
+    }
 
     #[test]
     fn empty_file_gives_defaults() {

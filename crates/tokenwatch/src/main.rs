@@ -52,6 +52,9 @@ enum Command {
         /// The YAML file to check [env: TOKENWATCH_CONFIG].
         #[arg(env = "TOKENWATCH_CONFIG", hide_env = true)]
         file: PathBuf,
+        /// Check it as `run --role ROLE` would read it (one file can serve every role).
+        #[arg(long, value_name = "ROLE", value_parser = tokenwatch::config::Role::parse)]
+        role: Option<tokenwatch::config::Role>,
     },
     /// Alerting rules for other systems.
     Rules {
@@ -190,6 +193,15 @@ struct RunArgs {
     /// Bearer tokens, one `ROLE TOKEN [NAME]` per line (roles read, admin, ingest); sets auth.tokens_file.
     #[arg(long, value_name = "FILE")]
     auth_tokens: Option<PathBuf>,
+    /// What this process runs: all (proxy and analysis, the default), proxy (a thin replica that
+    /// ships its records to --aggregator) or aggregator (no proxy; receives the replicas'
+    /// records over OTLP); sets role.
+    #[arg(long, value_name = "ROLE", value_parser = tokenwatch::config::Role::parse)]
+    role: Option<tokenwatch::config::Role>,
+    /// Where a proxy replica ships its records: the aggregator's OTLP/HTTP receiver (or an
+    /// OpenTelemetry Collector's), e.g. http://tokenwatch-aggregator:4318; sets aggregator.endpoint.
+    #[arg(long, value_name = "URL")]
+    aggregator: Option<String>,
 }
 
 impl RunArgs {
@@ -251,6 +263,19 @@ impl RunArgs {
         if let Some(file) = self.auth_tokens {
             cfg.auth.tokens_file = Some(file);
         }
+        if let Some(role) = self.role {
+            cfg.role = role;
+        }
+        if let Some(url) = self.aggregator {
+            match &mut cfg.aggregator {
+                Some(link) => link.endpoint = url,
+                None => {
+                    cfg.aggregator = Some(
+                        tokenwatch::export::otlp::ship::AggregatorLinkConfig::new(url),
+                    )
+                }
+            }
+        }
         if let Some(url) = self.upstream {
             if let Some(file) = &self.upstream_ca_file {
                 let tls = UpstreamTlsConfig {
@@ -311,7 +336,7 @@ fn main() -> std::process::ExitCode {
         tracing::debug!(error = %e, "could not turn transparent huge pages off; RSS may be higher");
     }
     let result = match cli.command {
-        Command::CheckConfig { file } => check_config(&file),
+        Command::CheckConfig { file, role } => check_config(&file, role),
         Command::Rules { command } => rules_command(command),
         Command::Dashboards { command } => dashboards_command(command),
         Command::Completions { shell } => {
@@ -349,15 +374,40 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
-    let cfg = Config::load(file)?;
-    println!(
-        "{}: OK ({} upstream route(s), API on {}, proxy on {})",
-        file.display(),
-        cfg.proxy.upstreams.len(),
-        cfg.listen,
-        cfg.proxy.listen
-    );
+fn check_config(
+    file: &std::path::Path,
+    role: Option<tokenwatch::config::Role>,
+) -> anyhow::Result<()> {
+    use tokenwatch::config::Role;
+    let mut cfg = Config::load_unvalidated(file)?;
+    if let Some(role) = role {
+        cfg.role = role;
+    }
+    cfg.validate(&file.display().to_string())?;
+    match cfg.role {
+        Role::All => println!(
+            "{}: OK ({} upstream route(s), API on {}, proxy on {})",
+            file.display(),
+            cfg.proxy.upstreams.len(),
+            cfg.listen,
+            cfg.proxy.listen
+        ),
+        Role::Proxy => println!(
+            "{}: OK (role proxy: {} upstream route(s), proxy on {}, API on {}, records shipped to {})",
+            file.display(),
+            cfg.proxy.upstreams.len(),
+            cfg.proxy.listen,
+            cfg.listen,
+            cfg.aggregator.as_ref().map_or("", |a| a.endpoint.as_str())
+        ),
+        Role::Aggregator => println!(
+            "{}: OK (role aggregator: no proxy, API on {}, OTLP on {} and {})",
+            file.display(),
+            cfg.listen,
+            cfg.otlp.grpc_listen,
+            cfg.otlp.http_listen
+        ),
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 
 mod fleet;
 mod gpu_history;
+pub mod health;
 pub mod latency;
 mod markers;
 mod requests;

@@ -232,6 +232,11 @@ impl Endpoint {
         &self.label
     }
 
+    /// What the logs call the deliverer.
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+
     pub fn policy(&self) -> RetryPolicy {
         self.policy
     }

@@ -7,7 +7,8 @@
 // its health on, the configuration's duration type, the API routes' query-string checks, the
 // streamed-response formats, the version/deploy marker model, the route split tables the proxy
 // picks from and the act stage changes on canary rollback, the action port through which a
-// detector's decision reaches the act stage, and the model aliases every source's model ids are
+// detector's decision reaches the act stage, the span attributes a proxy replica ships its
+// request records in (written by the pipeline, read back by the OTLP receiver), and the model aliases every source's model ids are
 // resolved through. The clock and the record and signal types are in the `tokenwatch-core` crate.
 
 pub mod actions;
@@ -18,6 +19,7 @@ pub mod models;
 pub mod params;
 pub mod queue;
 pub mod rows;
+pub mod shipped_record;
 pub mod spans;
 pub mod splits;
 pub mod stream_format;

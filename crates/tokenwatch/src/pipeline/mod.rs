@@ -77,10 +77,11 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Start the pipeline thread. It runs until every `TelemetryQueue` clone is dropped,
-    /// then flushes what is left and returns.
+    /// then flushes what is left and returns. Without an aggregator (a proxy replica, `role:
+    /// proxy`), records only reach the sinks.
     pub fn start(
         cfg: PipelineConfig,
-        aggregator: Arc<Mutex<Aggregator>>,
+        aggregator: Option<Arc<Mutex<Aggregator>>>,
         sinks: Vec<Box<dyn RecordSink>>,
         metrics: Arc<Metrics>,
     ) -> (Pipeline, TelemetryQueue) {
@@ -133,7 +134,7 @@ impl Pipeline {
 
 struct Worker {
     cfg: PipelineConfig,
-    aggregator: Arc<Mutex<Aggregator>>,
+    aggregator: Option<Arc<Mutex<Aggregator>>>,
     sinks: Vec<Box<dyn RecordSink>>,
     metrics: Arc<Metrics>,
     rx: mpsc::Receiver<Queued>,
@@ -230,8 +231,8 @@ impl Worker {
             })
             .collect();
         let batch = Arc::new(batch);
-        {
-            let mut agg = self.aggregator.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(aggregator) = &self.aggregator {
+            let mut agg = aggregator.lock().unwrap_or_else(|p| p.into_inner());
             for r in batch.iter() {
                 agg.observe(r);
             }
@@ -262,8 +263,11 @@ impl Worker {
     }
 
     fn roll_up(&mut self, now: i64) {
+        let Some(aggregator) = &self.aggregator else {
+            return;
+        };
         let rollups = {
-            let mut agg = self.aggregator.lock().unwrap_or_else(|p| p.into_inner());
+            let mut agg = aggregator.lock().unwrap_or_else(|p| p.into_inner());
             agg.drain_rollups(now)
         };
         if rollups.is_empty() {
@@ -277,8 +281,8 @@ impl Worker {
     }
 
     fn maintain(&mut self, now: i64) {
-        {
-            let mut agg = self.aggregator.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(aggregator) = &self.aggregator {
+            let mut agg = aggregator.lock().unwrap_or_else(|p| p.into_inner());
             let evicted = agg.evict_idle(now);
             if evicted > 0 {
                 tracing::debug!(evicted, "idle series evicted");
@@ -332,7 +336,7 @@ mod tests {
         let agg = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default())));
         let (pipeline, queue) = Pipeline::start(
             cfg,
-            agg,
+            Some(agg),
             vec![Box::new(Order(seen.clone()))],
             Arc::new(Metrics::new()),
         );

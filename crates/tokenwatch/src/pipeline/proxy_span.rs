@@ -308,6 +308,16 @@ impl ProxySpanBuilder {
         })
     }
 
+    /// The span a proxy replica ships to its aggregator (`role: proxy`): `build`'s span with the
+    /// `tokenwatch.record.*` attributes that let the aggregator rebuild `r` exactly
+    /// (`kernel::shipped_record`).
+    pub fn build_shipped(&self, r: &RequestRecord) -> Option<Span> {
+        let mut span = self.build(r)?;
+        span.attributes
+            .extend(crate::kernel::shipped_record::attributes(r));
+        Some(span)
+    }
+
     /// The stored row of the proxy's span of `r`, made straight from the record (no span is
     /// built: its attributes are written as JSON as they are visited); the same row as
     /// `row_of(&build(r)?, r)`. None where `build` gives none.
@@ -371,7 +381,8 @@ pub fn row_of(span: &Span, r: &RequestRecord) -> SpanRow {
 /// counts those it cannot write) and queues them for OTLP export.
 pub struct ProxySpanSink {
     builder: ProxySpanBuilder,
-    store: StoreWriter,
+    /// None for a proxy replica (`role: proxy`), which has no store: export only.
+    store: Option<StoreWriter>,
     export: Option<SpanExport>,
 }
 
@@ -383,8 +394,17 @@ impl ProxySpanSink {
     ) -> ProxySpanSink {
         ProxySpanSink {
             builder,
-            store,
+            store: Some(store),
             export,
+        }
+    }
+
+    /// A sink that only queues the spans for OTLP export (a proxy replica's `export.otlp`).
+    pub fn export_only(builder: ProxySpanBuilder, export: SpanExport) -> ProxySpanSink {
+        ProxySpanSink {
+            builder,
+            store: None,
+            export: Some(export),
         }
     }
 }
@@ -398,23 +418,28 @@ impl RecordSink for ProxySpanSink {
         let mut rows = Vec::with_capacity(batch.len());
         let mut spans = Vec::new();
         for r in batch.iter().filter(|r| !r.span.span_id.is_empty()) {
-            // The row is written straight from the record; a span is built only for export.
-            if let Some(row) = self.builder.row(r) {
+            // The row is written straight from the record; a span is built only for export
+            // (both or neither: `row` and `build` refuse the same records).
+            if self.store.is_some()
+                && let Some(row) = self.builder.row(r)
+            {
                 rows.push(row);
-                if self.export.is_some()
-                    && let Some(span) = self.builder.build(r)
-                {
-                    spans.push(ExportSpan {
-                        service_name: SERVICE_NAME.into(),
-                        span,
-                    });
-                }
+            }
+            if self.export.is_some()
+                && let Some(span) = self.builder.build(r)
+            {
+                spans.push(ExportSpan {
+                    service_name: SERVICE_NAME.into(),
+                    span,
+                });
             }
         }
         if let Some(export) = &self.export {
             export.push(spans);
         }
-        self.store.spans(rows);
+        if let Some(store) = &self.store {
+            store.spans(rows);
+        }
         Ok(())
     }
 }

@@ -523,3 +523,173 @@ async fn keda_scaled_object_reads_the_scaling_endpoint() {
         "{answer:#}"
     );
 }
+
+/// The split layout (`deploy/kubernetes/roles/`, issue 28): proxy replicas as a Deployment that
+/// rolls without dropping below its replica count, with a PodDisruptionBudget and a grace period
+/// covering the drain; the aggregator as a StatefulSet with its own volume; one ConfigMap whose
+/// tokenwatch.yaml passes `check-config` for both roles and ships to the aggregator's Service.
+#[test]
+fn the_split_layout_validates_and_fits_together() {
+    let dir = repo().join("deploy/kubernetes/roles");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    let o = run(Command::new(tool("kubernetes-validate"))
+        .arg("--strict")
+        .args(&files));
+    let out = text(&o);
+    assert!(o.status.success(), "kubernetes-validate:\n{out}");
+    let docs: Vec<Value> = files
+        .iter()
+        .flat_map(|f| {
+            serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(f).unwrap()).unwrap()
+        })
+        .filter(|v| !v.is_null())
+        .collect();
+    for d in &docs {
+        let passed = format!(
+            "passed for resource {}/{}",
+            d["kind"].as_str().unwrap().to_lowercase(),
+            d["metadata"]["name"].as_str().unwrap()
+        );
+        assert!(out.contains(&passed), "{passed} missing:\n{out}");
+    }
+
+    // The proxies: ≥ 2, rolled without going below, PDB, readiness, grace ≥ the drain.
+    let proxy = find(&docs, "Deployment", "tokenwatch-proxy");
+    let pod = &proxy["spec"]["template"];
+    assert!(proxy["spec"]["replicas"].as_u64().unwrap() >= 2);
+    assert_eq!(proxy["spec"]["strategy"]["type"], "RollingUpdate");
+    assert_eq!(
+        proxy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+        0
+    );
+    assert!(selects(
+        &proxy["spec"]["selector"],
+        &pod["metadata"]["labels"]
+    ));
+    let c = &pod["spec"]["containers"][0];
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.windows(2).any(|w| w == ["--role", "proxy"]),
+        "{args:?}"
+    );
+    let pdb = find(&docs, "PodDisruptionBudget", "tokenwatch-proxy");
+    assert!(selects(
+        &pdb["spec"]["selector"],
+        &pod["metadata"]["labels"]
+    ));
+    assert!(pdb["spec"]["minAvailable"].as_u64().unwrap() >= 1);
+    let svc = find(&docs, "Service", "tokenwatch-proxy");
+    assert!(selects(
+        &svc["spec"]["selector"],
+        &pod["metadata"]["labels"]
+    ));
+    let ports = container_ports(&pod["spec"]);
+    for p in svc["spec"]["ports"].as_array().unwrap() {
+        assert!(ports.iter().any(|c| *c == p["targetPort"]), "{p}");
+    }
+
+    // The aggregator: a StatefulSet with a ReadWriteOnce claim for the store.
+    let agg = find(&docs, "StatefulSet", "tokenwatch-aggregator");
+    let apod = &agg["spec"]["template"];
+    let ac = &apod["spec"]["containers"][0];
+    let aargs: Vec<&str> = ac["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(aargs.windows(2).any(|w| w == ["--role", "aggregator"]));
+    let claim = &agg["spec"]["volumeClaimTemplates"][0];
+    assert_eq!(claim["spec"]["accessModes"][0], "ReadWriteOnce");
+    assert!(
+        ac["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == claim["metadata"]["name"]
+                && m["mountPath"] == "/var/lib/tokenwatch")
+    );
+    let asvc = find(&docs, "Service", "tokenwatch-aggregator");
+    assert!(selects(
+        &asvc["spec"]["selector"],
+        &apod["metadata"]["labels"]
+    ));
+    assert!(!selects(
+        &svc["spec"]["selector"],
+        &apod["metadata"]["labels"]
+    ));
+
+    // One tokenwatch.yaml: valid for both roles; the replicas ship to the aggregator's
+    // otlp-http port; the grace period covers shutdown.delay + drain_timeout.
+    let cm = find(&docs, "ConfigMap", "tokenwatch-roles-config");
+    let yaml = cm["data"]["tokenwatch.yaml"].as_str().unwrap();
+    let otlp_http = asvc["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "otlp-http")
+        .unwrap()["port"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        yaml.contains(&format!(
+            "endpoint: http://tokenwatch-aggregator:{otlp_http}"
+        )),
+        "{yaml}"
+    );
+    assert!(yaml.contains("delay: 5s") && yaml.contains("drain_timeout: 10m"));
+    assert!(
+        pod["spec"]["terminationGracePeriodSeconds"]
+            .as_u64()
+            .unwrap()
+            > 5 + 600
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().display().to_string();
+    std::fs::create_dir_all(tmp.path().join("etc/auth")).unwrap();
+    std::fs::write(
+        tmp.path().join("etc/auth/tokens"),
+        "ingest 0123456789abcdef0123456789abcdef proxies\n",
+    )
+    .unwrap();
+    let file = tmp.path().join("tokenwatch.yaml");
+    std::fs::write(
+        &file,
+        yaml.replace("/etc/tokenwatch/", &format!("{root}/etc/"))
+            .replace("/var/lib/tokenwatch", &format!("{root}/data")),
+    )
+    .unwrap();
+    for (role, workload) in [("proxy", &proxy), ("aggregator", &agg)] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["check-config", "--role", role])
+            .arg(&file)
+            .env_remove("TOKENWATCH_CONFIG");
+        let env = workload["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap();
+        for var in yaml.split("${").skip(1).filter_map(|s| s.split('}').next()) {
+            assert!(
+                env.iter().any(|e| e["name"] == var),
+                "the {role} pods do not set ${{{var}}}"
+            );
+            cmd.env(var, format!("{var}-from-the-secret"));
+        }
+        let o = run(&mut cmd);
+        assert!(
+            o.status.success() && text(&o).contains(&format!("OK (role {role}")),
+            "{role}: {}",
+            text(&o)
+        );
+    }
+}

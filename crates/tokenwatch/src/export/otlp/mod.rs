@@ -18,12 +18,13 @@
 mod convert;
 mod queue;
 mod sender;
+pub mod ship;
 #[cfg(test)]
 mod tests;
 
 pub use convert::{ExportSpan, request_of, span_of_row};
 pub use queue::SpanQueue;
-pub use sender::{DROP_REASONS, ExportMetrics, MAX_BACKOFF, MIN_BACKOFF};
+pub use sender::{DROP_REASONS, ExportMetrics, ExportNaming, MAX_BACKOFF, MIN_BACKOFF};
 
 use crate::kernel::duration::HumanDuration;
 pub use crate::kernel::spans::{SpanExport, SpanSink};
@@ -138,8 +139,9 @@ pub(crate) struct Prepared {
     pub tls: Option<UpstreamTls>,
 }
 
-fn prepare(cfg: &OtlpExportConfig) -> Result<Prepared, OtlpExportConfigError> {
-    let key = |k: &str| format!("export.otlp.{k}");
+/// Check `cfg` (the section at `section`, e.g. `export.otlp`) and turn it into what sending needs.
+fn prepare(cfg: &OtlpExportConfig, section: &str) -> Result<Prepared, OtlpExportConfigError> {
+    let key = |k: &str| format!("{section}.{k}");
     let err = |k: String, message: String| OtlpExportConfigError { key: k, message };
     let base = cfg.endpoint.trim().trim_end_matches('/');
     let parsed: http::Uri = base
@@ -271,7 +273,7 @@ fn prepare(cfg: &OtlpExportConfig) -> Result<Prepared, OtlpExportConfigError> {
 /// Check `export.otlp` (URL, protocol, headers, queue, TLS); names the key at fault.
 pub fn validate(cfg: Option<&OtlpExportConfig>) -> Result<(), OtlpExportConfigError> {
     match cfg {
-        Some(c) => prepare(c).map(|_| ()),
+        Some(c) => prepare(c, "export.otlp").map(|_| ()),
         None => Ok(()),
     }
 }
@@ -338,7 +340,7 @@ pub fn start(
     let Some(cfg) = cfg else {
         return Ok(None);
     };
-    let p = prepare(cfg)?;
+    let p = prepare(cfg, "export.otlp")?;
     let counters = ExportMetrics::register(metrics);
     let queue = Arc::new(SpanQueue::new(cfg.queue.capacity));
     let (close, closed) = watch::channel(false);

@@ -33,7 +33,31 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
-/// `tokenwatch_otlp_export_*` in `/metrics`.
+/// What one exporter's counters are called, and what the logs call it.
+#[derive(Debug, Clone, Copy)]
+pub struct ExportNaming {
+    /// The deliverer in the logs ("OTLP export").
+    pub what: &'static str,
+    /// `{prefix}_spans_total`, `{prefix}_failures_total`, `{prefix}_dropped_total{reason}`.
+    pub prefix: &'static str,
+    /// The exported items in help texts ("Spans").
+    pub items: &'static str,
+    /// The receiver in help texts ("the OTLP trace endpoint").
+    pub receiver: &'static str,
+    /// The full name of the drop counter, for the logs.
+    pub dropped_counter: &'static str,
+}
+
+/// `export.otlp`: `tokenwatch_otlp_export_*`.
+pub const OTLP_EXPORT: ExportNaming = ExportNaming {
+    what: "OTLP export",
+    prefix: "tokenwatch_otlp_export",
+    items: "Spans",
+    receiver: "the OTLP trace endpoint",
+    dropped_counter: "tokenwatch_otlp_export_dropped_total",
+};
+
+/// The exporter's counters in `/metrics` (`tokenwatch_otlp_export_*` for `export.otlp`).
 #[derive(Clone, Default)]
 pub struct ExportMetrics {
     spans: Counter,
@@ -42,23 +66,34 @@ pub struct ExportMetrics {
 }
 
 impl ExportMetrics {
-    /// Register the counters (once per registry; the encoder adds `_total`), every drop
-    /// reason visible at zero.
+    /// Register `export.otlp`'s counters (`tokenwatch_otlp_export_*`).
     pub fn register(metrics: &Metrics) -> ExportMetrics {
+        ExportMetrics::register_as(metrics, &OTLP_EXPORT)
+    }
+
+    /// Register the counters named by `n` (once per registry; the encoder adds `_total`),
+    /// every drop reason visible at zero.
+    pub fn register_as(metrics: &Metrics, n: &ExportNaming) -> ExportMetrics {
         let m = ExportMetrics::default();
         metrics.register(
-            "tokenwatch_otlp_export_spans",
-            "Spans the OTLP trace endpoint accepted",
+            &format!("{}_spans", n.prefix),
+            &format!("{} {} accepted", n.items, n.receiver),
             m.spans.clone(),
         );
         metrics.register(
-            "tokenwatch_otlp_export_failures",
-            "OTLP trace export attempts that failed (connection errors, timeouts, refusals)",
+            &format!("{}_failures", n.prefix),
+            &format!(
+                "Attempts to send to {} that failed (connection errors, timeouts, refusals)",
+                n.receiver
+            ),
             m.failures.clone(),
         );
         metrics.register(
-            "tokenwatch_otlp_export_dropped",
-            "Spans given up: the oldest of a full queue (queue_full), refused by the endpoint (rejected), or still queued at shutdown (shutdown)",
+            &format!("{}_dropped", n.prefix),
+            &format!(
+                "{} given up: the oldest of a full queue (queue_full), refused by {} (rejected), or still queued at shutdown (shutdown)",
+                n.items, n.receiver
+            ),
             m.dropped.clone(),
         );
         for reason in DROP_REASONS {
@@ -148,17 +183,30 @@ impl Sender {
         timeout: Duration,
         metrics: ExportMetrics,
     ) -> Sender {
+        Sender::named(label, transport, timeout, metrics, &OTLP_EXPORT)
+    }
+
+    /// As `new`, logging as `naming.what`.
+    pub(super) fn named(
+        label: String,
+        transport: Transport,
+        timeout: Duration,
+        metrics: ExportMetrics,
+        naming: &ExportNaming,
+    ) -> Sender {
         Sender {
-            endpoint: Endpoint::new(
-                "OTLP export",
-                label.clone(),
-                "tokenwatch_otlp_export_dropped_total",
-            ),
+            endpoint: Endpoint::new(naming.what, label.clone(), naming.dropped_counter),
             label,
             transport,
             timeout,
             metrics,
         }
+    }
+
+    /// The same sender, retrying by `policy` instead of the exporters' default.
+    pub(super) fn with_retry(mut self, policy: delivery::RetryPolicy) -> Sender {
+        self.endpoint = self.endpoint.with_policy(policy);
+        self
     }
 
     /// Send batches until `stop`; then one last attempt for each batch still queued.
@@ -167,8 +215,27 @@ impl Sender {
         queue: Arc<SpanQueue>,
         max_batch: usize,
         flush: Duration,
+        stop: watch::Receiver<bool>,
+    ) {
+        self.run_converting(queue, |spans| (spans, 0), max_batch, flush, stop)
+            .await
+    }
+
+    /// As `run`, for a queue of items each batch is turned into spans by `to_spans` when it is
+    /// taken (returning the spans and how many items could not become one: counted `rejected`).
+    pub(super) async fn run_converting<T>(
+        self,
+        queue: Arc<SpanQueue<T>>,
+        to_spans: impl Fn(Vec<T>) -> (Vec<ExportSpan>, u64),
+        max_batch: usize,
+        flush: Duration,
         mut stop: watch::Receiver<bool>,
     ) {
+        let take = |max: usize| {
+            let (spans, unconvertible) = to_spans(queue.take(max));
+            self.metrics.drop_spans("rejected", unconvertible);
+            spans
+        };
         'running: loop {
             tokio::select! {
                 biased;
@@ -184,14 +251,20 @@ impl Sender {
                     _ = queue.pushed() => {}
                 }
             }
-            let batch = queue.take(max_batch);
+            let batch = take(max_batch);
+            if batch.is_empty() {
+                continue;
+            }
             if !self.deliver(batch, &mut stop).await {
                 break;
             }
         }
         // Shutdown: one short attempt per batch left; the first failure gives up on the rest.
         while !queue.is_empty() {
-            let batch = queue.take(max_batch);
+            let batch = take(max_batch);
+            if batch.is_empty() {
+                continue;
+            }
             let n = batch.len() as u64;
             let req = request_of(batch);
             match self.attempt(&req, self.timeout.min(LAST_ATTEMPT)).await {
@@ -204,7 +277,7 @@ impl Sender {
                     self.metrics.failures.inc();
                     let left = n + queue.take(usize::MAX).len() as u64;
                     self.metrics.drop_spans("shutdown", left);
-                    tracing::warn!(endpoint = %self.label, error = %why, spans = left, "OTLP export: spans dropped at shutdown");
+                    tracing::warn!(endpoint = %self.label, error = %why, spans = left, "{}: spans dropped at shutdown", self.endpoint.what());
                 }
             }
         }

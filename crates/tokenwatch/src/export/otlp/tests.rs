@@ -313,10 +313,10 @@ fn configuration_errors_name_the_key() {
         .is_ok()
     );
     assert!(validate(None).is_ok());
-    let p = prepare(&OtlpExportConfig::new(
-        "http://collector:4318/",
-        Protocol::Http,
-    ))
+    let p = prepare(
+        &OtlpExportConfig::new("http://collector:4318/", Protocol::Http),
+        "export.otlp",
+    )
     .unwrap();
     assert_eq!(p.uri.to_string(), "http://collector:4318/v1/traces");
 }

@@ -31,8 +31,14 @@
 // 4096: the response's embedding, for semantic drift; kept on the record, not in the stored span
 // attributes) and `tokenwatch.prompt.prefix_hash` (1 to 16 hex digits or an integer's 64 bits:
 // the prefix-cache key, for cache pollution). An unusable one is ignored with a warning.
+//
+// A proxy replica's span (`role: proxy`, `tokenwatch.record.schema`) also carries the fields of
+// its record no GenAI attribute holds — request id, labels as the proxy named them, status and
+// error class, every chunk's time — and becomes exactly the record the proxy made
+// (`kernel::shipped_record`).
 
 use super::attrs::{self, as_f64, as_str, as_u64, first_str, value_of};
+use crate::kernel::shipped_record;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
 use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
@@ -122,6 +128,8 @@ struct GenAi<'a> {
     prompt_version: Option<&'a Value>,
     embedding: Option<&'a Value>,
     prefix_hash: Option<&'a Value>,
+    /// A shipped record's chunk times are present (`kernel::shipped_record`).
+    chunk_offsets: bool,
     /// `llm.token_count.total` (OpenInference), for a missing input or output count.
     total_tokens: Option<&'a Value>,
     /// The operation an OpenInference span kind implies when `gen_ai.operation.name` is absent.
@@ -185,6 +193,10 @@ impl<'a> GenAi<'a> {
         for kv in attrs {
             let v = value_of(kv);
             let slot = match kv.key.as_str() {
+                shipped_record::CHUNK_OFFSETS_ATTR => {
+                    g.chunk_offsets = true;
+                    continue;
+                }
                 "gen_ai.operation.name" => &mut g.operation,
                 "gen_ai.request.model" => &mut g.request_model,
                 "gen_ai.response.model" => &mut g.response_model,
@@ -374,6 +386,8 @@ fn map_span(
     let mut warning = None;
     let record = if g.is_genai() {
         let mut r = record_of(span, &g, res, &trace_id, &span_id);
+        // A proxy replica's span (`role: proxy`) carries the rest of its record exactly.
+        warning = shipped_record::apply(&span.attributes, &mut r).map(|e| e.to_string());
         r.summarize_gaps();
         if let Some(v) = g.embedding {
             match embedding_of(v) {
@@ -404,12 +418,15 @@ fn map_span(
             status_code: status.map(|s| s.code).unwrap_or(0),
             status_message: status.map(|s| s.message.clone()).unwrap_or_default(),
             service_name: res.service_name.to_string(),
-            // The embedding is kept on the record; stored twice it would dominate the span row.
-            attributes_json: if g.embedding.is_some() && g.is_genai() {
+            // The embedding and a shipped record's chunk times are kept on the record; stored
+            // twice they would dominate the span row.
+            attributes_json: if g.is_genai() && (g.embedding.is_some() || g.chunk_offsets) {
                 let kept: Vec<KeyValue> = span
                     .attributes
                     .iter()
-                    .filter(|kv| kv.key != EMBEDDING_ATTR)
+                    .filter(|kv| {
+                        kv.key != EMBEDDING_ATTR && kv.key != shipped_record::CHUNK_OFFSETS_ATTR
+                    })
                     .cloned()
                     .collect();
                 attrs::to_json_object(&kept)

@@ -56,7 +56,7 @@ impl TraceService for Grpc {
         let _permit = self.0.admit().map_err(|r| refused(&self.0, r))?;
         let a = self
             .0
-            .traces(request.into_inner(), Transport::Grpc)
+            .traces_to_the_end(request.into_inner(), Transport::Grpc)
             .await
             .map_err(|r| refused(&self.0, r))?;
         self.0.stats.request(Transport::Grpc, outcome(&a));

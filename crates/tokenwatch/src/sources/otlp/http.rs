@@ -187,7 +187,7 @@ async fn handle(State(state): St, headers: HeaderMap, body: Body, signal: Signal
                     Err(e) => return decode_failure(&state, &e, Some(enc)),
                 };
             drop(bytes);
-            match ingest.traces(req, Transport::Http).await {
+            match ingest.traces_to_the_end(req, Transport::Http).await {
                 Ok(a) => {
                     let partial_success = (a.rejected > 0).then(|| ExportTracePartialSuccess {
                         rejected_spans: a.rejected,

@@ -62,10 +62,17 @@ pub struct OtlpStats {
     received: Family<ReceivedLabels, Counter>,
     rejected: Family<RejectedLabels, Counter>,
     requests: Family<RequestLabels, Counter>,
+    /// Proxy replicas' records received again and dropped (`shipped_dedup`).
+    shipped_duplicates: Counter,
 }
 
 impl OtlpStats {
     pub fn register(&self, metrics: &Metrics) {
+        metrics.register(
+            "tokenwatch_otlp_shipped_duplicates",
+            "Proxy replicas' request records received again (a retry after a lost answer) and dropped: each is counted once",
+            self.shipped_duplicates.clone(),
+        );
         metrics.register(
             "tokenwatch_otlp_received",
             "OTLP items accepted (spans, data points, log records)",
@@ -147,6 +154,8 @@ pub struct Ingest {
     log_feed: Option<crate::logs::LogFeed>,
     /// Scores sent as span attributes are stored here and handed to the alert engine.
     scores: Option<ScoreOutlet>,
+    /// Proxy replicas' records received again (a retry after a lost answer) are dropped.
+    shipped: super::shipped_dedup::ShippedDedup,
     pub stats: OtlpStats,
 }
 
@@ -174,6 +183,7 @@ impl Ingest {
             span_export: None,
             log_feed: None,
             scores: None,
+            shipped: super::shipped_dedup::ShippedDedup::new(0),
             mapper: Mutex::new(MetricsMapper::default()),
             permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
             stats: OtlpStats::default(),
@@ -190,6 +200,12 @@ impl Ingest {
     /// Export the spans stored from now on (`export.otlp.include_received`).
     pub fn with_span_export(mut self, export: Option<crate::kernel::spans::SpanExport>) -> Ingest {
         self.span_export = export;
+        self
+    }
+
+    /// Remember the last `capacity` shipped records' span ids and drop one received again.
+    pub fn with_shipped_dedup(mut self, capacity: usize) -> Ingest {
+        self.shipped = super::shipped_dedup::ShippedDedup::new(capacity);
         self
     }
 
@@ -248,7 +264,40 @@ impl Ingest {
             .map_err(|_| Refused::Busy("too many OTLP exports in flight; retry later".into()))
     }
 
+    /// `traces` in a task of its own, run to its end even when the caller is cancelled (its
+    /// client hung up, as a proxy replica does when an attempt times out): an export is then
+    /// processed whole or not at all, so a copy of it sent again is rightly seen as a duplicate.
+    pub async fn traces_to_the_end(
+        self: &Arc<Self>,
+        req: ExportTraceServiceRequest,
+        t: Transport,
+    ) -> Result<Accepted, Refused> {
+        let ingest = self.clone();
+        tokio::spawn(async move { ingest.traces(req, t).await })
+            .await
+            .unwrap_or_else(|e| Err(Refused::Unavailable(format!("processing spans: {e}"))))
+    }
+
+    /// One trace export: shipped records received before are dropped (and counted); the rest
+    /// is accepted or refused ("retry later"). Only an accepted export's records stay
+    /// remembered by the dedup: a refused one, or one cancelled half-way because its client hung
+    /// up, is let in when sent again. Records are queued after the last await of
+    /// `accept_traces`, so an export cancelled before its answer queued none of them.
     pub async fn traces(
+        &self,
+        mut req: ExportTraceServiceRequest,
+        t: Transport,
+    ) -> Result<Accepted, Refused> {
+        let claimed = self.shipped.claim(&mut req);
+        self.stats.shipped_duplicates.inc_by(claimed.duplicates);
+        let result = self.accept_traces(req, t).await;
+        if result.is_ok() {
+            claimed.commit();
+        }
+        result
+    }
+
+    async fn accept_traces(
         &self,
         req: ExportTraceServiceRequest,
         t: Transport,
@@ -482,7 +531,9 @@ mod tests {
                 text_capture: None,
                 model_aliases: Default::default(),
             },
-            Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default()))),
+            Some(Arc::new(Mutex::new(Aggregator::new(
+                AggregatorConfig::default(),
+            )))),
             Vec::new(),
             metrics.clone(),
         );

@@ -16,6 +16,7 @@ mod http;
 pub mod ingest;
 pub mod logs;
 pub mod metrics;
+pub mod shipped_dedup;
 pub mod span_scores;
 
 /// The OTLP protobuf types (for fuzz targets and benchmarks built on this crate).
@@ -38,6 +39,10 @@ pub struct OtlpConfig {
     pub max_request_bytes: usize,
     /// Both OTLP listeners' own TLS certificate, or `enabled: false` [default: the shared `tls`].
     pub tls: Option<crate::listen::tls::ListenerTlsConfig>,
+    /// Proxy replicas' records (`role: proxy`) remembered by their span's ids, so that one sent
+    /// again (its answer was lost) is counted once: the last this many (about 100 bytes each);
+    /// 0 turns it off.
+    pub shipped_dedup_capacity: usize,
 }
 
 impl Default for OtlpConfig {
@@ -48,6 +53,7 @@ impl Default for OtlpConfig {
             http_listen: SocketAddr::from(([127, 0, 0, 1], 4318)),
             max_request_bytes: 8 * 1024 * 1024,
             tls: None,
+            shipped_dedup_capacity: 200_000,
         }
     }
 }
@@ -153,6 +159,7 @@ impl super::Source for OtlpSource {
                     MAX_IN_FLIGHT,
                     ctx.telemetry_text,
                 )
+                .with_shipped_dedup(cfg.shipped_dedup_capacity)
                 .with_model_aliases(ctx.model_aliases.clone())
                 .with_span_export(ctx.span_export)
                 .with_log_feed(ctx.log_feed)
