@@ -378,7 +378,8 @@ impl Config {
     }
 
     /// The effective configuration for snapshots, as JSON, secrets redacted: the tenant salt, the
-    /// headers of alert receivers, OTLP export and remote write (`Authorization` goes there),
+    /// headers of alert receivers, OTLP export, remote write and the aggregator link
+    /// (`Authorization` goes there),
     /// credentials and query strings in their URLs, and a webhook's whole path (Slack, Teams
     /// and Discord webhooks carry their token in it).
     pub fn redacted_json(&self) -> serde_json::Value {
@@ -393,7 +394,8 @@ impl Config {
             .iter_mut()
             .map(|w| &mut w.headers)
             .chain(c.export.remote_write.iter_mut().map(|r| &mut r.headers))
-            .chain(c.export.otlp.iter_mut().map(|o| &mut o.headers));
+            .chain(c.export.otlp.iter_mut().map(|o| &mut o.headers))
+            .chain(c.aggregator.iter_mut().map(|a| &mut a.headers));
         for h in headers {
             for v in h.values_mut() {
                 *v = "<redacted>".into();
@@ -408,7 +410,8 @@ impl Config {
             .alertmanagers
             .iter_mut()
             .chain(c.export.remote_write.iter_mut().map(|r| &mut r.url))
-            .chain(c.export.otlp.iter_mut().map(|o| &mut o.endpoint));
+            .chain(c.export.otlp.iter_mut().map(|o| &mut o.endpoint))
+            .chain(c.aggregator.iter_mut().map(|a| &mut a.endpoint));
         for u in urls {
             *u = redact_url(u, true);
         }
@@ -1057,14 +1060,14 @@ mod tests {
     #[test]
     fn the_snapshot_configuration_is_json_with_its_secrets_redacted() {
         let c = Config::from_yaml(
-            "proxy:\n  tenant_salt: pepper\nalerting:\n  delivery:\n    webhooks:\n      - {url: 'http://127.0.0.1:2/h', headers: {Authorization: 'Bearer w'}}\nexport:\n  otlp: {endpoint: 'http://127.0.0.1:4318', headers: {Authorization: 'Bearer o'}}\n  remote_write:\n    - {url: 'http://127.0.0.1:9090/api/v1/write', headers: {Authorization: 'Bearer r'}}\nstore:\n  raw_retention: 36h\n",
+            "proxy:\n  tenant_salt: pepper\nalerting:\n  delivery:\n    webhooks:\n      - {url: 'http://127.0.0.1:2/h', headers: {Authorization: 'Bearer w'}}\nexport:\n  otlp: {endpoint: 'http://127.0.0.1:4318', headers: {Authorization: 'Bearer o'}}\n  remote_write:\n    - {url: 'http://127.0.0.1:9090/api/v1/write', headers: {Authorization: 'Bearer r'}}\nstore:\n  raw_retention: 36h\naggregator: {endpoint: 'http://127.0.0.1:4318', headers: {Authorization: 'Bearer g'}}\n",
             "t.yaml",
         )
         .unwrap();
         let v = c.redacted_json();
         assert_eq!(v["format"], "json");
         let text = v.to_string();
-        for secret in ["pepper", "Bearer w", "Bearer o", "Bearer r"] {
+        for secret in ["pepper", "Bearer w", "Bearer o", "Bearer r", "Bearer g"] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
         assert_eq!(v["config"]["store"]["raw_retention"], "36h");

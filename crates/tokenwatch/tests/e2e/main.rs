@@ -46,6 +46,7 @@ mod otlp_http_payloads;
 mod otlp_python_sdk;
 mod proxy_e2e;
 mod proxy_failures;
+mod proxy_roles;
 mod proxy_spans;
 mod proxy_streaming_apis;
 mod proxy_tls;

@@ -4,7 +4,7 @@
 // replica whose aggregator is killed (kill -9) keeps serving every stream at the same latency,
 // buffers the records and delivers every one of them once the aggregator is back.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::BTreeSet;
