@@ -160,6 +160,61 @@ fn serve_proxy(
     })
 }
 
+impl ProxyServer {
+    /// Bind `proxy.listen` and serve the proxy on its runtime, on a stop of its own (it drains
+    /// first at shutdown, while the API still answers). Returns the bound address too.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        cfg: &Config,
+        routes: UpstreamRouter,
+        queue: crate::kernel::queue::TelemetryQueue,
+        salt: Vec<u8>,
+        splits: Arc<crate::kernel::splits::SplitBoard>,
+        proxy_rt: &tokio::runtime::Handle,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        metrics: &Arc<Metrics>,
+    ) -> anyhow::Result<(SocketAddr, ProxyServer)> {
+        let listener = std::net::TcpListener::bind(cfg.proxy.listen)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .with_context(|| {
+                format!(
+                    "cannot listen on {} (proxy.listen / --proxy-listen)",
+                    cfg.proxy.listen
+                )
+            })?;
+        let addr = listener.local_addr()?;
+        for r in routes.routes() {
+            tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
+        }
+        let state = Arc::new(
+            ProxyState::new(&cfg.proxy, routes, queue, salt, splits).with_capture(&cfg.capture),
+        );
+        let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, metrics);
+        let (stop, stopped) = watch::channel(false);
+        let task = serve_proxy(
+            proxy_rt,
+            listener,
+            tls,
+            proxy::router(state.clone()),
+            stopped,
+            guard,
+        );
+        Ok((addr, ProxyServer { stop, task, state }))
+    }
+}
+
+/// `tokenwatch_shutdown_in_flight_requests`, registered: what the proxy still forwards while it
+/// drains.
+fn in_flight_gauge(metrics: &Metrics) -> prometheus_client::metrics::gauge::Gauge {
+    let gauge = prometheus_client::metrics::gauge::Gauge::default();
+    metrics.register(
+        "tokenwatch_shutdown_in_flight_requests",
+        "Requests and streams the proxy still forwards while it drains at shutdown (0 otherwise)",
+        gauge.clone(),
+    );
+    gauge
+}
+
 impl RunningApp {
     /// Open the store, start the pipeline, bind and serve. Returns once everything listens.
     pub async fn start(cfg: Config) -> anyhow::Result<RunningApp> {
@@ -445,39 +500,18 @@ impl RunningApp {
             } else {
                 cfg.proxy.tenant_salt.clone().into_bytes()
             };
-            let listener = std::net::TcpListener::bind(cfg.proxy.listen)
-                .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                .with_context(|| {
-                    format!(
-                        "cannot listen on {} (proxy.listen / --proxy-listen)",
-                        cfg.proxy.listen
-                    )
-                })?;
-            let addr = listener.local_addr()?;
-            for r in routes.routes() {
-                tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
-            }
-            let state = Arc::new(
-                ProxyState::new(&cfg.proxy, routes, queue, salt, splits.clone())
-                    .with_capture(&cfg.capture),
-            );
-            proxy_state = Some(state.clone());
-            let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, &metrics);
-            // The proxy stops on its own signal: it drains first, while the API still answers.
-            let (proxy_stop, proxy_stopped) = watch::channel(false);
-            let task = serve_proxy(
+            let (addr, server) = ProxyServer::start(
+                &cfg,
+                routes,
+                queue,
+                salt,
+                splits.clone(),
                 proxy_rt.handle(),
-                listener,
                 tls.proxy.clone(),
-                proxy::router(state.clone()),
-                proxy_stopped,
-                guard,
-            );
-            proxy_server = Some(ProxyServer {
-                stop: proxy_stop,
-                task,
-                state,
-            });
+                &metrics,
+            )?;
+            proxy_state = Some(server.state.clone());
+            proxy_server = Some(server);
             components.set("proxy", "ok");
             Some(addr)
         };
@@ -530,12 +564,7 @@ impl RunningApp {
         app = crate::auth::http::protect_api(app, &auth);
         app = crate::audit::http::audit_api(app, &audit);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
-        let in_flight_gauge = prometheus_client::metrics::gauge::Gauge::default();
-        metrics.register(
-            "tokenwatch_shutdown_in_flight_requests",
-            "Requests and streams the proxy still forwards while it drains at shutdown (0 otherwise)",
-            in_flight_gauge.clone(),
-        );
+        let in_flight_gauge = in_flight_gauge(&metrics);
         Ok(RunningApp {
             api_addr,
             proxy_addr,

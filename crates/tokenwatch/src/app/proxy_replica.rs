@@ -6,12 +6,12 @@
 // are the aggregator's. Nothing here can slow a forwarded byte: records leave the proxy through
 // the never-waiting telemetry queue, and shipping runs on the analysis runtime.
 
-use super::{OwnedRuntime, ProxyServer, RunningApp, serve, serve_proxy};
+use super::{OwnedRuntime, ProxyServer, RunningApp, serve};
 use crate::config::Config;
 use crate::kernel::telemetry::Metrics;
 use crate::pipeline::{Pipeline, PipelineConfig, ProxySpanBuilder, ProxySpanSink, RecordSink};
 use crate::sources::Components;
-use crate::sources::proxy::{self, ProxyState, UpstreamRouter};
+use crate::sources::proxy::UpstreamRouter;
 use anyhow::Context;
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,33 +103,17 @@ impl RunningApp {
         let routes = UpstreamRouter::new(&cfg.proxy.upstreams)
             .and_then(|r| r.with_splits(&cfg.proxy.routes))
             .map_err(anyhow::Error::msg)?;
-        let listener = std::net::TcpListener::bind(cfg.proxy.listen)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .with_context(|| {
-                format!(
-                    "cannot listen on {} (proxy.listen / --proxy-listen)",
-                    cfg.proxy.listen
-                )
-            })?;
-        let proxy_addr = listener.local_addr()?;
-        for r in routes.routes() {
-            tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
-        }
         let salt = cfg.proxy.tenant_salt.clone().into_bytes();
-        let splits: Arc<crate::kernel::splits::SplitBoard> = Arc::default();
-        let state = Arc::new(
-            ProxyState::new(&cfg.proxy, routes, queue, salt, splits).with_capture(&cfg.capture),
-        );
-        let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, &metrics);
-        let (proxy_stop, proxy_stopped) = watch::channel(false);
-        let task = serve_proxy(
+        let (proxy_addr, proxy_server) = ProxyServer::start(
+            &cfg,
+            routes,
+            queue,
+            salt,
+            Arc::default(),
             proxy_rt.handle(),
-            listener,
             tls.proxy.clone(),
-            proxy::router(state.clone()),
-            proxy_stopped,
-            guard,
-        );
+            &metrics,
+        )?;
         components.set("proxy", "ok");
 
         let listener = super::bind(cfg.listen, "listen / --listen").await?;
@@ -138,12 +122,7 @@ impl RunningApp {
         let app = crate::api::health::router(metrics.clone(), components.clone());
         let app = crate::auth::http::protect_api(app, &auth);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
-        let in_flight_gauge = prometheus_client::metrics::gauge::Gauge::default();
-        metrics.register(
-            "tokenwatch_shutdown_in_flight_requests",
-            "Requests and streams the proxy still forwards while it drains at shutdown (0 otherwise)",
-            in_flight_gauge.clone(),
-        );
+        let in_flight_gauge = super::in_flight_gauge(&metrics);
         tracing::info!(
             aggregator = %link.endpoint,
             "role proxy: forwarding, and shipping every request record to the aggregator"
@@ -153,11 +132,7 @@ impl RunningApp {
             proxy_addr: Some(proxy_addr),
             shutdown,
             servers,
-            proxy: Some(ProxyServer {
-                stop: proxy_stop,
-                task,
-                state,
-            }),
+            proxy: Some(proxy_server),
             drain: cfg.shutdown.clone(),
             components,
             in_flight_gauge,
