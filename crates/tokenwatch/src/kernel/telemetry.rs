@@ -563,7 +563,9 @@ impl Metrics {
         let rejected_requests = Family::<RejectedLabels, Counter>::default();
         registry.register(
             "tokenwatch_rejected_requests",
-            "Requests refused for headers or a body over their limits, by listener and reason",
+            "Requests and connections refused under limits (headers or a body over their limits, \
+             a request head not sent within limits.header_read_timeout, a listener holding \
+             limits.max_connections), by listener and reason",
             rejected_requests.clone(),
         );
         let overflow = Family::<FamilyLabels, Counter>::default();

@@ -1,12 +1,18 @@
 // Request limits of the HTTP listeners (API, proxy, OTLP/HTTP): the `limits` configuration,
-// the header check answering 431, and the count of refused requests by listener and reason.
+// the header check answering 431, the connection cap and the head deadline, and the count of
+// refused requests and connections by listener and reason.
 
+use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::{Metrics, RejectedLabels};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde::Deserialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// hyper's own default read-buffer limit (`8192 + 4096 * 100`), kept as a floor for its backstop.
 const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
@@ -23,6 +29,15 @@ pub struct LimitsConfig {
     pub max_header_bytes: usize,
     /// Most header fields in one request; more gets 431.
     pub max_headers: usize,
+    /// Longest a connection may take to send a whole request head, counted from when it opens
+    /// or, kept alive, from the end of its previous response: a client that sends nothing (an
+    /// idle socket, a slow-loris head) is closed after it. Streams being answered are not cut.
+    /// Above the idle timeout of load balancers in front (AWS ALB: 60 s), so that they, not
+    /// tokenwatch, close an idle kept-alive connection (no request lost in the race).
+    pub header_read_timeout: HumanDuration,
+    /// Most connections open at once on each listener; beyond it a new connection is closed at
+    /// once (counted, and warned about once), so idle sockets cannot take every descriptor.
+    pub max_connections: usize,
 }
 
 impl Default for LimitsConfig {
@@ -30,6 +45,8 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_header_bytes: 64 * 1024,
             max_headers: 100,
+            header_read_timeout: HumanDuration(Duration::from_secs(75)),
+            max_connections: 10_000,
         }
     }
 }
@@ -47,6 +64,19 @@ impl LimitsConfig {
             return Err((
                 "limits.max_headers".into(),
                 "must be between 1 and 10000".into(),
+            ));
+        }
+        let timeout = self.header_read_timeout.0;
+        if timeout < Duration::from_secs(1) || timeout > Duration::from_secs(3600) {
+            return Err((
+                "limits.header_read_timeout".into(),
+                "must be between 1s and 1h".into(),
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            return Err((
+                "limits.max_connections".into(),
+                "must be between 1 and 1000000".into(),
             ));
         }
         Ok(())
@@ -73,6 +103,10 @@ impl LimitsConfig {
 pub enum Reason {
     HeadersTooLarge,
     BodyTooLarge,
+    /// A connection closed for not sending a whole request head within `header_read_timeout`.
+    HeaderTimeout,
+    /// A connection closed at once: the listener had `max_connections` open.
+    TooManyConnections,
 }
 
 impl Reason {
@@ -80,6 +114,8 @@ impl Reason {
         match self {
             Reason::HeadersTooLarge => "headers_too_large",
             Reason::BodyTooLarge => "body_too_large",
+            Reason::HeaderTimeout => "header_timeout",
+            Reason::TooManyConnections => "too_many_connections",
         }
     }
 }
@@ -114,6 +150,10 @@ pub struct Guard {
     pub(super) listener: &'static str,
     pub(super) limits: LimitsConfig,
     rejected: Family<RejectedLabels, Counter>,
+    /// One permit per open connection (`max_connections`).
+    connections: Arc<Semaphore>,
+    /// Whether the cap was warned about (once per listener).
+    cap_warned: Arc<AtomicBool>,
 }
 
 impl Guard {
@@ -123,6 +163,27 @@ impl Guard {
             listener,
             limits: limits.clone(),
             rejected: metrics.rejected_requests.clone(),
+            connections: Arc::new(Semaphore::new(limits.max_connections)),
+            cap_warned: Arc::default(),
+        }
+    }
+
+    /// A new connection's place under `max_connections`, held for its life; None (counted, the
+    /// first time warned) when the listener is full and the connection is to be closed.
+    pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        match self.connections.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                self.count(Reason::TooManyConnections);
+                if !self.cap_warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        listener = self.listener,
+                        max_connections = self.limits.max_connections,
+                        "listener full: new connections are closed at once (limits.max_connections; counted in tokenwatch_rejected_requests_total{{reason=\"too_many_connections\"}})"
+                    );
+                }
+                None
+            }
         }
     }
 
@@ -212,6 +273,7 @@ mod tests {
         let (g, metrics) = guard(LimitsConfig {
             max_header_bytes: 2048,
             max_headers: 4,
+            ..LimitsConfig::default()
         });
         let ok = http::Request::get("/x").header("a", "b").body(()).unwrap();
         assert!(g.check_head(&ok).is_none());
@@ -264,6 +326,7 @@ mod tests {
         let big = LimitsConfig {
             max_header_bytes: 1 << 20,
             max_headers: 500,
+            ..LimitsConfig::default()
         };
         assert_eq!(
             (big.hyper_max_buf_size(), big.hyper_max_headers()),
@@ -272,7 +335,8 @@ mod tests {
         assert!(
             LimitsConfig {
                 max_header_bytes: 10,
-                max_headers: 1
+                max_headers: 1,
+                ..LimitsConfig::default()
             }
             .validate()
             .is_err()
@@ -280,7 +344,8 @@ mod tests {
         assert!(
             LimitsConfig {
                 max_header_bytes: 4096,
-                max_headers: 0
+                max_headers: 0,
+                ..LimitsConfig::default()
             }
             .validate()
             .is_err()

@@ -6,7 +6,7 @@ pub mod limits;
 pub mod tls;
 
 use axum::serve::ListenerExt;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use rustls::ServerConfig;
 use std::io;
@@ -139,14 +139,23 @@ impl ConnBuilders {
         let max_buf = limits.hyper_max_buf_size();
         let max_headers = limits.hyper_max_headers();
         let h2_list = u32::try_from(max_buf).unwrap_or(u32::MAX);
+        let head_deadline = limits.header_read_timeout.0;
         let mut http1 = hyper::server::conn::http1::Builder::new();
-        http1.max_buf_size(max_buf).max_headers(max_headers);
+        http1
+            .max_buf_size(max_buf)
+            .max_headers(max_headers)
+            .timer(TokioTimer::new())
+            .header_read_timeout(head_deadline);
         let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         http2
             .enable_connect_protocol()
             .max_header_list_size(h2_list);
         let mut auto = ConnBuilder::new(TokioExecutor::new());
-        auto.http1().max_buf_size(max_buf).max_headers(max_headers);
+        auto.http1()
+            .max_buf_size(max_buf)
+            .max_headers(max_headers)
+            .timer(TokioTimer::new())
+            .header_read_timeout(head_deadline);
         auto.http2()
             .enable_connect_protocol()
             .max_header_list_size(h2_list);
@@ -199,17 +208,31 @@ async fn serve_connections<L>(
             conn = listener.accept() => conn,
             _ = stop.wait_for(|s| *s) => break,
         };
+        // Over `max_connections`: closed at once (dropped), counted.
+        let Some(permit) = guard.admit() else {
+            drop(io);
+            continue;
+        };
         let service = connection_service(app.clone(), guard.clone(), peer);
         let conn_guard = guard.clone();
+        let head_deadline = guard.limits.header_read_timeout.0;
         let builders = builders.clone();
         let signal_tx = signal_tx.clone();
         let close_rx = close_rx.clone();
         tokio::spawn(async move {
             let mut shutting_down = std::pin::pin!(signal_tx.closed());
             // Shutting down before the client sent anything closes the connection at once.
+            // A client that sends nothing within `header_read_timeout` is closed (hyper keeps
+            // the same deadline for each request head after that).
             let protocol = tokio::select! {
-                protocol = io.sniff() => protocol,
-                _ = &mut shutting_down => return drop(close_rx),
+                protocol = tokio::time::timeout(head_deadline, io.sniff()) => match protocol {
+                    Ok(protocol) => protocol,
+                    Err(_) => {
+                        conn_guard.count(limits::Reason::HeaderTimeout);
+                        return drop((close_rx, permit));
+                    }
+                },
+                _ = &mut shutting_down => return drop((close_rx, permit)),
             };
             let io = TokioIo::new(io);
             let shutting_down = shutting_down.as_mut();
@@ -234,10 +257,12 @@ async fn serve_connections<L>(
                 if head_over_hyper_limit(e.as_ref()) {
                     // hyper answered its own bare 431 (a head over the backstop).
                     conn_guard.count(limits::Reason::HeadersTooLarge);
+                } else if head_timed_out(e.as_ref()) {
+                    conn_guard.count(limits::Reason::HeaderTimeout);
                 }
                 tracing::trace!(%peer, error = %e, "connection ended with an error");
             }
-            drop(close_rx);
+            drop((close_rx, permit));
         });
     }
     drop(listener);
@@ -253,6 +278,21 @@ fn head_over_hyper_limit(e: &(dyn std::error::Error + 'static)) -> bool {
     while let Some(err) = source {
         if let Some(h) = err.downcast_ref::<hyper::Error>()
             && h.is_parse_too_large()
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Whether a connection ended because hyper's `header_read_timeout` passed before a whole
+/// request head arrived.
+fn head_timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(err) = source {
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && h.is_timeout()
         {
             return true;
         }
@@ -503,6 +543,7 @@ mod tests {
         let limits = limits::LimitsConfig {
             max_header_bytes: 4096,
             max_headers: 10,
+            ..limits::LimitsConfig::default()
         };
         let guard = limits::Guard::new("proxy", &limits, &metrics);
         let (stop_tx, stop) = watch::channel(false);

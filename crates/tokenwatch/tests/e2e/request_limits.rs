@@ -1,6 +1,7 @@
 // Request limits through the real binary: heads over `limits` get 431 and bodies over their
 // limits 413 on the API, proxy and OTLP/HTTP listeners, named and counted, and each listener
-// keeps serving afterwards.
+// keeps serving afterwards; silent and slow clients are closed at `limits.header_read_timeout`
+// and a listener holding `limits.max_connections` closes new ones at once.
 
 use crate::common;
 
@@ -166,6 +167,11 @@ fn unknown_and_out_of_range_limit_keys_are_refused() {
             "limits.max_header_bytes",
         ),
         ("limits:\n  max_headers: 0\n", "limits.max_headers"),
+        (
+            "limits:\n  header_read_timeout: 0s\n",
+            "limits.header_read_timeout",
+        ),
+        ("limits:\n  max_connections: 0\n", "limits.max_connections"),
     ] {
         let file = dir.path().join("c.yaml");
         std::fs::write(&file, yaml).unwrap();
@@ -176,4 +182,116 @@ fn unknown_and_out_of_range_limit_keys_are_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(key), "{yaml}: {err}");
     }
+}
+
+/// Whether the server closed `s` within `within` (a read returning end of file or a reset),
+/// sending nothing.
+fn closed_within(s: &mut TcpStream, within: Duration) -> Result<Duration, String> {
+    let started = std::time::Instant::now();
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 256];
+    match s.read(&mut buf) {
+        Ok(0) => Ok(started.elapsed()),
+        Ok(n) => Err(format!(
+            "answered instead: {:?}",
+            String::from_utf8_lossy(&buf[..n])
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(started.elapsed()),
+        Err(e) => Err(format!("still open after {within:?}: {e}")),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_slow_and_surplus_connections_are_closed_and_counted_while_requests_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = free_addr();
+    let config = dir.path().join("tokenwatch.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: {api}\ndata_dir: {data}\nlimits:\n  header_read_timeout: 2s\n  max_connections: 8\n",
+            data = dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let cfg = config.to_string_lossy().into_owned();
+    let tw = Proc::start(
+        "tokenwatch",
+        &["run", "--config", &cfg, "--no-otlp"],
+        dir.path(),
+    );
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+
+    let checks = tokio::task::spawn_blocking(move || -> Result<(), String> {
+        // The readiness check's connection holds its place until the server has seen it close.
+        std::thread::sleep(Duration::from_millis(500));
+        // Eight idle sockets fill the listener: a ninth is closed at once, unanswered.
+        let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(api).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut surplus = TcpStream::connect(api).unwrap();
+        let _ = surplus.write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n");
+        let after = closed_within(&mut surplus, Duration::from_secs(1))
+            .map_err(|e| format!("surplus connection: {e}"))?;
+        assert!(after < Duration::from_secs(1), "{after:?}");
+        // Once they close, requests are served again.
+        drop(idle);
+        std::thread::sleep(Duration::from_millis(300));
+        let (status, body) = raw_exchange(
+            api,
+            "GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            b"",
+        );
+        assert_eq!(status, 200, "{body}");
+        // A socket that sends nothing, one that sends half a head and stops (slow loris), and
+        // one kept alive after its answer: each closed about 2 s later.
+        let opened = std::time::Instant::now();
+        let mut silent = TcpStream::connect(api).unwrap();
+        let mut slow = TcpStream::connect(api).unwrap();
+        slow.write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\nx-slow: ")
+            .unwrap();
+        let mut kept = TcpStream::connect(api).unwrap();
+        kept.write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        kept.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut answer = [0u8; 1024];
+        let n = kept.read(&mut answer).unwrap();
+        assert!(
+            String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&answer[..n])
+        );
+        for (what, s) in [
+            ("silent", &mut silent),
+            ("slow", &mut slow),
+            ("kept alive", &mut kept),
+        ] {
+            closed_within(s, Duration::from_secs(6))
+                .unwrap_or_else(|e| panic!("{what} connection: {e}"));
+            let after = opened.elapsed();
+            assert!(
+                after >= Duration::from_millis(1500),
+                "{what} closed too soon: {after:?}"
+            );
+        }
+
+        Ok(())
+    });
+    if let Err(e) = checks.await.unwrap() {
+        panic!("{e}\nlog:\n{}", tw.log_tail(40));
+    }
+
+    let text = get(&format!("http://{api}/metrics")).await.body;
+    let count = |reason: &str| {
+        let series =
+            format!("tokenwatch_rejected_requests_total{{listener=\"api\",reason=\"{reason}\"}}");
+        metric_value(&text, &series).unwrap_or_else(|| panic!("{series} missing:\n{text}"))
+    };
+    assert!(count("header_timeout") >= 3.0);
+    assert!(count("too_many_connections") >= 1.0);
+    assert!(
+        tw.log_tail(200).contains("limits.max_connections"),
+        "the full listener is warned about, naming the key:\n{}",
+        tw.log_tail(200)
+    );
+    drop(tw);
 }
