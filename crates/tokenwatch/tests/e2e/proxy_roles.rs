@@ -352,8 +352,8 @@ async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
 
     // The same percentiles: each sketch is within 1% of the exact value of its rank, so two
     // sketches of the same values differ by at most 2%; the replicas stand one hop in front of
-    // the single proxy, so their times also hold its forwarding (a few milliseconds at most on
-    // a loaded test machine).
+    // the single proxy, so their times also hold its forwarding and its jitter (a few
+    // milliseconds at most on a loaded test machine).
     let mut table = String::new();
     for m in ["ttft", "itl", "e2e"] {
         let (one_l, agg_l) = (latency(one_api, m).await, latency(agg_api, m).await);
@@ -363,8 +363,10 @@ async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
         );
         for q in ["p50", "p90", "p95", "p99"] {
             let (x, y) = (one_l[q].as_f64().unwrap(), agg_l[q].as_f64().unwrap());
-            // ITL gaps are differences: the hop's constant part cancels.
-            let hop = if m == "itl" { 0.0005 } else { 0.003 };
+            // ITL gaps are differences: the hop's constant part cancels, its jitter does not
+            // (the suite runs this beside other tests on two cores: a tail gap seen one hop
+            // later was 1.1 ms longer once).
+            let hop = if m == "itl" { 0.0015 } else { 0.005 };
             let allowed = 0.02 * x.max(y) + hop;
             table.push_str(&format!(
                 "{m} {q}: one {:.2} ms, replicas→aggregator {:.2} ms\n",
