@@ -53,6 +53,7 @@ mod proxy_tls;
 mod remote_write;
 mod replica_shift;
 mod request_limits;
+mod rollout;
 mod rules_export;
 mod runtime_latency;
 mod scaling;
