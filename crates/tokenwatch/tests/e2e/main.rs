@@ -62,6 +62,7 @@ mod sharded_collectors;
 mod sim_leak_default_rules;
 mod slos;
 mod span_sampling;
+mod store_failure;
 mod top_tui;
 mod ui_api;
 mod ui_browser;
