@@ -12,6 +12,8 @@ command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 command -v clickhouse-server >/dev/null 2>&1 || need_apt+=(clickhouse-server)
 command -v clickhouse-client >/dev/null 2>&1 || need_apt+=(clickhouse-client)
+# The load balancer of the rolling-restart test (tests/e2e/rollout.rs).
+[ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -25,6 +27,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [[ " ${need_apt[*]} " == *" clickhouse-server "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl mask clickhouse-server.service >/dev/null
   fi
+  # And HAProxy: the rollout test starts its own on loopback ports.
+  if [[ " ${need_apt[*]} " == *" haproxy "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl mask haproxy.service >/dev/null
+  fi
   $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}" >/dev/null 2>&1 \
     || { $SUDO apt-get update >/dev/null && $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}"; }
 fi
@@ -35,6 +41,7 @@ command -v tmux >/dev/null || { echo "error: tmux still missing after installing
 [ -x /usr/bin/chromium ] || { echo "error: /usr/bin/chromium still missing after installing chromium" >&2; exit 1; }
 command -v clickhouse-server >/dev/null || { echo "error: clickhouse-server still missing after installing clickhouse-server" >&2; exit 1; }
 command -v clickhouse-client >/dev/null || { echo "error: clickhouse-client still missing after installing clickhouse-client" >&2; exit 1; }
+[ -x /usr/sbin/haproxy ] || { echo "error: /usr/sbin/haproxy still missing after installing haproxy" >&2; exit 1; }
 [ -r /etc/clickhouse-server/users.xml ] || { echo "error: /etc/clickhouse-server/users.xml missing after installing clickhouse-server (the tests copy it)" >&2; exit 1; }
 
 # The web UI's npm dependencies (uPlot, embedded by the build; playwright-core for the browser test).

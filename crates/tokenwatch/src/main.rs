@@ -385,6 +385,17 @@ fn check_config(
     }
     cfg.validate(&file.display().to_string())?;
     match cfg.role {
+        // No upstream: `run` starts no proxy (unless `--upstream` adds one on its command line).
+        Role::All if cfg.proxy.upstreams.is_empty() => println!(
+            "{}: OK (collector-only: no upstream route, no proxy; API on {}, OTLP {})",
+            file.display(),
+            cfg.listen,
+            if cfg.otlp.enabled {
+                format!("on {} and {}", cfg.otlp.grpc_listen, cfg.otlp.http_listen)
+            } else {
+                "off".to_string()
+            }
+        ),
         Role::All => println!(
             "{}: OK ({} upstream route(s), API on {}, proxy on {})",
             file.display(),

@@ -693,3 +693,185 @@ fn the_split_layout_validates_and_fits_together() {
         );
     }
 }
+
+/// The collector-only layout (`deploy/kubernetes/collector-only/`, issue 28): tokenwatch in no
+/// request path — a StatefulSet with its own volume, no proxy port anywhere, readiness on
+/// /readyz; its ConfigMap has no `proxy:` section, scrapes each vLLM replica and receives OTLP,
+/// passes `check-config` as collector-only, and run for real (listeners moved to loopback
+/// ports) it starts no proxy and stops on SIGTERM well within the pod's grace period (no drain).
+#[tokio::test]
+async fn the_collector_only_layout_validates_and_runs_without_a_proxy() {
+    let dir = repo().join("deploy/kubernetes/collector-only");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    let o = run(Command::new(tool("kubernetes-validate"))
+        .arg("--strict")
+        .args(&files));
+    let out = text(&o);
+    assert!(o.status.success(), "kubernetes-validate:\n{out}");
+    let docs: Vec<Value> = files
+        .iter()
+        .flat_map(|f| {
+            serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(f).unwrap()).unwrap()
+        })
+        .filter(|v| !v.is_null())
+        .collect();
+    for d in &docs {
+        let passed = format!(
+            "passed for resource {}/{}",
+            d["kind"].as_str().unwrap().to_lowercase(),
+            d["metadata"]["name"].as_str().unwrap()
+        );
+        assert!(out.contains(&passed), "{passed} missing:\n{out}");
+    }
+
+    // The workload: one StatefulSet replica with a ReadWriteOnce claim, probes, no proxy port,
+    // started as plain `run` (role all, no --upstream), and a grace period that needs no drain.
+    let sts = find(&docs, "StatefulSet", "tokenwatch-collector");
+    let pod = &sts["spec"]["template"];
+    assert_eq!(sts["spec"]["replicas"], 1);
+    assert!(selects(
+        &sts["spec"]["selector"],
+        &pod["metadata"]["labels"]
+    ));
+    let c = &pod["spec"]["containers"][0];
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        !args.iter().any(|a| *a == "--role" || *a == "--upstream"),
+        "{args:?}"
+    );
+    let ports = container_ports(&pod["spec"]);
+    assert!(
+        !ports.iter().any(|p| p == "proxy"),
+        "a proxy port: {ports:?}"
+    );
+    let claim = &sts["spec"]["volumeClaimTemplates"][0];
+    assert_eq!(claim["spec"]["accessModes"][0], "ReadWriteOnce");
+    assert!(
+        c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == claim["metadata"]["name"]
+                && m["mountPath"] == "/var/lib/tokenwatch")
+    );
+    let grace = pod["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .expect("terminationGracePeriodSeconds");
+    let svc = find(&docs, "Service", "tokenwatch-collector");
+    assert!(selects(
+        &svc["spec"]["selector"],
+        &pod["metadata"]["labels"]
+    ));
+    for p in svc["spec"]["ports"].as_array().unwrap() {
+        assert_ne!(p["name"], "proxy");
+        assert!(ports.iter().any(|c| *c == p["targetPort"]), "{p}");
+    }
+    // Apart from the other layouts: their Services select none of these pods.
+    for other in ["tokenwatch", "tokenwatch-proxy", "tokenwatch-aggregator"] {
+        let others: Vec<Value> = documents()
+            .into_iter()
+            .chain(
+                std::fs::read_dir(repo().join("deploy/kubernetes/roles"))
+                    .unwrap()
+                    .flat_map(|e| {
+                        serde_saphyr::from_multiple::<Value>(
+                            &std::fs::read_to_string(e.unwrap().path()).unwrap(),
+                        )
+                        .unwrap()
+                    }),
+            )
+            .filter(|d| d["kind"] == "Service" && d["metadata"]["name"] == other)
+            .collect();
+        assert_eq!(others.len(), 1, "Service {other}");
+        assert!(
+            !selects(&others[0]["spec"]["selector"], &pod["metadata"]["labels"]),
+            "Service {other} selects the collector-only pods"
+        );
+    }
+
+    // Its tokenwatch.yaml: no proxy section, each vLLM replica scraped, OTLP on.
+    let cm = find(&docs, "ConfigMap", "tokenwatch-collector-config");
+    assert!(
+        pod["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["configMap"]["name"] == "tokenwatch-collector-config")
+    );
+    let yaml = cm["data"]["tokenwatch.yaml"].as_str().unwrap();
+    let parsed: Value = serde_saphyr::from_str(yaml).unwrap();
+    assert!(parsed.get("proxy").is_none(), "{yaml}");
+    let vllm_targets = parsed["scrape"]["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["runtime"] == "vllm")
+        .count();
+    assert!(vllm_targets >= 2, "one target per vLLM replica: {yaml}");
+    assert_eq!(parsed["otlp"]["enabled"], true);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().display().to_string();
+    std::fs::create_dir_all(tmp.path().join("etc/auth")).unwrap();
+    std::fs::write(
+        tmp.path().join("etc/auth/tokens"),
+        "read 0123456789abcdef0123456789abcdef prometheus\n",
+    )
+    .unwrap();
+    let (api, grpc, http) = (free_addr(), free_addr(), free_addr());
+    let local = yaml
+        .replace("/etc/tokenwatch/", &format!("{root}/etc/"))
+        .replace("/var/lib/tokenwatch", &format!("{root}/data"))
+        .replace("0.0.0.0:9464", &api.to_string())
+        .replace("0.0.0.0:4317", &grpc.to_string())
+        .replace("0.0.0.0:4318", &http.to_string());
+    assert!(!local.contains("0.0.0.0"), "{local}");
+    let file = tmp.path().join("tokenwatch.yaml");
+    std::fs::write(&file, &local).unwrap();
+    let o = run(Command::new(BIN)
+        .arg("check-config")
+        .arg(&file)
+        .env_remove("TOKENWATCH_CONFIG"));
+    assert!(
+        o.status.success() && text(&o).contains("OK (collector-only: no upstream route, no proxy"),
+        "check-config: {}",
+        text(&o)
+    );
+
+    let mut tw = common::Proc::start(
+        "collector-only",
+        &["run", "--config", &file.to_string_lossy()],
+        tmp.path(),
+    );
+    common::wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let ready = get(&format!("http://{api}/readyz")).await.json();
+    assert!(
+        ready["components"]["proxy"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("disabled")),
+        "{ready:#}"
+    );
+    let stopping = std::time::Instant::now();
+    tw.send_term();
+    let status = tw.wait_exit(std::time::Duration::from_secs(grace));
+    let took = stopping.elapsed();
+    assert!(status.success(), "{}", tw.log_tail(20));
+    // No drain: shutdown.delay (5 s by default) does not apply without a proxy.
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "stopping took {took:?}; log:\n{}",
+        tw.log_tail(20)
+    );
+}

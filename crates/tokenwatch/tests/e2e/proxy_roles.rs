@@ -91,13 +91,13 @@ fn start_replica(
 }
 
 /// What the client saw of one stream.
-struct Seen {
-    request_id: String,
+pub(crate) struct Seen {
+    pub(crate) request_id: String,
     /// Time to the first content chunk and to the end, as the client measured them.
-    ttft: Duration,
-    total: Duration,
+    pub(crate) ttft: Duration,
+    pub(crate) total: Duration,
     /// Content chunks received.
-    chunks: u32,
+    pub(crate) chunks: u32,
 }
 
 impl Seen {
@@ -180,7 +180,12 @@ async fn stream(proxy: SocketAddr, tokens: u32, i: usize) -> Seen {
 }
 
 /// `n` streams, `workers` at a time, the i-th through `proxies[i % len]`.
-async fn traffic(proxies: &[SocketAddr], n: usize, workers: usize, tokens: u32) -> Vec<Seen> {
+pub(crate) async fn traffic(
+    proxies: &[SocketAddr],
+    n: usize,
+    workers: usize,
+    tokens: u32,
+) -> Vec<Seen> {
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..workers {
@@ -228,10 +233,10 @@ fn sorted(ids: &BTreeSet<String>) -> Vec<String> {
 
 /// The client's view with the aggregator away is the same as with it up, within noise: TTFT
 /// P50/P95 and time per chunk P50 (a telemetry path that waited would add its timeout).
-fn assert_fails_open(up: &[Seen], away: &[Seen], what: &str) -> String {
+pub(crate) fn assert_fails_open(up: &[Seen], away: &[Seen], what: &str) -> String {
     let q = |v: &[Seen], f: fn(&Seen) -> Duration, q| quantile(v.iter().map(f).collect(), q);
     let report = format!(
-        "client TTFT p50/p95: aggregator up {:?}/{:?}, {what} {:?}/{:?}; time per chunk p50: up {:?}, {what} {:?}",
+        "client TTFT p50/p95: before {:?}/{:?}, {what} {:?}/{:?}; time per chunk p50: before {:?}, {what} {:?}",
         q(up, |s| s.ttft, 0.5),
         q(up, |s| s.ttft, 0.95),
         q(away, |s| s.ttft, 0.5),
@@ -267,7 +272,7 @@ fn metric(text: &str, series: &str) -> f64 {
     metric_value(text, series).unwrap_or_else(|| panic!("{series} missing"))
 }
 
-fn quantile(mut v: Vec<Duration>, q: f64) -> Duration {
+pub(crate) fn quantile(mut v: Vec<Duration>, q: f64) -> Duration {
     v.sort();
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
