@@ -12,7 +12,7 @@ command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 command -v clickhouse-server >/dev/null 2>&1 || need_apt+=(clickhouse-server)
 command -v clickhouse-client >/dev/null 2>&1 || need_apt+=(clickhouse-client)
-# The load balancer of the rolling-restart test (tests/e2e/rollout.rs).
+# The load balancer of the rolling-restart test (tests/e2e/timed/rollout.rs).
 [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
@@ -129,5 +129,9 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check >/dev/null || { cargo fmt --all -- --check | head -40; echo "error: the code is not formatted: run cargo fmt --all" >&2; exit 1; }
 echo "==> cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "==> cargo test"
-cargo test --workspace --locked -- --test-threads=4
+# The end-to-end areas whose assertions hold times (tests/e2e/timed/) run after the rest, two at
+# a time, so that no other test's load moves their clocks; everything else runs four at a time.
+echo "==> cargo test (all but the timed end-to-end areas)"
+cargo test --workspace --locked -- --test-threads=4 --skip timed::
+echo "==> cargo test (the timed end-to-end areas, two at a time)"
+cargo test -p tokenwatch --locked --test e2e -- --test-threads=2 timed::

@@ -1,5 +1,5 @@
 // The labelled alert-quality harness shared by `benches/alert_quality.rs` and
-// `tests/e2e/alert_quality.rs`: a simulated fleet behind one tokenwatch, real load, scoring.
+// `tests/e2e/timed/alert_quality.rs`: a simulated fleet behind one tokenwatch, real load, scoring.
 //
 // Parts: `fleet` (simulators, tokenwatch, Alertmanager, fault switching), `load` (heavy-tailed,
 // swinging Poisson traffic), `observe` (what tokenwatch and Alertmanager report), `scenario`

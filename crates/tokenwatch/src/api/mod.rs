@@ -106,14 +106,16 @@ async fn readyz(State(st): State<Arc<ApiState>>) -> Response {
         Ok(()) => "ok".to_string(),
         Err(e) => format!("error: {e}"),
     };
-    // Shutting down: not ready, whatever else holds, so a load balancer stops sending.
-    let ready = store == "ok" && !st.components.draining();
-    let mut components: serde_json::Map<String, serde_json::Value> = st
-        .components
-        .snapshot()
-        .into_iter()
-        .map(|(k, v)| (k, json!(v)))
-        .collect();
+    let snapshot = st.components.snapshot();
+    // Where this process forwards requests, a failing store is analysis failing: the proxy
+    // still serves every request (records wait or are counted lost), so it stays in rotation
+    // and the store's error is only named. Without a proxy (collector-only, aggregator) the
+    // store is the job: not ready. Shutting down: not ready, whatever else holds, so a load
+    // balancer stops sending.
+    let forwarding = snapshot.get("proxy").is_some_and(|p| p == "ok");
+    let ready = (store == "ok" || forwarding) && !st.components.draining();
+    let mut components: serde_json::Map<String, serde_json::Value> =
+        snapshot.into_iter().map(|(k, v)| (k, json!(v))).collect();
     components.insert("store".into(), json!(store));
     let code = if ready {
         StatusCode::OK

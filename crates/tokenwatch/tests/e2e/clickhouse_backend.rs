@@ -217,7 +217,8 @@ async fn the_api_answers_from_clickhouse_and_an_outage_never_blocks_the_proxy() 
         "/readyz took {:?}",
         started.elapsed()
     );
-    assert_eq!(r.status, 503, "{}", r.body);
+    // The proxy still forwards every request: it stays in rotation, the store's error named.
+    assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.body.contains("unreachable"), "{}", r.body);
     // Latency from the store: the store's failure is a 503 that names it; the in-memory
     // windows still answer.

@@ -6,7 +6,7 @@
 // one, and the store takes writes again once the lock is gone.
 
 use crate::common;
-use crate::proxy_roles::{Seen, assert_fails_open, traffic};
+use crate::timed::proxy_roles::{Seen, assert_fails_open, traffic};
 
 use common::*;
 use std::io::{BufRead, BufReader, Write};
@@ -135,6 +135,8 @@ async fn streams_flow_untouched_while_the_store_fails_and_every_lost_record_is_c
         ready_body.contains("\"store\":\"error"),
         "/readyz does not name the store's failure: {ready_status} {ready_body}"
     );
+    // The proxy forwards every request meanwhile: it stays in a load balancer's rotation.
+    assert_eq!(ready_status, 200, "{ready_body}");
     let failing_for = locked_at.elapsed();
     locker.release();
 

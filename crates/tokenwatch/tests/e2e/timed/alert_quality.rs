@@ -7,7 +7,7 @@
 //   27's table on one replica of each must page naming that replica, within 2× the optimal
 //   CUSUM's delay (from the replica's own metrics) plus a scrape, and nothing else may alert.
 
-#[path = "../../benches/alert_quality/mod.rs"]
+#[path = "../../../benches/alert_quality/mod.rs"]
 mod harness;
 
 use harness::fleet::{Fleet, FleetSpec, Topology};
