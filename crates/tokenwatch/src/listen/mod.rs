@@ -254,10 +254,10 @@ async fn serve_connections<L>(
                 }
             };
             if let Err(e) = result {
-                if head_over_hyper_limit(e.as_ref()) {
+                if hyper_cause(e.as_ref(), hyper::Error::is_parse_too_large) {
                     // hyper answered its own bare 431 (a head over the backstop).
                     conn_guard.count(limits::Reason::HeadersTooLarge);
-                } else if head_timed_out(e.as_ref()) {
+                } else if hyper_cause(e.as_ref(), hyper::Error::is_timeout) {
                     conn_guard.count(limits::Reason::HeaderTimeout);
                 }
                 tracing::trace!(%peer, error = %e, "connection ended with an error");
@@ -271,29 +271,13 @@ async fn serve_connections<L>(
     close_tx.closed().await;
 }
 
-/// Whether a connection ended because a request head was over hyper's own limits (which
-/// hyper answers with a bare 431 before any service sees the request).
-fn head_over_hyper_limit(e: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether a connection ended on a hyper error that `is` — its own bare 431 for a head over
+/// its limits (`hyper::Error::is_parse_too_large`), or `header_read_timeout` passing before a
+/// whole request head arrived (`hyper::Error::is_timeout`) — anywhere in the error's chain.
+fn hyper_cause(e: &(dyn std::error::Error + 'static), is: fn(&hyper::Error) -> bool) -> bool {
     let mut source = Some(e);
     while let Some(err) = source {
-        if let Some(h) = err.downcast_ref::<hyper::Error>()
-            && h.is_parse_too_large()
-        {
-            return true;
-        }
-        source = err.source();
-    }
-    false
-}
-
-/// Whether a connection ended because hyper's `header_read_timeout` passed before a whole
-/// request head arrived.
-fn head_timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = Some(e);
-    while let Some(err) = source {
-        if let Some(h) = err.downcast_ref::<hyper::Error>()
-            && h.is_timeout()
-        {
+        if err.downcast_ref::<hyper::Error>().is_some_and(is) {
             return true;
         }
         source = err.source();
