@@ -49,24 +49,34 @@ fn text(o: &Output) -> String {
 }
 
 fn manifests() -> Vec<PathBuf> {
-    let dir = repo().join("deploy/kubernetes");
+    let files = manifests_in("deploy/kubernetes");
+    assert!(
+        files.len() >= 5,
+        "manifests missing in deploy/kubernetes: {files:?}"
+    );
+    files
+}
+
+/// The `.yaml` files directly in `dir` (relative to the repository), sorted.
+fn manifests_in(dir: &str) -> Vec<PathBuf> {
+    let dir = repo().join(dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .collect();
     files.sort();
-    assert!(
-        files.len() >= 5,
-        "manifests missing in {}: {files:?}",
-        dir.display()
-    );
     files
 }
 
 /// Every document of every manifest, as JSON values.
 fn documents() -> Vec<Value> {
-    manifests()
+    documents_of(&manifests())
+}
+
+/// Every document of `files`, as JSON values.
+fn documents_of(files: &[PathBuf]) -> Vec<Value> {
+    files
         .iter()
         .flat_map(|f| {
             let s = std::fs::read_to_string(f).unwrap();
@@ -74,6 +84,37 @@ fn documents() -> Vec<Value> {
                 .unwrap_or_else(|e| panic!("{}: {e}", f.display()))
         })
         .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// A layout of its own (`deploy/kubernetes/<dir>`, core kinds only): kubernetes-validate passes
+/// every one of its documents, which are returned.
+fn validated_layout(dir: &str) -> Vec<Value> {
+    let files = manifests_in(dir);
+    let o = run(Command::new(tool("kubernetes-validate"))
+        .arg("--strict")
+        .args(&files));
+    let out = text(&o);
+    assert!(o.status.success(), "kubernetes-validate:\n{out}");
+    let docs = documents_of(&files);
+    for d in &docs {
+        let passed = format!(
+            "passed for resource {}/{}",
+            d["kind"].as_str().unwrap().to_lowercase(),
+            d["metadata"]["name"].as_str().unwrap()
+        );
+        assert!(out.contains(&passed), "{passed} missing:\n{out}");
+    }
+    docs
+}
+
+/// A container's `args`, as strings.
+fn container_args(container: &Value) -> Vec<&str> {
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
         .collect()
 }
 
@@ -530,33 +571,7 @@ async fn keda_scaled_object_reads_the_scaling_endpoint() {
 /// tokenwatch.yaml passes `check-config` for both roles and ships to the aggregator's Service.
 #[test]
 fn the_split_layout_validates_and_fits_together() {
-    let dir = repo().join("deploy/kubernetes/roles");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    let o = run(Command::new(tool("kubernetes-validate"))
-        .arg("--strict")
-        .args(&files));
-    let out = text(&o);
-    assert!(o.status.success(), "kubernetes-validate:\n{out}");
-    let docs: Vec<Value> = files
-        .iter()
-        .flat_map(|f| {
-            serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(f).unwrap()).unwrap()
-        })
-        .filter(|v| !v.is_null())
-        .collect();
-    for d in &docs {
-        let passed = format!(
-            "passed for resource {}/{}",
-            d["kind"].as_str().unwrap().to_lowercase(),
-            d["metadata"]["name"].as_str().unwrap()
-        );
-        assert!(out.contains(&passed), "{passed} missing:\n{out}");
-    }
+    let docs = validated_layout("deploy/kubernetes/roles");
 
     // The proxies: ≥ 2, rolled without going below, PDB, readiness, grace ≥ the drain.
     let proxy = find(&docs, "Deployment", "tokenwatch-proxy");
@@ -573,12 +588,7 @@ fn the_split_layout_validates_and_fits_together() {
     ));
     let c = &pod["spec"]["containers"][0];
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
-    let args: Vec<&str> = c["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let args = container_args(c);
     assert!(
         args.windows(2).any(|w| w == ["--role", "proxy"]),
         "{args:?}"
@@ -603,12 +613,7 @@ fn the_split_layout_validates_and_fits_together() {
     let agg = find(&docs, "StatefulSet", "tokenwatch-aggregator");
     let apod = &agg["spec"]["template"];
     let ac = &apod["spec"]["containers"][0];
-    let aargs: Vec<&str> = ac["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let aargs = container_args(ac);
     assert!(aargs.windows(2).any(|w| w == ["--role", "aggregator"]));
     let claim = &agg["spec"]["volumeClaimTemplates"][0];
     assert_eq!(claim["spec"]["accessModes"][0], "ReadWriteOnce");
@@ -701,33 +706,7 @@ fn the_split_layout_validates_and_fits_together() {
 /// ports) it starts no proxy and stops on SIGTERM well within the pod's grace period (no drain).
 #[tokio::test]
 async fn the_collector_only_layout_validates_and_runs_without_a_proxy() {
-    let dir = repo().join("deploy/kubernetes/collector-only");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    let o = run(Command::new(tool("kubernetes-validate"))
-        .arg("--strict")
-        .args(&files));
-    let out = text(&o);
-    assert!(o.status.success(), "kubernetes-validate:\n{out}");
-    let docs: Vec<Value> = files
-        .iter()
-        .flat_map(|f| {
-            serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(f).unwrap()).unwrap()
-        })
-        .filter(|v| !v.is_null())
-        .collect();
-    for d in &docs {
-        let passed = format!(
-            "passed for resource {}/{}",
-            d["kind"].as_str().unwrap().to_lowercase(),
-            d["metadata"]["name"].as_str().unwrap()
-        );
-        assert!(out.contains(&passed), "{passed} missing:\n{out}");
-    }
+    let docs = validated_layout("deploy/kubernetes/collector-only");
 
     // The workload: one StatefulSet replica with a ReadWriteOnce claim, probes, no proxy port,
     // started as plain `run` (role all, no --upstream), and a grace period that needs no drain.
@@ -741,12 +720,7 @@ async fn the_collector_only_layout_validates_and_runs_without_a_proxy() {
     let c = &pod["spec"]["containers"][0];
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
-    let args: Vec<&str> = c["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let args = container_args(c);
     assert!(
         !args.iter().any(|a| *a == "--role" || *a == "--upstream"),
         "{args:?}"
