@@ -79,8 +79,12 @@ pub struct ReplicaShiftParams {
     pub min_error_rate: f64,
     /// An instance's own reference: its counts over this period, alarmed periods left out …
     pub baseline_s: f64,
-    /// … ending this long before now, so a fault not yet alarmed is not learnt as normal.
+    /// … ending this long before now, so a fault not yet alarmed is not learnt as normal …
     pub baseline_guard_s: f64,
+    /// … and without the minutes since a test's evidence began to rise, once it holds this
+    /// share of its alarm threshold: a small fault that needs longer than the guard to build its
+    /// case is not learnt as normal meanwhile (healthy evidence rarely climbs half way: e^(h/2)).
+    pub suspect_level: f64,
     /// Overdispersion compares the minutes within blocks of this length (slow swings between
     /// blocks are the anchor's and the baseline's business, not clumping).
     pub block_s: f64,
@@ -121,6 +125,7 @@ impl Default for ReplicaShiftParams {
             min_error_rate: 0.001,
             baseline_s: 3600.0,
             baseline_guard_s: 300.0,
+            suspect_level: 0.5,
             anchor_s: 120.0,
             min_anchor: 50.0,
             block_s: 300.0,
@@ -244,6 +249,11 @@ impl Validate for ReplicaShiftParams {
                 && self.baseline_guard_s < self.baseline_s,
             "baseline_guard_s",
             "must be ≥ 0 and below baseline_s",
+        )?;
+        check(
+            self.suspect_level.is_finite() && self.suspect_level > 0.0 && self.suspect_level <= 1.0,
+            "suspect_level",
+            "must be above 0 and at most 1",
         )?;
         check(
             self.anchor_s.is_finite() && self.anchor_s >= 10.0,
@@ -539,6 +549,18 @@ impl CusumBank {
     pub fn level(&self, h: f64) -> f64 {
         self.s.iter().copied().fold(0.0, f64::max) / Self::member_threshold(h)
     }
+
+    /// Where the run of the bank's strongest design began, once its evidence holds at least
+    /// `level` of the member threshold for a bank threshold `h` (not yet alarmed: a fault may be
+    /// building its case since then).
+    pub fn rising_since(&self, h: f64, level: f64) -> Option<i64> {
+        let (s, since) = self
+            .s
+            .iter()
+            .zip(self.since)
+            .max_by(|a, b| a.0.total_cmp(b.0))?;
+        (*s > 0.0 && *s >= level * Self::member_threshold(h)).then_some(since)
+    }
 }
 
 #[cfg(test)]
@@ -725,6 +747,35 @@ mod tests {
             .unwrap();
         assert!(healthy <= 3, "{healthy}");
         assert_eq!(b, CusumBank::default());
+    }
+
+    #[test]
+    fn rising_since_names_where_evidence_half_way_to_an_alarm_began() {
+        let (p0, p_min, h) = (0.01, 0.03, 10.0);
+        let mut b = CusumBank::default();
+        // Healthy steps: no rising run.
+        for t in 0..10 {
+            b.update(t, 100.0, 1.0, p0, p_min, 1.0, h, 3.0);
+        }
+        assert_eq!(b.rising_since(h, 0.5), None);
+        // A small shift from step 10: below half the threshold, nothing; from half on, the
+        // step its run began, until the alarm.
+        let mut t = 10;
+        let mut seen = None;
+        while !b.update(t, 100.0, 4.0, p0, p_min, 1.0, h, 3.0) {
+            if b.level(h) < 0.5 {
+                assert_eq!(b.rising_since(h, 0.5), None, "step {t}");
+            } else {
+                seen = b.rising_since(h, 0.5);
+                assert_eq!(seen, Some(10), "step {t}");
+            }
+            t += 1;
+        }
+        assert_eq!(
+            seen,
+            Some(10),
+            "the evidence passed half way before the alarm"
+        );
     }
 
     #[test]

@@ -712,8 +712,11 @@ fn test(
     t.design = p1;
     t.threshold = h;
     t.overdispersion = phi;
-    // The counts since the change point the alarm estimates stay out of the reference too.
+    // The counts since the change point the alarm estimates stay out of the reference too; so
+    // do those of evidence half-way to an alarm (`suspect_level`), before the guard runs out.
     if let (false, Some(since)) = (was, t.cusum.changed_at) {
+        series.exclude_since(since);
+    } else if let Some(since) = t.cusum.rising_since(h, p.suspect_level) {
         series.exclude_since(since);
     }
 }

@@ -746,6 +746,11 @@ fn power_curves() {
     let seeds: u64 = knob("TW_POWER_SEEDS", 3);
     // TW_POWER_RUNS=1 prints every run (scrape interval, delay, bound, the paging event).
     let runs: u64 = knob("TW_POWER_RUNS", 0);
+    // TW_POWER_ONLY="latency ×6 on 6%/one replica/2" runs only the cells whose name, place and
+    // rate contain those parts (the seeds drawn stay those of the whole table).
+    let only: Vec<String> = std::env::var("TW_POWER_ONLY")
+        .map(|v| v.split('/').map(str::to_string).collect())
+        .unwrap_or_default();
     let mut rng = StdRng::seed_from_u64(2027);
     let mut faults: Vec<(String, Fault)> = Vec::new();
     for rate in [0.02, 0.05, 0.1, 0.2, 0.5] {
@@ -778,6 +783,13 @@ fn power_curves() {
             for rate in [0.5, 2.0, 10.0, 50.0] {
                 let (mut ratios, mut delays, mut bounds, mut paged) =
                     (Vec::new(), Vec::new(), Vec::new(), 0);
+                let place = if whole_model {
+                    "whole model"
+                } else {
+                    "one replica"
+                };
+                let cell = [name.as_str(), place, &rate.to_string()];
+                let wanted = only.iter().zip(cell).all(|(o, c)| c.contains(o.as_str()));
                 for _ in 0..seeds {
                     let sc = Scenario {
                         seed: rng.random(),
@@ -789,6 +801,9 @@ fn power_curves() {
                         fault_s: 900,
                         clumps: true,
                     };
+                    if !wanted {
+                        continue;
+                    }
                     let o = scenario(&sc);
                     if runs > 0 {
                         eprintln!(
@@ -817,13 +832,11 @@ fn power_curves() {
                     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
                 };
                 let worst = ratios.iter().copied().fold(f64::NAN, f64::max);
+                if !wanted {
+                    continue;
+                }
                 println!(
-                    "| {name} | {} | {rate} | {seeds} | {paged} | {:.0} | {:.0} | {:.2} | {:.2} |",
-                    if whole_model {
-                        "whole model"
-                    } else {
-                        "one replica"
-                    },
+                    "| {name} | {place} | {rate} | {seeds} | {paged} | {:.0} | {:.0} | {:.2} | {:.2} |",
                     median(&mut delays),
                     median(&mut bounds),
                     median(&mut ratios),
@@ -947,7 +960,7 @@ fn diagnose_bench_fleet() {
 }
 
 /// Replays one power-curve run (TW_SEED, TW_REPLICAS, TW_RATE, TW_SCRAPE, TW_ERRORS: the error
-/// rate of a fault on replica 0) and prints, each second a scrape arrives after the fault starts,
+/// rate of a fault on replica 0, or TW_SHARE × TW_FACTOR: a latency fault; TW_SECONDS) and prints, each second a scrape arrives after the fault starts,
 /// the test lines holding TW_WHO with the events raised.
 #[test]
 #[ignore]
@@ -957,6 +970,14 @@ fn diagnose_fault_run() {
     let rate: f64 = knob("TW_RATE", 10.0);
     let scrape_s: i64 = knob("TW_SCRAPE", 16);
     let errors: f64 = knob("TW_ERRORS", 0.5);
+    // TW_SHARE (with TW_FACTOR, default 6): a latency fault on that share of requests instead.
+    let share: f64 = knob("TW_SHARE", 0.0);
+    let factor: f64 = knob("TW_FACTOR", 6.0);
+    let fault = if share > 0.0 {
+        Fault::Latency { factor, share }
+    } else {
+        Fault::Errors { rate: errors }
+    };
     let who = std::env::var("TW_WHO").unwrap_or_else(|_| "failed".into());
     let t = Topology {
         models: 1,
@@ -966,12 +987,7 @@ fn diagnose_fault_run() {
     };
     let mut fleet = Fleet::new(seed, &t);
     let start = T0 + 40 * 60_000;
-    fleet.faults.push((
-        vec![0],
-        Fault::Errors { rate: errors },
-        start,
-        start + 900_000,
-    ));
+    fleet.faults.push((vec![0], fault, start, start + 900_000));
     let mut rule = rule();
     let mut board = SignalBoard::default();
     run(&mut fleet, &mut rule, &mut board, T0, start);
@@ -981,7 +997,8 @@ fn diagnose_fault_run() {
             .unwrap()
             .dump()
     };
-    for second in 1..=120 {
+    let seconds: i64 = knob("TW_SECONDS", 120);
+    for second in 1..=seconds {
         let from = start + (second - 1) * 1000;
         let ev = run(&mut fleet, &mut rule, &mut board, from, from + 1000);
         let dump = d(&rule);
