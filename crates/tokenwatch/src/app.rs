@@ -15,7 +15,9 @@ use crate::pipeline::{
     StoreWriterConfig, StoreWriterThread,
 };
 use crate::sources::proxy::{self, ProxyState, UpstreamRouter};
-use crate::sources::{Components, SourceContext};
+use crate::sources::{
+    Components, HostPort, ListenPort, RecordsPort, RowsPort, SignalsPort, SourceContext,
+};
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -448,22 +450,32 @@ impl RunningApp {
         for source in cfg.sources()? {
             let name = source.name();
             let ctx = SourceContext {
-                signals: signals.clone(),
-                queue: queue.clone(),
-                store: store.clone(),
-                store_writer: std::sync::Arc::new(writer.clone()),
-                metrics: metrics.clone(),
-                components: components.clone(),
-                shutdown: stop.clone(),
-                tls: tls.clone(),
-                auth: auth.clone(),
-                telemetry_text: telemetry_text.clone(),
-                log_feed: log_templates.feed.clone(),
-                span_export: span_export.clone().filter(|e| e.includes_received()),
-                events: alerting.events.clone(),
-                reload: reload_hooks.clone(),
-                posted: posted.clone(),
-                model_aliases: model_aliases.clone(),
+                records: RecordsPort {
+                    queue: queue.clone(),
+                },
+                signals: SignalsPort {
+                    board: signals.clone(),
+                    events: alerting.events.clone(),
+                    posted: posted.clone(),
+                    model_aliases: model_aliases.clone(),
+                },
+                rows: RowsPort {
+                    store: store.clone(),
+                    writer: std::sync::Arc::new(writer.clone()),
+                    telemetry_text: telemetry_text.clone(),
+                    log_feed: log_templates.feed.clone(),
+                    span_export: span_export.clone().filter(|e| e.includes_received()),
+                },
+                listen: ListenPort {
+                    auth: auth.clone(),
+                    tls: tls.clone(),
+                },
+                host: HostPort {
+                    shutdown: stop.clone(),
+                    components: components.clone(),
+                    metrics: metrics.clone(),
+                    reload: reload_hooks.clone(),
+                },
             };
             let handle = source
                 .start(ctx)

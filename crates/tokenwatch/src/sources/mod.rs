@@ -48,23 +48,47 @@ impl Components {
 /// The component `/readyz` shows while tokenwatch shuts down.
 const DRAINING: &str = "shutdown";
 
-/// What a source gets to work with when it starts.
+/// What a source gets to work with when it starts: five ports, each a small set of handles on
+/// what lies downstream (nothing of a later stage's internals), as a Vector source gets its
+/// outputs. A source takes the ports it needs and leaves the rest.
 pub struct SourceContext {
-    pub signals: SharedSignals,
-    /// Request records (the proxy, OTLP GenAI spans) go here.
+    /// Where request records go (the proxy, OTLP GenAI spans).
+    pub records: RecordsPort,
+    /// Where signal points, anomaly events and posted inputs go.
+    pub signals: SignalsPort,
+    /// Where received spans, log records and a source's own rows go.
+    pub rows: RowsPort,
+    /// What a source's listeners need: bearer-token checks and TLS.
+    pub listen: ListenPort,
+    /// The process around the source: shutdown, readiness, self-telemetry, reloads.
+    pub host: HostPort,
+}
+
+/// Request records into the pipeline.
+pub struct RecordsPort {
     pub queue: TelemetryQueue,
+}
+
+/// Signal points, anomaly events and posted inputs.
+#[derive(Clone)]
+pub struct SignalsPort {
+    pub board: SharedSignals,
+    /// Anomaly events raised by a source (GPU XID errors) go to the alert engine's root cause.
+    pub events: tokenwatch_core::alert::EventInbox,
+    /// The alert engine's port for embeddings, feedback and scores (posted to the API, sent as
+    /// span attributes); None: alerting is off.
+    pub posted: Option<Arc<dyn tokenwatch_core::alert::PostedInputs>>,
+    /// Other ids of a model (`models.aliases`): scraped and OTLP-metric series naming one go
+    /// under the model's id (records are resolved by the pipeline).
+    pub model_aliases: crate::kernel::models::SharedAliases,
+}
+
+/// Rows for the store and what else receives them.
+pub struct RowsPort {
+    /// The store, for what a source reads back or writes beside rows (feedback, markers).
     pub store: Arc<dyn Store>,
     /// Received spans and log records reach the store through its writer thread.
-    pub store_writer: crate::kernel::rows::StoreRows,
-    /// Register the source's own health metrics with `metrics.register(..)`.
-    pub metrics: Arc<Metrics>,
-    pub components: Components,
-    /// Turns true when tokenwatch shuts down; tasks must then end (dropping `queue`).
-    pub shutdown: watch::Receiver<bool>,
-    /// Bearer-token checks for the source's listeners (passes everything without tokens).
-    pub auth: crate::auth::AuthHandle,
-    /// The listeners' TLS (`otlp_grpc`, `otlp_http`; None: plain TCP), see `crate::listen`.
-    pub tls: Arc<crate::listen::tls::ServerTls>,
+    pub writer: crate::kernel::rows::StoreRows,
     /// Prompt and completion text in received spans and logs: dropped, or masked when
     /// `capture.text` is on.
     pub telemetry_text: crate::capture::telemetry::TelemetryText,
@@ -72,16 +96,28 @@ pub struct SourceContext {
     pub log_feed: Option<crate::logs::LogFeed>,
     /// Received spans are exported too (`export.otlp.include_received`): stored rows go here.
     pub span_export: Option<crate::kernel::spans::SpanExport>,
-    /// Anomaly events raised by a source (GPU XID errors) go to the alert engine's root cause.
-    pub events: tokenwatch_core::alert::EventInbox,
+}
+
+/// A source's listeners: bearer-token checks and TLS.
+#[derive(Clone)]
+pub struct ListenPort {
+    /// Bearer-token checks (passes everything without tokens).
+    pub auth: crate::auth::AuthHandle,
+    /// The listeners' TLS (`otlp_grpc`, `otlp_http`; None: plain TCP), see `crate::listen`.
+    pub tls: Arc<crate::listen::tls::ServerTls>,
+}
+
+/// The process around a source.
+#[derive(Clone)]
+pub struct HostPort {
+    /// Turns true when tokenwatch shuts down; tasks must then end (dropping their queues).
+    pub shutdown: watch::Receiver<bool>,
+    /// Readiness shown by `/readyz`: a source sets its own component.
+    pub components: Components,
+    /// Register the source's own health metrics with `metrics.register(..)`.
+    pub metrics: Arc<Metrics>,
     /// Where a source leaves what configuration reloads change in it (scrape targets).
     pub reload: ReloadHooks,
-    /// The alert engine's port for embeddings, feedback and scores (posted to the API, sent as
-    /// span attributes); None: alerting is off.
-    pub posted: Option<Arc<dyn tokenwatch_core::alert::PostedInputs>>,
-    /// Other ids of a model (`models.aliases`): scraped and OTLP-metric series naming one go
-    /// under the model's id (records are resolved by the pipeline).
-    pub model_aliases: crate::kernel::models::SharedAliases,
 }
 
 /// A started source: its tasks, and API routes it serves on the API port (if any).

@@ -134,7 +134,9 @@ impl super::Source for GpuSource {
                 ..Default::default()
             }));
             let disable = |reason: String| {
-                ctx.components.set("gpu", format!("disabled: {reason}"));
+                ctx.host
+                    .components
+                    .set("gpu", format!("disabled: {reason}"));
                 let mut st = state.write().unwrap_or_else(|p| p.into_inner());
                 st.enabled = false;
                 st.reason = Some(reason);
@@ -143,7 +145,7 @@ impl super::Source for GpuSource {
                 disable("gpu.enabled is false in the configuration".into());
                 return Ok(super::SourceHandle {
                     tasks: Vec::new(),
-                    routes: Some(api::router(state, ctx.signals.clone())),
+                    routes: Some(api::router(state, ctx.signals.board.clone())),
                 });
             }
             let for_open = cfg.clone();
@@ -162,7 +164,7 @@ impl super::Source for GpuSource {
                     disable(e.to_string());
                     return Ok(super::SourceHandle {
                         tasks: Vec::new(),
-                        routes: Some(api::router(state, ctx.signals.clone())),
+                        routes: Some(api::router(state, ctx.signals.board.clone())),
                     });
                 }
             };
@@ -172,22 +174,22 @@ impl super::Source for GpuSource {
                 st.enabled = true;
                 st.reader = reader.describe();
             }
-            ctx.components.set("gpu", "ok");
+            ctx.host.components.set("gpu", "ok");
             let metrics = GpuMetrics::default();
-            metrics.register(&ctx.metrics);
+            metrics.register(&ctx.host.metrics);
             let sampler = Sampler::new(
                 reader,
                 cfg.proc_root.clone(),
                 instance,
                 cfg.device_models.clone(),
-                ctx.signals.clone(),
+                ctx.signals.board.clone(),
                 state.clone(),
                 metrics,
             );
-            let task = sampler.spawn(cfg.interval.0, ctx.shutdown);
+            let task = sampler.spawn(cfg.interval.0, ctx.host.shutdown);
             Ok(super::SourceHandle {
                 tasks: vec![task],
-                routes: Some(api::router(state, ctx.signals.clone())),
+                routes: Some(api::router(state, ctx.signals.board.clone())),
             })
         })
     }

@@ -153,44 +153,44 @@ impl super::Source for OtlpSource {
                 })?;
             let ingest = Arc::new(
                 ingest::Ingest::new(
-                    ctx.queue,
-                    ctx.store_writer,
-                    ctx.signals,
+                    ctx.records.queue,
+                    ctx.rows.writer,
+                    ctx.signals.board.clone(),
                     MAX_IN_FLIGHT,
-                    ctx.telemetry_text,
+                    ctx.rows.telemetry_text,
                 )
                 .with_shipped_dedup(cfg.shipped_dedup_capacity)
-                .with_model_aliases(ctx.model_aliases.clone())
-                .with_span_export(ctx.span_export)
-                .with_log_feed(ctx.log_feed)
-                .with_scores(ctx.store.clone(), ctx.posted.clone()),
+                .with_model_aliases(ctx.signals.model_aliases.clone())
+                .with_span_export(ctx.rows.span_export)
+                .with_log_feed(ctx.rows.log_feed)
+                .with_scores(ctx.rows.store.clone(), ctx.signals.posted.clone()),
             );
-            ingest.stats.register(&ctx.metrics);
+            ingest.stats.register(&ctx.host.metrics);
             let grpc_task = tokio::spawn(grpc::serve(
                 grpc_listener,
-                ctx.tls.otlp_grpc.clone(),
+                ctx.listen.tls.otlp_grpc.clone(),
                 grpc::Grpc(ingest.clone()),
                 cfg.max_request_bytes,
-                ctx.shutdown.clone(),
-                ctx.auth.grpc_interceptor(),
+                ctx.host.shutdown.clone(),
+                ctx.listen.auth.grpc_interceptor(),
             ));
             let router = http::router(Arc::new(http::HttpState {
                 ingest,
                 max_request_bytes: cfg.max_request_bytes,
             }));
-            let router = crate::auth::http::protect_otlp(router, &ctx.auth);
-            let http_tls = ctx.tls.otlp_http.clone();
+            let router = crate::auth::http::protect_otlp(router, &ctx.listen.auth);
+            let http_tls = ctx.listen.tls.otlp_http.clone();
             let tls = http_tls.is_some();
-            let guard = crate::listen::limits::Guard::new("otlp", &self.limits, &ctx.metrics);
+            let guard = crate::listen::limits::Guard::new("otlp", &self.limits, &ctx.host.metrics);
             let http_task = tokio::spawn(crate::listen::serve_router(
                 http_listener,
                 http_tls,
                 router,
-                ctx.shutdown.clone(),
+                ctx.host.shutdown.clone(),
                 guard,
             ));
             tracing::info!(grpc = %cfg.grpc_listen, http = %cfg.http_listen, tls, "OTLP receiver listening");
-            ctx.components.set("otlp", "ok");
+            ctx.host.components.set("otlp", "ok");
             Ok(super::SourceHandle {
                 tasks: vec![grpc_task, http_task],
                 routes: None,

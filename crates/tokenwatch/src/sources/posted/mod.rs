@@ -65,7 +65,7 @@ impl Source for Posted {
         Box::pin(async move {
             Ok(SourceHandle {
                 tasks: Vec::new(),
-                routes: Some(router(ctx.store, ctx.posted)),
+                routes: Some(router(ctx.rows.store, ctx.signals.posted)),
             })
         })
     }

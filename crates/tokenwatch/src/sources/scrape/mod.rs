@@ -195,7 +195,7 @@ impl Source for ScrapeSource {
             let mut rules = cfg.mappings.clone();
             rules.extend(tables::builtin());
             let health = status::Health::default();
-            health.register(&ctx.metrics);
+            health.register(&ctx.host.metrics);
             let registry = status::Registry::default();
             let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
             connector.set_connect_timeout(Some(cfg.timeout.0));
@@ -209,13 +209,13 @@ impl Source for ScrapeSource {
                 rules: Arc::new(rules::RuleSet::new(rules)),
                 registry: registry.clone(),
                 health,
-                signals: ctx.signals.clone(),
-                events: ctx.events.clone(),
-                aliases: ctx.model_aliases.clone(),
-                versions: versions::ScrapedMarkers::new(ctx.store.clone()),
+                signals: ctx.signals.board.clone(),
+                events: ctx.signals.events.clone(),
+                aliases: ctx.signals.model_aliases.clone(),
+                versions: versions::ScrapedMarkers::new(ctx.rows.store.clone()),
                 window: cfg.latency_window.0,
                 max_body: cfg.max_body_bytes,
-                shutdown: ctx.shutdown.clone(),
+                shutdown: ctx.host.shutdown.clone(),
             };
             let defaults = file_sd::Defaults {
                 interval: cfg.interval.0,
@@ -227,10 +227,10 @@ impl Source for ScrapeSource {
                 .cloned()
                 .map(file_sd::WatchedFile::new)
                 .collect();
-            ctx.components.set("scrape", "ok");
+            ctx.host.components.set("scrape", "ok");
             // A configuration reload sends the new static targets here (`crate::reload`).
             let (targets_tx, targets_rx) = tokio::sync::watch::channel(targets);
-            ctx.reload.set_scrape_targets(targets_tx);
+            ctx.host.reload.set_scrape_targets(targets_tx);
             let manager = tokio::spawn(manage(
                 targets_rx,
                 files,
@@ -241,10 +241,10 @@ impl Source for ScrapeSource {
             ));
             let publisher = tokio::spawn(shard::publish(
                 registry.clone(),
-                ctx.store.clone(),
+                ctx.rows.store.clone(),
                 cfg.shard,
                 cfg.interval.0.min(Duration::from_secs(5)),
-                ctx.shutdown.clone(),
+                ctx.host.shutdown.clone(),
             ));
             Ok(SourceHandle {
                 tasks: vec![manager, publisher],
