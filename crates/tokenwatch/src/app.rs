@@ -76,6 +76,9 @@ struct ProxyServer {
 pub struct RunningApp {
     pub api_addr: SocketAddr,
     pub proxy_addr: Option<SocketAddr>,
+    /// Every listener's bound address by name (`api`, `proxy`, `otlp_grpc`, `otlp_http`): what
+    /// port 0 picked, for the start line.
+    pub listening: Vec<(&'static str, SocketAddr)>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     /// The proxy, drained before everything else stops (None in collector-only mode).
@@ -446,6 +449,7 @@ impl RunningApp {
         components.set("pipeline", "ok");
 
         let mut source_routes = Vec::new();
+        let mut listening = Vec::new();
         let reload_hooks = crate::sources::ReloadHooks::default();
         for source in cfg.sources()? {
             let name = source.name();
@@ -483,6 +487,7 @@ impl RunningApp {
                 .with_context(|| format!("starting the {name} source"))?;
             servers.extend(handle.tasks);
             source_routes.extend(handle.routes);
+            listening.extend(handle.listening);
         }
 
         let routes = UpstreamRouter::new(&cfg.proxy.upstreams)
@@ -577,9 +582,14 @@ impl RunningApp {
         app = crate::audit::http::audit_api(app, &audit);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
         let in_flight_gauge = in_flight_gauge(&metrics);
+        listening.insert(0, ("api", api_addr));
+        if let Some(proxy) = proxy_addr {
+            listening.insert(1, ("proxy", proxy));
+        }
         Ok(RunningApp {
             api_addr,
             proxy_addr,
+            listening,
             shutdown,
             servers,
             proxy: proxy_server,
@@ -592,6 +602,16 @@ impl RunningApp {
             shipper: None,
             runtimes: vec![proxy_rt, analysis],
         })
+    }
+
+    /// The start line's `listening` field: `api=ADDR proxy=ADDR otlp_grpc=ADDR otlp_http=ADDR`
+    /// (the listeners that run), so a supervisor or a test that asked for port 0 reads what it got.
+    pub fn listening_line(&self) -> String {
+        self.listening
+            .iter()
+            .map(|(name, addr)| format!("{name}={addr}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// Shut down without waiting for a second signal (`shutdown_or_cut`).

@@ -318,9 +318,11 @@ enum LogFormat {
 fn init_logging(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: a file, a pipe or a log collector gets plain text.
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false);
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     match format {
         LogFormat::Text => fmt.init(),
         // `timestamp`, `level`, `message` and the event's fields at the top level of each line.
@@ -471,7 +473,7 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
             });
             let cfg = args.into_config()?;
             let app = app::RunningApp::start_with_reload(cfg, reload).await?;
-            tracing::info!(api = %app.api_addr, proxy = ?app.proxy_addr, "tokenwatch running");
+            tracing::info!(api = %app.api_addr, proxy = ?app.proxy_addr, listening = %app.listening_line(), "tokenwatch running");
             app::shutdown_signal().await;
             tracing::info!("shutting down");
             // A second SIGTERM or Ctrl-C cuts the drain short.

@@ -130,6 +130,7 @@ impl RunningApp {
         Ok(RunningApp {
             api_addr,
             proxy_addr: Some(proxy_addr),
+            listening: vec![("api", api_addr), ("proxy", proxy_addr)],
             shutdown,
             servers,
             proxy: Some(proxy_server),

@@ -120,10 +120,12 @@ pub struct HostPort {
     pub reload: ReloadHooks,
 }
 
-/// A started source: its tasks, and API routes it serves on the API port (if any).
+/// A started source: its tasks, API routes it serves on the API port (if any), and the
+/// addresses its own listeners bound (named as in the start line's `listening`).
 pub struct SourceHandle {
     pub tasks: Vec<JoinHandle<()>>,
     pub routes: Option<axum::Router>,
+    pub listening: Vec<(&'static str, std::net::SocketAddr)>,
 }
 
 pub type StartFuture = Pin<Box<dyn Future<Output = anyhow::Result<SourceHandle>> + Send>>;

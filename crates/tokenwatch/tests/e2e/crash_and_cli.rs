@@ -11,7 +11,8 @@ const CHAT: &str = r#"{"model":"m1","messages":[{"role":"user","content":"hi the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_records_survive_kill_9() {
-    let mut stack = Stack::start(&["--model", "m1", "--ttft-ms", "1", "--itl-ms", "1"], &[]).await;
+    let mut stack =
+        Stack::start_restartable(&["--model", "m1", "--ttft-ms", "1", "--itl-ms", "1"], &[]).await;
     let url = format!("http://{}/v1/chat/completions", stack.proxy);
     for i in 0..30 {
         let id = format!("crash-{i}");

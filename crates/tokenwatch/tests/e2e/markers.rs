@@ -74,7 +74,8 @@ fn signal<'a>(cmp: &'a Value, name: &str) -> &'a Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_marker_compares_before_and_after_and_survives_a_restart() {
     let mut stack =
-        Stack::start(&["--model", MODEL, "--ttft-ms", "20", "--itl-ms", "2"], &[]).await;
+        Stack::start_restartable(&["--model", MODEL, "--ttft-ms", "20", "--itl-ms", "2"], &[])
+            .await;
     let api = stack.api;
 
     chats(&stack, "v1", REQUESTS).await;

@@ -156,10 +156,9 @@ async fn run_reads_tokenwatch_config_and_logs_json_lines() {
         );
     }
     assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("\"tokenwatch running\"")
-                && l.contains(&format!("\"api\":\"{api}\""))),
+        lines.iter().any(|l| l.contains("\"tokenwatch running\"")
+            && l.contains(&format!("\"api\":\"{api}\""))
+            && l.contains(&format!("\"listening\":\"api={api}\""))),
         "no start-up line with its fields:\n{text}"
     );
 }

@@ -144,6 +144,7 @@ impl super::Source for GpuSource {
             if !cfg.enabled {
                 disable("gpu.enabled is false in the configuration".into());
                 return Ok(super::SourceHandle {
+                    listening: Vec::new(),
                     tasks: Vec::new(),
                     routes: Some(api::router(state, ctx.signals.board.clone())),
                 });
@@ -163,6 +164,7 @@ impl super::Source for GpuSource {
                     tracing::info!("GPU telemetry disabled: {e} ({hint})");
                     disable(e.to_string());
                     return Ok(super::SourceHandle {
+                        listening: Vec::new(),
                         tasks: Vec::new(),
                         routes: Some(api::router(state, ctx.signals.board.clone())),
                     });
@@ -188,6 +190,7 @@ impl super::Source for GpuSource {
             );
             let task = sampler.spawn(cfg.interval.0, ctx.host.shutdown);
             Ok(super::SourceHandle {
+                listening: Vec::new(),
                 tasks: vec![task],
                 routes: Some(api::router(state, ctx.signals.board.clone())),
             })

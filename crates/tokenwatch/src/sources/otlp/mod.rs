@@ -151,6 +151,8 @@ impl super::Source for OtlpSource {
                         cfg.http_listen
                     )
                 })?;
+            // The addresses bound (port 0 picks one), for the start line and the log.
+            let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http_listener.local_addr()?);
             let ingest = Arc::new(
                 ingest::Ingest::new(
                     ctx.records.queue,
@@ -189,11 +191,12 @@ impl super::Source for OtlpSource {
                 ctx.host.shutdown.clone(),
                 guard,
             ));
-            tracing::info!(grpc = %cfg.grpc_listen, http = %cfg.http_listen, tls, "OTLP receiver listening");
+            tracing::info!(grpc = %grpc_addr, http = %http_addr, tls, "OTLP receiver listening");
             ctx.host.components.set("otlp", "ok");
             Ok(super::SourceHandle {
                 tasks: vec![grpc_task, http_task],
                 routes: None,
+                listening: vec![("otlp_grpc", grpc_addr), ("otlp_http", http_addr)],
             })
         })
     }

@@ -75,6 +75,47 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The addresses tokenwatch bound, by listener name (`api`, `proxy`, `otlp_grpc`,
+    /// `otlp_http`), from its start line `tokenwatch running listening=api=ADDR proxy=ADDR …`:
+    /// what port 0 picked. Waits up to 30 s for the line; fails with the log if it never comes.
+    pub async fn listening(&self) -> std::collections::BTreeMap<String, SocketAddr> {
+        self.logged_addresses("tokenwatch running", "listening=")
+            .await
+    }
+
+    /// The simulator's bound address, from its line `simulator listening addr=ADDR …`.
+    pub async fn sim_listening(&self) -> SocketAddr {
+        self.logged_addresses("simulator listening", "").await["addr"]
+    }
+
+    /// The `name=ADDR` pairs after `marker` on the first log line holding `line`.
+    async fn logged_addresses(
+        &self,
+        line: &str,
+        marker: &str,
+    ) -> std::collections::BTreeMap<String, SocketAddr> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = self.log();
+            if let Some(l) = log.lines().find(|l| l.contains(line)) {
+                let rest = l.split_once(marker).map_or(l, |(_, r)| r);
+                return rest
+                    .split_whitespace()
+                    .filter_map(|pair| {
+                        let (name, addr) = pair.split_once('=')?;
+                        Some((name.to_string(), addr.parse().ok()?))
+                    })
+                    .collect();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never logged {line:?}; log:\n{log}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The last `n` lines of the log (for failure messages).
     pub fn log_tail(&self, n: usize) -> String {
         let log = self.log();
@@ -361,19 +402,19 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     })
 }
 
-/// `tokenwatch sim` on a free port with `args` after `--listen`; waits until it serves
-/// `/v1/models` and returns (process, address).
+/// `tokenwatch sim` on a port it picks (port 0, read from its start line) with `args` after
+/// `--listen`; waits until it serves `/v1/models` and returns (process, address).
 pub async fn start_sim(dir: &Path, args: &[&str]) -> (Proc, SocketAddr) {
-    let addr = free_addr();
-    let a = addr.to_string();
-    let mut all = vec!["sim", "--listen", &a];
+    let mut all = vec!["sim", "--listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
     let sim = Proc::start("sim", &all, dir);
+    let addr = sim.sim_listening().await;
     wait_ready(&format!("http://{addr}/v1/models"), &sim).await;
     (sim, addr)
 }
 
-/// A started simulator + tokenwatch pair on free ports.
+/// A started simulator + tokenwatch pair on ports they picked (port 0, read from their start
+/// lines; a restart binds the same ones again).
 pub struct Stack {
     pub sim: Proc,
     pub tw: Proc,
@@ -387,7 +428,14 @@ pub struct Stack {
 
 impl Stack {
     pub async fn start(sim_args: &[&str], tw_extra: &[&str]) -> Stack {
-        Self::start_in(tempfile::tempdir().unwrap(), sim_args, tw_extra).await
+        Self::start_in(tempfile::tempdir().unwrap(), sim_args, tw_extra, false).await
+    }
+
+    /// [`Stack::start`] on ports below the kernel's ephemeral range ([`free_addr`]), for a test
+    /// that restarts tokenwatch on the same ports: a port 0 picked is an ephemeral one, which an
+    /// outgoing connection may take while tokenwatch is down.
+    pub async fn start_restartable(sim_args: &[&str], tw_extra: &[&str]) -> Stack {
+        Self::start_in(tempfile::tempdir().unwrap(), sim_args, tw_extra, true).await
     }
 
     /// [`Stack::start`] with `yaml` as tokenwatch's configuration (`-c`), written to `tw.yaml`
@@ -396,12 +444,22 @@ impl Stack {
         let dir = tempfile::tempdir().unwrap();
         let cfg = write_config(dir.path(), yaml);
         let cfg = cfg.to_string_lossy().into_owned();
-        Self::start_in(dir, sim_args, &["-c", &cfg]).await
+        Self::start_in(dir, sim_args, &["-c", &cfg], false).await
     }
 
-    async fn start_in(dir: tempfile::TempDir, sim_args: &[&str], tw_extra: &[&str]) -> Stack {
+    async fn start_in(
+        dir: tempfile::TempDir,
+        sim_args: &[&str],
+        tw_extra: &[&str],
+        restartable: bool,
+    ) -> Stack {
         let (sim, sim_addr) = start_sim(dir.path(), sim_args).await;
-        let (api, proxy) = (free_addr(), free_addr());
+        let (api, proxy) = if restartable {
+            (free_addr(), free_addr())
+        } else {
+            let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            (any, any)
+        };
         let tw = start_tokenwatch(
             dir.path(),
             api,
@@ -409,6 +467,8 @@ impl Stack {
             &format!("http://{sim_addr}"),
             tw_extra,
         );
+        let bound = tw.listening().await;
+        let (api, proxy) = (bound["api"], bound["proxy"]);
         wait_ready(&format!("http://{api}/readyz"), &tw).await;
         Stack {
             sim,
@@ -425,7 +485,8 @@ impl Stack {
         self.dir.path().join("data")
     }
 
-    /// Start tokenwatch again on the same ports and data directory, with the same arguments.
+    /// Start tokenwatch again on the same ports and data directory, with the same arguments
+    /// (a stack from [`Stack::start_restartable`]).
     pub fn restart_tokenwatch(&mut self) {
         let extra: Vec<&str> = self.tw_extra.iter().map(String::as_str).collect();
         self.tw = start_tokenwatch(
@@ -470,11 +531,12 @@ pub fn start_tokenwatch(
     Proc::start("tokenwatch", &args, dir)
 }
 
-/// `tokenwatch run -c config` on free ports (API, proxy, OTLP), started in `dir`, once ready;
+/// `tokenwatch run -c config` on ports it picks (API, proxy, OTLP: port 0, read from its start
+/// line), started in `dir`, once ready;
 /// returns (process, API address, proxy address). For configurations that set their own
 /// upstreams (no `--upstream`).
 pub async fn run_with_config(dir: &Path, config: &Path) -> (Proc, SocketAddr, SocketAddr) {
-    let (api, proxy) = (free_addr(), free_addr());
+    let any = "127.0.0.1:0";
     let tw = Proc::start(
         "tokenwatch",
         &[
@@ -482,16 +544,18 @@ pub async fn run_with_config(dir: &Path, config: &Path) -> (Proc, SocketAddr, So
             "-c",
             &config.to_string_lossy(),
             "--listen",
-            &api.to_string(),
+            any,
             "--proxy-listen",
-            &proxy.to_string(),
+            any,
             "--otlp-grpc-listen",
-            &free_addr().to_string(),
+            any,
             "--otlp-http-listen",
-            &free_addr().to_string(),
+            any,
         ],
         dir,
     );
+    let bound = tw.listening().await;
+    let (api, proxy) = (bound["api"], bound["proxy"]);
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
     (tw, api, proxy)
 }
@@ -542,19 +606,18 @@ pub async fn start_collector(dir: &Path, api: SocketAddr, extra: &[&str]) -> Pro
     tw
 }
 
-/// A collector with OTLP receivers: tokenwatch `run -c config` with its API on `api`, OTLP/gRPC
-/// and OTLP/HTTP on free ports and data under `dir/data`; waits until ready and returns
-/// (process, OTLP/gRPC address, OTLP/HTTP address).
+/// A collector with OTLP receivers: tokenwatch `run -c config` with its API on `api` (port 0:
+/// any), OTLP/gRPC and OTLP/HTTP on ports it picks and data under `dir/data`; waits until ready
+/// and returns (process, OTLP/gRPC address, OTLP/HTTP address) as it bound them.
 pub async fn start_otlp_collector(
     dir: &Path,
     api: SocketAddr,
     config: &Path,
 ) -> (Proc, SocketAddr, SocketAddr) {
-    let (grpc, http) = (free_addr(), free_addr());
     let (a, g, h, c) = (
         api.to_string(),
-        grpc.to_string(),
-        http.to_string(),
+        "127.0.0.1:0".to_string(),
+        "127.0.0.1:0".to_string(),
         config.to_string_lossy().into_owned(),
     );
     let d = dir.join("data").to_string_lossy().into_owned();
@@ -572,17 +635,19 @@ pub async fn start_otlp_collector(
         &h,
     ];
     let tw = Proc::start("tokenwatch", &args, dir);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
-    (tw, grpc, http)
+    let bound = tw.listening().await;
+    wait_ready(&format!("http://{}/readyz", bound["api"]), &tw).await;
+    (tw, bound["otlp_grpc"], bound["otlp_http"])
 }
 
 /// [`start_otlp_collector`] with `yaml` written to `dir/tw.yaml` and its API on a free port;
 /// returns (process, API address, OTLP/HTTP address).
 pub async fn start_otlp_collector_with(dir: &Path, yaml: &str) -> (Proc, SocketAddr, SocketAddr) {
     let config = write_config(dir, yaml);
-    let api = free_addr();
-    let (tw, _grpc, http) = start_otlp_collector(dir, api, &config).await;
-    (tw, api, http)
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let (tw, _grpc, _http) = start_otlp_collector(dir, any, &config).await;
+    let bound = tw.listening().await;
+    (tw, bound["api"], bound["otlp_http"])
 }
 
 /// `tokenwatch demo` with its data under `dir/data`, every listener on a free port and `extra`
