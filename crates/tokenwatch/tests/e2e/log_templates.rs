@@ -84,24 +84,6 @@ fn start(dir: &Path, sim: SocketAddr, cfg: &Path) -> (Proc, SocketAddr, SocketAd
     (tw, api, proxy)
 }
 
-/// The text of a log without its colour escapes (`ESC [ … m`).
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[tokio::test]
 async fn vllm_log_templates_are_stable_across_restarts_and_a_cuda_oom_is_the_root_cause() {
     let dir = tempfile::tempdir().unwrap();
@@ -227,13 +209,7 @@ async fn vllm_log_templates_are_stable_across_restarts_and_a_cuda_oom_is_the_roo
     }
 
     // OTLP log records are mined too, under their service; a source still warming up raises nothing.
-    let otlp_http = strip_ansi(&tw.log())
-        .lines()
-        .find(|l| l.contains("OTLP receiver listening"))
-        .and_then(|l| l.split("http=").nth(1))
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("the OTLP/HTTP address in the log:\n{}", tw.log()))
-        .to_string();
+    let otlp_http = tw.listening().await["otlp_http"].to_string();
     let now_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
