@@ -191,8 +191,12 @@ impl ProxyServer {
         for r in routes.routes() {
             tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
         }
+        let budget = crate::listen::limits::BodyBudget::new(cfg.limits.max_buffered_body_bytes);
+        budget.register(metrics);
         let state = Arc::new(
-            ProxyState::new(&cfg.proxy, routes, queue, salt, splits).with_capture(&cfg.capture),
+            ProxyState::new(&cfg.proxy, routes, queue, salt, splits)
+                .with_capture(&cfg.capture)
+                .with_body_budget(budget),
         );
         let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, metrics);
         let (stop, stopped) = watch::channel(false);

@@ -1,6 +1,7 @@
 // Request limits of the HTTP listeners (API, proxy, OTLP/HTTP): the `limits` configuration,
-// the header check answering 431, the connection cap and the head deadline, and the count of
-// refused requests and connections by listener and reason.
+// the header check answering 431, the connection cap and the head deadline, the budget of
+// request bodies held at once, and the count of refused requests and connections by listener
+// and reason.
 
 use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::{Metrics, RejectedLabels};
@@ -38,6 +39,11 @@ pub struct LimitsConfig {
     /// Most connections open at once on each listener; beyond it a new connection is closed at
     /// once (counted, and warned about once), so idle sockets cannot take every descriptor.
     pub max_connections: usize,
+    /// Most bytes of request bodies the proxy holds at once, over all its connections (each
+    /// body is read whole to find its model, up to `proxy.max_request_body_bytes`). A request
+    /// whose body would go over it is answered 503 with `Retry-After` at once, counted, instead
+    /// of memory growing with every large body in flight.
+    pub max_buffered_body_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -47,6 +53,7 @@ impl Default for LimitsConfig {
             max_headers: 100,
             header_read_timeout: HumanDuration(Duration::from_secs(75)),
             max_connections: 10_000,
+            max_buffered_body_bytes: 256 << 20,
         }
     }
 }
@@ -79,6 +86,12 @@ impl LimitsConfig {
                 "must be between 1 and 1000000".into(),
             ));
         }
+        if !(1 << 20..=1 << 40).contains(&self.max_buffered_body_bytes) {
+            return Err((
+                "limits.max_buffered_body_bytes".into(),
+                "must be between 1048576 (1 MiB) and 1099511627776 (1 TiB) bytes".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -107,6 +120,9 @@ pub enum Reason {
     HeaderTimeout,
     /// A connection closed at once: the listener had `max_connections` open.
     TooManyConnections,
+    /// A request answered 503: its body would have taken the bodies held over
+    /// `max_buffered_body_bytes`.
+    BodyBudget,
 }
 
 impl Reason {
@@ -116,6 +132,7 @@ impl Reason {
             Reason::BodyTooLarge => "body_too_large",
             Reason::HeaderTimeout => "header_timeout",
             Reason::TooManyConnections => "too_many_connections",
+            Reason::BodyBudget => "body_budget",
         }
     }
 }
@@ -129,6 +146,153 @@ pub struct BodyTooLarge;
 pub fn mark_body_too_large(mut resp: Response) -> Response {
     resp.extensions_mut().insert(BodyTooLarge);
     resp
+}
+
+/// Response extension a handler sets on its 503 for a body over the listener's budget
+/// (`max_buffered_body_bytes`), so that the listener counts it.
+#[derive(Debug, Clone, Copy)]
+pub struct OverBodyBudget;
+
+/// Bytes of the budget one permit stands for (a semaphore counts permits in `u32`s).
+const BUDGET_UNIT: usize = 1024;
+
+/// The bytes of request bodies held at once (`limits.max_buffered_body_bytes`), shared by every
+/// connection of a listener: a body is read against it chunk by chunk, and what it reserved is
+/// given back when the reservation is dropped.
+#[derive(Clone)]
+pub struct BodyBudget {
+    units: Arc<Semaphore>,
+    limit: usize,
+    /// `tokenwatch_proxy_buffered_body_bytes`: what is held now.
+    held_gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+/// A body's bytes held against the budget, given back when dropped.
+pub struct BodyReservation {
+    permit: Option<OwnedSemaphorePermit>,
+    budget: BodyBudget,
+}
+
+impl Drop for BodyReservation {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        self.budget.show();
+    }
+}
+
+/// Why a body could not be read whole.
+#[derive(Debug)]
+pub enum BodyReadError {
+    /// Over the request's own limit (`max` bytes).
+    TooLarge,
+    /// Over what the budget had left.
+    OverBudget,
+    /// The client's connection failed.
+    Read(axum::Error),
+}
+
+impl BodyBudget {
+    pub fn new(limit_bytes: usize) -> BodyBudget {
+        BodyBudget {
+            units: Arc::new(Semaphore::new(limit_bytes.div_ceil(BUDGET_UNIT))),
+            limit: limit_bytes,
+            held_gauge: Default::default(),
+        }
+    }
+
+    /// Show what is held as `tokenwatch_proxy_buffered_body_bytes` in `metrics`.
+    pub fn register(&self, metrics: &Metrics) {
+        metrics.register(
+            "tokenwatch_proxy_buffered_body_bytes",
+            "Bytes of request bodies the proxy holds now, against limits.max_buffered_body_bytes",
+            self.held_gauge.clone(),
+        );
+    }
+
+    fn show(&self) {
+        self.held_gauge.set(self.held() as i64);
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes of the budget reserved now.
+    pub fn held(&self) -> usize {
+        (self.limit.div_ceil(BUDGET_UNIT) - self.units.available_permits()) * BUDGET_UNIT
+    }
+
+    /// Reads `body` whole (at most `max` bytes), reserving each chunk's bytes before keeping
+    /// it; the reservation is held until the returned one is dropped. A body that arrives as
+    /// one chunk is returned without a copy.
+    pub async fn read(
+        &self,
+        body: axum::body::Body,
+        max: usize,
+    ) -> Result<(bytes::Bytes, BodyReservation), BodyReadError> {
+        use http_body_util::BodyExt;
+        let mut body = body;
+        let mut chunks: Vec<bytes::Bytes> = Vec::new();
+        let (mut len, mut reserved) = (0usize, 0usize);
+        let mut held = BodyReservation {
+            permit: None,
+            budget: self.clone(),
+        };
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(BodyReadError::Read)?.into_data() else {
+                continue; // trailers
+            };
+            len += data.len();
+            if len > max {
+                return Err(BodyReadError::TooLarge);
+            }
+            let need = len.div_ceil(BUDGET_UNIT) - reserved;
+            if need > 0 {
+                let more = u32::try_from(need)
+                    .ok()
+                    .and_then(|n| self.units.clone().try_acquire_many_owned(n).ok())
+                    .ok_or(BodyReadError::OverBudget)?;
+                reserved += need;
+                match held.permit.as_mut() {
+                    Some(h) => h.merge(more),
+                    None => held.permit = Some(more),
+                }
+                self.show();
+            }
+            chunks.push(data);
+        }
+        let bytes = match chunks.len() {
+            0 => bytes::Bytes::new(),
+            1 => chunks.pop().unwrap_or_default(),
+            _ => {
+                let mut all = bytes::BytesMut::with_capacity(len);
+                for c in &chunks {
+                    all.extend_from_slice(c);
+                }
+                all.freeze()
+            }
+        };
+        Ok((bytes, held))
+    }
+
+    /// The 503 for a request over the budget (marked so that its listener counts it).
+    pub fn refusal(&self) -> Response {
+        let message = format!(
+            "tokenwatch holds {} bytes of request bodies in flight, and this one would go over limits.max_buffered_body_bytes ({}); retry shortly",
+            self.held(),
+            self.limit
+        );
+        let body = serde_json::json!({
+            "error": { "message": message, "type": "overloaded", "key": "limits.max_buffered_body_bytes", "limit": self.limit }
+        });
+        let mut resp = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+        let h = resp.headers_mut();
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        // The rest of the body is not read: the connection is not reused.
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        resp.extensions_mut().insert(OverBodyBudget);
+        resp
+    }
 }
 
 /// Whether reading a body (`axum::body::to_bytes`) failed on its size limit rather than on
@@ -243,6 +407,9 @@ impl Guard {
         if resp.extensions().get::<BodyTooLarge>().is_some() {
             self.count(Reason::BodyTooLarge);
         }
+        if resp.extensions().get::<OverBodyBudget>().is_some() {
+            self.count(Reason::BodyBudget);
+        }
     }
 }
 
@@ -266,6 +433,58 @@ mod tests {
     fn guard(limits: LimitsConfig) -> (Guard, Metrics) {
         let metrics = Metrics::new();
         (Guard::new("api", &limits, &metrics), metrics)
+    }
+
+    /// A body of `chunks` chunks of `size` bytes each.
+    fn chunked(chunks: usize, size: usize) -> axum::body::Body {
+        let parts: Vec<Result<bytes::Bytes, std::io::Error>> = (0..chunks)
+            .map(|i| Ok(bytes::Bytes::from(vec![i as u8; size])))
+            .collect();
+        axum::body::Body::from_stream(futures_util::stream::iter(parts))
+    }
+
+    #[tokio::test]
+    async fn bodies_are_held_against_the_budget_until_their_reservation_is_dropped() {
+        let budget = BodyBudget::new(1 << 20);
+        let metrics = Metrics::new();
+        budget.register(&metrics);
+        let gauge = || {
+            let text = metrics.encode();
+            text.lines()
+                .find_map(|l| l.strip_prefix("tokenwatch_proxy_buffered_body_bytes "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        // 600 KiB in three chunks, kept whole in order; 600 KiB of the budget held.
+        let (first, held) = budget.read(chunked(3, 200 << 10), 32 << 20).await.unwrap();
+        assert_eq!(first.len(), 600 << 10);
+        assert_eq!(first[0], 0);
+        assert_eq!(first[(600 << 10) - 1], 2);
+        assert_eq!(budget.held(), 600 << 10);
+        assert_eq!(gauge(), Some((600 << 10) as f64));
+        // Another 600 KiB would go over 1 MiB: refused, and what it had reserved given back.
+        assert!(matches!(
+            budget.read(chunked(3, 200 << 10), 32 << 20).await,
+            Err(BodyReadError::OverBudget)
+        ));
+        assert_eq!(budget.held(), 600 << 10);
+        let resp = budget.refusal();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        // Once the first is let go, it fits; a body over the request's own limit does not.
+        drop(held);
+        assert_eq!(budget.held(), 0);
+        assert_eq!(gauge(), Some(0.0));
+        let (again, _held) = budget.read(chunked(3, 200 << 10), 32 << 20).await.unwrap();
+        assert_eq!(again.len(), 600 << 10);
+        assert!(matches!(
+            budget.read(chunked(2, 100), 150).await,
+            Err(BodyReadError::TooLarge)
+        ));
+        // One chunk comes back as it is; an empty body reserves nothing.
+        let (one, _h) = budget.read(chunked(1, 10), 100).await.unwrap();
+        assert_eq!(one.len(), 10);
+        let (none, h) = budget.read(chunked(0, 0), 100).await.unwrap();
+        assert!(none.is_empty() && h.permit.is_none());
     }
 
     #[test]

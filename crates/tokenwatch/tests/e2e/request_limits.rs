@@ -172,6 +172,10 @@ fn unknown_and_out_of_range_limit_keys_are_refused() {
             "limits.header_read_timeout",
         ),
         ("limits:\n  max_connections: 0\n", "limits.max_connections"),
+        (
+            "limits:\n  max_buffered_body_bytes: 1000\n",
+            "limits.max_buffered_body_bytes",
+        ),
     ] {
         let file = dir.path().join("c.yaml");
         std::fs::write(&file, yaml).unwrap();
@@ -294,4 +298,90 @@ async fn silent_slow_and_surplus_connections_are_closed_and_counted_while_reques
         tw.log_tail(200)
     );
     drop(tw);
+}
+
+/// The proxy holds at most `limits.max_buffered_body_bytes` of request bodies at once: with
+/// 900 KB of one client's body in hand (the client pauses before its last bytes), a second
+/// request of 400 KB is answered 503 at once, naming the key, with Retry-After, and counted;
+/// once the first body is whole and answered, the same second request goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_held_at_once_stay_within_their_budget() {
+    let stack = Stack::start_with_config(
+        &["--model", "sim-llama-8b", "--ttft-ms", "1", "--itl-ms", "1"],
+        "limits:\n  max_buffered_body_bytes: 1048576\nproxy:\n  max_request_body_bytes: 4194304\n",
+    )
+    .await;
+    let proxy = stack.proxy;
+    // A chat request padded to `len` bytes with a long `user` field (a long prompt would be
+    // over the simulated model's context).
+    let padded = |len: usize| {
+        let head = r#"{"model":"sim-llama-8b","max_tokens":4,"messages":[{"role":"user","content":"hi"}],"user":""#;
+        let tail = r#""}"#;
+        format!("{head}{}{tail}", "x".repeat(len - head.len() - tail.len()))
+    };
+    let first = padded(1_000_000);
+    let mut held = TcpStream::connect(proxy).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    held.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {proxy}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            first.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    held.write_all(&first.as_bytes()[..900_000]).unwrap();
+    // Once the proxy holds what was sent (its gauge says so), a second body cannot fit.
+    let metrics = format!("http://{}/metrics", stack.api);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = get(&metrics).await.body;
+        let held_bytes = metric_value(&m, "tokenwatch_proxy_buffered_body_bytes").unwrap_or(0.0);
+        if held_bytes >= 900_000.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "held {held_bytes}:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second = padded(400_000);
+    let url = format!("http://{proxy}/v1/chat/completions");
+    let (status, body) = post(&url, &second).await;
+    assert_eq!(status, 503, "{body}");
+    assert_names(&body, "limits.max_buffered_body_bytes");
+    let m = get(&metrics).await.body;
+    assert!(
+        metric_value(
+            &m,
+            r#"tokenwatch_rejected_requests_total{listener="proxy",reason="body_budget"}"#
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{m}"
+    );
+    // The first client sends the rest: its request is answered, and the budget is free again.
+    held.write_all(&first.as_bytes()[900_000..]).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("\r\n\r\n") {
+        let n = held.read(&mut buf).unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    drop(held);
+    let (status, body) = post(&url, &second).await;
+    assert_eq!(status, 200, "{body}");
+    let m = get(&metrics).await.body;
+    assert_eq!(
+        metric_value(&m, "tokenwatch_proxy_buffered_body_bytes"),
+        Some(0.0),
+        "{m}"
+    );
 }

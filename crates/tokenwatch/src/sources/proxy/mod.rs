@@ -13,6 +13,7 @@ mod tap;
 pub use route::Router as UpstreamRouter;
 
 use crate::kernel::queue::TelemetryQueue;
+use crate::listen::limits::BodyReadError;
 use crate::sources::proxy::config::ProxyConfig;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -53,6 +54,9 @@ pub struct ProxyState {
     response_timeout: Duration,
     idle_timeout: Duration,
     max_body: usize,
+    /// The bytes of request bodies held at once over all connections
+    /// (`limits.max_buffered_body_bytes`).
+    body_budget: crate::listen::limits::BodyBudget,
     /// Text capture settings, when `capture.text` is on.
     capture: Option<crate::capture::CaptureConfig>,
     /// Where the routes' splits are published (the rollback controller and the API read them).
@@ -93,10 +97,19 @@ impl ProxyState {
             response_timeout: cfg.response_timeout.0,
             idle_timeout: cfg.idle_timeout.0,
             max_body: cfg.max_request_body_bytes,
+            body_budget: crate::listen::limits::BodyBudget::new(
+                crate::listen::limits::LimitsConfig::default().max_buffered_body_bytes,
+            ),
             capture: None,
             splits,
             active: Arc::default(),
         }
+    }
+
+    /// Hold at most this budget of request bodies at once (`limits.max_buffered_body_bytes`).
+    pub fn with_body_budget(mut self, budget: crate::listen::limits::BodyBudget) -> ProxyState {
+        self.body_budget = budget;
+        self
     }
 
     /// Keep each LLM request's body and response bytes for text capture (`capture.text`).
@@ -298,9 +311,11 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let llm = format.is_some();
     let request_id = valid_request_id(&parts.headers).unwrap_or_else(identity::new_request_id);
 
-    let body = match axum::body::to_bytes(Body::new(body), st.max_body).await {
+    // The body is held against the budget until the upstream has answered (it has been sent).
+    let (body, _body_held) = match st.body_budget.read(Body::new(body), st.max_body).await {
         Ok(b) => b,
-        Err(e) if crate::listen::limits::is_length_limit(&e) => {
+        Err(BodyReadError::OverBudget) => return st.body_budget.refusal(),
+        Err(BodyReadError::TooLarge) => {
             let msg = format!(
                 "the request body is over the limit of {} bytes (proxy.max_request_body_bytes)",
                 st.max_body
@@ -313,7 +328,7 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             );
             return crate::listen::limits::mark_body_too_large(resp);
         }
-        Err(e) => {
+        Err(BodyReadError::Read(e)) => {
             let msg = format!("could not read the request body: {e}");
             return error_response(StatusCode::BAD_REQUEST, "bad_request", &msg, &request_id);
         }
