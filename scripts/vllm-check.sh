@@ -4,9 +4,10 @@
 # `tokenwatch run --scrape …/metrics` (no proxy, no OTLP) on free ports with a temporary data
 # directory, drives concurrent streaming clients straight at vLLM, then checks numerically that
 # the fleet row has every figure the proxy would give, that /api/v1/latency answers from the
-# runtime with vLLM's own count and each percentile inside the bucket vLLM's cumulative counts
-# put it in, that an SLO counts (and burns) from the runtime, and that `top --once` shows the same
-# figures. Prints a table of checks; exits non-zero on any failure; stops everything it started.
+# runtime (TTFT, ITL, E2E, queue, prefill and decode) with vLLM's own count and each percentile
+# inside the bucket vLLM's cumulative counts put it in, that an SLO counts (and burns) from the
+# runtime, and that `top --once` shows the same figures. Prints a table of checks; exits non-zero
+# on any failure; stops everything it started.
 #
 # Not part of scripts/test.sh (vLLM takes minutes to start); the test command replays recorded
 # real vLLM expositions instead (crates/tokenwatch/tests/e2e/runtime_latency.rs).

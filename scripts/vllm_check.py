@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -187,15 +188,20 @@ def main():
     row = row or {}
     check("fleet figure_source", row.get("figure_source") == "runtime", "runtime", row.get("figure_source"))
     for col in ["ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "requests_per_s",
-                "output_tokens_per_s", "error_ratio", "kv_cache_usage"]:
+                "output_tokens_per_s", "error_ratio", "kv_cache_usage", "queue_p50_s",
+                "prefill_p50_s", "prefill_p99_s", "decode_p50_s", "decode_p99_s"]:
         v = row.get(col)
         check(f"fleet {col}", isinstance(v, (int, float)), "a value", v)
 
-    # 2. /api/v1/latency answers from the runtime: vLLM's count, each percentile in vLLM's bucket.
+    # 2. /api/v1/latency answers from the runtime: vLLM's count, each percentile in vLLM's bucket
+    # (prefill and decode only the runtime measures: answered from it, and refused of the records).
     figures = {}
     for metric, name in [("ttft", "vllm:time_to_first_token_seconds"),
                          ("itl", "vllm:inter_token_latency_seconds"),
-                         ("e2e", "vllm:e2e_request_latency_seconds")]:
+                         ("e2e", "vllm:e2e_request_latency_seconds"),
+                         ("queue", "vllm:request_queue_time_seconds"),
+                         ("prefill", "vllm:request_prefill_time_seconds"),
+                         ("decode", "vllm:request_decode_time_seconds")]:
         b0, c0 = vllm_histogram(before, name, model)
         b1, c1 = vllm_histogram(after, name, model)
         delta = {le: b1[le] - b0.get(le, 0.0) for le in b1}
@@ -219,6 +225,13 @@ def main():
             inside = isinstance(v, (int, float)) and lower <= v <= (upper if upper != float("inf") else lower)
             check(f"latency {metric} {qname} in vLLM's bucket", same_bucket and inside,
                   f"({lower}, {upper}]", f"{v} in ({bb.get('lower')}, {got_upper}]")
+    for metric in ("prefill", "decode"):
+        try:
+            urllib.request.urlopen(f"{api}/api/v1/latency?model={model}&metric={metric}&source=memory", timeout=10)
+            status = 200
+        except urllib.error.HTTPError as e:
+            status = e.code
+        check(f"latency {metric} of the records refused", status == 400, 400, status)
 
     # 3. An SLO counted (and burning) from the runtime alone.
     slo, deadline = {}, time.monotonic() + 30
@@ -271,6 +284,8 @@ def main():
         "runtime_ttft": {k: ttft.get(k) for k in ("count", "p50", "p99")},
         "runtime_ttft_buckets": {k: (ttft.get("bucket_bounds") or {}).get(k) for k in ("p50", "p99")},
         "runtime_itl": {k: itl.get(k) for k in ("count", "p50", "p99")},
+        **{f"runtime_{m}": {k: figures.get(m, {}).get(k) for k in ("count", "p50", "p99")}
+           for m in ("queue", "prefill", "decode")},
         "fleet": {k: row.get(k) for k in ("requests_per_s", "output_tokens_per_s", "error_ratio", "kv_cache_usage")},
         "slo": {"counted_from": slo.get("counted_from"), "total": slo.get("total"), "bad": slo.get("bad"),
                 "fast_burn": fast.get("burn_rate"), "alert_state": slo.get("alert_state")},

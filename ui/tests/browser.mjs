@@ -194,9 +194,9 @@ try {
   // Model page of the model the demo's fault hits (the first of the fleet).
   const faulted = process.env.UI_TEST_MODEL ?? models.find((m) => m.startsWith('llama')) ?? models[0];
   await open(`#/model/${encodeURIComponent(faulted)}`, 'model');
-  await waitPoints(['[data-chart="ttft"]', '[data-chart="itl"]', '[data-chart="e2e"]', '[data-chart="kv"]', '[data-chart="gpu"]', '[data-chart="queue"]', '[data-chart="rps"]', '[data-chart="tps"]'], 'model page');
+  await waitPoints(['[data-chart="ttft"]', '[data-chart="itl"]', '[data-chart="e2e"]', '[data-chart="prefill"]', '[data-chart="decode"]', '[data-chart="kv"]', '[data-chart="gpu"]', '[data-chart="queue"]', '[data-chart="rps"]', '[data-chart="tps"]'], 'model page');
   const uplots = await page.$$eval('.panel .uplot', (els) => els.length);
-  check(uplots >= 10, `model page has ${uplots} uPlot charts, expected 10`);
+  check(uplots >= 13, `model page has ${uplots} uPlot charts, expected 13`);
   await checkLiveInPlace('[data-chart="ttft"] canvas');
   // A version marker posted through the API is drawn, labelled, on every time axis of the page.
   const posted = await fetch(`${base}/api/v1/markers`, {

@@ -33,6 +33,11 @@ pub struct SimArgs {
     /// `reasoning_content` (older vLLM).
     #[arg(long, value_enum, default_value_t = ReasoningField::Reasoning)]
     pub reasoning_field: ReasoningField,
+    /// Hold a stream's response headers until its first token is ready, as the OpenAI API and
+    /// buffering gateways do (vLLM sends them once the request is scheduled): a client then
+    /// waits the whole time to first token for its headers.
+    #[arg(long)]
+    pub stream_headers_at_first_token: bool,
     /// Seed of the random generators (output lengths, fault draws, token text).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,

@@ -64,6 +64,7 @@ pub async fn serve(
             tokens: args.reasoning_tokens,
             field: args.reasoning_field,
         },
+        args.stream_headers_at_first_token,
     );
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, models = %models.join(","), "simulator listening");

@@ -1,5 +1,6 @@
 // Timing seen by a client: TCP_NODELAY on accepted connections (no Nagle/delayed-ACK wait
-// before the first SSE chunk) and reasoning tokens delaying the first answer token.
+// before the first SSE chunk), reasoning tokens delaying the first answer token, and
+// `--stream-headers-at-first-token` holding a stream's headers until its first token.
 
 mod common;
 
@@ -115,5 +116,50 @@ async fn speed_drift_slows_a_served_engine() {
             end >= Duration::from_millis(80),
             "request done after {end:?}, before the drifted TTFT"
         );
+    }
+}
+
+/// vLLM sends a stream's headers once the request is scheduled, before its prefill; with
+/// `--stream-headers-at-first-token` they come with the first token, as the OpenAI API's do.
+/// Lower bounds against the base TTFT (and an upper one with ample room), so CPU contention
+/// cannot break them.
+#[tokio::test]
+async fn stream_headers_wait_for_the_first_token_when_asked() {
+    let body = json!({"messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":2});
+    for hold in [false, true] {
+        let args = SimArgs {
+            ttft_ms: 150.0,
+            itl_ms: 1.0,
+            stream_headers_at_first_token: hold,
+            ..fast_args(&["m1"])
+        };
+        let sim = start(args).await;
+        let (headers, first, _, text) =
+            sim.timed_stream("/v1/chat/completions", body.clone()).await;
+        assert!(
+            first >= Duration::from_millis(150),
+            "first data after {first:?}"
+        );
+        if hold {
+            assert!(
+                headers >= Duration::from_millis(150),
+                "headers after {headers:?}"
+            );
+        } else {
+            assert!(
+                headers < Duration::from_millis(100),
+                "headers after {headers:?}"
+            );
+        }
+        assert!(text.contains("[DONE]"), "{text}");
+        for path in ["/v1/responses", "/v1/messages"] {
+            let b = json!({"input":"hi","messages":[{"role":"user","content":"hi"}],"stream":true,"max_output_tokens":2,"max_tokens":2,"model":"m1"});
+            let (headers, _, _, _) = sim.timed_stream(path, b).await;
+            assert_eq!(
+                headers >= Duration::from_millis(150),
+                hold,
+                "{path}: headers after {headers:?}"
+            );
+        }
     }
 }

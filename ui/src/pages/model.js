@@ -1,6 +1,7 @@
-// Model page (#/model/NAME?range=15m): latency percentiles, KV cache, GPU memory, queue,
-// throughput, errors and per-context TTFT on one shared, cursor-synced time axis with alert marks;
-// a note says when the figures are the runtime's own (no proxy or OTLP record of the model).
+// Model page (#/model/NAME?range=15m): latency percentiles, the runtime's queue / prefill / decode
+// times, KV cache, GPU memory, queue, throughput, errors and per-context TTFT on one shared,
+// cursor-synced time axis with alert marks; a note says when the figures are the runtime's own
+// (no proxy or OTLP record of the model), another which phases only the runtime measures.
 
 import { getJSON } from '../api.js';
 import { h, badge, stateBadge } from '../dom.js';
@@ -25,6 +26,10 @@ const PANELS = [
   { id: 'ttft', title: 'Time to first token', unit: 'seconds', keys: PERCENTILES('ttft') },
   { id: 'itl', title: 'Inter-token latency', unit: 'seconds', keys: PERCENTILES('itl') },
   { id: 'e2e', title: 'End-to-end latency', unit: 'seconds', keys: PERCENTILES('e2e') },
+  // The phases inside the runtime, from its own histograms (vLLM's queue, prefill and decode time).
+  { id: 'queue_time', title: 'Queue time (waiting in the runtime)', unit: 'seconds', keys: PERCENTILES('queue'), phase: true },
+  { id: 'prefill', title: 'Prefill time ʳ', unit: 'seconds', keys: PERCENTILES('prefill'), phase: true },
+  { id: 'decode', title: 'Decode time ʳ', unit: 'seconds', keys: PERCENTILES('decode'), phase: true },
   { id: 'kv', title: 'KV cache use', unit: 'ratio', signals: [['kv_cache_usage', '']] },
   { id: 'gpu', title: 'GPU memory used', unit: 'bytes', signals: [['gpu_memory_used_bytes', '']], leak: true },
   { id: 'queue', title: 'Queue (requests waiting / running)', unit: 'requests', signals: [['requests_waiting', 'waiting'], ['requests_running', 'running']] },
@@ -53,8 +58,10 @@ function mount(el, ctx) {
     h('p', { class: 'muted' }, 'All charts share one time axis (your time zone; it starts where the data starts when that is later than the range); hover one to read all. Dashed lines mark when alerts began, solid purple ones version changes and deploys.'),
     h('p', { class: 'muted small', id: 'runtime-source', hidden: true },
       'ʳ Latency, request, token and error figures come from the runtime\'s own histograms and counters (no proxy or OTLP record of this model): each percentile lies within its histogram bucket.'),
+    h('p', { class: 'muted small', id: 'phase-source', hidden: true },
+      'ʳ Prefill (scheduled → first token) and decode (first → last token) time come only from the runtime\'s own histograms (vLLM), whoever else sees the model; queue time from the upstream\'s x-queue-time header where the proxy gets one, else from the runtime\'s histogram. Each runtime percentile lies within its histogram bucket.'),
     grid);
-  st = { model, range, alertsEl, sourceNote: el.querySelector('#runtime-source'), markers: [], xmin: Date.now() / 1000 - RANGES[range], xmax: Date.now() / 1000, charts: {} };
+  st = { model, range, alertsEl, sourceNote: el.querySelector('#runtime-source'), phaseNote: el.querySelector('#phase-source'), markers: [], xmin: Date.now() / 1000 - RANGES[range], xmax: Date.now() / 1000, charts: {} };
   const xRange = () => [st.xmin, st.xmax];
   const markers = () => st.markers;
   for (const p of PANELS) {
@@ -108,6 +115,10 @@ async function refresh(ctx) {
   ]);
   if (ctx.signal.aborted) return;
   if (st.sourceNote) st.sourceNote.hidden = ts?.figure_source !== 'runtime';
+  if (st.phaseNote) {
+    st.phaseNote.hidden = !PANELS.filter((p) => p.phase)
+      .some((p) => p.keys.some(([k]) => (ts?.series?.[k] ?? []).some((v) => v != null)));
+  }
   const alerts = alertBody?.alerts ?? [];
   renderAlerts(alerts);
   st.markers = alerts.map((a) => ({

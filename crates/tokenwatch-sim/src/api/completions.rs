@@ -54,7 +54,7 @@ async fn handle(
             include_usage: req.include_usage,
             role_sent: false,
         };
-        generate::stream_response(generation.rx, enc)
+        generate::stream_response(generation.rx, enc, app.headers_at_first_token()).await
     } else {
         let mut out = generate::collect(generation.rx).await?;
         if endpoint == Endpoint::Completion {

@@ -1,6 +1,7 @@
 // The request path shared by every generating endpoint (chat, completions, responses,
 // messages): submit to the engine, wait until scheduled, then stream through an encoder or collect.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -148,10 +149,21 @@ pub trait SseEncoder: Send + 'static {
 
 struct StreamState<E> {
     rx: UnboundedReceiver<SeqEvent>,
+    /// Events received before the response was sent (`hold`), sent first.
+    pending: VecDeque<SeqEvent>,
     enc: E,
     opened: bool,
     done: bool,
     reasoning: u32,
+}
+
+impl<E> StreamState<E> {
+    async fn next_event(&mut self) -> Option<SeqEvent> {
+        match self.pending.pop_front() {
+            Some(ev) => Some(ev),
+            None => self.rx.recv().await,
+        }
+    }
 }
 
 /// Next SSE bytes for the client, or None when the stream is over.
@@ -164,7 +176,7 @@ async fn next_frames<E: SseEncoder>(st: &mut StreamState<E>) -> Option<String> {
         }
     }
     while !st.done {
-        match st.rx.recv().await {
+        match st.next_event().await {
             Some(SeqEvent::Token {
                 text,
                 reasoning,
@@ -195,10 +207,26 @@ async fn next_frames<E: SseEncoder>(st: &mut StreamState<E>) -> Option<String> {
     None
 }
 
-/// A `text/event-stream` response driven by `enc`.
-pub fn stream_response<E: SseEncoder>(rx: UnboundedReceiver<SeqEvent>, enc: E) -> Response {
+/// A `text/event-stream` response driven by `enc`; with `hold`, not before the first token is
+/// ready (or the generation ended): the headers then come with it.
+pub async fn stream_response<E: SseEncoder>(
+    mut rx: UnboundedReceiver<SeqEvent>,
+    enc: E,
+    hold: bool,
+) -> Response {
+    let mut pending = VecDeque::new();
+    if hold {
+        while let Some(ev) = rx.recv().await {
+            let first = matches!(ev, SeqEvent::Token { .. } | SeqEvent::Done { .. });
+            pending.push_back(ev);
+            if first {
+                break;
+            }
+        }
+    }
     let state = StreamState {
         rx,
+        pending,
         enc,
         opened: false,
         done: false,

@@ -128,7 +128,7 @@ async fn handle(app: AppState, headers: HeaderMap, body: Bytes) -> Result<Respon
             index: 0,
             finish: FinishReason::Stop,
         };
-        generate::stream_response(generation.rx, enc)
+        generate::stream_response(generation.rx, enc, app.headers_at_first_token()).await
     } else {
         let out = generate::collect(generation.rx).await?;
         let mut content = Vec::new();

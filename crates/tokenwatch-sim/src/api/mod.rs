@@ -49,6 +49,8 @@ struct Inner {
     hostname: String,
     gpu_name: String,
     reasoning: Reasoning,
+    /// Streams' headers wait for their first token (`--stream-headers-at-first-token`).
+    headers_at_first_token: bool,
     started_unix: u64,
 }
 
@@ -59,6 +61,7 @@ impl AppState {
         hostname: String,
         gpu_name: String,
         reasoning: Reasoning,
+        headers_at_first_token: bool,
     ) -> Self {
         let started_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -71,6 +74,7 @@ impl AppState {
                 hostname,
                 gpu_name,
                 reasoning,
+                headers_at_first_token,
                 started_unix,
             }),
         }
@@ -86,6 +90,11 @@ impl AppState {
 
     pub fn reasoning(&self) -> Reasoning {
         self.inner.reasoning
+    }
+
+    /// Whether a stream's response headers wait for its first token.
+    pub fn headers_at_first_token(&self) -> bool {
+        self.inner.headers_at_first_token
     }
 
     pub fn hostname(&self) -> &str {

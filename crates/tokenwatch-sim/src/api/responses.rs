@@ -108,7 +108,7 @@ async fn handle(app: AppState, headers: HeaderMap, body: Bytes) -> Result<Respon
             answer: None,
             finish: FinishReason::Stop,
         };
-        generate::stream_response(generation.rx, enc)
+        generate::stream_response(generation.rx, enc, app.headers_at_first_token()).await
     } else {
         let out = generate::collect(generation.rx).await?;
         let mut output = Vec::new();

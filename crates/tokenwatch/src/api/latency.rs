@@ -2,6 +2,9 @@
 // (`source=memory`), merged from the per-minute sketch roll-ups every instance stores
 // (`source=store`), or from the runtimes' own scraped histograms (`source=runtime`, chosen by
 // itself when no proxy or OTLP record holds the model), each percentile with its bucket bounds.
+// Prefill and decode time (`metric=prefill|decode`) only a runtime's histograms measure: they are
+// answered from the runtime (with or without `source=runtime`, empty without a scrape of it), and
+// asking them of the records (`source=memory|store`) is a 400 that says so.
 
 use super::ApiState;
 use crate::kernel::params::{ParamError, Params};
@@ -42,6 +45,45 @@ const RUNTIME_GROUP_LABEL_NAMES: &str =
     "model_id, runtime, instance (the runtime's histograms carry no other label)";
 /// Why an answer without `source` came from the runtime.
 const RUNTIME_CHOSEN: &str = "no proxy or OTLP record of this model in the window: answered from the runtime's own histograms (source=memory or source=store asks for the records)";
+/// Every `metric` the API answers.
+const METRIC_NAMES: &str = "ttft, itl, e2e, queue, prefill, decode";
+/// Why prefill and decode come from the runtime, whatever the source asked for.
+const RUNTIME_ONLY: &str = "prefill and decode time are measured only by the serving runtime's own histograms (vLLM's vllm:request_prefill_time_seconds and vllm:request_decode_time_seconds); no proxy or OTLP record holds them";
+
+/// What `metric` names: a latency the records measure (and the runtime's histograms too), or a
+/// phase of the request inside the runtime that only its histograms measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Metric {
+    Records(LatencyMetric),
+    /// Prefill (scheduled → first token) or decode (first → last token) time.
+    RuntimeOnly(&'static str),
+}
+
+impl Metric {
+    fn parse(s: &str) -> Option<Metric> {
+        match s {
+            "prefill" => Some(Metric::RuntimeOnly("prefill")),
+            "decode" => Some(Metric::RuntimeOnly("decode")),
+            _ => LatencyMetric::parse(s).map(Metric::Records),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Metric::Records(m) => m.name(),
+            Metric::RuntimeOnly(name) => name,
+        }
+    }
+
+    /// The scraped histogram signal that measures it (`sources::scrape` tables).
+    fn runtime_signal(self) -> &'static str {
+        match self {
+            Metric::Records(m) => runtime_signal(m),
+            // The scrape tables name the two phases as the API does.
+            Metric::RuntimeOnly(name) => name,
+        }
+    }
+}
 
 /// Where a latency query is answered from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,27 +226,25 @@ pub(super) async fn latency(
 ) -> Result<Response, LatencyError> {
     let p = Params::parse(q.as_deref(), &["model", "metric", "window", "by", "source"])?;
     let model = p.get("model").map(str::to_string);
-    let metric = p
-        .parse_with("metric", LatencyMetric::parse, "ttft, itl, e2e, queue")?
-        .unwrap_or(LatencyMetric::Ttft);
+    let asked_metric = p
+        .parse_with("metric", Metric::parse, METRIC_NAMES)?
+        .unwrap_or(Metric::Records(LatencyMetric::Ttft));
     let by = p.parse_with("by", GroupLabel::parse, GROUP_LABEL_NAMES)?;
     let asked = p.parse_with("source", Source::parse, SOURCE_NAMES)?;
+    let metric = match asked_metric {
+        Metric::Records(m) => m,
+        Metric::RuntimeOnly(name) => {
+            let chosen = runtime_only_source(name, asked)?;
+            let (_, mut body) = runtime_answer(&st, &p, model.as_deref(), asked_metric, by)?;
+            if chosen {
+                body.insert("source_chosen".into(), json!(RUNTIME_ONLY));
+            }
+            return Ok(Json(body).into_response());
+        }
+    };
     let (body, window) = match asked.unwrap_or_else(|| Source::default_for(st.store_backend)) {
         Source::Runtime => {
-            let window = p
-                .parse_with("window", Window::parse, RUNTIME_WINDOW_NAMES)?
-                .unwrap_or(Window::M5);
-            let by = match by {
-                None => None,
-                Some(g) => Some(runtime_group(g).ok_or_else(|| ParamError::BadValue {
-                    name: "by".into(),
-                    value: g.name().into(),
-                    allowed: RUNTIME_GROUP_LABEL_NAMES.into(),
-                })?),
-            };
-            let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
-            let (_, body) =
-                from_runtime(&board, model.as_deref(), metric, window, by, now_unix_ms());
+            let (_, body) = runtime_answer(&st, &p, model.as_deref(), asked_metric, by)?;
             return Ok(Json(body).into_response());
         }
         Source::Memory => {
@@ -236,7 +276,7 @@ pub(super) async fn latency(
         let (count, mut runtime) = from_runtime(
             &board,
             model.as_deref(),
-            metric,
+            asked_metric,
             window,
             by.and_then(runtime_group),
             now_unix_ms(),
@@ -247,6 +287,51 @@ pub(super) async fn latency(
         }
     }
     Ok(Json(body).into_response())
+}
+
+/// Where a metric only the runtime measures is answered from: the runtime, chosen (`true`, no
+/// source asked) or asked for; asking the records for it is a 400 that says why.
+fn runtime_only_source(metric: &str, asked: Option<Source>) -> Result<bool, ParamError> {
+    match asked {
+        None => Ok(true),
+        Some(Source::Runtime) => Ok(false),
+        Some(source @ (Source::Memory | Source::Store)) => Err(ParamError::BadValue {
+            name: "source".into(),
+            value: source.name().into(),
+            allowed: format!("runtime, or no source, for metric={metric} ({RUNTIME_ONLY})"),
+        }),
+    }
+}
+
+/// The answer from the runtime windows to the query's window (1m, 5m, 1h) and grouping (the
+/// labels scrapes carry), with its observation count; a 400 for others.
+fn runtime_answer(
+    st: &ApiState,
+    p: &Params,
+    model: Option<&str>,
+    metric: Metric,
+    by: Option<GroupLabel>,
+) -> Result<(u64, Map<String, Value>), ParamError> {
+    let window = p
+        .parse_with("window", Window::parse, RUNTIME_WINDOW_NAMES)?
+        .unwrap_or(Window::M5);
+    let by = match by {
+        None => None,
+        Some(g) => Some(runtime_group(g).ok_or_else(|| ParamError::BadValue {
+            name: "by".into(),
+            value: g.name().into(),
+            allowed: RUNTIME_GROUP_LABEL_NAMES.into(),
+        })?),
+    };
+    let board = st.signals.read().unwrap_or_else(|p| p.into_inner());
+    Ok(from_runtime(
+        &board,
+        model,
+        metric,
+        window,
+        by,
+        now_unix_ms(),
+    ))
 }
 
 /// The runtime histograms' grouping for a `by` label, if they carry it.
@@ -311,7 +396,7 @@ fn runtime_summary_fields(s: &RuntimeSummary) -> Map<String, Value> {
 fn from_runtime(
     board: &SignalBoard,
     model: Option<&str>,
-    metric: LatencyMetric,
+    metric: Metric,
     window: Window,
     by: Option<RuntimeGroup>,
     now: i64,
@@ -319,7 +404,7 @@ fn from_runtime(
     let answer = board.runtime_windows().latency(
         &RuntimeQuery {
             model,
-            signal: runtime_signal(metric),
+            signal: metric.runtime_signal(),
             window_ms: window.duration_ms(),
             by,
         },
@@ -707,7 +792,7 @@ mod tests {
         let (count, body) = from_runtime(
             &board,
             Some("m"),
-            LatencyMetric::Ttft,
+            Metric::Records(LatencyMetric::Ttft),
             Window::M5,
             Some(RuntimeGroup::Instance),
             now,
@@ -742,8 +827,9 @@ mod tests {
         assert_eq!(groups[1]["summary"]["count"], 10);
         // Another metric, another model, or a window ending before the data: nothing.
         for (model, metric) in [
-            (Some("m"), LatencyMetric::Itl),
-            (Some("x"), LatencyMetric::Ttft),
+            (Some("m"), Metric::Records(LatencyMetric::Itl)),
+            (Some("x"), Metric::Records(LatencyMetric::Ttft)),
+            (Some("m"), Metric::RuntimeOnly("prefill")),
         ] {
             let (count, body) = from_runtime(&board, model, metric, Window::M5, None, now);
             assert_eq!(count, 0);
@@ -773,6 +859,87 @@ mod tests {
                 m.name(),
                 "the scrape tables use the API's names"
             );
+        }
+    }
+
+    #[test]
+    fn prefill_and_decode_come_from_the_runtime_histograms_only() {
+        use tokenwatch_core::histogram::CumulativeHistogram;
+        // vLLM's own prefill and decode buckets: per request, 6 prefills in (0, 0.3] and 2 in
+        // (0.3, 0.5]; 5 decodes in (0.8, 1.0] and 3 in (1.5, 2.0].
+        let bounds = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, f64::INFINITY];
+        let prefill =
+            CumulativeHistogram::from_bucket_counts(&bounds, &[6.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        let decode =
+            CumulativeHistogram::from_bucket_counts(&bounds, &[0.0, 0.0, 0.0, 5.0, 0.0, 3.0, 0.0]);
+        let now = 1_700_000_070_000;
+        let mut board = SignalBoard::default();
+        board.record_counts(tokenwatch_core::counts::ScrapeCounts {
+            model_id: "m".into(),
+            instance: "a".into(),
+            runtime: "vllm".into(),
+            at_unix_ms: now,
+            interval_ms: 5_000,
+            finished: Some(8.0),
+            failed: Some(0.0),
+            prompt_tokens: None,
+            output_tokens: None,
+            latency: vec![("prefill".into(), prefill), ("decode".into(), decode)],
+        });
+        for (name, want) in [
+            (
+                "prefill",
+                [("p50", 0.2, 0.0, 0.3), ("p99", 0.492, 0.3, 0.5)],
+            ),
+            (
+                "decode",
+                [
+                    ("p50", 0.96, 0.8, 1.0),
+                    ("p99", 1.5 + 0.5 * 2.92 / 3.0, 1.5, 2.0),
+                ],
+            ),
+        ] {
+            let metric = Metric::parse(name).unwrap();
+            assert_eq!(metric, Metric::RuntimeOnly(name));
+            assert_eq!((metric.name(), metric.runtime_signal()), (name, name));
+            let (count, body) = from_runtime(&board, Some("m"), metric, Window::M5, None, now);
+            assert_eq!(count, 8, "{name}");
+            assert_eq!(body["metric"], name);
+            assert_eq!(body["source"], "runtime");
+            for (q, value, lower, upper) in want {
+                assert!(
+                    (body[q].as_f64().unwrap() - value).abs() < 1e-9,
+                    "{name} {q}: {body:?}"
+                );
+                assert_eq!(
+                    body["bucket_bounds"][q]["lower"],
+                    json!(lower),
+                    "{name} {q}"
+                );
+                assert_eq!(
+                    body["bucket_bounds"][q]["upper"],
+                    json!(upper),
+                    "{name} {q}"
+                );
+            }
+        }
+        // The records' metrics parse as before; the two phases are no records' metric.
+        for m in LatencyMetric::ALL {
+            assert_eq!(Metric::parse(m.name()), Some(Metric::Records(m)));
+        }
+        assert_eq!(Metric::parse("ttfb"), None);
+        // Without a source the runtime is chosen; asked for, it answers; the records: a 400.
+        assert!(runtime_only_source("prefill", None).unwrap());
+        assert!(!runtime_only_source("decode", Some(Source::Runtime)).unwrap());
+        for source in [Source::Memory, Source::Store] {
+            let e = LatencyError::from(runtime_only_source("prefill", Some(source)).unwrap_err());
+            let text = e.to_string();
+            assert!(
+                text.contains("runtime, or no source, for metric=prefill")
+                    && text.contains("only by the serving runtime's own histograms"),
+                "{text}"
+            );
+            assert_eq!(e.into_response().status(), StatusCode::BAD_REQUEST);
         }
     }
 }

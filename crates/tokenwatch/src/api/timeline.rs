@@ -1,7 +1,10 @@
 // The fleet timeline: every 5 s, each model's latency percentiles, rates, error ratio (trailing
 // minute) and latest KV-cache / queue / GPU-memory signals, kept an hour in memory for the UI and `top`.
 // Latency, rates and errors come from the proxy/OTLP records, or — for a model no record holds —
-// from the runtime's own scraped histograms and counters (`FigureSource::Runtime`).
+// from the runtime's own scraped histograms and counters (`FigureSource::Runtime`). The phases
+// inside the runtime come from its histograms whoever else sees the model: prefill and decode
+// time always (no record measures them), queue time where no record carries one (the proxy has
+// it only from an upstream's `x-queue-time` header).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tokenwatch_core::aggregate::Aggregator;
@@ -41,9 +44,18 @@ pub enum Column {
     RequestsRunning,
     GpuMemoryUsedBytes,
     GpuMemoryTotalBytes,
+    QueueP50,
+    QueueP90,
+    QueueP99,
+    PrefillP50,
+    PrefillP90,
+    PrefillP99,
+    DecodeP50,
+    DecodeP90,
+    DecodeP99,
 }
 
-const COLUMNS: usize = 18;
+const COLUMNS: usize = 27;
 
 impl Column {
     pub const ALL: [Column; COLUMNS] = [
@@ -65,6 +77,15 @@ impl Column {
         Column::RequestsRunning,
         Column::GpuMemoryUsedBytes,
         Column::GpuMemoryTotalBytes,
+        Column::QueueP50,
+        Column::QueueP90,
+        Column::QueueP99,
+        Column::PrefillP50,
+        Column::PrefillP90,
+        Column::PrefillP99,
+        Column::DecodeP50,
+        Column::DecodeP90,
+        Column::DecodeP99,
     ];
 
     pub fn name(self) -> &'static str {
@@ -87,6 +108,15 @@ impl Column {
             Column::RequestsRunning => "requests_running",
             Column::GpuMemoryUsedBytes => "gpu_memory_used_bytes",
             Column::GpuMemoryTotalBytes => "gpu_memory_total_bytes",
+            Column::QueueP50 => "queue_p50_s",
+            Column::QueueP90 => "queue_p90_s",
+            Column::QueueP99 => "queue_p99_s",
+            Column::PrefillP50 => "prefill_p50_s",
+            Column::PrefillP90 => "prefill_p90_s",
+            Column::PrefillP99 => "prefill_p99_s",
+            Column::DecodeP50 => "decode_p50_s",
+            Column::DecodeP90 => "decode_p90_s",
+            Column::DecodeP99 => "decode_p99_s",
         }
     }
 
@@ -105,10 +135,29 @@ impl Column {
         match metric {
             LatencyMetric::Ttft => [Column::TtftP50, Column::TtftP90, Column::TtftP99],
             LatencyMetric::Itl => [Column::ItlP50, Column::ItlP90, Column::ItlP99],
-            _ => [Column::E2eP50, Column::E2eP90, Column::E2eP99],
+            LatencyMetric::E2e => [Column::E2eP50, Column::E2eP90, Column::E2eP99],
+            LatencyMetric::Queue => [Column::QueueP50, Column::QueueP90, Column::QueueP99],
         }
     }
 }
+
+/// The phases inside the runtime its histograms time (`sources::scrape` tables): the signal and
+/// its P50/P90/P99 columns. Prefill and decode come from no record; queue time from the records
+/// where they carry it (`RequestRecord::queue_s`).
+const RUNTIME_PHASES: [(&str, [Column; 3]); 3] = [
+    (
+        "queue",
+        [Column::QueueP50, Column::QueueP90, Column::QueueP99],
+    ),
+    (
+        "prefill",
+        [Column::PrefillP50, Column::PrefillP90, Column::PrefillP99],
+    ),
+    (
+        "decode",
+        [Column::DecodeP50, Column::DecodeP90, Column::DecodeP99],
+    ),
+];
 
 /// Where a model's latency, rate and error figures come from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -194,6 +243,22 @@ pub fn sample_fleet(
             }
         }
     }
+    // Queue time where the records carry it (the upstream's `x-queue-time` header).
+    let mut queue: BTreeMap<String, LatencySketch> = BTreeMap::new();
+    for ((model, _), sketch) in
+        agg.sketches_by_model_and_bucket(LatencyMetric::Queue, window, now_ms)
+    {
+        queue.entry(model).or_default().merge(&sketch);
+    }
+    for (model, sketch) in queue {
+        let sample = out.entry(model).or_default();
+        for (col, q) in Column::latency(LatencyMetric::Queue)
+            .into_iter()
+            .zip([0.5, 0.9, 0.99])
+        {
+            sample.set(col, sketch.quantile(q));
+        }
+    }
     for g in agg.counts(None, window, Some(GroupLabel::ModelId), now_ms) {
         let Some(model) = g.labels.get(GroupLabel::ModelId.name()) else {
             continue;
@@ -274,6 +339,30 @@ fn sample_runtime(
             sample.runtimes.extend(answer.total.runtimes);
             sample.instances.extend(answer.total.instances);
         }
+        // The phases inside the runtime, whoever else sees the model; queue time only where no
+        // record carries one.
+        for (signal, cols) in RUNTIME_PHASES {
+            if cols.iter().any(|c| sample.get(*c).is_some()) {
+                continue;
+            }
+            let answer = windows.latency(
+                &RuntimeQuery {
+                    model: Some(&model),
+                    signal,
+                    window_ms,
+                    by: None,
+                },
+                now_ms,
+            );
+            for (col, name) in cols.into_iter().zip(["p50", "p90", "p99"]) {
+                if let Some(q) = answer.total.quantile(name) {
+                    sample.set(col, Some(q.value));
+                    sample
+                        .bucket_bounds
+                        .insert(col, (q.bucket_lower, q.bucket_upper));
+                }
+            }
+        }
         if beside {
             continue;
         }
@@ -327,6 +416,15 @@ fn sample_signals(board: &SignalBoard, now_ms: i64, out: &mut BTreeMap<String, M
         Column::RequestsRunning,
         Column::GpuMemoryUsedBytes,
         Column::GpuMemoryTotalBytes,
+        Column::QueueP50,
+        Column::QueueP90,
+        Column::QueueP99,
+        Column::PrefillP50,
+        Column::PrefillP90,
+        Column::PrefillP99,
+        Column::DecodeP50,
+        Column::DecodeP90,
+        Column::DecodeP99,
     ];
     for (model, vals) in acc {
         let sample = out.entry(model).or_default();

@@ -215,3 +215,82 @@ fn a_model_no_record_holds_gets_its_figures_from_the_runtime() {
         None
     );
 }
+
+#[test]
+fn queue_prefill_and_decode_come_from_the_runtime_unless_records_carry_the_queue() {
+    // Per scrape of each model: 6 queue waits in (0, 0.3] and 2 in (0.3, 0.5]; the same for
+    // prefill; 5 decodes in (0.8, 1.0] and 3 in (1.5, 2.0] (vLLM's own bucket bounds).
+    let bounds = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, f64::INFINITY];
+    let short =
+        CumulativeHistogram::from_bucket_counts(&bounds, &[6.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+    let decode =
+        CumulativeHistogram::from_bucket_counts(&bounds, &[0.0, 0.0, 0.0, 5.0, 0.0, 3.0, 0.0]);
+    let mut agg = Aggregator::new(AggregatorConfig::default());
+    for i in 0..10 {
+        agg.observe(&rec("proxied", NOW - i * 1000, 0.1, 100, 200));
+        // This proxy's upstream sends `x-queue-time`: 20 ms each.
+        let mut queued = rec("queued", NOW - i * 1000, 0.1, 100, 200);
+        queued.queue_s = Some(0.02);
+        agg.observe(&queued);
+    }
+    let mut board = SignalBoard::default();
+    for model in ["scraped", "proxied", "queued"] {
+        for k in 0..3 {
+            let mut c = scraped(model, NOW - k * 5_000, [8.0, 0.0, 0.0], 0.0);
+            c.latency.extend([
+                ("queue".to_string(), short.clone()),
+                ("prefill".to_string(), short.clone()),
+                ("decode".to_string(), decode.clone()),
+            ]);
+            board.record_counts(c);
+        }
+    }
+    let fleet = sample_fleet(&agg, &board, Window::M1, NOW);
+    let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
+    for model in ["scraped", "proxied", "queued"] {
+        let s = &fleet[model];
+        // Rank 4 of 8 in (0, 0.3] holding 6; rank 7.92 in (0.3, 0.5] holding 2.
+        assert!(close(s.get(Column::PrefillP50), 0.2), "{model}: {s:?}");
+        assert!(
+            close(s.get(Column::PrefillP99), 0.3 + 0.2 * 1.92 / 2.0),
+            "{model}"
+        );
+        assert_eq!(s.bucket_bounds[&Column::PrefillP50], (0.0, 0.3), "{model}");
+        assert!(close(s.get(Column::DecodeP50), 0.96), "{model}: {s:?}");
+        assert!(
+            close(s.get(Column::DecodeP90), 1.5 + 0.5 * 2.2 / 3.0),
+            "{model}"
+        );
+        assert_eq!(s.bucket_bounds[&Column::DecodeP99], (1.5, 2.0), "{model}");
+    }
+    // No record carries a queue time: the runtime's, with its bucket.
+    for model in ["scraped", "proxied"] {
+        let s = &fleet[model];
+        assert!(close(s.get(Column::QueueP50), 0.2), "{model}: {s:?}");
+        assert_eq!(s.bucket_bounds[&Column::QueueP90], (0.3, 0.5), "{model}");
+    }
+    assert_eq!(fleet["proxied"].figure_source, FigureSource::Proxy);
+    assert!(
+        !fleet["proxied"]
+            .bucket_bounds
+            .contains_key(&Column::TtftP50),
+        "the proxy's TTFT stays the proxy's"
+    );
+    // The records carry one: theirs (a sketch, no bucket).
+    let q = &fleet["queued"];
+    assert!(
+        (q.get(Column::QueueP50).unwrap() - 0.02).abs() < 0.0005,
+        "{q:?}"
+    );
+    assert!(!q.bucket_bounds.contains_key(&Column::QueueP50));
+    // Nothing scraped, nothing recorded: no phase columns.
+    let none = sample_fleet(&agg, &SignalBoard::default(), Window::M1, NOW);
+    assert_eq!(none["proxied"].get(Column::PrefillP50), None);
+    assert_eq!(none["proxied"].get(Column::QueueP50), None);
+    // The fleet API and the model page name them so.
+    let names: Vec<&str> = Column::ALL.iter().map(|c| c.name()).collect();
+    for n in ["queue_p50_s", "prefill_p90_s", "decode_p99_s"] {
+        assert!(names.contains(&n), "{n}");
+    }
+    assert!(!FIGURE_COLUMNS.contains(&Column::PrefillP50));
+}

@@ -2,8 +2,9 @@
 // target serving the recorded real vLLM exposition whose histograms and counters advance by known
 // bucket increments each scrape; `/api/v1/latency` (no source asked), `/api/v1/fleet` and the
 // model page's `/api/v1/timeseries` answer from the runtime windows, each percentile inside its
-// stated bucket and where the increments put it; `/api/v1/compare` around a deploy marker
-// compares the runtime's minutes before and after it.
+// stated bucket and where the increments put it — queue, prefill and decode time too, the two
+// last only the runtime measures; `/api/v1/compare` around a deploy marker compares the runtime's
+// minutes before and after it.
 
 use crate::common;
 
@@ -30,6 +31,42 @@ const TTFT_EXPECTED: [(&str, f64, f64, f64); 4] = [
     ("p90", 0.25 + 0.25 * 1.2 / 2.0, 0.25, 0.5),
     ("p95", 0.25 + 0.25 * 1.6 / 2.0, 0.25, 0.5),
     ("p99", 0.25 + 0.25 * 1.92 / 2.0, 0.25, 0.5),
+];
+
+/// A percentile's name, the value the increments put it at, and its bucket's bounds.
+type Expected = (&'static str, f64, f64, f64);
+
+/// Per scrape, the phases inside vLLM (its own buckets 0.3, 0.5, 0.8, 1, 1.5, 2, …): 8 queue
+/// waits in (0, 0.3]; 6 prefills in (0, 0.3] and 2 in (0.3, 0.5]; 5 decodes in (0.8, 1] and 3 in
+/// (1.5, 2]. What that puts each percentile at: (metric, [(name, value, lower, upper)]).
+const PHASES_EXPECTED: [(&str, [Expected; 4]); 3] = [
+    (
+        "queue",
+        [
+            ("p50", 0.3 * 4.0 / 8.0, 0.0, 0.3),
+            ("p90", 0.3 * 7.2 / 8.0, 0.0, 0.3),
+            ("p95", 0.3 * 7.6 / 8.0, 0.0, 0.3),
+            ("p99", 0.3 * 7.92 / 8.0, 0.0, 0.3),
+        ],
+    ),
+    (
+        "prefill",
+        [
+            ("p50", 0.3 * 4.0 / 6.0, 0.0, 0.3),
+            ("p90", 0.3 + 0.2 * 1.2 / 2.0, 0.3, 0.5),
+            ("p95", 0.3 + 0.2 * 1.6 / 2.0, 0.3, 0.5),
+            ("p99", 0.3 + 0.2 * 1.92 / 2.0, 0.3, 0.5),
+        ],
+    ),
+    (
+        "decode",
+        [
+            ("p50", 0.8 + 0.2 * 4.0 / 5.0, 0.8, 1.0),
+            ("p90", 1.5 + 0.5 * 2.2 / 3.0, 1.5, 2.0),
+            ("p95", 1.5 + 0.5 * 2.6 / 3.0, 1.5, 2.0),
+            ("p99", 1.5 + 0.5 * 2.92 / 3.0, 1.5, 2.0),
+        ],
+    ),
 ];
 
 /// The recorded vLLM exposition (real metric names and labels) after `n` scrapes' increments.
@@ -77,6 +114,17 @@ fn vllm_with(text: &str, fast: usize, slow: usize) -> String {
             "vllm:request_success_total" if series.contains("finished_reason=\"error\"") => 1.0,
             "vllm:prompt_tokens_total" => 400.0,
             "vllm:generation_tokens_total" => OUTPUT_TOKENS_PER_SCRAPE,
+            "vllm:request_queue_time_seconds_bucket" => 8.0,
+            "vllm:request_queue_time_seconds_count" => 8.0,
+            "vllm:request_queue_time_seconds_sum" => 8.0 * 0.15,
+            "vllm:request_prefill_time_seconds_bucket" if le >= 0.5 => 8.0,
+            "vllm:request_prefill_time_seconds_bucket" => 6.0,
+            "vllm:request_prefill_time_seconds_count" => 8.0,
+            "vllm:request_prefill_time_seconds_sum" => 6.0 * 0.2 + 2.0 * 0.4,
+            "vllm:request_decode_time_seconds_bucket" if le >= 2.0 => 8.0,
+            "vllm:request_decode_time_seconds_bucket" if le >= 1.0 => 5.0,
+            "vllm:request_decode_time_seconds_count" => 8.0,
+            "vllm:request_decode_time_seconds_sum" => 5.0 * 0.9 + 3.0 * 1.8,
             _ => 0.0,
         };
         let slow_step = match name {
@@ -207,6 +255,81 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
         assert!(r.body.contains(says), "{query}: {}", r.body);
     }
 
+    // Queue, prefill and decode time: the runtime's histograms, where the increments put them.
+    // Prefill and decode only the runtime measures: answered from it with or without
+    // source=runtime, and a 400 when the records are asked for them; queue time falls back to
+    // the runtime as TTFT does (no record carries an x-queue-time).
+    for (metric, want) in PHASES_EXPECTED {
+        for source in ["", "&source=runtime"] {
+            let url = format!(
+                "http://{api}/api/v1/latency?model=tinyllama&metric={metric}&window=5m{source}"
+            );
+            let v = poll_json(&url, &tw, 15, |v| v["count"].as_u64().unwrap_or(0) >= 16).await;
+            assert_eq!(
+                (&v["source"], &v["metric"]),
+                (&"runtime".into(), &metric.into()),
+                "{v:#}"
+            );
+            assert_eq!(v["count"].as_u64().unwrap() % 8, 0, "{v:#}");
+            let chosen = v["source_chosen"].as_str();
+            match (metric, source) {
+                (_, "&source=runtime") => assert_eq!(chosen, None, "{v:#}"),
+                ("queue", _) => assert!(
+                    chosen.is_some_and(|s| s.contains("no proxy or OTLP record")),
+                    "{v:#}"
+                ),
+                _ => assert!(
+                    chosen.is_some_and(|s| s.contains("measured only by the serving runtime")),
+                    "{v:#}"
+                ),
+            }
+            for (name, value, lower, upper) in want {
+                let bounds = &v["bucket_bounds"][name];
+                assert_eq!(
+                    (bounds["lower"].as_f64(), bounds["upper"].as_f64()),
+                    (Some(lower), Some(upper)),
+                    "{metric} {name}: {v:#}"
+                );
+                let got = v[name].as_f64().unwrap();
+                assert!(
+                    close(got, value),
+                    "{metric} {name}: {got}, the increments put it at {value}: {v:#}"
+                );
+            }
+        }
+    }
+    for metric in ["prefill", "decode"] {
+        for source in ["memory", "store"] {
+            let r = get(&format!(
+                "http://{api}/api/v1/latency?model=tinyllama&metric={metric}&source={source}"
+            ))
+            .await;
+            assert_eq!(r.status, 400, "{metric} from {source}: {}", r.body);
+            assert!(
+                r.body.contains("runtime, or no source")
+                    && r.body
+                        .contains("only by the serving runtime's own histograms"),
+                "{}",
+                r.body
+            );
+        }
+        // A model no runtime reports: an empty answer from the runtime, saying why.
+        let none = json(&format!(
+            "http://{api}/api/v1/latency?model=nobody&metric={metric}"
+        ))
+        .await;
+        assert_eq!(
+            (&none["source"], &none["count"]),
+            (&"runtime".into(), &0.into()),
+            "{none:#}"
+        );
+        assert!(
+            none["source_chosen"]
+                .as_str()
+                .is_some_and(|s| s.contains("vllm:request_prefill_time_seconds"))
+        );
+    }
+
     // The fleet row: TTFT/ITL percentiles, rates and errors from the runtime, labelled so.
     let fleet_url = format!("http://{api}/api/v1/fleet");
     let fleet = poll_json(&fleet_url, &tw, 15, |v| {
@@ -258,6 +381,22 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
         row["kv_cache_usage"].is_number(),
         "still from the gauges: {row:#}"
     );
+    // The phases inside the runtime: P50/P90/P99 where the increments put them, with buckets.
+    for (metric, want) in PHASES_EXPECTED {
+        for (name, value, lower, upper) in want.into_iter().filter(|w| w.0 != "p95") {
+            let column = format!("{metric}_{name}_s");
+            assert!(
+                close(row[&column].as_f64().unwrap(), value),
+                "{column}: {row:#}"
+            );
+            let b = &row["bucket_bounds"][&column];
+            assert_eq!(
+                (b["lower"].as_f64(), b["upper"].as_f64()),
+                (Some(lower), Some(upper)),
+                "{column}"
+            );
+        }
+    }
 
     // `top --once` prints the same row: the model's TTFT and ITL percentiles as the fleet gives
     // them (its name is marked ʳ, runtime figures, unless an alert colours it).
@@ -305,9 +444,29 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
             .is_some_and(|s| s.iter().any(Value::is_number))
     };
     let ts = poll_json(&charts, &tw, 15, |v| {
-        has(v, "ttft_p99_s") && has(v, "itl_p50_s") && has(v, "requests_per_s")
+        has(v, "ttft_p99_s")
+            && has(v, "itl_p50_s")
+            && has(v, "requests_per_s")
+            && has(v, "queue_p50_s")
+            && has(v, "prefill_p90_s")
+            && has(v, "decode_p99_s")
     })
     .await;
+    let last = |column: &str| {
+        ts["series"][column]
+            .as_array()
+            .and_then(|s| s.iter().rev().find_map(Value::as_f64))
+            .unwrap()
+    };
+    assert!(
+        close(last("prefill_p50_s"), PHASES_EXPECTED[1].1[0].1),
+        "{ts:#}"
+    );
+    assert!(
+        close(last("decode_p99_s"), PHASES_EXPECTED[2].1[3].1),
+        "{ts:#}"
+    );
+    assert_eq!(ts["units"]["prefill_p50_s"], "seconds");
     assert_eq!(ts["figure_source"], "runtime", "{ts:#}");
 
     // The success SLO burns on runtime data alone: 1 of 8 requests failed (12.5 % against a

@@ -6,8 +6,11 @@ Usage: instrumented_client.py INSTRUMENTATION BASE_URL OTLP_HTTP_BASE MODEL CALL
   INSTRUMENTATION: openinference | openai-v2 | traceloop | openlit
   OTLP_HTTP_BASE: http://host:port (spans go to /v1/traces)
 Prints one JSON object: the instrumentation's package version and, per call in order, whether it
-streamed, when it started (unix ms), the time to its first content chunk as the client measured
-it (streamed calls) and the tokens it was told.
+streamed, when it started (unix ms), the time to its first content chunk and to its end as the
+client measured them and the tokens it was told.
+
+openai-v2 also exports its metrics (gen_ai.client.operation.duration, gen_ai.client.token.usage)
+to OTLP_HTTP_BASE/v1/metrics, once, at the end: per call, its spans say nothing of streams.
 """
 import json
 import sys
@@ -17,6 +20,7 @@ from importlib import metadata
 kind, base_url, otlp, model, calls = sys.argv[1:6]
 calls = int(calls)
 traces = otlp.rstrip("/") + "/v1/traces"
+meters = None
 
 
 def sdk_provider():
@@ -39,10 +43,19 @@ if kind == "openinference":
     OpenAIInstrumentor().instrument(tracer_provider=provider)
     package = "openinference-instrumentation-openai"
 elif kind == "openai-v2":
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     provider = sdk_provider()
-    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    # One export, at the end (force_flush): cumulative histograms of every call.
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=otlp.rstrip("/") + "/v1/metrics"),
+        export_interval_millis=3_600_000,
+    )
+    meters = MeterProvider(metric_readers=[reader], resource=provider.resource)
+    OpenAIInstrumentor().instrument(tracer_provider=provider, meter_provider=meters)
     package = "opentelemetry-instrumentation-openai-v2"
 elif kind == "traceloop":
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -59,10 +72,13 @@ elif kind == "traceloop":
 elif kind == "openlit":
     import openlit
 
+    # OpenLIT's default batching: with disable_batch=True the span of the HTTP request under
+    # each call is exported on the call's own thread when the headers come back, before OpenLIT
+    # starts its first-token clock, so the client waits for that export too (2-3 ms to a local
+    # collector) and no span shows it.
     openlit.init(
         otlp_endpoint=otlp.rstrip("/"),
         application_name=f"app-{kind}",
-        disable_batch=True,
         disable_metrics=True,
     )
     provider = None
@@ -96,17 +112,21 @@ for i in range(calls):
     else:
         r = client.chat.completions.create(model=model, messages=messages, max_tokens=12)
         completion, prompt = r.usage.completion_tokens, r.usage.prompt_tokens
+    e2e = time.perf_counter() - t0
     out.append(
         {
             "stream": stream,
             "started_ms": started * 1000.0,
             "ttft_s": ttft,
+            "e2e_s": e2e,
             "completion_tokens": completion,
             "prompt_tokens": prompt,
         }
     )
     time.sleep(0.3)
 
+if meters is not None:
+    meters.force_flush()
 if provider is not None:
     provider.force_flush()
 else:

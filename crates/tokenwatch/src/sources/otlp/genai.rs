@@ -21,7 +21,9 @@
 // event, or the first of Traceloop's `gen_ai.content.completion.chunk` events (older releases:
 // `llm.content.completion.chunk`), whose times also give the chunk offsets (inter-token gaps).
 // A span with a first-token time is a stream unless it says otherwise; one that says it did not
-// stream has no first-token time (OpenLIT gives its whole duration there).
+// stream has no first-token time (OpenLIT gives its whole duration there). OpenLIT's clock starts
+// after the response's headers came back: where the HTTP client span under its span was received
+// (`http_children`), the wait for them is added back, so its first-token time is the client's.
 //
 // One model, one id: the requested model names the record (the response's model, often a
 // longer or dated spelling of the same, stays in the span's attributes), as the proxy and the
@@ -38,6 +40,7 @@
 // (`kernel::shipped_record`).
 
 use super::attrs::{self, as_f64, as_str, as_u64, first_str, value_of};
+use super::http_children::HttpChildren;
 use crate::kernel::shipped_record;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
@@ -317,7 +320,19 @@ fn prefix_key_of(v: &Value) -> Result<u64, String> {
 }
 
 /// Map one export request. `want_rows` false skips building the stored span rows (benchmarks).
+/// Only this request's HTTP client spans are known (`map_traces_with` for the receiver's).
 pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatch {
+    map_traces_with(req, want_rows, &HttpChildren::default())
+}
+
+/// Map one export request, `children` holding the HTTP client spans received before (and taking
+/// this request's).
+pub fn map_traces_with(
+    req: &ExportTraceServiceRequest,
+    want_rows: bool,
+    children: &HttpChildren,
+) -> TraceBatch {
+    children.note(req);
     let mut out = TraceBatch::default();
     let mut first_warning = None;
     for rs in &req.resource_spans {
@@ -329,7 +344,7 @@ pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatc
         let res = ResourceInfo::of(res_attrs);
         for ss in &rs.scope_spans {
             for span in &ss.spans {
-                match map_span(span, &res, want_rows) {
+                match map_span(span, &res, want_rows, children) {
                     Ok((record, row, warning)) => {
                         out.accepted += 1;
                         let (scores, score_warning) = super::span_scores::of(&span.attributes);
@@ -378,6 +393,7 @@ fn map_span(
     span: &Span,
     res: &ResourceInfo<'_>,
     want_rows: bool,
+    children: &HttpChildren,
 ) -> Result<Mapped, attrs::IdError> {
     let trace_id = attrs::trace_id(&span.trace_id)?;
     let span_id = attrs::span_id(&span.span_id)?;
@@ -385,7 +401,8 @@ fn map_span(
     let g = GenAi::of(&span.attributes);
     let mut warning = None;
     let record = if g.is_genai() {
-        let mut r = record_of(span, &g, res, &trace_id, &span_id);
+        let headers_at = children.take(span);
+        let mut r = record_of(span, &g, res, &trace_id, &span_id, headers_at);
         // A proxy replica's span (`role: proxy`) carries the rest of its record exactly.
         warning = shipped_record::apply(&span.attributes, &mut r).map(|e| e.to_string());
         r.summarize_gaps();
@@ -443,13 +460,15 @@ fn nanos(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// The request record of a GenAI span (see the module comment of `mod.rs` for the mapping).
+/// The request record of a GenAI span (see the module comment of `mod.rs` for the mapping);
+/// `headers_at` is when the HTTP client span under it ended (unix ns), if one was received.
 fn record_of(
     span: &Span,
     g: &GenAi<'_>,
     res: &ResourceInfo<'_>,
     trace_id: &str,
     span_id: &str,
+    headers_at: Option<u64>,
 ) -> RequestRecord {
     let model_id = text(g.request_model)
         .or_else(|| text(g.response_model))
@@ -474,11 +493,21 @@ fn record_of(
     let start = span.start_time_unix_nano;
     let end_s = span.end_time_unix_nano.saturating_sub(start) as f64 / 1e9;
     let events = StreamEvents::of(span);
+    // OpenLIT's time to first token runs from when the response's headers came back; the HTTP
+    // client span under its span ended then: the wait before it is added back.
+    let headers_wait_s = headers_at
+        .filter(|end| (start..=span.end_time_unix_nano).contains(end))
+        .map_or(0.0, |end| (end - start) as f64 / 1e9);
     let first_token_s = g
         .time_to_first_chunk
-        .or(g.server_ttft)
         .and_then(as_f64)
         .filter(|t| *t >= 0.0)
+        .or_else(|| {
+            g.server_ttft
+                .and_then(as_f64)
+                .filter(|t| *t >= 0.0)
+                .map(|t| t + headers_wait_s)
+        })
         .or(events.first_token_s);
     let stream = match (g.stream, g.invocation_stream) {
         (Some(Value::BoolValue(b)), _) => *b,
@@ -812,6 +841,65 @@ mod tests {
             vec![],
         );
         assert_eq!((r.first_token_s, r.stream), (None, false));
+    }
+
+    #[test]
+    fn openlit_first_token_adds_back_the_wait_for_the_headers_of_its_http_child() {
+        // OpenLIT (1.45) on a stream: its span starts before the request; the httpx span under
+        // it ends when the headers came back, 12 ms later; its clock starts there and reads
+        // 42 ms to the first chunk: the client felt 54 ms.
+        let mut span = genai_span();
+        span.attributes
+            .retain(|kv| kv.key != "gen_ai.response.time_to_first_chunk");
+        span.attributes.extend([
+            kv("gen_ai.request.stream", Value::BoolValue(true)),
+            kv(
+                "gen_ai.server.time_to_first_token",
+                Value::DoubleValue(0.042),
+            ),
+        ]);
+        let start = span.start_time_unix_nano;
+        let child = |end: u64| Span {
+            trace_id: span.trace_id.clone(),
+            span_id: vec![0x77; 8],
+            parent_span_id: span.span_id.clone(),
+            name: "POST".into(),
+            kind: 3,
+            start_time_unix_nano: start + 500_000,
+            end_time_unix_nano: end,
+            attributes: vec![kv("http.method", s("POST"))],
+            ..Default::default()
+        };
+        let first = |b: &TraceBatch| b.records[0].first_token_s.unwrap();
+        // In the same export, the child first (as the SDK's processors send them) or after.
+        for spans in [
+            vec![child(start + 12_000_000), span.clone()],
+            vec![span.clone(), child(start + 12_000_000)],
+        ] {
+            let b = map_traces(&request(spans), false);
+            assert_eq!(b.records.len(), 1, "the HTTP span is no record");
+            assert!((first(&b) - 0.054).abs() < 1e-9, "{}", first(&b));
+        }
+        // In an earlier export to the receiver (SimpleSpanProcessor: one span per export).
+        let children = HttpChildren::default();
+        let b = map_traces_with(&request(vec![child(start + 12_000_000)]), false, &children);
+        assert!(b.records.is_empty());
+        let b = map_traces_with(&request(vec![span.clone()]), false, &children);
+        assert!((first(&b) - 0.054).abs() < 1e-9, "{}", first(&b));
+        assert!(children.is_empty(), "taken by its parent");
+        // No child received, or one ending outside the span: OpenLIT's own figure.
+        let b = map_traces_with(&request(vec![span.clone()]), false, &children);
+        assert_eq!(first(&b), 0.042);
+        let late = child(span.end_time_unix_nano + 1);
+        let b = map_traces(&request(vec![late, span.clone()]), false);
+        assert_eq!(first(&b), 0.042);
+        // An instrumentation's own client-side first chunk time is taken as it is.
+        let mut oi = genai_span();
+        oi.span_id = vec![0x05; 8];
+        let mut c = child(start + 12_000_000);
+        c.parent_span_id = oi.span_id.clone();
+        let b = map_traces(&request(vec![c, oi]), false);
+        assert_eq!(first(&b), 0.25);
     }
 
     fn doubles(v: &[f64]) -> Value {

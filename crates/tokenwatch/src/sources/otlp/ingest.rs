@@ -156,6 +156,9 @@ pub struct Ingest {
     scores: Option<ScoreOutlet>,
     /// Proxy replicas' records received again (a retry after a lost answer) are dropped.
     shipped: super::shipped_dedup::ShippedDedup,
+    /// When GenAI calls' response headers came back, from their HTTP client spans (OpenLIT's
+    /// first-token time starts there).
+    http_children: super::http_children::HttpChildren,
     pub stats: OtlpStats,
 }
 
@@ -184,6 +187,7 @@ impl Ingest {
             log_feed: None,
             scores: None,
             shipped: super::shipped_dedup::ShippedDedup::new(0),
+            http_children: Default::default(),
             mapper: Mutex::new(MetricsMapper::default()),
             permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
             stats: OtlpStats::default(),
@@ -302,7 +306,7 @@ impl Ingest {
         req: ExportTraceServiceRequest,
         t: Transport,
     ) -> Result<Accepted, Refused> {
-        let batch = genai::map_traces(&req, true);
+        let batch = genai::map_traces_with(&req, true, &self.http_children);
         drop(req);
         let spans = batch.spans;
         let n_spans = spans.len();

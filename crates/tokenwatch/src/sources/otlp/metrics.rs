@@ -162,11 +162,14 @@ fn text(v: Option<&Value>) -> Option<String> {
     v.and_then(as_str).map(|s| s.into_owned())
 }
 
+/// One model, one id: the requested model names the point, as it names the span's record, the
+/// proxy's and the runtime's series (the response's model, often a longer or dated spelling of
+/// the same, only when no request model was sent).
 fn owner(res: &[KeyValue], point: &[KeyValue]) -> Owner {
     let get =
         |attrs: &[KeyValue], k: &str| text(attrs.iter().find(|kv| kv.key == k).and_then(value_of));
-    let model_id = get(point, "gen_ai.response.model")
-        .or_else(|| get(point, "gen_ai.request.model"))
+    let model_id = get(point, "gen_ai.request.model")
+        .or_else(|| get(point, "gen_ai.response.model"))
         .unwrap_or_else(|| "unknown".into());
     let runtime = get(point, "gen_ai.provider.name")
         .or_else(|| get(point, "gen_ai.system"))
@@ -1112,6 +1115,97 @@ mod tests {
             b.first_error
                 .unwrap()
                 .contains("exponential histogram point: scale -11")
+        );
+    }
+
+    #[test]
+    fn openai_v2_duration_and_token_usage_go_under_the_requested_model() {
+        // What opentelemetry-instrumentation-openai-v2 2.4b0 (with opentelemetry-util-genai
+        // 1.1b0) exports: cumulative explicit histograms on util-genai's bounds, each point
+        // naming the requested and the responding model; 10 calls, 5 of 0.1–0.16 s, 5 of
+        // 0.16–0.32 s, 12 prompt and 60 output tokens.
+        let bounds = vec![0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64];
+        let attrs = |token_type: Option<&str>| {
+            let mut a = vec![
+                kv("gen_ai.operation.name", "chat"),
+                kv("gen_ai.request.model", "meta-llama/Llama-3.1-8B-Instruct"),
+                kv("gen_ai.provider.name", "openai"),
+                kv("gen_ai.response.model", "Llama-3.1-8B-Instruct"),
+            ];
+            a.extend(token_type.map(|t| kv("gen_ai.token.type", t)));
+            a
+        };
+        let point =
+            |counts: Vec<u64>, sum: f64, token_type: Option<&str>, b: &[f64]| HistogramDataPoint {
+                attributes: attrs(token_type),
+                start_time_unix_nano: 1_000_000_000,
+                time_unix_nano: 11_000_000_000,
+                count: counts.iter().sum(),
+                sum: Some(sum),
+                bucket_counts: counts,
+                explicit_bounds: b.to_vec(),
+                ..Default::default()
+            };
+        let token_bounds = [1.0, 4.0, 16.0, 64.0];
+        let mut r = req(
+            "gen_ai.client.operation.duration",
+            AggregationTemporality::Cumulative,
+            vec![point(vec![0, 0, 0, 0, 5, 5, 0, 0], 2.0, None, &bounds)],
+        );
+        let usage = Metric {
+            name: "gen_ai.client.token.usage".into(),
+            unit: "{token}".into(),
+            data: Some(Data::Histogram(Histogram {
+                data_points: vec![
+                    point(vec![0, 0, 10, 0, 0], 120.0, Some("input"), &token_bounds),
+                    point(vec![0, 0, 10, 0, 0], 60.0, Some("output"), &token_bounds),
+                ],
+                aggregation_temporality: AggregationTemporality::Cumulative as i32,
+            })),
+            ..Default::default()
+        };
+        r.resource_metrics[0].scope_metrics[0].metrics.push(usage);
+        let b = MetricsMapper::default().map(&r, 0);
+        assert_eq!(b.rejected, 0, "{:?}", b.first_error);
+        assert!(!b.points.is_empty());
+        assert!(
+            b.points
+                .iter()
+                .all(|p| p.model_id == "meta-llama/Llama-3.1-8B-Instruct" && p.runtime == "openai"),
+            "{:?}",
+            b.points
+        );
+        // The median call lies in (0.08, 0.16]: its top, rank 5 of the 5 there.
+        let p50 = b
+            .points
+            .iter()
+            .find(|p| p.signal == "e2e_p50_seconds")
+            .unwrap();
+        assert!((p50.value - 0.16).abs() < 1e-9, "{p50:?}");
+        assert_eq!(p50.notes["metric"], "gen_ai.client.operation.duration");
+        assert_eq!(p50.notes["observations"], "10");
+        // 10 calls, 120 prompt and 60 output tokens over the 10 s since the series' start.
+        assert_eq!(value(&b, "requests_per_second"), Some(1.0));
+        assert_eq!(value(&b, "prompt_tokens_per_second"), Some(12.0));
+        assert_eq!(value(&b, "output_tokens_per_second"), Some(6.0));
+        // A point naming only the response's model goes under that one.
+        let mut only = req(
+            "gen_ai.client.operation.duration",
+            AggregationTemporality::Cumulative,
+            vec![point(vec![0, 0, 0, 0, 5, 5, 0, 0], 2.0, None, &bounds)],
+        );
+        if let Some(Data::Histogram(h)) =
+            &mut only.resource_metrics[0].scope_metrics[0].metrics[0].data
+        {
+            h.data_points[0]
+                .attributes
+                .retain(|kv| kv.key != "gen_ai.request.model");
+        }
+        let b = MetricsMapper::default().map(&only, 0);
+        assert!(
+            b.points
+                .iter()
+                .all(|p| p.model_id == "Llama-3.1-8B-Instruct")
         );
     }
 }

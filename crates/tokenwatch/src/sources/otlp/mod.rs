@@ -2,7 +2,7 @@
 // GenAI spans into request records and GenAI metrics into normalised signals.
 //
 // Span → record mapping (`genai.rs`): spans carrying `gen_ai.operation.name`, a model or a
-// provider become records — model_id from the response (else request) model, runtime from
+// provider become records — model_id from the requested (else response) model, runtime from
 // `gen_ai.provider.name`/`gen_ai.system`/resource `service.name`, instance from
 // `server.address[:server.port]` or `service.instance.id`, request_id = span id, arrival = start,
 // end = duration, first token = `gen_ai.response.time_to_first_chunk`, status 500/upstream_5xx
@@ -13,6 +13,7 @@ pub mod codec;
 pub mod genai;
 mod grpc;
 mod http;
+pub mod http_children;
 pub mod ingest;
 pub mod logs;
 pub mod metrics;
