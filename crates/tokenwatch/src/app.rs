@@ -296,6 +296,8 @@ impl RunningApp {
             max_series: cfg.aggregation.max_series,
         })));
         let (shutdown, stop) = watch::channel(false);
+        // What `/readyz` lists: each component's status.
+        let components = Components::default();
         let signals: SharedSignals = Arc::new(std::sync::RwLock::new(SignalBoard::new(
             cfg.signals.history_points,
             cfg.signals.max_series,
@@ -320,6 +322,7 @@ impl RunningApp {
                 splits: splits.clone(),
                 actions,
             },
+            &components,
             stop.clone(),
         )?;
         // OTLP trace export: its sender runs on the analysis runtime, never the proxy's.
@@ -396,6 +399,7 @@ impl RunningApp {
                 thread_priority: analysis_priority,
                 text_capture,
                 model_aliases: model_aliases.clone(),
+                health: Some(components.clone()),
             },
             Some(aggregator.clone()),
             sinks,
@@ -439,9 +443,6 @@ impl RunningApp {
             crate::audit::start(&cfg.audit, &cfg.data_dir, &metrics, stop.clone())?;
         servers.extend(audit_closer);
         servers.extend(auth.spawn_reload(stop.clone(), audit.clone()));
-
-        let components = Components::default();
-        components.set("pipeline", "ok");
 
         let mut source_routes = Vec::new();
         let reload_hooks = crate::sources::ReloadHooks::default();

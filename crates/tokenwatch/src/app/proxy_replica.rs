@@ -72,6 +72,7 @@ impl RunningApp {
                 .aliases()
                 .map_err(|(key, message)| anyhow::anyhow!("configuration {key}: {message}"))?,
         );
+        let components = Components::default();
         let (pipeline, queue) = Pipeline::start(
             PipelineConfig {
                 queue_capacity: cfg.telemetry.queue_capacity,
@@ -81,6 +82,7 @@ impl RunningApp {
                 thread_priority: analysis_priority,
                 text_capture: None,
                 model_aliases,
+                health: Some(components.clone()),
             },
             None,
             sinks,
@@ -93,8 +95,6 @@ impl RunningApp {
         servers.extend(tls.spawn_reloader(stop.clone()));
         servers.extend(auth.spawn_reload(stop.clone(), Default::default()));
         servers.extend(spawn_sighup_notice(stop.clone()));
-        let components = Components::default();
-        components.set("pipeline", "ok");
         components.set(
             "ship",
             format!("ok: records go to the aggregator at {}", link.endpoint),

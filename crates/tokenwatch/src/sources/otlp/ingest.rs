@@ -530,6 +530,7 @@ mod tests {
                 thread_priority: Default::default(),
                 text_capture: None,
                 model_aliases: Default::default(),
+                health: None,
             },
             Some(Arc::new(Mutex::new(Aggregator::new(
                 AggregatorConfig::default(),
