@@ -227,7 +227,7 @@ impl RunningApp {
         reload_source: Option<crate::reload::ConfigSource>,
     ) -> anyhow::Result<RunningApp> {
         if cfg.role == Role::Proxy {
-            return RunningApp::start_proxy_replica(cfg).await;
+            return RunningApp::start_proxy_replica(cfg, reload_source).await;
         }
         let store_opts = StoreOptions {
             raw_retention: cfg.store.raw_retention.0,
@@ -522,6 +522,7 @@ impl RunningApp {
             engine: alerting.control.clone(),
             hooks: reload_hooks,
             audit: audit.clone(),
+            replica: false,
         };
         let reloader = Arc::new(crate::reload::Reloader::new(
             reload_source,
