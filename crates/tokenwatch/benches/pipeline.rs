@@ -182,6 +182,7 @@ fn run(full: bool, batches: Vec<Arc<Vec<RequestRecord>>>, batch_max: usize) -> R
             aggregator,
             metrics.clone(),
             Default::default(),
+            &Default::default(),
             stop,
         )
         .expect("alerting");

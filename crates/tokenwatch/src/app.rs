@@ -236,7 +236,7 @@ impl RunningApp {
         reload_source: Option<crate::reload::ConfigSource>,
     ) -> anyhow::Result<RunningApp> {
         if cfg.role == Role::Proxy {
-            return RunningApp::start_proxy_replica(cfg).await;
+            return RunningApp::start_proxy_replica(cfg, reload_source).await;
         }
         let store_opts = StoreOptions {
             raw_retention: cfg.store.raw_retention.0,
@@ -305,6 +305,8 @@ impl RunningApp {
             max_series: cfg.aggregation.max_series,
         })));
         let (shutdown, stop) = watch::channel(false);
+        // What `/readyz` lists: each component's status.
+        let components = Components::default();
         let signals: SharedSignals = Arc::new(std::sync::RwLock::new(SignalBoard::new(
             cfg.signals.history_points,
             cfg.signals.max_series,
@@ -329,6 +331,7 @@ impl RunningApp {
                 splits: splits.clone(),
                 actions,
             },
+            &components,
             stop.clone(),
         )?;
         // OTLP trace export: its sender runs on the analysis runtime, never the proxy's.
@@ -405,6 +408,7 @@ impl RunningApp {
                 thread_priority: analysis_priority,
                 text_capture,
                 model_aliases: model_aliases.clone(),
+                health: Some(components.clone()),
             },
             Some(aggregator.clone()),
             sinks,
@@ -448,9 +452,6 @@ impl RunningApp {
             crate::audit::start(&cfg.audit, &cfg.data_dir, &metrics, stop.clone())?;
         servers.extend(audit_closer);
         servers.extend(auth.spawn_reload(stop.clone(), audit.clone()));
-
-        let components = Components::default();
-        components.set("pipeline", "ok");
 
         let mut source_routes = Vec::new();
         let mut listening = Vec::new();
@@ -542,6 +543,7 @@ impl RunningApp {
             engine: alerting.control.clone(),
             hooks: reload_hooks,
             audit: audit.clone(),
+            replica: false,
         };
         let reloader = Arc::new(crate::reload::Reloader::new(
             reload_source,

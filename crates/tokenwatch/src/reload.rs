@@ -33,6 +33,28 @@ pub const RELOADABLE: [&str; 5] = [
     "scrape.targets",
 ];
 
+/// What a proxy replica (`role: proxy`) does not read: the aggregator's sections. A change there
+/// is neither applied nor a restart's (restarting the replica would not apply it either): a
+/// replica's reload reports it in `not_used`, so that one file can serve every role.
+pub const NOT_USED_BY_REPLICAS: [&str; 16] = [
+    "store",
+    "aggregation",
+    "scrape",
+    "otlp",
+    "gpu",
+    "signals",
+    "alerting",
+    "slos",
+    "scaling",
+    "audit",
+    "retention",
+    "traces",
+    "sources",
+    "logs",
+    "export.prometheus",
+    "export.remote_write",
+];
+
 /// Builds the configuration as a start with the same command line would: the file read again,
 /// the same flags applied over it, validated. Errors name the file and the key path.
 pub type ConfigLoader = Arc<dyn Fn() -> anyhow::Result<Config> + Send + Sync>;
@@ -67,6 +89,9 @@ pub struct Outcome {
     pub applied: Vec<&'static str>,
     pub restart_required: Vec<String>,
     pub unchanged: Vec<&'static str>,
+    /// Changed keys this process does not read (a proxy replica: `NOT_USED_BY_REPLICAS`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_used: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +112,8 @@ pub struct Running {
     pub engine: bool,
     /// The scrape source runs (it had targets or file_sd files at start).
     pub scrape: bool,
+    /// A proxy replica (`role: proxy`): the sections of `NOT_USED_BY_REPLICAS` are not read.
+    pub replica: bool,
 }
 
 /// A checked reload, ready to apply: everything that can fail has been built.
@@ -160,10 +187,15 @@ pub fn plan(running: &Config, new: &Config, parts: Running) -> Result<Plan, Stri
             config_json: Some(merged.redacted_json()),
         });
     }
-    let restart_required = changed_keys(&merged, new);
+    let unused = |key: &str| parts.replica && NOT_USED_BY_REPLICAS.iter().any(|s| within(key, s));
+    let (not_used, restart_required): (Vec<String>, Vec<String>) = changed_keys(&merged, new)
+        .into_iter()
+        .partition(|k| unused(k));
     let unchanged = RELOADABLE
         .into_iter()
-        .filter(|s| !applied.contains(s) && !restart_required.iter().any(|k| within(k, s)))
+        .filter(|s| {
+            !applied.contains(s) && !restart_required.iter().any(|k| within(k, s)) && !unused(s)
+        })
         .collect();
     applied.sort_by_key(|s| RELOADABLE.iter().position(|r| r == s));
     Ok(Plan {
@@ -172,6 +204,7 @@ pub fn plan(running: &Config, new: &Config, parts: Running) -> Result<Plan, Stri
             applied,
             restart_required,
             unchanged,
+            not_used,
         },
         routes,
         engine,
@@ -371,6 +404,8 @@ pub struct Handles {
     pub engine: Option<EngineControl>,
     pub hooks: Hooks,
     pub audit: AuditLog,
+    /// A proxy replica (`role: proxy`): changes to the aggregator's sections are `not_used`.
+    pub replica: bool,
 }
 
 impl Reloader {
@@ -384,6 +419,7 @@ impl Reloader {
             proxy: handles.proxy.is_some(),
             engine: handles.engine.is_some(),
             scrape: handles.hooks.scrape_targets().is_some(),
+            replica: handles.replica,
         };
         Reloader {
             source,
@@ -419,7 +455,7 @@ impl Reloader {
                 let outcome = plan.outcome.clone();
                 *running = plan.apply(self.proxy.as_deref(), self.engine.as_ref(), &self.hooks);
                 self.metrics.record(true);
-                tracing::info!(file = %file, trigger = trigger.name(), applied = ?outcome.applied, restart_required = ?outcome.restart_required, "configuration reloaded");
+                tracing::info!(file = %file, trigger = trigger.name(), applied = ?outcome.applied, restart_required = ?outcome.restart_required, not_used = ?outcome.not_used, "configuration reloaded");
                 self.audit.event(AuditEvent::ConfigReloaded {
                     file,
                     trigger: trigger.name(),

@@ -11,6 +11,7 @@ const ALL: Running = Running {
     proxy: true,
     engine: true,
     scrape: true,
+    replica: false,
 };
 
 #[test]
@@ -180,6 +181,7 @@ async fn a_bad_file_changes_nothing_and_no_file_is_a_conflict() {
         engine: None,
         hooks: Hooks::default(),
         audit: AuditLog::default(),
+        replica: false,
     };
     let r = Reloader::new(Some(source), running, handles, &metrics);
     std::fs::write(&file, "proxy:\n  upstreams:\n    - {url: 'ftp://x'}\n").unwrap();
@@ -216,6 +218,7 @@ async fn a_bad_file_changes_nothing_and_no_file_is_a_conflict() {
         engine: None,
         hooks: Hooks::default(),
         audit: AuditLog::default(),
+        replica: false,
     };
     let none = Reloader::new(None, Config::default(), handles, &Metrics::new());
     assert!(matches!(
@@ -246,4 +249,43 @@ fn changed_routes_build_new_splits_and_bad_ones_are_refused() {
     ));
     let e = plan(&old, &bad, ALL).err().unwrap();
     assert!(e.contains("proxy.routes[0].split[0].upstream"), "{e}");
+}
+
+#[test]
+fn a_replica_applies_its_routes_and_reports_the_aggregators_sections_as_not_used() {
+    let old = cfg(
+        "role: proxy\nproxy:\n  tenant_salt: s\n  upstreams:\n    - {url: 'http://127.0.0.1:1', models: [a]}\naggregator: {endpoint: 'http://127.0.0.1:4318'}\n",
+    );
+    let new = cfg(
+        "role: proxy\nproxy:\n  tenant_salt: s\n  upstreams:\n    - {url: 'http://127.0.0.1:1', models: [a, b]}\naggregator: {endpoint: 'http://127.0.0.1:4318'}\nlimits: {max_headers: 64}\nalerting: {evaluation_interval: 3s}\nstore: {raw_retention: 3d}\nexport: {prometheus: {tenant_label: true}}\n",
+    );
+    let replica = Running {
+        proxy: true,
+        replica: true,
+        ..Running::default()
+    };
+    let p = plan(&old, &new, replica).unwrap();
+    assert_eq!(p.outcome.applied, ["proxy.upstreams"]);
+    assert_eq!(p.outcome.restart_required, ["limits.max_headers"]);
+    assert_eq!(
+        p.outcome.not_used,
+        [
+            "alerting.evaluation_interval",
+            "export.prometheus.tenant_label",
+            "store.raw_retention"
+        ]
+    );
+    assert_eq!(p.outcome.unchanged, ["proxy.routes"]);
+    assert!(p.routes.is_some() && p.engine.is_none());
+    assert_eq!(p.merged.proxy.upstreams[0].models, ["a", "b"]);
+    // role: all reports the same keys as needing a restart (it reads them).
+    let all = Running {
+        proxy: true,
+        ..Running::default()
+    };
+    let p = plan(&old, &new, all).unwrap();
+    assert!(p.outcome.not_used.is_empty());
+    assert_eq!(p.outcome.restart_required.len(), 4, "{:?}", p.outcome);
+    let json = serde_json::to_value(&p.outcome).unwrap();
+    assert!(json.get("not_used").is_none(), "{json}");
 }

@@ -1,5 +1,6 @@
-// The API port of a proxy replica (`role: proxy`): `/metrics`, `/healthz` and `/readyz` only —
-// a replica keeps no store and runs no analysis, so there is nothing else to ask it.
+// The API port of a proxy replica (`role: proxy`): `/metrics`, `/healthz` and `/readyz` (and
+// `POST /-/reload`, merged by the replica) only — a replica keeps no store and runs no analysis,
+// so there is nothing else to ask it.
 
 use crate::kernel::telemetry::Metrics;
 use crate::sources::Components;
@@ -61,7 +62,7 @@ async fn readyz(State(h): State<Health>) -> Response {
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     let msg = format!(
-        "no such endpoint {}: this is a proxy replica (role: proxy), whose API port serves /metrics, /healthz and /readyz; ask the aggregator for the rest",
+        "no such endpoint {}: this is a proxy replica (role: proxy), whose API port serves /metrics, /healthz, /readyz and POST /-/reload; ask the aggregator for the rest",
         uri.path()
     );
     (StatusCode::NOT_FOUND, Json(json!({ "error": msg }))).into_response()

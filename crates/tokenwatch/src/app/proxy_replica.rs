@@ -2,8 +2,10 @@
 // as in `role: all` (it forwards every byte as it comes and times every chunk); a pipeline with
 // no aggregation whose sinks ship each record to the aggregator (`aggregator:`, over OTLP) and,
 // when `export.otlp` is set, its span to a tracing backend; and an API port with `/metrics`,
-// `/healthz` and `/readyz` only. No store, no detectors, no OTLP receiver, no scrapes: those
-// are the aggregator's. Nothing here can slow a forwarded byte: records leave the proxy through
+// `/healthz`, `/readyz` and `POST /-/reload` only. No store, no detectors, no OTLP receiver, no
+// scrapes: those are the aggregator's. SIGHUP and `POST /-/reload` reload the file through the
+// same machinery as `role: all` (`crate::reload`): routes apply in place, the aggregator's
+// sections are reported as not used, every other changed key as needing a restart. Nothing here can slow a forwarded byte: records leave the proxy through
 // the never-waiting telemetry queue, and shipping runs on the analysis runtime.
 
 use super::{OwnedRuntime, ProxyServer, RunningApp, serve};
@@ -20,7 +22,10 @@ use tokio::sync::watch;
 impl RunningApp {
     /// Start a proxy replica (`role: proxy`; the configuration was validated for it: upstreams,
     /// `aggregator` and the shared `proxy.tenant_salt` are set). Returns once it listens.
-    pub(super) async fn start_proxy_replica(cfg: Config) -> anyhow::Result<RunningApp> {
+    pub(super) async fn start_proxy_replica(
+        cfg: Config,
+        reload_source: Option<crate::reload::ConfigSource>,
+    ) -> anyhow::Result<RunningApp> {
         if let Some((key, message)) = cfg.exposure_problem() {
             anyhow::bail!("{key}: {message}");
         }
@@ -72,6 +77,7 @@ impl RunningApp {
                 .aliases()
                 .map_err(|(key, message)| anyhow::anyhow!("configuration {key}: {message}"))?,
         );
+        let components = Components::default();
         let (pipeline, queue) = Pipeline::start(
             PipelineConfig {
                 queue_capacity: cfg.telemetry.queue_capacity,
@@ -81,6 +87,7 @@ impl RunningApp {
                 thread_priority: analysis_priority,
                 text_capture: None,
                 model_aliases,
+                health: Some(components.clone()),
             },
             None,
             sinks,
@@ -92,9 +99,6 @@ impl RunningApp {
         let mut servers = Vec::new();
         servers.extend(tls.spawn_reloader(stop.clone()));
         servers.extend(auth.spawn_reload(stop.clone(), Default::default()));
-        servers.extend(spawn_sighup_notice(stop.clone()));
-        let components = Components::default();
-        components.set("pipeline", "ok");
         components.set(
             "ship",
             format!("ok: records go to the aggregator at {}", link.endpoint),
@@ -116,10 +120,28 @@ impl RunningApp {
         )?;
         components.set("proxy", "ok");
 
+        // Reload (SIGHUP, `POST /-/reload`): the routes in place, as in `role: all`.
+        let reloader = Arc::new(crate::reload::Reloader::new(
+            reload_source,
+            cfg.clone(),
+            crate::reload::Handles {
+                proxy: Some(proxy_server.state.clone()),
+                engine: None,
+                hooks: Default::default(),
+                audit: Default::default(),
+                replica: true,
+            },
+            &metrics,
+        ));
+        match crate::reload::spawn_sighup(reloader.clone(), stop.clone()) {
+            Some(task) => servers.push(task),
+            None => servers.extend(spawn_sighup_notice(stop.clone())),
+        }
         let listener = super::bind(cfg.listen, "listen / --listen").await?;
         let api_addr = listener.local_addr()?;
         let api_guard = crate::listen::limits::Guard::new("api", &cfg.limits, &metrics);
-        let app = crate::api::health::router(metrics.clone(), components.clone());
+        let app = crate::api::health::router(metrics.clone(), components.clone())
+            .merge(crate::reload::router(reloader));
         let app = crate::auth::http::protect_api(app, &auth);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
         let in_flight_gauge = super::in_flight_gauge(&metrics);
@@ -146,8 +168,8 @@ impl RunningApp {
     }
 }
 
-/// A replica does not reload its configuration (restart it, one replica at a time): SIGHUP is
-/// answered with a warning instead of the signal's default, which would end the process.
+/// A replica started without a config file has nothing to reload: SIGHUP is answered with a
+/// warning instead of the signal's default, which would end the process.
 fn spawn_sighup_notice(mut stop: watch::Receiver<bool>) -> Option<tokio::task::JoinHandle<()>> {
     #[cfg(unix)]
     {
@@ -165,7 +187,7 @@ fn spawn_sighup_notice(mut stop: watch::Receiver<bool>) -> Option<tokio::task::J
                         if r.is_none() {
                             return;
                         }
-                        tracing::warn!("SIGHUP: a proxy replica does not reload its configuration; restart it (one replica at a time) to apply a change");
+                        tracing::warn!("SIGHUP: started without a config file (--config), there is nothing to reload");
                     }
                     _ = stop.wait_for(|s| *s) => return,
                 }

@@ -8,17 +8,19 @@
 // streamed-response formats, the version/deploy marker model, the route split tables the proxy
 // picks from and the act stage changes on canary rollback, the action port through which a
 // detector's decision reaches the act stage, the span attributes a proxy replica ships its
-// request records in (written by the pipeline, read back by the OTLP receiver), and the model aliases every source's model ids are
-// resolved through. The clock and the record and signal types are in the `tokenwatch-core` crate.
+// request records (and, ahead of them, first tokens) in (written by the pipeline, read back by the OTLP receiver), the model aliases every source's model ids are
+// resolved through, and the test-only failpoints of debug builds. The clock and the record and signal types are in the `tokenwatch-core` crate.
 
 pub mod actions;
 pub mod delivery;
 pub mod duration;
+pub mod failpoint;
 pub mod markers;
 pub mod models;
 pub mod params;
 pub mod queue;
 pub mod rows;
+pub mod shipped_first_token;
 pub mod shipped_record;
 pub mod spans;
 pub mod splits;

@@ -105,6 +105,30 @@ impl TelemetryQueue {
         self.tx.max_capacity()
     }
 
+    /// `try_submit_all`, with `first` (first tokens of other requests, received with the
+    /// records: a proxy replica's, `kernel::shipped_first_token`) sent just before the records
+    /// and only when the records find room, so that the pipeline sees them first.
+    pub fn try_submit_all_after(
+        &self,
+        first: Vec<FirstToken>,
+        records: Vec<RequestRecord>,
+    ) -> bool {
+        if records.is_empty() {
+            first.into_iter().for_each(|f| self.first_token(f));
+            return true;
+        }
+        match self.tx.try_reserve_many(records.len()) {
+            Ok(permits) => {
+                first.into_iter().for_each(|f| self.first_token(f));
+                for (permit, record) in permits.zip(records) {
+                    permit.send(Queued { record, raw: None });
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Queue all of `records` or none of them (false, no drop counted) when the queue lacks
     /// room for all: for sources that can answer "retry later" (OTLP's 429).
     pub fn try_submit_all(&self, records: Vec<RequestRecord>) -> bool {

@@ -321,6 +321,11 @@ pub struct Metrics {
     pub dropped_records: Counter,
     /// The same, `reason="shutting_down"`: the pipeline had stopped accepting records.
     pub dropped_records_closed: Counter,
+    /// The same, `reason="analysis_panic"`: in the pipeline thread's hands when it panicked.
+    pub dropped_records_panic: Counter,
+    /// `tokenwatch_analysis_panics_total{component}`: panics caught in an analysis stage (the
+    /// stage went on; see `pipeline::supervise`).
+    pub analysis_panics: Family<ComponentLabels, Counter>,
     pub pipeline_records: Counter,
     pub store_write_seconds: Histogram,
     pub store_records_written: Counter,
@@ -432,6 +437,12 @@ pub struct RejectedLabels {
     pub reason: String,
 }
 
+/// Labels of `tokenwatch_analysis_panics`: the analysis stage (`pipeline`, `alerting`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ComponentLabels {
+    pub component: String,
+}
+
 /// Labels of `tokenwatch_telemetry_dropped_records`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -513,10 +524,21 @@ impl Metrics {
                 reason: "shutting_down".into(),
             })
             .clone();
+        let dropped_records_panic = dropped
+            .get_or_create(&ReasonLabels {
+                reason: "analysis_panic".into(),
+            })
+            .clone();
         registry.register(
             "tokenwatch_telemetry_dropped_records",
-            "Records dropped before the pipeline (requests were not affected), by reason: queue_full, shutting_down",
+            "Records dropped on their way through the pipeline (requests were not affected), by reason: queue_full, shutting_down, analysis_panic (in the pipeline thread's hands when it panicked)",
             dropped,
+        );
+        let analysis_panics = Family::<ComponentLabels, Counter>::default();
+        registry.register(
+            "tokenwatch_analysis_panics",
+            "Panics caught in an analysis stage (pipeline, alerting); the stage went on with its next batch and requests were not affected",
+            analysis_panics.clone(),
         );
         let pipeline_records = Counter::default();
         registry.register(
@@ -611,6 +633,8 @@ impl Metrics {
             queue_capacity,
             dropped_records,
             dropped_records_closed,
+            dropped_records_panic,
+            analysis_panics,
             pipeline_records,
             store_write_seconds,
             store_records_written,

@@ -6,6 +6,7 @@ pub mod proxy_span;
 pub mod span_sampler;
 mod store_sink;
 mod store_writer;
+pub mod supervise;
 pub mod trace_components;
 
 pub use proxy_span::{ProxySpanBuilder, ProxySpanSink};
@@ -66,6 +67,9 @@ pub struct PipelineConfig {
     /// Other ids of a model (`models.aliases`): records and first tokens naming one are
     /// counted under the model's id.
     pub model_aliases: crate::kernel::models::SharedAliases,
+    /// Where the pipeline's status shows (`/readyz`'s `pipeline`): `ok`, or the panics it
+    /// caught (`supervise`). None: nowhere (unit tests).
+    pub health: Option<crate::sources::Components>,
 }
 
 /// Handle to the running pipeline thread.
@@ -91,6 +95,7 @@ impl Pipeline {
         let queue = TelemetryQueue::new(tx, first, metrics.clone());
         let handle = tokio::runtime::Handle::current();
         let close = Arc::new(AtomicBool::new(false));
+        let watch = supervise::PanicWatch::new("pipeline", cfg.health.clone(), &metrics);
         let worker = Worker {
             cfg,
             aggregator,
@@ -100,12 +105,28 @@ impl Pipeline {
             first_rx,
             handle,
             close: close.clone(),
+            batch: Vec::new(),
+            firsts: Vec::new(),
+            in_hand: 0,
+            watch,
         };
         let thread = std::thread::Builder::new()
             .name("tokenwatch-pipeline".into())
             .spawn(move || {
                 crate::runtimes::lower_current_thread_priority(worker.cfg.thread_priority);
-                worker.run()
+                let health = worker.cfg.health.clone();
+                let metrics = worker.metrics.clone();
+                // `run` catches the panics of its work; one that escapes it (from the catching
+                // itself) still ends the thread visibly.
+                if let Err(payload) =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run()))
+                {
+                    let why = format!(
+                        "the pipeline thread ended on a panic ({}); records sent to it since are counted as dropped (reason shutting_down)",
+                        supervise::panic_message(&*payload)
+                    );
+                    supervise::PanicWatch::new("pipeline", health, &metrics).stopped(&why);
+                }
             })
             .expect("spawning the pipeline thread");
         (
@@ -141,40 +162,81 @@ struct Worker {
     first_rx: mpsc::Receiver<FirstToken>,
     handle: tokio::runtime::Handle,
     close: Arc<AtomicBool>,
+    /// Records received, not yet processed.
+    batch: Vec<Queued>,
+    /// First tokens received, not yet processed.
+    firsts: Vec<FirstToken>,
+    /// Records being processed (taken out of `batch`): lost if processing panics.
+    in_hand: usize,
+    /// Panics caught in the loop: counted, logged, shown in `/readyz`.
+    watch: supervise::PanicWatch,
 }
 
 /// How often the pipeline asks the aggregator for completed minutes.
 const ROLL_UP_EVERY: Duration = Duration::from_secs(1);
 
 impl Worker {
+    /// The loop, restarted after each panic it catches: what was in hand is dropped and
+    /// counted (`supervise`), the queues and every sink's state stay, the next batch is taken.
     fn run(mut self) {
-        let mut batch = Vec::with_capacity(self.cfg.batch_max);
-        let mut firsts = Vec::with_capacity(self.cfg.batch_max);
+        self.batch.reserve(self.cfg.batch_max);
+        self.firsts.reserve(self.cfg.batch_max);
         let mut firsts_open = true;
         let mut last_maintenance = std::time::Instant::now();
         let mut last_roll_up = std::time::Instant::now();
         let mut refusing = false;
         loop {
-            if !refusing && self.close.load(Ordering::Relaxed) {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.run_loop(
+                    &mut firsts_open,
+                    &mut last_maintenance,
+                    &mut last_roll_up,
+                    &mut refusing,
+                )
+            }));
+            match outcome {
+                Ok(()) => return,
+                Err(payload) => {
+                    // The records being processed and those received after them; first tokens
+                    // uncounted, as when their queue is full (their records carry the time).
+                    let lost = (std::mem::take(&mut self.in_hand) + self.batch.len()) as u64;
+                    self.batch.clear();
+                    self.firsts.clear();
+                    self.metrics.dropped_records_panic.inc_by(lost);
+                    self.watch.caught(&*payload, lost);
+                }
+            }
+        }
+    }
+
+    fn run_loop(
+        &mut self,
+        firsts_open: &mut bool,
+        last_maintenance: &mut std::time::Instant,
+        last_roll_up: &mut std::time::Instant,
+        refusing: &mut bool,
+    ) {
+        loop {
+            if !*refusing && self.close.load(Ordering::Relaxed) {
                 // Queued records stay receivable; new sends fail (and are counted as dropped).
                 self.rx.close();
                 self.first_rx.close();
-                refusing = true;
+                *refusing = true;
             }
             let flush = self.cfg.flush_interval;
             let max = self.cfg.batch_max;
             let (rx, first_rx) = (&mut self.rx, &mut self.first_rx);
-            let firsts_open = &mut firsts_open;
+            let (batch, firsts) = (&mut self.batch, &mut self.firsts);
             let received = self.handle.block_on(async {
                 tokio::time::timeout(flush, async {
                     tokio::select! {
                         // First tokens first: each is sent before its request's record.
                         biased;
-                        n = first_rx.recv_many(&mut firsts, max), if *firsts_open => {
+                        n = first_rx.recv_many(firsts, max), if *firsts_open => {
                             *firsts_open = n > 0;
                             None
                         }
-                        n = rx.recv_many(&mut batch, max) => Some(n),
+                        n = rx.recv_many(batch, max) => Some(n),
                     }
                 })
                 .await
@@ -184,30 +246,36 @@ impl Worker {
             // cannot starve the records (the select above prefers first tokens); then first
             // tokens, all of them: each is sent before its record, so every record in hand has
             // its first token in hand too, and the sinks see the first token first.
-            while batch.len() < max
+            while self.batch.len() < max
                 && let Ok(r) = self.rx.try_recv()
             {
-                batch.push(r);
+                self.batch.push(r);
             }
             while let Ok(f) = self.first_rx.try_recv() {
-                firsts.push(f);
+                self.firsts.push(f);
             }
             self.metrics.queue_depth.set(self.rx.len() as i64);
-            if !firsts.is_empty() {
+            if !self.firsts.is_empty() {
+                let mut firsts = std::mem::take(&mut self.firsts);
                 self.process_first_tokens(&mut firsts);
                 firsts.clear();
+                self.firsts = firsts;
             }
-            if !batch.is_empty() {
+            if !self.batch.is_empty() {
+                let mut batch = std::mem::take(&mut self.batch);
+                self.in_hand = batch.len();
                 self.process(&mut batch);
+                self.in_hand = 0;
+                self.batch = batch;
             }
             // Minutes are handed out 5 s after they end (ROLLUP_GRACE_MS), so looking once a
             // second is enough; scanning every series after every batch is not needed.
             if closed || last_roll_up.elapsed() >= ROLL_UP_EVERY {
-                last_roll_up = std::time::Instant::now();
+                *last_roll_up = std::time::Instant::now();
                 self.roll_up(now_unix_ms());
             }
             if last_maintenance.elapsed() >= self.cfg.maintenance_interval {
-                last_maintenance = std::time::Instant::now();
+                *last_maintenance = std::time::Instant::now();
                 self.maintain(now_unix_ms());
             }
             if closed {
@@ -224,6 +292,7 @@ impl Worker {
             .map(|q| {
                 let (mut record, raw) = q.into_parts();
                 self.cfg.model_aliases.apply(&mut record.labels.model_id);
+                crate::kernel::failpoint::panic_on_model("pipeline", &record.labels.model_id);
                 if let (Some(raw), Some(capture)) = (raw, &self.cfg.text_capture) {
                     record.text = Some(Box::new(capture.finish(&raw)));
                 }
@@ -332,6 +401,7 @@ mod tests {
             thread_priority: Default::default(),
             text_capture: None,
             model_aliases: Default::default(),
+            health: None,
         };
         let agg = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default())));
         let (pipeline, queue) = Pipeline::start(
@@ -387,5 +457,92 @@ mod tests {
                 "the record of {id} came before its first token"
             );
         }
+    }
+
+    /// Panics on a record whose request id starts with `boom`; keeps the others' ids.
+    struct Fragile(Arc<Mutex<Vec<String>>>);
+
+    impl RecordSink for Fragile {
+        fn name(&self) -> &'static str {
+            "fragile"
+        }
+        fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError> {
+            if batch.iter().any(|r| r.request_id.starts_with("boom")) {
+                panic!("a sink broke on {}", batch.len());
+            }
+            let mut seen = self.0.lock().unwrap();
+            seen.extend(batch.iter().map(|r| r.request_id.clone()));
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_drops_the_batch_in_hand_counted_and_the_pipeline_goes_on() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let components = crate::sources::Components::default();
+        let metrics = Arc::new(Metrics::new());
+        let cfg = PipelineConfig {
+            queue_capacity: 64,
+            batch_max: 64,
+            flush_interval: Duration::from_millis(10),
+            maintenance_interval: Duration::from_secs(600),
+            thread_priority: Default::default(),
+            text_capture: None,
+            model_aliases: Default::default(),
+            health: Some(components.clone()),
+        };
+        let (pipeline, queue) = Pipeline::start(
+            cfg,
+            None,
+            vec![Box::new(Fragile(seen.clone()))],
+            metrics.clone(),
+        );
+        assert_eq!(components.snapshot()["pipeline"], "ok");
+        let record = |id: &str| RequestRecord {
+            request_id: id.into(),
+            arrival_unix_ms: now_unix_ms(),
+            ..Default::default()
+        };
+        let wait_for = |n: usize| {
+            let seen = seen.clone();
+            async move {
+                for _ in 0..500 {
+                    if seen.lock().unwrap().len() >= n {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                panic!("{n} records never arrived");
+            }
+        };
+        queue.submit(record("a"));
+        wait_for(1).await;
+        // The poison among three: its batch lost, counted (the worker may take the three in
+        // one batch or as they come).
+        assert!(queue.try_submit_all(vec![record("b"), record("boom"), record("c")]));
+        for _ in 0..500 {
+            if metrics.dropped_records_panic.get() > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        queue.submit(record("d"));
+        let dropped = metrics.dropped_records_panic.get();
+        wait_for(5 - dropped as usize).await;
+        let got = seen.lock().unwrap().clone();
+        assert!(
+            dropped >= 1 && got.len() as u64 + dropped == 5,
+            "{got:?} {dropped}"
+        );
+        assert!(got.contains(&"d".to_string()) && !got.contains(&"boom".to_string()));
+        let status = components.snapshot()["pipeline"].clone();
+        assert!(
+            status.starts_with("error: panicked 1 time(s), last: a sink broke on"),
+            "{status}"
+        );
+        drop(queue);
+        tokio::task::spawn_blocking(move || pipeline.join())
+            .await
+            .unwrap();
     }
 }

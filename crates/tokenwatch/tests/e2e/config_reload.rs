@@ -418,3 +418,173 @@ async fn reload_needs_admin_is_audited_and_needs_a_file() {
         r.body
     );
 }
+
+/// A proxy replica's file (`role: proxy`): `upstream` serving `models`, shipping to `aggregator`
+/// (nothing need listen there: a replica buffers), with `extra` appended.
+fn replica_config(
+    api: SocketAddr,
+    proxy: SocketAddr,
+    data: &Path,
+    upstream: SocketAddr,
+    models: &str,
+    aggregator: SocketAddr,
+    extra: &str,
+) -> String {
+    format!(
+        "role: proxy\nlisten: {api}\ndata_dir: {}\naggregator:\n  endpoint: http://{aggregator}\nproxy:\n  listen: {proxy}\n  tenant_salt: replicas-share-this\n  upstreams:\n    - url: http://{upstream}\n      models: [{models}]\n      runtime: sim\n{extra}",
+        data.display()
+    )
+}
+
+/// A short non-streamed chat of `model` through `proxy`: its status.
+async fn chat_status(proxy: SocketAddr, model: &str) -> u16 {
+    let body = serde_json::json!({
+        "model": model,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "which route?"}],
+    })
+    .to_string();
+    send(
+        "POST",
+        &format!("http://{proxy}/v1/chat/completions"),
+        Some(&body),
+        &[("content-type", "application/json")],
+    )
+    .await
+    .unwrap()
+    .status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_replica_reloads_its_routes_on_sighup_without_cutting_a_held_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every answer as long as the request allows, 50 ms a token: the held stream (60 tokens)
+    // takes about 3 s.
+    let (_sim, sim) = start_sim(
+        dir.path(),
+        &[
+            "--model",
+            "model-a,model-b",
+            "--itl-ms",
+            "50",
+            "--fault",
+            "length_blowup:factor=100",
+        ],
+    )
+    .await;
+    let (api, proxy, aggregator) = (free_addr(), free_addr(), free_addr());
+    let data = dir.path().join("data");
+    let file = dir.path().join("tw.yaml");
+    let write = |models: &str, extra: &str| {
+        std::fs::write(
+            &file,
+            replica_config(api, proxy, &data, sim, models, aggregator, extra),
+        )
+        .unwrap()
+    };
+    write("model-a", "");
+    let tw = Proc::start(
+        "replica",
+        &["run", "-c", file.to_str().unwrap()],
+        dir.path(),
+    );
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    assert_eq!(chat_status(proxy, "model-a").await, 200);
+    let refused = chat_status(proxy, "model-b").await;
+    assert_ne!(refused, 200, "model-b has no route yet");
+
+    // Hold a stream open: its first bytes are in, the rest still comes.
+    let req = http::Request::post(format!("http://{proxy}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(chat(true, 60))))
+        .unwrap();
+    let resp = common::client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut held = Vec::new();
+    while held.is_empty() {
+        let frame = body.frame().await.expect("a first chunk").unwrap();
+        if let Ok(data) = frame.into_data() {
+            held.extend_from_slice(&data);
+        }
+    }
+
+    // The upstream now serves model-b too; the aggregator's alerting section changes as well
+    // (one file for every role). SIGHUP.
+    write("model-a, model-b", "alerting:\n  evaluation_interval: 3s\n");
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &tw.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while chat_status(proxy, "model-b").await != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "model-b never routed after SIGHUP; log:\n{}",
+            tw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        metric(api, "tokenwatch_config_reloads_total{result=\"success\"}").await,
+        Some(1.0)
+    );
+    let log = tw.log();
+    assert!(
+        log.contains("configuration reloaded") && log.contains("alerting.evaluation_interval"),
+        "{log}"
+    );
+
+    // The held stream finishes, whole, after the reload.
+    let rest = tokio::time::timeout(Duration::from_secs(30), body.collect())
+        .await
+        .expect("the held stream ends")
+        .unwrap()
+        .to_bytes();
+    assert!(
+        String::from_utf8_lossy(&rest).contains("\"content\""),
+        "nothing came after the reload"
+    );
+    held.extend_from_slice(&rest);
+    let text = String::from_utf8_lossy(&held);
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
+
+    // POST /-/reload: a changed limit waits for a restart (by key path), the aggregator's
+    // sections are not used here, the routes stay.
+    write(
+        "model-a, model-b",
+        "alerting:\n  evaluation_interval: 3s\nlimits:\n  max_headers: 64\n",
+    );
+    let r = post_reload(api, None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["applied"], serde_json::json!([]), "{v}");
+    assert_eq!(
+        v["restart_required"],
+        serde_json::json!(["limits.max_headers"]),
+        "{v}"
+    );
+    assert_eq!(
+        v["not_used"],
+        serde_json::json!(["alerting.evaluation_interval"]),
+        "{v}"
+    );
+    assert_eq!(
+        v["unchanged"],
+        serde_json::json!(["proxy.upstreams", "proxy.routes"]),
+        "{v}"
+    );
+    // A bad file is refused whole; model-b keeps its route.
+    std::fs::write(
+        &file,
+        "role: proxy\nproxy:\n  upstreams:\n    - {url: 'ftp://x'}\n",
+    )
+    .unwrap();
+    let r = post_reload(api, None).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(chat_status(proxy, "model-b").await, 200);
+    let mut tw = tw;
+    assert!(tw.terminate().success());
+}

@@ -29,6 +29,7 @@ use crate::alerting::deliver::Notifier;
 use crate::alerting::rules::{AlertingConfig, InhibitRule, Rule, default_inhibit_rules, render};
 use crate::alerting::snapshot::{SnapshotContext, prune_snapshots, snapshot_dir, write_snapshot};
 use crate::kernel::telemetry::Metrics;
+use crate::pipeline::supervise::PanicWatch;
 use enrich::EventHistory;
 use lifecycle::{Timing, Tracked, Transition, fingerprint, group_labels};
 use noise::{AlertMetrics, Firing, Incidents};
@@ -191,6 +192,9 @@ pub struct EngineDeps {
     pub splits: Arc<crate::kernel::splits::SplitBoard>,
     /// Where a detector's decision to act goes (the act stage, `crate::act`).
     pub actions: Arc<dyn crate::kernel::actions::Actions>,
+    /// Where the engine's status shows (`/readyz`'s `alerting`): `ok`, or the panics it caught
+    /// (`crate::pipeline::supervise`). None: nowhere.
+    pub health: Option<crate::sources::Components>,
 }
 
 pub struct Started {
@@ -317,7 +321,20 @@ pub fn start_with_slos(
     engine.publish();
     book.publish_rules(&engine.rules);
     let (control_tx, control_rx) = mpsc::unbounded_channel();
-    let task = tokio::spawn(engine.run(rx, snap_rx, control_rx, wake, deps.shutdown));
+    let (health, metrics) = (deps.health.clone(), deps.metrics.clone());
+    let watch = PanicWatch::new("alerting", deps.health, &deps.metrics);
+    let run = engine.run(rx, snap_rx, control_rx, wake, deps.shutdown, watch);
+    let task = tokio::spawn(async move {
+        use futures_util::FutureExt;
+        // `run` catches the panics of its evaluations; one elsewhere ends the engine, visibly.
+        if let Err(payload) = std::panic::AssertUnwindSafe(run).catch_unwind().await {
+            let why = format!(
+                "the alert engine ended on a panic ({}); alerts are no longer evaluated until a restart",
+                crate::pipeline::supervise::panic_message(&*payload)
+            );
+            PanicWatch::new("alerting", health, &metrics).stopped(&why);
+        }
+    });
     Started {
         slos: slo_book,
         scaling: scaling_book,
@@ -377,6 +394,7 @@ impl Engine {
         mut control: mpsc::UnboundedReceiver<Reconfigure>,
         wake: Arc<Notify>,
         mut stop: watch::Receiver<bool>,
+        mut panics: PanicWatch,
     ) {
         let mut last: Option<tokio::time::Instant> = None;
         let mut pruned: Option<tokio::time::Instant> = None;
@@ -398,9 +416,27 @@ impl Engine {
                 tokio::time::sleep(MIN_EVAL_GAP - since).await;
             }
             last = Some(tokio::time::Instant::now());
-            let new_records = inputs::drain(&mut rx, &mut self.inputs);
+            // A panic in draining or evaluating is caught: the records of this evaluation are
+            // dropped (counted), the engine keeps its state and evaluates again next time.
+            let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                inputs::drain(&mut rx, &mut self.inputs)
+            }));
+            let new_records = match drained {
+                Ok(r) => r,
+                Err(payload) => {
+                    panics.caught(&*payload, 0);
+                    continue;
+                }
+            };
             self.poll_spans().await;
-            self.step(new_records, now_unix_ms());
+            let n = new_records.len() as u64;
+            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.step(new_records, now_unix_ms())
+            }));
+            if let Err(payload) = stepped {
+                self.metrics.dropped_records.inc_by(n);
+                panics.caught(&*payload, n);
+            }
         }
         // Everything queued for the store is written before the engine ends.
         if let Some(writer) = self.persist.finish() {
@@ -614,6 +650,9 @@ impl Engine {
 
     /// One evaluation of every rule at `now`.
     fn step(&mut self, new_records: Vec<inputs::Rec>, now: i64) {
+        for r in &new_records {
+            crate::kernel::failpoint::panic_on_model("alerting", &r.model);
+        }
         self.apply_trace_breakdowns();
         for r in &new_records {
             self.inputs.ingest(r.clone());
@@ -1135,7 +1174,9 @@ impl Default for RouteHandles {
     }
 }
 
-/// Compile the rules, start the notifier and the engine (when `alerting.enabled`).
+/// Compile the rules, start the notifier and the engine (when `alerting.enabled`); the engine's
+/// status shows in `health` (`/readyz`'s `alerting`).
+#[allow(clippy::too_many_arguments)]
 pub fn start_from_config(
     cfg: EngineSections<'_>,
     signals: SharedSignals,
@@ -1143,6 +1184,7 @@ pub fn start_from_config(
     aggregator: Arc<Mutex<tokenwatch_core::aggregate::Aggregator>>,
     metrics: Arc<Metrics>,
     routes: RouteHandles,
+    health: &crate::sources::Components,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<AlertingHandle> {
     let a = cfg.alerting;
@@ -1187,6 +1229,7 @@ pub fn start_from_config(
             )),
             splits: routes.splits,
             actions: routes.actions,
+            health: Some(health.clone()),
         },
         &crate::slo::effective(cfg.slos),
         cfg.scaling,

@@ -57,6 +57,7 @@ pub(super) fn start_default_on(
             components: Default::default(),
             splits: Default::default(),
             actions: Arc::new(crate::kernel::actions::NoActions),
+            health: None,
         },
     );
     (stop, started)

@@ -2,7 +2,10 @@
 // `aggregator:` section): the pipeline sink that buffers them (bounded, in memory, never
 // waiting), and the sender that turns each batch into the proxy's spans with the
 // `tokenwatch.record.*` attributes and sends them over OTLP — to the aggregator's OTLP receiver
-// or an OpenTelemetry Collector in between.
+// or an OpenTelemetry Collector in between. First tokens go to the same endpoint ahead of their
+// records (`kernel::shipped_first_token`), through a small queue and sender of their own, while
+// the link keeps up: the aggregator's early-TTFT detection sees a slow first token while its
+// stream still runs, and the records' buffer and counts stay the records' alone.
 
 //! While the aggregator is away the records wait in the buffer, up to `buffer.capacity` (plus
 //! the one batch being retried); beyond that the oldest are dropped and counted. Retries back off
@@ -11,7 +14,10 @@
 //! accepted), `tokenwatch_ship_failures_total` (failed attempts),
 //! `tokenwatch_ship_dropped_total{reason}` (`queue_full`: the oldest of a full buffer,
 //! `rejected`: refused by the aggregator, `shutdown`: still buffered when the process stopped)
-//! and the gauge `tokenwatch_ship_buffered_records`.
+//! and the gauge `tokenwatch_ship_buffered_records`. First tokens: `tokenwatch_ship_first_tokens_*`
+//! alike, with `reason="backlog"` for those not queued because a batch of records or more was
+//! waiting (the aggregator slow or away: they would not be early, and their records carry the
+//! same time).
 
 use super::queue::SpanQueue;
 use super::sender::{self, ExportMetrics, ExportNaming};
@@ -26,7 +32,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokenwatch_core::model::RequestRecord;
+use tokenwatch_core::model::{FirstToken, RequestRecord};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -37,6 +43,15 @@ pub const SHIP: ExportNaming = ExportNaming {
     items: "Request records (one span each)",
     receiver: "the aggregator",
     dropped_counter: "tokenwatch_ship_dropped_total",
+};
+
+/// The first tokens' counters: `tokenwatch_ship_first_tokens_*`.
+pub const SHIP_FIRST_TOKENS: ExportNaming = ExportNaming {
+    what: "first-token shipping to the aggregator",
+    prefix: "tokenwatch_ship_first_tokens",
+    items: "First tokens shipped ahead of their records (one span each)",
+    receiver: "the aggregator",
+    dropped_counter: "tokenwatch_ship_first_tokens_dropped_total",
 };
 
 /// `aggregator:` — where a proxy replica (`role: proxy`) ships its request records. Read by
@@ -177,15 +192,31 @@ pub fn validate(cfg: &AggregatorLinkConfig) -> Result<(), OtlpExportConfigError>
 }
 
 /// The pipeline sink of `role: proxy`: every record goes into the ship buffer (never waits;
-/// a full buffer drops its oldest, counted). Captured text is never shipped.
+/// a full buffer drops its oldest, counted), every first token into its own queue while fewer
+/// than one batch of records waits. Captured text is never shipped.
 pub struct ShipSink {
     buffer: Arc<SpanQueue<RequestRecord>>,
     metrics: ExportMetrics,
+    firsts: Arc<SpanQueue<FirstToken>>,
+    first_metrics: ExportMetrics,
+    max_batch: usize,
 }
 
 impl RecordSink for ShipSink {
     fn name(&self) -> &'static str {
         "ship"
+    }
+
+    /// First tokens are worth sending only while they are early: with a batch of records or
+    /// more waiting (the aggregator slow or away) they are dropped (counted `backlog`).
+    fn consume_first_tokens(&mut self, first: &[FirstToken]) -> Result<(), SinkError> {
+        if self.buffer.len() >= self.max_batch {
+            self.first_metrics.drop_spans("backlog", first.len() as u64);
+            return Ok(());
+        }
+        let dropped = self.firsts.push(first.to_vec());
+        self.first_metrics.drop_spans("queue_full", dropped as u64);
+        Ok(())
     }
 
     fn consume(&mut self, batch: &[RequestRecord]) -> Result<(), SinkError> {
@@ -202,11 +233,12 @@ impl RecordSink for ShipSink {
     }
 }
 
-/// The running shipper: its sink (for the pipeline), its stop and its sender task.
+/// The running shipper: its sink (for the pipeline), its stop and its sender tasks (records,
+/// first tokens).
 pub struct Shipper {
     sink: Option<ShipSink>,
     close: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Shipper {
@@ -219,9 +251,12 @@ impl Shipper {
     /// Call after the pipeline has drained.
     pub async fn shutdown(self, grace: Duration) {
         let _ = self.close.send(true);
-        let abort = self.task.abort_handle();
-        if tokio::time::timeout(grace, self.task).await.is_err() {
-            abort.abort();
+        let deadline = tokio::time::Instant::now() + grace;
+        for task in self.tasks {
+            let abort = task.abort_handle();
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                abort.abort();
+            }
         }
     }
 }
@@ -237,6 +272,7 @@ pub fn start(
     let export = cfg.as_export();
     let p = prepare(&export, "aggregator")?;
     let counters = ExportMetrics::register_as(metrics, &SHIP);
+    let first_counters = ExportMetrics::register_as(metrics, &SHIP_FIRST_TOKENS);
     let depth = prometheus_client::metrics::gauge::Gauge::default();
     metrics.register(
         "tokenwatch_ship_buffered_records",
@@ -244,21 +280,59 @@ pub fn start(
         depth.clone(),
     );
     let buffer = Arc::new(SpanQueue::new(cfg.buffer.capacity).with_depth_gauge(depth));
+    // At most a batch of first tokens waits: any more and they are not early any more.
+    let firsts = Arc::new(SpanQueue::new(cfg.buffer.max_batch));
     let (close, closed) = watch::channel(false);
-    let transport = sender::Transport::new(cfg.protocol, &p, cfg.timeout.0).map_err(|message| {
-        OtlpExportConfigError {
-            key: "aggregator.endpoint".into(),
-            message,
-        }
-    })?;
+    let transport = |p: &super::Prepared| {
+        sender::Transport::new(cfg.protocol, p, cfg.timeout.0).map_err(|message| {
+            OtlpExportConfigError {
+                key: "aggregator.endpoint".into(),
+                message,
+            }
+        })
+    };
+    let (records_transport, first_transport) = (transport(&p)?, transport(&p)?);
     tracing::info!(endpoint = %p.label, protocol = ?cfg.protocol, capacity = cfg.buffer.capacity, "shipping request records to the aggregator");
     let policy = RetryPolicy {
         min_backoff: cfg.retry.min_backoff.0,
         max_backoff: cfg.retry.max_backoff.0,
         max_retries: None,
     };
-    let s = sender::Sender::named(p.label, transport, cfg.timeout.0, counters.clone(), &SHIP)
-        .with_retry(policy);
+    let first_sender = sender::Sender::named(
+        p.label.clone(),
+        first_transport,
+        cfg.timeout.0,
+        first_counters.clone(),
+        &SHIP_FIRST_TOKENS,
+    )
+    .with_retry(policy);
+    let first_task = tokio::spawn(first_sender.run_converting(
+        firsts.clone(),
+        |firsts: Vec<FirstToken>| {
+            let n = firsts.len();
+            let spans: Vec<ExportSpan> = firsts
+                .iter()
+                .filter_map(crate::kernel::shipped_first_token::span)
+                .map(|span| ExportSpan {
+                    service_name: SERVICE_NAME.into(),
+                    span,
+                })
+                .collect();
+            let unshippable = (n - spans.len()) as u64;
+            (spans, unshippable)
+        },
+        cfg.buffer.max_batch,
+        cfg.buffer.flush_interval.0,
+        closed.clone(),
+    ));
+    let s = sender::Sender::named(
+        p.label,
+        records_transport,
+        cfg.timeout.0,
+        counters.clone(),
+        &SHIP,
+    )
+    .with_retry(policy);
     let to_spans = move |records: Vec<RequestRecord>| {
         let n = records.len();
         let spans: Vec<ExportSpan> = records
@@ -283,9 +357,12 @@ pub fn start(
         sink: Some(ShipSink {
             buffer,
             metrics: counters,
+            firsts,
+            first_metrics: first_counters,
+            max_batch: cfg.buffer.max_batch,
         }),
         close,
-        task,
+        tasks: vec![task, first_task],
     })
 }
 
@@ -391,6 +468,38 @@ mod tests {
         assert_eq!((got.first_token_s, got.upstream_headers_s), (None, None));
         assert!(got.chunk_offsets_us.is_empty());
         assert_eq!(FIRST_TOKEN_EVENT, "gen_ai.first_token");
+    }
+
+    #[test]
+    fn a_shipped_first_token_reaches_the_aggregator_as_a_first_token_not_a_span() {
+        let r = proxy_record(3);
+        let f = FirstToken {
+            request_id: r.request_id.clone(),
+            model_id: r.labels.model_id.clone(),
+            instance: r.labels.instance.clone(),
+            arrival_unix_ms: r.arrival_unix_ms,
+            first_token_s: r.first_token_s.unwrap(),
+        };
+        let b = ProxySpanBuilder::new(&upstreams());
+        let spans = vec![
+            ExportSpan {
+                service_name: SERVICE_NAME.into(),
+                span: crate::kernel::shipped_first_token::span(&f).unwrap(),
+            },
+            ExportSpan {
+                service_name: SERVICE_NAME.into(),
+                span: b.build_shipped(&r).unwrap(),
+            },
+        ];
+        let batch = map_traces(&super::super::request_of(spans), true);
+        assert_eq!((batch.accepted, batch.rejected), (2, 0));
+        assert_eq!(batch.first_tokens, vec![f]);
+        assert_eq!(batch.records.len(), 1);
+        assert_eq!(
+            batch.spans.len(),
+            1,
+            "the first token is not stored as a span"
+        );
     }
 
     #[test]

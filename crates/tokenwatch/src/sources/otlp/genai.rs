@@ -41,18 +41,23 @@
 
 use super::attrs::{self, as_f64, as_str, as_u64, first_str, value_of};
 use super::http_children::HttpChildren;
-use crate::kernel::shipped_record;
+use crate::kernel::{shipped_first_token, shipped_record};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
 use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
 use tokenwatch_core::embedding::check_embedding;
-use tokenwatch_core::model::{ErrorClass, RequestRecord, SeriesLabels, parse_prefix_key};
+use tokenwatch_core::model::{
+    ErrorClass, FirstToken, RequestRecord, SeriesLabels, parse_prefix_key,
+};
 use tokenwatch_store::SpanRow;
 
 /// What one export request of spans turns into.
 #[derive(Debug, Default)]
 pub struct TraceBatch {
     pub records: Vec<RequestRecord>,
+    /// First tokens a proxy replica shipped ahead of their records
+    /// (`kernel::shipped_first_token`): neither stored nor records.
+    pub first_tokens: Vec<FirstToken>,
     pub spans: Vec<SpanRow>,
     /// Spans refused (invalid ids); they are neither stored nor turned into records.
     pub rejected: u64,
@@ -344,6 +349,21 @@ pub fn map_traces_with(
         let res = ResourceInfo::of(res_attrs);
         for ss in &rs.scope_spans {
             for span in &ss.spans {
+                if shipped_first_token::is_first_token(&span.attributes) {
+                    match shipped_first_token::read(span) {
+                        Ok(f) => {
+                            out.accepted += 1;
+                            out.first_tokens.push(f);
+                        }
+                        Err(e) => {
+                            out.rejected += 1;
+                            if out.first_error.is_none() {
+                                out.first_error = Some(format!("span {:?}: {e}", span.name));
+                            }
+                        }
+                    }
+                    continue;
+                }
                 match map_span(span, &res, want_rows, children) {
                     Ok((record, row, warning)) => {
                         out.accepted += 1;

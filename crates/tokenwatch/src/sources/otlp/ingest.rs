@@ -70,7 +70,7 @@ impl OtlpStats {
     pub fn register(&self, metrics: &Metrics) {
         metrics.register(
             "tokenwatch_otlp_shipped_duplicates",
-            "Proxy replicas' request records received again (a retry after a lost answer) and dropped: each is counted once",
+            "Proxy replicas' request records (and first tokens) received again (a retry after a lost answer), or first tokens received after their record, dropped: each is counted once",
             self.shipped_duplicates.clone(),
         );
         metrics.register(
@@ -331,16 +331,34 @@ impl Ingest {
         }
         self.keep_scores(batch.scores).await;
         let mut records = batch.records;
+        // Replicas' first tokens, ahead of their records (`kernel::shipped_first_token`): those
+        // whose record is in this export are not early and go; the rest reach the pipeline just
+        // before the first chunk of records, and only if it finds room (a refused export is sent
+        // again, its first tokens with it).
+        let mut early = if batch.first_tokens.is_empty() {
+            None
+        } else {
+            let ids: std::collections::HashSet<&str> =
+                records.iter().map(|r| r.request_id.as_str()).collect();
+            let early: Vec<_> = batch
+                .first_tokens
+                .into_iter()
+                .filter(|f| !ids.contains(f.request_id.as_str()))
+                .collect();
+            Some(early)
+        };
         let mut dropped = 0u64;
         let mut first = true;
         let chunk = QUEUE_CHUNK.min(self.queue.capacity()).max(1);
         while !records.is_empty() {
             let rest = records.split_off(records.len().min(chunk));
             let n = records.len() as u64;
-            if !self
-                .queue
-                .try_submit_all(std::mem::replace(&mut records, rest))
-            {
+            let records = std::mem::replace(&mut records, rest);
+            let queued = match early.take() {
+                Some(f) => self.queue.try_submit_all_after(f, records),
+                None => self.queue.try_submit_all(records),
+            };
+            if !queued {
                 if first {
                     self.stats.rejected("traces", "queue_full", batch.accepted);
                     return Err(Refused::Busy(
@@ -350,6 +368,9 @@ impl Ingest {
                 dropped += n;
             }
             first = false;
+        }
+        for f in early.into_iter().flatten() {
+            self.queue.first_token(f);
         }
         self.stats.received("traces", t, batch.accepted);
         self.stats.rejected("traces", "invalid", batch.rejected);
@@ -534,6 +555,7 @@ mod tests {
                 thread_priority: Default::default(),
                 text_capture: None,
                 model_aliases: Default::default(),
+                health: None,
             },
             Some(Arc::new(Mutex::new(Aggregator::new(
                 AggregatorConfig::default(),

@@ -41,8 +41,9 @@ pub struct OtlpConfig {
     /// Both OTLP listeners' own TLS certificate, or `enabled: false` [default: the shared `tls`].
     pub tls: Option<crate::listen::tls::ListenerTlsConfig>,
     /// Proxy replicas' records (`role: proxy`) remembered by their span's ids, so that one sent
-    /// again (its answer was lost) is counted once: the last this many (about 100 bytes each);
-    /// 0 turns it off.
+    /// again (its answer was lost) is counted once, and its first token (shipped ahead of it)
+    /// too: the last this many ids (about 100 bytes each; a streamed request takes two); 0 turns
+    /// it off.
     pub shipped_dedup_capacity: usize,
 }
 

@@ -2,9 +2,13 @@
 // answer was lost (the aggregator stalled past the replica's timeout, or the connection was
 // cut), and the aggregator may have taken the first copy. This remembers the (trace id, span
 // id) of the last `otlp.shipped_dedup_capacity` shipped spans received and drops a span seen
-// again, so each record is counted once. Spans that are not shipped records pass untouched.
+// again, so each record is counted once. First tokens shipped ahead of their records
+// (`kernel::shipped_first_token`) are remembered alike, and a shipped record also marks its
+// request's first token as received: a first token arriving again, or after its record (a
+// Collector in between may reorder batches), is dropped — it is no longer early, and the record
+// carries its time. Spans that are neither pass untouched.
 
-use crate::kernel::shipped_record;
+use crate::kernel::{shipped_first_token, shipped_record};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use std::collections::{HashSet, VecDeque};
@@ -28,6 +32,32 @@ struct Seen {
     keys: HashSet<SpanKey>,
     /// Oldest first, for eviction at capacity.
     order: VecDeque<SpanKey>,
+}
+
+impl Seen {
+    /// `key`, just inserted into `keys`: kept in order (the oldest forgotten beyond
+    /// `capacity`) and noted in `claimed`.
+    fn remember(&mut self, key: SpanKey, claimed: &mut Vec<SpanKey>, capacity: usize) {
+        self.order.push_back(key);
+        claimed.push(key);
+        if self.order.len() > capacity
+            && let Some(old) = self.order.pop_front()
+        {
+            self.keys.remove(&old);
+        }
+    }
+}
+
+/// The request id a shipped record's span carries.
+fn request_id(span: &Span) -> Option<&str> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == shipped_record::REQUEST_ID_ATTR)
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            Value::StringValue(s) if !s.is_empty() => Some(s.as_str()),
+            _ => None,
+        })
 }
 
 /// The shipped spans received lately (bounded; the oldest forgotten first).
@@ -87,21 +117,25 @@ impl ShippedDedup {
         for rs in &mut req.resource_spans {
             for ss in &mut rs.scope_spans {
                 ss.spans.retain(|span| {
-                    let Some(key) =
-                        key_of(span).filter(|_| shipped_record::is_shipped(&span.attributes))
-                    else {
+                    let record = shipped_record::is_shipped(&span.attributes);
+                    let first = !record && shipped_first_token::is_first_token(&span.attributes);
+                    let Some(key) = key_of(span).filter(|_| record || first) else {
                         return true;
                     };
                     if !seen.keys.insert(key) {
                         claimed.duplicates += 1;
                         return false;
                     }
-                    seen.order.push_back(key);
-                    claimed.keys.push(key);
-                    if seen.order.len() > self.capacity
-                        && let Some(old) = seen.order.pop_front()
-                    {
-                        seen.keys.remove(&old);
+                    seen.remember(key, &mut claimed.keys, self.capacity);
+                    // The record's first token, should it come later, is not early any more.
+                    if record && let Some(id) = request_id(span) {
+                        let (trace, span_id) = shipped_first_token::ids(id);
+                        let mut k = [0u8; 24];
+                        k[..16].copy_from_slice(&trace);
+                        k[16..].copy_from_slice(&span_id);
+                        if seen.keys.insert(k) {
+                            seen.remember(k, &mut claimed.keys, self.capacity);
+                        }
                     }
                     true
                 });
@@ -205,5 +239,49 @@ mod tests {
         assert_eq!(ids(&retry), vec![1]);
         let mut late = request(vec![span(1, true)]);
         assert_eq!(d.claim(&mut late).duplicates, 1);
+    }
+
+    #[test]
+    fn a_first_token_again_or_after_its_record_is_dropped() {
+        use tokenwatch_core::model::FirstToken;
+        let d = ShippedDedup::new(100);
+        let first = |id: &str| {
+            shipped_first_token::span(&FirstToken {
+                request_id: id.into(),
+                model_id: "m".into(),
+                arrival_unix_ms: 1,
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let record = |id: &str, n: u8| {
+            let mut s = span(n, true);
+            s.attributes.push(KeyValue {
+                key: shipped_record::REQUEST_ID_ATTR.into(),
+                value: Some(AnyValue {
+                    value: Some(Value::StringValue(id.into())),
+                }),
+                ..Default::default()
+            });
+            s
+        };
+        // In order: the first token, then its record — both kept.
+        let mut r = request(vec![first("a"), record("a", 1)]);
+        let c = d.claim(&mut r);
+        assert_eq!(c.duplicates, 0);
+        c.commit();
+        assert_eq!(r.resource_spans[0].scope_spans[0].spans.len(), 2);
+        // Sent again: dropped. After its record (b's record came first): dropped.
+        let mut again = request(vec![first("a"), record("b", 2)]);
+        let c = d.claim(&mut again);
+        assert_eq!(c.duplicates, 1);
+        c.commit();
+        let mut late = request(vec![first("b"), first("c")]);
+        let c = d.claim(&mut late);
+        assert_eq!(c.duplicates, 1);
+        c.commit();
+        let kept = &late.resource_spans[0].scope_spans[0].spans;
+        assert_eq!(kept.len(), 1);
+        assert_eq!(shipped_first_token::read(&kept[0]).unwrap().request_id, "c");
     }
 }

@@ -54,11 +54,17 @@ pub struct Proc {
 
 impl Proc {
     pub fn start(name: &str, args: &[&str], log_dir: &Path) -> Proc {
+        Proc::start_with_env(name, args, log_dir, &[])
+    }
+
+    /// [`Proc::start`] with `env` set in the child's environment too.
+    pub fn start_with_env(name: &str, args: &[&str], log_dir: &Path, env: &[(&str, &str)]) -> Proc {
         let log = log_dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("create log file");
         let err = out.try_clone().unwrap();
         let child = Command::new(BIN)
             .args(args)
+            .envs(env.iter().copied())
             .env("TOKENWATCH_LOG", "info")
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))

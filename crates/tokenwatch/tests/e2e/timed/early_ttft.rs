@@ -1,11 +1,13 @@
 // A time-to-first-token spike is found from first tokens, as the proxy reports them, not from
-// records: the slowed streams take ~10 s to end, and the alert must come while none has ended.
+// records: the slowed streams take ~10 s to end, and the alert must come while none has ended —
+// in one `role: all` process, and behind a `role: proxy` replica that ships its first tokens to a
+// `role: aggregator` ahead of their records (issue 28).
 
 use crate::alerting_support;
 use crate::common;
 
 use alerting_support::{Req, Stack, Traffic, prompt};
-use common::get;
+use common::{Proc, free_addr, get, start_sim, wait_ready};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,6 +27,89 @@ const SIM: &[&str] = &["--itl-ms", "4", "--max-tokens", "400", "--ttft-ms", "40"
 #[tokio::test]
 async fn a_ttft_spike_alerts_before_any_slowed_stream_has_ended() {
     let s = Stack::with_sim(SIM, CONFIG).await;
+    spike_alerts_early(&s).await;
+}
+
+/// The same behind a proxy replica: the replica ships each first token to the aggregator ahead
+/// of its record; the aggregator (whose API `s` names) alerts as early.
+#[tokio::test]
+async fn behind_a_proxy_replica_a_ttft_spike_alerts_before_any_slowed_stream_has_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (sim_proc, sim) = start_sim(d, SIM).await;
+    let (api, otlp, replica_api, proxy) = (free_addr(), free_addr(), free_addr(), free_addr());
+    let cfg = d.join("tw.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{CONFIG}proxy:\n  tenant_salt: replicas-share-this-salt\naggregator:\n  endpoint: http://{otlp}\n  buffer: {{flush_interval: 50ms}}\n"
+        ),
+    )
+    .unwrap();
+    let cfg = cfg.display().to_string();
+    let run = |name: &str, args: &[String]| {
+        let data = d.join(name).display().to_string();
+        let mut all = vec!["run", "-c", &cfg, "--data-dir", &data];
+        all.extend(args.iter().map(String::as_str));
+        Proc::start(name, &all, d)
+    };
+    let aggregator = run(
+        "aggregator",
+        &[
+            "--role".into(),
+            "aggregator".into(),
+            "--listen".into(),
+            api.to_string(),
+            "--otlp-http-listen".into(),
+            otlp.to_string(),
+            "--otlp-grpc-listen".into(),
+            free_addr().to_string(),
+        ],
+    );
+    let replica = run(
+        "replica",
+        &[
+            "--role".into(),
+            "proxy".into(),
+            "--listen".into(),
+            replica_api.to_string(),
+            "--proxy-listen".into(),
+            proxy.to_string(),
+            "--upstream".into(),
+            format!("http://{sim}"),
+            "--upstream-runtime".into(),
+            "sim".into(),
+        ],
+    );
+    wait_ready(&format!("http://{api}/readyz"), &aggregator).await;
+    wait_ready(&format!("http://{replica_api}/readyz"), &replica).await;
+    let s = Stack {
+        sim_proc: Some(sim_proc),
+        tw: aggregator,
+        sim: Some(sim),
+        api,
+        proxy,
+        otlp_http: otlp,
+        dir,
+    };
+    spike_alerts_early(&s).await;
+    let m = get(&format!("http://{replica_api}/metrics")).await.body;
+    let value = |series: &str| common::metric_value(&m, series).unwrap_or(0.0);
+    // The healthy phase's 400 requests (and more) went both ways: records and first tokens.
+    let (records, firsts) = (
+        value("tokenwatch_ship_spans_total"),
+        value("tokenwatch_ship_first_tokens_spans_total"),
+    );
+    assert!(
+        records > 400.0 && firsts > 400.0,
+        "shipped {records} records, {firsts} first tokens\n{m}"
+    );
+    drop(replica);
+}
+
+/// Healthy traffic through `s.proxy`, then every response's first token and tokens 20 times
+/// slower: `latency_spike` fires at `s.api` before any slowed stream has ended.
+async fn spike_alerts_early(s: &Stack) {
     let make = Arc::new(|_phase: u64, w: u64, i: u64| Req {
         content: prompt(&format!("w{w} r{i}"), 200),
         headers: Vec::new(),
@@ -40,7 +125,7 @@ async fn a_ttft_spike_alerts_before_any_slowed_stream_has_ended() {
         .collect();
     assert!(quiet.is_empty(), "healthy traffic raised {quiet:#?}");
 
-    let sim = s.sim.unwrap();
+    let sim = s.sim.expect("a simulator");
     let r = common::send(
         "POST",
         &format!("http://{sim}/admin/faults"),

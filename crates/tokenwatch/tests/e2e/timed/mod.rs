@@ -7,6 +7,7 @@ pub mod alert_experiments;
 pub mod alert_quality;
 pub mod alert_restart;
 pub mod alert_scenarios;
+pub mod analysis_panic;
 pub mod analysis_priority;
 pub mod canary_rollback;
 pub mod early_ttft;
