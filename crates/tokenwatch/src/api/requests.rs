@@ -14,31 +14,31 @@ use std::sync::Arc;
 use tokenwatch_core::model::RequestRecord;
 use tokenwatch_store::{AnnotationRow, RecordOutcome, RecordQuery, Store};
 
-/// A record as JSON with its annotations (`[]` when none).
-fn with_annotations(r: RequestRecord, notes: &[AnnotationRow]) -> serde_json::Value {
-    let mine: Vec<&AnnotationRow> = notes
-        .iter()
-        .filter(|a| a.request_id == r.request_id)
-        .collect();
-    let mut v = serde_json::to_value(&r).unwrap_or_else(|e| json!({ "error": e.to_string() }));
-    if let Some(o) = v.as_object_mut() {
-        o.insert("annotations".into(), json!(mine));
+/// A record with its annotations (`[]` when none), serialised as the record's fields plus
+/// `annotations`.
+#[derive(serde::Serialize)]
+struct Annotated {
+    #[serde(flatten)]
+    record: RequestRecord,
+    annotations: Vec<AnnotationRow>,
+}
+
+impl Annotated {
+    fn new(record: RequestRecord, notes: &[AnnotationRow]) -> Annotated {
+        let annotations = notes
+            .iter()
+            .filter(|a| a.request_id == record.request_id)
+            .cloned()
+            .collect();
+        Annotated {
+            record,
+            annotations,
+        }
     }
-    v
 }
 
 /// Records matching `query` with their annotations.
-async fn run_query(
-    store: Arc<dyn Store>,
-    query: RecordQuery,
-) -> Result<Vec<serde_json::Value>, Response> {
-    let fail = |e: String| {
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Json(json!({ "error": e })),
-        )
-            .into_response()
-    };
+async fn run_query(store: Arc<dyn Store>, query: RecordQuery) -> Result<Vec<Annotated>, Response> {
     let found = tokio::task::spawn_blocking(move || {
         let records = store.query_records(&query)?;
         let ids: Vec<String> = records.iter().map(|r| r.request_id.clone()).collect();
@@ -46,16 +46,47 @@ async fn run_query(
         Ok::<_, tokenwatch_store::StoreError>(
             records
                 .into_iter()
-                .map(|r| with_annotations(r, &notes))
+                .map(|r| Annotated::new(r, &notes))
                 .collect(),
         )
     })
     .await;
     match found {
         Ok(Ok(records)) => Ok(records),
-        Ok(Err(e)) => Err(fail(e.to_string())),
-        Err(e) => Err(fail(e.to_string())),
+        Ok(Err(e)) => Err(internal_error(e.to_string())),
+        Err(e) => Err(internal_error(e.to_string())),
     }
+}
+
+/// `{"count": N, "requests": [...]}`, streamed: each record is serialised as the body is sent
+/// and let go after, so a large answer never exists twice in memory (as records and as a JSON
+/// tree of them: `limit=10000` over long streams' chunk times cost 121 MB that way).
+fn stream_list(records: Vec<Annotated>) -> Response {
+    let count = records.len();
+    let head = std::iter::once(bytes::Bytes::from(format!(
+        "{{\"count\":{count},\"requests\":["
+    )));
+    let body = records.into_iter().enumerate().map(|(i, r)| {
+        let mut out = if i == 0 { Vec::new() } else { vec![b','] };
+        if let Err(e) = serde_json::to_writer(&mut out, &r) {
+            // A record that cannot be written (none can: the types serialise) is named, not lost.
+            out.truncate(usize::from(i > 0));
+            out.extend_from_slice(json!({ "error": e.to_string() }).to_string().as_bytes());
+        }
+        bytes::Bytes::from(out)
+    });
+    let tail = std::iter::once(bytes::Bytes::from_static(b"]}"));
+    let chunks = head
+        .chain(body)
+        .chain(tail)
+        .map(Ok::<_, std::convert::Infallible>);
+    let mut resp =
+        axum::body::Body::from_stream(futures_util::stream::iter(chunks)).into_response();
+    resp.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    resp
 }
 
 pub(super) async fn list(
@@ -126,7 +157,7 @@ pub(super) async fn list(
         with_text: false,
     };
     Ok(match run_query(st.store.clone(), query).await {
-        Ok(records) => Json(json!({ "count": records.len(), "requests": records })).into_response(),
+        Ok(records) => stream_list(records),
         Err(resp) => resp,
     })
 }
@@ -148,7 +179,9 @@ pub(super) async fn one(State(st): State<Arc<ApiState>>, Path(id): Path<String>)
     };
     match run_query(st.store.clone(), query).await {
         Ok(mut records) => match records.pop() {
-            Some(mut r) => {
+            Some(one) => {
+                let mut r =
+                    serde_json::to_value(&one).unwrap_or_else(|e| json!({ "error": e.to_string() }));
                 // Its feedback and evaluation scores (`POST /api/v1/feedback`, `/api/v1/scores`),
                 // given for its request id or its trace id.
                 let trace = r["trace_id"].as_str().unwrap_or_default().to_string();
@@ -174,5 +207,52 @@ pub(super) async fn one(State(st): State<Arc<ApiState>>, Path(id): Path<String>)
                 .into_response(),
         },
         Err(resp) => resp,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn a_streamed_list_is_the_records_with_their_annotations() {
+        let record = |id: &str| RequestRecord {
+            request_id: id.into(),
+            chunk_offsets_us: vec![10, 12_500, 15_000],
+            ..RequestRecord::default()
+        };
+        let note = AnnotationRow {
+            request_id: "b".into(),
+            detector: "output_length_outlier".into(),
+            score: 2.0,
+            ..AnnotationRow::default()
+        };
+        let notes = [note];
+        for records in [
+            vec![],
+            vec![Annotated::new(record("a"), &notes)],
+            vec![
+                Annotated::new(record("a"), &notes),
+                Annotated::new(record("b"), &notes),
+            ],
+        ] {
+            let n = records.len();
+            let resp = stream_list(records);
+            assert_eq!(resp.headers()["content-type"], "application/json");
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            let v: serde_json::Value = serde_json::from_slice(&body)
+                .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&body)));
+            assert_eq!(v["count"], n);
+            let list = v["requests"].as_array().unwrap();
+            assert_eq!(list.len(), n);
+            for (i, r) in list.iter().enumerate() {
+                let id = ["a", "b"][i];
+                assert_eq!(r["request_id"], id);
+                assert_eq!(r["chunk_offsets_us"], json!([10, 12_500, 15_000]));
+                let annotations = r["annotations"].as_array().unwrap();
+                assert_eq!(annotations.len(), usize::from(id == "b"), "{r}");
+            }
+        }
     }
 }
