@@ -14,7 +14,7 @@ use crate::pipeline::{
     Pipeline, PipelineConfig, ProxySpanBuilder, ProxySpanSink, RecordSink, StoreSink, StoreWriter,
     StoreWriterConfig, StoreWriterThread,
 };
-use crate::sources::proxy::{self, ProxyState, UpstreamRouter};
+use crate::sources::proxy::{self, source::ProxyServer};
 use crate::sources::{
     Components, HostPort, ListenPort, RecordsPort, RowsPort, SignalsPort, SourceContext,
 };
@@ -64,13 +64,6 @@ impl Default for ShutdownConfig {
             drain_timeout: HumanDuration(Duration::from_secs(600)),
         }
     }
-}
-
-/// The proxy's listener as shutdown meets it: its own stop, its task, what it has in flight.
-struct ProxyServer {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-    state: Arc<ProxyState>,
 }
 
 pub struct RunningApp {
@@ -144,72 +137,6 @@ async fn serve_until_stopped(
     guard: crate::listen::limits::Guard,
 ) {
     crate::listen::serve_router(listener, tls, app, stop, guard).await
-}
-
-/// Bind the proxy's listener on its own runtime (a tokio socket is driven by the runtime it
-/// was registered with, so binding here would put the proxy's I/O on the API's threads). The
-/// TLS handshakes of proxied connections run there too: they are spawned by the accept loop.
-fn serve_proxy(
-    proxy_rt: &tokio::runtime::Handle,
-    listener: std::net::TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    app: axum::Router,
-    stop: watch::Receiver<bool>,
-    guard: crate::listen::limits::Guard,
-) -> JoinHandle<()> {
-    proxy_rt.spawn(async move {
-        match TcpListener::from_std(listener) {
-            Ok(listener) => serve_until_stopped(listener, tls, app, stop, guard).await,
-            Err(e) => tracing::error!(error = %e, "the proxy listener could not join its runtime"),
-        }
-    })
-}
-
-impl ProxyServer {
-    /// Bind `proxy.listen` and serve the proxy on its runtime, on a stop of its own (it drains
-    /// first at shutdown, while the API still answers). Returns the bound address too.
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        cfg: &Config,
-        routes: UpstreamRouter,
-        queue: crate::kernel::queue::TelemetryQueue,
-        salt: Vec<u8>,
-        splits: Arc<crate::kernel::splits::SplitBoard>,
-        proxy_rt: &tokio::runtime::Handle,
-        tls: Option<Arc<rustls::ServerConfig>>,
-        metrics: &Arc<Metrics>,
-    ) -> anyhow::Result<(SocketAddr, ProxyServer)> {
-        let listener = std::net::TcpListener::bind(cfg.proxy.listen)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .with_context(|| {
-                format!(
-                    "cannot listen on {} (proxy.listen / --proxy-listen)",
-                    cfg.proxy.listen
-                )
-            })?;
-        let addr = listener.local_addr()?;
-        for r in routes.routes() {
-            tracing::info!(upstream = %r.instance, runtime = %r.runtime, "proxy route");
-        }
-        let budget = crate::listen::limits::BodyBudget::new(cfg.limits.max_buffered_body_bytes);
-        budget.register(metrics);
-        let state = Arc::new(
-            ProxyState::new(&cfg.proxy, routes, queue, salt, splits)
-                .with_capture(&cfg.capture)
-                .with_body_budget(budget),
-        );
-        let guard = crate::listen::limits::Guard::new("proxy", &cfg.limits, metrics);
-        let (stop, stopped) = watch::channel(false);
-        let task = serve_proxy(
-            proxy_rt,
-            listener,
-            tls,
-            proxy::router(state.clone()),
-            stopped,
-            guard,
-        );
-        Ok((addr, ProxyServer { stop, task, state }))
-    }
 }
 
 /// `tokenwatch_shutdown_in_flight_requests`, registered: what the proxy still forwards while it
@@ -455,12 +382,14 @@ impl RunningApp {
 
         let mut source_routes = Vec::new();
         let mut listening = Vec::new();
+        let mut proxy_server = None;
         let reload_hooks = crate::sources::ReloadHooks::default();
         for source in cfg.sources()? {
             let name = source.name();
             let ctx = SourceContext {
                 records: RecordsPort {
                     queue: queue.clone(),
+                    splits: splits.clone(),
                 },
                 signals: SignalsPort {
                     board: signals.clone(),
@@ -484,6 +413,7 @@ impl RunningApp {
                     components: components.clone(),
                     metrics: metrics.clone(),
                     reload: reload_hooks.clone(),
+                    request_runtime: proxy_rt.handle().clone(),
                 },
             };
             let handle = source
@@ -493,53 +423,19 @@ impl RunningApp {
             servers.extend(handle.tasks);
             source_routes.extend(handle.routes);
             listening.extend(handle.listening);
+            if let Some(server) = handle.request_path {
+                proxy_server = Some(server);
+            }
         }
+        drop(queue);
 
-        let routes = UpstreamRouter::new(&cfg.proxy.upstreams)
-            .and_then(|r| r.with_splits(&cfg.proxy.routes))
-            .map_err(anyhow::Error::msg)?;
-        let mut proxy_state = None;
-        let mut proxy_server = None;
-        let proxy_addr = if cfg.role == Role::Aggregator {
-            components.set(
-                "proxy",
-                "disabled: role aggregator (the proxy replicas' records arrive over OTLP)",
-            );
-            drop(queue);
-            None
-        } else if routes.is_empty() {
-            components.set(
-                "proxy",
-                "disabled: no upstream configured (collector-only mode)",
-            );
-            drop(queue);
-            None
-        } else {
-            let salt = if cfg.proxy.tenant_salt.is_empty() {
-                proxy::identity::load_or_create_salt(&cfg.data_dir).with_context(|| {
-                    format!("creating the tenant salt in {}", cfg.data_dir.display())
-                })?
-            } else {
-                cfg.proxy.tenant_salt.clone().into_bytes()
-            };
-            let (addr, server) = ProxyServer::start(
-                &cfg,
-                routes,
-                queue,
-                salt,
-                splits.clone(),
-                proxy_rt.handle(),
-                tls.proxy.clone(),
-                &metrics,
-            )?;
-            proxy_state = Some(server.state.clone());
-            proxy_server = Some(server);
-            components.set("proxy", "ok");
-            Some(addr)
-        };
+        let proxy_addr = listening
+            .iter()
+            .find(|(name, _)| *name == "proxy")
+            .map(|(_, addr)| *addr);
 
         let reload_handles = crate::reload::Handles {
-            proxy: proxy_state,
+            proxy: reload_hooks.proxy(),
             engine: alerting.control.clone(),
             hooks: reload_hooks,
             audit: audit.clone(),
@@ -589,9 +485,6 @@ impl RunningApp {
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
         let in_flight_gauge = in_flight_gauge(&metrics);
         listening.insert(0, ("api", api_addr));
-        if let Some(proxy) = proxy_addr {
-            listening.insert(1, ("proxy", proxy));
-        }
         Ok(RunningApp {
             api_addr,
             proxy_addr,

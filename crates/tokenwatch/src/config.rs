@@ -366,10 +366,17 @@ pub fn json_schema() -> String {
 
 impl Config {
     /// The source registry: the sources the configuration asks for, one line each, every
-    /// source handed only its own section (the proxy is wired separately, in `app.rs`).
+    /// source handed only its own section (and the few it reads beside it).
     pub fn sources(&self) -> anyhow::Result<Vec<Box<dyn crate::sources::Source>>> {
-        use crate::sources::{Source, gpu, otlp, posted, scrape};
+        use crate::sources::{Source, gpu, otlp, posted, proxy, scrape};
         let mut sources: Vec<Box<dyn Source>> = Vec::new();
+        sources.push(Box::new(proxy::source::ProxySource::from_config(
+            &self.proxy,
+            &self.capture,
+            &self.limits,
+            &self.data_dir,
+            self.role == Role::Aggregator,
+        )?));
         sources.extend(scrape::from_config(&self.scrape)?);
         sources.extend(otlp::from_config(&self.otlp, &self.limits)?);
         sources.extend(gpu::from_config(&self.gpu)?);

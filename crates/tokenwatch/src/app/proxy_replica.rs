@@ -8,12 +8,13 @@
 // sections are reported as not used, every other changed key as needing a restart. Nothing here can slow a forwarded byte: records leave the proxy through
 // the never-waiting telemetry queue, and shipping runs on the analysis runtime.
 
-use super::{OwnedRuntime, ProxyServer, RunningApp, serve};
+use super::{OwnedRuntime, RunningApp, serve};
 use crate::config::Config;
 use crate::kernel::telemetry::Metrics;
 use crate::pipeline::{Pipeline, PipelineConfig, ProxySpanBuilder, ProxySpanSink, RecordSink};
 use crate::sources::Components;
 use crate::sources::proxy::UpstreamRouter;
+use crate::sources::proxy::source::{ProxyServer, ProxySettings};
 use anyhow::Context;
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,8 +109,13 @@ impl RunningApp {
             .and_then(|r| r.with_splits(&cfg.proxy.routes))
             .map_err(anyhow::Error::msg)?;
         let salt = cfg.proxy.tenant_salt.clone().into_bytes();
+        let settings = ProxySettings {
+            proxy: cfg.proxy.clone(),
+            capture: cfg.capture.clone(),
+            limits: cfg.limits.clone(),
+        };
         let (proxy_addr, proxy_server) = ProxyServer::start(
-            &cfg,
+            &settings,
             routes,
             queue,
             salt,

@@ -64,9 +64,12 @@ pub struct SourceContext {
     pub host: HostPort,
 }
 
-/// Request records into the pipeline.
+/// Request records into the pipeline, and the routes' splits the proxy forwards by.
 pub struct RecordsPort {
     pub queue: TelemetryQueue,
+    /// The proxy publishes its routes' splits here; canary rollback (through the act stage) and
+    /// the API set their weights.
+    pub splits: Arc<crate::kernel::splits::SplitBoard>,
 }
 
 /// Signal points, anomaly events and posted inputs.
@@ -116,8 +119,12 @@ pub struct HostPort {
     pub components: Components,
     /// Register the source's own health metrics with `metrics.register(..)`.
     pub metrics: Arc<Metrics>,
-    /// Where a source leaves what configuration reloads change in it (scrape targets).
+    /// Where a source leaves what configuration reloads change in it (scrape targets, the
+    /// proxy's routes).
     pub reload: ReloadHooks,
+    /// The runtime of the request path (the proxy's own threads): a source that forwards
+    /// requests serves on it, never on the analysis runtime.
+    pub request_runtime: tokio::runtime::Handle,
 }
 
 /// A started source: its tasks, API routes it serves on the API port (if any), and the
@@ -126,6 +133,8 @@ pub struct SourceHandle {
     pub tasks: Vec<JoinHandle<()>>,
     pub routes: Option<axum::Router>,
     pub listening: Vec<(&'static str, std::net::SocketAddr)>,
+    /// A source in the request path (the proxy): drained before anything else stops.
+    pub request_path: Option<proxy::source::ProxyServer>,
 }
 
 pub type StartFuture = Pin<Box<dyn Future<Output = anyhow::Result<SourceHandle>> + Send>>;
@@ -145,6 +154,7 @@ pub struct ReloadHooks(Arc<Mutex<HookSet>>);
 #[derive(Default)]
 struct HookSet {
     scrape_targets: Option<watch::Sender<Vec<scrape::target::TargetSpec>>>,
+    proxy: Option<Arc<proxy::ProxyState>>,
 }
 
 impl ReloadHooks {
@@ -154,6 +164,19 @@ impl ReloadHooks {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .scrape_targets = Some(tx);
+    }
+
+    /// The running proxy: a reload swaps its routes in place.
+    pub fn set_proxy(&self, state: Arc<proxy::ProxyState>) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).proxy = Some(state);
+    }
+
+    pub(crate) fn proxy(&self) -> Option<Arc<proxy::ProxyState>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .proxy
+            .clone()
     }
 
     pub(crate) fn scrape_targets(&self) -> Option<watch::Sender<Vec<scrape::target::TargetSpec>>> {

@@ -144,6 +144,7 @@ impl super::Source for GpuSource {
             if !cfg.enabled {
                 disable("gpu.enabled is false in the configuration".into());
                 return Ok(super::SourceHandle {
+                    request_path: None,
                     listening: Vec::new(),
                     tasks: Vec::new(),
                     routes: Some(api::router(state, ctx.signals.board.clone())),
@@ -164,6 +165,7 @@ impl super::Source for GpuSource {
                     tracing::info!("GPU telemetry disabled: {e} ({hint})");
                     disable(e.to_string());
                     return Ok(super::SourceHandle {
+                        request_path: None,
                         listening: Vec::new(),
                         tasks: Vec::new(),
                         routes: Some(api::router(state, ctx.signals.board.clone())),
@@ -190,6 +192,7 @@ impl super::Source for GpuSource {
             );
             let task = sampler.spawn(cfg.interval.0, ctx.host.shutdown);
             Ok(super::SourceHandle {
+                request_path: None,
                 listening: Vec::new(),
                 tasks: vec![task],
                 routes: Some(api::router(state, ctx.signals.board.clone())),

@@ -196,6 +196,7 @@ impl super::Source for OtlpSource {
             tracing::info!(grpc = %grpc_addr, http = %http_addr, tls, "OTLP receiver listening");
             ctx.host.components.set("otlp", "ok");
             Ok(super::SourceHandle {
+                request_path: None,
                 tasks: vec![grpc_task, http_task],
                 routes: None,
                 listening: vec![("otlp_grpc", grpc_addr), ("otlp_http", http_addr)],

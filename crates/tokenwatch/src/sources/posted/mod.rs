@@ -64,6 +64,7 @@ impl Source for Posted {
     fn start(self: Box<Self>, ctx: SourceContext) -> StartFuture {
         Box::pin(async move {
             Ok(SourceHandle {
+                request_path: None,
                 listening: Vec::new(),
                 tasks: Vec::new(),
                 routes: Some(router(ctx.rows.store, ctx.signals.posted)),

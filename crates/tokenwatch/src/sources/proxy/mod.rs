@@ -6,6 +6,7 @@ pub mod identity;
 mod models;
 pub mod prefix;
 mod route;
+pub mod source;
 use crate::kernel::splits as split;
 pub mod sse;
 mod tap;

@@ -247,6 +247,7 @@ impl Source for ScrapeSource {
                 ctx.host.shutdown.clone(),
             ));
             Ok(SourceHandle {
+                request_path: None,
                 listening: Vec::new(),
                 tasks: vec![manager, publisher],
                 routes: Some(status::routes(registry)),
