@@ -6,9 +6,8 @@
 mod proxy_replica;
 
 use crate::api::{ApiState, router as api_router};
-use crate::config::{Config, Role};
+use crate::config::{Config, Role, ShutdownConfig};
 use crate::export::prometheus::MetricsSink;
-use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::Metrics;
 use crate::pipeline::{
     Pipeline, PipelineConfig, ProxySpanBuilder, ProxySpanSink, RecordSink, StoreSink, StoreWriter,
@@ -32,39 +31,6 @@ use tokio::task::JoinHandle;
 /// How long the API, the exporters and the store writer get to finish once the proxy has
 /// drained (or, without a proxy, once shutdown starts).
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
-
-/// The `shutdown:` section: how the request path drains on SIGTERM or SIGINT.
-///
-/// ```yaml
-/// shutdown:
-///   delay: 5s            # /readyz answers 503 at once; the proxy keeps accepting this long
-///   drain_timeout: 10m   # then requests and streams in flight get this long to finish
-/// ```
-///
-/// In Kubernetes, `terminationGracePeriodSeconds` must exceed `delay + drain_timeout` plus a
-/// few seconds for the flush (or the pod is killed mid-stream), and a `preStop` hook is not
-/// needed for the delay: tokenwatch keeps serving through it by itself.
-#[derive(Debug, Clone, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct ShutdownConfig {
-    /// After the signal, `/readyz` answers 503 at once and the proxy keeps accepting new
-    /// connections for this long: the time a load balancer or Kubernetes needs to stop sending.
-    /// Only when the proxy runs (collector-only has no request path to drain).
-    pub delay: HumanDuration,
-    /// Then the proxy stops accepting; requests and streams in flight run to completion for up
-    /// to this long (the longest stream you expect), their count logged and in
-    /// `tokenwatch_shutdown_in_flight_requests`. A second signal cuts the drain short.
-    pub drain_timeout: HumanDuration,
-}
-
-impl Default for ShutdownConfig {
-    fn default() -> Self {
-        ShutdownConfig {
-            delay: HumanDuration(Duration::from_secs(5)),
-            drain_timeout: HumanDuration(Duration::from_secs(600)),
-        }
-    }
-}
 
 pub struct RunningApp {
     pub api_addr: SocketAddr,

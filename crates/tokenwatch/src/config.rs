@@ -86,7 +86,7 @@ pub struct Config {
     /// Other ids a model goes by (`aliases`), counted under its one id.
     pub models: crate::kernel::models::ModelsConfig,
     /// How the request path drains on SIGTERM/SIGINT (`delay`, `drain_timeout`).
-    pub shutdown: crate::app::ShutdownConfig,
+    pub shutdown: ShutdownConfig,
     /// Which part of tokenwatch this process runs: `all` (default: proxy and analysis in one
     /// process), `proxy` (a thin replica that forwards, times every chunk and ships its request
     /// records to `aggregator`; no store, no detectors) or `aggregator` (no proxy: receives
@@ -1154,5 +1154,38 @@ mod tests {
         .unwrap();
         let text = c.redacted_json().to_string();
         assert!(!text.contains("secret"), "{text}");
+    }
+}
+
+/// The `shutdown:` section: how the request path drains on SIGTERM or SIGINT.
+///
+/// ```yaml
+/// shutdown:
+///   delay: 5s            # /readyz answers 503 at once; the proxy keeps accepting this long
+///   drain_timeout: 10m   # then requests and streams in flight get this long to finish
+/// ```
+///
+/// In Kubernetes, `terminationGracePeriodSeconds` must exceed `delay + drain_timeout` plus a
+/// few seconds for the flush (or the pod is killed mid-stream), and a `preStop` hook is not
+/// needed for the delay: tokenwatch keeps serving through it by itself.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    /// After the signal, `/readyz` answers 503 at once and the proxy keeps accepting new
+    /// connections for this long: the time a load balancer or Kubernetes needs to stop sending.
+    /// Only when the proxy runs (collector-only has no request path to drain).
+    pub delay: HumanDuration,
+    /// Then the proxy stops accepting; requests and streams in flight run to completion for up
+    /// to this long (the longest stream you expect), their count logged and in
+    /// `tokenwatch_shutdown_in_flight_requests`. A second signal cuts the drain short.
+    pub drain_timeout: HumanDuration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig {
+            delay: HumanDuration(Duration::from_secs(5)),
+            drain_timeout: HumanDuration(Duration::from_secs(600)),
+        }
     }
 }
