@@ -461,9 +461,19 @@ fn dashboards_command(command: DashboardsCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `run` and `demo` create — the store, snapshots, keys and salt, the audit log, the
+/// spool — is readable by tokenwatch's own user only (directories 0700, files 0600): records
+/// carry tenants, models and request metadata, captured text and keys are secrets, and nothing
+/// else on the host needs to read them (a backup running as the same user still can).
+fn private_files() {
+    #[cfg(unix)]
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+}
+
 async fn run_async(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => {
+            private_files();
             // A reload builds the configuration again as this start does: file, then flags.
             let reload = args.config.clone().map(|file| {
                 let args = args.clone();
@@ -481,7 +491,10 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Sim(args) => tokenwatch_sim::run(args).await.map_err(anyhow::Error::from),
-        Command::Demo(args) => demo::run(args).await,
+        Command::Demo(args) => {
+            private_files();
+            demo::run(args).await
+        }
         Command::Top(args) => tokenwatch::top::run(args).await,
         Command::CheckConfig { .. }
         | Command::Rules { .. }

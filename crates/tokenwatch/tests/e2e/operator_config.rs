@@ -198,3 +198,33 @@ fn bash_completion_completes_subcommands_and_flags() {
     let (ok, out) = output(Command::new(BIN).args(["completions", "tcsh"]));
     assert!(!ok && out.contains("bash"), "{out}");
 }
+
+/// What `run` creates is its user's alone: the data directory 0700, the store, the salt and the
+/// other files in it 0600 (umask 077), whatever the umask it was started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_keeps_its_data_directory_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let stack =
+        common::Stack::start(&["--model", "m1", "--ttft-ms", "1", "--itl-ms", "1"], &[]).await;
+    let r = common::send(
+        "POST",
+        &format!("http://{}/v1/chat/completions", stack.proxy),
+        Some(r#"{"model":"m1","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#),
+        &[("x-request-id", "private-1")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    common::stored_record(stack.api, "private-1", &stack.tw).await;
+    let data = stack.data_dir();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700, "{}", data.display());
+    let mut files = 0;
+    for e in std::fs::read_dir(&data).unwrap().flatten() {
+        let p = e.path();
+        let want = if p.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode(&p), want, "{}", p.display());
+        files += 1;
+    }
+    assert!(files >= 2, "the store and the salt at least: {files}");
+}
