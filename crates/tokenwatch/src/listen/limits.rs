@@ -282,14 +282,15 @@ impl BodyBudget {
             self.held(),
             self.limit
         );
-        let body = serde_json::json!({
-            "error": { "message": message, "type": "overloaded", "key": "limits.max_buffered_body_bytes", "limit": self.limit }
-        });
-        let mut resp = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
-        let h = resp.headers_mut();
-        h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        // The rest of the body is not read: the connection is not reused.
-        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        let mut resp = refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            &message,
+            "limits.max_buffered_body_bytes",
+            self.limit,
+        );
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         resp.extensions_mut().insert(OverBodyBudget);
         resp
     }
@@ -416,11 +417,16 @@ impl Guard {
 /// A JSON refusal naming the limit and its configuration key, in the shape of an OpenAI error
 /// (`error.message`) so that SDK clients of the proxy show the message.
 pub fn too_large(status: StatusCode, message: &str, key: &str, limit: usize) -> Response {
+    refusal(status, "request_too_large", message, key, limit)
+}
+
+/// A refused request's answer: `error.type` `kind`, the message, the limit and its key; the rest
+/// of the request is not read, so the connection is not reused.
+fn refusal(status: StatusCode, kind: &str, message: &str, key: &str, limit: usize) -> Response {
     let body = serde_json::json!({
-        "error": { "message": message, "type": "request_too_large", "key": key, "limit": limit }
+        "error": { "message": message, "type": kind, "key": key, "limit": limit }
     });
     let mut resp = (status, axum::Json(body)).into_response();
-    // The rest of an oversized request is not read: the connection is not reused.
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp
