@@ -83,7 +83,8 @@ async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr} ({what})"))
 }
 
-/// Serve `app` on `listener` (over TLS when `tls` is set) until shutdown.
+/// Serve `app` on `listener` (over TLS when `tls` is set) until shutdown: TCP_NODELAY on every
+/// connection, TLS handshakes in tasks of their own (`crate::listen`).
 fn serve(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -91,18 +92,7 @@ fn serve(
     stop: watch::Receiver<bool>,
     guard: crate::listen::limits::Guard,
 ) -> JoinHandle<()> {
-    tokio::spawn(serve_until_stopped(listener, tls, app, stop, guard))
-}
-
-/// TCP_NODELAY on every connection; TLS handshakes in tasks of their own (`crate::listen`).
-async fn serve_until_stopped(
-    listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    app: axum::Router,
-    stop: watch::Receiver<bool>,
-    guard: crate::listen::limits::Guard,
-) {
-    crate::listen::serve_router(listener, tls, app, stop, guard).await
+    tokio::spawn(crate::listen::serve_router(listener, tls, app, stop, guard))
 }
 
 /// `tokenwatch_shutdown_in_flight_requests`, registered: what the proxy still forwards while it
