@@ -180,7 +180,7 @@ pub(super) async fn fleet(
 const TARGETS_SINCE_MS: i64 = 5 * 60_000;
 const TARGET_STALE_MS: i64 = 30_000;
 
-/// Every collector's scrape targets, as published to the shared store by `scrape::shard::publish`.
+/// Every collector's scrape targets, as published to the shared store by `scrape::publish::publish`.
 async fn scrape_targets(st: &ApiState, now: i64) -> (Vec<Value>, Option<String>) {
     let store = st.store.clone();
     let loaded =

@@ -4,6 +4,7 @@
 pub mod file_sd;
 pub mod identity;
 pub mod mapping;
+pub mod publish;
 pub mod rules;
 pub mod shard;
 pub mod status;
@@ -239,7 +240,7 @@ impl Source for ScrapeSource {
                 cfg.shard,
                 shared,
             ));
-            let publisher = tokio::spawn(shard::publish(
+            let publisher = tokio::spawn(publish::publish(
                 registry.clone(),
                 ctx.rows.store.clone(),
                 cfg.shard,
@@ -389,7 +390,7 @@ fn reconcile(
             continue;
         }
         tracing::info!(target_url = %url, origin = %spec.origin, interval_s = spec.interval.as_secs_f64(), "scrape target added");
-        shared.registry.add(&spec, &shared.health);
+        shared.registry.add(spec.first_status(), &shared.health);
         let handle = tokio::spawn(target::run(spec.clone(), shared.clone()));
         running.insert(url, (spec, handle));
     }

@@ -2,7 +2,6 @@
 // the per-target status behind `GET /api/v1/targets`.
 
 use super::shard::ShardConfig;
-use super::target::TargetSpec;
 use axum::extract::State;
 use axum::response::{IntoResponse, Json};
 use axum::routing::get;
@@ -165,35 +164,16 @@ impl Registry {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn add(&self, spec: &TargetSpec, health: &Health) {
-        let runtime = spec.runtime.clone().unwrap_or_default();
-        let status = TargetStatus {
-            url: spec.url.clone(),
-            instance: spec.instance(),
-            runtime_from: if spec.runtime.is_some() {
-                "configured"
-            } else {
-                "unknown"
-            },
-            runtime: runtime.clone(),
-            labels: spec.labels.clone(),
-            origin: spec.origin.clone(),
-            health: "unknown",
-            last_error: None,
-            last_scrape: None,
-            last_scrape_duration_s: None,
-            samples: 0,
-            interval_s: spec.interval.as_secs_f64(),
-            timeout_s: spec.timeout.as_secs_f64(),
-        };
-        self.lock().targets.insert(spec.url.clone(), status);
+    /// Start tracking a target (its first status: `TargetSpec::first_status`), its `up` at 0.
+    pub fn add(&self, status: TargetStatus, health: &Health) {
         health
             .up
             .get_or_create(&UpLabels {
-                target: spec.url.clone(),
-                runtime,
+                target: status.url.clone(),
+                runtime: status.runtime.clone(),
             })
             .set(0);
+        self.lock().targets.insert(status.url.clone(), status);
     }
 
     /// Forget a target and its health series (it left discovery).

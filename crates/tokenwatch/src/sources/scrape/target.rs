@@ -4,7 +4,7 @@
 use super::identity::TargetIdentity;
 use super::mapping::Mapper;
 use super::rules::RuleSet;
-use super::status::{Health, Outcome, Registry};
+use super::status::{Health, Outcome, Registry, TargetStatus};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
@@ -88,6 +88,29 @@ impl TargetSpec {
             labels,
             origin,
         })
+    }
+
+    /// What `GET /api/v1/targets` lists for this target before its first scrape.
+    pub fn first_status(&self) -> TargetStatus {
+        TargetStatus {
+            url: self.url.clone(),
+            instance: self.instance(),
+            runtime_from: if self.runtime.is_some() {
+                "configured"
+            } else {
+                "unknown"
+            },
+            runtime: self.runtime.clone().unwrap_or_default(),
+            labels: self.labels.clone(),
+            origin: self.origin.clone(),
+            health: "unknown",
+            last_error: None,
+            last_scrape: None,
+            last_scrape_duration_s: None,
+            samples: 0,
+            interval_s: self.interval.as_secs_f64(),
+            timeout_s: self.timeout.as_secs_f64(),
+        }
     }
 
     /// The `instance` label when set, else the URL's `host:port`.
