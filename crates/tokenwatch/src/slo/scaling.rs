@@ -332,7 +332,7 @@ fn ttft_threshold(inputs: &Inputs) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alerting::engine::inputs::Rec;
+    use crate::alerting::engine::record::Rec;
 
     #[test]
     fn periods_score_models_and_publish() {

@@ -6,7 +6,7 @@
 
 use super::metrics::SloMetrics;
 use super::{Objective, SloBook, SloConfig, SloLabel, SloStatus};
-use crate::alerting::engine::inputs::{Label, Rec};
+use crate::alerting::engine::record::{Label, Rec};
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;

@@ -3,7 +3,8 @@
 
 use super::{Detector, EvalCtx, PromCtx, PromRule, RuleInput};
 use crate::alerting::engine::eval::model_event;
-use crate::alerting::engine::inputs::{Inputs, Label, Rec, sorted_rank_quantile, values};
+use crate::alerting::engine::inputs::{Inputs, sorted_rank_quantile, values};
+use crate::alerting::engine::record::{Label, Rec};
 use crate::alerting::engine::windows::{LatencyWindows, Slot};
 use crate::alerting::rules::{RuleError, RuleSpec};
 use serde::Deserialize;
@@ -76,7 +77,7 @@ impl Detector for AbRegression {
         let (now, w) = (cx.now, rule.window_ms);
         let (p, share_b) = (&self.params, self.target_share_b);
         let mut out = Vec::new();
-        let mut lw = cx.inputs.latency_windows();
+        let mut lw = cx.latency_windows();
         for m in cx.inputs.models() {
             let Some(arms) = two_arms(&mut lw, cx.inputs, (&m, &rule.signal), now, w) else {
                 continue;

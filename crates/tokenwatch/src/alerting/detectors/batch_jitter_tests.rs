@@ -2,7 +2,7 @@
 // history per record it replaced, over random traffic and out-of-order signal histories.
 
 use super::*;
-use crate::alerting::engine::inputs::Rec;
+use crate::alerting::engine::record::Rec;
 use crate::alerting::rules::{AlertingConfig, compile};
 use proptest::prelude::*;
 use tokenwatch_core::signals::SignalPoint;
@@ -140,6 +140,7 @@ proptest! {
         history in prop_oneof![Just(5usize), Just(720usize)],
     ) {
         let mut inputs = Inputs::new(90_000, cap);
+        let windows = crate::alerting::engine::windows::SharedWindows::default();
         let mut board = SignalBoard::new(history, 1_000);
         let mut detector = BatchJitter {
             params: det::BatchJitterParams { max_score: 0.05, min_samples: 4, segments: 2 },
@@ -180,6 +181,7 @@ proptest! {
                         splits: &Default::default(),
                         actions: &crate::kernel::actions::NoActions,
                         inputs: &inputs,
+                        windows: &windows,
                         board: &board,
                         new_records: &[],
                         spans: &[],

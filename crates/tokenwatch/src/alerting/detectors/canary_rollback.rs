@@ -5,7 +5,8 @@
 use super::ab_regression::{Tail, ab_noise_floor};
 use super::{Detector, EvalCtx, PromCtx, PromRule, RuleInput};
 use crate::alerting::engine::eval::labels;
-use crate::alerting::engine::inputs::{Rec, values};
+use crate::alerting::engine::inputs::values;
+use crate::alerting::engine::record::Rec;
 use crate::alerting::rules::{RuleError, RuleSpec};
 use crate::kernel::actions::RollbackRequest;
 use crate::kernel::splits::{ArmWindow, RollbackOn, SplitTable, WindowView};
@@ -455,6 +456,7 @@ mod tests {
             splits: &splits,
             actions: &actions,
             inputs,
+            windows: &Default::default(),
             board: &board,
             new_records: &[],
             spans: &[],

@@ -161,10 +161,12 @@ mod tests {
         let inputs = inputs::Inputs::new(120_000, 100);
         let drift = Default::default();
         let splits = Default::default();
+        let windows = Default::default();
         let cx = |now| EvalCtx {
             splits: &splits,
             actions: &crate::kernel::actions::NoActions,
             inputs: &inputs,
+            windows: &windows,
             board: &board,
             new_records: &[],
             spans: &[],

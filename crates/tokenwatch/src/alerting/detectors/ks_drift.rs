@@ -35,7 +35,7 @@ impl Detector for KsDrift {
     fn evaluate(&mut self, rule: &RuleSpec, cx: &EvalCtx) -> Vec<AnomalyEvent> {
         let (now, w) = (cx.now, rule.window_ms);
         let mut out = Vec::new();
-        let mut windows = cx.inputs.latency_windows();
+        let mut windows = cx.latency_windows();
         for m in cx.inputs.models() {
             // Read incrementally, sorted (the test is blind to order); from the records else.
             let slots = [

@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::alerting::detectors;
-use crate::alerting::engine::inputs::{EmbeddingInput, Inputs, PrefixAccess, Rec};
+use crate::alerting::engine::inputs::{EmbeddingInput, Inputs, PrefixAccess};
+use crate::alerting::engine::record::Rec;
 use crate::alerting::rules::{AlertingConfig, Rule, compile};
 use std::sync::Arc;
 use tokenwatch_core::signals::SignalBoard;
@@ -59,6 +60,7 @@ fn eval_at<'a>(inputs: &'a Inputs, board: &'a SignalBoard, now: i64) -> EvalCtx<
         splits: &NO_SPLITS,
         actions: &crate::kernel::actions::NoActions,
         inputs,
+        windows: &NO_WINDOWS,
         board,
         new_records: &[],
         spans: &[],
@@ -68,6 +70,8 @@ fn eval_at<'a>(inputs: &'a Inputs, board: &'a SignalBoard, now: i64) -> EvalCtx<
 }
 
 static EMPTY_MODELS: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+static NO_WINDOWS: std::sync::LazyLock<crate::alerting::engine::windows::SharedWindows> =
+    std::sync::LazyLock::new(Default::default);
 static NO_SPLITS: crate::kernel::splits::SplitBoard = crate::kernel::splits::SplitBoard::empty();
 
 #[test]

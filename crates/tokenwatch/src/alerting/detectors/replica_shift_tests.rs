@@ -300,6 +300,7 @@ pub(crate) fn run(
     to: i64,
 ) -> Vec<(i64, AnomalyEvent)> {
     let inputs = crate::alerting::engine::inputs::Inputs::new(60_000, 1000);
+    let windows = crate::alerting::engine::windows::SharedWindows::default();
     let mut out = Vec::new();
     let mut now = from;
     while now < to {
@@ -311,6 +312,7 @@ pub(crate) fn run(
             splits: &Default::default(),
             actions: &crate::kernel::actions::NoActions,
             inputs: &inputs,
+            windows: &windows,
             board,
             new_records: &[],
             spans: &[],

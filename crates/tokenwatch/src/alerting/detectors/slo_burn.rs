@@ -186,7 +186,8 @@ impl Detector for SloBurn {
 #[cfg(test)]
 mod tests {
     use crate::alerting::engine::eval::EvalCtx;
-    use crate::alerting::engine::inputs::{Inputs, Rec};
+    use crate::alerting::engine::inputs::Inputs;
+    use crate::alerting::engine::record::Rec;
     use crate::alerting::rules::{RuleConfig, compile_rule};
     use crate::kernel::duration::HumanDuration;
     use crate::slo::{BurnWindowsConfig, Objective, SloConfig, tracker::SloTracker};
@@ -220,6 +221,7 @@ mod tests {
             splits: &Default::default(),
             actions: &crate::kernel::actions::NoActions,
             inputs,
+            windows: &Default::default(),
             board: &board,
             new_records: &[],
             spans: &[],

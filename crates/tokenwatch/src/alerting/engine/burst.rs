@@ -2,8 +2,8 @@
 // a short window against the SLO budget and the usual error rate (own baseline, and peers').
 
 use super::eval::{EvalCtx, labels};
-use super::inputs::Label;
 use super::latency::SeriesState;
+use super::record::Label;
 use super::windows::Outcomes;
 use crate::alerting::rules::RuleSpec;
 use std::collections::BTreeSet;
@@ -100,7 +100,7 @@ pub fn error_burst(
     // The longest short window and the reference period before it.
     let reach = max_w.saturating_add(span.max(0));
     let mut out = Vec::new();
-    let mut lw = cx.inputs.latency_windows();
+    let mut lw = cx.latency_windows();
     for m in cx.inputs.models() {
         // A model listed keeps records: its mirrors are synced at `now` with this reach.
         let o = match lw.sync_outcomes(cx.inputs, &m, reach, now) {

@@ -2,7 +2,8 @@
 // replaced (the records of its longest window collected and sorted each time), over random traffic.
 
 use super::*;
-use crate::alerting::engine::inputs::{Inputs, Rec};
+use crate::alerting::engine::inputs::Inputs;
+use crate::alerting::engine::record::Rec;
 use crate::alerting::rules::{AlertingConfig, compile};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -220,6 +221,7 @@ fn touchy() -> det::ErrorBurstParams {
 /// Both evaluations of the same inputs, each with its own series state.
 struct Pair {
     inputs: Inputs,
+    windows: crate::alerting::engine::windows::SharedWindows,
     board: SignalBoard,
     new: SeriesState,
     old: SeriesState,
@@ -229,6 +231,7 @@ impl Pair {
     fn new(retention: i64, cap: usize) -> Pair {
         Pair {
             inputs: Inputs::new(retention, cap),
+            windows: Default::default(),
             board: SignalBoard::new(4, 4),
             new: SeriesState::default(),
             old: SeriesState::default(),
@@ -242,6 +245,7 @@ impl Pair {
             splits: &Default::default(),
             actions: &crate::kernel::actions::NoActions,
             inputs: &self.inputs,
+            windows: &self.windows,
             board: &self.board,
             new_records: &[],
             spans: &[],
@@ -411,6 +415,7 @@ fn a_large_window_is_counted_without_collecting_and_sorting_it() {
         splits: &Default::default(),
         actions: &crate::kernel::actions::NoActions,
         inputs: &pair.inputs,
+        windows: &pair.windows,
         board: &pair.board,
         new_records: &[],
         spans: &[],

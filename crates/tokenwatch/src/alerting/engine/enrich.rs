@@ -1,7 +1,8 @@
 // What an alert carries when it fires: the ranked root-cause chain over recent anomaly onsets,
 // the per-request latency breakdown (latency symptoms) and the eviction ranking (GPU memory).
 
-use super::inputs::{self, Inputs, Rec, quantile, values};
+use super::inputs::{self, Inputs, quantile, values};
+use super::record::Rec;
 use crate::pipeline::trace_components::ComponentMap;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -465,7 +466,7 @@ mod tests {
                 ttft: Some(0.3),
                 e2e: n as f64,
                 ok: true,
-                trace_id: inputs::TraceKey::parse(&trace(n)),
+                trace_id: crate::alerting::engine::record::TraceKey::parse(&trace(n)),
                 ..Rec::default()
             })
             .collect();
@@ -474,8 +475,14 @@ mod tests {
         assert_eq!(ids.len(), SLOWEST);
         assert_eq!(ids[0], trace(12), "slowest first");
         assert!(!ids.contains(&trace(2)), "only the slowest");
-        assert_eq!(inputs::TraceKey::parse("not a trace id").hex(), None);
-        assert_eq!(inputs::TraceKey::parse(&"0".repeat(32)).hex(), None);
+        assert_eq!(
+            crate::alerting::engine::record::TraceKey::parse("not a trace id").hex(),
+            None
+        );
+        assert_eq!(
+            crate::alerting::engine::record::TraceKey::parse(&"0".repeat(32)).hex(),
+            None
+        );
 
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> =

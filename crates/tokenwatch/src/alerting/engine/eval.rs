@@ -1,7 +1,9 @@
 // What one evaluation of a rule sees (record windows, signal board, new records, spans) and
 // the event helpers the detectors share; each detector's evaluation is in `alerting/detectors`.
 
-use super::inputs::{Inputs, Rec};
+use super::inputs::Inputs;
+use super::record::Rec;
+use super::windows::{LatencyWindows, SharedWindows};
 use std::collections::BTreeMap;
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_core::signals::SignalBoard;
@@ -13,6 +15,8 @@ pub const MIN_WINDOW_SAMPLES: usize = 20;
 /// What one evaluation sees.
 pub struct EvalCtx<'a> {
     pub inputs: &'a Inputs,
+    /// The incremental windows over `inputs` the engine keeps between evaluations.
+    pub windows: &'a SharedWindows,
     pub board: &'a SignalBoard,
     /// The proxy's route splits, read (canary rollback judges their arms' windows) …
     pub splits: &'a crate::kernel::splits::SplitBoard,
@@ -25,6 +29,13 @@ pub struct EvalCtx<'a> {
     /// Models whose semantic drift is ongoing (for the joint grade of per-request anomalies).
     pub semantic_drift_models: &'a std::collections::BTreeSet<String>,
     pub now: i64,
+}
+
+impl EvalCtx<'_> {
+    /// The incremental windows the latency rules, `ks_drift` and `ab_regression` share.
+    pub fn latency_windows(&self) -> std::sync::MutexGuard<'_, LatencyWindows> {
+        self.windows.lock()
+    }
 }
 
 /// An event of a model-level detector: labelled by `model_id` alone.

@@ -2,7 +2,8 @@
 // output embeddings and prefix-cache accesses on it, and the posted-inputs port (`PostedInputs`,
 // for the API's and OTLP's embeddings, feedback and scores) the rest; `drain` sorts them.
 
-use super::inputs::{Inputs, Rec};
+use super::inputs::Inputs;
+use super::record::Rec;
 use super::vectors::PrefixAccess;
 use crate::pipeline::{RecordSink, SinkError};
 use std::sync::Arc;

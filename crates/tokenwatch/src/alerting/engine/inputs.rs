@@ -3,342 +3,18 @@
 // embeddings and prefix-cache accesses of records or of `POST /api/v1/embeddings`.
 
 use super::kept::{KeptQueue, Timed};
+use super::record::{
+    EarlyTtft, Interner, Label, LatencySample, Rec, first_token_at_ms, shrink_set,
+};
 use super::thin::{Cuts, Schedule, read_at, sample_id};
 use super::vectors::{EmbeddingSamples, PrefixLog};
-use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt;
 use std::hash::{BuildHasher, RandomState};
-use std::ops::Deref;
-use std::sync::{Arc, LazyLock};
-use tokenwatch_core::model::{FirstToken, RequestRecord};
+use tokenwatch_core::model::FirstToken;
 use tokenwatch_core::signals::SignalBoard;
 
 pub use super::feed::{AlertSink, EmbeddingInput, EngineFeed, Input, drain};
 pub use super::vectors::PrefixAccess;
-
-/// The one empty label value every empty `Label` shares.
-static EMPTY: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(""));
-
-/// A label value of a record (model, instance, A/B group, prompt version, finish reason). The
-/// records `Inputs` keeps share one allocation per distinct value (see `Inputs::ingest`); the
-/// empty value allocates nothing.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Label(Arc<str>);
-
-impl Label {
-    pub fn new(s: &str) -> Label {
-        if s.is_empty() {
-            Label::default()
-        } else {
-            Label(Arc::from(s))
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl Default for Label {
-    fn default() -> Label {
-        Label(EMPTY.clone())
-    }
-}
-
-impl Deref for Label {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl AsRef<str> for Label {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-/// Hashes and compares as its text, so maps keyed by `Label` are looked up by `&str`.
-impl Borrow<str> for Label {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<&str> for Label {
-    fn from(s: &str) -> Label {
-        Label::new(s)
-    }
-}
-
-impl From<String> for Label {
-    fn from(s: String) -> Label {
-        Label::new(&s)
-    }
-}
-
-impl fmt::Debug for Label {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
-    }
-}
-
-impl fmt::Display for Label {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl PartialEq<str> for Label {
-    fn eq(&self, o: &str) -> bool {
-        &*self.0 == o
-    }
-}
-
-impl PartialEq<&str> for Label {
-    fn eq(&self, o: &&str) -> bool {
-        &*self.0 == *o
-    }
-}
-
-impl PartialEq<String> for Label {
-    fn eq(&self, o: &String) -> bool {
-        *self.0 == **o
-    }
-}
-
-/// The distinct label values of the records `Inputs` keeps. A value no record (nor map key)
-/// refers to any more is forgotten at the next `prune`, so churning values do not pile up.
-#[derive(Default)]
-struct Interner {
-    values: HashSet<Arc<str>>,
-}
-
-impl Interner {
-    /// The shared copy of `s` (added when new).
-    fn get(&mut self, s: &str) -> Label {
-        if s.is_empty() {
-            return Label::default();
-        }
-        if let Some(a) = self.values.get(s) {
-            return Label(a.clone());
-        }
-        let a: Arc<str> = Arc::from(s);
-        self.values.insert(a.clone());
-        Label(a)
-    }
-
-    /// Makes `l` the shared copy of its value (`l`'s own becomes it when the value is new).
-    fn intern(&mut self, l: &mut Label) {
-        if l.is_empty() {
-            return;
-        }
-        match self.values.get(&*l.0) {
-            Some(a) if Arc::ptr_eq(a, &l.0) => {}
-            Some(a) => l.0 = a.clone(),
-            None => {
-                self.values.insert(l.0.clone());
-            }
-        }
-    }
-
-    /// Forget the values only the interner still holds.
-    fn prune(&mut self) {
-        self.values.retain(|a| Arc::strong_count(a) > 1);
-        shrink_set(&mut self.values);
-    }
-}
-
-/// The fields of a request record the detectors use.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Rec {
-    pub model: Label,
-    pub instance: Label,
-    pub ab_group: Label,
-    pub prompt_version: Label,
-    /// For per-tenant SLOs: counted at `Inputs::ingest`, not kept in the windows.
-    pub tenant: Label,
-    /// Set on the records of an evaluation (`EvalCtx::new_records`: their annotations name
-    /// the request); the copies `Inputs` keeps in its windows drop it (`Inputs::ingest`).
-    pub request_id: Box<str>,
-    /// The request's W3C trace id, for the latency breakdown's lookup of the slowest requests'
-    /// traces (all zero without one).
-    pub trace_id: TraceKey,
-    /// When the record became known: arrival + end.
-    pub at_ms: i64,
-    pub ttft: Option<f64>,
-    pub e2e: f64,
-    pub itl: Option<f64>,
-    pub queue: Option<f64>,
-    pub headers: Option<f64>,
-    pub prompt_tokens: Option<u64>,
-    pub output_tokens: Option<u64>,
-    pub ok: bool,
-    /// Counts against the success-rate SLO (client 4xx and cancelled requests do not).
-    pub server_failure: bool,
-    pub finish_reason: Label,
-    /// The record of a request whose first token was reported while it streamed: that early
-    /// copy stands for its TTFT in time-to-first-token windows, this one does not.
-    pub ttft_early: bool,
-    /// Its push sequence among its model's kept records (set by `Inputs::ingest`).
-    pub seq: u64,
-}
-
-impl Timed for Rec {
-    const SOURCE: u64 = 0;
-    fn at_ms(&self) -> i64 {
-        self.at_ms
-    }
-    fn seq(&self) -> u64 {
-        self.seq
-    }
-}
-
-impl Rec {
-    pub fn from_record(r: &RequestRecord) -> Rec {
-        Rec {
-            model: Label::new(&r.labels.model_id),
-            instance: Label::new(&r.labels.instance),
-            ab_group: Label::new(&r.labels.ab_group),
-            prompt_version: Label::new(&r.prompt_version),
-            tenant: Label::new(&r.labels.tenant),
-            request_id: r.request_id.as_str().into(),
-            trace_id: TraceKey::parse(&r.trace_id),
-            at_ms: r.arrival_unix_ms + (r.end_s.max(0.0) * 1000.0) as i64,
-            ttft: r.first_token_s,
-            e2e: r.end_s,
-            itl: r.time_per_output_token_s(),
-            queue: r.queue_s,
-            headers: r.upstream_headers_s,
-            prompt_tokens: r.prompt_tokens,
-            output_tokens: r.output_tokens,
-            ok: r.is_success(),
-            server_failure: r.is_server_failure(),
-            finish_reason: Label::new(&r.finish_reason),
-            ttft_early: false,
-            seq: 0,
-        }
-    }
-
-    /// A per-request value by name (`ttft`, `e2e`, `itl`, `queue`, `output_tokens`, `prompt_tokens`).
-    pub fn value(&self, name: &str) -> Option<f64> {
-        match name {
-            "ttft" => self.ttft,
-            "e2e" => Some(self.e2e),
-            "itl" => self.itl,
-            "queue" => self.queue,
-            "output_tokens" => self.output_tokens.map(|v| v as f64),
-            "prompt_tokens" => self.prompt_tokens.map(|v| v as f64),
-            _ => None,
-        }
-        .filter(|v| v.is_finite())
-    }
-}
-
-/// A W3C trace id in 16 bytes (8-byte aligned, so a `Rec` grows by no more); all zero, which
-/// W3C trace context forbids, stands for none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
-pub struct TraceKey([u64; 2]);
-
-impl TraceKey {
-    /// From 32 hex digits; anything else is none.
-    pub fn parse(s: &str) -> TraceKey {
-        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return TraceKey::default();
-        }
-        match (
-            u64::from_str_radix(&s[..16], 16),
-            u64::from_str_radix(&s[16..], 16),
-        ) {
-            (Ok(hi), Ok(lo)) => TraceKey([hi, lo]),
-            _ => TraceKey::default(),
-        }
-    }
-
-    /// The 32 lowercase hex digits; None for none.
-    pub fn hex(self) -> Option<String> {
-        (self.0 != [0, 0]).then(|| format!("{:016x}{:016x}", self.0[0], self.0[1]))
-    }
-}
-
-/// When a first token became known: arrival + time to first token.
-pub fn first_token_at_ms(f: &FirstToken) -> i64 {
-    f.arrival_unix_ms + (f.first_token_s.max(0.0) * 1000.0) as i64
-}
-
-/// What `Inputs` keeps of a request's first token reported while it streamed (its model is
-/// the key it is kept under): where and when, its TTFT, and a hash of its request id to match
-/// the record when it comes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EarlyTtft {
-    /// When the first token became known: arrival + TTFT.
-    pub at_ms: i64,
-    pub ttft: f64,
-    pub instance: Label,
-    id: u64,
-    /// Its push sequence among its model's early first tokens.
-    pub seq: u64,
-}
-
-impl Timed for EarlyTtft {
-    const SOURCE: u64 = 1;
-    fn at_ms(&self) -> i64 {
-        self.at_ms
-    }
-    fn seq(&self) -> u64 {
-        self.seq
-    }
-}
-
-/// One request as a latency rule reads it (`Inputs::latency_window`): its record, or the early
-/// copy of its first token standing for its TTFT.
-#[derive(Debug, Clone, Copy)]
-pub enum LatencySample<'a> {
-    Record(&'a Rec),
-    FirstToken(&'a EarlyTtft),
-}
-
-impl<'a> LatencySample<'a> {
-    pub fn at_ms(self) -> i64 {
-        match self {
-            LatencySample::Record(r) => r.at_ms,
-            LatencySample::FirstToken(f) => f.at_ms,
-        }
-    }
-
-    pub fn instance(self) -> &'a str {
-        match self {
-            LatencySample::Record(r) => &r.instance,
-            LatencySample::FirstToken(f) => &f.instance,
-        }
-    }
-
-    /// A first token is of a request that got an answer.
-    pub fn ok(self) -> bool {
-        match self {
-            LatencySample::Record(r) => r.ok,
-            LatencySample::FirstToken(_) => true,
-        }
-    }
-
-    /// As `Rec::value`; a first token knows its `ttft` (and `e2e` so far: the same), nothing else.
-    pub fn value(self, name: &str) -> Option<f64> {
-        match self {
-            LatencySample::Record(r) => r.value(name),
-            LatencySample::FirstToken(f) => match name {
-                "ttft" | "e2e" => Some(f.ttft).filter(|v| v.is_finite()),
-                _ => None,
-            },
-        }
-    }
-}
-
-fn shrink_set<T: Eq + std::hash::Hash>(s: &mut HashSet<T>) {
-    if s.capacity() > 2 * s.len() + 1024 {
-        s.shrink_to_fit();
-    }
-}
 
 /// The fewest records a model keeps before thinning, however many models share the budget.
 pub const MIN_MODEL_BUDGET: usize = 1_000;
@@ -382,9 +58,6 @@ pub struct Inputs {
     pushed: HashMap<Label, Pushed>,
     /// Names each model's queues as they are made (queues emptied and made again differ).
     epochs: u64,
-    /// The incremental windows (`super::windows`) the latency rules, `ks_drift` and
-    /// `ab_regression` share.
-    latency_windows: std::sync::Mutex<super::windows::LatencyWindows>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -425,7 +98,6 @@ impl Inputs {
             thinning: HashMap::new(),
             pushed: HashMap::new(),
             epochs: 0,
-            latency_windows: Default::default(),
         }
     }
 
@@ -670,17 +342,6 @@ impl Inputs {
             .map(|f| (f.seq, f))
     }
 
-    /// The latency rules' incremental windows (a poisoned lock, after a panic while they were
-    /// changed, starts them afresh).
-    pub fn latency_windows(&self) -> std::sync::MutexGuard<'_, super::windows::LatencyWindows> {
-        self.latency_windows.lock().unwrap_or_else(|poisoned| {
-            self.latency_windows.clear_poison();
-            let mut g = poisoned.into_inner();
-            *g = Default::default();
-            g
-        })
-    }
-
     /// Forget what is older than the retention, give back the memory of queues a burst grew,
     /// and forget label values nothing refers to any more.
     pub fn prune(&mut self, now: i64) {
@@ -808,8 +469,7 @@ impl Inputs {
     }
 
     /// Bytes allocated for kept records and early first tokens, the ids of those awaiting
-    /// their record, the incremental windows' mirrored samples and values, the index of request
-    /// ids that joins scores (and the scores), and the prefix-cache accesses: the engine's
+    /// their record, the index of request ids that joins scores (and the scores), and the prefix-cache accesses: the engine's
     /// per-request memory (labels are shared and not counted). Read from the containers' room,
     /// never sample by sample.
     pub fn kept_bytes(&self) -> usize {
@@ -820,7 +480,6 @@ impl Inputs {
         records * size_of::<Rec>()
             + early * size_of::<EarlyTtft>()
             + super::kept::table_bytes::<u64>(awaiting)
-            + self.latency_windows().bytes()
             + self.scores.bytes()
             + prefixes
     }
@@ -944,6 +603,7 @@ pub fn latest(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn rec(model: &str, at: i64, ttft: f64, ok: bool) -> Rec {
         Rec {
@@ -1045,61 +705,6 @@ mod tests {
                 .map(|r| r.at_ms),
             Some(1_250)
         );
-    }
-
-    #[test]
-    fn kept_bytes_count_the_samples_the_windows_mirror() {
-        use super::super::windows::{SAMPLE_BYTES, Slot};
-        let n: usize = 4096;
-        let mut i = Inputs::new(3_600_000, 1_000_000);
-        for t in 0..n as i64 {
-            let mut r = rec("m", t, 1.0 + (t % 7) as f64, t % 5 != 0);
-            r.ab_group = if t % 2 == 0 { "a" } else { "b" }.into();
-            i.ingest(r);
-        }
-        let records = i.kept_bytes();
-        assert!(records >= n * size_of::<Rec>());
-        // A value per sample in the one window read on each mirror.
-        let per = SAMPLE_BYTES + size_of::<f64>();
-        println!("mirrored per record: {SAMPLE_BYTES} bytes + 8 per window holding it");
-        let now = n as i64;
-        let range = (now - 60_000, now);
-        let ok = (0..n).filter(|t| t % 5 != 0).count();
-        let series = ("m", "e2e", "e2e");
-        {
-            let mut lw = i.latency_windows();
-            assert!(lw.sync(&i, series, 60_000, now));
-            let all = lw.window(series, now, None, Slot::Current(60_000), range);
-            // The successful records: 4 in 5.
-            assert_eq!(all.map(<[f64]>::len), Some(ok));
-        }
-        let latency = i.kept_bytes() - records;
-        assert!(
-            latency >= ok * per && latency <= 2 * ok * per,
-            "{latency} bytes for {ok} samples"
-        );
-        // The arms' mirror counts every record with an arm, failed ones too.
-        {
-            let mut lw = i.latency_windows();
-            assert!(lw.sync_arms(&i, ("m", "e2e"), 60_000, now));
-            for arm in ["a", "b"] {
-                let v = lw.arm_window(("m", "e2e"), now, arm, Slot::Current(60_000), range);
-                assert!(v.is_some_and(|v| !v.is_empty()));
-            }
-        }
-        let arms = i.kept_bytes() - records - latency;
-        let lines = n * SAMPLE_BYTES + ok * size_of::<f64>();
-        assert!(
-            arms >= lines && arms <= 2 * lines,
-            "{arms} bytes for {n} records ({ok} with values)"
-        );
-        // The records go: their samples go with them.
-        let later = now + 10_000_000;
-        i.prune(later);
-        assert!(!i.latency_windows().sync(&i, series, 60_000, later));
-        let arms = ("m", "e2e");
-        assert!(!i.latency_windows().sync_arms(&i, arms, 60_000, later));
-        assert_eq!(i.kept_bytes(), 0);
     }
 
     #[test]
@@ -1212,84 +817,6 @@ mod tests {
         }
         let early: Vec<bool> = i.window("m", 0, i64::MAX).map(|r| r.ttft_early).collect();
         assert_eq!(early, [false, true]);
-    }
-
-    #[test]
-    fn past_the_budget_old_records_are_thinned_to_a_uniform_sample_over_the_whole_retention() {
-        use super::super::windows::{LatencyWindows, Slot};
-        // 200 requests/s for 40 minutes against a budget of 20,000 and 35 minutes' retention
-        // (the drift rules' 7 windows of 5 minutes): the e2e of a request is its minute.
-        let (retention, budget) = (35 * 60_000, 20_000);
-        let mut i = Inputs::new(retention, budget);
-        let mut lw = LatencyWindows::default();
-        let series = ("m", "e2e", "e2e");
-        let (t0, end) = (1_700_000_000_000i64, 40 * 60_000);
-        let mut most = 0;
-        for t in (0..end).step_by(5) {
-            let mut r = rec("m", t0 + t, 1.0, t % 50 != 0);
-            r.e2e = (t / 60_000) as f64;
-            i.ingest(r);
-            if t % 250 == 0 {
-                i.prune(t0 + t);
-                most = most.max(i.records["m"].len());
-                if t % 60_000 == 0 {
-                    // A latency rule reading 6 minutes keeps its mirror in step.
-                    assert!(lw.sync(&i, series, 360_000, t0 + t));
-                }
-            }
-        }
-        let now = t0 + end - 5;
-        assert!(most <= budget + budget / 4, "kept up to {most}");
-        assert_eq!(
-            i.evicted_records(),
-            0,
-            "thinned, never evicted at a steady rate"
-        );
-        let dense = i.dense_ms("m").expect("thinned");
-        assert!((2_000..60_000).contains(&dense), "dense span {dense} ms");
-        // The dense span is read whole.
-        let recent = i.window("m", now - dense / 2, now).count() as i64;
-        assert!(
-            (recent - dense / 2 / 5).abs() <= 1,
-            "{recent} in {} ms",
-            dense / 2
-        );
-        // The drift rules' reference (the six windows before the last) is a uniform sample of
-        // its whole span: as many of each minute, within chance.
-        let (from, to) = (now - retention, now - 5 * 60_000);
-        let mut per_minute = BTreeMap::<i64, usize>::new();
-        for r in i.window("m", from, to) {
-            *per_minute.entry(r.e2e as i64).or_default() += 1;
-        }
-        let full: Vec<usize> = per_minute.values().copied().skip(1).take(28).collect();
-        assert_eq!(full.len(), 28, "{per_minute:?}");
-        let mean = full.iter().sum::<usize>() as f64 / full.len() as f64;
-        assert!(mean >= 20.0, "{mean} a minute");
-        for n in &full {
-            assert!(
-                (*n as f64 - mean).abs() < 5.0 * mean.sqrt() + 2.0,
-                "{per_minute:?}"
-            );
-        }
-        // The mirrored windows read what the records read, thinned the same way.
-        assert!(lw.sync(&i, series, 360_000, now));
-        for (slot, range) in [
-            (Slot::Current(30_000), (now - 30_000, now)),
-            (Slot::Baseline(300_000), (now - 330_000, now - 30_000)),
-        ] {
-            let mut want = values(i.window("m", range.0, range.1), "e2e");
-            want.sort_by(f64::total_cmp);
-            let got = lw
-                .window(series, now, None, slot, range)
-                .map(<[f64]>::to_vec);
-            assert_eq!(got, Some(want), "{slot:?}");
-        }
-        // The mirror dropped what the records' thinning dropped.
-        let kept_bytes = i.kept_bytes();
-        assert!(
-            kept_bytes < 3 * budget * size_of::<Rec>(),
-            "{kept_bytes} bytes"
-        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 // its peers; the model alerts on the traffic of its other instances. Owns their series state.
 
 use super::eval::{EvalCtx, labels};
-use super::inputs::{self, LatencySample};
+use super::inputs;
+use super::record::LatencySample;
 use super::windows::{LatencyWindows, Slot};
 use crate::alerting::rules::RuleSpec;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -507,7 +508,7 @@ pub fn spike(
     let refresh = (w / BASELINE_REFRESH_DIVISOR).max(100);
     let fast_ms = (p.fast_window_s * 1000.0) as i64;
     let mut out = Vec::new();
-    let mut lw = cx.inputs.latency_windows();
+    let mut lw = cx.latency_windows();
     for m in cx.inputs.models() {
         let ask = Ask {
             model: &m,
@@ -603,7 +604,7 @@ pub fn absolute(
 ) -> Vec<AnomalyEvent> {
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
-    let mut lw = cx.inputs.latency_windows();
+    let mut lw = cx.latency_windows();
     for m in cx.inputs.models() {
         let ask = Ask {
             model: &m,
@@ -729,7 +730,7 @@ pub fn context(
 ) -> Vec<AnomalyEvent> {
     let (now, w) = (cx.now, rule.window_ms);
     let mut out = Vec::new();
-    let mut lw = cx.inputs.latency_windows();
+    let mut lw = cx.latency_windows();
     for m in cx.inputs.models() {
         let sig = rule.signal.as_str();
         let (cur, cur_all) = match context_windows(&mut lw, cx.inputs, (&m, sig), w, now) {

@@ -3,8 +3,9 @@
 // one instance or an error burst alerts, named, within seconds (+ `for`).
 
 use super::super::eval::EvalCtx;
-use super::super::inputs::{Inputs, Rec, first_token_at_ms};
+use super::super::inputs::Inputs;
 use super::super::lifecycle::{Timing, Tracked, Transition, fingerprint, group_labels};
+use super::super::record::{Rec, first_token_at_ms};
 use crate::alerting::rules::{AlertingConfig, Rule, compile};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -55,6 +56,7 @@ struct Injected {
 struct Harness {
     rules: Vec<Rule>,
     inputs: Inputs,
+    windows: crate::alerting::engine::windows::SharedWindows,
     board: SignalBoard,
     tracked: HashMap<String, Tracked>,
     /// Every event: (rule, labels, at).
@@ -88,6 +90,7 @@ impl Harness {
         Harness {
             rules,
             inputs: Inputs::new(15 * MIN, budget),
+            windows: Default::default(),
             board: SignalBoard::new(10, 10),
             tracked: HashMap::new(),
             events: Vec::new(),
@@ -206,6 +209,7 @@ impl Harness {
             splits: &Default::default(),
             actions: &crate::kernel::actions::NoActions,
             inputs: &self.inputs,
+            windows: &self.windows,
             board: &self.board,
             new_records: &[],
             spans: &[],

@@ -4,7 +4,7 @@
 // the outliers concentrate on.
 
 use super::eval::{EvalCtx, labels};
-use super::inputs::Rec;
+use super::record::Rec;
 use std::collections::HashMap;
 use tokenwatch_core::alert::AnomalyEvent;
 use tokenwatch_detect as det;
@@ -134,8 +134,9 @@ fn model_event(
 #[cfg(test)]
 mod tests {
     use super::super::eval::EvalCtx;
-    use super::super::inputs::{Inputs, Rec};
+    use super::super::inputs::Inputs;
     use super::super::lifecycle::group_labels;
+    use super::super::record::Rec;
     use crate::alerting::rules::{AlertingConfig, Rule, compile};
     use std::collections::{BTreeMap, BTreeSet};
     use tokenwatch_core::model::{RequestRecord, SeriesLabels};
@@ -211,6 +212,7 @@ mod tests {
                 splits: &Default::default(),
                 actions: &crate::kernel::actions::NoActions,
                 inputs: &inputs,
+                windows: &Default::default(),
                 board: &board,
                 new_records: &new,
                 spans: &[],

@@ -14,6 +14,7 @@ pub mod length;
 pub mod lifecycle;
 pub mod noise;
 pub mod persist;
+pub mod record;
 #[cfg(test)]
 mod reload_tests;
 #[cfg(test)]
@@ -284,6 +285,7 @@ pub fn start_with_slos(
             .with_embedding_retention(embedding_retention)
             .with_slos(slo_tracker)
             .with_score_metrics(scores::ScoreMetrics::register(&deps.metrics)),
+        windows: Default::default(),
         scaler,
         history: EventHistory::new(cfg.event_lookback.0.as_millis() as i64),
         inbox: inbox.clone(),
@@ -351,6 +353,9 @@ struct Engine {
     tracked: HashMap<String, Tracked>,
     resolved: VecDeque<Alert>,
     inputs: inputs::Inputs,
+    /// The incremental windows over `inputs` the latency rules, `ks_drift` and
+    /// `ab_regression` share.
+    windows: windows::SharedWindows,
     /// The scaling recommendation per model (`crate::slo::scaling`).
     scaler: crate::slo::scaling::Scaler,
     history: EventHistory,
@@ -649,7 +654,7 @@ impl Engine {
     }
 
     /// One evaluation of every rule at `now`.
-    fn step(&mut self, new_records: Vec<inputs::Rec>, now: i64) {
+    fn step(&mut self, new_records: Vec<record::Rec>, now: i64) {
         for r in &new_records {
             crate::kernel::failpoint::panic_on_model("alerting", &r.model);
         }
@@ -669,7 +674,7 @@ impl Engine {
         self.inputs.prune(now);
         self.kept_metrics.publish(
             (self.inputs.evicted_records(), self.inputs.thinned_records()),
-            self.inputs.kept_bytes(),
+            self.inputs.kept_bytes() + self.windows.lock().bytes(),
         );
         self.history.prune(now);
         let mut outside = self.inbox.take();
@@ -694,6 +699,7 @@ impl Engine {
             let semantic_drift_models = self.history.models_with_ongoing("semantic_drift", now);
             let cx = eval::EvalCtx {
                 inputs: &self.inputs,
+                windows: &self.windows,
                 board: &board,
                 splits: &self.splits,
                 actions: self.actions.as_ref(),
@@ -921,7 +927,7 @@ impl Engine {
         if rule.compiled.latency_symptom() && !model.is_empty() {
             // An instance's alert breaks down that instance's requests.
             let instance = alert.labels.get("instance").cloned().unwrap_or_default();
-            let recs: Vec<&inputs::Rec> = self
+            let recs: Vec<&record::Rec> = self
                 .inputs
                 .window(&model, now - rule.window_ms, now)
                 .filter(|r| instance.is_empty() || r.instance == instance)

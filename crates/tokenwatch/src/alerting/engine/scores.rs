@@ -1,7 +1,7 @@
 // Feedback and evaluation scores as the engine reads them: each score joined to its request's
 // model, A/B group and prompt version (by request or trace id), kept per model for the window.
 
-use super::inputs::{Label, Rec, TraceKey};
+use super::record::{Label, Rec, TraceKey};
 use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -529,7 +529,7 @@ mod tests {
     fn scores_join_their_records_by_request_or_trace_id() {
         let mut b = ScoreBook::new(100, 100);
         let mut r = rec("r1", "m", "B", 1_000);
-        r.trace_id = super::super::inputs::TraceKey::parse("0af7651916cd43dd8448eb211c80319c");
+        r.trace_id = super::super::record::TraceKey::parse("0af7651916cd43dd8448eb211c80319c");
         b.note_record(&r);
         b.add(score("r1", TOXICITY, 0.9, 1_100), 1_100);
         let mut by_trace = score("", GUARDRAIL, 1.0, 1_200);
@@ -705,6 +705,7 @@ mod tests {
                 splits: &Default::default(),
                 actions: &crate::kernel::actions::NoActions,
                 inputs: &inputs,
+                windows: &Default::default(),
                 board: &board,
                 new_records: &[],
                 spans: &[],

@@ -2,7 +2,8 @@
 // `error_burst` counts: each model's samples mirrored from the kept records by push sequence, per
 // instance or arm in time order, thinned as the kept records are; windows slide on them.
 
-use super::inputs::{Inputs, KeptSeq, Label, LatencySample, Rec};
+use super::inputs::{Inputs, KeptSeq};
+use super::record::{Label, LatencySample, Rec};
 use super::thin::{Cuts, read_at};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -106,6 +107,23 @@ const IDLE_MS: i64 = 60_000;
 pub struct LatencyWindows {
     mirrors: HashMap<Key, Mirror>,
     last_gc: i64,
+}
+
+/// The windows one engine's rules share across its evaluations: the latency rules,
+/// `ks_drift` and `ab_regression` read them through `EvalCtx::latency_windows`.
+#[derive(Default)]
+pub struct SharedWindows(std::sync::Mutex<LatencyWindows>);
+
+impl SharedWindows {
+    /// The windows (a poisoned lock, after a panic while they were changed, starts them afresh).
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, LatencyWindows> {
+        self.0.lock().unwrap_or_else(|poisoned| {
+            self.0.clear_poison();
+            let mut g = poisoned.into_inner();
+            *g = Default::default();
+            g
+        })
+    }
 }
 
 /// The places in `pts` of the samples in `(from, to]` (empty when `to <= from`).

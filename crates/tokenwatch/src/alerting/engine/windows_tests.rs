@@ -2,9 +2,11 @@
 // random traffic: late and bursty arrivals, early first tokens, evictions, models and A/B arms
 // that go and come.
 
-use super::super::inputs::{Inputs, Rec};
-use super::{LatencyWindows, Slot};
+use super::super::inputs::{Inputs, values};
+use super::super::record::Rec;
+use super::{LatencyWindows, SAMPLE_BYTES, Slot};
 use proptest::prelude::*;
+use std::collections::BTreeMap;
 use tokenwatch_core::model::FirstToken;
 
 const INSTANCES: &[&str] = &["", "a:1", "b:1", "c:1"];
@@ -516,4 +518,150 @@ fn records_evicted_at_the_cap_leave_the_windows_and_a_model_that_comes_back_star
         push(&mut inputs, later - 100 + k, 7.0);
     }
     assert_eq!(read(&mut windows, &inputs, later), vec![7.0; 3]);
+}
+
+/// A successful or failed record of `model` at `at` (ms).
+fn rec(model: &str, at: i64, ttft: f64, ok: bool) -> Rec {
+    Rec {
+        model: model.into(),
+        instance: "i".into(),
+        at_ms: at,
+        ttft: Some(ttft),
+        e2e: ttft * 2.0,
+        output_tokens: Some(10),
+        ok,
+        server_failure: !ok,
+        finish_reason: "stop".into(),
+        ..Rec::default()
+    }
+}
+
+#[test]
+fn kept_bytes_count_the_samples_the_windows_mirror() {
+    let n: usize = 4096;
+    let mut i = Inputs::new(3_600_000, 1_000_000);
+    let mut lw = LatencyWindows::default();
+    for t in 0..n as i64 {
+        let mut r = rec("m", t, 1.0 + (t % 7) as f64, t % 5 != 0);
+        r.ab_group = if t % 2 == 0 { "a" } else { "b" }.into();
+        i.ingest(r);
+    }
+    let records = i.kept_bytes() + lw.bytes();
+    assert!(records >= n * size_of::<Rec>());
+    // A value per sample in the one window read on each mirror.
+    let per = SAMPLE_BYTES + size_of::<f64>();
+    println!("mirrored per record: {SAMPLE_BYTES} bytes + 8 per window holding it");
+    let now = n as i64;
+    let range = (now - 60_000, now);
+    let ok = (0..n).filter(|t| t % 5 != 0).count();
+    let series = ("m", "e2e", "e2e");
+    {
+        assert!(lw.sync(&i, series, 60_000, now));
+        let all = lw.window(series, now, None, Slot::Current(60_000), range);
+        // The successful records: 4 in 5.
+        assert_eq!(all.map(<[f64]>::len), Some(ok));
+    }
+    let latency = (i.kept_bytes() + lw.bytes()) - records;
+    assert!(
+        latency >= ok * per && latency <= 2 * ok * per,
+        "{latency} bytes for {ok} samples"
+    );
+    // The arms' mirror counts every record with an arm, failed ones too.
+    {
+        assert!(lw.sync_arms(&i, ("m", "e2e"), 60_000, now));
+        for arm in ["a", "b"] {
+            let v = lw.arm_window(("m", "e2e"), now, arm, Slot::Current(60_000), range);
+            assert!(v.is_some_and(|v| !v.is_empty()));
+        }
+    }
+    let arms = (i.kept_bytes() + lw.bytes()) - records - latency;
+    let lines = n * SAMPLE_BYTES + ok * size_of::<f64>();
+    assert!(
+        arms >= lines && arms <= 2 * lines,
+        "{arms} bytes for {n} records ({ok} with values)"
+    );
+    // The records go: their samples go with them.
+    let later = now + 10_000_000;
+    i.prune(later);
+    assert!(!lw.sync(&i, series, 60_000, later));
+    let arms = ("m", "e2e");
+    assert!(!lw.sync_arms(&i, arms, 60_000, later));
+    assert_eq!(i.kept_bytes() + lw.bytes(), 0);
+}
+
+#[test]
+fn past_the_budget_old_records_are_thinned_to_a_uniform_sample_over_the_whole_retention() {
+    // 200 requests/s for 40 minutes against a budget of 20,000 and 35 minutes' retention
+    // (the drift rules' 7 windows of 5 minutes): the e2e of a request is its minute.
+    let (retention, budget) = (35 * 60_000, 20_000);
+    let mut i = Inputs::new(retention, budget);
+    let mut lw = LatencyWindows::default();
+    let series = ("m", "e2e", "e2e");
+    let (t0, end) = (1_700_000_000_000i64, 40 * 60_000);
+    let mut most = 0;
+    for t in (0..end).step_by(5) {
+        let mut r = rec("m", t0 + t, 1.0, t % 50 != 0);
+        r.e2e = (t / 60_000) as f64;
+        i.ingest(r);
+        if t % 250 == 0 {
+            i.prune(t0 + t);
+            most = most.max(i.window("m", i64::MIN, i64::MAX).count());
+            if t % 60_000 == 0 {
+                // A latency rule reading 6 minutes keeps its mirror in step.
+                assert!(lw.sync(&i, series, 360_000, t0 + t));
+            }
+        }
+    }
+    let now = t0 + end - 5;
+    assert!(most <= budget + budget / 4, "kept up to {most}");
+    assert_eq!(
+        i.evicted_records(),
+        0,
+        "thinned, never evicted at a steady rate"
+    );
+    let dense = i.dense_ms("m").expect("thinned");
+    assert!((2_000..60_000).contains(&dense), "dense span {dense} ms");
+    // The dense span is read whole.
+    let recent = i.window("m", now - dense / 2, now).count() as i64;
+    assert!(
+        (recent - dense / 2 / 5).abs() <= 1,
+        "{recent} in {} ms",
+        dense / 2
+    );
+    // The drift rules' reference (the six windows before the last) is a uniform sample of
+    // its whole span: as many of each minute, within chance.
+    let (from, to) = (now - retention, now - 5 * 60_000);
+    let mut per_minute = BTreeMap::<i64, usize>::new();
+    for r in i.window("m", from, to) {
+        *per_minute.entry(r.e2e as i64).or_default() += 1;
+    }
+    let full: Vec<usize> = per_minute.values().copied().skip(1).take(28).collect();
+    assert_eq!(full.len(), 28, "{per_minute:?}");
+    let mean = full.iter().sum::<usize>() as f64 / full.len() as f64;
+    assert!(mean >= 20.0, "{mean} a minute");
+    for n in &full {
+        assert!(
+            (*n as f64 - mean).abs() < 5.0 * mean.sqrt() + 2.0,
+            "{per_minute:?}"
+        );
+    }
+    // The mirrored windows read what the records read, thinned the same way.
+    assert!(lw.sync(&i, series, 360_000, now));
+    for (slot, range) in [
+        (Slot::Current(30_000), (now - 30_000, now)),
+        (Slot::Baseline(300_000), (now - 330_000, now - 30_000)),
+    ] {
+        let mut want = values(i.window("m", range.0, range.1), "e2e");
+        want.sort_by(f64::total_cmp);
+        let got = lw
+            .window(series, now, None, slot, range)
+            .map(<[f64]>::to_vec);
+        assert_eq!(got, Some(want), "{slot:?}");
+    }
+    // The mirror dropped what the records' thinning dropped.
+    let kept_bytes = i.kept_bytes();
+    assert!(
+        kept_bytes < 3 * budget * size_of::<Rec>(),
+        "{kept_bytes} bytes"
+    );
 }
