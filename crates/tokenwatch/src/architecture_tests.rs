@@ -28,7 +28,6 @@ const STAGES: &[(&str, u8)] = &[
     // Detect, alert and deliver.
     ("markers", 4),
     ("alerting", 4),
-    ("slo", 4),
     // Act on what the detectors decided (reached from them through `kernel::actions`).
     ("act", 5),
     // What users read.

@@ -56,10 +56,10 @@ pub struct Config {
     pub gpu: crate::sources::gpu::GpuConfig,
     pub signals: SignalsConfig,
     pub alerting: crate::alerting::rules::AlertingConfig,
-    /// SLOs with error budgets and burn alerts; absent: the spec's defaults (`crate::slo`).
-    pub slos: Option<Vec<crate::slo::SloConfig>>,
+    /// SLOs with error budgets and burn alerts; absent: the spec's defaults (`crate::alerting::slo`).
+    pub slos: Option<Vec<crate::alerting::slo::SloConfig>>,
     /// The autoscaling recommendation and the eviction trigger (spec section 6).
-    pub scaling: crate::slo::scaling::ScalingConfig,
+    pub scaling: crate::alerting::slo::scaling::ScalingConfig,
     /// Threads: the proxy's own runtime, the analysis threads' priority.
     pub runtime: crate::runtimes::RuntimeConfig,
     /// Bearer tokens with roles, and the opt-out of the off-loopback refusal.
@@ -723,7 +723,8 @@ impl Config {
             .map_err(|(path, message)| invalid(path, message))?;
         crate::alerting::rules::compile(&self.alerting)
             .map_err(|(path, message)| invalid(path, message))?;
-        crate::slo::validate(&self.slos).map_err(|(path, message)| invalid(path, message))?;
+        crate::alerting::slo::validate(&self.slos)
+            .map_err(|(path, message)| invalid(path, message))?;
         self.scaling
             .validate()
             .map_err(|(path, message)| invalid(path, message))?;

@@ -20,7 +20,6 @@ pub mod markers;
 pub mod pipeline;
 pub mod reload;
 pub mod runtimes;
-pub mod slo;
 pub mod sources;
 pub mod top;
 pub mod traffic;

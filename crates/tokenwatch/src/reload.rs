@@ -183,7 +183,7 @@ pub fn plan(running: &Config, new: &Config, parts: Running) -> Result<Plan, Stri
             rules,
             unchanged,
             cfg: merged.alerting.clone(),
-            slos: slos_changed.then(|| crate::slo::effective(&merged.slos)),
+            slos: slos_changed.then(|| crate::alerting::slo::effective(&merged.slos)),
             config_json: Some(merged.redacted_json()),
         });
     }

@@ -1,5 +1,6 @@
-// Alerting: rules, alert lifecycle and evaluation (engine), and what happens once an alert
-// exists — delivery to Alertmanager and webhooks, snapshots, Prometheus rules export.
+// Alerting: rules, alert lifecycle and evaluation (engine, with the SLOs it tracks), and what
+// happens once an alert exists — delivery to Alertmanager and webhooks, snapshots, Prometheus
+// rules export.
 
 pub mod api;
 pub mod deliver;
@@ -7,4 +8,5 @@ pub mod detectors;
 pub mod engine;
 pub mod promexport;
 pub mod rules;
+pub mod slo;
 pub mod snapshot;

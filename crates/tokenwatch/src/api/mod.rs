@@ -44,9 +44,9 @@ pub struct ApiState {
     /// Per-model history sampled every 5 s (`timeline::spawn_sampler`).
     pub timeline: Arc<RwLock<timeline::Timeline>>,
     /// SLO statuses, published by the alert engine.
-    pub slos: Arc<crate::slo::SloBook>,
+    pub slos: Arc<crate::alerting::slo::SloBook>,
     /// Scaling recommendations, published by the alert engine.
-    pub scaling: Arc<crate::slo::scaling::ScalingBook>,
+    pub scaling: Arc<crate::alerting::slo::scaling::ScalingBook>,
     /// Span → component rules for per-trace self time (`traces.components`).
     pub trace_components: Arc<crate::pipeline::trace_components::ComponentMap>,
 }

@@ -2,8 +2,8 @@
 // window) as the alert engine last computed it, with the state of its burn alerts.
 
 use super::ApiState;
+use crate::alerting::slo::SloStatus;
 use crate::kernel::params::{ParamError, Params};
-use crate::slo::SloStatus;
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};

@@ -1,11 +1,11 @@
-// `slo_burn`: the multi-window burn alerts of every configured SLO (`crate::slo`): per SLO series
+// `slo_burn`: the multi-window burn alerts of every configured SLO (`crate::alerting::slo`): per SLO series
 // (model, tenant) the fast pair (1 h and 5 min) pages and the slow pair (6 h and 30 min) tickets;
 // and the PromQL form of the success SLO over `vllm:request_success_total{finished_reason}`.
 
 use super::{BuiltinExport, Detector, EvalCtx, PromCtx, PromRule, RuleInput};
 use crate::alerting::promexport::num;
 use crate::alerting::rules::{RuleError, RuleSpec};
-use crate::slo::{Objective, SloStatus};
+use crate::alerting::slo::{Objective, SloStatus};
 use serde::Deserialize;
 use tokenwatch_core::alert::{AnomalyEvent, Severity};
 use tokenwatch_detect as det;
@@ -189,8 +189,8 @@ mod tests {
     use crate::alerting::engine::inputs::Inputs;
     use crate::alerting::engine::record::Rec;
     use crate::alerting::rules::{RuleConfig, compile_rule};
+    use crate::alerting::slo::{BurnWindowsConfig, Objective, SloConfig, tracker::SloTracker};
     use crate::kernel::duration::HumanDuration;
-    use crate::slo::{BurnWindowsConfig, Objective, SloConfig, tracker::SloTracker};
     use std::time::Duration;
     use tokenwatch_core::signals::SignalBoard;
 

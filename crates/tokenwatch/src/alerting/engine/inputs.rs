@@ -28,8 +28,8 @@ pub struct Inputs {
     /// Per model, the request ids (hashed with `ids`) in `first_tokens` whose records have not
     /// arrived yet.
     awaiting_record: HashMap<Label, HashSet<u64>>,
-    /// The SLOs' counts (`crate::slo`), fed by every ingested record.
-    slos: crate::slo::tracker::SloTracker,
+    /// The SLOs' counts (`crate::alerting::slo`), fed by every ingested record.
+    slos: crate::alerting::slo::tracker::SloTracker,
     embeddings: HashMap<String, EmbeddingSamples>,
     prefixes: HashMap<String, PrefixLog>,
     /// Feedback and evaluation scores joined to their requests.
@@ -122,18 +122,18 @@ impl Inputs {
     }
 
     /// Count every ingested record in these SLOs.
-    pub fn with_slos(mut self, slos: crate::slo::tracker::SloTracker) -> Inputs {
+    pub fn with_slos(mut self, slos: crate::alerting::slo::tracker::SloTracker) -> Inputs {
         self.slos = slos;
         self
     }
 
     /// The SLOs' latest statuses (refreshed by `prune`).
-    pub fn slos(&self) -> &crate::slo::tracker::SloTracker {
+    pub fn slos(&self) -> &crate::alerting::slo::tracker::SloTracker {
         &self.slos
     }
 
     /// The SLOs, changed by a configuration reload (see `SloTracker::reconfigure`).
-    pub fn slos_mut(&mut self) -> &mut crate::slo::tracker::SloTracker {
+    pub fn slos_mut(&mut self) -> &mut crate::alerting::slo::tracker::SloTracker {
         &mut self.slos
     }
 

@@ -147,7 +147,7 @@ pub struct Reconfigure {
     /// Inhibition, causal graph, resolve and pending timing, evaluation interval.
     pub cfg: AlertingConfig,
     /// The SLOs to count from now on; None: unchanged.
-    pub slos: Option<Vec<crate::slo::SloConfig>>,
+    pub slos: Option<Vec<crate::alerting::slo::SloConfig>>,
     /// The configuration snapshots show from now on (`Config::redacted_json` of the running one).
     pub config_json: Option<serde_json::Value>,
 }
@@ -204,9 +204,9 @@ pub struct Started {
     pub sink: AlertSink,
     pub task: JoinHandle<()>,
     /// The SLOs' statuses, published by the engine.
-    pub slos: Arc<crate::slo::SloBook>,
+    pub slos: Arc<crate::alerting::slo::SloBook>,
     /// The scaling recommendations, published by the engine.
-    pub scaling: Arc<crate::slo::scaling::ScalingBook>,
+    pub scaling: Arc<crate::alerting::slo::scaling::ScalingBook>,
     /// Anomaly events from outside the rules (log templates), for root cause.
     pub inbox: EventInbox,
     /// Rules and settings of a configuration reload go to the engine through this.
@@ -239,8 +239,8 @@ pub fn start(cfg: &AlertingConfig, rules: Vec<Rule>, deps: EngineDeps) -> Starte
         cfg,
         rules,
         deps,
-        &crate::slo::default_slos(),
-        &crate::slo::scaling::ScalingConfig::default(),
+        &crate::alerting::slo::default_slos(),
+        &crate::alerting::slo::scaling::ScalingConfig::default(),
     )
 }
 
@@ -250,8 +250,8 @@ pub fn start_with_slos(
     cfg: &AlertingConfig,
     rules: Vec<Rule>,
     deps: EngineDeps,
-    slos: &[crate::slo::SloConfig],
-    scaling: &crate::slo::scaling::ScalingConfig,
+    slos: &[crate::alerting::slo::SloConfig],
+    scaling: &crate::alerting::slo::scaling::ScalingConfig,
 ) -> Started {
     let (tx, rx) = mpsc::channel(RECORD_QUEUE);
     let wake = Arc::new(Notify::new());
@@ -267,13 +267,18 @@ pub fn start_with_slos(
     let book = Arc::new(AlertBook::default());
     let (retention, embedding_retention) = retentions(&rules);
     let (snap_tx, snap_rx) = mpsc::channel(256);
-    let slo_book = Arc::new(crate::slo::SloBook::default());
-    let scaling_book = Arc::new(crate::slo::scaling::ScalingBook::default());
-    let scaler =
-        crate::slo::scaling::Scaler::new(scaling, scaling_book.clone(), Some(&deps.metrics));
-    let slo_tracker = crate::slo::tracker::SloTracker::new(slos).publishing(
+    let slo_book = Arc::new(crate::alerting::slo::SloBook::default());
+    let scaling_book = Arc::new(crate::alerting::slo::scaling::ScalingBook::default());
+    let scaler = crate::alerting::slo::scaling::Scaler::new(
+        scaling,
+        scaling_book.clone(),
+        Some(&deps.metrics),
+    );
+    let slo_tracker = crate::alerting::slo::tracker::SloTracker::new(slos).publishing(
         slo_book.clone(),
-        Some(crate::slo::metrics::SloMetrics::register(&deps.metrics)),
+        Some(crate::alerting::slo::metrics::SloMetrics::register(
+            &deps.metrics,
+        )),
     );
     let inbox = EventInbox::default();
     let mut engine = Engine {
@@ -356,8 +361,8 @@ struct Engine {
     /// The incremental windows over `inputs` the latency rules, `ks_drift` and
     /// `ab_regression` share.
     windows: windows::SharedWindows,
-    /// The scaling recommendation per model (`crate::slo::scaling`).
-    scaler: crate::slo::scaling::Scaler,
+    /// The scaling recommendation per model (`crate::alerting::slo::scaling`).
+    scaler: crate::alerting::slo::scaling::Scaler,
     history: EventHistory,
     inbox: EventInbox,
     incidents: Incidents,
@@ -1137,9 +1142,9 @@ pub struct AlertingHandle {
     pub book: Arc<AlertBook>,
     pub tasks: Vec<JoinHandle<()>>,
     /// The SLOs' statuses (never computed while alerting is disabled).
-    pub slos: Arc<crate::slo::SloBook>,
+    pub slos: Arc<crate::alerting::slo::SloBook>,
     /// The scaling recommendations (none while alerting is disabled).
-    pub scaling: Arc<crate::slo::scaling::ScalingBook>,
+    pub scaling: Arc<crate::alerting::slo::scaling::ScalingBook>,
     /// Where anomaly events from outside the rules go (read only while alerting is enabled).
     pub events: EventInbox,
     /// The running engine's reload entry point (None while alerting is disabled).
@@ -1151,8 +1156,8 @@ pub struct AlertingHandle {
 pub struct EngineSections<'a> {
     pub alerting: &'a AlertingConfig,
     /// `slos:` as configured (None: the spec's defaults).
-    pub slos: &'a Option<Vec<crate::slo::SloConfig>>,
-    pub scaling: &'a crate::slo::scaling::ScalingConfig,
+    pub slos: &'a Option<Vec<crate::alerting::slo::SloConfig>>,
+    pub scaling: &'a crate::alerting::slo::scaling::ScalingConfig,
     pub traces: &'a crate::pipeline::trace_components::TracesConfig,
     /// The API's listen address: receivers' links when `delivery.external_url` is empty.
     pub listen: std::net::SocketAddr,
@@ -1237,7 +1242,7 @@ pub fn start_from_config(
             actions: routes.actions,
             health: Some(health.clone()),
         },
-        &crate::slo::effective(cfg.slos),
+        &crate::alerting::slo::effective(cfg.slos),
         cfg.scaling,
     );
     tasks.push(started.task);

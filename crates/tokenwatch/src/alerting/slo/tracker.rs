@@ -506,8 +506,8 @@ fn status(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alerting::slo::{BurnWindowsConfig, SloConfig};
     use crate::kernel::duration::HumanDuration;
-    use crate::slo::{BurnWindowsConfig, SloConfig};
     use std::time::Duration;
 
     fn rec(model: &str, at: i64, ttft: f64, ok: bool) -> Rec {
