@@ -1,10 +1,8 @@
 // End-to-end tests of the reasoning output and the other streaming APIs: chat reasoning
 // field per flag, /v1/responses and /v1/messages (streamed and not), caps, errors, faults.
 
-mod common;
-
+use crate::common::{Sim, fast_args, named_events, sse_frames, start};
 use axum::http::StatusCode;
-use common::{Sim, fast_args, named_events, sse_frames, start};
 use serde_json::{Value, json};
 use tokenwatch_sim::{ReasoningField, SimArgs};
 

@@ -1,6 +1,5 @@
 // Shared helpers of the simulator's HTTP tests: start `serve` on 127.0.0.1:0, call it
 // with a hyper client, split SSE bodies into frames.
-#![allow(dead_code)] // each test file uses its own subset
 
 use std::net::SocketAddr;
 use std::time::Duration;

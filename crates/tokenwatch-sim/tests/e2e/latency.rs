@@ -2,11 +2,9 @@
 // before the first SSE chunk), reasoning tokens delaying the first answer token, and
 // `--stream-headers-at-first-token` holding a stream's headers until its first token.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{fast_args, named_events, start};
+use crate::common::{fast_args, named_events, start};
 use serde_json::json;
 use tokenwatch_sim::SimArgs;
 

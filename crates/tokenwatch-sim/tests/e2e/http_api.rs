@@ -1,10 +1,8 @@
 // End-to-end tests: start `serve` on 127.0.0.1:0 and talk HTTP to it (streaming
 // and plain completions, errors, /metrics, admin faults and state).
 
-mod common;
-
+use crate::common::{fast_args, sse_frames, start};
 use axum::http::{Method, StatusCode};
-use common::{fast_args, sse_frames, start};
 use serde_json::{Value, json};
 use tokenwatch_sim::{SimArgs, serve};
 
