@@ -1,25 +1,21 @@
 # syntax=docker/dockerfile:1
-# tokenwatch's container image: the web UI's npm dependencies, the release binary built with
-# cargo, and a slim non-root runtime with a HEALTHCHECK on /healthz. Build from the repo root:
+# tokenwatch's container image: the release binary built with cargo (the web UI, uPlot included,
+# ships inside the crate: no Node.js), and a slim non-root runtime with a HEALTHCHECK on /healthz.
+# Build from the repo root:
 #   docker build -t tokenwatch .
 # Checked by hadolint (crates/tokenwatch/tests/deploy_artifacts.rs); the image itself is built
 # only where a registry is reachable (the base images are pulled).
 
-# 1. The UI's runtime npm dependency (uPlot), embedded in the binary by crates/tokenwatch/build.rs.
-FROM node:22-bookworm-slim AS ui
-WORKDIR /src/ui
-COPY ui/package.json ui/package-lock.json ./
-RUN npm ci --omit=dev --no-audit --no-fund
-
-# 2. The release binary. build.rs finds uPlot's files in ui/node_modules and skips npm.
+# 1. The release binary. .git is not in the build context: the commit comes from the build
+# argument (docker build --build-arg TOKENWATCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) .).
 FROM rust:1.95-bookworm AS builder
+ARG TOKENWATCH_GIT_COMMIT=unknown
 WORKDIR /src
 COPY . .
-COPY --from=ui /src/ui/node_modules ./ui/node_modules
 RUN cargo build --release --locked -p tokenwatch \
     && install -D -m 0755 target/release/tokenwatch /out/tokenwatch
 
-# 3. Runtime: the binary, the CA roots (HTTPS upstreams), a non-root user owning the data dir.
+# 2. Runtime: the binary, the CA roots (HTTPS upstreams), a non-root user owning the data dir.
 FROM debian:bookworm-slim
 COPY --from=builder /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=builder /out/tokenwatch /usr/local/bin/tokenwatch

@@ -1,51 +1,46 @@
-// Build script: embeds the web UI in the binary — our own files under ui/src and uPlot's dist
-// files from npm (`npm ci` in ui/ when missing) — through an asset table generated in OUT_DIR.
+// Build script: embeds the web UI in the binary — our own files under ui/src and the
+// third-party files committed under ui/vendor (uPlot; no npm, no network) — through an asset
+// table generated in OUT_DIR; and records what `tokenwatch --version` prints (git commit,
+// enabled features). Reads only files inside this package, or the UI from `TOKENWATCH_UI_DIR`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// uPlot's prebuilt files the page loads (from ui/node_modules/uplot/dist/).
-const VENDOR: [&str; 2] = ["uPlot.iife.min.js", "uPlot.min.css"];
-const NPM_CI: [&str; 3] = ["ci", "--no-audit", "--no-fund"];
+/// The third-party files the page loads, served under /ui/vendor/ (their licence with them).
+const VENDOR: [&str; 3] = ["uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"];
 
 fn main() {
     let manifest =
         PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let ui = manifest.join("../../ui");
-    let ui = ui
-        .canonicalize()
-        .unwrap_or_else(|e| panic!("the web UI sources are missing at {}: {e}", ui.display()));
+    println!("cargo:rerun-if-env-changed=TOKENWATCH_UI_DIR");
+    let ui = match std::env::var_os("TOKENWATCH_UI_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => manifest.join("ui"),
+    };
+    let ui = ui.canonicalize().unwrap_or_else(|e| {
+        panic!(
+            "the web UI is missing at {} ({e}): it ships inside the crate (ui/src, ui/vendor); \
+             TOKENWATCH_UI_DIR may name another directory holding src/ and vendor/",
+            ui.display()
+        )
+    });
     let src = ui.join("src");
-    let dist = ui.join("node_modules/uplot/dist");
-
+    let vendor = ui.join("vendor");
     println!("cargo:rerun-if-changed={}", src.display());
-    println!(
-        "cargo:rerun-if-changed={}",
-        ui.join("package.json").display()
-    );
-    println!(
-        "cargo:rerun-if-changed={}",
-        ui.join("package-lock.json").display()
-    );
-    for f in VENDOR {
-        println!("cargo:rerun-if-changed={}", dist.join(f).display());
-    }
+    println!("cargo:rerun-if-changed={}", vendor.display());
 
-    if !VENDOR.iter().all(|f| dist.join(f).is_file()) {
-        npm_ci(&ui);
-    }
-    let vendor_out = out.join("vendor");
-    std::fs::create_dir_all(&vendor_out)
-        .unwrap_or_else(|e| panic!("creating {}: {e}", vendor_out.display()));
     let mut assets: Vec<(String, PathBuf)> = Vec::new();
     for f in VENDOR {
-        let from = dist.join(f);
-        let to = vendor_out.join(f);
-        std::fs::copy(&from, &to)
-            .unwrap_or_else(|e| panic!("copying {} to {}: {e}", from.display(), to.display()));
-        assets.push((format!("vendor/{f}"), to));
+        let path = vendor.join(f);
+        if !path.is_file() {
+            panic!(
+                "{} is missing: the UI's third-party files are committed under ui/vendor (see its README.md)",
+                path.display()
+            );
+        }
+        assets.push((format!("vendor/{f}"), path));
     }
     collect(&src, &src, &mut assets);
     assets.sort();
@@ -68,6 +63,80 @@ fn main() {
     let generated = out.join("ui_assets.rs");
     std::fs::write(&generated, table)
         .unwrap_or_else(|e| panic!("writing {}: {e}", generated.display()));
+
+    version_info(&manifest);
+}
+
+/// `TOKENWATCH_GIT_COMMIT` and `TOKENWATCH_FEATURES` for `tokenwatch --version`. The commit: the
+/// environment's `TOKENWATCH_GIT_COMMIT` when set (packagers), else the one `cargo package`
+/// recorded in `.cargo_vcs_info.json`, else `git rev-parse` in an optimised build (which then
+/// reruns when HEAD moves), else "unknown". Debug builds do not ask git: a rebuild of the
+/// whole crate at every commit would cost more than the line is worth while developing.
+fn version_info(manifest: &Path) {
+    println!("cargo:rerun-if-env-changed=TOKENWATCH_GIT_COMMIT");
+    let optimised = std::env::var("PROFILE").is_ok_and(|p| p != "debug");
+    let commit = std::env::var("TOKENWATCH_GIT_COMMIT")
+        .ok()
+        .filter(|c| !c.trim().is_empty())
+        .or_else(|| vcs_info_commit(manifest))
+        .or_else(|| optimised.then(|| git_commit(manifest)).flatten())
+        .unwrap_or_else(|| {
+            if optimised {
+                "unknown".into()
+            } else {
+                "not recorded in debug builds".into()
+            }
+        });
+    println!("cargo:rustc-env=TOKENWATCH_GIT_COMMIT={commit}");
+    let mut features: Vec<String> = std::env::vars()
+        .filter_map(|(k, _)| k.strip_prefix("CARGO_FEATURE_").map(str::to_owned))
+        .filter(|f| f != "DEFAULT")
+        .map(|f| f.to_lowercase().replace('_', "-"))
+        .collect();
+    features.sort();
+    let features = if features.is_empty() {
+        "none".to_string()
+    } else {
+        features.join(",")
+    };
+    println!("cargo:rustc-env=TOKENWATCH_FEATURES={features}");
+}
+
+/// The commit `cargo package` recorded, in a packaged crate.
+fn vcs_info_commit(manifest: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(manifest.join(".cargo_vcs_info.json")).ok()?;
+    let at = text.find("\"sha1\"")?;
+    let rest = &text[at + 6..];
+    let start = rest.find('"')? + 1;
+    let end = start + rest[start..].find('"')?;
+    Some(rest[start..end].chars().take(12).collect())
+}
+
+/// The checkout's commit (12 hex digits), watching HEAD and the branch it names (in a linked
+/// worktree too) so that the next commit reruns this script.
+fn git_commit(manifest: &Path) -> Option<String> {
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(manifest)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let sha = git(&["rev-parse", "--short=12", "HEAD"])?;
+    let mut watched = vec!["HEAD".to_string(), "packed-refs".to_string()];
+    watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    for name in watched {
+        // A path that does not exist would rerun this script at every build.
+        if let Some(path) = git(&["rev-parse", "--path-format=absolute", "--git-path", &name])
+            .filter(|p| Path::new(p).exists())
+        {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    Some(sha)
 }
 
 /// Every file under `dir`, as (path relative to `root` with `/`, absolute path).
@@ -88,24 +157,6 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) {
                 .collect();
             out.push((rel.join("/"), path));
         }
-    }
-}
-
-/// Installs the locked front-end dependencies; a missing or failing npm stops the build with
-/// the command to run.
-fn npm_ci(ui: &Path) {
-    let cmd = format!("cd {} && npm {}", ui.display(), NPM_CI.join(" "));
-    println!("cargo:warning=ui/node_modules lacks uPlot; running `{cmd}`");
-    match Command::new("npm").args(NPM_CI).current_dir(ui).status() {
-        Ok(s) if s.success() => {}
-        Ok(s) => panic!(
-            "`{cmd}` failed ({s}): the web UI needs uPlot from the npm registry (ui/package-lock.json). \
-             Fix the npm error above and build again."
-        ),
-        Err(e) => panic!(
-            "could not run npm ({e}): the web UI needs uPlot from the npm registry. Install Node.js and npm \
-             (Debian: `apt-get install npm`), then run `{cmd}` or build again."
-        ),
     }
 }
 

@@ -12,10 +12,21 @@ use std::path::PathBuf;
 use tokenwatch::config::{Config, UpstreamConfig, UpstreamTlsConfig};
 use tokenwatch::{app, demo};
 
+/// What `tokenwatch --version` prints after the name: the version, the git commit it was built
+/// from and the cargo features it was built with (recorded by build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TOKENWATCH_GIT_COMMIT"),
+    "; features: ",
+    env!("TOKENWATCH_FEATURES"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "tokenwatch",
-    version,
+    version = VERSION,
     about = "Token-level observability and alerting for LLM inference fleets"
 )]
 struct Cli {

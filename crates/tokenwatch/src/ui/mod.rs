@@ -12,7 +12,7 @@ mod assets {
 }
 
 /// Our own files are revalidated on every load (ETag), so an upgraded binary shows its new UI;
-/// the vendored library changes only with the lock file and may be kept for a day.
+/// the vendored library changes only with the files under ui/vendor and may be kept for a day.
 const REVALIDATE: &str = "no-cache";
 const VENDOR_CACHE: &str = "public, max-age=86400";
 
@@ -38,6 +38,8 @@ fn content_type(path: &str) -> &'static str {
         Some("svg") => "image/svg+xml",
         Some("png") => "image/png",
         Some("json") => "application/json",
+        // A bundled library's licence (`vendor/uPlot.LICENSE`).
+        Some("LICENSE") => "text/plain; charset=utf-8",
         _ => "application/octet-stream",
     }
 }
@@ -113,6 +115,7 @@ mod tests {
             "pages/gpus.js",
             "vendor/uPlot.iife.min.js",
             "vendor/uPlot.min.css",
+            "vendor/uPlot.LICENSE",
         ] {
             assert!(
                 find(p).is_some_and(|(_, b)| !b.is_empty()),

@@ -1,5 +1,5 @@
-// Crash safety (`kill -9` loses nothing acknowledged), API parameter errors, `check-config`
-// and the `demo` command, all through the real binary.
+// Crash safety (`kill -9` loses nothing acknowledged), API parameter errors, `check-config`,
+// `--version` and the `demo` command, all through the real binary.
 
 use crate::common;
 
@@ -91,6 +91,32 @@ async fn api_rejects_bad_parameters_with_clear_messages() {
     .await
     .json();
     assert_eq!(since["count"], 0);
+}
+
+/// `--version` names the version, where the commit would be and the features built in (the
+/// debug binary the tests run records no commit; see build.rs).
+#[test]
+fn version_names_the_commit_and_the_features() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let want = format!("tokenwatch {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(line.starts_with(&want), "{line}");
+    let features = line
+        .split("; features: ")
+        .nth(1)
+        .and_then(|f| f.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no features in {line:?}"));
+    let built: Vec<&str> = features.split(',').collect();
+    assert_eq!(
+        built.contains(&"embeddings"),
+        cfg!(feature = "embeddings"),
+        "{line}"
+    );
+    assert!(
+        built.iter().all(|f| !f.is_empty() && !f.contains('_')),
+        "{line}"
+    );
 }
 
 #[test]

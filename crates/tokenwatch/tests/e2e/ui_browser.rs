@@ -71,6 +71,7 @@ async fn web_ui_pages_work_in_headless_chromium() {
         ("/ui/pages/slos.js", "text/javascript"),
         ("/ui/vendor/uPlot.iife.min.js", "text/javascript"),
         ("/ui/vendor/uPlot.min.css", "text/css"),
+        ("/ui/vendor/uPlot.LICENSE", "text/plain"),
     ] {
         let r = get(&format!("http://{api}{path}")).await;
         assert_eq!(r.status, 200, "{path}");
