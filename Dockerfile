@@ -7,12 +7,12 @@
 # only where a registry is reachable (the base images are pulled).
 
 # 1. The release binary. .git is not in the build context: the commit comes from the build
-# argument (docker build --build-arg TOKENWATCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) .).
+# argument (docker build --build-arg GIT_COMMIT=$(git rev-parse --short=12 HEAD) .).
 FROM rust:1.95-bookworm AS builder
-ARG TOKENWATCH_GIT_COMMIT=unknown
+ARG GIT_COMMIT=unknown
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p tokenwatch \
+RUN TOKENWATCH_GIT_COMMIT="$GIT_COMMIT" cargo build --release --locked -p tokenwatch \
     && install -D -m 0755 target/release/tokenwatch /out/tokenwatch
 
 # 2. Runtime: the binary, the CA roots (HTTPS upstreams), a non-root user owning the data dir.
