@@ -14,6 +14,9 @@ command -v clickhouse-server >/dev/null 2>&1 || need_apt+=(clickhouse-server)
 command -v clickhouse-client >/dev/null 2>&1 || need_apt+=(clickhouse-client)
 # The load balancer of the rolling-restart test (tests/e2e/timed/rollout.rs).
 [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
+# The Debian package test (tests/e2e/debian_package.rs) builds, checks and installs the .deb.
+command -v dpkg-shlibdeps >/dev/null 2>&1 || need_apt+=(dpkg-dev)
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -18,6 +18,7 @@ mod clickhouse_writers;
 mod config_reload;
 mod config_schema;
 mod crash_and_cli;
+mod debian_package;
 mod deploy_artifacts;
 mod drift_inputs;
 mod engine_memory;

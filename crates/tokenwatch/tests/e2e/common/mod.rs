@@ -59,17 +59,23 @@ impl Proc {
 
     /// [`Proc::start`] with `env` set in the child's environment too.
     pub fn start_with_env(name: &str, args: &[&str], log_dir: &Path, env: &[(&str, &str)]) -> Proc {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).envs(env.iter().copied());
+        Proc::start_command(name, cmd, log_dir)
+    }
+
+    /// `cmd` (another program: `setpriv` running an installed tokenwatch as its user) with its
+    /// output in `log_dir/NAME.log`, killed when dropped.
+    pub fn start_command(name: &str, mut cmd: Command, log_dir: &Path) -> Proc {
         let log = log_dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("create log file");
         let err = out.try_clone().unwrap();
-        let child = Command::new(BIN)
-            .args(args)
-            .envs(env.iter().copied())
+        let child = cmd
             .env("TOKENWATCH_LOG", "info")
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {BIN} {args:?}: {e}"));
+            .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
         Proc {
             child,
             name: name.into(),
