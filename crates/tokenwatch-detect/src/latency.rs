@@ -460,33 +460,44 @@ pub fn context_threshold_s(prompt_tokens: f64, kv_usage: f64, p: &ContextThresho
 }
 
 /// Score = latency / threshold. None when any input is not finite or the threshold is ≤ 0.
+/// `kv_usage` None: no KV-cache usage is known (none scraped); the limit is then the one for an
+/// empty cache — the most lenient, so a missing reading never makes the rule stricter — and the
+/// finding says so instead of claiming 0 % usage.
 pub fn context_aware_threshold(
     latency_s: f64,
     prompt_tokens: f64,
-    kv_usage: f64,
+    kv_usage: Option<f64>,
     p: &ContextThresholdParams,
 ) -> Option<Finding> {
-    if !(latency_s.is_finite() && prompt_tokens.is_finite() && kv_usage.is_finite()) {
+    if !(latency_s.is_finite() && prompt_tokens.is_finite() && kv_usage.is_none_or(f64::is_finite))
+    {
         return None;
     }
-    let limit = context_threshold_s(prompt_tokens, kv_usage, p);
+    let limit = context_threshold_s(prompt_tokens, kv_usage.unwrap_or(0.0), p);
     if !(limit.is_finite() && limit > 0.0) || latency_s <= limit {
         return None;
     }
+    let kv_text = match kv_usage {
+        Some(kv) => format!("at {:.0}% KV-cache usage", kv.clamp(0.0, 1.0) * 100.0),
+        None => {
+            "with no KV-cache usage scraped (the limit assumes an empty cache, its most lenient)"
+                .to_string()
+        }
+    };
     let summary = format!(
-        "latency {} exceeds the {} expected for a {prompt_tokens:.0}-token prompt at {:.0}% KV-cache \
-         usage — the slowdown is not explained by context length; check this instance's queue and GPU",
+        "latency {} exceeds the {} expected for a {prompt_tokens:.0}-token prompt {kv_text} — the \
+         slowdown is not explained by context length; check this instance's queue and GPU",
         duration_s(latency_s),
         duration_s(limit),
-        kv_usage.clamp(0.0, 1.0) * 100.0
     );
-    Some(
-        Finding::new(latency_s / limit, summary)
-            .with("latency_s", latency_s)
-            .with("threshold_s", limit)
-            .with("prompt_tokens", prompt_tokens)
-            .with("kv_cache_usage", kv_usage),
-    )
+    let f = Finding::new(latency_s / limit, summary)
+        .with("latency_s", latency_s)
+        .with("threshold_s", limit)
+        .with("prompt_tokens", prompt_tokens);
+    Some(match kv_usage {
+        Some(kv) => f.with("kv_cache_usage", kv),
+        None => f,
+    })
 }
 
 #[cfg(test)]

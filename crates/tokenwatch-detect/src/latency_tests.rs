@@ -195,11 +195,24 @@ fn context_threshold_formula() {
         (context_threshold_s(-5.0, 7.0, &p) - 0.84).abs() < 1e-9,
         "clamped inputs"
     );
-    let f = context_aware_threshold(5.0, 1000.0, 0.5, &p).unwrap();
+    let f = context_aware_threshold(5.0, 1000.0, Some(0.5), &p).unwrap();
     assert!((f.score - 5.0 / 3.96).abs() < 1e-9);
-    assert!(context_aware_threshold(3.0, 1000.0, 0.5, &p).is_none());
-    assert!(context_aware_threshold(f64::NAN, 1000.0, 0.5, &p).is_none());
-    assert!(context_aware_threshold(5.0, f64::NAN, 0.5, &p).is_none());
+    assert!(f.summary.contains("at 50% KV-cache usage"), "{}", f.summary);
+    assert!(context_aware_threshold(3.0, 1000.0, Some(0.5), &p).is_none());
+    assert!(context_aware_threshold(f64::NAN, 1000.0, Some(0.5), &p).is_none());
+    assert!(context_aware_threshold(5.0, f64::NAN, Some(0.5), &p).is_none());
+    assert!(context_aware_threshold(5.0, 1000.0, Some(f64::NAN), &p).is_none());
+    // No KV-cache usage scraped: the empty cache's (most lenient) limit, said as such — not
+    // "0% KV-cache usage", and no usage among the finding's values.
+    // 1.2 s × 3 × 1.5 = 5.4 s.
+    assert!(context_aware_threshold(5.0, 1000.0, None, &p).is_none());
+    let f = context_aware_threshold(6.0, 1000.0, None, &p).unwrap();
+    assert!((f.score - 6.0 / 5.4).abs() < 1e-9);
+    assert!(
+        f.summary.contains("no KV-cache usage scraped") && !f.summary.contains("0%"),
+        "{}",
+        f.summary
+    );
     assert!(
         ContextThresholdParams {
             kv_offset: 0.5,

@@ -646,7 +646,7 @@ pub fn absolute(
 fn context_finding(
     lat: &[f64],
     prompts: &[f64],
-    kv: f64,
+    kv: Option<f64>,
     p: &det::ContextThresholdParams,
 ) -> Option<det::Finding> {
     if lat.len() < p.min_samples.max(1) as usize {
@@ -752,7 +752,9 @@ pub fn context(
                 whole && all,
             )
         };
-        let model_kv = inputs::latest(cx.board, &m, names::KV_CACHE_USAGE, None).unwrap_or(0.0);
+        // None where no KV-cache usage is scraped (the rule then says so, see
+        // `det::context_aware_threshold`).
+        let model_kv = inputs::latest(cx.board, &m, names::KV_CACHE_USAGE, None);
         let mut flagged = BTreeSet::new();
         for i in named(&cur) {
             let Some(cmp) =
@@ -760,8 +762,7 @@ pub fn context(
             else {
                 continue;
             };
-            let kv =
-                inputs::latest(cx.board, &m, names::KV_CACHE_USAGE, Some(&i)).unwrap_or(model_kv);
+            let kv = inputs::latest(cx.board, &m, names::KV_CACHE_USAGE, Some(&i)).or(model_kv);
             let own = prompts(&|x| x == i, false);
             if let Some(f) = context_finding(&cur[i.as_str()], &own, kv, p) {
                 out.push(instance_event(f, &cmp, rule, &m, &i, now));
