@@ -159,12 +159,26 @@ fn region_name(s: &str) -> Option<String> {
 }
 
 /// `retention:` — how long captured text is kept per region.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, serde::Serialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionConfig {
     /// Region → how long its text is kept; `default` covers every region not listed. Text
-    /// never outlives its record (`store.raw_retention`).
+    /// never outlives its record (`store.raw_retention`). A configured map replaces the
+    /// default one whole.
     pub regions: BTreeMap<String, HumanDuration>,
+}
+
+impl Default for RetentionConfig {
+    /// The spec's regional retention (§10): EU text 7 days, elsewhere 30.
+    fn default() -> RetentionConfig {
+        let days = |d: u64| HumanDuration(Duration::from_secs(d * 86_400));
+        RetentionConfig {
+            regions: BTreeMap::from([
+                ("eu".to_string(), days(7)),
+                ("default".to_string(), days(30)),
+            ]),
+        }
+    }
 }
 
 impl RetentionConfig {
@@ -343,6 +357,15 @@ mod tests {
             regions: BTreeMap::from([("eu".to_string(), HumanDuration(Duration::ZERO))]),
         };
         assert_eq!(bad.validate().unwrap_err().0, "retention.regions.eu");
+        let spec = RetentionConfig::default().text_retention();
+        assert_eq!(
+            (spec["eu"], spec["default"]),
+            (
+                Duration::from_secs(7 * 86_400),
+                Duration::from_secs(30 * 86_400)
+            ),
+            "the spec's regional defaults"
+        );
     }
 
     #[test]
