@@ -16,13 +16,15 @@ pub struct InstanceLoad {
 }
 
 /// When to attach an eviction ranking: memory ≥ `memory_ratio` and latency up by ≥ `latency_jump_s`;
-/// and the ranking's weights.
+/// and the ranking's weights and window (the trigger's and a GPU-memory alert's ranking alike).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EvictionParams {
     pub memory_ratio: f64,
     pub latency_jump_s: f64,
     pub weights: EvictionWeights,
+    /// Seconds of each instance's requests the ranking reads its P99 TTFT from.
+    pub window_s: f64,
 }
 
 /// Weights of the eviction ranking (normalised memory use, P99 latency, queued requests).
@@ -50,6 +52,7 @@ impl Default for EvictionParams {
             memory_ratio: 0.92,
             latency_jump_s: 0.3,
             weights: EvictionWeights::default(),
+            window_s: 60.0,
         }
     }
 }
@@ -65,6 +68,11 @@ impl Validate for EvictionParams {
             self.latency_jump_s.is_finite() && self.latency_jump_s >= 0.0,
             "latency_jump_s",
             "must be ≥ 0",
+        )?;
+        check(
+            self.window_s.is_finite() && (1.0..=86_400.0).contains(&self.window_s),
+            "window_s",
+            "must be between 1 and 86400 seconds",
         )?;
         let w = &self.weights;
         check(

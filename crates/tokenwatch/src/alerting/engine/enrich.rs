@@ -313,17 +313,6 @@ pub fn measure_from_traces(
     }
 }
 
-/// Eviction ranking (spec section 6) across the instances serving `model`; None with fewer than two.
-pub fn eviction(
-    board: &SignalBoard,
-    inputs_: &Inputs,
-    model: &str,
-    now: i64,
-    window_ms: i64,
-) -> Option<Vec<(String, f64)>> {
-    instance_loads(board, inputs_, model, now, window_ms).map(|l| det::eviction_ranking(&l))
-}
-
 /// What the eviction ranking weighs per instance of `model` (memory, P99 TTFT over the window,
 /// queued requests); None with fewer than two instances reporting GPU memory.
 pub fn instance_loads(

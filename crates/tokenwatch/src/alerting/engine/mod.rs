@@ -955,7 +955,9 @@ impl Engine {
         }
         if rule.compiled.gpu_memory(&rule.spec) && !model.is_empty() {
             let board = self.signals.read().unwrap_or_else(|p| p.into_inner());
-            if let Some(rank) = enrich::eviction(&board, &self.inputs, &model, now, 60_000)
+            if let Some(rank) = self
+                .scaler
+                .eviction_ranking(&board, &self.inputs, &model, now)
                 && let Some((worst, _)) = rank.first()
             {
                 alert

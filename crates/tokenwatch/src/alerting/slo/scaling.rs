@@ -31,7 +31,7 @@ use tokenwatch_detect as det;
 /// scaling:
 ///   period: 15s
 ///   recommendation: {cooldown_s: 60, min_replicas: 1, max_replicas: 16, calm_periods: 3}
-///   eviction: {memory_ratio: 0.92, latency_jump_s: 0.3, weights: {memory: 0.4, p99: 0.3, queued: 0.3}}
+///   eviction: {memory_ratio: 0.92, latency_jump_s: 0.3, weights: {memory: 0.4, p99: 0.3, queued: 0.3}, window_s: 60}
 /// ```
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -176,6 +176,22 @@ const REPLICA_WINDOW_MS: i64 = 60_000;
 const FORGET_MS: i64 = 3_600_000;
 
 impl Scaler {
+    /// The eviction ranking (spec section 6) of the instances serving `model`, worst first, by
+    /// `scaling.eviction`'s weights over its window; None with fewer than two instances
+    /// reporting GPU memory. The trigger and a GPU-memory alert's enrichment both rank here.
+    pub fn eviction_ranking(
+        &self,
+        board: &SignalBoard,
+        inputs: &Inputs,
+        model: &str,
+        now: i64,
+    ) -> Option<Vec<(String, f64)>> {
+        let ev = &self.cfg.eviction;
+        let window_ms = (ev.window_s * 1000.0) as i64;
+        instance_loads(board, inputs, model, now, window_ms)
+            .map(|l| det::eviction_ranking_weighted(&l, &ev.weights))
+    }
+
     pub fn new(cfg: &ScalingConfig, book: Arc<ScalingBook>, metrics: Option<&Metrics>) -> Scaler {
         Scaler {
             cfg: cfg.clone(),
@@ -286,8 +302,7 @@ impl Scaler {
             _ => false,
         };
         let ranking = if triggered {
-            instance_loads(board, inputs, model, now, period_ms.max(10_000))
-                .map(|l| det::eviction_ranking_weighted(&l, &ev.weights))
+            self.eviction_ranking(board, inputs, model, now)
                 .unwrap_or_default()
         } else {
             Vec::new()
@@ -483,11 +498,28 @@ mod tests {
         assert!((e.latency_jump_s.unwrap() - 0.5).abs() < 1e-9, "{e:?}");
         assert_eq!(e.candidate.as_deref(), Some("i-1"), "{e:?}");
         assert_eq!(e.ranking.len(), 2);
+        // A GPU-memory alert's enrichment ranks by the configured weights too: memory alone
+        // names i-1, latency alone the slower i-2.
+        let board = signals.read().unwrap();
+        let by_memory = s.eviction_ranking(&board, &inputs, "m", 2000).unwrap();
+        assert_eq!(by_memory[0].0, "i-1", "{by_memory:?}");
+        cfg.eviction.weights = det::EvictionWeights {
+            memory: 0.0,
+            p99: 1.0,
+            queued: 0.0,
+        };
+        let by_latency = Scaler::new(&cfg, Arc::new(ScalingBook::default()), None)
+            .eviction_ranking(&board, &inputs, "m", 2000)
+            .unwrap();
+        assert_eq!(by_latency[0].0, "i-2", "{by_latency:?}");
     }
 
     #[test]
     fn config_checks() {
         assert!(ScalingConfig::default().validate().is_ok());
+        let mut c = ScalingConfig::default();
+        c.eviction.window_s = 0.0;
+        assert_eq!(c.validate().unwrap_err().0, "scaling.eviction.window_s");
         let mut c = ScalingConfig::default();
         c.recommendation.max_replicas = 0;
         assert_eq!(
