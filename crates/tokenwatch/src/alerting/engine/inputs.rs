@@ -603,22 +603,8 @@ pub fn latest(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alerting::engine::record::rec;
     use std::sync::Arc;
-
-    fn rec(model: &str, at: i64, ttft: f64, ok: bool) -> Rec {
-        Rec {
-            model: model.into(),
-            instance: "i".into(),
-            at_ms: at,
-            ttft: Some(ttft),
-            e2e: ttft * 2.0,
-            output_tokens: Some(10),
-            ok,
-            server_failure: !ok,
-            finish_reason: "stop".into(),
-            ..Rec::default()
-        }
-    }
 
     fn ttfts<'a>(s: impl Iterator<Item = LatencySample<'a>>) -> Vec<f64> {
         s.filter(|s| s.ok())

@@ -332,3 +332,21 @@ pub(super) fn shrink_set<T: Eq + std::hash::Hash>(s: &mut HashSet<T>) {
         s.shrink_to_fit();
     }
 }
+
+/// A record of `model` known at `at` (ms) with time to first token `ttft` (s), end to end twice
+/// that, 10 output tokens, successful or a server failure: the engine's tests' plain record.
+#[cfg(test)]
+pub(crate) fn rec(model: &str, at: i64, ttft: f64, ok: bool) -> Rec {
+    Rec {
+        model: model.into(),
+        instance: "i".into(),
+        at_ms: at,
+        ttft: Some(ttft),
+        e2e: ttft * 2.0,
+        output_tokens: Some(10),
+        ok,
+        server_failure: !ok,
+        finish_reason: "stop".into(),
+        ..Rec::default()
+    }
+}

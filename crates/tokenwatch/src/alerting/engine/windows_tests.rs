@@ -3,7 +3,7 @@
 // that go and come.
 
 use super::super::inputs::{Inputs, values};
-use super::super::record::Rec;
+use super::super::record::{Rec, rec};
 use super::{LatencyWindows, SAMPLE_BYTES, Slot};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -518,22 +518,6 @@ fn records_evicted_at_the_cap_leave_the_windows_and_a_model_that_comes_back_star
         push(&mut inputs, later - 100 + k, 7.0);
     }
     assert_eq!(read(&mut windows, &inputs, later), vec![7.0; 3]);
-}
-
-/// A successful or failed record of `model` at `at` (ms).
-fn rec(model: &str, at: i64, ttft: f64, ok: bool) -> Rec {
-    Rec {
-        model: model.into(),
-        instance: "i".into(),
-        at_ms: at,
-        ttft: Some(ttft),
-        e2e: ttft * 2.0,
-        output_tokens: Some(10),
-        ok,
-        server_failure: !ok,
-        finish_reason: "stop".into(),
-        ..Rec::default()
-    }
 }
 
 #[test]
