@@ -523,3 +523,164 @@ async fn simulator_scraped_with_the_scrape_flag() {
     drop(sim);
     drop(tw);
 }
+
+/// An http_sd endpoint on 127.0.0.1 (port 0): answers `GET /targets` with the groups set last,
+/// as application/json, or 500 while `failing`.
+struct SdEndpoint {
+    addr: SocketAddr,
+    groups: Arc<std::sync::Mutex<String>>,
+    failing: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SdEndpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SdEndpoint {
+    async fn start() -> SdEndpoint {
+        use axum::http::{StatusCode, header};
+        let groups = Arc::new(std::sync::Mutex::new("[]".to_string()));
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (g, f) = (groups.clone(), failing.clone());
+        let app = axum::Router::new().route(
+            "/targets",
+            axum::routing::get(move || {
+                let (g, f) = (g.clone(), f.clone());
+                async move {
+                    if f.load(Ordering::SeqCst) {
+                        return (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            [(header::CONTENT_TYPE, "text/plain")],
+                            "down".to_string(),
+                        );
+                    }
+                    let body = g.lock().unwrap().clone();
+                    (
+                        StatusCode::OK,
+                        [(header::CONTENT_TYPE, "application/json")],
+                        body,
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        SdEndpoint {
+            addr,
+            groups,
+            failing,
+            task,
+        }
+    }
+
+    fn list(&self, targets: &[SocketAddr]) {
+        let t: Vec<String> = targets.iter().map(|a| a.to_string()).collect();
+        *self.groups.lock().unwrap() =
+            format!(r#"[{{"targets": {t:?}, "labels": {{"team": "serving"}}}}]"#);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sd_targets_come_and_go_and_a_failing_endpoint_keeps_them() {
+    let (a, b) = (
+        FakeTarget::start(vllm_target_behaviour()).await,
+        FakeTarget::start(vllm_target_behaviour()).await,
+    );
+    let sd = SdEndpoint::start().await;
+    sd.list(&[a.addr]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tokenwatch.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "scrape:\n  interval: 1s\n  http_sd: [\"http://{}/targets\"]\n  http_sd_refresh: 300ms\n",
+            sd.addr
+        ),
+    )
+    .unwrap();
+    let (c, data) = (
+        cfg.to_string_lossy().into_owned(),
+        dir.path().join("data").to_string_lossy().into_owned(),
+    );
+    let tw = Proc::start(
+        "tokenwatch",
+        &[
+            "run",
+            "--config",
+            &c,
+            "--data-dir",
+            &data,
+            "--listen",
+            "127.0.0.1:0",
+            "--otlp-grpc-listen",
+            "127.0.0.1:0",
+            "--otlp-http-listen",
+            "127.0.0.1:0",
+        ],
+        dir.path(),
+    );
+    let api = tw.listening().await["api"];
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let turl = format!("http://{api}/api/v1/targets");
+
+    // The endpoint's one target is scraped, with the group's labels and its origin.
+    let targets = poll_json(&turl, &tw, 15, |v| {
+        v["targets"].as_array().is_some_and(|t| t.len() == 1)
+            && target(v, &a.url())["health"] == "up"
+    })
+    .await;
+    assert_eq!(target(&targets, &a.url())["labels"]["team"], "serving");
+    assert_eq!(
+        target(&targets, &a.url())["origin"],
+        format!("http_sd:http://{}/targets", sd.addr)
+    );
+    assert_eq!(targets["http_sd"][0]["targets"], 1, "{targets:#}");
+
+    // A second one appears: scraped without a restart.
+    sd.list(&[a.addr, b.addr]);
+    poll_json(&turl, &tw, 10, |v| {
+        v["targets"].as_array().is_some_and(|t| t.len() == 2)
+            && target(v, &b.url())["health"] == "up"
+    })
+    .await;
+
+    // The endpoint fails: both targets stay (as Prometheus keeps them), the failure is shown.
+    sd.failing.store(true, Ordering::SeqCst);
+    let targets = poll_json(&turl, &tw, 10, |v| {
+        v["http_sd"][0]["last_error"].is_string()
+    })
+    .await;
+    assert!(
+        targets["http_sd"][0]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("500"),
+        "{targets:#}"
+    );
+    assert_eq!(
+        targets["targets"].as_array().map(Vec::len),
+        Some(2),
+        "{targets:#}"
+    );
+
+    // Back, listing only b: a leaves, and its series with it.
+    sd.list(&[b.addr]);
+    sd.failing.store(false, Ordering::SeqCst);
+    let targets = poll_json(&turl, &tw, 10, |v| {
+        v["targets"].as_array().is_some_and(|t| t.len() == 1)
+            && v["http_sd"][0]["last_error"].is_null()
+    })
+    .await;
+    target(&targets, &b.url());
+    let metrics = get(&format!("http://{api}/metrics")).await.body;
+    assert!(
+        !metrics.contains(&a.url()),
+        "a's series are gone: {metrics}"
+    );
+}

@@ -64,6 +64,17 @@ pub fn parse(text: &str, file: &Path, defaults: Defaults) -> Result<Vec<TargetSp
             message: e.to_string(),
         })?
     };
+    targets_of(groups, &name, "file_sd", defaults)
+}
+
+/// The target specs of `groups` read from `name` (a file, or an http_sd URL: `kind`), with the
+/// group labels that configure a target applied and dropped (see `parse`).
+pub fn targets_of(
+    groups: Vec<TargetGroup>,
+    name: &str,
+    kind: &str,
+    defaults: Defaults,
+) -> Result<Vec<TargetSpec>, FileSdError> {
     let mut out = Vec::new();
     for (gi, g) in groups.into_iter().enumerate() {
         let mut labels = g.labels;
@@ -77,7 +88,7 @@ pub fn parse(text: &str, file: &Path, defaults: Defaults) -> Result<Vec<TargetSp
         labels.retain(|k, _| !k.starts_with("__"));
         for t in g.targets {
             let err = |source| FileSdError::Target {
-                file: name.clone(),
+                file: name.to_string(),
                 group: gi,
                 target: t.clone(),
                 source,
@@ -110,7 +121,7 @@ pub fn parse(text: &str, file: &Path, defaults: Defaults) -> Result<Vec<TargetSp
                 interval.unwrap_or(defaults.interval),
                 timeout.unwrap_or(defaults.timeout),
                 labels.clone(),
-                format!("file_sd:{name}"),
+                format!("{kind}:{name}"),
             )
             .map_err(err)?;
             out.push(spec);

@@ -2,6 +2,7 @@
 // exporters on an interval and maps what it reads onto normalised signals.
 
 pub mod file_sd;
+pub mod http_sd;
 pub mod identity;
 pub mod mapping;
 pub mod publish;
@@ -38,6 +39,7 @@ use tokio::task::JoinHandle;
 ///     - url: http://127.0.0.1:9400/metrics
 ///       labels: {model_id: llama-3-8b}   # tie this GPU exporter to a model
 ///   file_sd: [/etc/tokenwatch/targets.json]   # Prometheus file_sd format, JSON or YAML
+///   http_sd: [http://sd.internal:8080/targets] # Prometheus http_sd: polled, a JSON list of groups
 ///   mappings: []            # extra rules, see `rules::MappingRule`
 ///   shard: {index: 0, count: 2}   # scrape only this shard of the targets (`shard::ShardConfig`)
 /// ```
@@ -53,6 +55,10 @@ pub struct ScrapeConfig {
     pub file_sd: Vec<PathBuf>,
     /// How often the file_sd files are checked for changes.
     pub file_sd_refresh: HumanDuration,
+    /// Endpoints listing targets as Prometheus `http_sd` does (a JSON list of groups); polled.
+    pub http_sd: Vec<String>,
+    /// How often each http_sd endpoint is polled (Prometheus's `refresh_interval`).
+    pub http_sd_refresh: HumanDuration,
     /// Largest response body accepted from a target.
     pub max_body_bytes: usize,
     /// Window over which runtime-side latency percentiles are computed (from bucket deltas).
@@ -72,6 +78,8 @@ impl Default for ScrapeConfig {
             targets: Vec::new(),
             file_sd: Vec::new(),
             file_sd_refresh: HumanDuration(Duration::from_secs(5)),
+            http_sd: Vec::new(),
+            http_sd_refresh: HumanDuration(Duration::from_secs(60)),
             max_body_bytes: 32 * 1024 * 1024,
             latency_window: HumanDuration(Duration::from_secs(60)),
             mappings: Vec::new(),
@@ -124,6 +132,15 @@ impl ScrapeConfig {
                 "must be at least 100ms".into(),
             ));
         }
+        if self.http_sd_refresh.0 < Duration::from_millis(100) {
+            return Err((
+                "scrape.http_sd_refresh".into(),
+                "must be at least 100ms".into(),
+            ));
+        }
+        for (i, url) in self.http_sd.iter().enumerate() {
+            http_sd::PolledEndpoint::new(url).map_err(|m| (format!("scrape.http_sd[{i}]"), m))?;
+        }
         if let Some(s) = &self.shard {
             s.check().map_err(|e| {
                 let key = match e {
@@ -168,7 +185,7 @@ impl ScrapeConfig {
 }
 
 pub fn from_config(sc: &ScrapeConfig) -> anyhow::Result<Vec<Box<dyn Source>>> {
-    if sc.targets.is_empty() && sc.file_sd.is_empty() {
+    if sc.targets.is_empty() && sc.file_sd.is_empty() && sc.http_sd.is_empty() {
         return Ok(Vec::new());
     }
     let targets = sc
@@ -228,15 +245,27 @@ impl Source for ScrapeSource {
                 .cloned()
                 .map(file_sd::WatchedFile::new)
                 .collect();
+            // Checked with the configuration (`static_targets`).
+            let endpoints = cfg
+                .http_sd
+                .iter()
+                .filter_map(|u| http_sd::PolledEndpoint::new(u).ok())
+                .collect();
             ctx.host.components.set("scrape", "ok");
             // A configuration reload sends the new static targets here (`crate::reload`).
             let (targets_tx, targets_rx) = tokio::sync::watch::channel(targets);
             ctx.host.reload.set_scrape_targets(targets_tx);
             let manager = tokio::spawn(manage(
                 targets_rx,
-                files,
-                defaults,
-                cfg.file_sd_refresh.0,
+                Discovery {
+                    files,
+                    endpoints,
+                    defaults,
+                    file_refresh: cfg.file_sd_refresh.0,
+                    http_refresh: cfg.http_sd_refresh.0,
+                    timeout: cfg.timeout.0,
+                    max_body: cfg.max_body_bytes,
+                },
                 cfg.shard,
                 shared,
             ));
@@ -257,13 +286,91 @@ impl Source for ScrapeSource {
     }
 }
 
+/// Where targets are discovered besides the static list: file_sd files and http_sd endpoints.
+struct Discovery {
+    files: Vec<file_sd::WatchedFile>,
+    endpoints: Vec<http_sd::PolledEndpoint>,
+    defaults: file_sd::Defaults,
+    file_refresh: Duration,
+    http_refresh: Duration,
+    timeout: Duration,
+    max_body: usize,
+}
+
+impl Discovery {
+    /// Re-read what is due; true when any discovered target changed.
+    async fn refresh(&mut self, client: &target::HttpClient) -> bool {
+        let mut changed = false;
+        for f in &mut self.files {
+            changed |= f.refresh(self.defaults);
+        }
+        let limits = (self.http_refresh, self.timeout, self.max_body);
+        for e in &mut self.endpoints {
+            changed |= e.refresh(client, self.defaults, limits).await;
+        }
+        changed
+    }
+
+    fn targets(&self) -> impl Iterator<Item = &TargetSpec> {
+        let files = self.files.iter().flat_map(|f| f.targets.iter());
+        files.chain(self.endpoints.iter().flat_map(|e| e.targets.iter()))
+    }
+
+    /// How long until something is due to be read again.
+    fn wait(&self) -> Duration {
+        let files = (!self.files.is_empty()).then_some(self.file_refresh);
+        let now = std::time::Instant::now();
+        let endpoints = self
+            .endpoints
+            .iter()
+            .map(|e| {
+                e.due()
+                    .map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
+            })
+            .min();
+        files
+            .into_iter()
+            .chain(endpoints)
+            .min()
+            .unwrap_or(Duration::from_secs(3600))
+    }
+
+    fn publish_status(&self, registry: &status::Registry) {
+        if !self.files.is_empty() {
+            registry.set_files(
+                self.files
+                    .iter()
+                    .map(|f| status::FileSdStatus {
+                        path: f.path.display().to_string(),
+                        targets: f.targets.len(),
+                        last_error: f.last_error.clone(),
+                        last_loaded: f.loaded_at.map(status::rfc3339),
+                    })
+                    .collect(),
+            );
+        }
+        if !self.endpoints.is_empty() {
+            registry.set_endpoints(
+                self.endpoints
+                    .iter()
+                    .map(|e| status::HttpSdStatus {
+                        url: e.url.clone(),
+                        targets: e.targets.len(),
+                        last_error: e.last_error.clone(),
+                        last_loaded: e.loaded_at.map(status::rfc3339),
+                    })
+                    .collect(),
+            );
+        }
+    }
+}
+
 /// Keep one task per target: static targets (replaced by configuration reloads) plus whatever
-/// the file_sd files list now. A target whose spec is unchanged keeps running (and its state).
+/// the file_sd files and http_sd endpoints list now. A target whose spec is unchanged keeps
+/// running (and its state).
 async fn manage(
     mut static_targets: tokio::sync::watch::Receiver<Vec<TargetSpec>>,
-    mut files: Vec<file_sd::WatchedFile>,
-    defaults: file_sd::Defaults,
-    refresh: Duration,
+    mut discovery: Discovery,
     shard: Option<shard::ShardConfig>,
     shared: Shared,
 ) {
@@ -277,15 +384,10 @@ async fn manage(
     loop {
         let mut changed = first || statics_changed;
         statics_changed = false;
-        for f in &mut files {
-            changed |= f.refresh(defaults);
-        }
+        changed |= discovery.refresh(&shared.client).await;
         if changed {
             let mut desired: BTreeMap<String, TargetSpec> = BTreeMap::new();
-            for spec in statics
-                .iter()
-                .chain(files.iter().flat_map(|f| f.targets.iter()))
-            {
+            for spec in statics.iter().chain(discovery.targets()) {
                 desired
                     .entry(spec.url.clone())
                     .or_insert_with(|| spec.clone());
@@ -293,25 +395,9 @@ async fn manage(
             let desired = split_shard(desired, shard, &shared);
             reconcile(&mut running, desired, &shared);
         }
-        if !files.is_empty() {
-            shared.registry.set_files(
-                files
-                    .iter()
-                    .map(|f| status::FileSdStatus {
-                        path: f.path.display().to_string(),
-                        targets: f.targets.len(),
-                        last_error: f.last_error.clone(),
-                        last_loaded: f.loaded_at.map(status::rfc3339),
-                    })
-                    .collect(),
-            );
-        }
+        discovery.publish_status(&shared.registry);
         first = false;
-        let wait = if files.is_empty() {
-            Duration::from_secs(3600)
-        } else {
-            refresh
-        };
+        let wait = discovery.wait();
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = shutdown.changed() => {}

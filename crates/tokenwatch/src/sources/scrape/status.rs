@@ -122,6 +122,15 @@ pub struct FileSdStatus {
     pub last_loaded: Option<String>,
 }
 
+/// An http_sd endpoint's part of `GET /api/v1/targets`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HttpSdStatus {
+    pub url: String,
+    pub targets: usize,
+    pub last_error: Option<String>,
+    pub last_loaded: Option<String>,
+}
+
 /// A discovered target left to another shard's instance.
 #[derive(Debug, Clone, Serialize)]
 pub struct OtherShardTarget {
@@ -136,6 +145,7 @@ pub struct OtherShardTarget {
 struct Inner {
     targets: BTreeMap<String, TargetStatus>,
     files: Vec<FileSdStatus>,
+    endpoints: Vec<HttpSdStatus>,
     shard: Option<ShardConfig>,
     other_shards: Vec<OtherShardTarget>,
 }
@@ -310,6 +320,15 @@ impl Registry {
         self.lock().files = files;
     }
 
+    pub fn set_endpoints(&self, endpoints: Vec<HttpSdStatus>) {
+        self.lock().endpoints = endpoints;
+    }
+
+    /// The http_sd endpoints' status.
+    pub fn endpoints(&self) -> Vec<HttpSdStatus> {
+        self.lock().endpoints.clone()
+    }
+
     pub fn snapshot(&self) -> (Vec<TargetStatus>, Vec<FileSdStatus>) {
         let inner = self.lock();
         (
@@ -335,6 +354,7 @@ async fn targets(State(registry): State<Registry>) -> impl IntoResponse {
         "up": up,
         "targets": targets,
         "file_sd": files,
+        "http_sd": registry.endpoints(),
         "shard": shard,
         "other_shards": other_shards,
     }))

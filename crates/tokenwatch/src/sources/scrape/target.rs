@@ -165,8 +165,18 @@ pub async fn fetch(
     uri: &http::Uri,
     max_body: usize,
 ) -> Result<(Bytes, String), ScrapeError> {
+    fetch_accepting(client, uri, max_body, ACCEPT).await
+}
+
+/// GET `uri`'s body (at most `max_body` bytes) and content type, asking for `accept`.
+pub async fn fetch_accepting(
+    client: &HttpClient,
+    uri: &http::Uri,
+    max_body: usize,
+    accept: &str,
+) -> Result<(Bytes, String), ScrapeError> {
     let req = http::Request::get(uri.clone())
-        .header(http::header::ACCEPT, ACCEPT)
+        .header(http::header::ACCEPT, accept)
         .header(
             http::header::USER_AGENT,
             concat!("tokenwatch/", env!("CARGO_PKG_VERSION")),
