@@ -8,12 +8,13 @@
 
 use crate::common;
 
+use common::prometheus::Prometheus;
 use common::{BIN, Proc, free_addr, get, start_demo_with_leak};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The simulator's default model (its /metrics name it too).
@@ -26,89 +27,36 @@ const DATA_DEADLINE: Duration = Duration::from_secs(240);
 /// keeps every rate defined while the demo warms up).
 const RATE_INTERVAL: &str = "1m";
 
-/// A Prometheus server with its own config and storage, killed when dropped.
-struct Prometheus {
-    child: Child,
-    url: String,
-    log: PathBuf,
+/// Prometheus scraping tokenwatch's API (`honor_labels`, as the dashboard expects) and the
+/// runtimes' targets every second.
+async fn start_prometheus(
+    dir: &Path,
+    tokenwatch: SocketAddr,
+    runtimes: &[SocketAddr],
+) -> Prometheus {
+    let targets = |addrs: &[SocketAddr]| {
+        addrs
+            .iter()
+            .map(|a| format!("'{a}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Prometheus::start(
+        dir,
+        &format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n\
+             scrape_configs:\n\
+             \x20 - job_name: tokenwatch\n    honor_labels: true\n    static_configs: [{{targets: [{}]}}]\n\
+             \x20 - job_name: runtimes\n    static_configs: [{{targets: [{}]}}]\n",
+            targets(&[tokenwatch]),
+            targets(runtimes)
+        ),
+    )
+    .await
 }
 
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// The queries the dashboard's panels and variables run.
 impl Prometheus {
-    /// Scrape tokenwatch's API (`honor_labels`, as the dashboard expects) and the runtimes'
-    /// targets every second.
-    async fn start(dir: &Path, tokenwatch: SocketAddr, runtimes: &[SocketAddr]) -> Prometheus {
-        let bin = common::promtool().with_file_name("prometheus");
-        assert!(
-            bin.exists(),
-            "{} is missing — run scripts/test.sh, which installs Debian's `prometheus` package",
-            bin.display()
-        );
-        let targets = |addrs: &[SocketAddr]| {
-            addrs
-                .iter()
-                .map(|a| format!("'{a}'"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let cfg = dir.join("prometheus.yml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n\
-                 \x20 - job_name: tokenwatch\n    honor_labels: true\n    static_configs: [{{targets: [{}]}}]\n\
-                 \x20 - job_name: runtimes\n    static_configs: [{{targets: [{}]}}]\n",
-                targets(&[tokenwatch]),
-                targets(runtimes)
-            ),
-        )
-        .unwrap();
-        let addr = free_addr();
-        let log = dir.join("prometheus.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(&bin)
-            .arg(format!("--config.file={}", cfg.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("prom-data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        let p = Prometheus {
-            child,
-            url: format!("http://{addr}"),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = common::send("GET", &format!("{}/-/ready", p.url), None, &[]).await
-                && r.status == 200
-            {
-                return p;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "prometheus never became ready; log:\n{}",
-                p.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
     /// An instant query: `Ok(result)` when it parsed, `Err(the error)` when Prometheus refused it.
     async fn query(&self, promql: &str) -> Result<Vec<Value>, String> {
         let q: String = form_urlencoded::Serializer::new(String::new())
@@ -268,7 +216,7 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
     let dir = tempfile::tempdir().unwrap();
     let (demo, api, _otlp_http) = start_demo_with_leak(dir.path(), "0s").await;
     let sims = demo_sims(&demo).await;
-    let prom = Prometheus::start(dir.path(), api, &sims).await;
+    let prom = start_prometheus(dir.path(), api, &sims).await;
 
     // The dashboard as the CLI writes it.
     let file = dir.path().join("dashboard.json");
@@ -443,7 +391,7 @@ async fn collector_only_the_fleet_and_latency_panels_have_data_from_the_runtime(
     )
     .await;
     // Prometheus scrapes tokenwatch alone: the runtime's figures reach it only through tokenwatch.
-    let prom = Prometheus::start(dir.path(), api, &[]).await;
+    let prom = start_prometheus(dir.path(), api, &[]).await;
     // Streamed chat requests straight to the simulator (no proxy) until the test ends.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -684,3 +684,100 @@ async fn http_sd_targets_come_and_go_and_a_failing_endpoint_keeps_them() {
         "a's series are gone: {metrics}"
     );
 }
+
+/// A Prometheus that already discovers the fleet (file_sd, as Debian's runs it): tokenwatch
+/// scrapes the targets of the one job it is told, follows Prometheus's rediscovery, and leaves
+/// the other jobs alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_targets_a_prometheus_discovered_are_scraped_by_job() {
+    let (a, b, other) = (
+        FakeTarget::start(vllm_target_behaviour()).await,
+        FakeTarget::start(vllm_target_behaviour()).await,
+        FakeTarget::start(vllm_target_behaviour()).await,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let sd = dir.path().join("vllm.json");
+    let list = |targets: &[SocketAddr]| {
+        let t: Vec<String> = targets.iter().map(|a| a.to_string()).collect();
+        std::fs::write(
+            &sd,
+            format!(r#"[{{"targets": {t:?}, "labels": {{"namespace": "serving"}}}}]"#),
+        )
+        .unwrap();
+    };
+    list(&[a.addr, b.addr]);
+    let prom = common::prometheus::Prometheus::start(
+        dir.path(),
+        &format!(
+            "global:\n  scrape_interval: 15s\nscrape_configs:\n\
+             \x20 - job_name: vllm\n    file_sd_configs: [{{files: [{:?}], refresh_interval: 1s}}]\n\
+             \x20 - job_name: node\n    static_configs: [{{targets: ['{}']}}]\n",
+            sd.display(),
+            other.addr
+        ),
+    )
+    .await;
+    let cfg = dir.path().join("tokenwatch.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "scrape:\n  interval: 1s\n  http_sd_refresh: 300ms\n  prometheus_targets: [{{url: \"{}\", job: vllm}}]\n",
+            prom.url
+        ),
+    )
+    .unwrap();
+    let (c, data) = (
+        cfg.to_string_lossy().into_owned(),
+        dir.path().join("data").to_string_lossy().into_owned(),
+    );
+    let tw = Proc::start(
+        "tokenwatch",
+        &[
+            "run",
+            "--config",
+            &c,
+            "--data-dir",
+            &data,
+            "--listen",
+            "127.0.0.1:0",
+            "--otlp-grpc-listen",
+            "127.0.0.1:0",
+            "--otlp-http-listen",
+            "127.0.0.1:0",
+        ],
+        dir.path(),
+    );
+    let api = tw.listening().await["api"];
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let turl = format!("http://{api}/api/v1/targets");
+
+    // The job's two targets, with Prometheus's labels (namespace, instance), not the node job's.
+    let targets = poll_json(&turl, &tw, 30, |v| {
+        v["targets"].as_array().is_some_and(|t| t.len() == 2)
+            && [&a, &b]
+                .iter()
+                .all(|x| target(v, &x.url())["health"] == "up")
+    })
+    .await;
+    let ta = target(&targets, &a.url());
+    assert_eq!(ta["labels"]["namespace"], "serving", "{targets:#}");
+    assert_eq!(ta["instance"], a.addr.to_string(), "{targets:#}");
+    assert_eq!(ta["origin"], format!("prometheus:{}", prom.url));
+    assert_eq!(
+        targets["prometheus_targets"][0]["targets"], 2,
+        "{targets:#}"
+    );
+    assert!(
+        !targets.to_string().contains(&other.addr.to_string()),
+        "the node job's target is not scraped: {targets:#}"
+    );
+
+    // Prometheus rediscovers (the file lists b alone): tokenwatch follows.
+    list(&[b.addr]);
+    poll_json(&turl, &tw, 30, |v| {
+        v["targets"].as_array().is_some_and(|t| t.len() == 1)
+            && target(v, &b.url())["health"] == "up"
+    })
+    .await;
+    drop(prom);
+}

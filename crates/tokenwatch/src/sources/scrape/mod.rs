@@ -40,6 +40,7 @@ use tokio::task::JoinHandle;
 ///       labels: {model_id: llama-3-8b}   # tie this GPU exporter to a model
 ///   file_sd: [/etc/tokenwatch/targets.json]   # Prometheus file_sd format, JSON or YAML
 ///   http_sd: [http://sd.internal:8080/targets] # Prometheus http_sd: polled, a JSON list of groups
+///   prometheus_targets: [{url: http://prometheus:9090, job: vllm}]   # what a Prometheus discovered
 ///   mappings: []            # extra rules, see `rules::MappingRule`
 ///   shard: {index: 0, count: 2}   # scrape only this shard of the targets (`shard::ShardConfig`)
 /// ```
@@ -57,8 +58,11 @@ pub struct ScrapeConfig {
     pub file_sd_refresh: HumanDuration,
     /// Endpoints listing targets as Prometheus `http_sd` does (a JSON list of groups); polled.
     pub http_sd: Vec<String>,
-    /// How often each http_sd endpoint is polled (Prometheus's `refresh_interval`).
+    /// How often each http_sd endpoint (and each `prometheus_targets` server) is polled
+    /// (Prometheus's `refresh_interval`).
     pub http_sd_refresh: HumanDuration,
+    /// Prometheus servers whose discovered targets (`/api/v1/targets`) are scraped here too.
+    pub prometheus_targets: Vec<http_sd::PrometheusTargetsConfig>,
     /// Largest response body accepted from a target.
     pub max_body_bytes: usize,
     /// Window over which runtime-side latency percentiles are computed (from bucket deltas).
@@ -80,6 +84,7 @@ impl Default for ScrapeConfig {
             file_sd_refresh: HumanDuration(Duration::from_secs(5)),
             http_sd: Vec::new(),
             http_sd_refresh: HumanDuration(Duration::from_secs(60)),
+            prometheus_targets: Vec::new(),
             max_body_bytes: 32 * 1024 * 1024,
             latency_window: HumanDuration(Duration::from_secs(60)),
             mappings: Vec::new(),
@@ -141,6 +146,10 @@ impl ScrapeConfig {
         for (i, url) in self.http_sd.iter().enumerate() {
             http_sd::PolledEndpoint::new(url).map_err(|m| (format!("scrape.http_sd[{i}]"), m))?;
         }
+        for (i, p) in self.prometheus_targets.iter().enumerate() {
+            http_sd::PolledEndpoint::prometheus(p)
+                .map_err(|m| (format!("scrape.prometheus_targets[{i}].url"), m))?;
+        }
         if let Some(s) = &self.shard {
             s.check().map_err(|e| {
                 let key = match e {
@@ -185,7 +194,11 @@ impl ScrapeConfig {
 }
 
 pub fn from_config(sc: &ScrapeConfig) -> anyhow::Result<Vec<Box<dyn Source>>> {
-    if sc.targets.is_empty() && sc.file_sd.is_empty() && sc.http_sd.is_empty() {
+    if sc.targets.is_empty()
+        && sc.file_sd.is_empty()
+        && sc.http_sd.is_empty()
+        && sc.prometheus_targets.is_empty()
+    {
         return Ok(Vec::new());
     }
     let targets = sc
@@ -250,6 +263,11 @@ impl Source for ScrapeSource {
                 .http_sd
                 .iter()
                 .filter_map(|u| http_sd::PolledEndpoint::new(u).ok())
+                .chain(
+                    cfg.prometheus_targets
+                        .iter()
+                        .filter_map(|p| http_sd::PolledEndpoint::prometheus(p).ok()),
+                )
                 .collect();
             ctx.host.components.set("scrape", "ok");
             // A configuration reload sends the new static targets here (`crate::reload`).
@@ -286,7 +304,8 @@ impl Source for ScrapeSource {
     }
 }
 
-/// Where targets are discovered besides the static list: file_sd files and http_sd endpoints.
+/// Where targets are discovered besides the static list: file_sd files, http_sd endpoints and
+/// the Prometheus servers whose targets are scraped too.
 struct Discovery {
     files: Vec<file_sd::WatchedFile>,
     endpoints: Vec<http_sd::PolledEndpoint>,
@@ -354,6 +373,7 @@ impl Discovery {
                 self.endpoints
                     .iter()
                     .map(|e| status::HttpSdStatus {
+                        kind: e.kind(),
                         url: e.url.clone(),
                         targets: e.targets.len(),
                         last_error: e.last_error.clone(),

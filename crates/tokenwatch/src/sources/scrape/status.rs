@@ -122,9 +122,12 @@ pub struct FileSdStatus {
     pub last_loaded: Option<String>,
 }
 
-/// An http_sd endpoint's part of `GET /api/v1/targets`.
+/// An http_sd endpoint's (or a Prometheus's) part of `GET /api/v1/targets`.
 #[derive(Debug, Clone, Serialize)]
 pub struct HttpSdStatus {
+    /// `http_sd` or `prometheus`.
+    #[serde(skip)]
+    pub kind: &'static str,
     pub url: String,
     pub targets: usize,
     pub last_error: Option<String>,
@@ -347,6 +350,7 @@ pub fn routes(registry: Registry) -> axum::Router {
 
 async fn targets(State(registry): State<Registry>) -> impl IntoResponse {
     let (targets, files) = registry.snapshot();
+    let endpoints = registry.endpoints();
     let (shard, other_shards) = registry.shard();
     let up = targets.iter().filter(|t| t.health == "up").count();
     Json(json!({
@@ -354,7 +358,8 @@ async fn targets(State(registry): State<Registry>) -> impl IntoResponse {
         "up": up,
         "targets": targets,
         "file_sd": files,
-        "http_sd": registry.endpoints(),
+        "http_sd": endpoints.iter().filter(|e| e.kind == "http_sd").collect::<Vec<_>>(),
+        "prometheus_targets": endpoints.iter().filter(|e| e.kind == "prometheus").collect::<Vec<_>>(),
         "shard": shard,
         "other_shards": other_shards,
     }))

@@ -6,6 +6,7 @@ pub mod alertmanager;
 pub mod clickhouse;
 pub mod metrics_target;
 pub mod otlp;
+pub mod prometheus;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
