@@ -47,8 +47,8 @@ command -v clickhouse-client >/dev/null || { echo "error: clickhouse-client stil
 [ -x /usr/sbin/haproxy ] || { echo "error: /usr/sbin/haproxy still missing after installing haproxy" >&2; exit 1; }
 [ -r /etc/clickhouse-server/users.xml ] || { echo "error: /etc/clickhouse-server/users.xml missing after installing clickhouse-server (the tests copy it)" >&2; exit 1; }
 
-# The web UI's npm dependencies (uPlot, embedded by the build; playwright-core for the browser test).
-command -v npm >/dev/null || { echo "error: npm is missing — install Node.js >= 20 with npm (the UI build and browser test need it)" >&2; exit 1; }
+# The browser tests' npm dependency (playwright-core; the UI itself builds without Node.js).
+command -v npm >/dev/null || { echo "error: npm is missing — install Node.js >= 20 with npm (the browser tests need it)" >&2; exit 1; }
 if [ ! -d ui/node_modules ]; then
   echo "==> npm ci in ui/"
   (cd ui && npm ci --no-audit --no-fund)
