@@ -1,13 +1,14 @@
 // HTTP client of `tokenwatch top`: GETs `/api/v1/fleet` and `/api/v1/alerts` from a running
-// tokenwatch with connect and response timeouts, and turns every failure into a one-line error.
+// tokenwatch, over plain HTTP or HTTPS (system roots plus `--ca-file`), with connect and
+// response timeouts, and turns every failure into a one-line error.
 
 use super::model::{AlertItem, AlertList, Fleet};
+use crate::kernel::delivery::HttpClient;
+use crate::kernel::tls::{UpstreamTls, UpstreamTlsConfig};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::{BodyExt, Full, Limited};
 use serde::de::DeserializeOwned;
+use std::path::Path;
 use std::time::Duration;
 use tokenwatch_core::window::Window;
 
@@ -34,6 +35,8 @@ pub enum ClientError {
     Json { url: String, detail: String },
     #[error("token (--token-file / TOKENWATCH_TOKEN): {0}")]
     BadToken(String),
+    #[error("--ca-file: {0}")]
+    Tls(String),
 }
 
 /// Reads the API of one tokenwatch (`--url`); cheap to clone into fetch tasks.
@@ -43,7 +46,7 @@ pub struct ApiClient {
     timeout: Duration,
     /// `Authorization` value (`Bearer …`) when the API needs a `read` token.
     authorization: Option<http::HeaderValue>,
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: HttpClient,
 }
 
 /// An error and the errors that caused it, on one line ("client error (Connect): tcp connect error: …").
@@ -62,8 +65,14 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 impl ApiClient {
-    /// `url` is the API address of tokenwatch, e.g. `http://127.0.0.1:9464` (a path prefix is kept).
-    pub fn new(url: &str, timeout: Duration) -> Result<ApiClient, ClientError> {
+    /// `url` is the API address of tokenwatch, e.g. `http://127.0.0.1:9464` or
+    /// `https://tokenwatch.internal:9464` (a path prefix is kept); an https address is trusted
+    /// by the system's roots and the certificates of `ca_file` (PEM).
+    pub fn new(
+        url: &str,
+        timeout: Duration,
+        ca_file: Option<&Path>,
+    ) -> Result<ApiClient, ClientError> {
         let bad = |reason: &str| ClientError::BadUrl {
             url: url.to_string(),
             reason: reason.to_string(),
@@ -72,25 +81,27 @@ impl ApiClient {
             .trim()
             .parse()
             .map_err(|e: http::uri::InvalidUri| bad(&e.to_string()))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(bad(
-                    "https is not supported; use the plain http:// API address",
-                ));
+        let tls = match uri.scheme_str() {
+            Some("http") if ca_file.is_some() => {
+                return Err(bad("--ca-file is for an https:// address"));
             }
+            Some("http") => None,
+            Some("https") => Some(
+                UpstreamTls::new(Some(&UpstreamTlsConfig {
+                    ca_file: ca_file.map(Path::to_path_buf),
+                    server_name: None,
+                }))
+                .map_err(|e| ClientError::Tls(e.to_string()))?,
+            ),
             _ => return Err(bad("expected an address such as http://127.0.0.1:9464")),
-        }
+        };
         if uri.authority().is_none() {
             return Err(bad("expected an address such as http://127.0.0.1:9464"));
         }
         if uri.query().is_some() {
             return Err(bad("leave out the query string"));
         }
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let client = HttpClient::new(tls.as_ref(), timeout);
         let base = uri.to_string().trim_end_matches('/').to_string();
         Ok(ApiClient {
             base,
@@ -136,7 +147,7 @@ impl ApiClient {
             req = req.header(http::header::AUTHORIZATION, auth.clone());
         }
         let req = req
-            .body(Empty::<Bytes>::new())
+            .body(Full::new(Bytes::new()))
             .map_err(|e| ClientError::BadUrl {
                 url: url.clone(),
                 reason: e.to_string(),
@@ -206,12 +217,12 @@ mod tests {
     fn rejects_urls_it_cannot_use() {
         for bad in [
             "127.0.0.1:9464",
-            "https://x:1",
+            "ftp://x:1",
             "http://",
             "http://x:1/?a=b",
             "not a url",
         ] {
-            let err = ApiClient::new(bad, Duration::from_secs(1))
+            let err = ApiClient::new(bad, Duration::from_secs(1), None)
                 .err()
                 .map(|e| e.to_string());
             assert!(
@@ -220,7 +231,26 @@ mod tests {
                 "{bad}: {err:?}"
             );
         }
-        let c = ApiClient::new("http://127.0.0.1:9464/", Duration::from_secs(1)).expect("valid");
+        let ca = std::path::Path::new("/nonexistent/ca.pem");
+        let err = ApiClient::new("http://127.0.0.1:9464", Duration::from_secs(1), Some(ca))
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("--ca-file is for an https")),
+            "{err:?}"
+        );
+        let err = ApiClient::new("https://127.0.0.1:9464", Duration::from_secs(1), Some(ca))
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.starts_with("--ca-file") && e.contains("/nonexistent/ca.pem")),
+            "{err:?}"
+        );
+        assert!(ApiClient::new("https://127.0.0.1:9464", Duration::from_secs(1), None).is_ok());
+        let c =
+            ApiClient::new("http://127.0.0.1:9464/", Duration::from_secs(1), None).expect("valid");
         assert_eq!(c.base_url(), "http://127.0.0.1:9464");
     }
 
@@ -244,7 +274,7 @@ mod tests {
             )
             .fallback(|| async { (http::StatusCode::NOT_FOUND, r#"{"error":"no such endpoint"}"#) });
         let base = serve(router).await;
-        let c = ApiClient::new(&base, Duration::from_secs(5)).expect("client");
+        let c = ApiClient::new(&base, Duration::from_secs(5), None).expect("client");
         let fleet = c.fleet(Window::M5).await.expect("fleet");
         assert_eq!(fleet.window, "5m");
         assert_eq!(fleet.models[0].requests_per_s, Some(2.5));
@@ -255,8 +285,8 @@ mod tests {
             "firing first"
         );
 
-        let c404 =
-            ApiClient::new(&format!("{base}/prefix"), Duration::from_secs(5)).expect("client");
+        let c404 = ApiClient::new(&format!("{base}/prefix"), Duration::from_secs(5), None)
+            .expect("client");
         let err = c404.fleet(Window::M1).await.expect_err("404");
         assert!(
             matches!(err, ClientError::Status { status: 404, .. }),
@@ -285,7 +315,7 @@ mod tests {
             }),
         );
         let base = serve(router).await;
-        let plain = ApiClient::new(&base, Duration::from_secs(5)).expect("client");
+        let plain = ApiClient::new(&base, Duration::from_secs(5), None).expect("client");
         let err = plain
             .fleet(Window::M1)
             .await
@@ -299,7 +329,7 @@ mod tests {
             .expect("token");
         assert_eq!(with.fleet(Window::M1).await.expect("fleet").window, "1m");
         assert!(
-            ApiClient::new(&base, Duration::from_secs(5))
+            ApiClient::new(&base, Duration::from_secs(5), None)
                 .unwrap()
                 .with_token("bad\u{7f}")
                 .is_err()
@@ -311,7 +341,8 @@ mod tests {
         let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = free.local_addr().expect("addr");
         drop(free);
-        let c = ApiClient::new(&format!("http://{addr}"), Duration::from_secs(2)).expect("client");
+        let c = ApiClient::new(&format!("http://{addr}"), Duration::from_secs(2), None)
+            .expect("client");
         let err = c.fleet(Window::M1).await.expect_err("refused");
         assert!(matches!(err, ClientError::Unreachable { .. }), "{err}");
         assert!(err.to_string().to_lowercase().contains("refused"), "{err}");
@@ -321,15 +352,15 @@ mod tests {
             .await
             .expect("bind");
         let addr = silent.local_addr().expect("addr");
-        let c =
-            ApiClient::new(&format!("http://{addr}"), Duration::from_millis(300)).expect("client");
+        let c = ApiClient::new(&format!("http://{addr}"), Duration::from_millis(300), None)
+            .expect("client");
         let err = c.fleet(Window::M1).await.expect_err("timeout");
         assert!(matches!(err, ClientError::Timeout { .. }), "{err}");
         drop(silent);
 
         let garbage =
             serve(axum::Router::new().route("/api/v1/fleet", get(|| async { "[1,2" }))).await;
-        let c = ApiClient::new(&garbage, Duration::from_secs(5)).expect("client");
+        let c = ApiClient::new(&garbage, Duration::from_secs(5), None).expect("client");
         assert!(matches!(
             c.fleet(Window::M1).await,
             Err(ClientError::Json { .. })

@@ -38,6 +38,9 @@ pub struct TopArgs {
     /// File holding a `read` token, for an API with `auth.tokens_file` (or set TOKENWATCH_TOKEN).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// PEM file of CA certificates trusted for an https:// --url, besides the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Read the fleet once, print the screen as plain text and exit (no terminal needed); exits
     /// non-zero when the API does not answer.
     #[arg(long)]
@@ -119,7 +122,7 @@ fn spawn_input(
 /// Runs until q, Esc, Ctrl-C or SIGTERM; the terminal is restored on every way out (a panic
 /// included, through ratatui's panic hook).
 pub async fn run(args: TopArgs) -> anyhow::Result<()> {
-    let mut client = ApiClient::new(&args.url, args.timeout)?;
+    let mut client = ApiClient::new(&args.url, args.timeout, args.ca_file.as_deref())?;
     if let Some(t) = token(&args)? {
         client = client.with_token(&t)?;
     }

@@ -126,6 +126,30 @@ fn curl_over_tls(s: &TlsStack) {
     assert!(err.to_lowercase().contains("certificate"), "{err}");
 }
 
+/// `tokenwatch top` reads an https API trusting the CA it is given (and not without it).
+fn top_over_tls(s: &TlsStack) {
+    let url = format!("https://127.0.0.1:{}", s.api.port());
+    let out = std::process::Command::new(BIN)
+        .args(["top", "--url", &url, "--ca-file", &s.ca_file, "--once"])
+        .output()
+        .unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && screen.contains("tokenwatch top") && screen.contains("connected"),
+        "top over https: {}\n{screen}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new(BIN)
+        .args(["top", "--url", &url, "--once"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(
+        !out.status.success() && err.contains("certificate"),
+        "top trusted a certificate of an unknown CA: {err}"
+    );
+}
+
 /// Plain HTTP to a TLS port gets a prompt 400 saying so; a client that connects and says
 /// nothing does not hold up the others.
 async fn plain_http_is_refused_promptly(s: &TlsStack) {
@@ -261,6 +285,7 @@ async fn every_listener_speaks_tls_to_real_clients_and_reloads_its_certificate()
     let mut s = start().await;
     assert_eq!(served_leaf(s.api, &s.ca_pem).await.unwrap(), s.first.der);
     curl_over_tls(&s);
+    top_over_tls(&s);
     plain_http_is_refused_promptly(&s).await;
     python_clients_over_tls(&s).await;
     certificate_reload(&s).await;
