@@ -130,14 +130,47 @@ pub fn targets_of(
     Ok(out)
 }
 
+/// What a discovery source (a file_sd file, an http_sd endpoint, a Prometheus) gave last: its
+/// targets, when it was last read whole, and why its last read failed — the previous targets
+/// are then kept, as Prometheus keeps them.
+#[derive(Debug, Default)]
+pub struct Found {
+    pub targets: Vec<TargetSpec>,
+    pub last_error: Option<String>,
+    pub loaded_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Found {
+    /// Take the outcome of a read of `source` (logged by it when it fails, once per error, and
+    /// when it works again); true when the targets changed.
+    pub fn take(&mut self, read: Result<Vec<TargetSpec>, String>, source: &str) -> bool {
+        match read {
+            Ok(targets) => {
+                if self.last_error.take().is_some() {
+                    tracing::info!(source, "target discovery reads again");
+                }
+                self.loaded_at = Some(chrono::Utc::now());
+                let changed = targets != self.targets;
+                self.targets = targets;
+                changed
+            }
+            Err(msg) => {
+                if self.last_error.as_deref() != Some(msg.as_str()) {
+                    tracing::warn!(source, error = %msg, "target discovery failed: keeping the previous targets");
+                }
+                self.last_error = Some(msg);
+                false
+            }
+        }
+    }
+}
+
 /// A watched file: its last seen modification time and what it last yielded.
 #[derive(Debug)]
 pub struct WatchedFile {
     pub path: PathBuf,
     seen: Option<(SystemTime, u64)>,
-    pub targets: Vec<TargetSpec>,
-    pub last_error: Option<String>,
-    pub loaded_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub found: Found,
 }
 
 impl WatchedFile {
@@ -145,9 +178,7 @@ impl WatchedFile {
         WatchedFile {
             path,
             seen: None,
-            targets: Vec::new(),
-            last_error: None,
-            loaded_at: None,
+            found: Found::default(),
         }
     }
 
@@ -167,23 +198,8 @@ impl WatchedFile {
             })
             .and_then(|text| parse(&text, &self.path, defaults));
         self.seen = stamp;
-        match result {
-            Ok(targets) => {
-                self.last_error = None;
-                self.loaded_at = Some(chrono::Utc::now());
-                let changed = targets != self.targets;
-                self.targets = targets;
-                changed
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                if self.last_error.as_deref() != Some(msg.as_str()) {
-                    tracing::warn!(error = %msg, "file_sd: keeping the previous targets");
-                }
-                self.last_error = Some(msg);
-                false
-            }
-        }
+        let source = format!("file_sd:{}", self.path.display());
+        self.found.take(result.map_err(|e| e.to_string()), &source)
     }
 }
 
@@ -256,10 +272,16 @@ mod tests {
         assert!(!w.refresh(D), "unchanged file is not re-read");
         std::fs::write(&path, r#"[{"targets": ["a:1", "b:2"]}]"#).unwrap();
         assert!(w.refresh(D));
-        assert_eq!(w.targets.len(), 2);
+        assert_eq!(w.found.targets.len(), 2);
         std::fs::write(&path, "[{\"targets\": [").unwrap();
         assert!(!w.refresh(D));
-        assert_eq!(w.targets.len(), 2);
-        assert!(w.last_error.as_deref().unwrap_or("").contains("sd.json"));
+        assert_eq!(w.found.targets.len(), 2);
+        assert!(
+            w.found
+                .last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("sd.json")
+        );
     }
 }

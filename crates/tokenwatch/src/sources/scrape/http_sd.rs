@@ -65,9 +65,7 @@ pub struct PolledEndpoint {
     uri: http::Uri,
     answer: Answer,
     due: Option<Instant>,
-    pub targets: Vec<TargetSpec>,
-    pub last_error: Option<String>,
-    pub loaded_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub found: file_sd::Found,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,9 +121,7 @@ impl PolledEndpoint {
             uri,
             answer,
             due: None,
-            targets: Vec::new(),
-            last_error: None,
-            loaded_at: None,
+            found: file_sd::Found::default(),
         })
     }
 
@@ -147,25 +143,9 @@ impl PolledEndpoint {
             return false;
         }
         self.due = Some(now + refresh);
-        match self.poll(client, defaults, timeout, max_body).await {
-            Ok(targets) => {
-                if self.last_error.take().is_some() {
-                    tracing::info!(url = %self.url, "http_sd: the endpoint answers again");
-                }
-                self.loaded_at = Some(chrono::Utc::now());
-                let changed = targets != self.targets;
-                self.targets = targets;
-                changed
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                if self.last_error.as_deref() != Some(msg.as_str()) {
-                    tracing::warn!(error = %msg, "http_sd: keeping the previous targets");
-                }
-                self.last_error = Some(msg);
-                false
-            }
-        }
+        let read = self.poll(client, defaults, timeout, max_body).await;
+        let source = format!("{}:{}", self.kind(), self.url);
+        self.found.take(read.map_err(|e| e.to_string()), &source)
     }
 
     async fn poll(

@@ -331,8 +331,8 @@ impl Discovery {
     }
 
     fn targets(&self) -> impl Iterator<Item = &TargetSpec> {
-        let files = self.files.iter().flat_map(|f| f.targets.iter());
-        files.chain(self.endpoints.iter().flat_map(|e| e.targets.iter()))
+        let files = self.files.iter().flat_map(|f| f.found.targets.iter());
+        files.chain(self.endpoints.iter().flat_map(|e| e.found.targets.iter()))
     }
 
     /// How long until something is due to be read again.
@@ -361,9 +361,9 @@ impl Discovery {
                     .iter()
                     .map(|f| status::FileSdStatus {
                         path: f.path.display().to_string(),
-                        targets: f.targets.len(),
-                        last_error: f.last_error.clone(),
-                        last_loaded: f.loaded_at.map(status::rfc3339),
+                        targets: f.found.targets.len(),
+                        last_error: f.found.last_error.clone(),
+                        last_loaded: f.found.loaded_at.map(status::rfc3339),
                     })
                     .collect(),
             );
@@ -375,9 +375,9 @@ impl Discovery {
                     .map(|e| status::HttpSdStatus {
                         kind: e.kind(),
                         url: e.url.clone(),
-                        targets: e.targets.len(),
-                        last_error: e.last_error.clone(),
-                        last_loaded: e.loaded_at.map(status::rfc3339),
+                        targets: e.found.targets.len(),
+                        last_error: e.found.last_error.clone(),
+                        last_loaded: e.found.loaded_at.map(status::rfc3339),
                     })
                     .collect(),
             );
