@@ -12,6 +12,7 @@ mod alert_delivery;
 mod alert_instances;
 mod audit;
 mod auth;
+mod browser_safety;
 mod capture;
 mod clickhouse_backend;
 mod clickhouse_writers;
