@@ -10,6 +10,7 @@ mod listener_tls_support;
 
 mod alert_delivery;
 mod alert_instances;
+mod alert_storm;
 mod audit;
 mod auth;
 mod browser_safety;
