@@ -9,6 +9,7 @@ use crate::api::{ApiState, router as api_router};
 use crate::config::{Config, Role, ShutdownConfig};
 use crate::export::prometheus::MetricsSink;
 use crate::kernel::telemetry::Metrics;
+use crate::listen::browser::{BrowserGuard, BrowserPolicy};
 use crate::pipeline::{
     Pipeline, PipelineConfig, ProxySpanBuilder, ProxySpanSink, RecordSink, StoreSink, StoreWriter,
     StoreWriterConfig, StoreWriterThread,
@@ -83,6 +84,13 @@ async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr} ({what})"))
 }
 
+/// The hosts and origins browsers may reach the listeners from (`auth.allowed_hosts`,
+/// `auth.allowed_origins`; checked by `Config::validate` already).
+fn browser_policy(cfg: &Config) -> anyhow::Result<BrowserPolicy> {
+    BrowserPolicy::from_lists(&cfg.auth.allowed_hosts, &cfg.auth.allowed_origins)
+        .map_err(|(key, message)| anyhow::anyhow!("{key}: {message}"))
+}
+
 /// Serve `app` on `listener` (over TLS when `tls` is set) until shutdown: TCP_NODELAY on every
 /// connection, TLS handshakes in tasks of their own (`crate::listen`).
 fn serve(
@@ -133,6 +141,7 @@ impl RunningApp {
             anyhow::bail!("{key}: {message}");
         }
         let auth = crate::auth::AuthHandle::from_config(&cfg.auth)?;
+        let browser = browser_policy(&cfg)?;
         // Certificates first: a missing or bad file stops the start before anything binds.
         let tls = Arc::new(
             cfg.listener_certs()
@@ -363,6 +372,7 @@ impl RunningApp {
                 listen: ListenPort {
                     auth: auth.clone(),
                     tls: tls.clone(),
+                    browser: browser.clone(),
                 },
                 host: HostPort {
                     shutdown: stop.clone(),
@@ -437,6 +447,10 @@ impl RunningApp {
         app = app.merge(crate::reload::router(reloader));
         app = app.merge(crate::api::routes::router(splits));
         app = crate::auth::http::protect_api(app, &auth);
+        app = crate::listen::browser::protect(
+            app,
+            BrowserGuard::new(&browser, api_addr, true, &api_guard),
+        );
         app = crate::audit::http::audit_api(app, &audit);
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
         let in_flight_gauge = in_flight_gauge(&metrics);

@@ -74,6 +74,12 @@ pub struct AlertingConfig {
     /// At most this many request records per model; a quarter more, between two evaluations,
     /// and the oldest go first (`tokenwatch_alerting_evicted_records_total`).
     pub max_records_per_model: usize,
+    /// At most this many active alerts (label sets) per rule. Further label sets — a storm of
+    /// models or attributes from input — fold into one alert of the rule whose grouping labels
+    /// read `__other__`, with the count of label sets it stands for (`folded_label_sets`),
+    /// counted in `tokenwatch_alerts_folded_total{rule}`: one alert and one snapshot instead of
+    /// thousands.
+    pub max_alerts_per_rule: usize,
 }
 
 impl Default for AlertingConfig {
@@ -96,6 +102,7 @@ impl Default for AlertingConfig {
             snapshots: true,
             max_records: 30_000,
             max_records_per_model: 200_000,
+            max_alerts_per_rule: 256,
         }
     }
 }
@@ -370,6 +377,12 @@ pub fn default_rule_configs() -> Vec<RuleConfig> {
 
 /// Default rules (when enabled), then configured ones (replacing same-named defaults), then overrides.
 pub fn compile(cfg: &AlertingConfig) -> Result<Vec<Rule>, RuleError> {
+    if !(1..=100_000).contains(&cfg.max_alerts_per_rule) {
+        return Err((
+            "alerting.max_alerts_per_rule".into(),
+            "must be between 1 and 100000".into(),
+        ));
+    }
     let mut entries: Vec<(String, RuleConfig)> = Vec::new();
     if cfg.default_rules {
         for r in default_rule_configs() {

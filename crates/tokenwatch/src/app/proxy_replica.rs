@@ -39,6 +39,7 @@ impl RunningApp {
             "proxy.tenant_salt: role proxy needs the salt every replica shares"
         );
         let auth = crate::auth::AuthHandle::from_config(&cfg.auth)?;
+        let browser = super::browser_policy(&cfg)?;
         let tls = Arc::new(
             cfg.listener_certs()
                 .and_then(|certs| {
@@ -149,6 +150,10 @@ impl RunningApp {
         let app = crate::api::health::router(metrics.clone(), components.clone())
             .merge(crate::reload::router(reloader));
         let app = crate::auth::http::protect_api(app, &auth);
+        let app = crate::listen::browser::protect(
+            app,
+            crate::listen::browser::BrowserGuard::new(&browser, api_addr, true, &api_guard),
+        );
         servers.push(serve(listener, tls.api.clone(), app, stop, api_guard));
         let in_flight_gauge = super::in_flight_gauge(&metrics);
         tracing::info!(

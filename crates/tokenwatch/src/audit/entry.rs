@@ -61,7 +61,23 @@ pub enum AuditEvent {
     },
 }
 
-/// What travels from the request path to the writer thread.
+/// Refused attempts of one client address, caller and status not written whole within one
+/// window (`super::refusals`): how many, the first and the last.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefusedSummary {
+    pub ts: DateTime<Utc>,
+    /// None: the addresses beyond the window's cap, together.
+    pub remote: Option<std::net::IpAddr>,
+    pub caller: Arc<str>,
+    pub status: u16,
+    /// The method and path (None with the addresses beyond the cap).
+    pub request: Option<(String, String)>,
+    pub count: u64,
+    pub first: DateTime<Utc>,
+    pub last: DateTime<Utc>,
+}
+
+/// What travels from the request path to the writer thread (and what the writer writes).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
     Request(RequestEntry),
@@ -69,6 +85,24 @@ pub enum Record {
         ts: DateTime<Utc>,
         event: AuditEvent,
     },
+    /// Written by the writer thread only, at the end of a window of refusals.
+    Refused(RefusedSummary),
+}
+
+#[derive(Serialize)]
+struct RefusedLine<'a> {
+    ts: String,
+    event: &'static str,
+    remote: String,
+    caller: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path: Option<&'a str>,
+    status: u16,
+    count: u64,
+    first: String,
+    last: String,
 }
 
 #[derive(Serialize)]
@@ -113,6 +147,7 @@ impl Record {
         match self {
             Record::Request(r) => r.ts.date_naive(),
             Record::Event { ts, .. } => ts.date_naive(),
+            Record::Refused(r) => r.ts.date_naive(),
         }
     }
 
@@ -131,6 +166,20 @@ impl Record {
                 bytes: r.bytes,
                 // Microsecond precision is plenty, and keeps the lines short.
                 duration_ms: (r.duration_ms * 1000.0).round() / 1000.0,
+            }),
+            Record::Refused(r) => serde_json::to_string(&RefusedLine {
+                ts: rfc3339_ms(&r.ts),
+                event: "requests_refused",
+                remote: r
+                    .remote
+                    .map_or_else(|| "other".to_string(), |ip| ip.to_string()),
+                caller: &r.caller,
+                method: r.request.as_ref().map(|(m, _)| m.as_str()),
+                path: r.request.as_ref().map(|(_, p)| p.as_str()),
+                status: r.status,
+                count: r.count,
+                first: rfc3339_ms(&r.first),
+                last: rfc3339_ms(&r.last),
             }),
             Record::Event { ts, event } => {
                 let mut line = EventLine {

@@ -3,6 +3,7 @@
 
 pub mod entry;
 pub mod http;
+pub mod refusals;
 pub mod writer;
 
 use crate::kernel::duration::HumanDuration;

@@ -2,6 +2,7 @@
 // flushes every second and on close, and deletes day files older than the retention.
 
 use super::entry::Record;
+use super::refusals::{Refusals, is_refusal};
 use chrono::{NaiveDate, Utc};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -85,6 +86,8 @@ pub struct Writer {
     retention: Duration,
     current: Option<(NaiveDate, BufWriter<File>)>,
     failing: bool,
+    /// Refused attempts of the current window (`super::refusals`).
+    refusals: Refusals,
 }
 
 impl Writer {
@@ -94,6 +97,7 @@ impl Writer {
             retention,
             current: None,
             failing: false,
+            refusals: Refusals::default(),
         }
     }
 
@@ -133,6 +137,30 @@ impl Writer {
         self.report(result);
     }
 
+    /// Write `record`, unless it is a refusal folded into its window's summary.
+    fn take_record(&mut self, record: &Record) {
+        if let Record::Request(r) = record
+            && is_refusal(r)
+            && !self.refusals.admit(r)
+        {
+            return;
+        }
+        self.write(record);
+    }
+
+    /// Write the refusals' summaries when their window is over (`all`: whatever is counted).
+    fn write_refusals(&mut self, all: bool) -> bool {
+        if !all && !self.refusals.due(Instant::now()) {
+            return false;
+        }
+        let summaries = self.refusals.take(Utc::now());
+        let any = !summaries.is_empty();
+        for s in summaries {
+            self.write(&Record::Refused(s));
+        }
+        any
+    }
+
     pub fn flush(&mut self) {
         if let Some((_, w)) = self.current.as_mut() {
             let result = w.flush();
@@ -160,18 +188,19 @@ impl Writer {
             let wait = FLUSH_INTERVAL.saturating_sub(last_flush.elapsed());
             match rx.recv_timeout(if dirty { wait } else { FLUSH_INTERVAL }) {
                 Ok(Msg::Record(r)) => {
-                    self.write(&r);
+                    self.take_record(&r);
                     dirty = true;
                 }
                 Ok(Msg::Close) => {
                     while let Ok(Msg::Record(r)) = rx.try_recv() {
-                        self.write(&r);
+                        self.take_record(&r);
                     }
                     break;
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
+            dirty |= self.write_refusals(false);
             if dirty && last_flush.elapsed() >= FLUSH_INTERVAL {
                 self.flush();
                 dirty = false;
@@ -182,6 +211,7 @@ impl Writer {
                 last_prune = Instant::now();
             }
         }
+        self.write_refusals(true);
         self.flush();
     }
 }
@@ -190,6 +220,57 @@ impl Writer {
 mod tests {
     use super::*;
     use crate::audit::entry::AuditEvent;
+
+    #[test]
+    fn a_burst_of_refusals_is_one_line_and_a_count_and_other_requests_stay_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = std::sync::mpsc::sync_channel(8192);
+        let w = Writer::new(dir.path().to_path_buf(), Duration::from_secs(86_400));
+        let t = std::thread::spawn(move || w.run(rx));
+        let entry = |status: u16, caller: &str| crate::audit::RequestEntry {
+            ts: Utc::now(),
+            caller: caller.into(),
+            role: None,
+            remote: Some("127.0.0.1:4000".parse().unwrap()),
+            method: "GET".into(),
+            path: "/metrics".into(),
+            query: None,
+            status,
+            bytes: 10,
+            duration_ms: 0.1,
+        };
+        for _ in 0..5000 {
+            let r = Record::Request(entry(401, "anonymous"));
+            tx.send(Msg::Record(Box::new(r))).unwrap();
+        }
+        for _ in 0..3 {
+            let r = Record::Request(entry(200, "grafana"));
+            tx.send(Msg::Record(Box::new(r))).unwrap();
+        }
+        tx.send(Msg::Close).unwrap();
+        t.join().unwrap();
+        let text =
+            std::fs::read_to_string(dir.path().join(file_name(Utc::now().date_naive()))).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        let refused: Vec<_> = lines.iter().filter(|l| l["status"] == 401).collect();
+        assert_eq!(refused.len(), 2, "{text}");
+        assert_eq!(refused[0]["path"], "/metrics", "the first is written whole");
+        let summary = refused[1];
+        assert_eq!(summary["event"], "requests_refused");
+        assert_eq!(summary["count"], 4999);
+        assert_eq!(summary["remote"], "127.0.0.1");
+        assert_eq!(summary["caller"], "anonymous");
+        assert_eq!(
+            (&summary["method"], &summary["path"]),
+            (&"GET".into(), &"/metrics".into())
+        );
+        assert!(summary["first"].is_string() && summary["last"].is_string());
+        assert_eq!(lines.iter().filter(|l| l["caller"] == "grafana").count(), 3);
+    }
 
     #[test]
     fn prune_deletes_only_expired_day_files() {

@@ -33,6 +33,15 @@ pub struct AuthConfig {
     pub allow_unauthenticated: bool,
     /// How often the tokens file is checked for changes.
     pub reload_interval: HumanDuration,
+    /// Host names (no port) the API and OTLP/HTTP listeners answer besides loopback's
+    /// (`localhost`, an IP address) when bound to loopback, e.g. behind a reverse proxy that
+    /// keeps the client's `Host`; `*` for any. Other names get 403 (DNS rebinding). Once some
+    /// are listed, listeners off loopback check names the same way.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`https://grafana.example.com`) whose pages may send writes (POST, PUT, DELETE,
+    /// PATCH) to the API and OTLP/HTTP listeners besides tokenwatch's own page; a write from
+    /// any other page (an `Origin` header naming another site) gets 403.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for AuthConfig {
@@ -41,6 +50,8 @@ impl Default for AuthConfig {
             tokens_file: None,
             allow_unauthenticated: false,
             reload_interval: HumanDuration(Duration::from_secs(5)),
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -54,6 +65,7 @@ pub fn validate(auth: &AuthConfig) -> Result<(), (String, String)> {
             format!("must be at least {}ms", MIN_RELOAD_INTERVAL.as_millis()),
         ));
     }
+    crate::listen::browser::BrowserPolicy::from_lists(&auth.allowed_hosts, &auth.allowed_origins)?;
     if let Some(file) = &auth.tokens_file {
         TokenSet::load(file).map_err(|e| ("auth.tokens_file".to_string(), e.to_string()))?;
     }

@@ -587,7 +587,8 @@ impl Metrics {
             "tokenwatch_rejected_requests",
             "Requests and connections refused under limits (headers or a body over their limits, \
              a request head not sent within limits.header_read_timeout, a listener holding \
-             limits.max_connections), by listener and reason",
+             limits.max_connections; a foreign Host on a loopback listener, a write from another \
+             origin or, on the API port, not in JSON), by listener and reason",
             rejected_requests.clone(),
         );
         let overflow = Family::<FamilyLabels, Counter>::default();

@@ -123,6 +123,13 @@ pub enum Reason {
     /// A request answered 503: its body would have taken the bodies held over
     /// `max_buffered_body_bytes`.
     BodyBudget,
+    /// A request naming a host a loopback listener does not answer (DNS rebinding,
+    /// `listen::browser`).
+    ForeignHost,
+    /// A write from a page of another origin (`listen::browser`).
+    ForeignOrigin,
+    /// A write to the API port whose body is not JSON (`listen::browser`).
+    NotJson,
 }
 
 impl Reason {
@@ -133,6 +140,9 @@ impl Reason {
             Reason::HeaderTimeout => "header_timeout",
             Reason::TooManyConnections => "too_many_connections",
             Reason::BodyBudget => "body_budget",
+            Reason::ForeignHost => "foreign_host",
+            Reason::ForeignOrigin => "foreign_origin",
+            Reason::NotJson => "unsupported_media_type",
         }
     }
 }

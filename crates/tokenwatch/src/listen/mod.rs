@@ -2,6 +2,7 @@
 // OTLP gRPC server over plain TCP or TLS, TCP_NODELAY on every connection, TLS handshakes in
 // their own tasks with a deadline, each connection's protocol told before hyper reads from it.
 
+pub mod browser;
 pub mod limits;
 pub mod tls;
 

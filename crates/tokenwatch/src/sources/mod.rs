@@ -108,6 +108,9 @@ pub struct ListenPort {
     pub auth: crate::auth::AuthHandle,
     /// The listeners' TLS (`otlp_grpc`, `otlp_http`; None: plain TCP), see `crate::listen`.
     pub tls: Arc<crate::listen::tls::ServerTls>,
+    /// The names and origins browsers may reach the listeners from (`auth.allowed_hosts`,
+    /// `auth.allowed_origins`), see `crate::listen::browser`.
+    pub browser: crate::listen::browser::BrowserPolicy,
 }
 
 /// The process around a source.

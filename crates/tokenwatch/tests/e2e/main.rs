@@ -10,8 +10,10 @@ mod listener_tls_support;
 
 mod alert_delivery;
 mod alert_instances;
+mod alert_storm;
 mod audit;
 mod auth;
+mod browser_safety;
 mod capture;
 mod clickhouse_backend;
 mod clickhouse_writers;

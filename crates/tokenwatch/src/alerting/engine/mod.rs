@@ -34,7 +34,7 @@ use crate::pipeline::supervise::PanicWatch;
 use enrich::EventHistory;
 use lifecycle::{Timing, Tracked, Transition, fingerprint, group_labels};
 use noise::{AlertMetrics, Firing, Incidents};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,6 +53,13 @@ const RECORD_QUEUE: usize = 65_536;
 const MIN_EVAL_GAP: Duration = Duration::from_millis(50);
 const SPAN_POLL_MS: i64 = 5_000;
 const MAX_RESOLVED: usize = 1_000;
+/// The value of a rule's grouping labels on the alert its folded label sets share.
+const OTHER: &str = "__other__";
+/// The annotation of that alert: how many label sets it stood for at the last evaluation.
+pub const FOLDED_ANNOTATION: &str = "folded_label_sets";
+
+/// A rule's events of one evaluation by fingerprint: the grouping labels and the strongest event.
+type Groups = BTreeMap<String, (BTreeMap<String, String>, AnomalyEvent)>;
 /// How often old snapshots are deleted (and once at start).
 const SNAPSHOT_PRUNE_EVERY: Duration = Duration::from_secs(24 * 3600);
 
@@ -306,6 +313,8 @@ pub fn start_with_slos(
         clean_evaluations: cfg.resolve_clean_evaluations,
         pending_grace_ms: cfg.pending_grace.0.as_millis() as i64,
         keep_resolved_ms: cfg.keep_resolved.0.as_millis() as i64,
+        max_alerts_per_rule: cfg.max_alerts_per_rule,
+        fold_warned: HashSet::new(),
         book: book.clone(),
         signals: deps.signals,
         store: deps.store.clone(),
@@ -374,6 +383,10 @@ struct Engine {
     clean_evaluations: u32,
     pending_grace_ms: i64,
     keep_resolved_ms: i64,
+    /// Active alerts a rule may hold; new label sets beyond fold into its `__other__` alert.
+    max_alerts_per_rule: usize,
+    /// Rules whose folding was warned about (once per rule).
+    fold_warned: HashSet<String>,
     book: Arc<AlertBook>,
     signals: SharedSignals,
     store: Arc<dyn Store>,
@@ -609,6 +622,7 @@ impl Engine {
         self.clean_evaluations = cfg.resolve_clean_evaluations;
         self.pending_grace_ms = cfg.pending_grace.0.as_millis() as i64;
         self.keep_resolved_ms = cfg.keep_resolved.0.as_millis() as i64;
+        self.max_alerts_per_rule = cfg.max_alerts_per_rule;
         self.interval = cfg.evaluation_interval.0.max(Duration::from_millis(10));
         if let (Some(json), Some(ctx)) = (r.config_json, &self.snapshot) {
             self.snapshot = Some(Arc::new(SnapshotContext {
@@ -766,8 +780,7 @@ impl Engine {
         out: &mut Vec<(String, Transition)>,
     ) {
         let rule = &self.rules[i];
-        let mut groups: BTreeMap<String, (BTreeMap<String, String>, AnomalyEvent)> =
-            BTreeMap::new();
+        let mut groups: Groups = BTreeMap::new();
         for e in events {
             let gl = group_labels(&e, &rule.group_by);
             let fp = fingerprint(&rule.name, &gl);
@@ -778,6 +791,8 @@ impl Engine {
                 }
             }
         }
+        let folded = self.fold_beyond_cap(i, &mut groups);
+        let rule = &self.rules[i];
         let timing = Timing {
             for_ms: rule.for_ms,
             resolve_after_ms: rule.resolve_after_ms.unwrap_or(self.resolve_after_ms),
@@ -813,6 +828,42 @@ impl Engine {
             }
             self.tracked.insert(fp, t);
         }
+        if let Some((fp, n)) = folded
+            && let Some(t) = self.tracked.get_mut(&fp)
+        {
+            t.alert
+                .annotations
+                .insert(FOLDED_ANNOTATION.into(), n.to_string());
+        }
+    }
+
+    /// Rule `i`'s new label sets beyond `max_alerts_per_rule` active alerts fold into its
+    /// `__other__` alert (`fold_groups`); counted, the first fold of a rule warned about.
+    fn fold_beyond_cap(&mut self, i: usize, groups: &mut Groups) -> Option<(String, usize)> {
+        let cap = self.max_alerts_per_rule;
+        let rule = &self.rules[i];
+        let tracked: HashSet<&str> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.rule_index == i)
+            .map(|(fp, _)| fp.as_str())
+            .collect();
+        let (fp, n) = fold_groups(groups, &rule.name, &rule.group_by, &tracked, cap)?;
+        self.metrics
+            .folded
+            .get_or_create(&noise::RuleLabels {
+                rule: rule.name.clone(),
+            })
+            .inc_by(n as u64);
+        if self.fold_warned.insert(rule.name.clone()) {
+            tracing::warn!(
+                rule = %rule.name,
+                max_alerts_per_rule = cap,
+                folded = n,
+                "a rule holds alerting.max_alerts_per_rule alerts: new label sets fold into its __other__ alert (counted in tokenwatch_alerts_folded_total; warned once per rule)"
+            );
+        }
+        Some((fp, n))
     }
 
     fn on_transition(&mut self, fp: &str, tr: Transition, now: i64) {
@@ -1120,6 +1171,58 @@ impl Engine {
 }
 
 /// Summary and description from the rule's templates and the latest event.
+/// A rule's new label sets (not in `tracked`, the fingerprints of its active alerts) beyond
+/// `cap` active alerts are taken out of `groups` — the strongest events keep the places left —
+/// and folded into one group whose grouping labels read `__other__`, carrying the strongest
+/// folded event: (its fingerprint, how many label sets it stands for). None when all fit.
+fn fold_groups(
+    groups: &mut Groups,
+    rule: &str,
+    group_by: &[String],
+    tracked: &HashSet<&str>,
+    cap: usize,
+) -> Option<(String, usize)> {
+    let other_labels: BTreeMap<String, String> = group_by
+        .iter()
+        .map(|k| (k.clone(), OTHER.to_string()))
+        .collect();
+    let other_fp = fingerprint(rule, &other_labels);
+    let active = tracked.iter().filter(|fp| **fp != other_fp).count();
+    let mut new: Vec<String> = groups
+        .keys()
+        .filter(|fp| !tracked.contains(fp.as_str()) && **fp != other_fp)
+        .cloned()
+        .collect();
+    if active + new.len() <= cap {
+        return None;
+    }
+    new.sort_by(|a, b| {
+        groups[b]
+            .1
+            .score
+            .total_cmp(&groups[a].1.score)
+            .then(a.cmp(b))
+    });
+    let room = cap.saturating_sub(active);
+    let mut strongest: Option<AnomalyEvent> = groups.get(&other_fp).map(|(_, e)| e.clone());
+    let mut n = 0usize;
+    for fp in new.into_iter().skip(room) {
+        let Some((_, e)) = groups.remove(&fp) else {
+            continue;
+        };
+        n += 1;
+        if strongest.as_ref().is_none_or(|s| e.score > s.score) {
+            strongest = Some(e);
+        }
+    }
+    let mut e = strongest?;
+    for k in group_by {
+        e.labels.insert(k.clone(), OTHER.to_string());
+    }
+    groups.insert(other_fp.clone(), (other_labels, e));
+    Some((other_fp, n))
+}
+
 fn fill_annotations(rule: &Rule, alert: &mut Alert) {
     let ev = alert.last_event.as_ref();
     alert.annotations.insert(
@@ -1257,4 +1360,78 @@ pub fn start_from_config(
         events: started.inbox,
         control: Some(started.control),
     })
+}
+
+#[cfg(test)]
+mod fold_tests {
+    use super::*;
+
+    fn event(model: &str, score: f64) -> AnomalyEvent {
+        AnomalyEvent {
+            detector: "d".into(),
+            signal: "s".into(),
+            labels: BTreeMap::from([("model_id".to_string(), model.to_string())]),
+            score,
+            at_unix_ms: 0,
+            evidence: BTreeMap::new(),
+            summary: format!("{model} is bad"),
+        }
+    }
+
+    fn groups_of(models: impl Iterator<Item = (String, f64)>) -> Groups {
+        let by = ["model_id".to_string()];
+        models
+            .map(|(m, score)| {
+                let e = event(&m, score);
+                let gl = group_labels(&e, &by);
+                (fingerprint("r", &gl), (gl, e))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_storm_of_label_sets_becomes_the_cap_and_one_alert_with_a_count() {
+        let by = ["model_id".to_string()];
+        let mut groups = groups_of((0..5000).map(|i| (format!("m{i}"), f64::from(i))));
+        let none = HashSet::new();
+        let (fp, n) = fold_groups(&mut groups, "r", &by, &none, 10).unwrap();
+        assert_eq!(groups.len(), 11, "10 alerts and __other__");
+        assert_eq!(n, 4990);
+        let (labels, e) = &groups[&fp];
+        assert_eq!(labels["model_id"], "__other__");
+        assert_eq!(e.labels["model_id"], "__other__");
+        assert_eq!(e.score, 4989.0, "the strongest folded event");
+        // The strongest label sets kept their own alerts.
+        let kept: Vec<&str> = groups
+            .values()
+            .map(|(l, _)| l["model_id"].as_str())
+            .filter(|m| *m != "__other__")
+            .collect();
+        assert!(
+            kept.iter().all(|m| m[1..].parse::<u32>().unwrap() >= 4990),
+            "{kept:?}"
+        );
+    }
+
+    #[test]
+    fn active_alerts_keep_their_places_and_label_sets_within_the_cap_are_untouched() {
+        let by = ["model_id".to_string()];
+        let mut groups = groups_of((0..3).map(|i| (format!("m{i}"), 1.0)));
+        let before = groups.clone();
+        assert_eq!(fold_groups(&mut groups, "r", &by, &HashSet::new(), 3), None);
+        assert_eq!(groups.len(), before.len());
+        // Two active alerts (m0 and one no longer firing) leave one place for m1 or m2.
+        let fps: Vec<String> = before.keys().cloned().collect();
+        let m0 = before
+            .iter()
+            .find(|(_, (l, _))| l["model_id"] == "m0")
+            .unwrap()
+            .0
+            .clone();
+        let tracked: HashSet<&str> = [m0.as_str(), "gone"].into_iter().collect();
+        let (_, n) = fold_groups(&mut groups, "r", &by, &tracked, 3).unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(groups.len(), 3, "m0, one new, __other__: {fps:?}");
+        assert!(groups.contains_key(&m0));
+    }
 }

@@ -232,9 +232,16 @@ pub struct AlertLabels {
     pub state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub rule: String,
+}
+
 /// The engine's metrics in `/metrics`.
 pub struct AlertMetrics {
     pub alerts: Family<AlertLabels, Gauge>,
+    /// Label sets folded into a rule's `__other__` alert (`alerting.max_alerts_per_rule`).
+    pub folded: Family<RuleLabels, Counter>,
     pub per_incident: Histogram,
     pub open_incidents: Gauge,
     pub evaluations: Counter,
@@ -245,6 +252,7 @@ impl AlertMetrics {
     pub fn register(m: &Metrics) -> AlertMetrics {
         let a = AlertMetrics {
             alerts: Family::default(),
+            folded: Family::default(),
             per_incident: Histogram::new([1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0]),
             open_incidents: Gauge::default(),
             evaluations: Counter::default(),
@@ -254,6 +262,11 @@ impl AlertMetrics {
             "tokenwatch_alerts",
             "Alerts by rule, severity and state (pending, firing, recently resolved)",
             a.alerts.clone(),
+        );
+        m.register(
+            "tokenwatch_alerts_folded",
+            "New alert label sets folded into their rule's __other__ alert because the rule had alerting.max_alerts_per_rule active alerts, by rule",
+            a.folded.clone(),
         );
         m.register(
             "tokenwatch_alerts_per_incident",

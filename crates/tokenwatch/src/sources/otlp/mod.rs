@@ -186,6 +186,16 @@ impl super::Source for OtlpSource {
             let http_tls = ctx.listen.tls.otlp_http.clone();
             let tls = http_tls.is_some();
             let guard = crate::listen::limits::Guard::new("otlp", &self.limits, &ctx.host.metrics);
+            // Names and origins first: a rebound page's export is refused before its token is.
+            let router = crate::listen::browser::protect(
+                router,
+                crate::listen::browser::BrowserGuard::new(
+                    &ctx.listen.browser,
+                    http_addr,
+                    false,
+                    &guard,
+                ),
+            );
             let http_task = tokio::spawn(crate::listen::serve_router(
                 http_listener,
                 http_tls,
