@@ -327,8 +327,12 @@ fn top_rejects_bad_arguments_before_touching_the_terminal() {
         (vec!["top", "--interval", "100ms"], "at least 200ms"),
         (vec!["top", "--window", "2m"], "expected 1m, 5m or 1h"),
         (
-            vec!["top", "--url", "https://127.0.0.1:9464"],
-            "https is not supported",
+            vec!["top", "--url", "ftp://127.0.0.1:9464"],
+            "expected an address such as http://127.0.0.1:9464",
+        ),
+        (
+            vec!["top", "--ca-file", "/etc/hostname"],
+            "--ca-file is for an https:// address",
         ),
     ] {
         let out = Command::new(BIN)
