@@ -1,5 +1,6 @@
-// A throwaway ClickHouse server for tests: Debian's `clickhouse-server` started on free
-// loopback ports with its own data directory and small caches, killed and removed on Drop.
+// A throwaway ClickHouse server for tests: ClickHouse 26.9 through the repository's chDB stand-in
+// (scripts/clickhouse-chdb) started on free loopback ports with its own data directory, killed
+// and removed on Drop.
 
 use crate::clickhouse::ClickHouseConfig;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -7,8 +8,18 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SERVER: &str = "clickhouse-server";
-const USERS_XML: &str = "/etc/clickhouse-server/users.xml";
+/// Names another `clickhouse-server`-compatible binary (taking `--config-file=FILE`) to test against.
+const SERVER_ENV: &str = "TOKENWATCH_CLICKHOUSE_SERVER";
+
+/// The server binary: `$TOKENWATCH_CLICKHOUSE_SERVER`, else the repository's stand-in (found from
+/// this crate's source directory, so it works from any clone without a PATH entry).
+fn server_binary() -> PathBuf {
+    match std::env::var_os(SERVER_ENV) {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../scripts/clickhouse-chdb/bin/clickhouse-server"),
+    }
+}
 
 /// A loopback port free now, taken below the kernel's ephemeral range (so no outgoing
 /// connection is given it before the server binds it), checked by binding.
@@ -32,7 +43,8 @@ pub fn free_loopback_addr() -> SocketAddr {
     panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
 }
 
-/// A running `clickhouse-server` (HTTP on `http`, native protocol on `tcp`).
+/// A running server (HTTP on `http`; `tcp` is configured for a real clickhouse-server's native
+/// protocol, unused by the stand-in).
 pub struct ClickHouseServer {
     child: Child,
     dir: PathBuf,
@@ -61,17 +73,10 @@ impl ClickHouseServer {
         let dir = std::env::temp_dir().join(format!("tw-clickhouse-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let users = std::fs::read(USERS_XML).map_err(|e| {
-            format!(
-                "{USERS_XML}: {e} — clickhouse-server is not installed; run the README's test \
-                 command (scripts/test.sh), which installs Debian's clickhouse-server"
-            )
-        })?;
-        std::fs::write(dir.join("users.xml"), users).map_err(|e| e.to_string())?;
         let d = dir.display();
         let config = format!(
             r#"<?xml version="1.0"?>
-<yandex>
+<clickhouse>
     <logger><level>warning</level><console>1</console></logger>
     <http_port>{http_port}</http_port>
     <tcp_port>{tcp_port}</tcp_port>
@@ -80,14 +85,13 @@ impl ClickHouseServer {
     <tmp_path>{d}/tmp/</tmp_path>
     <user_files_path>{d}/user_files/</user_files_path>
     <format_schema_path>{d}/format_schemas/</format_schema_path>
-    <users_config>users.xml</users_config>
     <default_profile>default</default_profile>
     <default_database>default</default_database>
     <timezone>UTC</timezone>
     <mark_cache_size>268435456</mark_cache_size>
     <uncompressed_cache_size>268435456</uncompressed_cache_size>
     <max_concurrent_queries>20</max_concurrent_queries>
-</yandex>
+</clickhouse>
 "#,
             http_port = http.port(),
             tcp_port = tcp.port(),
@@ -97,7 +101,8 @@ impl ClickHouseServer {
         let log_file = dir.join("server.log");
         let log = std::fs::File::create(&log_file).map_err(|e| e.to_string())?;
         let err = log.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(SERVER)
+        let server = server_binary();
+        let child = Command::new(&server)
             .arg(format!("--config-file={}", config_file.display()))
             .current_dir(&dir)
             .stdin(Stdio::null())
@@ -106,8 +111,9 @@ impl ClickHouseServer {
             .spawn()
             .map_err(|e| {
                 format!(
-                    "starting {SERVER}: {e} — run the README's test command (scripts/test.sh), \
-                     which installs Debian's clickhouse-server"
+                    "starting {}: {e} — run the README's test command (scripts/test.sh), which \
+                     creates .venv-chdb with the pinned chdb the stand-in needs",
+                    server.display()
                 )
             })?;
         let mut server = ClickHouseServer {

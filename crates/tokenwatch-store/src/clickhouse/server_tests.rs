@@ -1,5 +1,6 @@
-// Tests of ClickHouseStore against a real clickhouse-server (Debian's 18.16, started per test
-// on loopback): the conformance suite, migrations, day partitions, errors naming the server.
+// Tests of ClickHouseStore against ClickHouse 26.9 (the chDB stand-in of scripts/clickhouse-chdb,
+// started per test on loopback): the conformance suite, migrations, day partitions, errors
+// naming the server.
 
 use super::*;
 use crate::testing::ClickHouseServer;
