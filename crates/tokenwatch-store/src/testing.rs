@@ -140,12 +140,14 @@ impl ClickHouseServer {
         format!("http://{}", self.http)
     }
 
-    /// A store configuration for `database` on this server (short retries: tests).
+    /// A store configuration for `database` on this server (short retries: tests), without
+    /// TTLs: the tests' rows are of any date, and their retention runs at the time they give.
     pub fn config(&self, database: &str) -> ClickHouseConfig {
         ClickHouseConfig {
             url: self.url(),
             database: database.into(),
             retry_for: Duration::from_secs(5),
+            ttl: false,
             ..ClickHouseConfig::default()
         }
     }

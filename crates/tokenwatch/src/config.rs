@@ -295,6 +295,9 @@ pub struct ClickHouseStoreConfig {
     pub password_file: Option<PathBuf>,
     /// How long one store operation retries a server that is unreachable or answers 5xx.
     pub retry_for: HumanDuration,
+    /// Retention by the tables' `TTL`, run by the server in its merges (true), or by tokenwatch
+    /// dropping day partitions and deleting regional text on its retention tick (false).
+    pub ttl: bool,
 }
 
 impl Default for ClickHouseStoreConfig {
@@ -306,6 +309,7 @@ impl Default for ClickHouseStoreConfig {
             user: d.user,
             password_file: None,
             retry_for: HumanDuration(d.retry_for),
+            ttl: d.ttl,
         }
     }
 }
@@ -325,6 +329,7 @@ impl StoreConfig {
                     user: c.user.clone(),
                     password_file: c.password_file.clone(),
                     retry_for: c.retry_for.0,
+                    ttl: c.ttl,
                     ..Default::default()
                 })
             }

@@ -114,12 +114,30 @@ impl Client {
         sql: &str,
         in_database: bool,
     ) -> Result<Vec<u8>, StoreError> {
-        self.request(op, None, sql.as_bytes(), in_database, Retry::Idempotent)
+        self.query_with(op, sql, &Params::default(), in_database)
     }
 
-    /// `INSERT INTO table (columns) FORMAT RowBinary` with `rows` (RowBinary-encoded) as body.
-    /// The pipeline batches records, so each call is one sizeable insert; servers from 21.11 on
-    /// could also take `async_insert=1` to merge small inserts server-side (18.16 has none).
+    /// As `query`, with the values of the SQL's `{pN:Type}` placeholders sent as `param_pN`.
+    pub(crate) fn query_with(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &Params,
+        in_database: bool,
+    ) -> Result<Vec<u8>, StoreError> {
+        let url = Url {
+            query: None,
+            params: &params.list,
+            dedup_token: None,
+        };
+        self.request(op, url, sql.as_bytes(), in_database, Retry::Idempotent)
+    }
+
+    /// `INSERT INTO table (columns) FORMAT RowBinary` with `rows` (RowBinary-encoded) as body,
+    /// under an `insert_deduplication_token` derived from the rows: the tables keep a
+    /// deduplication window (`non_replicated_deduplication_window`, replicated tables always),
+    /// so a batch repeated after an unknown outcome (a timeout, a connection lost mid-answer)
+    /// is stored once, and such failures are retried like reads.
     pub(crate) fn insert(
         &self,
         op: &'static str,
@@ -131,14 +149,42 @@ impl Client {
             "INSERT INTO {}.{table} ({columns}) FORMAT RowBinary",
             self.database
         );
-        self.request(op, Some(&sql), rows, true, Retry::NotSent)
+        let token = dedup_token(table, rows);
+        let url = Url {
+            query: Some(&sql),
+            params: &[],
+            dedup_token: Some(&token),
+        };
+        self.request(op, url, rows, true, Retry::Idempotent)
+            .map(|_| ())
+    }
+
+    /// An insert into a table without a deduplication window (`schema_migrations`): retried
+    /// only when the request surely was not processed, so a retry never duplicates rows.
+    pub(crate) fn insert_once(
+        &self,
+        op: &'static str,
+        table: &str,
+        columns: &str,
+        rows: &[u8],
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO {}.{table} ({columns}) FORMAT RowBinary",
+            self.database
+        );
+        let url = Url {
+            query: Some(&sql),
+            params: &[],
+            dedup_token: None,
+        };
+        self.request(op, url, rows, true, Retry::NotSent)
             .map(|_| ())
     }
 
     fn request(
         &self,
         op: &'static str,
-        query_param: Option<&str>,
+        url: Url<'_>,
         body: &[u8],
         in_database: bool,
         retry: Retry,
@@ -148,7 +194,7 @@ impl Client {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let outcome = self.send_once(query_param, body, in_database);
+            let outcome = self.send_once(&url, body, in_database);
             let (err, transient) = match outcome {
                 Ok((200, bytes)) => return Ok(bytes),
                 Ok((status, bytes)) => {
@@ -194,7 +240,7 @@ impl Client {
 
     fn send_once(
         &self,
-        query_param: Option<&str>,
+        url: &Url<'_>,
         body: &[u8],
         in_database: bool,
     ) -> Result<(u16, Vec<u8>), ureq::Error> {
@@ -202,8 +248,14 @@ impl Client {
         if in_database {
             req = req.query("database", &self.database);
         }
-        if let Some(q) = query_param {
+        if let Some(q) = url.query {
             req = req.query("query", q);
+        }
+        if let Some(t) = url.dedup_token {
+            req = req.query("insert_deduplication_token", t);
+        }
+        for (name, value) in url.params {
+            req = req.query(name, value);
         }
         if let Some(auth) = &self.auth {
             req = req.header("Authorization", auth);
@@ -217,6 +269,89 @@ impl Client {
             .read_to_vec()?;
         Ok((status, bytes))
     }
+}
+
+/// What a request carries on its URL besides the database.
+struct Url<'a> {
+    /// The statement, when the body is an INSERT's data.
+    query: Option<&'a str>,
+    /// `param_NAME=value` pairs.
+    params: &'a [(String, String)],
+    dedup_token: Option<&'a str>,
+}
+
+/// The same rows into the same table give the same token (a retried batch); rows carry a
+/// per-process increasing `seq`, so two different batches never share one.
+fn dedup_token(table: &str, rows: &[u8]) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    rows.hash(&mut h);
+    format!("tw-{table}-{}-{:016x}", rows.len(), h.finish())
+}
+
+/// Query parameters: the SQL names a value `{pN:Type}` and the value travels as `param_pN=` on
+/// the URL, parsed by the server as data of that type — never spliced into SQL text. (DDL
+/// cannot take parameters: the TTL and retention statements quote their few literals.)
+#[derive(Default)]
+pub(crate) struct Params {
+    list: Vec<(String, String)>,
+}
+
+impl Params {
+    fn add(&mut self, ty: &str, value: String) -> String {
+        let name = format!("p{}", self.list.len());
+        let placeholder = format!("{{{name}:{ty}}}");
+        self.list.push((format!("param_{name}"), value));
+        placeholder
+    }
+
+    /// A `String` (the value in the escaped text format: `\`, tab, newline escaped).
+    pub(crate) fn str(&mut self, v: &str) -> String {
+        self.add("String", escape_text(v))
+    }
+
+    pub(crate) fn i64(&mut self, v: i64) -> String {
+        self.add("Int64", v.to_string())
+    }
+
+    pub(crate) fn u64(&mut self, v: u64) -> String {
+        self.add("UInt64", v.to_string())
+    }
+
+    pub(crate) fn f64(&mut self, v: f64) -> String {
+        self.add("Float64", format!("{v:?}"))
+    }
+
+    /// An `Array(String)`, for `col IN {pN:Array(String)}`.
+    pub(crate) fn strs<'a>(&mut self, items: impl IntoIterator<Item = &'a str>) -> String {
+        self.add("Array(String)", format!("[{}]", quote_list(items)))
+    }
+
+    /// Unix milliseconds as a `DateTime64(3, 'UTC')` expression (any i64: a reinterpretation).
+    pub(crate) fn ms(&mut self, v: i64) -> String {
+        format!("fromUnixTimestamp64Milli({}, 'UTC')", self.i64(v))
+    }
+
+    /// Unix nanoseconds as a `DateTime64(9, 'UTC')` expression.
+    pub(crate) fn ns(&mut self, v: i64) -> String {
+        format!("fromUnixTimestamp64Nano({}, 'UTC')", self.i64(v))
+    }
+}
+
+/// A value in ClickHouse's escaped text format (what a `param_` value is parsed as).
+fn escape_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\0' => out.push_str("\\0"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// A database or table name usable unquoted.
@@ -267,7 +402,8 @@ fn retryable(e: &ureq::Error, retry: Retry) -> bool {
     not_sent || (retry == Retry::Idempotent && is_transport(e))
 }
 
-/// A SQL string literal: `'` and `\` escaped with a backslash.
+/// A SQL string literal: `'` and `\` escaped with a backslash (DDL, which takes no parameters,
+/// and the elements of an `Array(String)` parameter).
 pub(crate) fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('\'');
