@@ -28,7 +28,8 @@ use tokenwatch_core::model::RequestRecord;
 /// Where the ClickHouse store lives and how it is reached.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClickHouseConfig {
-    /// `http://host:port` of the server's HTTP interface.
+    /// `http://host:port` or `https://host:port` (ClickHouse Cloud: 8443) of the server's HTTP
+    /// interface.
     pub url: String,
     /// Database holding tokenwatch's tables; created when missing.
     pub database: String,
@@ -36,6 +37,10 @@ pub struct ClickHouseConfig {
     pub user: String,
     /// File holding the user's password (first line; surrounding whitespace is trimmed).
     pub password_file: Option<PathBuf>,
+    /// Name of an environment variable holding the password (instead of `password_file`).
+    pub password_env: Option<String>,
+    /// PEM file of CA certificates trusted for `https://` besides the system's roots.
+    pub ca_file: Option<PathBuf>,
     /// How long one operation keeps retrying transient failures (connection refused, 5xx).
     pub retry_for: Duration,
     /// Longest one HTTP request may take, response included.
@@ -56,6 +61,8 @@ impl Default for ClickHouseConfig {
             database: "tokenwatch".into(),
             user: "default".into(),
             password_file: None,
+            password_env: None,
+            ca_file: None,
             retry_for: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
             writer_id: String::new(),
@@ -71,6 +78,8 @@ impl std::fmt::Debug for ClickHouseConfig {
             .field("database", &self.database)
             .field("user", &self.user)
             .field("password_file", &self.password_file)
+            .field("password_env", &self.password_env)
+            .field("ca_file", &self.ca_file)
             .field("retry_for", &self.retry_for)
             .field("timeout", &self.timeout)
             .field("writer_id", &self.writer_id)
@@ -80,8 +89,29 @@ impl std::fmt::Debug for ClickHouseConfig {
 }
 
 impl ClickHouseConfig {
-    /// The password from `password_file`, if one is set.
+    /// The password from `password_file` or `password_env`, if one is set.
     fn password(&self) -> Result<Option<String>, StoreError> {
+        self.password_from(|var| std::env::var(var))
+    }
+
+    fn password_from(
+        &self,
+        env: impl Fn(&str) -> Result<String, std::env::VarError>,
+    ) -> Result<Option<String>, StoreError> {
+        if let Some(var) = &self.password_env {
+            if self.password_file.is_some() {
+                return Err(StoreError::Config(
+                    "clickhouse password: password_file and password_env are both set; keep one"
+                        .into(),
+                ));
+            }
+            return match env(var) {
+                Ok(v) => Ok(Some(v.trim().to_string())),
+                Err(e) => Err(StoreError::Config(format!(
+                    "clickhouse password: environment variable {var}: {e}"
+                ))),
+            };
+        }
         let Some(path) = &self.password_file else {
             return Ok(None);
         };
@@ -535,5 +565,31 @@ mod tests {
             err.contains("password file") && err.contains("nope"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn password_may_come_from_an_environment_variable_but_not_from_both() {
+        let env = |v: &str| match v {
+            "CH_PW" => Ok(" from-env\n".to_string()),
+            _ => Err(std::env::VarError::NotPresent),
+        };
+        let cfg = ClickHouseConfig {
+            password_env: Some("CH_PW".into()),
+            ..Default::default()
+        };
+        assert_eq!(cfg.password_from(env).unwrap().as_deref(), Some("from-env"));
+        assert!(!format!("{cfg:?}").contains("from-env"));
+        let unset = ClickHouseConfig {
+            password_env: Some("NOPE".into()),
+            ..Default::default()
+        };
+        let err = unset.password_from(env).unwrap_err().to_string();
+        assert!(err.contains("NOPE"), "{err}");
+        let both = ClickHouseConfig {
+            password_file: Some("/x".into()),
+            ..cfg
+        };
+        let err = both.password_from(env).unwrap_err().to_string();
+        assert!(err.contains("both"), "{err}");
     }
 }

@@ -691,3 +691,149 @@ fn ttls_follow_the_retention_and_expire_rows_on_the_servers_clock() {
         ttl_of("records_v6")
     );
 }
+
+/// A TLS-terminating proxy on 127.0.0.1 in front of `upstream` (the stand-in has no HTTPS), with
+/// a self-signed certificate for `localhost`: returns its port and the certificate (PEM). Each
+/// request is forwarded on its own upstream connection (`Connection: close`).
+fn tls_proxy(upstream: std::net::SocketAddr) -> (u16, String) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    use std::io::{Read, Write};
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from(cert.der().to_vec())],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    )
+    .unwrap();
+    let config = Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(tcp) = tcp else { return };
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let Ok(conn) = rustls::ServerConnection::new(config) else {
+                    return;
+                };
+                let mut tls = rustls::StreamOwned::new(conn, tcp);
+                loop {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match tls.read(&mut byte) {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head).to_string();
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().to_string())
+                        })
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0u8; len];
+                    if tls.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let head = text.replacen("\r\n", "\r\nConnection: close\r\n", 1);
+                    let Ok(mut up) = std::net::TcpStream::connect(upstream) else {
+                        return;
+                    };
+                    let mut answer = Vec::new();
+                    if up.write_all(head.as_bytes()).is_err()
+                        || up.write_all(&body).is_err()
+                        || up.read_to_end(&mut answer).is_err()
+                        || tls.write_all(&answer).is_err()
+                        || tls.flush().is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, cert.pem())
+}
+
+#[test]
+fn https_with_a_configured_ca_reaches_the_server_and_an_unknown_one_is_refused() {
+    let server = ClickHouseServer::start();
+    let (port, ca) = tls_proxy(server.http);
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let cfg = ClickHouseConfig {
+        url: format!("https://localhost:{port}"),
+        ca_file: Some(ca_file),
+        ..server.config("tls")
+    };
+    let store = ClickHouseStore::open(&cfg, conformance::options())
+        .unwrap_or_else(|e| panic!("{e}\nserver log:\n{}", server.log()));
+    store.insert_records(&[conformance::full_record()]).unwrap();
+    assert_eq!(
+        store.query_records(&RecordQuery::default()).unwrap(),
+        [conformance::full_record()]
+    );
+    // Without the CA, the self-signed certificate is not trusted: refused, not retried for long.
+    let started = std::time::Instant::now();
+    let err = ClickHouseStore::open(
+        &ClickHouseConfig {
+            ca_file: None,
+            ..cfg
+        },
+        conformance::options(),
+    )
+    .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let text = format!("{err} {err:?}");
+    assert!(
+        text.to_ascii_lowercase().contains("certificate") || text.contains("UnknownIssuer"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_password_may_come_from_the_environment() {
+    let server = ClickHouseServer::start();
+    // PATH is set and not empty: the stand-in's `default` user has an empty password, so the
+    // password read from it is refused — it was read and sent — and never shown.
+    let path = std::env::var("PATH").unwrap();
+    let cfg = ClickHouseConfig {
+        password_env: Some("PATH".into()),
+        ..server.config("tw")
+    };
+    let err = ClickHouseStore::open(&cfg, StoreOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, StoreError::Server { status: 403, .. }),
+        "{err:?}"
+    );
+    assert!(!err.to_string().contains(&path), "{err}");
+    let missing = ClickHouseConfig {
+        password_env: Some("TOKENWATCH_TEST_UNSET_VARIABLE_32".into()),
+        ..server.config("tw")
+    };
+    let err = ClickHouseStore::open(&missing, StoreOptions::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("TOKENWATCH_TEST_UNSET_VARIABLE_32"),
+        "{err}"
+    );
+}
