@@ -197,3 +197,87 @@ impl Drop for ClickHouseServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// One schema's figures in [`compare_record_schemas`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchemaFigures {
+    /// `records` (schema version 5) or `records_v6`.
+    pub table: &'static str,
+    pub records: u64,
+    /// Records per second of the inserts (RowBinary encoding included).
+    pub records_per_s: f64,
+    /// Share of the insert time spent encoding RowBinary in this process (the rest: HTTP and
+    /// the server).
+    pub encode_share: f64,
+    /// Active parts' bytes on disk after `OPTIMIZE ... FINAL`, per record.
+    pub bytes_per_record: f64,
+    /// Rows the server would read to find one record by request id, after the primary key
+    /// and the skip indexes (`EXPLAIN ESTIMATE`; the stand-in's `X-ClickHouse-Summary` counts
+    /// result rows, not rows read).
+    pub lookup_read_rows: u64,
+}
+
+/// Inserts `records` in batches of `batch` into the records table of schema version 5 and of
+/// the current schema side by side (the same RowBinary rows, batches alternating) in database
+/// `db` of `server`, and measures both: insert rate, bytes on disk per record, rows read by a
+/// lookup of `lookup_id`. For the store-insert benchmark.
+pub fn compare_record_schemas(
+    server: &ClickHouseServer,
+    db: &str,
+    records: &[tokenwatch_core::model::RequestRecord],
+    batch: usize,
+    lookup_id: &str,
+) -> Result<[SchemaFigures; 2], crate::StoreError> {
+    use crate::clickhouse::{bench_support, client::Client};
+    let client = Client::new(&server.config(db), None)?;
+    bench_support::create_v5_and_v6_records(&client)?;
+    let tables: [&'static str; 2] = ["records", crate::clickhouse::schema_records_table()];
+    let mut spent = [Duration::ZERO; 2];
+    let mut encoding = [Duration::ZERO; 2];
+    for (n, chunk) in records.chunks(batch.max(1)).enumerate() {
+        for (i, table) in tables.iter().enumerate() {
+            let started = Instant::now();
+            let body = bench_support::encode_records(chunk, (n * batch) as u64 + 1);
+            encoding[i] += started.elapsed();
+            client.insert(
+                "benchmark insert",
+                table,
+                bench_support::RECORD_COLUMNS,
+                &body,
+            )?;
+            spent[i] += started.elapsed();
+        }
+    }
+    let mut out = Vec::new();
+    for (i, table) in tables.iter().enumerate() {
+        self::optimize(server, db, table);
+        let parts = server.query(&format!(
+            "SELECT sum(rows), sum(bytes_on_disk) FROM system.parts WHERE database = '{db}' \
+             AND table = '{table}' AND active FORMAT TSV"
+        ));
+        let mut cols = parts
+            .split_whitespace()
+            .map(|v| v.parse::<u64>().unwrap_or(0));
+        let (rows, bytes) = (cols.next().unwrap_or(0), cols.next().unwrap_or(0));
+        out.push(SchemaFigures {
+            table,
+            records: rows,
+            records_per_s: records.len() as f64 / spent[i].as_secs_f64().max(1e-9),
+            encode_share: encoding[i].as_secs_f64() / spent[i].as_secs_f64().max(1e-9),
+            bytes_per_record: bytes as f64 / rows.max(1) as f64,
+            lookup_read_rows: server
+                .query(&format!(
+                    "EXPLAIN ESTIMATE SELECT request_id, end_s FROM {db}.{table} \
+                     WHERE request_id = '{lookup_id}' FORMAT TSV"
+                ))
+                .lines()
+                .filter_map(|l| l.split('\t').nth(3)?.parse::<u64>().ok())
+                .sum(),
+        });
+    }
+    Ok([out[0].clone(), out[1].clone()])
+}
+
+fn optimize(server: &ClickHouseServer, db: &str, table: &str) {
+    server.query(&format!("OPTIMIZE TABLE {db}.{table} FINAL"));
+}

@@ -2,7 +2,7 @@
 // RowBinary inserts with deduplication tokens, query-time dedup of replacing tables, retention by
 // table TTLs (or, with `ttl` off, by dropping day partitions).
 
-mod client;
+pub(crate) mod client;
 mod insert;
 mod markers;
 mod query;
@@ -518,6 +518,47 @@ impl Store for ClickHouseStore {
             return Ok(Vec::new());
         }
         scores::query(&self.client, request_ids, trace_ids)
+    }
+}
+
+/// The current records table (for the test harness's schema comparison).
+#[cfg(any(test, feature = "conformance"))]
+pub(crate) fn schema_records_table() -> &'static str {
+    schema::RECORDS
+}
+
+/// What `testing::compare_record_schemas` needs of the store's internals.
+#[cfg(any(test, feature = "conformance"))]
+pub(crate) mod bench_support {
+    use super::{StoreError, client::Client, insert, schema};
+
+    pub(crate) const RECORD_COLUMNS: &str = insert::RECORD_COLUMNS;
+
+    pub(crate) fn encode_records(rows: &[RequestRecord], seq: u64) -> Vec<u8> {
+        insert::records(rows, seq)
+    }
+
+    use tokenwatch_core::model::RequestRecord;
+
+    /// Schema version 5's tables, and the current records table beside them.
+    pub(crate) fn create_v5_and_v6_records(client: &Client) -> Result<(), StoreError> {
+        schema::migrate_up_to(client, 5)?;
+        let create = schema::MIGRATIONS
+            .iter()
+            .flat_map(|m| m.statements)
+            .find(|s| {
+                s.starts_with(&format!(
+                    "CREATE TABLE IF NOT EXISTS {{db}}.{} (",
+                    schema::RECORDS
+                ))
+            })
+            .ok_or_else(|| StoreError::Config("no CREATE of the records table".into()))?;
+        client.query(
+            "benchmark table",
+            &create.replace("{db}", client.database()),
+            true,
+        )?;
+        Ok(())
     }
 }
 

@@ -837,3 +837,66 @@ fn the_password_may_come_from_the_environment() {
         "{err}"
     );
 }
+
+/// The store-insert benchmark's schema comparison on a small set, as a check: the same records
+/// take at most half the bytes on disk in the version-6 table, and a lookup by request id reads
+/// a fraction of it (the bloom filter) where version 5 reads every row.
+/// `TW_SCHEMA_RECORDS=200000 cargo test -p tokenwatch-store schema_6_stores -- --nocapture`
+/// prints the figures for more records.
+#[test]
+fn schema_6_stores_records_in_half_the_bytes_and_finds_one_by_id_without_a_scan() {
+    let server = ClickHouseServer::start();
+    let n: u64 = std::env::var("TW_SCHEMA_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40_000);
+    let rows: Vec<RequestRecord> = (0..n).map(bench_record).collect();
+    let lookup = rows[rows.len() / 2].request_id.clone();
+    let [v5, v6] =
+        crate::testing::compare_record_schemas(&server, "cmp", &rows, 5000, &lookup).unwrap();
+    println!("{v5:?}\n{v6:?}");
+    assert_eq!((v5.records, v6.records), (n, n));
+    assert!(
+        v6.bytes_per_record * 2.0 <= v5.bytes_per_record,
+        "{v6:?} vs {v5:?}"
+    );
+    assert_eq!(v5.lookup_read_rows, n, "version 5 scans the table");
+    assert!(v6.lookup_read_rows * 4 <= n, "{v6:?}");
+}
+
+/// A record shaped as the store-insert benchmark's (a streamed chat completion).
+fn bench_record(i: u64) -> RequestRecord {
+    RequestRecord {
+        request_id: format!("req-{i:012}"),
+        trace_id: format!("{:032x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        labels: crate::SeriesLabels {
+            model_id: format!("model-{}", i % 8),
+            runtime: "vllm".into(),
+            instance: format!("gpu-{}:8000", (i / 8) % 8),
+            tenant: format!("tenant-{:08x}", (i / 64) % 16),
+            ab_group: String::new(),
+            model_version: String::new(),
+        },
+        endpoint: "/v1/chat/completions".into(),
+        stream: true,
+        arrival_unix_ms: 1_800_000_000_000 + i as i64,
+        upstream_headers_s: Some(0.01),
+        first_token_s: Some(0.15),
+        end_s: 0.15 + 63.0 * 0.012,
+        queue_s: Some(0.002),
+        chunk_offsets_us: (0..64)
+            .map(|k| 150_000 + k * 12_000 + (i % 97) as u32)
+            .collect(),
+        gaps: tokenwatch_core::model::GapSummary {
+            count: 63,
+            mean_s: 0.012,
+            max_s: 0.02,
+        },
+        prompt_tokens: Some(900 + i % 300),
+        output_tokens: Some(64),
+        tokens_from_usage: true,
+        finish_reason: "stop".into(),
+        status: 200,
+        ..Default::default()
+    }
+}
