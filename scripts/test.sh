@@ -10,8 +10,6 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 [ -x /usr/bin/victoria-metrics ] || need_apt+=(victoria-metrics)
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
-command -v clickhouse-server >/dev/null 2>&1 || need_apt+=(clickhouse-server)
-command -v clickhouse-client >/dev/null 2>&1 || need_apt+=(clickhouse-client)
 # The load balancer of the rolling-restart test (tests/e2e/timed/rollout.rs).
 [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
 # The Debian package test (tests/e2e/debian_package.rs) builds, checks and installs the .deb.
@@ -26,10 +24,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [[ " ${need_apt[*]} " == *" victoria-metrics "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl mask victoria-metrics.service >/dev/null
   fi
-  # Likewise for ClickHouse: the tests start their own servers on loopback ports.
-  if [[ " ${need_apt[*]} " == *" clickhouse-server "* ]] && [ -d /run/systemd/system ]; then
-    $SUDO systemctl mask clickhouse-server.service >/dev/null
-  fi
   # And HAProxy: the rollout test starts its own on loopback ports.
   if [[ " ${need_apt[*]} " == *" haproxy "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl mask haproxy.service >/dev/null
@@ -42,10 +36,7 @@ command -v promtool >/dev/null || { echo "error: promtool still missing after in
 [ -x /usr/bin/victoria-metrics ] || { echo "error: /usr/bin/victoria-metrics still missing after installing victoria-metrics" >&2; exit 1; }
 command -v tmux >/dev/null || { echo "error: tmux still missing after installing tmux" >&2; exit 1; }
 [ -x /usr/bin/chromium ] || { echo "error: /usr/bin/chromium still missing after installing chromium" >&2; exit 1; }
-command -v clickhouse-server >/dev/null || { echo "error: clickhouse-server still missing after installing clickhouse-server" >&2; exit 1; }
-command -v clickhouse-client >/dev/null || { echo "error: clickhouse-client still missing after installing clickhouse-client" >&2; exit 1; }
 [ -x /usr/sbin/haproxy ] || { echo "error: /usr/sbin/haproxy still missing after installing haproxy" >&2; exit 1; }
-[ -r /etc/clickhouse-server/users.xml ] || { echo "error: /etc/clickhouse-server/users.xml missing after installing clickhouse-server (the tests copy it)" >&2; exit 1; }
 
 # The browser tests' npm dependency (playwright-core; the UI itself builds without Node.js).
 command -v npm >/dev/null || { echo "error: npm is missing — install Node.js >= 20 with npm (the browser tests need it)" >&2; exit 1; }
@@ -53,6 +44,21 @@ if [ ! -d ui/node_modules ]; then
   echo "==> npm ci in ui/"
   (cd ui && npm ci --no-audit --no-fund)
 fi
+
+# ClickHouse 26.9 for the ClickHouse tests: chDB (the engine in-process) behind the repository's
+# HTTP stand-in (scripts/clickhouse-chdb), which the test harness starts as its clickhouse-server.
+# Its own virtualenv (pandas/pyarrow come with chdb); pinned to the versions the tests were run with.
+CHDB_PACKAGES=(chdb==4.4.0 chdb-core==26.9.0)
+CHDB_CHECK='import chdb; v = chdb.query("SELECT version()", "TSV").bytes().decode().strip(); assert v.startswith("26.9."), v; print("ClickHouse (chDB)", v)'
+if ! .venv-chdb/bin/python -c "$CHDB_CHECK" >/dev/null 2>&1; then
+  echo "==> creating .venv-chdb with: ${CHDB_PACKAGES[*]}"
+  rm -rf .venv-chdb
+  python3 -m venv .venv-chdb
+  .venv-chdb/bin/pip install --quiet --disable-pip-version-check "${CHDB_PACKAGES[@]}"
+fi
+.venv-chdb/bin/python -c "$CHDB_CHECK" \
+  || { echo "error: chdb missing or broken in .venv-chdb after installing ${CHDB_PACKAGES[*]}" >&2; exit 1; }
+export CHDB_HTTP_PYTHON="$PWD/.venv-chdb/bin/python"
 
 VENV=.venv-test
 PY_PACKAGES=(openai opentelemetry-sdk opentelemetry-exporter-otlp)

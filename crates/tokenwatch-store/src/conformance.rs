@@ -439,7 +439,8 @@ pub fn rollups_replace_and_filter(store: &dyn Store) {
     assert_eq!(store.stats().unwrap().rollups, 4);
 }
 
-fn span(trace: &str, id: &str, start: i64) -> SpanRow {
+/// A span of `trace` starting at `start` (ns).
+pub fn span(trace: &str, id: &str, start: i64) -> SpanRow {
     SpanRow {
         trace_id: trace.into(),
         span_id: id.into(),
@@ -642,7 +643,8 @@ pub fn scores(store: &dyn Store) {
     );
 }
 
-fn alert(id: &str, state: AlertState, active_at: i64, resolved_at: Option<i64>) -> Alert {
+/// An alert with a last event and an incident.
+pub fn alert(id: &str, state: AlertState, active_at: i64, resolved_at: Option<i64>) -> Alert {
     Alert {
         id: id.into(),
         fingerprint: format!("fp-{id}"),
@@ -710,7 +712,8 @@ pub fn alerts(store: &dyn Store) {
     store.upsert_alerts(&[]).unwrap();
 }
 
-fn scrape_target(url: &str, shard: u64, health: &str, updated: i64) -> ScrapeTargetRow {
+/// A scrape target of shard `shard` of 2.
+pub fn scrape_target(url: &str, shard: u64, health: &str, updated: i64) -> ScrapeTargetRow {
     ScrapeTargetRow {
         url: url.into(),
         instance: url.trim_start_matches("http://").replace("/metrics", ""),
@@ -754,7 +757,8 @@ pub fn scrape_targets(store: &dyn Store) {
     store.upsert_scrape_targets(&[]).unwrap();
 }
 
-fn marker(id: &str, model: &str, at: i64) -> MarkerRow {
+/// A deploy marker of `model` at `at`.
+pub fn marker(id: &str, model: &str, at: i64) -> MarkerRow {
     MarkerRow {
         id: id.into(),
         kind: "model_version".into(),

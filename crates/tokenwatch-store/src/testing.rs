@@ -1,5 +1,6 @@
-// A throwaway ClickHouse server for tests: Debian's `clickhouse-server` started on free
-// loopback ports with its own data directory and small caches, killed and removed on Drop.
+// A throwaway ClickHouse server for tests: ClickHouse 26.9 through the repository's chDB stand-in
+// (scripts/clickhouse-chdb) started on free loopback ports with its own data directory, killed
+// and removed on Drop.
 
 use crate::clickhouse::ClickHouseConfig;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -7,8 +8,18 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SERVER: &str = "clickhouse-server";
-const USERS_XML: &str = "/etc/clickhouse-server/users.xml";
+/// Names another `clickhouse-server`-compatible binary (taking `--config-file=FILE`) to test against.
+const SERVER_ENV: &str = "TOKENWATCH_CLICKHOUSE_SERVER";
+
+/// The server binary: `$TOKENWATCH_CLICKHOUSE_SERVER`, else the repository's stand-in (found from
+/// this crate's source directory, so it works from any clone without a PATH entry).
+fn server_binary() -> PathBuf {
+    match std::env::var_os(SERVER_ENV) {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../scripts/clickhouse-chdb/bin/clickhouse-server"),
+    }
+}
 
 /// A loopback port free now, taken below the kernel's ephemeral range (so no outgoing
 /// connection is given it before the server binds it), checked by binding.
@@ -32,7 +43,8 @@ pub fn free_loopback_addr() -> SocketAddr {
     panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
 }
 
-/// A running `clickhouse-server` (HTTP on `http`, native protocol on `tcp`).
+/// A running server (HTTP on `http`; `tcp` is configured for a real clickhouse-server's native
+/// protocol, unused by the stand-in).
 pub struct ClickHouseServer {
     child: Child,
     dir: PathBuf,
@@ -61,17 +73,10 @@ impl ClickHouseServer {
         let dir = std::env::temp_dir().join(format!("tw-clickhouse-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let users = std::fs::read(USERS_XML).map_err(|e| {
-            format!(
-                "{USERS_XML}: {e} — clickhouse-server is not installed; run the README's test \
-                 command (scripts/test.sh), which installs Debian's clickhouse-server"
-            )
-        })?;
-        std::fs::write(dir.join("users.xml"), users).map_err(|e| e.to_string())?;
         let d = dir.display();
         let config = format!(
             r#"<?xml version="1.0"?>
-<yandex>
+<clickhouse>
     <logger><level>warning</level><console>1</console></logger>
     <http_port>{http_port}</http_port>
     <tcp_port>{tcp_port}</tcp_port>
@@ -80,14 +85,13 @@ impl ClickHouseServer {
     <tmp_path>{d}/tmp/</tmp_path>
     <user_files_path>{d}/user_files/</user_files_path>
     <format_schema_path>{d}/format_schemas/</format_schema_path>
-    <users_config>users.xml</users_config>
     <default_profile>default</default_profile>
     <default_database>default</default_database>
     <timezone>UTC</timezone>
     <mark_cache_size>268435456</mark_cache_size>
     <uncompressed_cache_size>268435456</uncompressed_cache_size>
     <max_concurrent_queries>20</max_concurrent_queries>
-</yandex>
+</clickhouse>
 "#,
             http_port = http.port(),
             tcp_port = tcp.port(),
@@ -97,7 +101,8 @@ impl ClickHouseServer {
         let log_file = dir.join("server.log");
         let log = std::fs::File::create(&log_file).map_err(|e| e.to_string())?;
         let err = log.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(SERVER)
+        let server = server_binary();
+        let child = Command::new(&server)
             .arg(format!("--config-file={}", config_file.display()))
             .current_dir(&dir)
             .stdin(Stdio::null())
@@ -106,8 +111,9 @@ impl ClickHouseServer {
             .spawn()
             .map_err(|e| {
                 format!(
-                    "starting {SERVER}: {e} — run the README's test command (scripts/test.sh), \
-                     which installs Debian's clickhouse-server"
+                    "starting {}: {e} — run the README's test command (scripts/test.sh), which \
+                     creates .venv-chdb with the pinned chdb the stand-in needs",
+                    server.display()
                 )
             })?;
         let mut server = ClickHouseServer {
@@ -134,12 +140,14 @@ impl ClickHouseServer {
         format!("http://{}", self.http)
     }
 
-    /// A store configuration for `database` on this server (short retries: tests).
+    /// A store configuration for `database` on this server (short retries: tests), without
+    /// TTLs: the tests' rows are of any date, and their retention runs at the time they give.
     pub fn config(&self, database: &str) -> ClickHouseConfig {
         ClickHouseConfig {
             url: self.url(),
             database: database.into(),
             retry_for: Duration::from_secs(5),
+            ttl: false,
             ..ClickHouseConfig::default()
         }
     }
@@ -188,4 +196,88 @@ impl Drop for ClickHouseServer {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// One schema's figures in [`compare_record_schemas`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchemaFigures {
+    /// `records` (schema version 5) or `records_v6`.
+    pub table: &'static str,
+    pub records: u64,
+    /// Records per second of the inserts (RowBinary encoding included).
+    pub records_per_s: f64,
+    /// Share of the insert time spent encoding RowBinary in this process (the rest: HTTP and
+    /// the server).
+    pub encode_share: f64,
+    /// Active parts' bytes on disk after `OPTIMIZE ... FINAL`, per record.
+    pub bytes_per_record: f64,
+    /// Rows the server would read to find one record by request id, after the primary key
+    /// and the skip indexes (`EXPLAIN ESTIMATE`; the stand-in's `X-ClickHouse-Summary` counts
+    /// result rows, not rows read).
+    pub lookup_read_rows: u64,
+}
+
+/// Inserts `records` in batches of `batch` into the records table of schema version 5 and of
+/// the current schema side by side (the same RowBinary rows, batches alternating) in database
+/// `db` of `server`, and measures both: insert rate, bytes on disk per record, rows read by a
+/// lookup of `lookup_id`. For the store-insert benchmark.
+pub fn compare_record_schemas(
+    server: &ClickHouseServer,
+    db: &str,
+    records: &[tokenwatch_core::model::RequestRecord],
+    batch: usize,
+    lookup_id: &str,
+) -> Result<[SchemaFigures; 2], crate::StoreError> {
+    use crate::clickhouse::{bench_support, client::Client};
+    let client = Client::new(&server.config(db), None)?;
+    bench_support::create_v5_and_v6_records(&client)?;
+    let tables: [&'static str; 2] = ["records", crate::clickhouse::schema_records_table()];
+    let mut spent = [Duration::ZERO; 2];
+    let mut encoding = [Duration::ZERO; 2];
+    for (n, chunk) in records.chunks(batch.max(1)).enumerate() {
+        for (i, table) in tables.iter().enumerate() {
+            let started = Instant::now();
+            let body = bench_support::encode_records(chunk, (n * batch) as u64 + 1);
+            encoding[i] += started.elapsed();
+            client.insert(
+                "benchmark insert",
+                table,
+                bench_support::RECORD_COLUMNS,
+                &body,
+            )?;
+            spent[i] += started.elapsed();
+        }
+    }
+    let mut out = Vec::new();
+    for (i, table) in tables.iter().enumerate() {
+        self::optimize(server, db, table);
+        let parts = server.query(&format!(
+            "SELECT sum(rows), sum(bytes_on_disk) FROM system.parts WHERE database = '{db}' \
+             AND table = '{table}' AND active FORMAT TSV"
+        ));
+        let mut cols = parts
+            .split_whitespace()
+            .map(|v| v.parse::<u64>().unwrap_or(0));
+        let (rows, bytes) = (cols.next().unwrap_or(0), cols.next().unwrap_or(0));
+        out.push(SchemaFigures {
+            table,
+            records: rows,
+            records_per_s: records.len() as f64 / spent[i].as_secs_f64().max(1e-9),
+            encode_share: encoding[i].as_secs_f64() / spent[i].as_secs_f64().max(1e-9),
+            bytes_per_record: bytes as f64 / rows.max(1) as f64,
+            lookup_read_rows: server
+                .query(&format!(
+                    "EXPLAIN ESTIMATE SELECT request_id, end_s FROM {db}.{table} \
+                     WHERE request_id = '{lookup_id}' FORMAT TSV"
+                ))
+                .lines()
+                .filter_map(|l| l.split('\t').nth(3)?.parse::<u64>().ok())
+                .sum(),
+        });
+    }
+    Ok([out[0].clone(), out[1].clone()])
+}
+
+fn optimize(server: &ClickHouseServer, db: &str, table: &str) {
+    server.query(&format!("OPTIMIZE TABLE {db}.{table} FINAL"));
 }

@@ -1,11 +1,15 @@
-// Store insert benchmark (issue 11): request records per second into ClickHouse (a real local
-// clickhouse-server, RowBinary over HTTP) against the embedded SQLite store, by batch size.
+// Store insert benchmark (issues 11, 32): request records per second into ClickHouse (the test
+// harness's server: ClickHouse 26.9 through the chDB stand-in, RowBinary over HTTP) against the
+// embedded SQLite store, by batch size; then the records table of ClickHouse schema version 5
+// against the current one on the same rows: insert rate, bytes on disk per record, rows read by
+// a lookup by request id (EXPLAIN ESTIMATE).
 //
-// Run: `cargo bench -p tokenwatch --bench store_insert`. Needs Debian's clickhouse-server (the
-// README's test command installs it). Knobs (environment variables, defaults in brackets):
+// Run: `cargo bench -p tokenwatch --bench store_insert`. Needs the README's test command's
+// .venv-chdb (chdb). Knobs (environment variables, defaults in brackets):
 //   TW_BENCH_BATCHES [1,10,100,1000,5000]  records per `insert_records` call
 //   TW_BENCH_SECS [2]                       measured seconds per backend, batch size and round
 //   TW_BENCH_ROUNDS [3]                     rounds, the backends interleaved; the median is shown
+//   TW_BENCH_SCHEMA_RECORDS [200000]        records of the schema comparison (batches of 5000)
 //   TW_BENCH_OUT [<workspace>/target/bench-store-insert.md]
 //
 // Each record looks like a streamed chat completion: 64 chunk offsets, usage tokens, labels
@@ -147,6 +151,41 @@ fn main() {
         println!("{line}");
         let _ = writeln!(report, "{line}");
     }
+    let n: u64 = env_or("TW_BENCH_SCHEMA_RECORDS", 200_000);
+    let rows: Vec<RequestRecord> = (0..n).map(record).collect();
+    let lookup = rows[rows.len() / 2].request_id.clone();
+    let figures = tokenwatch_store::testing::compare_record_schemas(
+        &server,
+        "bench_schemas",
+        &rows,
+        5000,
+        &lookup,
+    )
+    .expect("schema comparison");
+    let _ = writeln!(
+        report,
+        "
+## Records table: schema version 5 vs 6 ({n} records, batches of 5000, same rows)
+"
+    );
+    let _ = writeln!(
+        report,
+        "| table | rec/s | RowBinary encoding share | bytes on disk / record | rows to read for a lookup by request_id (EXPLAIN ESTIMATE) |"
+    );
+    let _ = writeln!(report, "|---|---:|---:|---:|---:|");
+    for f in &figures {
+        let _ = writeln!(
+            report,
+            "| {} | {:.0} | {:.1} % | {:.1} | {} of {} |",
+            f.table,
+            f.records_per_s,
+            f.encode_share * 100.0,
+            f.bytes_per_record,
+            f.lookup_read_rows,
+            f.records
+        );
+    }
+    println!("{}", &report[report.find("\n## Records").unwrap_or(0)..]);
     let stats = clickhouse.stats().expect("ClickHouse stats");
     let _ = writeln!(
         report,

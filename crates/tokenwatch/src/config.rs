@@ -283,7 +283,8 @@ impl Default for StoreConfig {
     }
 }
 
-/// `store.clickhouse`: the server's HTTP interface (plain `http://`), database and credentials.
+/// `store.clickhouse`: the server's HTTP interface (`http://` or `https://`), database,
+/// credentials and retention mode.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClickHouseStoreConfig {
@@ -293,8 +294,15 @@ pub struct ClickHouseStoreConfig {
     pub user: String,
     /// File holding the password (first line); the password itself is never in the configuration.
     pub password_file: Option<PathBuf>,
+    /// Environment variable holding the password (instead of `password_file`).
+    pub password_env: Option<String>,
+    /// PEM CA certificates trusted for an `https://` url besides the system's roots.
+    pub ca_file: Option<PathBuf>,
     /// How long one store operation retries a server that is unreachable or answers 5xx.
     pub retry_for: HumanDuration,
+    /// Retention by the tables' `TTL`, run by the server in its merges (true), or by tokenwatch
+    /// dropping day partitions and deleting regional text on its retention tick (false).
+    pub ttl: bool,
 }
 
 impl Default for ClickHouseStoreConfig {
@@ -305,7 +313,10 @@ impl Default for ClickHouseStoreConfig {
             database: d.database,
             user: d.user,
             password_file: None,
+            password_env: None,
+            ca_file: None,
             retry_for: HumanDuration(d.retry_for),
+            ttl: d.ttl,
         }
     }
 }
@@ -324,7 +335,10 @@ impl StoreConfig {
                     database: c.database.clone(),
                     user: c.user.clone(),
                     password_file: c.password_file.clone(),
+                    password_env: c.password_env.clone(),
+                    ca_file: c.ca_file.clone(),
                     retry_for: c.retry_for.0,
+                    ttl: c.ttl,
                     ..Default::default()
                 })
             }
@@ -771,10 +785,14 @@ impl Config {
             .map_err(|(path, message)| invalid(path, message))?;
         if self.store.backend == StoreBackendKind::ClickHouse {
             let c = &self.store.clickhouse;
-            if !c.url.starts_with("http://") {
+            let https = c.url.starts_with("https://");
+            if !c.url.starts_with("http://") && !https {
                 return Err(invalid(
                     "store.clickhouse.url".into(),
-                    format!("{:?}: expected http://host:port", c.url),
+                    format!(
+                        "{:?}: expected http://host:port or https://host:port",
+                        c.url
+                    ),
                 ));
             }
             if let Some(f) = &c.password_file
@@ -784,6 +802,26 @@ impl Config {
                     "store.clickhouse.password_file".into(),
                     format!("{} is not a readable file", f.display()),
                 ));
+            }
+            if c.password_file.is_some() && c.password_env.is_some() {
+                return Err(invalid(
+                    "store.clickhouse.password_env".into(),
+                    "password_file is set too: keep one".into(),
+                ));
+            }
+            if let Some(f) = &c.ca_file {
+                if !https {
+                    return Err(invalid(
+                        "store.clickhouse.ca_file".into(),
+                        format!("set, but the url {:?} is not https://", c.url),
+                    ));
+                }
+                if !f.is_file() {
+                    return Err(invalid(
+                        "store.clickhouse.ca_file".into(),
+                        format!("{} is not a readable file", f.display()),
+                    ));
+                }
             }
         }
         Ok(())
@@ -1030,9 +1068,30 @@ mod tests {
                     ("http://10.0.0.5:8123", "tw", "writer")
                 );
                 assert_eq!(ch.retry_for, Duration::from_secs(3));
+                assert!(ch.ttl, "TTL retention by default");
             }
             other => panic!("{other:?}"),
         }
+        // ClickHouse Cloud: https, the password from the environment, TTL off.
+        let y = "store:\n  backend: clickhouse\n  clickhouse:\n    url: https://h.clickhouse.cloud:8443\n    password_env: CH_PW\n    ttl: false\n";
+        match Config::from_yaml(y, "c.yaml")
+            .unwrap()
+            .store
+            .backend(Path::new("/d"))
+        {
+            tokenwatch_store::StoreBackend::ClickHouse(ch) => {
+                assert_eq!(ch.url, "https://h.clickhouse.cloud:8443");
+                assert_eq!(ch.password_env.as_deref(), Some("CH_PW"));
+                assert!(!ch.ttl);
+            }
+            other => panic!("{other:?}"),
+        }
+        let y = "store:\n  backend: clickhouse\n  clickhouse:\n    url: http://h:8123\n    ca_file: /etc/hostname\n";
+        let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
+        assert!(
+            err.contains("store.clickhouse.ca_file") && err.contains("not https"),
+            "{err}"
+        );
         let err = Config::from_yaml("store:\n  clickhouse:\n    pasword: x\n", "c.yaml")
             .unwrap_err()
             .to_string();
@@ -1041,7 +1100,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("key store.backend"), "{err}");
-        let y = "store:\n  backend: clickhouse\n  clickhouse:\n    url: https://h:8443\n";
+        let y = "store:\n  backend: clickhouse\n  clickhouse:\n    url: ftp://h:8443\n";
         let err = Config::from_yaml(y, "c.yaml").unwrap_err().to_string();
         assert!(err.contains("store.clickhouse.url"), "{err}");
         let y =

@@ -1,8 +1,9 @@
 // Markers on ClickHouse: one row per insert in a day-partitioned table; the first row of an id
 // is the marker (a re-sent insert is ignored at query time with `LIMIT 1 BY id`).
 
-use crate::clickhouse::client::{Client, quote};
+use crate::clickhouse::client::{Client, Params};
 use crate::clickhouse::rowbinary::{Reader, Writer};
+use crate::clickhouse::schema::MARKERS;
 use crate::{MarkerQuery, MarkerRow, StoreError};
 
 pub(crate) const COLUMNS: &str =
@@ -30,15 +31,16 @@ pub(crate) fn query(client: &Client, q: &MarkerQuery) -> Result<Vec<MarkerRow>, 
     if q.limit == 0 {
         return Ok(Vec::new());
     }
+    let mut p = Params::default();
     let mut conds = Vec::new();
     if let Some(id) = &q.id {
-        conds.push(format!("id = {}", quote(id)));
+        conds.push(format!("id = {}", p.str(id)));
     }
     if let Some(m) = &q.model {
-        conds.push(format!("model = {}", quote(m)));
+        conds.push(format!("model = {}", p.str(m)));
     }
     if let Some(since) = q.since_unix_ms {
-        conds.push(format!("at_unix_ms >= {since}"));
+        conds.push(format!("at_unix_ms >= {}", p.ms(since)));
     }
     let filter = if conds.is_empty() {
         String::new()
@@ -48,18 +50,18 @@ pub(crate) fn query(client: &Client, q: &MarkerQuery) -> Result<Vec<MarkerRow>, 
     let sql = format!(
         "SELECT id, kind, model, from_version, to_version, source, at_unix_ms, note FROM \
          (SELECT id, kind, model, from_version, to_version, source, at_unix_ms, note \
-         FROM {db}.markers ORDER BY id, seq LIMIT 1 BY id){filter} \
+         FROM {db}.{MARKERS} ORDER BY id, seq LIMIT 1 BY id){filter} \
          ORDER BY at_unix_ms DESC, id DESC LIMIT {limit} FORMAT RowBinary",
         db = client.database(),
-        limit = q.limit
+        limit = p.u64(u64::try_from(q.limit).unwrap_or(u64::MAX))
     );
-    let body = client.query("query_markers", &sql, true)?;
+    let body = client.query_with("query_markers", &sql, &p, true)?;
     let mut r = Reader::new(&body);
     let mut out = Vec::new();
     while !r.is_empty() {
         let row = decode(&mut r).map_err(|detail| StoreError::CorruptRow {
             database: client.label().to_string(),
-            table: "markers",
+            table: MARKERS,
             row: format!("row {} of the answer", out.len()),
             detail,
         })?;

@@ -1,7 +1,8 @@
-// ClickHouseStore: the `Store` on a ClickHouse server over HTTP (18.16 and newer) — batched
-// RowBinary inserts, query-time dedup of replacing tables, retention by dropping day partitions.
+// ClickHouseStore: the `Store` on a ClickHouse server over HTTP (23.8 and newer) — batched
+// RowBinary inserts with deduplication tokens, query-time dedup of replacing tables, retention by
+// table TTLs (or, with `ttl` off, by dropping day partitions).
 
-mod client;
+pub(crate) mod client;
 mod insert;
 mod markers;
 mod query;
@@ -16,7 +17,7 @@ use crate::{
     RetentionReport, RollupQuery, RollupRow, SpanQuery, SpanRow, Store, StoreError, StoreOptions,
     StoreStats,
 };
-use client::{Client, quote};
+use client::{Client, Params};
 use retention::DayTable;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +28,8 @@ use tokenwatch_core::model::RequestRecord;
 /// Where the ClickHouse store lives and how it is reached.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClickHouseConfig {
-    /// `http://host:port` of the server's HTTP interface.
+    /// `http://host:port` or `https://host:port` (ClickHouse Cloud: 8443) of the server's HTTP
+    /// interface.
     pub url: String,
     /// Database holding tokenwatch's tables; created when missing.
     pub database: String,
@@ -35,6 +37,10 @@ pub struct ClickHouseConfig {
     pub user: String,
     /// File holding the user's password (first line; surrounding whitespace is trimmed).
     pub password_file: Option<PathBuf>,
+    /// Name of an environment variable holding the password (instead of `password_file`).
+    pub password_env: Option<String>,
+    /// PEM file of CA certificates trusted for `https://` besides the system's roots.
+    pub ca_file: Option<PathBuf>,
     /// How long one operation keeps retrying transient failures (connection refused, 5xx).
     pub retry_for: Duration,
     /// Longest one HTTP request may take, response included.
@@ -42,6 +48,10 @@ pub struct ClickHouseConfig {
     /// This instance's name in the roll-up key: instances sharing the database must each have
     /// their own (their minutes of one series are merged at query time, never replaced).
     pub writer_id: String,
+    /// Retention by the tables' `TTL` (the server drops expired days and regional text in its
+    /// merges); false: none, and `apply_retention` drops day partitions and deletes text at the
+    /// time it is given (what a test with its own clock needs).
+    pub ttl: bool,
 }
 
 impl Default for ClickHouseConfig {
@@ -51,9 +61,12 @@ impl Default for ClickHouseConfig {
             database: "tokenwatch".into(),
             user: "default".into(),
             password_file: None,
+            password_env: None,
+            ca_file: None,
             retry_for: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
             writer_id: String::new(),
+            ttl: true,
         }
     }
 }
@@ -65,16 +78,40 @@ impl std::fmt::Debug for ClickHouseConfig {
             .field("database", &self.database)
             .field("user", &self.user)
             .field("password_file", &self.password_file)
+            .field("password_env", &self.password_env)
+            .field("ca_file", &self.ca_file)
             .field("retry_for", &self.retry_for)
             .field("timeout", &self.timeout)
             .field("writer_id", &self.writer_id)
+            .field("ttl", &self.ttl)
             .finish()
     }
 }
 
 impl ClickHouseConfig {
-    /// The password from `password_file`, if one is set.
+    /// The password from `password_file` or `password_env`, if one is set.
     fn password(&self) -> Result<Option<String>, StoreError> {
+        self.password_from(|var| std::env::var(var))
+    }
+
+    fn password_from(
+        &self,
+        env: impl Fn(&str) -> Result<String, std::env::VarError>,
+    ) -> Result<Option<String>, StoreError> {
+        if let Some(var) = &self.password_env {
+            if self.password_file.is_some() {
+                return Err(StoreError::Config(
+                    "clickhouse password: password_file and password_env are both set; keep one"
+                        .into(),
+                ));
+            }
+            return match env(var) {
+                Ok(v) => Ok(Some(v.trim().to_string())),
+                Err(e) => Err(StoreError::Config(format!(
+                    "clickhouse password: environment variable {var}: {e}"
+                ))),
+            };
+        }
         let Some(path) = &self.password_file else {
             return Ok(None);
         };
@@ -125,74 +162,39 @@ const COUNT_ROLLUPS: &str = "SELECT uniqExact(cityHash64(minute_start_unix_ms, m
     runtime, instance, tenant, ab_group, model_version, bucket, metric, writer)) FROM {t} \
     WHERE {cond}";
 
-/// Tables dropped by day with the raw-record retention, and the roll-ups' own.
+/// Tables dropped by day with the raw-record retention, and the roll-ups' own (`ttl` off).
 const RECORDS: DayTable = DayTable {
-    table: "records",
-    partition: schema::RECORDS_PARTITION,
+    table: schema::RECORDS,
+    partition: schema::RECORDS_TIME.partition,
     count: Some(COUNT_ROWS),
 };
 const TEXT: DayTable = DayTable {
-    table: "record_text",
-    partition: schema::TEXT_PARTITION,
+    table: schema::TEXT,
+    partition: schema::TEXT_TIME.partition,
     count: Some(COUNT_ROWS),
 };
 const ROLLUPS: DayTable = DayTable {
-    table: "rollups_v2",
-    partition: schema::ROLLUPS_PARTITION,
+    table: schema::ROLLUPS,
+    partition: schema::ROLLUPS_TIME.partition,
     count: Some(COUNT_ROLLUPS),
-};
-/// Roll-ups of schema version 1 (copied into `rollups_v2` by migration 4).
-const LEGACY_ROLLUPS: DayTable = DayTable {
-    table: "rollups",
-    partition: schema::LEGACY_ROLLUPS_PARTITION,
-    count: None,
 };
 /// Markers are kept as long as roll-ups.
 const MARKERS: DayTable = DayTable {
-    table: "markers",
-    partition: schema::MARKERS_PARTITION,
+    table: schema::MARKERS,
+    partition: schema::MARKERS_TIME.partition,
     count: None,
 };
-const RAW_TIER: &[DayTable] = &[
-    DayTable {
-        table: "spans",
-        partition: schema::SPANS_PARTITION,
-        count: None,
-    },
-    DayTable {
-        table: "logs",
-        partition: schema::LOGS_PARTITION,
-        count: None,
-    },
-    DayTable {
-        table: "embeddings",
-        partition: schema::EMBEDDINGS_PARTITION,
-        count: None,
-    },
-    DayTable {
-        table: "annotations",
-        partition: schema::ANNOTATIONS_PARTITION,
-        count: None,
-    },
-    DayTable {
-        table: "scrape_targets",
-        partition: schema::SCRAPE_TARGETS_PARTITION,
-        count: None,
-    },
-    DayTable {
-        table: "scores",
-        partition: schema::SCORES_PARTITION,
-        count: None,
-    },
-];
 
 /// The store on ClickHouse. Retention works by whole UTC days: a day's rows go once all of the
 /// day is older than the retention (so a row lives up to a day past it), except captured text
-/// of regions with a shorter retention, which is deleted row by row.
+/// of regions with a shorter retention, which is deleted row by row. With `ttl` (the default)
+/// the server does it in its merges, on its own clock (within `merge_with_ttl_timeout`, 4 h);
+/// without, `apply_retention` does it at the time it is given.
 pub struct ClickHouseStore {
     client: Client,
     opts: StoreOptions,
     writer_id: String,
+    ttl: bool,
 }
 
 impl std::fmt::Debug for ClickHouseStore {
@@ -212,11 +214,13 @@ impl ClickHouseStore {
         let password = cfg.password()?;
         let client = Client::new(cfg, password.as_deref())?;
         schema::migrate(&client)?;
+        schema::apply_ttl(&client, &opts, cfg.ttl)?;
         tracing::debug!(database = %client.label(), "opened store");
         Ok(ClickHouseStore {
             client,
             opts,
             writer_id: cfg.writer_id.clone(),
+            ttl: cfg.ttl,
         })
     }
 
@@ -230,7 +234,7 @@ impl ClickHouseStore {
     }
 
     /// Runs one statement and returns the raw answer (for tests and tools: e.g.
-    /// `SELECT count() FROM tokenwatch.records FORMAT TSV`).
+    /// `SELECT count() FROM tokenwatch.records_v6 FORMAT TSV`).
     pub fn raw_query(&self, sql: &str) -> Result<Vec<u8>, StoreError> {
         self.client.query("raw query", sql, true)
     }
@@ -247,14 +251,18 @@ impl Store for ClickHouseStore {
         if let Some(body) = insert::texts(records, seq) {
             self.client.insert(
                 "insert_records (captured text)",
-                "record_text",
+                schema::TEXT,
                 insert::TEXT_COLUMNS,
                 &body,
             )?;
         }
         let body = insert::records(records, seq);
-        self.client
-            .insert("insert_records", "records", insert::RECORD_COLUMNS, &body)
+        self.client.insert(
+            "insert_records",
+            schema::RECORDS,
+            insert::RECORD_COLUMNS,
+            &body,
+        )
     }
 
     fn insert_rollups(&self, rows: &[RollupRow]) -> Result<(), StoreError> {
@@ -264,7 +272,7 @@ impl Store for ClickHouseStore {
         let body = insert::rollups(rows, &self.writer_id, next_seq(rows.len()));
         self.client.insert(
             "insert_rollups",
-            "rollups_v2",
+            schema::ROLLUPS,
             insert::ROLLUP_COLUMNS,
             &body,
         )
@@ -278,39 +286,48 @@ impl Store for ClickHouseStore {
         query::rollups(&self.client, q)
     }
 
+    /// With `ttl` the server expires rows itself: only alerts (tombstones) are done here and the
+    /// report counts none. Without, day partitions past the retention are dropped and regional
+    /// text deleted, at `now_unix_ms`.
     fn apply_retention(&self, now_unix_ms: i64) -> Result<RetentionReport, StoreError> {
         let c = &self.client;
         let raw_cutoff = retention_cutoff(now_unix_ms, self.opts.raw_retention);
         let rollup_cutoff = retention_cutoff(now_unix_ms, self.opts.rollup_retention);
-        let records_deleted =
-            retention::drop_old_partitions(c, &RECORDS, raw_cutoff, "retention of records")?;
-        let rollups_deleted =
-            retention::drop_old_partitions(c, &ROLLUPS, rollup_cutoff, "retention of rollups")?;
-        retention::drop_old_partitions(c, &LEGACY_ROLLUPS, rollup_cutoff, "retention of rollups")?;
-        for t in RAW_TIER {
-            retention::drop_old_partitions(c, t, raw_cutoff, "retention of telemetry")?;
+        let mut report = RetentionReport::default();
+        if !self.ttl {
+            report.records_deleted =
+                retention::drop_old_partitions(c, &RECORDS, raw_cutoff, "retention of records")?;
+            report.rollups_deleted =
+                retention::drop_old_partitions(c, &ROLLUPS, rollup_cutoff, "retention of rollups")?;
+            for t in schema::RAW_TIER_TIME {
+                let day = DayTable {
+                    table: t.table,
+                    partition: t.partition,
+                    count: None,
+                };
+                retention::drop_old_partitions(c, &day, raw_cutoff, "retention of telemetry")?;
+            }
+            retention::drop_old_partitions(c, &MARKERS, rollup_cutoff, "retention of markers")?;
+            report.texts_deleted =
+                retention::drop_old_partitions(c, &TEXT, raw_cutoff, "retention of captured text")?;
+            report.texts_deleted += retention::delete_region_text(
+                c,
+                now_unix_ms,
+                raw_cutoff,
+                &self.opts.text_retention,
+            )?;
         }
-        retention::drop_old_partitions(c, &MARKERS, rollup_cutoff, "retention of markers")?;
-        let mut texts_deleted =
-            retention::drop_old_partitions(c, &TEXT, raw_cutoff, "retention of captured text")?;
-        texts_deleted +=
-            retention::delete_region_text(c, now_unix_ms, raw_cutoff, &self.opts.text_retention)?;
         let expired = query::expired_alert_ids(c, raw_cutoff)?;
         if !expired.is_empty() {
             let body = insert::alert_tombstones(&expired, next_seq(expired.len()), now_unix_ms);
             c.insert(
                 "retention of alerts",
-                "alerts",
+                schema::ALERTS,
                 insert::ALERT_COLUMNS,
                 &body,
             )?;
         }
-        let report = RetentionReport {
-            records_deleted,
-            rollups_deleted,
-            texts_deleted,
-        };
-        tracing::debug!(database = %c.label(), ?report, "applied retention");
+        tracing::debug!(database = %c.label(), ?report, ttl = self.ttl, "applied retention");
         Ok(report)
     }
 
@@ -320,23 +337,27 @@ impl Store for ClickHouseStore {
         let records = query::scalar_u64(
             c,
             "counting records",
-            &format!("SELECT count() FROM {db}.records"),
+            &format!("SELECT count() FROM {db}.{}", schema::RECORDS),
+            &Params::default(),
         )?;
         let rollups = query::scalar_u64(
             c,
             "counting rollups",
             &COUNT_ROLLUPS
-                .replace("{t}", &format!("{db}.rollups_v2"))
+                .replace("{t}", &format!("{db}.{}", schema::ROLLUPS))
                 .replace("{cond}", "1"),
+            &Params::default(),
         )?;
+        let mut p = Params::default();
         let file_bytes = query::scalar_u64(
             c,
             "reading the size on disk",
             &format!(
                 "SELECT toUInt64(sum(bytes_on_disk)) FROM system.parts WHERE database = {} \
                  AND active",
-                quote(db)
+                p.str(db)
             ),
+            &p,
         )?;
         Ok(StoreStats {
             records,
@@ -351,7 +372,7 @@ impl Store for ClickHouseStore {
         }
         let body = insert::spans(spans, next_seq(spans.len()));
         self.client
-            .insert("insert_spans", "spans", insert::SPAN_COLUMNS, &body)
+            .insert("insert_spans", schema::SPANS, insert::SPAN_COLUMNS, &body)
     }
 
     fn query_spans(&self, q: &SpanQuery) -> Result<Vec<SpanRow>, StoreError> {
@@ -364,7 +385,7 @@ impl Store for ClickHouseStore {
         }
         let body = insert::logs(logs, next_seq(logs.len()));
         self.client
-            .insert("insert_logs", "logs", insert::LOG_COLUMNS, &body)
+            .insert("insert_logs", schema::LOGS, insert::LOG_COLUMNS, &body)
     }
 
     fn query_logs(&self, q: &LogQuery) -> Result<Vec<LogRow>, StoreError> {
@@ -378,7 +399,7 @@ impl Store for ClickHouseStore {
         let body = insert::embeddings(rows, next_seq(rows.len()));
         self.client.insert(
             "insert_embeddings",
-            "embeddings",
+            schema::EMBEDDINGS,
             insert::EMBEDDING_COLUMNS,
             &body,
         )
@@ -391,7 +412,7 @@ impl Store for ClickHouseStore {
         let body = insert::annotations(rows, next_seq(rows.len()));
         self.client.insert(
             "insert_annotations",
-            "annotations",
+            schema::ANNOTATIONS,
             insert::ANNOTATION_COLUMNS,
             &body,
         )
@@ -415,8 +436,12 @@ impl Store for ClickHouseStore {
                 detail,
             }
         })?;
-        self.client
-            .insert("upsert_alerts", "alerts", insert::ALERT_COLUMNS, &body)
+        self.client.insert(
+            "upsert_alerts",
+            schema::ALERTS,
+            insert::ALERT_COLUMNS,
+            &body,
+        )
     }
 
     fn delete_alerts(&self, ids: &[String]) -> Result<(), StoreError> {
@@ -424,8 +449,12 @@ impl Store for ClickHouseStore {
             return Ok(());
         }
         let body = insert::alert_tombstones(ids, next_seq(ids.len()), now_unix_ms());
-        self.client
-            .insert("delete_alerts", "alerts", insert::ALERT_COLUMNS, &body)
+        self.client.insert(
+            "delete_alerts",
+            schema::ALERTS,
+            insert::ALERT_COLUMNS,
+            &body,
+        )
     }
 
     fn load_alerts(&self, resolved_since_unix_ms: i64) -> Result<Vec<Alert>, StoreError> {
@@ -445,7 +474,7 @@ impl Store for ClickHouseStore {
         })?;
         self.client.insert(
             "upsert_scrape_targets",
-            "scrape_targets",
+            schema::SCRAPE_TARGETS,
             scrape_targets::COLUMNS,
             &body,
         )
@@ -464,7 +493,7 @@ impl Store for ClickHouseStore {
         }
         let body = markers::rows(rows, next_seq(rows.len()));
         self.client
-            .insert("insert_markers", "markers", markers::COLUMNS, &body)
+            .insert("insert_markers", schema::MARKERS, markers::COLUMNS, &body)
     }
 
     fn query_markers(&self, q: &MarkerQuery) -> Result<Vec<MarkerRow>, StoreError> {
@@ -477,7 +506,7 @@ impl Store for ClickHouseStore {
         }
         let body = scores::rows(rows, next_seq(rows.len()));
         self.client
-            .insert("insert_scores", "scores", scores::COLUMNS, &body)
+            .insert("insert_scores", schema::SCORES, scores::COLUMNS, &body)
     }
 
     fn query_scores(
@@ -489,6 +518,47 @@ impl Store for ClickHouseStore {
             return Ok(Vec::new());
         }
         scores::query(&self.client, request_ids, trace_ids)
+    }
+}
+
+/// The current records table (for the test harness's schema comparison).
+#[cfg(any(test, feature = "conformance"))]
+pub(crate) fn schema_records_table() -> &'static str {
+    schema::RECORDS
+}
+
+/// What `testing::compare_record_schemas` needs of the store's internals.
+#[cfg(any(test, feature = "conformance"))]
+pub(crate) mod bench_support {
+    use super::{StoreError, client::Client, insert, schema};
+
+    pub(crate) const RECORD_COLUMNS: &str = insert::RECORD_COLUMNS;
+
+    pub(crate) fn encode_records(rows: &[RequestRecord], seq: u64) -> Vec<u8> {
+        insert::records(rows, seq)
+    }
+
+    use tokenwatch_core::model::RequestRecord;
+
+    /// Schema version 5's tables, and the current records table beside them.
+    pub(crate) fn create_v5_and_v6_records(client: &Client) -> Result<(), StoreError> {
+        schema::migrate_up_to(client, 5)?;
+        let create = schema::MIGRATIONS
+            .iter()
+            .flat_map(|m| m.statements)
+            .find(|s| {
+                s.starts_with(&format!(
+                    "CREATE TABLE IF NOT EXISTS {{db}}.{} (",
+                    schema::RECORDS
+                ))
+            })
+            .ok_or_else(|| StoreError::Config("no CREATE of the records table".into()))?;
+        client.query(
+            "benchmark table",
+            &create.replace("{db}", client.database()),
+            true,
+        )?;
+        Ok(())
     }
 }
 
@@ -536,5 +606,31 @@ mod tests {
             err.contains("password file") && err.contains("nope"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn password_may_come_from_an_environment_variable_but_not_from_both() {
+        let env = |v: &str| match v {
+            "CH_PW" => Ok(" from-env\n".to_string()),
+            _ => Err(std::env::VarError::NotPresent),
+        };
+        let cfg = ClickHouseConfig {
+            password_env: Some("CH_PW".into()),
+            ..Default::default()
+        };
+        assert_eq!(cfg.password_from(env).unwrap().as_deref(), Some("from-env"));
+        assert!(!format!("{cfg:?}").contains("from-env"));
+        let unset = ClickHouseConfig {
+            password_env: Some("NOPE".into()),
+            ..Default::default()
+        };
+        let err = unset.password_from(env).unwrap_err().to_string();
+        assert!(err.contains("NOPE"), "{err}");
+        let both = ClickHouseConfig {
+            password_file: Some("/x".into()),
+            ..cfg
+        };
+        let err = both.password_from(env).unwrap_err().to_string();
+        assert!(err.contains("both"), "{err}");
     }
 }

@@ -1,11 +1,15 @@
 // Every read of the `Store` trait as ClickHouse SQL answered in RowBinary, and the decoding of
-// those answers; duplicates of replacing tables are resolved at query time with `LIMIT 1 BY`.
+// those answers; values travel as query parameters; duplicates of replacing tables are resolved
+// at query time with `LIMIT 1 BY`.
 
-use crate::clickhouse::client::{Client, quote, quote_list};
+use crate::clickhouse::client::{Client, Params};
 use crate::clickhouse::insert::{
     ANNOTATION_COLUMNS, LOG_COLUMNS, RECORD_COLUMNS, ROLLUP_COLUMNS, SPAN_COLUMNS,
 };
 use crate::clickhouse::rowbinary::Reader;
+use crate::clickhouse::schema::{
+    ALERTS, ANNOTATIONS, EMBEDDINGS, LOGS, RECORDS, ROLLUPS, SPANS, TEXT,
+};
 use crate::{
     AnnotationRow, LogQuery, LogRow, RecordOutcome, RecordQuery, RollupQuery, RollupRow, SpanQuery,
     SpanRow, StoreError,
@@ -17,7 +21,7 @@ use tokenwatch_core::model::{
 };
 use tokenwatch_core::sketch::LatencySketch;
 
-/// Ids per `IN (...)` list, well under the server's 256 KiB query size limit.
+/// Ids per `IN {pN:Array(String)}` parameter, well under the server's 1 MiB URL limit.
 const IN_CHUNK: usize = 1000;
 
 fn where_clause(conds: &[String]) -> String {
@@ -54,21 +58,22 @@ pub(crate) fn records(client: &Client, q: &RecordQuery) -> Result<Vec<RequestRec
         return Ok(Vec::new());
     }
     let db = client.database();
+    let mut p = Params::default();
     let mut conds = Vec::new();
     if let Some(m) = &q.model {
-        conds.push(format!("model_id = {}", quote(m)));
+        conds.push(format!("model_id = {}", p.str(m)));
     }
     if let Some(since) = q.since_unix_ms {
-        conds.push(format!("arrival_unix_ms >= {since}"));
+        conds.push(format!("arrival_unix_ms >= {}", p.ms(since)));
     }
     if let Some(t) = &q.tenant {
-        conds.push(format!("tenant = {}", quote(t)));
+        conds.push(format!("tenant = {}", p.str(t)));
     }
     if let Some(id) = &q.request_id {
-        conds.push(format!("request_id = {}", quote(id)));
+        conds.push(format!("request_id = {}", p.str(id)));
     }
     if let Some(id) = &q.trace_id {
-        conds.push(format!("trace_id = {}", quote(id)));
+        conds.push(format!("trace_id = {}", p.str(id)));
     }
     match q.outcome {
         None => {}
@@ -76,24 +81,24 @@ pub(crate) fn records(client: &Client, q: &RecordQuery) -> Result<Vec<RequestRec
         Some(RecordOutcome::Error) => {
             conds.push("NOT (isNull(error_class) AND status < 400)".into())
         }
-        Some(RecordOutcome::Class(c)) => conds.push(format!("error_class = {}", quote(c.name()))),
+        Some(RecordOutcome::Class(c)) => conds.push(format!("error_class = {}", p.str(c.name()))),
     }
     if let Some(min) = q.min_e2e_s.filter(|v| v.is_finite()) {
-        conds.push(format!("end_s >= {min:?}"));
+        conds.push(format!("end_s >= {}", p.f64(min)));
     }
     if q.annotated {
         conds.push(format!(
-            "request_id IN (SELECT request_id FROM {db}.annotations)"
+            "request_id IN (SELECT request_id FROM {db}.{ANNOTATIONS})"
         ));
     }
     let sql = format!(
-        "SELECT {RECORD_COLUMNS} FROM {db}.records{} ORDER BY arrival_unix_ms DESC, seq DESC \
+        "SELECT {RECORD_COLUMNS} FROM {db}.{RECORDS}{} ORDER BY arrival_unix_ms DESC, seq DESC \
          LIMIT {} FORMAT RowBinary",
         where_clause(&conds),
-        u64::try_from(q.limit).unwrap_or(u64::MAX)
+        p.u64(u64::try_from(q.limit).unwrap_or(u64::MAX))
     );
-    let body = client.query("query_records", &sql, true)?;
-    let mut out = decode(client, "records", &body, record_from)?;
+    let body = client.query_with("query_records", &sql, &p, true)?;
+    let mut out = decode(client, RECORDS, &body, record_from)?;
     attach_embeddings(client, &mut out)?;
     if q.with_text {
         attach_text(client, &mut out)?;
@@ -188,14 +193,15 @@ fn attach_embeddings(client: &Client, records: &mut [RequestRecord]) -> Result<(
     let db = client.database();
     let mut found: HashMap<(String, String), Vec<f32>> = HashMap::new();
     for chunk in ids.chunks(IN_CHUNK) {
+        let mut p = Params::default();
         let sql = format!(
-            "SELECT request_id, model_id, embedding FROM {db}.embeddings WHERE request_id IN ({}) \
+            "SELECT request_id, model_id, embedding FROM {db}.{EMBEDDINGS} WHERE request_id IN {} \
              ORDER BY request_id, model_id, seq DESC LIMIT 1 BY request_id, model_id \
              FORMAT RowBinary",
-            quote_list(chunk.iter().copied())
+            p.strs(chunk.iter().copied())
         );
-        let body = client.query("query_records (embeddings)", &sql, true)?;
-        for (id, model, emb) in decode(client, "embeddings", &body, |r| {
+        let body = client.query_with("query_records (embeddings)", &sql, &p, true)?;
+        for (id, model, emb) in decode(client, EMBEDDINGS, &body, |r| {
             Ok((r.string()?, r.string()?, r.array_f32()?))
         })? {
             found.insert((id, model), emb);
@@ -214,13 +220,14 @@ fn attach_text(client: &Client, records: &mut [RequestRecord]) -> Result<(), Sto
     let db = client.database();
     let mut found: HashMap<(String, i64), CapturedText> = HashMap::new();
     for chunk in ids.chunks(IN_CHUNK) {
+        let mut p = Params::default();
         let sql = format!(
             "SELECT request_id, arrival_unix_ms, region, prompt, completion, masked, truncated \
-             FROM {db}.record_text WHERE request_id IN ({}) FORMAT RowBinary",
-            quote_list(chunk.iter().copied())
+             FROM {db}.{TEXT} WHERE request_id IN {} FORMAT RowBinary",
+            p.strs(chunk.iter().copied())
         );
-        let body = client.query("query_records (captured text)", &sql, true)?;
-        for (key, text) in decode(client, "record_text", &body, |r| {
+        let body = client.query_with("query_records (captured text)", &sql, &p, true)?;
+        for (key, text) in decode(client, TEXT, &body, |r| {
             let key = (r.string()?, r.i64()?);
             let region = r.string()?;
             let prompt = r.string()?;
@@ -256,25 +263,26 @@ const ROLLUP_KEY: &str = "minute_start_unix_ms, model_id, runtime, instance, ten
 
 pub(crate) fn rollups(client: &Client, q: &RollupQuery) -> Result<Vec<RollupRow>, StoreError> {
     let db = client.database();
+    let mut p = Params::default();
     let mut conds = vec![
-        format!("minute_start_unix_ms >= {}", q.from_unix_ms),
-        format!("minute_start_unix_ms < {}", q.to_unix_ms),
+        format!("minute_start_unix_ms >= {}", p.ms(q.from_unix_ms)),
+        format!("minute_start_unix_ms < {}", p.ms(q.to_unix_ms)),
     ];
     if let Some(m) = &q.model {
-        conds.push(format!("model_id = {}", quote(m)));
+        conds.push(format!("model_id = {}", p.str(m)));
     }
     if let Some(m) = q.metric {
-        conds.push(format!("metric = {}", quote(m.name())));
+        conds.push(format!("metric = {}", p.str(m.name())));
     }
     // The newest row per key and writer wins (replace semantics before the engine merges
     // duplicates); the writers' rows of one key are then merged into one.
     let sql = format!(
-        "SELECT {ROLLUP_COLUMNS} FROM {db}.rollups_v2{} ORDER BY {ROLLUP_KEY}, writer, seq DESC \
+        "SELECT {ROLLUP_COLUMNS} FROM {db}.{ROLLUPS}{} ORDER BY {ROLLUP_KEY}, writer, seq DESC \
          LIMIT 1 BY {ROLLUP_KEY}, writer FORMAT RowBinary",
         where_clause(&conds)
     );
-    let body = client.query("query_rollups", &sql, true)?;
-    let rows = decode(client, "rollups_v2", &body, rollup_from)?;
+    let body = client.query_with("query_rollups", &sql, &p, true)?;
+    let rows = decode(client, ROLLUPS, &body, rollup_from)?;
     Ok(merge_writers(rows))
 }
 
@@ -359,6 +367,7 @@ fn rollup_from(r: &mut Reader<'_>) -> Result<RollupRow, String> {
 }
 
 fn telemetry_filters(
+    p: &mut Params,
     trace_id: &Option<String>,
     from: Option<i64>,
     to: Option<i64>,
@@ -366,13 +375,13 @@ fn telemetry_filters(
 ) -> Vec<String> {
     let mut conds = Vec::new();
     if let Some(t) = trace_id {
-        conds.push(format!("trace_id = {}", quote(&t.to_ascii_lowercase())));
+        conds.push(format!("trace_id = {}", p.str(&t.to_ascii_lowercase())));
     }
     if let Some(f) = from {
-        conds.push(format!("{time_col} >= {f}"));
+        conds.push(format!("{time_col} >= {}", p.ns(f)));
     }
     if let Some(t) = to {
-        conds.push(format!("{time_col} < {t}"));
+        conds.push(format!("{time_col} < {}", p.ns(t)));
     }
     conds
 }
@@ -382,7 +391,9 @@ pub(crate) fn spans(client: &Client, q: &SpanQuery) -> Result<Vec<SpanRow>, Stor
         return Ok(Vec::new());
     }
     let db = client.database();
+    let mut p = Params::default();
     let conds = telemetry_filters(
+        &mut p,
         &q.trace_id,
         q.from_unix_nano,
         q.to_unix_nano,
@@ -390,14 +401,14 @@ pub(crate) fn spans(client: &Client, q: &SpanQuery) -> Result<Vec<SpanRow>, Stor
     );
     // The first copy of a re-sent span wins (lowest seq), then oldest start first.
     let sql = format!(
-        "SELECT {SPAN_COLUMNS} FROM (SELECT {SPAN_COLUMNS} FROM {db}.spans{} \
+        "SELECT {SPAN_COLUMNS} FROM (SELECT {SPAN_COLUMNS} FROM {db}.{SPANS}{} \
          ORDER BY trace_id, span_id, seq LIMIT 1 BY trace_id, span_id) \
          ORDER BY start_unix_nano, seq LIMIT {} FORMAT RowBinary",
         where_clause(&conds),
-        u64::try_from(q.limit).unwrap_or(u64::MAX)
+        p.u64(u64::try_from(q.limit).unwrap_or(u64::MAX))
     );
-    let body = client.query("query_spans", &sql, true)?;
-    decode(client, "spans", &body, |r| {
+    let body = client.query_with("query_spans", &sql, &p, true)?;
+    decode(client, SPANS, &body, |r| {
         let row = SpanRow {
             trace_id: r.string()?,
             span_id: r.string()?,
@@ -423,20 +434,22 @@ pub(crate) fn logs(client: &Client, q: &LogQuery) -> Result<Vec<LogRow>, StoreEr
         return Ok(Vec::new());
     }
     let db = client.database();
+    let mut p = Params::default();
     let conds = telemetry_filters(
+        &mut p,
         &q.trace_id,
         q.from_unix_nano,
         q.to_unix_nano,
         "time_unix_nano",
     );
     let sql = format!(
-        "SELECT {LOG_COLUMNS} FROM {db}.logs{} ORDER BY time_unix_nano, seq LIMIT {} \
+        "SELECT {LOG_COLUMNS} FROM {db}.{LOGS}{} ORDER BY time_unix_nano, seq LIMIT {} \
          FORMAT RowBinary",
         where_clause(&conds),
-        u64::try_from(q.limit).unwrap_or(u64::MAX)
+        p.u64(u64::try_from(q.limit).unwrap_or(u64::MAX))
     );
-    let body = client.query("query_logs", &sql, true)?;
-    decode(client, "logs", &body, |r| {
+    let body = client.query_with("query_logs", &sql, &p, true)?;
+    decode(client, LOGS, &body, |r| {
         let row = LogRow {
             time_unix_nano: r.i64()?,
             severity_number: r.i32()?,
@@ -459,13 +472,14 @@ pub(crate) fn annotations(
     let db = client.database();
     let mut out = Vec::new();
     for chunk in request_ids.chunks(IN_CHUNK) {
+        let mut p = Params::default();
         let sql = format!(
-            "SELECT {ANNOTATION_COLUMNS} FROM {db}.annotations WHERE request_id IN ({}) \
+            "SELECT {ANNOTATION_COLUMNS} FROM {db}.{ANNOTATIONS} WHERE request_id IN {} \
              ORDER BY at_unix_ms, seq FORMAT RowBinary",
-            quote_list(chunk.iter().map(String::as_str))
+            p.strs(chunk.iter().map(String::as_str))
         );
-        let body = client.query("query_annotations", &sql, true)?;
-        out.extend(decode(client, "annotations", &body, |r| {
+        let body = client.query_with("query_annotations", &sql, &p, true)?;
+        out.extend(decode(client, ANNOTATIONS, &body, |r| {
             let row = AnnotationRow {
                 request_id: r.string()?,
                 model_id: r.string()?,
@@ -490,7 +504,7 @@ pub(crate) fn annotations(
 fn latest_alerts(db: &str) -> String {
     format!(
         "(SELECT id, alert, deleted, state, active_at_unix_ms, resolved_at_unix_ms \
-         FROM {db}.alerts ORDER BY id, seq DESC LIMIT 1 BY id)"
+         FROM {db}.{ALERTS} ORDER BY id, seq DESC LIMIT 1 BY id)"
     )
 }
 
@@ -498,14 +512,16 @@ pub(crate) fn alerts(
     client: &Client,
     resolved_since_unix_ms: i64,
 ) -> Result<Vec<Alert>, StoreError> {
+    let mut p = Params::default();
     let sql = format!(
         "SELECT id, alert FROM {} WHERE deleted = 0 AND (isNull(resolved_at_unix_ms) OR \
-         resolved_at_unix_ms >= {resolved_since_unix_ms}) \
+         resolved_at_unix_ms >= {}) \
          ORDER BY coalesce(resolved_at_unix_ms, active_at_unix_ms) DESC, id FORMAT RowBinary",
-        latest_alerts(client.database())
+        latest_alerts(client.database()),
+        p.ms(resolved_since_unix_ms)
     );
-    let body = client.query("load_alerts", &sql, true)?;
-    let rows = decode(client, "alerts", &body, |r| Ok((r.string()?, r.string()?)))?;
+    let body = client.query_with("load_alerts", &sql, &p, true)?;
+    let rows = decode(client, ALERTS, &body, |r| Ok((r.string()?, r.string()?)))?;
     let mut out = Vec::with_capacity(rows.len());
     let mut seen = std::collections::HashSet::new();
     for (id, json) in rows {
@@ -539,17 +555,24 @@ fn same_alert_key(a: &Alert) -> Option<(String, String)> {
 
 /// Ids of resolved alerts resolved before `cutoff` (due for retention).
 pub(crate) fn expired_alert_ids(client: &Client, cutoff: i64) -> Result<Vec<String>, StoreError> {
+    let mut p = Params::default();
     let sql = format!(
-        "SELECT id FROM {} WHERE deleted = 0 AND resolved_at_unix_ms < {cutoff} FORMAT RowBinary",
-        latest_alerts(client.database())
+        "SELECT id FROM {} WHERE deleted = 0 AND resolved_at_unix_ms < {} FORMAT RowBinary",
+        latest_alerts(client.database()),
+        p.ms(cutoff)
     );
-    let body = client.query("retention of alerts", &sql, true)?;
-    decode(client, "alerts", &body, |r| r.string())
+    let body = client.query_with("retention of alerts", &sql, &p, true)?;
+    decode(client, ALERTS, &body, |r| r.string())
 }
 
 /// One unsigned number answered by `sql` (a count, a size).
-pub(crate) fn scalar_u64(client: &Client, op: &'static str, sql: &str) -> Result<u64, StoreError> {
-    let body = client.query(op, &format!("{sql} FORMAT RowBinary"), true)?;
+pub(crate) fn scalar_u64(
+    client: &Client,
+    op: &'static str,
+    sql: &str,
+    p: &Params,
+) -> Result<u64, StoreError> {
+    let body = client.query_with(op, &format!("{sql} FORMAT RowBinary"), p, true)?;
     let v = decode(client, "system", &body, |r| r.u64())?;
     Ok(v.first().copied().unwrap_or(0))
 }

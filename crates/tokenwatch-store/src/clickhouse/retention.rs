@@ -1,9 +1,12 @@
-// Retention on ClickHouse: whole UTC-day partitions dropped once all of the day is past the
-// cutoff (`ALTER TABLE t DROP PARTITION 20261201`), region text by mutation, alerts by tombstone.
+// Retention on ClickHouse when the tables carry no TTL (`ttl` off): whole UTC-day partitions
+// dropped once all of the day is past the cutoff (`ALTER TABLE t DROP PARTITION 20261201`),
+// region text by mutation (`ALTER ... DELETE` takes no query parameters: its few literals are
+// quoted); alerts by tombstone in either mode (mod.rs).
 
 use crate::StoreError;
-use crate::clickhouse::client::{Client, quote, quote_list};
+use crate::clickhouse::client::{Client, Params, quote, quote_list};
 use crate::clickhouse::query::scalar_u64;
+use crate::clickhouse::schema::TEXT;
 use crate::text::DEFAULT_REGION;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -52,13 +55,14 @@ pub(crate) fn drop_old_partitions(
     op: &'static str,
 ) -> Result<u64, StoreError> {
     let db = client.database();
+    let mut p = Params::default();
     let sql = format!(
         "SELECT DISTINCT partition FROM system.parts WHERE database = {} AND table = {} \
          AND active FORMAT TSV",
-        quote(db),
-        quote(t.table)
+        p.str(db),
+        p.str(t.table)
     );
-    let body = client.query(op, &sql, false)?;
+    let body = client.query_with(op, &sql, &p, false)?;
     let text = String::from_utf8_lossy(&body);
     let mut deleted = 0u64;
     for p in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
@@ -75,7 +79,7 @@ pub(crate) fn drop_old_partitions(
             let sql = count
                 .replace("{t}", &format!("{db}.{}", t.table))
                 .replace("{cond}", &cond);
-            deleted += scalar_u64(client, op, &sql)?;
+            deleted += scalar_u64(client, op, &sql, &Params::default())?;
         }
         client.query(
             op,
@@ -107,12 +111,13 @@ pub(crate) fn delete_region_text(
         .map(String::as_str)
         .filter(|r| *r != DEFAULT_REGION)
         .collect();
+    let before = |keep: &Duration| format!("fromUnixTimestamp64Milli({}, 'UTC')", cutoff(keep));
     let mut conds = Vec::new();
     for region in &listed {
         conds.push(format!(
             "(region = {} AND arrival_unix_ms < {})",
             quote(region),
-            cutoff(&regions[*region])
+            before(&regions[*region])
         ));
     }
     if let Some(keep) = regions.get(DEFAULT_REGION) {
@@ -124,7 +129,7 @@ pub(crate) fn delete_region_text(
                 quote_list(listed.iter().copied())
             )
         };
-        conds.push(format!("(arrival_unix_ms < {}{rest})", cutoff(keep)));
+        conds.push(format!("(arrival_unix_ms < {}{rest})", before(keep)));
     }
     if conds.is_empty() {
         return Ok(0);
@@ -134,23 +139,26 @@ pub(crate) fn delete_region_text(
     let n = scalar_u64(
         client,
         op,
-        &format!("SELECT count() FROM {db}.record_text WHERE {cond}"),
+        &format!("SELECT count() FROM {db}.{TEXT} WHERE {cond}"),
+        &Params::default(),
     )?;
     if n == 0 {
         return Ok(0);
     }
     client.query(
         op,
-        &format!("ALTER TABLE {db}.record_text DELETE WHERE {cond}"),
+        &format!("ALTER TABLE {db}.{TEXT} DELETE WHERE {cond}"),
         true,
     )?;
     let deadline = Instant::now() + MUTATION_WAIT;
+    let mut p = Params::default();
     let pending = format!(
-        "SELECT count() FROM system.mutations WHERE database = {} AND table = 'record_text' \
+        "SELECT count() FROM system.mutations WHERE database = {} AND table = {} \
          AND is_done = 0",
-        quote(db)
+        p.str(db),
+        p.str(TEXT)
     );
-    while scalar_u64(client, op, &pending)? > 0 {
+    while scalar_u64(client, op, &pending, &p)? > 0 {
         if Instant::now() > deadline {
             tracing::warn!(database = %client.label(), "deleting captured text is still running; it finishes in the background");
             break;

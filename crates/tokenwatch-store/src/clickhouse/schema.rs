@@ -1,9 +1,13 @@
-// The ClickHouse schema as numbered migrations recorded in `schema_migrations`, kept to what
-// ClickHouse 18.16 (Debian's) accepts; every table but alerts is partitioned by UTC day.
+// The ClickHouse schema as numbered migrations recorded in `schema_migrations`: versions 1–5 as
+// ClickHouse 18.16 took them, version 6 the tables for ClickHouse >= 23.8 (LowCardinality labels,
+// codecs, DateTime64 times, bloom-filter indexes on ids, deduplication windows) with the data
+// copied over, version 7 dropping the old tables; and the tables' TTLs set from the retention.
 
-use crate::StoreError;
-use crate::clickhouse::client::Client;
+use crate::clickhouse::client::{Client, Params, quote, quote_list};
 use crate::clickhouse::rowbinary::{Reader, Writer};
+use crate::text::DEFAULT_REGION;
+use crate::{StoreError, StoreOptions};
+use std::time::Duration;
 
 pub(crate) struct Migration {
     pub version: u32,
@@ -13,9 +17,7 @@ pub(crate) struct Migration {
     pub statements: &'static [&'static str],
 }
 
-/// The day partition of a millisecond timestamp column. Newer servers (19.6+) allow a table
-/// `TTL` instead of dropping partitions; DateTime64 (20.1+) would replace the Int64 times, and
-/// LowCardinality(String) (19.x, without the experimental setting) the label columns.
+/// The day partition of a millisecond timestamp column of the version-1 tables.
 macro_rules! day_of_ms {
     ($col:literal) => {
         concat!("toYYYYMMDD(toDateTime(intDiv(", $col, ", 1000), 'UTC'))")
@@ -31,18 +33,84 @@ macro_rules! day_of_ns {
     };
 }
 
-pub(crate) const RECORDS_PARTITION: &str = day_of_ms!("arrival_unix_ms");
-pub(crate) const TEXT_PARTITION: &str = day_of_ms!("arrival_unix_ms");
-pub(crate) const ROLLUPS_PARTITION: &str = day_of_ms!("minute_start_unix_ms");
-/// Version 1's roll-ups (without a writer), kept until retention drops them.
-pub(crate) const LEGACY_ROLLUPS_PARTITION: &str = day_of_ms!("minute_start_unix_ms");
-pub(crate) const SPANS_PARTITION: &str = day_of_ns!("start_unix_nano");
-pub(crate) const LOGS_PARTITION: &str = day_of_ns!("time_unix_nano");
-pub(crate) const EMBEDDINGS_PARTITION: &str = day_of_ms!("at_unix_ms");
-pub(crate) const ANNOTATIONS_PARTITION: &str = day_of_ms!("at_unix_ms");
-pub(crate) const SCRAPE_TARGETS_PARTITION: &str = day_of_ms!("updated_unix_ms");
-pub(crate) const MARKERS_PARTITION: &str = day_of_ms!("at_unix_ms");
-pub(crate) const SCORES_PARTITION: &str = day_of_ms!("at_unix_ms");
+/// The tables of schema version 6 on (the names of version 1–5 are dropped by version 7).
+pub(crate) const RECORDS: &str = "records_v6";
+pub(crate) const TEXT: &str = "record_text_v6";
+pub(crate) const ROLLUPS: &str = "rollups_v6";
+pub(crate) const SPANS: &str = "spans_v6";
+pub(crate) const LOGS: &str = "logs_v6";
+pub(crate) const EMBEDDINGS: &str = "embeddings_v6";
+pub(crate) const ANNOTATIONS: &str = "annotations_v6";
+pub(crate) const ALERTS: &str = "alerts_v6";
+pub(crate) const SCRAPE_TARGETS: &str = "scrape_targets_v6";
+pub(crate) const MARKERS: &str = "markers_v6";
+pub(crate) const SCORES: &str = "scores_v6";
+
+/// A table's time column as its TTL and retention see it.
+pub(crate) struct Timed {
+    pub table: &'static str,
+    pub column: &'static str,
+    /// `toYYYYMMDD(column)`: the day partition.
+    pub partition: &'static str,
+}
+
+macro_rules! timed {
+    ($table:expr, $col:literal) => {
+        Timed {
+            table: $table,
+            column: $col,
+            partition: concat!("toYYYYMMDD(", $col, ")"),
+        }
+    };
+}
+
+pub(crate) const RECORDS_TIME: Timed = timed!(RECORDS, "arrival_unix_ms");
+pub(crate) const TEXT_TIME: Timed = timed!(TEXT, "arrival_unix_ms");
+pub(crate) const ROLLUPS_TIME: Timed = timed!(ROLLUPS, "minute_start_unix_ms");
+pub(crate) const MARKERS_TIME: Timed = timed!(MARKERS, "at_unix_ms");
+/// The other tables kept as long as raw records.
+pub(crate) const RAW_TIER_TIME: &[Timed] = &[
+    timed!(SPANS, "start_unix_nano"),
+    timed!(LOGS, "time_unix_nano"),
+    timed!(EMBEDDINGS, "at_unix_ms"),
+    timed!(ANNOTATIONS, "at_unix_ms"),
+    timed!(SCRAPE_TARGETS, "updated_unix_ms"),
+    timed!(SCORES, "at_unix_ms"),
+];
+
+/// Settings of every version-6 table: a window of recent insert tokens, so a retried batch is
+/// stored once (replicated tables keep one by default).
+/// `ttl_only_drop_parts`: a TTL drops whole parts (parts never span days: the tables are
+/// partitioned by day), not rows by rewriting — as the partition drops of version 5 did. The
+/// text table deletes rows by region and keeps it off.
+macro_rules! v6_settings {
+    () => {
+        " SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1"
+    };
+    (rows) => {
+        " SETTINGS non_replicated_deduplication_window = 1000"
+    };
+}
+
+/// Copies a version-5 table into its version-6 successor: rows whose `seq` is not there yet,
+/// so a copy cut off midway and run again completes without doubling rows.
+macro_rules! copy_v5 {
+    ($new:literal, $old:literal, $cols:literal, $select:literal) => {
+        concat!(
+            "INSERT INTO {db}.",
+            $new,
+            " (",
+            $cols,
+            ") SELECT ",
+            $select,
+            " FROM {db}.",
+            $old,
+            " WHERE seq NOT IN (SELECT seq FROM {db}.",
+            $new,
+            ")"
+        )
+    };
+}
 
 /// Append-only: never edit an applied migration, add a new one.
 pub(crate) const MIGRATIONS: &[Migration] = &[
@@ -191,6 +259,265 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             " ORDER BY (request_id, trace_id, at_unix_ms, seq)"
         )],
     },
+    Migration {
+        version: 6,
+        name: "tables for ClickHouse >= 23.8: LowCardinality labels, codecs, DateTime64 times, \
+               bloom-filter indexes on ids, insert deduplication; data copied from version 5",
+        statements: &[
+            // Times are DateTime64 (ticks in RowBinary, the same bytes as the Int64 they were);
+            // label columns LowCardinality (plain String in RowBinary); ids keep String with a
+            // bloom filter where they are not the sorting key's prefix.
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.records_v6 (
+            seq UInt64 CODEC(Delta, ZSTD(1)), request_id String CODEC(ZSTD(1)),
+            trace_id String CODEC(ZSTD(1)), model_id LowCardinality(String),
+            runtime LowCardinality(String), instance LowCardinality(String),
+            tenant LowCardinality(String), ab_group LowCardinality(String),
+            model_version LowCardinality(String), prompt_version LowCardinality(String),
+            endpoint LowCardinality(String), stream UInt8,
+            arrival_unix_ms DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+            upstream_headers_s Nullable(Float64) CODEC(ZSTD(1)),
+            first_token_s Nullable(Float64) CODEC(ZSTD(1)), end_s Float64 CODEC(ZSTD(1)),
+            queue_s Nullable(Float64) CODEC(ZSTD(1)),
+            chunk_offsets_us Array(UInt32) CODEC(T64, ZSTD(1)), gap_count UInt32 CODEC(T64, ZSTD(1)),
+            gap_mean_s Float64 CODEC(ZSTD(1)), gap_max_s Float64 CODEC(ZSTD(1)),
+            prompt_tokens Nullable(UInt64) CODEC(T64, ZSTD(1)),
+            output_tokens Nullable(UInt64) CODEC(T64, ZSTD(1)),
+            reasoning_tokens Nullable(UInt64) CODEC(T64, ZSTD(1)), tokens_from_usage UInt8,
+            finish_reason LowCardinality(String), status UInt16 CODEC(T64, ZSTD(1)),
+            error_class LowCardinality(Nullable(String)), embedding Array(Float32) CODEC(ZSTD(1)),
+            prefix_key Nullable(UInt64) CODEC(ZSTD(1)),
+            INDEX request_id_bf request_id TYPE bloom_filter(0.001) GRANULARITY 1,
+            INDEX trace_id_bf trace_id TYPE bloom_filter(0.001) GRANULARITY 1
+        ) ENGINE = MergeTree PARTITION BY toYYYYMMDD(arrival_unix_ms) \
+        ORDER BY (model_id, arrival_unix_ms, seq)",
+                v6_settings!()
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.record_text_v6 (
+            seq UInt64 CODEC(Delta, ZSTD(1)), request_id String CODEC(ZSTD(1)),
+            arrival_unix_ms DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+            region LowCardinality(String), prompt String CODEC(ZSTD(3)),
+            completion String CODEC(ZSTD(3)), masked String CODEC(ZSTD(1)), truncated UInt8
+        ) ENGINE = MergeTree PARTITION BY toYYYYMMDD(arrival_unix_ms) \
+        ORDER BY (request_id, arrival_unix_ms)",
+                v6_settings!(rows)
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.rollups_v6 (
+            model_id LowCardinality(String), runtime LowCardinality(String),
+            instance LowCardinality(String), tenant LowCardinality(String),
+            ab_group LowCardinality(String), model_version LowCardinality(String),
+            bucket LowCardinality(String), metric LowCardinality(String),
+            minute_start_unix_ms DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+            writer LowCardinality(String), count UInt64 CODEC(T64, ZSTD(1)),
+            sketch String CODEC(ZSTD(1)), seq UInt64 CODEC(Delta, ZSTD(1))
+        ) ENGINE = ReplacingMergeTree(seq) PARTITION BY toYYYYMMDD(minute_start_unix_ms) \
+        ORDER BY (metric, model_id, runtime, instance, tenant, ab_group, model_version, bucket, \
+        minute_start_unix_ms, writer)",
+                v6_settings!()
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.spans_v6 (
+            trace_id String CODEC(ZSTD(1)), span_id String CODEC(ZSTD(1)),
+            parent_span_id String CODEC(ZSTD(1)), name LowCardinality(String), kind Int32,
+            start_unix_nano DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)),
+            end_unix_nano DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)), status_code Int32,
+            status_message String CODEC(ZSTD(1)), service_name LowCardinality(String),
+            attributes String CODEC(ZSTD(3)), events_count UInt32 CODEC(T64, ZSTD(1)),
+            seq UInt64 CODEC(Delta, ZSTD(1)), keep UInt64 CODEC(Delta, ZSTD(1))
+        ) ENGINE = ReplacingMergeTree(keep) PARTITION BY toYYYYMMDD(start_unix_nano) \
+        ORDER BY (trace_id, span_id)",
+                v6_settings!()
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.logs_v6 (
+            time_unix_nano DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)), severity_number Int32,
+            severity_text LowCardinality(String), body String CODEC(ZSTD(3)),
+            trace_id String CODEC(ZSTD(1)), span_id String CODEC(ZSTD(1)),
+            service_name LowCardinality(String), attributes String CODEC(ZSTD(3)),
+            seq UInt64 CODEC(Delta, ZSTD(1)),
+            INDEX trace_id_bf trace_id TYPE bloom_filter(0.001) GRANULARITY 1
+        ) ENGINE = MergeTree PARTITION BY toYYYYMMDD(time_unix_nano) \
+        ORDER BY (time_unix_nano, seq)",
+                v6_settings!()
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.embeddings_v6 (
+            request_id String CODEC(ZSTD(1)), model_id LowCardinality(String),
+            at_unix_ms DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+            embedding Array(Float32) CODEC(ZSTD(1)), seq UInt64 CODEC(Delta, ZSTD(1))
+        ) ENGINE = MergeTree PARTITION BY toYYYYMMDD(at_unix_ms) ORDER BY (request_id, seq)",
+                v6_settings!()
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.annotations_v6 (
+            request_id String CODEC(ZSTD(1)), model_id LowCardinality(String),
+            instance LowCardinality(String),
+            at_unix_ms DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+            detector LowCardinality(String), score Float64 CODEC(ZSTD(1)),
+            joint_grade LowCardinality(String), value Float64 CODEC(ZSTD(1)),
+            summary String CODEC(ZSTD(1)), evidence String CODEC(ZSTD(3)),
+            seq UInt64 CODEC(Delta, ZSTD(1))
+        ) ENGINE = MergeTree PARTITION BY toYYYYMMDD(at_unix_ms) \
+        ORDER BY (request_id, at_unix_ms, seq)",
+                v6_settings!()
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.alerts_v6 (
+            id String, fingerprint String, state LowCardinality(String),
+            active_at_unix_ms DateTime64(3, 'UTC'), updated_unix_ms DateTime64(3, 'UTC'),
+            resolved_at_unix_ms Nullable(DateTime64(3, 'UTC')), alert String CODEC(ZSTD(3)),
+            deleted UInt8, seq UInt64
+        ) ENGINE = ReplacingMergeTree(seq) ORDER BY id",
+                v6_settings!(rows)
+            ),
+            // Updated in place: the newest row per URL replaces the older ones at merge time.
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.scrape_targets_v6 (
+            url String, updated_unix_ms DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+            target String CODEC(ZSTD(3)), seq UInt64
+        ) ENGINE = ReplacingMergeTree(seq) PARTITION BY toYYYYMMDD(updated_unix_ms) ORDER BY url",
+                v6_settings!()
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.markers_v6 (
+            id String, kind LowCardinality(String), model LowCardinality(String),
+            from_version LowCardinality(String), to_version LowCardinality(String),
+            source LowCardinality(String), at_unix_ms DateTime64(3, 'UTC'),
+            note String CODEC(ZSTD(1)), seq UInt64
+        ) ENGINE = MergeTree PARTITION BY toYYYYMMDD(at_unix_ms) \
+        ORDER BY (model, at_unix_ms, id, seq)",
+                v6_settings!()
+            ),
+            concat!(
+                "CREATE TABLE IF NOT EXISTS {db}.scores_v6 (
+            request_id String CODEC(ZSTD(1)), trace_id String CODEC(ZSTD(1)),
+            at_unix_ms DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+            name LowCardinality(String), value Float64 CODEC(ZSTD(1)),
+            source LowCardinality(String), seq UInt64 CODEC(Delta, ZSTD(1)),
+            INDEX trace_id_bf trace_id TYPE bloom_filter(0.001) GRANULARITY 1
+        ) ENGINE = MergeTree PARTITION BY toYYYYMMDD(at_unix_ms) \
+        ORDER BY (request_id, trace_id, at_unix_ms, seq)",
+                v6_settings!()
+            ),
+            // The data, times converted explicitly (an Int64 cast to DateTime64 would be taken
+            // as seconds).
+            copy_v5!(
+                "records_v6",
+                "records",
+                "seq, request_id, trace_id, model_id, runtime, instance, tenant, ab_group, \
+                 model_version, prompt_version, endpoint, stream, arrival_unix_ms, \
+                 upstream_headers_s, first_token_s, end_s, queue_s, chunk_offsets_us, gap_count, \
+                 gap_mean_s, gap_max_s, prompt_tokens, output_tokens, reasoning_tokens, \
+                 tokens_from_usage, finish_reason, status, error_class, embedding, prefix_key",
+                "seq, request_id, trace_id, model_id, runtime, instance, tenant, ab_group, \
+                 model_version, prompt_version, endpoint, stream, \
+                 fromUnixTimestamp64Milli(arrival_unix_ms, 'UTC'), upstream_headers_s, \
+                 first_token_s, end_s, queue_s, chunk_offsets_us, gap_count, gap_mean_s, \
+                 gap_max_s, prompt_tokens, output_tokens, reasoning_tokens, tokens_from_usage, \
+                 finish_reason, status, error_class, embedding, prefix_key"
+            ),
+            copy_v5!(
+                "record_text_v6",
+                "record_text",
+                "seq, request_id, arrival_unix_ms, region, prompt, completion, masked, truncated",
+                "seq, request_id, fromUnixTimestamp64Milli(arrival_unix_ms, 'UTC'), region, \
+                 prompt, completion, masked, truncated"
+            ),
+            copy_v5!(
+                "rollups_v6",
+                "rollups_v2",
+                "model_id, runtime, instance, tenant, ab_group, model_version, bucket, metric, \
+                 minute_start_unix_ms, writer, count, sketch, seq",
+                "model_id, runtime, instance, tenant, ab_group, model_version, bucket, metric, \
+                 fromUnixTimestamp64Milli(minute_start_unix_ms, 'UTC'), writer, count, sketch, seq"
+            ),
+            copy_v5!(
+                "spans_v6",
+                "spans",
+                "trace_id, span_id, parent_span_id, name, kind, start_unix_nano, end_unix_nano, \
+                 status_code, status_message, service_name, attributes, events_count, seq, keep",
+                "trace_id, span_id, parent_span_id, name, kind, \
+                 fromUnixTimestamp64Nano(start_unix_nano, 'UTC'), \
+                 fromUnixTimestamp64Nano(end_unix_nano, 'UTC'), status_code, status_message, \
+                 service_name, attributes, events_count, seq, keep"
+            ),
+            copy_v5!(
+                "logs_v6",
+                "logs",
+                "time_unix_nano, severity_number, severity_text, body, trace_id, span_id, \
+                 service_name, attributes, seq",
+                "fromUnixTimestamp64Nano(time_unix_nano, 'UTC'), severity_number, severity_text, \
+                 body, trace_id, span_id, service_name, attributes, seq"
+            ),
+            copy_v5!(
+                "embeddings_v6",
+                "embeddings",
+                "request_id, model_id, at_unix_ms, embedding, seq",
+                "request_id, model_id, fromUnixTimestamp64Milli(at_unix_ms, 'UTC'), embedding, seq"
+            ),
+            copy_v5!(
+                "annotations_v6",
+                "annotations",
+                "request_id, model_id, instance, at_unix_ms, detector, score, joint_grade, value, \
+                 summary, evidence, seq",
+                "request_id, model_id, instance, fromUnixTimestamp64Milli(at_unix_ms, 'UTC'), \
+                 detector, score, joint_grade, value, summary, evidence, seq"
+            ),
+            copy_v5!(
+                "alerts_v6",
+                "alerts",
+                "id, fingerprint, state, active_at_unix_ms, updated_unix_ms, resolved_at_unix_ms, \
+                 alert, deleted, seq",
+                "id, fingerprint, state, fromUnixTimestamp64Milli(active_at_unix_ms, 'UTC'), \
+                 fromUnixTimestamp64Milli(updated_unix_ms, 'UTC'), \
+                 if(isNull(resolved_at_unix_ms), NULL, \
+                 fromUnixTimestamp64Milli(assumeNotNull(resolved_at_unix_ms), 'UTC')), \
+                 alert, deleted, seq"
+            ),
+            copy_v5!(
+                "scrape_targets_v6",
+                "scrape_targets",
+                "url, updated_unix_ms, target, seq",
+                "url, fromUnixTimestamp64Milli(updated_unix_ms, 'UTC'), target, seq"
+            ),
+            copy_v5!(
+                "markers_v6",
+                "markers",
+                "id, kind, model, from_version, to_version, source, at_unix_ms, note, seq",
+                "id, kind, model, from_version, to_version, source, \
+                 fromUnixTimestamp64Milli(at_unix_ms, 'UTC'), note, seq"
+            ),
+            copy_v5!(
+                "scores_v6",
+                "scores",
+                "request_id, trace_id, at_unix_ms, name, value, source, seq",
+                "request_id, trace_id, fromUnixTimestamp64Milli(at_unix_ms, 'UTC'), name, value, \
+                 source, seq"
+            ),
+        ],
+    },
+    Migration {
+        version: 7,
+        name: "drop the version-5 tables (their data is in the version-6 tables)",
+        // Only after version 6 is recorded, i.e. every copy finished. A table over the server's
+        // `max_table_size_to_drop` (50 GB) is refused: the error names it; see the README.
+        statements: &[
+            "DROP TABLE IF EXISTS {db}.records",
+            "DROP TABLE IF EXISTS {db}.record_text",
+            "DROP TABLE IF EXISTS {db}.rollups",
+            "DROP TABLE IF EXISTS {db}.rollups_v2",
+            "DROP TABLE IF EXISTS {db}.spans",
+            "DROP TABLE IF EXISTS {db}.logs",
+            "DROP TABLE IF EXISTS {db}.embeddings",
+            "DROP TABLE IF EXISTS {db}.annotations",
+            "DROP TABLE IF EXISTS {db}.alerts",
+            "DROP TABLE IF EXISTS {db}.scrape_targets",
+            "DROP TABLE IF EXISTS {db}.markers",
+            "DROP TABLE IF EXISTS {db}.scores",
+        ],
+    },
 ];
 
 /// The highest schema version this build knows.
@@ -249,7 +576,7 @@ pub(crate) fn migrate_up_to(client: &Client, version: u32) -> Result<(), StoreEr
         w.str(m.name);
         w.i64(super::now_unix_ms());
         client
-            .insert(
+            .insert_once(
                 "recording a migration",
                 "schema_migrations",
                 "version, name, applied_unix_ms",
@@ -257,6 +584,108 @@ pub(crate) fn migrate_up_to(client: &Client, version: u32) -> Result<(), StoreEr
             )
             .map_err(fail)?;
         tracing::info!(database = %client.label(), version = m.version, name = m.name, "applied migration");
+    }
+    Ok(())
+}
+
+/// The `TTL` each version-6 table should carry for these retentions, as the server prints it
+/// back in `system.tables` (so an unchanged TTL is recognised and left alone); `None` for
+/// alerts, whose retention is a tombstone written by `apply_retention`.
+pub(crate) fn ttl_clauses(opts: &StoreOptions) -> Vec<(&'static str, String)> {
+    let secs = |d: Duration| d.as_secs().max(1);
+    let expire =
+        |t: &Timed, keep: Duration| format!("{} + toIntervalSecond({})", t.column, secs(keep));
+    let mut out = vec![
+        (RECORDS, expire(&RECORDS_TIME, opts.raw_retention)),
+        (ROLLUPS, expire(&ROLLUPS_TIME, opts.rollup_retention)),
+        (MARKERS, expire(&MARKERS_TIME, opts.rollup_retention)),
+    ];
+    for t in RAW_TIER_TIME {
+        out.push((t.table, expire(t, opts.raw_retention)));
+    }
+    // Captured text: the raw retention, and each region's own when shorter (spec §10); regions
+    // not listed take `default`'s.
+    let raw = opts.raw_retention;
+    let regions = &opts.text_retention;
+    let listed: Vec<&str> = regions
+        .keys()
+        .map(String::as_str)
+        .filter(|r| *r != DEFAULT_REGION)
+        .collect();
+    let mut rules = vec![expire(&TEXT_TIME, raw)];
+    for region in &listed {
+        let keep = regions[*region];
+        if keep < raw {
+            rules.push(format!(
+                "{} WHERE region = {}",
+                expire(&TEXT_TIME, keep),
+                quote(region)
+            ));
+        }
+    }
+    if let Some(keep) = regions.get(DEFAULT_REGION).filter(|k| **k < raw) {
+        let rule = if listed.is_empty() {
+            expire(&TEXT_TIME, *keep)
+        } else {
+            format!(
+                "{} WHERE region NOT IN ({})",
+                expire(&TEXT_TIME, *keep),
+                quote_list(listed.iter().copied())
+            )
+        };
+        rules.push(rule);
+    }
+    out.push((TEXT, rules.join(", ")));
+    out
+}
+
+/// The TTL text of a `CREATE TABLE` statement as `system.tables` shows it ("" when none).
+fn current_ttl(create: &str) -> &str {
+    let Some(start) = create.find(" TTL ") else {
+        return "";
+    };
+    let rest = &create[start + 5..];
+    rest.find(" SETTINGS ").map_or(rest, |end| &rest[..end])
+}
+
+/// Gives every version-6 table the TTL of `ttl_clauses` (`ttl` true) or none (`ttl` false,
+/// retention by `apply_retention`'s partition drops); a table already so is left alone, so
+/// opening the store does not rewrite TTLs. A changed TTL applies to the stored parts too
+/// (`materialize_ttl_after_modify`, a background mutation).
+pub(crate) fn apply_ttl(client: &Client, opts: &StoreOptions, ttl: bool) -> Result<(), StoreError> {
+    let db = client.database();
+    let mut params = Params::default();
+    let sql = format!(
+        "SELECT name, create_table_query FROM system.tables WHERE database = {} \
+         FORMAT RowBinary",
+        params.str(db)
+    );
+    let body = client.query_with("reading the tables' TTL", &sql, &params, false)?;
+    let mut r = Reader::new(&body);
+    let mut current = std::collections::HashMap::new();
+    while !r.is_empty() {
+        let row = r
+            .string()
+            .and_then(|name| Ok((name, r.string()?)))
+            .map_err(|detail| StoreError::CorruptRow {
+                database: client.label().to_string(),
+                table: "system.tables",
+                row: format!("after {} tables", current.len()),
+                detail,
+            })?;
+        current.insert(row.0, row.1);
+    }
+    for (table, want) in ttl_clauses(opts) {
+        let have = current.get(table).map_or("", |c| current_ttl(c));
+        let sql = if ttl && have != want {
+            format!("ALTER TABLE {db}.{table} MODIFY TTL {want}")
+        } else if !ttl && !have.is_empty() {
+            format!("ALTER TABLE {db}.{table} REMOVE TTL")
+        } else {
+            continue;
+        };
+        client.query("setting the tables' TTL", &sql, true)?;
+        tracing::info!(database = %client.label(), table, ttl = %want, enabled = ttl, "changed table TTL");
     }
     Ok(())
 }
@@ -291,12 +720,42 @@ mod tests {
             assert!(w[0].version < w[1].version);
         }
         assert_eq!(MIGRATIONS[0].version, 1);
+        // Every version-6 table the code names is created by version 6 and dropped by none.
+        let v6 = &MIGRATIONS[5];
+        assert_eq!(v6.version, 6);
+        for t in [
+            RECORDS,
+            TEXT,
+            ROLLUPS,
+            SPANS,
+            LOGS,
+            EMBEDDINGS,
+            ANNOTATIONS,
+            ALERTS,
+            SCRAPE_TARGETS,
+            MARKERS,
+            SCORES,
+        ] {
+            let create = format!("CREATE TABLE IF NOT EXISTS {{db}}.{t} (");
+            assert!(v6.statements.iter().any(|s| s.starts_with(&create)), "{t}");
+            let drop = format!("DROP TABLE IF EXISTS {{db}}.{t}");
+            assert!(
+                MIGRATIONS
+                    .iter()
+                    .flat_map(|m| m.statements)
+                    .all(|s| *s != drop),
+                "{t}"
+            );
+        }
         for m in MIGRATIONS {
             for st in m.statements {
-                // Copies are idempotent through their target's replace semantics.
-                let copy = st.starts_with("INSERT INTO {db}.rollups_v2 ");
+                // Copies are idempotent through their target's replace semantics (version 4)
+                // or by copying only the rows not there yet (version 6).
+                let copy = st.starts_with("INSERT INTO {db}.rollups_v2 ")
+                    || (st.starts_with("INSERT INTO {db}.") && st.contains(" WHERE seq NOT IN "));
+                let drop = st.starts_with("DROP TABLE IF EXISTS {db}.");
                 assert!(
-                    copy || st.contains("IF NOT EXISTS {db}."),
+                    copy || drop || st.contains("IF NOT EXISTS {db}."),
                     "not idempotent: {st}"
                 );
             }

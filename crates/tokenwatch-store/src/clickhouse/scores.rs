@@ -1,13 +1,14 @@
 // Feedback and evaluation scores on ClickHouse: one row per score in a day-partitioned table,
 // read back by request id or trace id (retention drops whole days with the raw tier).
 
-use crate::clickhouse::client::{Client, quote_list};
+use crate::clickhouse::client::{Client, Params};
 use crate::clickhouse::rowbinary::{Reader, Writer};
+use crate::clickhouse::schema::SCORES;
 use crate::{ScoreRow, StoreError};
 
 pub(crate) const COLUMNS: &str = "request_id, trace_id, at_unix_ms, name, value, source, seq";
 
-/// Ids per `IN (...)` list, well under the server's 256 KiB query size limit.
+/// Ids per `IN {pN:Array(String)}` parameter, well under the server's 1 MiB URL limit.
 const IN_CHUNK: usize = 1000;
 
 /// RowBinary rows, `seq` onwards; a non-finite value is stored as 0, as the SQLite store does.
@@ -40,17 +41,18 @@ pub(crate) fn query(
             .filter(|s| !s.is_empty())
             .collect();
         for chunk in ids.chunks(IN_CHUNK) {
+            let mut p = Params::default();
             let sql = format!(
-                "SELECT {COLUMNS} FROM {db}.scores WHERE {column} IN ({list}) FORMAT RowBinary",
+                "SELECT {COLUMNS} FROM {db}.{SCORES} WHERE {column} IN {list} FORMAT RowBinary",
                 db = client.database(),
-                list = quote_list(chunk.iter().copied())
+                list = p.strs(chunk.iter().copied())
             );
-            let body = client.query("query_scores", &sql, true)?;
+            let body = client.query_with("query_scores", &sql, &p, true)?;
             let mut r = Reader::new(&body);
             while !r.is_empty() {
                 let row = decode(&mut r).map_err(|detail| StoreError::CorruptRow {
                     database: client.label().to_string(),
-                    table: "scores",
+                    table: SCORES,
                     row: format!("row {} of the answer", out.len()),
                     detail,
                 })?;

@@ -1,8 +1,9 @@
 // Scrape targets on ClickHouse: one row per publication (url, time, the row as JSON) in a
-// day-partitioned table; the newest row of each URL is the target.
+// day-partitioned replacing table; the newest row of each URL is the target.
 
-use crate::clickhouse::client::Client;
+use crate::clickhouse::client::{Client, Params};
 use crate::clickhouse::rowbinary::{Reader, Writer};
+use crate::clickhouse::schema::SCRAPE_TARGETS;
 use crate::{ScrapeTargetRow, StoreError};
 
 pub(crate) const COLUMNS: &str = "url, updated_unix_ms, target, seq";
@@ -22,13 +23,15 @@ pub(crate) fn rows(list: &[ScrapeTargetRow], seq: u64) -> Result<Vec<u8>, (Strin
 
 /// The newest row of every URL updated at or after `since`, by URL.
 pub(crate) fn load(client: &Client, since: i64) -> Result<Vec<ScrapeTargetRow>, StoreError> {
+    let mut p = Params::default();
     let sql = format!(
-        "SELECT url, target FROM (SELECT url, target, updated_unix_ms FROM {}.scrape_targets \
-         WHERE updated_unix_ms >= {since} ORDER BY url, updated_unix_ms DESC, seq DESC \
+        "SELECT url, target FROM (SELECT url, target, updated_unix_ms FROM {}.{SCRAPE_TARGETS} \
+         WHERE updated_unix_ms >= {} ORDER BY url, updated_unix_ms DESC, seq DESC \
          LIMIT 1 BY url) ORDER BY url FORMAT RowBinary",
-        client.database()
+        client.database(),
+        p.ms(since)
     );
-    let body = client.query("load_scrape_targets", &sql, true)?;
+    let body = client.query_with("load_scrape_targets", &sql, &p, true)?;
     let mut r = Reader::new(&body);
     let mut out = Vec::new();
     let mut n = 0usize;
@@ -38,7 +41,7 @@ pub(crate) fn load(client: &Client, since: i64) -> Result<Vec<ScrapeTargetRow>, 
             .and_then(|url| Ok((url, r.string()?)))
             .map_err(|detail| StoreError::CorruptRow {
                 database: client.label().to_string(),
-                table: "scrape_targets",
+                table: SCRAPE_TARGETS,
                 row: format!("row {n} of the answer"),
                 detail,
             })?;

@@ -130,7 +130,7 @@ async fn an_alert_two_instances_fire_is_one_incident_in_alertmanager_and_the_sto
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let stored = ch.query(&format!(
-            "SELECT uniqExact(id) FROM tokenwatch.alerts WHERE deleted = 0 AND state = 'firing' \
+            "SELECT uniqExact(id) FROM tokenwatch.alerts_v6 WHERE deleted = 0 AND state = 'firing' \
              AND alert LIKE '%\"rule\":\"{RULE}\"%'"
         ));
         if stored.trim() == "2" {

@@ -79,7 +79,7 @@ async fn the_api_answers_from_clickhouse_and_an_outage_never_blocks_the_proxy() 
     api_ids.sort();
     // The same rows, asked of ClickHouse itself.
     let direct = ch.query(
-        "SELECT request_id FROM tokenwatch.records WHERE model_id = 'm' ORDER BY request_id",
+        "SELECT request_id FROM tokenwatch.records_v6 WHERE model_id = 'm' ORDER BY request_id",
     );
     let direct: Vec<&str> = direct.lines().collect();
     assert_eq!(
@@ -114,7 +114,7 @@ async fn the_api_answers_from_clickhouse_and_an_outage_never_blocks_the_proxy() 
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let stored_rows = ch.query(
-        "SELECT sum(count) FROM tokenwatch.rollups_v2 WHERE model_id = 'm' AND metric = 'e2e'",
+        "SELECT sum(count) FROM tokenwatch.rollups_v6 WHERE model_id = 'm' AND metric = 'e2e'",
     );
     assert_eq!(stored_rows.trim(), N.to_string());
     let mut merged = LatencySketch::default();

@@ -93,7 +93,7 @@ async fn two_proxies_of_one_upstream_instance_add_up_in_the_shared_store() {
     }
     // Each proxy's minutes are stored under its own writer, none replaced the other's.
     let per_writer = ch.query(
-        "SELECT writer, sum(count) FROM tokenwatch.rollups_v2 FINAL \
+        "SELECT writer, sum(count) FROM tokenwatch.rollups_v6 FINAL \
          WHERE model_id = 'm' AND metric = 'e2e' GROUP BY writer ORDER BY writer",
     );
     let mut want = [format!("{a_writer}\t{n_a}"), format!("proxy-b\t{n_b}")];

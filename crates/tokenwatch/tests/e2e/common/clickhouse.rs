@@ -1,9 +1,10 @@
-// A ClickHouse server for integration tests (Debian's clickhouse-server on two free loopback
-// ports from `free_addr`, its own data directory, small caches), killed when dropped.
+// A ClickHouse server for integration tests (ClickHouse 26.9 through the repository's chDB
+// stand-in, scripts/clickhouse-chdb, on free loopback ports from `free_addr`, its own data
+// directory), killed when dropped.
 
 pub use tokenwatch_store::testing::ClickHouseServer;
 
-/// Start a server; panics with its log (or the missing package) when it does not come up.
+/// Start a server; panics with its log (or the missing chdb virtualenv) when it does not come up.
 pub fn start_clickhouse() -> ClickHouseServer {
     let mut last = String::new();
     for _ in 0..3 {
