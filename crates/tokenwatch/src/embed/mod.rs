@@ -18,7 +18,7 @@ pub enum EmbedError {
     #[error("capture.embeddings.model_dir: {}: {message}", path.display())]
     Model { path: PathBuf, message: String },
     #[error(
-        "capture.embeddings.enabled: this tokenwatch was built without the `embeddings` feature"
+        "capture.embeddings.enabled: this tokenwatch was built without the `embeddings` feature (off by default): build it with `cargo build --release --features embeddings`"
     )]
     NotBuilt,
     #[error("embedding failed: {0}")]

@@ -119,6 +119,34 @@ fn version_names_the_commit_and_the_features() {
     );
 }
 
+/// A binary built without local embeddings (the default) refuses `capture.embeddings` at start,
+/// saying which feature to build with.
+#[cfg(not(feature = "embeddings"))]
+#[test]
+fn embeddings_without_the_feature_are_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tw.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen: 127.0.0.1:0\ndata_dir: {}\notlp: {{enabled: false}}\ncapture:\n  embeddings: {{enabled: true, model_dir: {}}}\n",
+            dir.path().join("data").display(),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new("timeout")
+        .args(["30", BIN, "run", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--features embeddings"),
+        "{:?}: {err}",
+        out.status
+    );
+}
+
 #[test]
 fn check_config_reports_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
