@@ -140,35 +140,34 @@ fn vllm_target_behaviour() -> Behaviour {
     Behaviour::Bodies(Arc::new(move |n| vllm_at(&text, n)))
 }
 
-/// `tokenwatch run` in collector-only mode (no --upstream), scraping every second.
-fn start_collector(dir: &Path, api: SocketAddr, yaml: &str, scrape: &[String]) -> Proc {
+/// `tokenwatch run` in collector-only mode (no --upstream), scraping every second, with
+/// `yaml`'s lines added to its `scrape:` section, on ports it picks: (process, API address).
+async fn start_collector(dir: &Path, yaml: &str, scrape: &[String]) -> (Proc, SocketAddr) {
     let cfg = dir.join("tokenwatch.yaml");
     std::fs::write(&cfg, format!("scrape:\n  interval: 1s\n{yaml}")).unwrap();
     let data = dir.join("data").to_string_lossy().into_owned();
-    let (a, og, oh) = (
-        api.to_string(),
-        free_addr().to_string(),
-        free_addr().to_string(),
-    );
     let c = cfg.to_string_lossy().into_owned();
     let mut args: Vec<&str> = vec![
         "run",
         "--config",
         &c,
         "--listen",
-        &a,
+        "127.0.0.1:0",
         "--data-dir",
         &data,
         "--otlp-grpc-listen",
-        &og,
+        "127.0.0.1:0",
         "--otlp-http-listen",
-        &oh,
+        "127.0.0.1:0",
     ];
     for s in scrape {
         args.push("--scrape");
         args.push(s);
     }
-    Proc::start("tokenwatch", &args, dir)
+    let tw = Proc::start("tokenwatch", &args, dir);
+    let api = tw.listening().await["api"];
+    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    (tw, api)
 }
 
 async fn json(url: &str) -> Value {
@@ -219,9 +218,7 @@ async fn real_vllm_and_dcgm_samples_become_signals() {
     let dcgm_text = fixture("dcgm-exporter.txt");
     let dcgm = FakeTarget::start(Behaviour::Bodies(Arc::new(move |_| dcgm_text.clone()))).await;
     let dir = tempfile::tempdir().unwrap();
-    let api = free_addr();
-    let tw = start_collector(dir.path(), api, "", &[vllm.url(), dcgm.url()]);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api) = start_collector(dir.path(), "", &[vllm.url(), dcgm.url()]).await;
 
     let url = format!("http://{api}/api/v1/signals?model=tinyllama");
     let s = poll_json(&url, &tw, 15, |v| {
@@ -360,13 +357,11 @@ async fn bad_targets_do_not_disturb_a_good_one() {
         ]),
     )
     .unwrap();
-    let api = free_addr();
     let yaml = format!(
         "  timeout: 1s\n  file_sd_refresh: 200ms\n  file_sd: [{:?}]\n",
         sd.to_string_lossy()
     );
-    let tw = start_collector(dir.path(), api, &yaml, &[good.url()]);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api) = start_collector(dir.path(), &yaml, &[good.url()]).await;
 
     let turl = format!("http://{api}/api/v1/targets");
     let (g, h, r) = (
@@ -454,18 +449,9 @@ async fn bad_targets_do_not_disturb_a_good_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulator_scraped_with_the_scrape_flag() {
     let dir = tempfile::tempdir().unwrap();
-    let sim_addr = free_addr();
-    let sa = sim_addr.to_string();
-    let sim = Proc::start(
-        "sim",
-        &["sim", "--listen", &sa, "--ttft-ms", "40", "--itl-ms", "5"],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{sim_addr}/v1/models"), &sim).await;
-    let api = free_addr();
+    let (sim, sim_addr) = start_sim(dir.path(), &["--ttft-ms", "40", "--itl-ms", "5"]).await;
     let scrape = format!("http://{sim_addr}/metrics");
-    let tw = start_collector(dir.path(), api, "", std::slice::from_ref(&scrape));
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api) = start_collector(dir.path(), "", std::slice::from_ref(&scrape)).await;
     let turl = format!("http://{api}/api/v1/targets");
     poll_json(&turl, &tw, 10, |v| target(v, &scrape)["health"] == "up").await;
 
@@ -595,38 +581,11 @@ async fn http_sd_targets_come_and_go_and_a_failing_endpoint_keeps_them() {
     let sd = SdEndpoint::start().await;
     sd.list(&[a.addr]);
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("tokenwatch.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "scrape:\n  interval: 1s\n  http_sd: [\"http://{}/targets\"]\n  http_sd_refresh: 300ms\n",
-            sd.addr
-        ),
-    )
-    .unwrap();
-    let (c, data) = (
-        cfg.to_string_lossy().into_owned(),
-        dir.path().join("data").to_string_lossy().into_owned(),
+    let yaml = format!(
+        "  http_sd: [\"http://{}/targets\"]\n  http_sd_refresh: 300ms\n",
+        sd.addr
     );
-    let tw = Proc::start(
-        "tokenwatch",
-        &[
-            "run",
-            "--config",
-            &c,
-            "--data-dir",
-            &data,
-            "--listen",
-            "127.0.0.1:0",
-            "--otlp-grpc-listen",
-            "127.0.0.1:0",
-            "--otlp-http-listen",
-            "127.0.0.1:0",
-        ],
-        dir.path(),
-    );
-    let api = tw.listening().await["api"];
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api) = start_collector(dir.path(), &yaml, &[]).await;
     let turl = format!("http://{api}/api/v1/targets");
 
     // The endpoint's one target is scraped, with the group's labels and its origin.
@@ -717,38 +676,11 @@ async fn the_targets_a_prometheus_discovered_are_scraped_by_job() {
         ),
     )
     .await;
-    let cfg = dir.path().join("tokenwatch.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "scrape:\n  interval: 1s\n  http_sd_refresh: 300ms\n  prometheus_targets: [{{url: \"{}\", job: vllm}}]\n",
-            prom.url
-        ),
-    )
-    .unwrap();
-    let (c, data) = (
-        cfg.to_string_lossy().into_owned(),
-        dir.path().join("data").to_string_lossy().into_owned(),
+    let yaml = format!(
+        "  http_sd_refresh: 300ms\n  prometheus_targets: [{{url: \"{}\", job: vllm}}]\n",
+        prom.url
     );
-    let tw = Proc::start(
-        "tokenwatch",
-        &[
-            "run",
-            "--config",
-            &c,
-            "--data-dir",
-            &data,
-            "--listen",
-            "127.0.0.1:0",
-            "--otlp-grpc-listen",
-            "127.0.0.1:0",
-            "--otlp-http-listen",
-            "127.0.0.1:0",
-        ],
-        dir.path(),
-    );
-    let api = tw.listening().await["api"];
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api) = start_collector(dir.path(), &yaml, &[]).await;
     let turl = format!("http://{api}/api/v1/targets");
 
     // The job's two targets, with Prometheus's labels (namespace, instance), not the node job's.
