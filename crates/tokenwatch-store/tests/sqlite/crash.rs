@@ -52,7 +52,7 @@ fn acknowledged_records_survive_sigkill() {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "crash_writer_child",
+            "crash::crash_writer_child",
             "--nocapture",
             "--test-threads=1",
         ])
