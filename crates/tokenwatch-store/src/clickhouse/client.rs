@@ -173,18 +173,8 @@ impl Client {
         columns: &str,
         rows: &[u8],
     ) -> Result<(), StoreError> {
-        let sql = format!(
-            "INSERT INTO {}.{table} ({columns}) FORMAT RowBinary",
-            self.database
-        );
         let token = dedup_token(table, rows);
-        let url = Url {
-            query: Some(&sql),
-            params: &[],
-            dedup_token: Some(&token),
-        };
-        self.request(op, url, rows, true, Retry::Idempotent)
-            .map(|_| ())
+        self.insert_rows(op, (table, columns), rows, Some(&token), Retry::Idempotent)
     }
 
     /// An insert into a table without a deduplication window (`schema_migrations`): retried
@@ -196,6 +186,19 @@ impl Client {
         columns: &str,
         rows: &[u8],
     ) -> Result<(), StoreError> {
+        self.insert_rows(op, (table, columns), rows, None, Retry::NotSent)
+    }
+
+    /// `INSERT INTO table (columns) FORMAT RowBinary` with `rows` as body, under `dedup_token`
+    /// when given, retried as `retry` says.
+    fn insert_rows(
+        &self,
+        op: &'static str,
+        (table, columns): (&str, &str),
+        rows: &[u8],
+        dedup_token: Option<&str>,
+        retry: Retry,
+    ) -> Result<(), StoreError> {
         let sql = format!(
             "INSERT INTO {}.{table} ({columns}) FORMAT RowBinary",
             self.database
@@ -203,10 +206,9 @@ impl Client {
         let url = Url {
             query: Some(&sql),
             params: &[],
-            dedup_token: None,
+            dedup_token,
         };
-        self.request(op, url, rows, true, Retry::NotSent)
-            .map(|_| ())
+        self.request(op, url, rows, true, retry).map(|_| ())
     }
 
     fn request(
