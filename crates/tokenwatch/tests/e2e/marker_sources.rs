@@ -6,8 +6,8 @@ use crate::common;
 use common::metrics_target::MetricsTarget;
 use common::otlp::{chat_span, post_resource_spans, str_attr};
 use common::{
-    free_addr, get, now_ms, now_ns, start_collector, start_otlp_collector_with, wait_markers,
-    write_config,
+    free_addr, get, now_ms, now_ns, start_collector, start_otlp_collector_with, stored_record,
+    wait_markers, write_config,
 };
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -75,13 +75,12 @@ async fn otlp_prompt_versions_make_a_prompt_version_marker() {
     let found = wait_markers(api, "rag-model", 1, || tw.log()).await;
     assert_eq!(found.len(), 1, "{found:#?}");
     assert_marker(&found[0], "prompt_version", "tmpl-3", "tmpl-4", "otlp");
-    // The record keeps its prompt version.
-    let r = get(&format!(
-        "http://{api}/api/v1/requests?model=rag-model&limit=1"
-    ))
-    .await
-    .json();
-    assert_eq!(r["requests"][0]["prompt_version"], "tmpl-4", "{r}");
+    // Each record keeps its prompt version. The marker is made as the spans are read, before
+    // their records are written, so the records are read by id once stored.
+    let first_old = stored_record(api, &format!("{:016x}", 0xbead_0000_u64), &tw).await;
+    assert_eq!(first_old["prompt_version"], "tmpl-3", "{first_old}");
+    let first_new = stored_record(api, &format!("{:016x}", 0xbead_0000_u64 + 100), &tw).await;
+    assert_eq!(first_new["prompt_version"], "tmpl-4", "{first_new}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
