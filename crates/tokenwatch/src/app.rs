@@ -343,7 +343,8 @@ impl RunningApp {
         let (audit, audit_closer) =
             crate::audit::start(&cfg.audit, &cfg.data_dir, &metrics, stop.clone())?;
         servers.extend(audit_closer);
-        servers.extend(auth.spawn_reload(stop.clone(), audit.clone()));
+        let tokens_audit = audit.clone();
+        servers.extend(auth.spawn_reload(stop.clone(), move |r| tokens_audit.event(r.into())));
 
         let mut source_routes = Vec::new();
         let mut listening = Vec::new();

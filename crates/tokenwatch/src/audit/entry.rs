@@ -61,6 +61,19 @@ pub enum AuditEvent {
     },
 }
 
+impl From<crate::auth::TokensReload> for AuditEvent {
+    fn from(r: crate::auth::TokensReload) -> AuditEvent {
+        match r {
+            crate::auth::TokensReload::Reloaded { file, tokens } => {
+                AuditEvent::TokensReloaded { file, tokens }
+            }
+            crate::auth::TokensReload::Failed { file, error } => {
+                AuditEvent::TokensReloadFailed { file, error }
+            }
+        }
+    }
+}
+
 /// Refused attempts of one client address, caller and status not written whole within one
 /// window (`super::refusals`): how many, the first and the last.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,7 +6,6 @@ pub mod grpc;
 pub mod http;
 pub mod tokens;
 
-use crate::audit::{AuditEvent, AuditLog};
 use crate::kernel::duration::HumanDuration;
 use crate::kernel::telemetry::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -300,11 +299,11 @@ impl AuthHandle {
 
     /// Re-read the tokens file every `auth.reload_interval` until `stop`; a change that parses
     /// replaces the tokens, one that does not is logged and the previous tokens stay. Both are
-    /// configuration changes written to `audit`.
+    /// configuration changes, told to `report` (the audit log records them).
     pub fn spawn_reload(
         &self,
         mut stop: watch::Receiver<bool>,
-        audit: AuditLog,
+        report: impl Fn(TokensReload) + Send + 'static,
     ) -> Option<JoinHandle<()>> {
         let auth = self.0.clone()?;
         Some(tokio::spawn(async move {
@@ -327,7 +326,7 @@ impl AuthHandle {
                             continue;
                         }
                         seen = Some(d);
-                        auth.reload(&bytes, &mut last_error, &audit);
+                        auth.reload(&bytes, &mut last_error, &report);
                     }
                     Err(e) => {
                         let e = TokensError::Read {
@@ -337,7 +336,7 @@ impl AuthHandle {
                         .to_string();
                         if last_error.as_deref() != Some(e.as_str()) {
                             tracing::error!(error = %e, "auth: reloading the tokens file failed; the previous tokens stay in force");
-                            audit.event(AuditEvent::TokensReloadFailed {
+                            report(TokensReload::Failed {
                                 file: auth.file.display().to_string(),
                                 error: e.clone(),
                             });
@@ -352,13 +351,27 @@ impl AuthHandle {
     }
 }
 
+/// What one reload of the tokens file did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokensReload {
+    /// The changed file parsed; its `tokens` are in force.
+    Reloaded { file: String, tokens: usize },
+    /// The file changed but could not be read or parsed; the previous tokens stay.
+    Failed { file: String, error: String },
+}
+
 impl Auth {
-    fn reload(&self, bytes: &[u8], last_error: &mut Option<String>, audit: &AuditLog) {
+    fn reload(
+        &self,
+        bytes: &[u8],
+        last_error: &mut Option<String>,
+        report: &impl Fn(TokensReload),
+    ) {
         let file = self.file.display().to_string();
         match TokenSet::from_bytes(bytes, &file) {
             Ok(set) => {
                 tracing::info!(file = %file, tokens = set.len(), "auth: tokens file reloaded");
-                audit.event(AuditEvent::TokensReloaded {
+                report(TokensReload::Reloaded {
                     file,
                     tokens: set.len(),
                 });
@@ -368,7 +381,7 @@ impl Auth {
             Err(e) => {
                 tracing::error!(error = %e, "auth: the changed tokens file is invalid; the previous tokens stay in force");
                 // TokensError never contains a token (see tokens.rs), so it may be logged.
-                audit.event(AuditEvent::TokensReloadFailed {
+                report(TokensReload::Failed {
                     file,
                     error: e.to_string(),
                 });

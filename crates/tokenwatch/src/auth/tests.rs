@@ -240,8 +240,10 @@ async fn reload_replaces_tokens_and_keeps_them_on_a_bad_file() {
     cfg.auth.reload_interval = HumanDuration(Duration::from_millis(100));
     let h = AuthHandle::from_config(&cfg.auth).unwrap();
     let (stop_tx, stop) = watch::channel(false);
+    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let told = reports.clone();
     let task = h
-        .spawn_reload(stop, crate::audit::AuditLog::default())
+        .spawn_reload(stop, move |r| told.lock().unwrap().push(r))
         .unwrap();
     let bearer = |t: &str| format!("Bearer {t}");
     let ok = |t: &str| check(&h, Some(&bearer(t)), Role::Read).is_ok();
@@ -278,6 +280,25 @@ async fn reload_replaces_tokens_and_keeps_them_on_a_bad_file() {
     assert!(wait(true, READ).await);
     stop_tx.send(true).unwrap();
     task.await.unwrap();
+    // Each change is told once: loaded, refused (bad token), unreadable (gone), loaded again.
+    let reports = reports.lock().unwrap().clone();
+    let kinds: Vec<(&str, Option<usize>)> = reports
+        .iter()
+        .map(|r| match r {
+            super::TokensReload::Reloaded { tokens, .. } => ("reloaded", Some(*tokens)),
+            super::TokensReload::Failed { .. } => ("failed", None),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("reloaded", Some(1)),
+            ("failed", None),
+            ("failed", None),
+            ("reloaded", Some(1))
+        ],
+        "{reports:#?}"
+    );
 }
 
 #[cfg(unix)]

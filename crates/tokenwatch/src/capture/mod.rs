@@ -6,8 +6,7 @@ pub mod mask;
 pub mod telemetry;
 
 use crate::kernel::duration::HumanDuration;
-use crate::kernel::stream_format::StreamFormat;
-use bytes::Bytes;
+use crate::kernel::raw_text::RawText;
 use http::HeaderMap;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -17,8 +16,6 @@ use tokenwatch_core::model::CapturedText;
 
 /// File in the data directory holding the masking key (created on first use, mode 0600).
 pub const KEY_FILE: &str = "capture-key";
-/// Most response bytes the proxy keeps of one response for capture; the rest still flows.
-const MAX_RAW_RESPONSE: usize = 4 * 1024 * 1024;
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -206,56 +203,10 @@ impl RetentionConfig {
     }
 }
 
-/// What the proxy keeps of one request for capture: the request body and the response bytes
-/// as they passed. Nothing is parsed or masked on the proxy's threads; the pipeline does that.
-#[derive(Debug)]
-pub struct RawText {
-    pub format: StreamFormat,
-    pub region: String,
-    pub request: Bytes,
-    response: Vec<Bytes>,
-    response_len: usize,
-    /// The response was longer than what is kept.
-    response_cut: bool,
-    /// The upstream answered `text/event-stream`.
-    pub event_stream: bool,
-}
-
-impl RawText {
-    pub fn new(format: StreamFormat, region: String, request: Bytes) -> RawText {
-        RawText {
-            format,
-            region,
-            request,
-            response: Vec::new(),
-            response_len: 0,
-            response_cut: false,
-            event_stream: false,
-        }
-    }
-
-    /// Keep a response chunk (a reference-counted clone, no copy) while under the limit.
-    pub fn push(&mut self, data: &Bytes) {
-        if self.response_len + data.len() <= MAX_RAW_RESPONSE {
-            self.response_len += data.len();
-            self.response.push(data.clone());
-        } else {
-            self.response_cut = true;
-        }
-    }
-
-    /// The completion text of the response kept so far, unmasked (for local embeddings).
-    pub fn completion_text(&self) -> String {
-        extract::completion(self.format, &self.response_bytes(), self.event_stream)
-    }
-
-    fn response_bytes(&self) -> Vec<u8> {
-        let mut all = Vec::with_capacity(self.response_len);
-        for b in &self.response {
-            all.extend_from_slice(b);
-        }
-        all
-    }
+/// The completion text of the response the proxy kept, unmasked (for local embeddings, and
+/// masked by `TextCapture::finish` for storage).
+pub fn completion_text(raw: &RawText) -> String {
+    extract::completion(raw.format, &raw.response_bytes(), raw.event_stream)
 }
 
 /// The pipeline's capture stage: turns what the proxy kept into masked, bounded text.
@@ -279,7 +230,7 @@ impl TextCapture {
 
     pub fn finish(&self, raw: &RawText) -> CapturedText {
         let prompt = extract::prompt(&raw.request);
-        let completion = extract::completion(raw.format, &raw.response_bytes(), raw.event_stream);
+        let completion = completion_text(raw);
         let (prompt, prompt_cut) = cut(prompt, self.max_bytes);
         let (completion, completion_cut) = cut(completion, self.max_bytes);
         let p = self.masker.mask(&prompt);
@@ -293,7 +244,7 @@ impl TextCapture {
             prompt: p.text,
             completion: c.text,
             masked,
-            truncated: prompt_cut || completion_cut || raw.response_cut,
+            truncated: prompt_cut || completion_cut || raw.response_cut(),
         }
     }
 }
@@ -314,6 +265,8 @@ pub(crate) fn cut(mut s: String, max: usize) -> (String, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::stream_format::StreamFormat;
+    use bytes::Bytes;
 
     #[test]
     fn region_from_header_then_tenant_then_default() {
@@ -405,15 +358,5 @@ mod tests {
             "cut before masking: {}",
             t.completion
         );
-    }
-
-    #[test]
-    fn raw_response_is_kept_up_to_its_limit() {
-        let mut raw = RawText::new(StreamFormat::OpenAi, "default".into(), Bytes::new());
-        let big = Bytes::from(vec![b'x'; MAX_RAW_RESPONSE - 1]);
-        raw.push(&big);
-        raw.push(&Bytes::from_static(b"yy"));
-        assert!(raw.response_cut);
-        assert_eq!(raw.response_bytes().len(), MAX_RAW_RESPONSE - 1);
     }
 }

@@ -4,8 +4,8 @@
 #[cfg(feature = "embeddings")]
 pub mod bert;
 
-use crate::capture::RawText;
 use crate::kernel::queue::{Detour, TelemetryQueue};
+use crate::kernel::raw_text::RawText;
 use crate::kernel::telemetry::Metrics;
 use prometheus_client::metrics::counter::Counter;
 use std::path::{Path, PathBuf};
@@ -180,7 +180,7 @@ struct Worker {
 impl Worker {
     fn handle(&self, mut record: RequestRecord, raw: Box<RawText>) {
         if record.embedding.is_empty() {
-            let text = raw.completion_text();
+            let text = crate::capture::completion_text(&raw);
             let text = cut_chars(&text, self.max_chars);
             if !text.trim().is_empty() {
                 match self.embedder.embed(text) {

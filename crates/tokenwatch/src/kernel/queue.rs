@@ -3,7 +3,7 @@
 // queue is full the record is dropped and counted, and the request it describes is unaffected.
 // The pipeline (`crate::pipeline`) makes the queue and owns its receiving side.
 
-use crate::capture::RawText;
+use crate::kernel::raw_text::RawText;
 use crate::kernel::telemetry::Metrics;
 use std::sync::Arc;
 use tokenwatch_core::model::{FirstToken, RequestRecord};

@@ -424,7 +424,7 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let raw = match (&st.capture, format) {
         (Some(c), Some(f)) => {
             let region = c.region_of(&parts.headers, &record.labels.tenant);
-            Some(Box::new(crate::capture::RawText::new(
+            Some(Box::new(crate::kernel::raw_text::RawText::new(
                 f,
                 region,
                 body.clone(),

@@ -27,7 +27,7 @@ pub struct InFlight {
     pub started: Instant,
     pub queue: TelemetryQueue,
     /// The request's and response's bytes, kept for text capture when it is on.
-    pub raw: Option<Box<crate::capture::RawText>>,
+    pub raw: Option<Box<crate::kernel::raw_text::RawText>>,
 }
 
 impl InFlight {
