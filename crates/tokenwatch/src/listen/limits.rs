@@ -40,9 +40,10 @@ pub struct LimitsConfig {
     /// once (counted, and warned about once), so idle sockets cannot take every descriptor.
     pub max_connections: usize,
     /// Most bytes of request bodies the proxy holds at once, over all its connections (each
-    /// body is read whole to find its model, up to `proxy.max_request_body_bytes`). A request
-    /// whose body would go over it is answered 503 with `Retry-After` at once, counted, instead
-    /// of memory growing with every large body in flight.
+    /// body is read whole to find its model, up to `proxy.max_request_body_bytes`), and, as a
+    /// budget of its own, the OTLP/HTTP receiver. A request whose body would go over it is
+    /// answered 503 with `Retry-After` at once, counted, instead of memory growing with every
+    /// large body in flight.
     pub max_buffered_body_bytes: usize,
 }
 
@@ -183,6 +184,30 @@ pub struct BodyReservation {
     budget: BodyBudget,
 }
 
+impl BodyReservation {
+    /// Reserve what a body of `len` bytes needs beyond what is held already; false (nothing
+    /// more reserved) when the budget has not that much left.
+    pub fn cover(&mut self, len: usize) -> bool {
+        let held = self.permit.as_ref().map_or(0, |p| p.num_permits());
+        let need = len.div_ceil(BUDGET_UNIT).saturating_sub(held);
+        if need == 0 {
+            return true;
+        }
+        let Some(more) = u32::try_from(need)
+            .ok()
+            .and_then(|n| self.budget.units.clone().try_acquire_many_owned(n).ok())
+        else {
+            return false;
+        };
+        match self.permit.as_mut() {
+            Some(h) => h.merge(more),
+            None => self.permit = Some(more),
+        }
+        self.budget.show();
+        true
+    }
+}
+
 impl Drop for BodyReservation {
     fn drop(&mut self) {
         drop(self.permit.take());
@@ -232,6 +257,14 @@ impl BodyBudget {
         (self.limit.div_ceil(BUDGET_UNIT) - self.units.available_permits()) * BUDGET_UNIT
     }
 
+    /// An empty reservation, grown with `BodyReservation::cover` as a body is read.
+    pub fn reservation(&self) -> BodyReservation {
+        BodyReservation {
+            permit: None,
+            budget: self.clone(),
+        }
+    }
+
     /// Reads `body` whole (at most `max` bytes), reserving each chunk's bytes before keeping
     /// it; the reservation is held until the returned one is dropped. A body that arrives as
     /// one chunk is returned without a copy.
@@ -243,11 +276,8 @@ impl BodyBudget {
         use http_body_util::BodyExt;
         let mut body = body;
         let mut chunks: Vec<bytes::Bytes> = Vec::new();
-        let (mut len, mut reserved) = (0usize, 0usize);
-        let mut held = BodyReservation {
-            permit: None,
-            budget: self.clone(),
-        };
+        let mut len = 0usize;
+        let mut held = self.reservation();
         while let Some(frame) = body.frame().await {
             let Ok(data) = frame.map_err(BodyReadError::Read)?.into_data() else {
                 continue; // trailers
@@ -256,18 +286,8 @@ impl BodyBudget {
             if len > max {
                 return Err(BodyReadError::TooLarge);
             }
-            let need = len.div_ceil(BUDGET_UNIT) - reserved;
-            if need > 0 {
-                let more = u32::try_from(need)
-                    .ok()
-                    .and_then(|n| self.units.clone().try_acquire_many_owned(n).ok())
-                    .ok_or(BodyReadError::OverBudget)?;
-                reserved += need;
-                match held.permit.as_mut() {
-                    Some(h) => h.merge(more),
-                    None => held.permit = Some(more),
-                }
-                self.show();
+            if !held.cover(len) {
+                return Err(BodyReadError::OverBudget);
             }
             chunks.push(data);
         }

@@ -385,3 +385,62 @@ async fn request_bodies_held_at_once_stay_within_their_budget() {
         "{m}"
     );
 }
+
+/// Slow OTLP/HTTP uploads do not starve other exporters: 20 connections trickling their bodies
+/// (more than the receiver's 16 processing slots) hold no slot while their bytes arrive, so an
+/// ordinary export is answered 200 meanwhile; each slow one is answered 408 at
+/// `otlp.body_read_timeout`, naming the key, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_otlp_uploads_hold_no_processing_slot_and_time_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tw, api, otlp_http) =
+        start_otlp_collector_with(dir.path(), "otlp:\n  body_read_timeout: 3s\n").await;
+    let mut slow: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = TcpStream::connect(otlp_http).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            s.write_all(
+                format!(
+                    "POST /v1/traces HTTP/1.1\r\nhost: {otlp_http}\r\ncontent-type: application/json\r\ncontent-length: 50000\r\n\r\n{{\"resourceSpans\""
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+            s
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let span = common::otlp::chat_span(
+        &format!("{:032x}", 0xfa11_u128),
+        &format!("{:016x}", 0xfa11_u64),
+        "fair-model",
+        now_ns() - 100_000_000,
+        now_ns(),
+        5,
+    );
+    // Asserts 200.
+    common::otlp::post_otlp_spans(otlp_http, "fair-app", vec![span]).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "an ordinary export waited {:?} behind slow uploads",
+        started.elapsed()
+    );
+    for s in &mut slow {
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("otlp.body_read_timeout"), "{text}");
+    }
+    let m = get(&format!("http://{api}/metrics")).await.body;
+    assert_eq!(
+        metric_value(
+            &m,
+            r#"tokenwatch_otlp_requests_total{transport="http",outcome="body_timeout"}"#
+        ),
+        Some(20.0),
+        "{m}\n{}",
+        tw.log_tail(20)
+    );
+}

@@ -39,6 +39,14 @@ pub enum DecodeError {
     Protobuf { what: &'static str, error: String },
     #[error("invalid OTLP/JSON {what}: {error}")]
     Json { what: &'static str, error: String },
+    #[error(
+        "tokenwatch holds {held} bytes of OTLP request bodies being received, and this one would go over limits.max_buffered_body_bytes ({limit}); retry shortly"
+    )]
+    OverBudget { held: usize, limit: usize },
+    #[error(
+        "the request body did not arrive within otlp.body_read_timeout ({timeout_ms} ms); a slow upload does not hold the receiver"
+    )]
+    SlowBody { timeout_ms: u64 },
 }
 
 impl DecodeError {
@@ -46,7 +54,18 @@ impl DecodeError {
         match self {
             DecodeError::ContentType(_) | DecodeError::ContentEncoding(_) => 415,
             DecodeError::TooLarge { .. } => 413,
+            DecodeError::OverBudget { .. } => 503,
+            DecodeError::SlowBody { .. } => 408,
             _ => 400,
+        }
+    }
+
+    /// The `google.rpc.Status` code of the answer.
+    pub fn code(&self) -> tonic::Code {
+        match self.status() {
+            503 => tonic::Code::Unavailable,
+            408 => tonic::Code::DeadlineExceeded,
+            _ => tonic::Code::InvalidArgument,
         }
     }
 
@@ -55,6 +74,8 @@ impl DecodeError {
         match self.status() {
             415 => "unsupported_media_type",
             413 => "too_large",
+            503 => "over_budget",
+            408 => "body_timeout",
             _ => "bad_request",
         }
     }

@@ -3,6 +3,7 @@
 
 use super::codec::{self, DecodeError, Encoding};
 use super::ingest::{Accepted, Ingest, Refused, Transport};
+use crate::listen::limits::{BodyBudget, BodyReservation};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -24,6 +25,10 @@ use std::sync::Arc;
 pub struct HttpState {
     pub ingest: Arc<Ingest>,
     pub max_request_bytes: usize,
+    /// Bytes of bodies being received at once, over every connection (`limits.max_buffered_body_bytes`).
+    pub body_budget: BodyBudget,
+    /// Longest a body may take to arrive (`otlp.body_read_timeout`).
+    pub body_read_timeout: std::time::Duration,
 }
 
 #[derive(Clone, Copy)]
@@ -66,7 +71,7 @@ fn error(status: StatusCode, code: tonic::Code, message: &str, enc: Option<Encod
 fn decode_failure(state: &HttpState, e: &DecodeError, enc: Option<Encoding>) -> Response {
     state.ingest.stats.request(Transport::Http, e.outcome());
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
-    let resp = error(status, tonic::Code::InvalidArgument, &e.to_string(), enc);
+    let resp = error(status, e.code(), &e.to_string(), enc);
     // Counted by the listener in `tokenwatch_rejected_requests{reason="body_too_large"}`.
     if matches!(e, DecodeError::TooLarge { .. }) {
         crate::listen::limits::mark_body_too_large(resp)
@@ -107,12 +112,15 @@ fn header_str(h: &HeaderMap, name: header::HeaderName) -> Option<&str> {
 const DRAIN_MAX_BYTES: usize = 64 * 1024 * 1024;
 const DRAIN_MAX_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The request body, inflated when gzip, never more than `limit` bytes held.
+/// The request body, inflated when gzip, never more than `limit` bytes held, and what it holds
+/// of the listener's `budget` (its bytes as received) until dropped.
 async fn read_body(
     headers: &HeaderMap,
     mut body: Body,
     limit: usize,
-) -> Result<Vec<u8>, DecodeError> {
+    budget: &BodyBudget,
+) -> Result<(Vec<u8>, BodyReservation), DecodeError> {
+    let mut held = budget.reservation();
     let gzip = codec::is_gzip(header_str(headers, header::CONTENT_ENCODING))?;
     let declared = header_str(headers, header::CONTENT_LENGTH).and_then(|v| v.parse::<u64>().ok());
     let mut too_large = declared.is_some_and(|n| n > limit as u64);
@@ -134,6 +142,12 @@ async fn read_body(
                 break;
             }
         } else {
+            if !held.cover(raw.len() + data.len()) {
+                return Err(DecodeError::OverBudget {
+                    held: budget.held(),
+                    limit: budget.limit(),
+                });
+            }
             raw.extend_from_slice(&data);
         }
     }
@@ -141,9 +155,9 @@ async fn read_body(
         return Err(DecodeError::TooLarge { limit });
     }
     if gzip {
-        codec::gunzip(&raw, limit)
+        Ok((codec::gunzip(&raw, limit)?, held))
     } else {
-        Ok(raw)
+        Ok((raw, held))
     }
 }
 
@@ -170,13 +184,24 @@ async fn handle(State(state): St, headers: HeaderMap, body: Body, signal: Signal
         Ok(e) => e,
         Err(e) => return decode_failure(&state, &e, None),
     };
+    // The body is received before a processing slot is taken: a slot is held only while an
+    // export is decoded and mapped, so slow uploads (a trickling client, a congested link) wait
+    // on their own bytes — bounded by the body budget and the read timeout — and never starve
+    // other clients' exports of slots.
+    let read = read_body(&headers, body, state.max_request_bytes, &state.body_budget);
+    let (bytes, _held) = match tokio::time::timeout(state.body_read_timeout, read).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return decode_failure(&state, &e, Some(enc)),
+        Err(_) => {
+            let e = DecodeError::SlowBody {
+                timeout_ms: u64::try_from(state.body_read_timeout.as_millis()).unwrap_or(u64::MAX),
+            };
+            return decode_failure(&state, &e, Some(enc));
+        }
+    };
     let _permit = match state.ingest.admit() {
         Ok(p) => p,
         Err(r) => return refused(&state, r, enc),
-    };
-    let bytes = match read_body(&headers, body, state.max_request_bytes).await {
-        Ok(b) => b,
-        Err(e) => return decode_failure(&state, &e, Some(enc)),
     };
     let ingest = &state.ingest;
     match signal {

@@ -45,6 +45,10 @@ pub struct OtlpConfig {
     /// too: the last this many ids (about 100 bytes each; a streamed request takes two); 0 turns
     /// it off.
     pub shipped_dedup_capacity: usize,
+    /// Longest an OTLP/HTTP request body may take to arrive; a slower one is answered 408. Its
+    /// bytes meanwhile count against `limits.max_buffered_body_bytes` (the receiver's own
+    /// budget), and no processing slot is held while it arrives.
+    pub body_read_timeout: crate::kernel::duration::HumanDuration,
 }
 
 impl Default for OtlpConfig {
@@ -56,6 +60,9 @@ impl Default for OtlpConfig {
             max_request_bytes: 8 * 1024 * 1024,
             tls: None,
             shipped_dedup_capacity: 200_000,
+            body_read_timeout: crate::kernel::duration::HumanDuration(
+                std::time::Duration::from_secs(60),
+            ),
         }
     }
 }
@@ -181,6 +188,10 @@ impl super::Source for OtlpSource {
             let router = http::router(Arc::new(http::HttpState {
                 ingest,
                 max_request_bytes: cfg.max_request_bytes,
+                body_budget: crate::listen::limits::BodyBudget::new(
+                    self.limits.max_buffered_body_bytes,
+                ),
+                body_read_timeout: cfg.body_read_timeout.0,
             }));
             let router = crate::auth::http::protect_otlp(router, &ctx.listen.auth);
             let http_tls = ctx.listen.tls.otlp_http.clone();
