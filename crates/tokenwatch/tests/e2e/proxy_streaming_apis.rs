@@ -178,6 +178,26 @@ async fn responses_messages_and_reasoning_chat_are_timed_and_recorded() {
     assert_eq!(u(&c["reasoning_tokens"]), REASONING, "{c}");
     assert!(r["prefix_key"].is_string(), "{r}");
 
+    // Anthropic Messages through the Anthropic SDK: timed and counted like the raw calls below,
+    // and its `x-api-key` is the same tenant as the OpenAI client's bearer token of that key.
+    let c = &seen["sdk-msg"];
+    let r = stored_record(stack.api, "sdk-msg", &stack.tw).await;
+    check_ok(&r, "/v1/messages");
+    check_stream_timing(&r, u(&c["deltas"]));
+    assert_eq!(
+        (&r["output_tokens"], &r["prompt_tokens"]),
+        (&c["output_tokens"], &c["input_tokens"]),
+        "{r}"
+    );
+    let openai_tenant = stored_record(stack.api, "resp-json", &stack.tw).await["tenant"].clone();
+    assert!(
+        openai_tenant
+            .as_str()
+            .is_some_and(|t| t.starts_with("key-")),
+        "{openai_tenant}"
+    );
+    assert_eq!(r["tenant"], openai_tenant, "{r}");
+
     // Responses, not streamed.
     let c = &seen["resp-json"];
     let r = stored_record(stack.api, "resp-json", &stack.tw).await;
@@ -245,7 +265,11 @@ async fn responses_messages_and_reasoning_chat_are_timed_and_recorded() {
     .await
     .json();
     let reqs = list["requests"].as_array().unwrap();
-    assert_eq!(reqs.len(), 5, "{list}");
+    assert_eq!(
+        reqs.len(),
+        6,
+        "three OpenAI client calls, the Anthropic SDK's, two raw: {list}"
+    );
     let with_reasoning = reqs
         .iter()
         .filter(|r| r["reasoning_tokens"] == REASONING)

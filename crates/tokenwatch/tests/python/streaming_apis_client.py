@@ -1,5 +1,6 @@
 """Drive tokenwatch's proxy with the real OpenAI Python client over the Responses API (streamed
-and not) and a streamed chat completion of a reasoning model, as a user would.
+and not) and a streamed chat completion of a reasoning model, and with the real Anthropic Python
+client over the Messages API (streamed; it authenticates with `x-api-key`), as a user would.
 
 Usage: streaming_apis_client.py BASE_URL MODEL MAX_TOKENS
 Prints one JSON object keyed by the x-request-id each request was sent with: what the client
@@ -9,6 +10,7 @@ import json
 import sys
 import time
 
+from anthropic import Anthropic
 from openai import OpenAI
 
 base_url, model, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -90,5 +92,30 @@ out["chat-think"] = {
     "prompt_tokens": usage.prompt_tokens,
     "completion_tokens": usage.completion_tokens,
     "reasoning_tokens": usage.completion_tokens_details.reasoning_tokens if usage.completion_tokens_details else None,
+}
+# Anthropic Messages through the Anthropic SDK, streamed, with the same API key as the OpenAI
+# client above (sent as `x-api-key`, not `Authorization`).
+anthropic = Anthropic(
+    base_url=base_url.removesuffix("/v1"), api_key="sk-test-key", max_retries=0, timeout=60
+)
+text_deltas = 0
+with anthropic.messages.stream(
+    model=model,
+    max_tokens=max_tokens,
+    messages=[{"role": "user", "content": "what is paged attention?"}],
+    extra_headers={"x-request-id": "sdk-msg"},
+) as stream:
+    for event in stream:
+        # Deltas with text, thinking or answer (the simulator, like vLLM, sends some empty ones).
+        if event.type == "content_block_delta" and (
+            getattr(event.delta, "text", None) or getattr(event.delta, "thinking", None)
+        ):
+            text_deltas += 1
+    final = stream.get_final_message()
+out["sdk-msg"] = {
+    "deltas": text_deltas,
+    "stop_reason": final.stop_reason,
+    "input_tokens": final.usage.input_tokens,
+    "output_tokens": final.usage.output_tokens,
 }
 print(json.dumps(out))

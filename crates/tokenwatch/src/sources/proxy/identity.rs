@@ -92,7 +92,8 @@ impl TraceParent {
 }
 
 /// The tenant of a request: the configured header when present, else `key-<16 hex>` from a
-/// salted SHA-256 of the bearer API key, else `anonymous`.
+/// salted SHA-256 of the API key — the bearer token, Azure OpenAI's `api-key` or Anthropic's
+/// `x-api-key` (one key gives one tenant whichever header carries it) — else `anonymous`.
 pub fn tenant_of(headers: &HeaderMap, tenant_header: &str, salt: &[u8]) -> String {
     if let Some(v) = headers.get(tenant_header).and_then(|v| v.to_str().ok()) {
         let v = v.trim();
@@ -110,7 +111,8 @@ pub fn tenant_of(headers: &HeaderMap, tenant_header: &str, salt: &[u8]) -> Strin
                 .unwrap_or(v)
                 .trim()
         })
-        .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()));
+        .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
     match key {
         Some(k) if !k.is_empty() => {
             let mut h = Sha256::new();
@@ -205,5 +207,11 @@ mod tests {
             tenant_of(&HeaderMap::new(), "x-tenant-id", b"salt"),
             "anonymous"
         );
+        // The same key under Azure's `api-key` or Anthropic's `x-api-key` is the same tenant.
+        for name in ["api-key", "x-api-key"] {
+            let mut h = HeaderMap::new();
+            h.insert(name, "sk-secret".parse().unwrap());
+            assert_eq!(tenant_of(&h, "x-tenant-id", b"salt"), t1, "{name}");
+        }
     }
 }
