@@ -191,6 +191,7 @@ impl RunningApp {
             cfg.export.prometheus.max_label_bytes,
             cfg.export.prometheus.max_series_per_family,
         );
+        metrics.set_idle_series_after(cfg.export.prometheus.idle_series_after.0);
         auth.register(&metrics);
         let aggregator = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig {
             idle_series_after_ms: cfg.aggregation.idle_series_after.0.as_millis() as i64,

@@ -36,6 +36,11 @@ pub struct PrometheusExportConfig {
     /// counted in one series whose input-derived labels read `__other__`, and in
     /// `tokenwatch_metrics_series_overflow_total{family}`.
     pub max_series_per_family: usize,
+    /// A request label set (a model, replica, version…) not observed for this long leaves every
+    /// request family, and its place in the budget is free for a new one: a retired model or a
+    /// replaced pod stops showing and stops holding the budget. Its counters start from zero if
+    /// it comes back (Prometheus reads that as a reset). At least 1 s.
+    pub idle_series_after: crate::kernel::duration::HumanDuration,
 }
 
 impl Default for PrometheusExportConfig {
@@ -44,6 +49,11 @@ impl Default for PrometheusExportConfig {
             tenant_label: false,
             max_label_bytes: crate::kernel::telemetry::DEFAULT_MAX_LABEL_BYTES,
             max_series_per_family: crate::kernel::telemetry::DEFAULT_MAX_SERIES_PER_FAMILY,
+            idle_series_after: crate::kernel::duration::HumanDuration(
+                std::time::Duration::from_millis(
+                    crate::kernel::telemetry::DEFAULT_IDLE_SERIES_AFTER_MS as u64,
+                ),
+            ),
         }
     }
 }
@@ -482,6 +492,78 @@ mod tests {
             .find(|(l, _)| l.get("family").map(String::as_str) == Some(family))
             .map(|(_, v)| v)
             .unwrap_or_else(|| panic!("no overflow counter for {family}: {text}"))
+    }
+
+    #[test]
+    fn idle_label_sets_leave_every_family_and_free_their_place_in_the_budget() {
+        let m = Metrics::new();
+        m.set_series_limits(128, 6);
+        m.set_idle_series_after(std::time::Duration::from_secs(3600));
+        let now = tokenwatch_core::clock::now_unix_ms();
+        let failed = |model: &str| {
+            let mut r = with_model(model);
+            r.status = 500;
+            r.error_class = Some(tokenwatch_core::model::ErrorClass::Upstream5xx);
+            (r.prompt_tokens, r.output_tokens) = (None, None);
+            r
+        };
+        // m0 (a success and a failure) and m1 last seen two hours ago, m2 ten minutes ago.
+        m.observe_at(&with_model("m0"), now - 7_200_000);
+        m.observe_at(&failed("m0"), now - 7_200_000);
+        m.observe_at(&with_model("m1"), now - 7_200_000);
+        m.observe_at(&with_model("m2"), now - 600_000);
+        let models = |text: &str, name: &str| -> Vec<String> {
+            let mut v: Vec<String> = samples(text, name)
+                .into_iter()
+                .map(|(l, _)| l["gen_ai_request_model"].clone())
+                .collect();
+            v.sort();
+            v
+        };
+        // A scrape sweeps them out of every family, the outcome series of m0's failure too.
+        let text = m.encode();
+        for family in [
+            "tokenwatch_requests_total",
+            "gen_ai_server_request_duration_seconds_count",
+            "gen_ai_client_operation_duration_seconds_count",
+            "gen_ai_server_time_to_first_token_seconds_count",
+            "gen_ai_server_time_per_output_token_seconds_count",
+        ] {
+            assert_eq!(models(&text, family), ["m2"], "{family}: {text}");
+        }
+        assert_eq!(
+            models(&text, "gen_ai_client_token_usage_count"),
+            ["m2", "m2"],
+            "{text}"
+        );
+        // Their places are free (six budgeted, m2 holds one): five new models get series of
+        // their own, a sixth folds.
+        for model in ["m3", "m4", "m5", "m6", "m7", "m8"] {
+            m.observe_at(&with_model(model), now);
+        }
+        let text = m.encode();
+        assert_eq!(
+            models(&text, "tokenwatch_requests_total"),
+            ["__other__", "m2", "m3", "m4", "m5", "m6", "m7"],
+            "{text}"
+        );
+        assert_eq!(overflow(&text, "tokenwatch_requests"), 1.0, "{text}");
+        // Observing goes on sweeping without a scrape: two hours on, only the newest is left
+        // (with `__other__`), and a model that comes back starts from zero.
+        m.observe_at(&with_model("m0"), now + 7_200_000);
+        let text = m.encode();
+        assert_eq!(
+            models(&text, "tokenwatch_requests_total"),
+            ["__other__", "m0"],
+            "{text}"
+        );
+        let requests = samples(&text, "tokenwatch_requests_total");
+        assert!(
+            requests
+                .iter()
+                .any(|(l, v)| l["gen_ai_request_model"] == "m0" && *v == 1.0),
+            "{text}"
+        );
     }
 
     #[test]

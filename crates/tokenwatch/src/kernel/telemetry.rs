@@ -5,7 +5,9 @@
 // board's gauges and feeds it records). The request series' labels come from request bodies and
 // spans, so they are bounded here (`SeriesBudget`): values cut at `export.prometheus.
 // max_label_bytes`, and each family holds at most `max_series_per_family` label sets, the rest
-// folded into one `__other__` series and counted in `tokenwatch_metrics_series_overflow_total`.
+// folded into one `__other__` series and counted in `tokenwatch_metrics_series_overflow_total`;
+// a label set not observed for `export.prometheus.idle_series_after` leaves every family
+// (`IdleSeries`), giving its place back — a retired model or replica does not hold the budget.
 
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -14,9 +16,10 @@ use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use tokenwatch_core::model::ErrorClass;
 use tokenwatch_core::model::RequestRecord;
 
@@ -340,6 +343,8 @@ pub struct Metrics {
     /// `export.prometheus.max_series_per_family`.
     max_series_per_family: AtomicUsize,
     budgets: RequestBudgets,
+    /// `export.prometheus.idle_series_after`: label sets leave the request families when idle.
+    idle: IdleSeries,
 }
 
 /// Default `export.prometheus.max_label_bytes`.
@@ -373,8 +378,8 @@ impl SeriesBudget {
     }
 
     /// Feeds `f` the series of `labels` in `fam` when it exists or the budget (`max` label sets)
-    /// has room for it, else the series of `fold(labels)` (created whatever the budget), counting
-    /// the overflow and logging it the first time.
+    /// has room for it (true), else the series of `fold(labels)` (created whatever the budget),
+    /// counting the overflow and logging it the first time (false).
     fn with<L, M, C>(
         &self,
         fam: &Family<L, M, C>,
@@ -382,21 +387,25 @@ impl SeriesBudget {
         labels: L,
         fold: impl FnOnce(L) -> L,
         f: impl FnOnce(&M),
-    ) where
+    ) -> bool
+    where
         L: Clone + Hash + Eq,
         C: MetricConstructor<M>,
     {
         if let Some(m) = fam.get(&labels) {
-            return f(&m);
+            f(&m);
+            return true;
         }
         let mut admitted = self.admitted.lock().unwrap_or_else(|p| p.into_inner());
         // Another observer may have created it while this one waited.
         if let Some(m) = fam.get(&labels) {
-            return f(&m);
+            f(&m);
+            return true;
         }
         if *admitted < max {
             *admitted += 1;
-            return f(&fam.get_or_create(&labels));
+            f(&fam.get_or_create(&labels));
+            return true;
         }
         drop(admitted);
         self.overflow.inc();
@@ -409,7 +418,86 @@ impl SeriesBudget {
                  (tokenwatch_metrics_series_overflow_total counts them)"
             );
         }
-        f(&fam.get_or_create(&fold(labels)))
+        f(&fam.get_or_create(&fold(labels)));
+        false
+    }
+
+    /// Removes `labels`' series from `fam` and gives its place in the budget back.
+    fn remove<L, M, C>(&self, fam: &Family<L, M, C>, labels: &L)
+    where
+        L: Clone + Hash + Eq,
+        C: MetricConstructor<M>,
+    {
+        let mut admitted = self.admitted.lock().unwrap_or_else(|p| p.into_inner());
+        if fam.remove(labels) {
+            *admitted = admitted.saturating_sub(1);
+        }
+    }
+}
+
+/// Default `export.prometheus.idle_series_after`: an hour.
+pub const DEFAULT_IDLE_SERIES_AFTER_MS: i64 = 3_600_000;
+
+/// When each request label set holding series of its own was last observed, and the error
+/// types it was counted with (its outcome series), so that the label sets idle longer than
+/// `export.prometheus.idle_series_after` are removed from every request family. Only label
+/// sets some family admitted are remembered: at most the families' budgets.
+struct IdleSeries {
+    seen: Mutex<HashMap<RequestLabels, Seen>>,
+    idle_after_ms: AtomicI64,
+    last_sweep_ms: AtomicI64,
+}
+
+#[derive(Default)]
+struct Seen {
+    at_ms: i64,
+    error_types: BTreeSet<Option<String>>,
+}
+
+impl IdleSeries {
+    fn new() -> IdleSeries {
+        IdleSeries {
+            seen: Mutex::new(HashMap::new()),
+            idle_after_ms: AtomicI64::new(DEFAULT_IDLE_SERIES_AFTER_MS),
+            last_sweep_ms: AtomicI64::new(0),
+        }
+    }
+
+    fn touch(&self, labels: &RequestLabels, error_type: &Option<String>, now_ms: i64) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let s = match seen.get_mut(labels) {
+            Some(s) => s,
+            None => seen.entry(labels.clone()).or_default(),
+        };
+        s.at_ms = s.at_ms.max(now_ms);
+        if !s.error_types.contains(error_type) {
+            s.error_types.insert(error_type.clone());
+        }
+    }
+
+    /// Whether a sweep is due: a tenth of the idle period since the last (at most a minute).
+    fn due(&self, now_ms: i64) -> bool {
+        let every = (self.idle_after_ms.load(Ordering::Relaxed) / 10).clamp(1, 60_000);
+        let last = self.last_sweep_ms.load(Ordering::Relaxed);
+        now_ms - last >= every
+            && self
+                .last_sweep_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Takes out the label sets not observed since `now_ms - idle_after`.
+    fn take_idle(&self, now_ms: i64) -> Vec<(RequestLabels, Seen)> {
+        let cutoff = now_ms - self.idle_after_ms.load(Ordering::Relaxed);
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let idle: Vec<RequestLabels> = seen
+            .iter()
+            .filter(|(_, s)| s.at_ms < cutoff)
+            .map(|(l, _)| l.clone())
+            .collect();
+        idle.into_iter()
+            .filter_map(|l| seen.remove(&l).map(|s| (l, s)))
+            .collect()
     }
 }
 
@@ -647,6 +735,42 @@ impl Metrics {
             max_label_bytes: AtomicUsize::new(DEFAULT_MAX_LABEL_BYTES),
             max_series_per_family: AtomicUsize::new(DEFAULT_MAX_SERIES_PER_FAMILY),
             budgets,
+            idle: IdleSeries::new(),
+        }
+    }
+
+    /// `export.prometheus.idle_series_after`: a request label set not observed for this long
+    /// leaves every request family (at least a second).
+    pub fn set_idle_series_after(&self, after: std::time::Duration) {
+        let ms = i64::try_from(after.as_millis())
+            .unwrap_or(i64::MAX)
+            .max(1000);
+        self.idle.idle_after_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Removes from every request family the label sets idle since `now_ms - idle_series_after`
+    /// (their places in the budgets given back).
+    fn sweep_idle(&self, now_ms: i64) {
+        let b = &self.budgets;
+        for (req, seen) in self.idle.take_idle(now_ms) {
+            b.ttft.remove(&self.ttft, &req);
+            b.tpot.remove(&self.tpot, &req);
+            for kind in ["input", "output"] {
+                let t = TokenLabels {
+                    request: req.clone(),
+                    gen_ai_token_type: kind,
+                };
+                b.tokens.remove(&self.tokens, &t);
+            }
+            for error_type in seen.error_types {
+                let o = OutcomeLabels {
+                    request: req.clone(),
+                    error_type,
+                };
+                b.duration.remove(&self.duration, &o);
+                b.operation_duration.remove(&self.operation_duration, &o);
+                b.requests.remove(&self.requests, &o);
+            }
         }
     }
 
@@ -676,8 +800,9 @@ impl Metrics {
         r.register_collector(collector);
     }
 
-    /// Prometheus text exposition format 0.0.4.
+    /// Prometheus text exposition format 0.0.4 (idle request series swept out first).
     pub fn encode(&self) -> String {
+        self.sweep_idle(tokenwatch_core::clock::now_unix_ms());
         let mut out = String::with_capacity(16 * 1024);
         let registry = self.registry.read().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {
@@ -704,6 +829,15 @@ impl Metrics {
     /// each family's series budget. A request for a model no upstream routes (`no_route`) is
     /// counted under the model [`OTHER`].
     pub fn observe(&self, r: &RequestRecord) {
+        self.observe_at(r, tokenwatch_core::clock::now_unix_ms());
+    }
+
+    /// [`Metrics::observe`] at `now_ms` (the clock idle series are measured on).
+    pub(crate) fn observe_at(&self, r: &RequestRecord, now_ms: i64) {
+        // Idle label sets leave first, so that their places are free for this one.
+        if self.idle.due(now_ms) {
+            self.sweep_idle(now_ms);
+        }
         let max_bytes = self.max_label_bytes.load(Ordering::Relaxed);
         let max = self.max_series_per_family.load(Ordering::Relaxed);
         let mut req =
@@ -713,16 +847,20 @@ impl Metrics {
             req.gen_ai_response_model = OTHER.into();
         }
         let b = &self.budgets;
+        // Whether any family holds this label set's own series (not folded into `__other__`).
+        let mut kept = false;
         // The conventions observe first-token and per-token latency for successful responses only.
         if r.is_success() {
             if let Some(t) = r.first_token_s {
-                b.ttft
+                kept |= b
+                    .ttft
                     .with(&self.ttft, max, req.clone(), RequestLabels::folded, |h| {
                         h.observe(t)
                     });
             }
             if let Some(t) = r.time_per_output_token_s() {
-                b.tpot
+                kept |= b
+                    .tpot
                     .with(&self.tpot, max, req.clone(), RequestLabels::folded, |h| {
                         h.observe(t)
                     });
@@ -734,33 +872,40 @@ impl Metrics {
                     request: req.clone(),
                     gen_ai_token_type: kind,
                 };
-                b.tokens
+                kept |= b
+                    .tokens
                     .with(&self.tokens, max, t, TokenLabels::folded, |h| {
                         h.observe(n as f64)
                     });
             }
         }
+        let req_seen = req.clone();
         let mut outcome = OutcomeLabels::of(r, req);
         if let Some(e) = &mut outcome.error_type {
             cap_label(e, max_bytes);
         }
-        b.duration.with(
+        kept |= b.duration.with(
             &self.duration,
             max,
             outcome.clone(),
             OutcomeLabels::folded,
             |h| h.observe(r.end_s),
         );
-        b.operation_duration.with(
+        kept |= b.operation_duration.with(
             &self.operation_duration,
             max,
             outcome.clone(),
             OutcomeLabels::folded,
             |h| h.observe(r.end_s),
         );
-        b.requests
+        let error_type = outcome.error_type.clone();
+        kept |= b
+            .requests
             .with(&self.requests, max, outcome, OutcomeLabels::folded, |c| {
                 c.inc();
             });
+        if kept {
+            self.idle.touch(&req_seen, &error_type, now_ms);
+        }
     }
 }

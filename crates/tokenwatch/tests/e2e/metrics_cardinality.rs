@@ -2,7 +2,9 @@
 // requests naming random models, and some naming one very long model, leave the request
 // families at their `export.prometheus.max_series_per_family` budget with the rest counted in
 // `tokenwatch_metrics_series_overflow_total`, no label value over `max_label_bytes`, the scrape
-// under a fixed size, and a normal request still served and counted under its own model.
+// under a fixed size, and a normal request still served and counted under its own model; and
+// models that fall silent leave the families after `export.prometheus.idle_series_after`,
+// making room for new ones.
 
 use crate::common;
 
@@ -241,4 +243,63 @@ async fn models_no_upstream_routes_are_counted_under_other() {
         "an unrouted model got a request series: {leaked:?}"
     );
     assert_eq!(requests_overflow(&m), 0.0);
+}
+
+/// Label sets not seen for `export.prometheus.idle_series_after` leave `/metrics` and free their
+/// place: with a budget of three, three models that fall silent make room for a new one, which
+/// gets series of its own instead of `__other__`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_model_series_leave_and_make_room_for_new_ones() {
+    let stack = Stack::start_with_config(
+        &["--ttft-ms", "1", "--itl-ms", "1"],
+        "export:\n  prometheus:\n    max_series_per_family: 3\n    idle_series_after: 2s\n",
+    )
+    .await;
+    let proxy = format!("http://{}/v1/chat/completions", stack.proxy);
+    let metrics = format!("http://{}/metrics", stack.api);
+    let request_models = |m: &str| -> Vec<String> {
+        let mut v: Vec<String> = m
+            .lines()
+            .filter(|l| l.starts_with("tokenwatch_requests_total{"))
+            .filter_map(|l| {
+                let (_, rest) = l.split_once("gen_ai_request_model=\"")?;
+                Some(rest.split('"').next()?.to_string())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let wait_for = |want: Vec<&'static str>| {
+        let metrics = metrics.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let m = get(&metrics).await.body;
+                if request_models(&m) == want {
+                    return m;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "want {want:?}, have {:?}",
+                    request_models(&m)
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // The simulator serves one model and answers 404 for the others: they are counted all the
+    // same, under their own names (error_type 404).
+    for model in ["old-0", "old-1", "old-2"] {
+        let r = post(&proxy, &chat(model)).await;
+        assert_eq!(r.status, 404, "{}", r.body);
+    }
+    wait_for(vec!["old-0", "old-1", "old-2"]).await;
+    // Silent for longer than idle_series_after: a scrape no longer shows them …
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    wait_for(vec![]).await;
+    // … and a new model has a series of its own.
+    let r = post(&proxy, &chat("new-0")).await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    let m = wait_for(vec!["new-0"]).await;
+    assert_eq!(requests_overflow(&m), 0.0, "{m}");
 }
