@@ -651,6 +651,10 @@ impl Config {
                 ));
             }
         }
+        for (i, prefix) in self.proxy.path_prefixes.iter().enumerate() {
+            crate::sources::proxy::endpoint::check_prefix(prefix)
+                .map_err(|m| invalid(format!("proxy.path_prefixes[{i}]"), m))?;
+        }
         for (i, u) in self.proxy.upstreams.iter().enumerate() {
             let url = parse_upstream_url(&u.url)
                 .map_err(|m| invalid(format!("proxy.upstreams[{i}].url"), m))?;

@@ -1,5 +1,6 @@
-// /v1/chat/completions and /v1/completions: parse the body, run it through the shared
-// request path (generate.rs), then stream vLLM-shaped SSE chunks or answer one JSON body.
+// /v1/chat/completions and /v1/completions (and Azure OpenAI's deployment path for chat): parse
+// the body, run it through the shared request path (generate.rs), then stream vLLM-shaped SSE
+// chunks or answer one JSON body.
 
 use axum::Json;
 use axum::body::Bytes;
@@ -18,6 +19,25 @@ pub async fn chat(State(app): State<AppState>, headers: HeaderMap, body: Bytes) 
     handle(app, Endpoint::Chat, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Azure OpenAI's `/openai/deployments/{deployment}/chat/completions`: a chat request whose
+/// model is the deployment when the body names none (Azure clients send none).
+pub async fn azure_chat(
+    State(app): State<AppState>,
+    axum::extract::Path(deployment): axum::extract::Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let body = match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(serde_json::Value::Object(mut o)) => {
+            o.entry("model")
+                .or_insert_with(|| serde_json::Value::String(deployment));
+            Bytes::from(serde_json::Value::Object(o).to_string())
+        }
+        _ => body,
+    };
+    chat(State(app), headers, body).await
 }
 
 pub async fn completions(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {

@@ -130,6 +130,13 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(completions::chat))
+        // Azure OpenAI's two shapes of the same call: its v1 API under /openai, and a
+        // deployment's path (the model is the deployment).
+        .route("/openai/v1/chat/completions", post(completions::chat))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(completions::azure_chat),
+        )
         .route("/v1/completions", post(completions::completions))
         .route("/v1/responses", post(responses::create))
         .route("/v1/messages", post(messages::create))

@@ -302,3 +302,59 @@ async fn model_list_comes_from_the_routes_when_no_upstream_takes_every_model() {
     );
     assert_eq!(seen["answers"], serde_json::json!(["m-a", "m-b"]));
 }
+
+/// Azure OpenAI's shapes of a chat call, from the real OpenAI Python client: a deployment's path
+/// (`/openai/deployments/{deployment}/chat/completions?api-version=…`, the model only in the
+/// path, the key in `api-key`) and the v1 API under the `/openai` prefix. Both are forwarded on
+/// their own path and measured like `/v1/chat/completions`: the deployment as the model, first
+/// token and chunks timed, usage counted, and one tenant for the one key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_openai_paths_are_measured_like_v1_chat_completions() {
+    let stack = Stack::start(
+        &["--model", "gpt-4o-prod", "--ttft-ms", "40", "--itl-ms", "5"],
+        &[],
+    )
+    .await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/azure_client.py");
+    let out = Command::new(python())
+        .args([script, &format!("http://{}", stack.proxy), "gpt-4o-prod"])
+        .output()
+        .expect("running the OpenAI client");
+    assert!(
+        out.status.success(),
+        "azure client failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        stack.tw.log()
+    );
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut tenants = Vec::new();
+    for id in ["azure-deployment", "azure-v1"] {
+        let c = &seen[id];
+        let r = stored_record(stack.api, id, &stack.tw).await;
+        assert_eq!(
+            (&r["endpoint"], &r["model_id"], &r["status"], &r["stream"]),
+            (
+                &serde_json::json!("/v1/chat/completions"),
+                &serde_json::json!("gpt-4o-prod"),
+                &serde_json::json!(200),
+                &serde_json::json!(true)
+            ),
+            "{id}: {r}"
+        );
+        let ttft = r["first_token_s"].as_f64().unwrap_or(0.0);
+        assert!(ttft >= 0.04, "{id}: {r}");
+        assert_eq!(r["output_tokens"], c["completion_tokens"], "{id}: {r}");
+        assert_eq!(r["prompt_tokens"], c["prompt_tokens"], "{id}: {r}");
+        assert_eq!(
+            r["chunk_offsets_us"].as_array().map(Vec::len),
+            c["content_chunks"].as_u64().map(|n| n as usize),
+            "{id}: {r}"
+        );
+        tenants.push(r["tenant"].clone());
+    }
+    assert!(
+        tenants[0].as_str().is_some_and(|t| t.starts_with("key-")),
+        "{tenants:?}"
+    );
+    assert_eq!(tenants[0], tenants[1], "api-key and Bearer of one key");
+}

@@ -21,6 +21,12 @@ pub struct ProxyConfig {
     pub ab_group_header: String,
     pub model_version_header: String,
     pub prompt_version_header: String,
+    /// Path prefixes under which the LLM endpoints are measured like `/v1/…` (a gateway or
+    /// ingress mounting the API at `/openai/v1/chat/completions`, say); requests are forwarded on
+    /// their own path. `/openai` by default (Azure OpenAI's v1 API). Azure OpenAI's deployment
+    /// paths (`/openai/deployments/{deployment}/chat/completions`) are measured whatever this
+    /// holds, the deployment standing for the model when the body names none.
+    pub path_prefixes: Vec<String>,
     /// Salt for hashing API keys into tenant ids; generated and kept in the data dir when empty.
     pub tenant_salt: String,
     pub connect_timeout: HumanDuration,
@@ -46,6 +52,7 @@ impl Default for ProxyConfig {
             ab_group_header: "x-ab-group".into(),
             model_version_header: "x-model-version".into(),
             prompt_version_header: "x-prompt-version".into(),
+            path_prefixes: vec!["/openai".into()],
             tenant_salt: String::new(),
             connect_timeout: HumanDuration(Duration::from_secs(5)),
             response_timeout: HumanDuration(Duration::from_secs(300)),

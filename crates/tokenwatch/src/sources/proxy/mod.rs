@@ -2,6 +2,7 @@
 // streams responses back untouched, and records one `RequestRecord` per LLM request.
 
 pub mod config;
+pub mod endpoint;
 pub mod identity;
 mod models;
 pub mod prefix;
@@ -52,6 +53,8 @@ pub struct ProxyState {
     ab_group_header: String,
     model_version_header: String,
     prompt_version_header: String,
+    /// `proxy.path_prefixes`, normalised (see `endpoint::llm_endpoint`).
+    path_prefixes: Vec<String>,
     response_timeout: Duration,
     idle_timeout: Duration,
     max_body: usize,
@@ -95,6 +98,7 @@ impl ProxyState {
             ab_group_header: cfg.ab_group_header.to_ascii_lowercase(),
             model_version_header: cfg.model_version_header.to_ascii_lowercase(),
             prompt_version_header: cfg.prompt_version_header.to_ascii_lowercase(),
+            path_prefixes: endpoint::normalised_prefixes(&cfg.path_prefixes),
             response_timeout: cfg.response_timeout.0,
             idle_timeout: cfg.idle_timeout.0,
             max_body: cfg.max_request_body_bytes,
@@ -205,11 +209,15 @@ pub fn router(state: Arc<ProxyState>) -> axum::Router {
     axum::Router::new().fallback(handle).with_state(state)
 }
 
-/// The API a request speaks when it is one that becomes a record (a POST to an endpoint of
-/// `sse::StreamFormat::for_endpoint`); everything else is passed through untouched.
-fn llm_format(method: &http::Method, path: &str) -> Option<sse::StreamFormat> {
+/// The LLM call a request is when it becomes a record (a POST to an endpoint
+/// `endpoint::llm_endpoint` recognises); everything else is passed through untouched.
+fn llm_call(
+    method: &http::Method,
+    path: &str,
+    prefixes: &[String],
+) -> Option<endpoint::LlmEndpoint> {
     if method == http::Method::POST {
-        sse::StreamFormat::for_endpoint(path)
+        endpoint::llm_endpoint(path, prefixes)
     } else {
         None
     }
@@ -308,7 +316,8 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let arrival_unix_ms = now_unix_ms();
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
-    let format = llm_format(&parts.method, &path);
+    let call = llm_call(&parts.method, &path, &st.path_prefixes);
+    let format = call.as_ref().map(|c| c.format);
     let llm = format.is_some();
     let request_id = valid_request_id(&parts.headers).unwrap_or_else(identity::new_request_id);
 
@@ -334,11 +343,17 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             return error_response(StatusCode::BAD_REQUEST, "bad_request", &msg, &request_id);
         }
     };
-    let peek: Peek = if llm {
+    let mut peek: Peek = if llm {
         serde_json::from_slice(&body).unwrap_or_default()
     } else {
         Peek::default()
     };
+    // An Azure OpenAI deployment is the model of a body that names none.
+    if peek.model.as_deref().is_none_or(str::is_empty)
+        && let Some(d) = call.as_ref().and_then(|c| c.deployment.clone())
+    {
+        peek.model = Some(d);
+    }
 
     // An LLM request's own span (built on the pipeline thread from the record): a child of the
     // caller's span when it sent a traceparent, else the root of a new trace. The upstream gets
@@ -381,7 +396,9 @@ async fn handle(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             model_version: identity::header_label(&parts.headers, &st.model_version_header),
         },
         prompt_version: identity::header_label(&parts.headers, &st.prompt_version_header),
-        endpoint: path.clone(),
+        endpoint: call
+            .as_ref()
+            .map_or_else(|| path.clone(), |c| c.endpoint.to_string()),
         stream: peek.stream,
         arrival_unix_ms,
         prefix_key: format.and_then(|f| peek.prefix_key(f, &st.salt)),
