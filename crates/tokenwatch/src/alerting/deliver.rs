@@ -7,8 +7,10 @@
 //! empty values left out) plus `alertname` (the rule), `severity`, `grade` when graded, and
 //! `incident_id` — the grouping key: with `group_by: ['incident_id']` in the Alertmanager route,
 //! every alert of one incident (a GPU leak and the latency it causes) is one notification group.
-//! Annotations: the alert's annotations plus `tokenwatch_alert_id`, `root_cause` (the top-ranked
-//! cause as one line) and `snapshot` (URL of the snapshot archive) when present. A firing alert is
+//! Annotations: the alert's annotations (`summary`, `description`, `runbook_url` when its rule
+//! has one …) plus `tokenwatch_alert_id`, `tokenwatch_url` (the alert's page in the UI),
+//! `root_cause` (the top-ranked cause as one line) and `snapshot` (URL of the snapshot archive)
+//! when present. A firing alert is
 //! sent with `endsAt` = now + 4 × `resend_interval` and re-sent every `resend_interval`, so
 //! Alertmanager expires it by itself if tokenwatch stops; a resolved alert is sent once (with
 //! retries) with `endsAt` = its resolution time. Pending alerts are not sent to Alertmanager.
@@ -24,6 +26,7 @@
 //!   "alert": { ...the Alert as served by GET /api/v1/alerts/{id}: id, fingerprint, rule, labels,
 //!              annotations, severity, grade, state, active_at_unix_ms, fired_at_unix_ms,
 //!              resolved_at_unix_ms, last_event, root_cause, incident_id, snapshot... },
+//!   "url": "http://tokenwatch.example:9464/#/alerts/…",   // the alert's page in the UI
 //!   "sent_at": "2026-01-01T12:00:00.000Z"
 //! }
 //! ```

@@ -5,7 +5,7 @@
 pub mod spec;
 mod template;
 
-pub use template::render;
+pub use template::{render, render_url};
 
 use crate::alerting::detectors::{self, Detector, EvalCtx, RuleInput};
 use crate::kernel::duration::HumanDuration;
@@ -80,6 +80,9 @@ pub struct AlertingConfig {
     /// counted in `tokenwatch_alerts_folded_total{rule}`: one alert and one snapshot instead of
     /// thousands.
     pub max_alerts_per_rule: usize,
+    /// The `runbook_url` of every rule that sets none (empty: none), e.g.
+    /// `https://wiki.example/runbooks/tokenwatch/{{ rule }}`.
+    pub runbook_url: String,
 }
 
 impl Default for AlertingConfig {
@@ -103,6 +106,7 @@ impl Default for AlertingConfig {
             max_records: 30_000,
             max_records_per_model: 200_000,
             max_alerts_per_rule: 256,
+            runbook_url: String::new(),
         }
     }
 }
@@ -122,6 +126,7 @@ pub struct RuleOverride {
     pub params: serde_json::Map<String, serde_json::Value>,
     pub summary: Option<String>,
     pub description: Option<String>,
+    pub runbook_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, serde::Serialize)]
@@ -440,6 +445,9 @@ pub fn compile(cfg: &AlertingConfig) -> Result<Vec<Rule>, RuleError> {
         if let Some(s) = &o.description {
             r.description = Some(s.clone());
         }
+        if let Some(s) = &o.runbook_url {
+            r.runbook_url = Some(s.clone());
+        }
         if !o.params.is_empty() {
             let mut merged = match &r.params {
                 serde_json::Value::Object(m) => m.clone(),
@@ -449,10 +457,27 @@ pub fn compile(cfg: &AlertingConfig) -> Result<Vec<Rule>, RuleError> {
             r.params = serde_json::Value::Object(merged);
         }
     }
+    let global_runbook = Some(cfg.runbook_url.trim()).filter(|u| !u.is_empty());
+    if let Some(u) = global_runbook {
+        check_runbook_url(u).map_err(|m| ("alerting.runbook_url".to_string(), m))?;
+    }
     entries
-        .iter()
-        .map(|(path, r)| compile_rule(path, r))
+        .iter_mut()
+        .map(|(path, r)| {
+            if r.runbook_url.is_none() {
+                r.runbook_url = global_runbook.map(str::to_string);
+            }
+            compile_rule(path, r)
+        })
         .collect()
+}
+
+/// A runbook URL template must be an absolute `http(s)://` URL with known placeholders.
+fn check_runbook_url(tpl: &str) -> Result<(), String> {
+    if !(tpl.starts_with("https://") || tpl.starts_with("http://")) {
+        return Err(format!("{tpl:?} is not an http:// or https:// URL"));
+    }
+    check_template(tpl)
 }
 
 /// One rule (`path` names it in errors) compiled by its detector.
@@ -501,6 +526,15 @@ pub(crate) fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError
         .unwrap_or_else(|| "{{ summary }}".to_string());
     check_template(&summary).map_err(|m| (format!("{path}.summary"), m))?;
     check_template(&description).map_err(|m| (format!("{path}.description"), m))?;
+    let runbook_url = r
+        .runbook_url
+        .as_deref()
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_string);
+    if let Some(u) = &runbook_url {
+        check_runbook_url(u).map_err(|m| (format!("{path}.runbook_url"), m))?;
+    }
     let window_ms = r
         .window
         .map(|w| w.0.as_millis() as i64)
@@ -520,6 +554,7 @@ pub(crate) fn compile_rule(path: &str, r: &RuleConfig) -> Result<Rule, RuleError
         grade: r.grade.clone(),
         summary,
         description,
+        runbook_url,
     };
     Ok(Rule { spec, compiled })
 }

@@ -187,3 +187,56 @@ fn templates_fill_labels_value_and_evidence() {
         "no double space for a missing label"
     );
 }
+
+#[test]
+fn runbook_urls_come_from_the_rule_its_override_or_the_default_and_are_checked() {
+    let rules = compile(&cfg(
+        "runbook_url: 'https://wiki.example/tw/{{ rule }}'\noverrides:\n  gpu_memory_leak: {runbook_url: 'https://wiki.example/leaks?model={{ labels.model_id }}'}\nrules:\n  - {name: own, detector: threshold, signal: kv_cache_usage, params: {op: '>', value: 0.9}, runbook_url: 'http://runbooks.internal/own'}\n",
+    ))
+    .unwrap();
+    let url = |name: &str| {
+        rules
+            .iter()
+            .find(|r| r.spec.name == name)
+            .and_then(|r| r.spec.runbook_url.clone())
+    };
+    assert_eq!(url("own").as_deref(), Some("http://runbooks.internal/own"));
+    assert_eq!(
+        url("gpu_memory_leak").as_deref(),
+        Some("https://wiki.example/leaks?model={{ labels.model_id }}")
+    );
+    assert_eq!(
+        url("latency_spike").as_deref(),
+        Some("https://wiki.example/tw/{{ rule }}")
+    );
+    // Rendered with each value percent-encoded.
+    let leak = rules
+        .iter()
+        .find(|r| r.spec.name == "gpu_memory_leak")
+        .unwrap();
+    let mut labels = BTreeMap::new();
+    labels.insert("model_id".to_string(), "meta-llama/Llama 3".to_string());
+    assert_eq!(
+        render_url(
+            leak.spec.runbook_url.as_deref().unwrap(),
+            &leak.spec,
+            &labels,
+            None
+        ),
+        "https://wiki.example/leaks?model=meta-llama%2FLlama%203"
+    );
+    // None by default.
+    let defaults = compile(&AlertingConfig::default()).unwrap();
+    assert!(defaults.iter().all(|r| r.spec.runbook_url.is_none()));
+    // Errors name the key.
+    for (yaml, key) in [
+        ("runbook_url: 'wiki/{{ rule }}'\n", "alerting.runbook_url"),
+        (
+            "overrides:\n  latency_spike: {runbook_url: 'https://x/{{ nope }}'}\n",
+            "alerting.overrides.latency_spike.runbook_url",
+        ),
+    ] {
+        let (path, msg) = compile(&cfg(yaml)).unwrap_err();
+        assert_eq!(path, key, "{msg}");
+    }
+}

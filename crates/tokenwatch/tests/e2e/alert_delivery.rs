@@ -220,6 +220,7 @@ async fn alertmanager_receives_resends_and_resolves() {
         listed["generatorURL"],
         "http://127.0.0.1:9464/api/v1/alerts/al-1"
     );
+    assert_eq!(ann["tokenwatch_url"], "http://127.0.0.1:9464/#/alerts/al-1");
     assert_eq!(
         parse_time(&listed["startsAt"]).timestamp_millis(),
         firing.fired_at_unix_ms.unwrap()
@@ -452,6 +453,7 @@ async fn webhooks_get_documented_body_with_retries_and_isolation() {
     assert_eq!(body["alert"]["state"], "firing");
     assert_eq!(body["alert"]["rule"], "ttft_p99_spike");
     assert_eq!(body["alert"]["root_cause"][0]["path"][0], "gpu_memory_leak");
+    assert_eq!(body["url"], "http://127.0.0.1:9464/#/alerts/al-2");
     let sent_at = parse_time(&body["sent_at"]).timestamp_millis();
     assert!(
         (now_ms() - sent_at).abs() < 10_000,

@@ -26,7 +26,7 @@ async fn a_storm_of_models_over_one_rule_is_the_cap_and_one_folded_alert() {
     let config = write_config(
         dir.path(),
         &format!(
-            "alerting:\n  default_rules: false\n  max_alerts_per_rule: {CAP}\n  rules:\n    - name: storm\n      detector: threshold\n      signal: requests_running\n      group_by: [model_id]\n      params: {{op: '>', value: 1}}\n\
+            "alerting:\n  default_rules: false\n  max_alerts_per_rule: {CAP}\n  rules:\n    - name: storm\n      detector: threshold\n      signal: requests_running\n      group_by: [model_id]\n      params: {{op: '>', value: 1}}\n      runbook_url: 'https://wiki.example/runbooks/{{{{ rule }}}}?model={{{{ labels.model_id }}}}'\n\
              scrape:\n  interval: 1s\n  timeout: 1s\n  targets:\n    - url: http://{}/metrics\n",
             target.addr
         ),
@@ -66,12 +66,17 @@ async fn a_storm_of_models_over_one_rule_is_the_cap_and_one_folded_alert() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no count: {}", folded[0]));
     assert_eq!(count, MODELS - CAP, "{}", folded[0]);
-    // The strongest models (the highest values) kept their own alerts.
+    // The strongest models (the highest values) kept their own alerts, each with its runbook.
     for a in alerts
         .iter()
         .filter(|a| a["labels"]["model_id"] != "__other__")
     {
         let model = a["labels"]["model_id"].as_str().unwrap();
+        assert_eq!(
+            a["annotations"]["runbook_url"],
+            format!("https://wiki.example/runbooks/storm?model={model}"),
+            "{a}"
+        );
         let i: usize = model.trim_start_matches("storm-").parse().unwrap();
         assert!(i >= MODELS - CAP, "{model} kept over a stronger one");
     }

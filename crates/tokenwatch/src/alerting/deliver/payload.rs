@@ -35,6 +35,8 @@ struct WebhookBody<'a> {
     version: &'static str,
     status: &'static str,
     alert: &'a Alert,
+    /// The alert's page in tokenwatch's UI.
+    url: String,
     sent_at: String,
 }
 
@@ -78,6 +80,11 @@ pub(crate) fn path_segment(id: &str) -> String {
 
 pub(crate) fn alert_url(external_url: &str, id: &str) -> String {
     format!("{external_url}/api/v1/alerts/{}", path_segment(id))
+}
+
+/// The alert's page in the UI (its hash route), for people following a notification.
+pub(crate) fn ui_url(external_url: &str, id: &str) -> String {
+    format!("{external_url}/#/alerts/{}", path_segment(id))
 }
 
 /// One line naming the top-ranked cause: `a → b → c (rank 0.72): summary`.
@@ -138,6 +145,10 @@ pub(crate) fn am_alert(alert: &Alert, opts: &RenderOptions, now_ms: i64) -> Opti
         .map(|(k, v)| (sanitize_name(k), v.clone()))
         .collect();
     annotations.insert("tokenwatch_alert_id".into(), alert.id.clone());
+    annotations.insert(
+        "tokenwatch_url".into(),
+        ui_url(&opts.external_url, &alert.id),
+    );
     if let Some(line) = root_cause_line(alert) {
         annotations.insert("root_cause".into(), line);
     }
@@ -175,11 +186,12 @@ pub(crate) fn am_body(
 }
 
 /// JSON body of one webhook POST (one alert per request).
-pub(crate) fn webhook_body(alert: &Alert, now_ms: i64) -> Vec<u8> {
+pub(crate) fn webhook_body(alert: &Alert, opts: &RenderOptions, now_ms: i64) -> Vec<u8> {
     let body = WebhookBody {
         version: "1",
         status: alert.state.name(),
         alert,
+        url: ui_url(&opts.external_url, &alert.id),
         sent_at: rfc3339(now_ms),
     };
     serde_json::to_vec(&body).unwrap_or_default()
@@ -256,6 +268,10 @@ pub(crate) mod tests {
         assert!(!a.labels.contains_key("empty"));
         assert_eq!(a.annotations["tokenwatch_alert_id"], "a/1");
         assert_eq!(
+            a.annotations["tokenwatch_url"],
+            "http://127.0.0.1:9464/#/alerts/a%2F1"
+        );
+        assert_eq!(
             a.annotations["root_cause"],
             "gpu_memory_leak → kv_cache_pressure → latency_spike (rank 0.72): GPU 0 grows 512 MiB/min"
         );
@@ -281,8 +297,9 @@ pub(crate) mod tests {
     #[test]
     fn webhook_body_is_documented_shape() {
         let v: serde_json::Value =
-            serde_json::from_slice(&webhook_body(&alert(AlertState::Firing), 0)).unwrap();
+            serde_json::from_slice(&webhook_body(&alert(AlertState::Firing), &opts(), 0)).unwrap();
         assert_eq!(v["version"], "1");
+        assert_eq!(v["url"], "http://127.0.0.1:9464/#/alerts/a%2F1");
         assert_eq!(v["status"], "firing");
         assert_eq!(v["alert"]["id"], "a/1");
         assert_eq!(v["sent_at"], "1970-01-01T00:00:00.000Z");

@@ -128,7 +128,9 @@ impl Worker {
     fn body(&self, alerts: &[Arc<Alert>]) -> Option<Vec<u8>> {
         match self.kind {
             Kind::Alertmanager => payload::am_body(alerts, &self.render, now_ms()),
-            Kind::Webhook { .. } => alerts.first().map(|a| payload::webhook_body(a, now_ms())),
+            Kind::Webhook { .. } => alerts
+                .first()
+                .map(|a| payload::webhook_body(a, &self.render, now_ms())),
         }
     }
 }

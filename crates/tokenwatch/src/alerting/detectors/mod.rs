@@ -307,6 +307,7 @@ impl BuiltinExport {
                 params: serde_json::Value::Null,
                 summary: Some(summary.into()),
                 description: None,
+                runbook_url: None,
             },
         }
     }

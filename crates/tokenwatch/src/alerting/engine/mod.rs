@@ -1238,6 +1238,12 @@ fn fill_annotations(rule: &Rule, alert: &mut Alert) {
             .annotations
             .insert("detector_summary".into(), e.summary.clone());
     }
+    if let Some(tpl) = &rule.runbook_url {
+        alert.annotations.insert(
+            "runbook_url".into(),
+            crate::alerting::rules::render_url(tpl, rule, &alert.labels, ev),
+        );
+    }
 }
 
 /// What `app.rs` wires in: the record sink (when alerting is enabled), the API routes, the tasks.

@@ -40,6 +40,12 @@ pub struct RuleConfig {
     pub summary: Option<String>,
     #[serde(default)]
     pub description: Option<String>,
+    /// A link to what to do about it, sent as the `runbook_url` annotation (Alertmanager's and
+    /// Grafana's convention): an `http(s)://` URL that may hold the summary's placeholders
+    /// (`{{ rule }}`, `{{ labels.model_id }}` …, each value percent-encoded). Default:
+    /// `alerting.runbook_url`.
+    #[serde(default)]
+    pub runbook_url: Option<String>,
 }
 
 fn default_severity() -> Severity {
@@ -60,6 +66,8 @@ pub struct RuleSpec {
     pub grade: Option<String>,
     pub summary: String,
     pub description: String,
+    /// The `runbook_url` template, when the rule has one.
+    pub runbook_url: Option<String>,
 }
 
 /// A configuration error: key path and message.

@@ -40,6 +40,36 @@ pub fn render(
     labels: &BTreeMap<String, String>,
     event: Option<&AnomalyEvent>,
 ) -> String {
+    render_escaped(tpl, rule, labels, event, |v| v)
+}
+
+/// [`render`] for a URL: each value percent-encoded as one path segment or query value.
+pub fn render_url(
+    tpl: &str,
+    rule: &RuleSpec,
+    labels: &BTreeMap<String, String>,
+    event: Option<&AnomalyEvent>,
+) -> String {
+    render_escaped(tpl, rule, labels, event, |v| {
+        let mut out = String::with_capacity(v.len());
+        for b in v.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
+    })
+}
+
+fn render_escaped(
+    tpl: &str,
+    rule: &RuleSpec,
+    labels: &BTreeMap<String, String>,
+    event: Option<&AnomalyEvent>,
+    escape: impl Fn(String) -> String,
+) -> String {
     let Ok(slots) = placeholders(tpl) else {
         return tpl.to_string();
     };
@@ -77,7 +107,7 @@ pub fn render(
         if value.is_empty() && out.ends_with(' ') && tpl[last..].starts_with(' ') {
             out.pop();
         }
-        out.push_str(&value);
+        out.push_str(&escape(value));
     }
     out.push_str(&tpl[last..]);
     out
