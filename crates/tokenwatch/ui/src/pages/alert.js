@@ -8,7 +8,12 @@ import { TimeChart, alignSeries, rangeStart, SEVERITY_COLOR, PALETTE } from '../
 import { leakTrends, trendValues } from '../leak.js';
 import { alertTitle, alertSentence } from './alert_text.js';
 
-const SHOWN_ANNOTATIONS = new Set(['summary', 'description', 'detector_summary', 'latency_breakdown', 'latency_breakdown_json', 'eviction_ranking', 'eviction_candidate', 'root_cause']);
+const SHOWN_ANNOTATIONS = new Set(['summary', 'description', 'detector_summary', 'latency_breakdown', 'latency_breakdown_json', 'eviction_ranking', 'eviction_candidate', 'root_cause', 'runbook_url']);
+
+/** The rule's runbook as a link (http(s) only; the configuration checks it too), or '–'. */
+function runbook(url) {
+  return /^https?:\/\//.test(url ?? '') ? h('a', { href: url, rel: 'noopener noreferrer', target: '_blank', id: 'runbook-link' }, url) : '–';
+}
 const RANGE_S = 900;
 
 let st = null;
@@ -88,6 +93,7 @@ function render(a) {
         ['firing since', a.fired_at_unix_ms ? dateTime(a.fired_at_unix_ms) : '–'],
         ['resolved', a.resolved_at_unix_ms ? dateTime(a.resolved_at_unix_ms) : '–'],
         ['incident', a.incident_id ?? '–'],
+        ['runbook', runbook(a.annotations?.runbook_url)],
         ['snapshot', a.snapshot
           ? h('a', { href: `/api/v1/alerts/${encodeURIComponent(a.id)}/snapshot`, download: `tokenwatch-${a.id}.json.gz`, id: 'snapshot-link', onclick: tokenDownload }, 'download snapshot (gzip’d JSON)')
           : 'not written yet'],
