@@ -5,7 +5,7 @@
 pub mod spec;
 mod template;
 
-pub use template::{render, render_url};
+pub use template::{render, render_url, url_component};
 
 use crate::alerting::detectors::{self, Detector, EvalCtx, RuleInput};
 use crate::kernel::duration::HumanDuration;

@@ -65,26 +65,19 @@ pub(crate) fn sanitize_name(name: &str) -> String {
     out
 }
 
-/// Percent-encode an id for use as one URL path segment.
-pub(crate) fn path_segment(id: &str) -> String {
-    let mut out = String::with_capacity(id.len());
-    for b in id.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 pub(crate) fn alert_url(external_url: &str, id: &str) -> String {
-    format!("{external_url}/api/v1/alerts/{}", path_segment(id))
+    format!(
+        "{external_url}/api/v1/alerts/{}",
+        crate::alerting::rules::url_component(id)
+    )
 }
 
 /// The alert's page in the UI (its hash route), for people following a notification.
 pub(crate) fn ui_url(external_url: &str, id: &str) -> String {
-    format!("{external_url}/#/alerts/{}", path_segment(id))
+    format!(
+        "{external_url}/#/alerts/{}",
+        crate::alerting::rules::url_component(id)
+    )
 }
 
 /// One line naming the top-ranked cause: `a → b → c (rank 0.72): summary`.
