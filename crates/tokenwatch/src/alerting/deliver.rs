@@ -41,9 +41,12 @@
 //! `alertmanager_tls` (every Alertmanager) or of the webhook's own `tls`; `server_name`
 //! overrides the name checked against the certificate.
 
+mod chat;
 mod metrics;
 mod payload;
 mod worker;
+
+pub use chat::WebhookFormat;
 
 use crate::kernel::delivery::{self, HttpClient, RetryPolicy};
 use crate::kernel::duration::HumanDuration;
@@ -75,6 +78,14 @@ pub struct WebhookConfig {
     /// TLS to an `https://` URL: a CA file trusted besides the system's roots, a server name.
     #[serde(default)]
     pub tls: Option<UpstreamTlsConfig>,
+    /// The body: `tokenwatch` (documented above, every state change), `slack`, `teams` or
+    /// `pagerduty` (firing and resolved only; see `chat`).
+    #[serde(default)]
+    pub format: WebhookFormat,
+    /// PagerDuty's integration (routing) key, required with `format: pagerduty` (write
+    /// `${PAGERDUTY_ROUTING_KEY}` to keep it out of the file).
+    #[serde(default)]
+    pub routing_key: Option<String>,
 }
 
 /// Where and how alerts are delivered.
@@ -137,6 +148,8 @@ pub enum DeliveryConfigError {
     Zero { field: &'static str },
     #[error("{what}: {reason}")]
     Tls { what: String, reason: String },
+    #[error("{what}: {reason}")]
+    Format { what: String, reason: String },
 }
 
 fn parse_http_url(what: &str, url: &str) -> Result<http::Uri, DeliveryConfigError> {
@@ -289,10 +302,30 @@ impl DeliveryConfig {
             let what = format!("webhooks[{i}]");
             let uri = parse_http_url(&what, &w.url)?;
             let headers = parse_headers(&what, &w.headers)?;
+            let routing_key = w.routing_key.clone().unwrap_or_default();
+            match (w.format, routing_key.trim().is_empty()) {
+                (WebhookFormat::Pagerduty, true) => {
+                    return Err(DeliveryConfigError::Format {
+                        what: format!("{what}.routing_key"),
+                        reason: "format: pagerduty needs the integration's routing key".into(),
+                    });
+                }
+                (WebhookFormat::Pagerduty, false) | (_, true) => {}
+                (_, false) => {
+                    return Err(DeliveryConfigError::Format {
+                        what: format!("{what}.routing_key"),
+                        reason: "only format: pagerduty takes a routing key".into(),
+                    });
+                }
+            }
             let client = client_for(&what, &uri, w.tls.as_ref(), timeout)?;
             out.push((
                 name_of("webhook", &uri),
-                Kind::Webhook { headers },
+                Kind::Webhook {
+                    headers,
+                    format: w.format,
+                    routing_key,
+                },
                 uri,
                 client,
             ));
@@ -304,6 +337,9 @@ impl DeliveryConfig {
 struct Receiver {
     name: String,
     is_alertmanager: bool,
+    /// A webhook of a chat or paging format: told of state changes only (not of a snapshot
+    /// link appearing, which would repeat the message).
+    states_only: bool,
     tx: mpsc::Sender<Job>,
 }
 
@@ -367,6 +403,7 @@ impl Notifier {
             dm.init_receiver(&name);
             let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
             let is_alertmanager = matches!(kind, Kind::Alertmanager);
+            let states_only = matches!(&kind, Kind::Webhook { format, .. } if *format != WebhookFormat::Tokenwatch);
             let w = Worker {
                 name: name.clone(),
                 kind,
@@ -386,6 +423,7 @@ impl Notifier {
             handles.push(Receiver {
                 name,
                 is_alertmanager,
+                states_only,
                 tx,
             });
         }
@@ -435,19 +473,29 @@ impl Notifier {
                 }
             }
         };
-        let to_webhooks = {
+        let (to_webhooks, state_changed) = {
             let mut sent = inner.webhook_sent.lock().unwrap_or_else(|p| p.into_inner());
             let key = (alert.state, alert.snapshot.is_some());
-            let changed = sent.get(&alert.id) != Some(&key);
+            let before = sent.get(&alert.id).copied();
             if alert.state == AlertState::Resolved {
                 sent.remove(&alert.id);
             } else {
                 sent.insert(alert.id.clone(), key);
             }
-            changed
+            (
+                before != Some(key),
+                before.map(|k| k.0) != Some(alert.state),
+            )
         };
         for r in &inner.receivers {
-            if (r.is_alertmanager && to_am) || (!r.is_alertmanager && to_webhooks) {
+            let send = if r.is_alertmanager {
+                to_am
+            } else if r.states_only {
+                state_changed
+            } else {
+                to_webhooks
+            };
+            if send {
                 self.enqueue(r, vec![shared.clone()]);
             }
         }
@@ -615,7 +663,7 @@ mod tests {
             webhooks: vec![WebhookConfig {
                 url: "http://h/x".into(),
                 headers: [("bad header".into(), "v".into())].into(),
-                tls: None,
+                ..Default::default()
             }],
             ..Default::default()
         };
@@ -625,6 +673,42 @@ mod tests {
                 .to_string()
                 .contains("webhooks[0]")
         );
+        // PagerDuty needs its routing key, and only PagerDuty takes one.
+        for (format, key, want) in [
+            (
+                WebhookFormat::Pagerduty,
+                None,
+                Some("needs the integration's routing key"),
+            ),
+            (
+                WebhookFormat::Slack,
+                Some("k"),
+                Some("only format: pagerduty"),
+            ),
+            (WebhookFormat::Pagerduty, Some("k"), None),
+            (WebhookFormat::Teams, None, None),
+        ] {
+            let c = DeliveryConfig {
+                webhooks: vec![WebhookConfig {
+                    url: "https://events.example/v2/enqueue".into(),
+                    format,
+                    routing_key: key.map(str::to_string),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            match (c.validate(), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(w)) => {
+                    let e = e.to_string();
+                    assert!(
+                        e.starts_with("webhooks[0].routing_key: ") && e.contains(w),
+                        "{e}"
+                    );
+                }
+                (got, want) => panic!("{format:?} {key:?}: {got:?}, want {want:?}"),
+            }
+        }
         let c = DeliveryConfig {
             webhooks: vec![WebhookConfig {
                 url: "nope".into(),

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokenwatch::alerting::deliver::{DeliveryConfig, Notifier, WebhookConfig};
+use tokenwatch::alerting::deliver::{DeliveryConfig, Notifier, WebhookConfig, WebhookFormat};
 use tokenwatch::config::HumanDuration;
 use tokenwatch::export::prometheus::Metrics;
 use tokenwatch_core::alert::{Alert, AlertState, CauseCandidate, Severity};
@@ -408,17 +408,17 @@ async fn webhooks_get_documented_body_with_retries_and_isolation() {
             WebhookConfig {
                 url: slow_url,
                 headers: BTreeMap::new(),
-                tls: None,
+                ..Default::default()
             },
             WebhookConfig {
                 url: format!("http://{dead}/hook"),
                 headers: BTreeMap::new(),
-                tls: None,
+                ..Default::default()
             },
             WebhookConfig {
                 url: flaky_url,
                 headers: BTreeMap::from([("Authorization".into(), "Bearer s3cret".into())]),
-                tls: None,
+                ..Default::default()
             },
         ],
         queue_capacity: 1,
@@ -622,6 +622,7 @@ async fn https_receivers_trusted_by_their_own_ca_get_alerts_and_an_untrusted_one
                 url: format!("https://localhost:{}/hook", hook_tls.port()),
                 headers: BTreeMap::from([("Authorization".into(), "Bearer s3cret".into())]),
                 tls: trusted,
+                ..Default::default()
             },
             // The same receiver with the system's roots only: its certificate is not trusted.
             WebhookConfig {
@@ -669,5 +670,109 @@ async fn https_receivers_trusted_by_their_own_ca_get_alerts_and_an_untrusted_one
             .await
             .expect("delivery task ends on shutdown")
             .unwrap();
+    }
+}
+
+/// Slack, Teams and PagerDuty receivers get their own bodies: nothing while pending, one message
+/// when the alert fires (not another when its snapshot link appears), one when it resolves;
+/// PagerDuty triggers and resolves one incident by the alert's fingerprint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_teams_and_pagerduty_receivers_get_their_own_bodies_once_per_state() {
+    let (slack, slack_url) = Hook::serve(0).await;
+    let (teams, teams_url) = Hook::serve(0).await;
+    let (pd, pd_url) = Hook::serve(0).await;
+    let hook = |url: &str, format| WebhookConfig {
+        url: url.into(),
+        format,
+        routing_key: (format == WebhookFormat::Pagerduty).then(|| "R0UT1NG-KEY".into()),
+        ..Default::default()
+    };
+    let cfg = DeliveryConfig {
+        webhooks: vec![
+            hook(&slack_url, WebhookFormat::Slack),
+            hook(&teams_url, WebhookFormat::Teams),
+            hook(&pd_url, WebhookFormat::Pagerduty),
+        ],
+        external_url: "https://tw.example".into(),
+        ..Default::default()
+    };
+    cfg.validate().unwrap();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (notifier, tasks) = Notifier::start(cfg, Arc::new(Metrics::new()), stop_rx);
+
+    let mut pending = alert("al-9", AlertState::Pending);
+    pending.snapshot = None;
+    notifier.notify(&pending);
+    let mut firing = alert("al-9", AlertState::Firing);
+    firing.snapshot = None;
+    notifier.notify(&firing);
+    // The snapshot link appears: tokenwatch's own webhook would be told, a chat is not.
+    notifier.notify(&alert("al-9", AlertState::Firing));
+    let one = |b: &[serde_json::Value]| b.len() == 1;
+    let s = slack
+        .wait_for("slack firing", Duration::from_secs(10), one)
+        .await;
+    let t = teams
+        .wait_for("teams firing", Duration::from_secs(10), one)
+        .await;
+    let p = pd
+        .wait_for("pagerduty trigger", Duration::from_secs(10), one)
+        .await;
+    let text = s[0]["blocks"][0]["text"]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("*[FIRING:critical] ttft_p99_spike on m1 / 10.0.0.7:8000*"),
+        "{text}"
+    );
+    assert!(
+        text.contains("<https://tw.example/#/alerts/al-9|Open in tokenwatch>"),
+        "{text}"
+    );
+    assert_eq!(
+        t[0]["attachments"][0]["content"]["type"], "AdaptiveCard",
+        "{}",
+        t[0]
+    );
+    assert_eq!(p[0]["event_action"], "trigger");
+    assert_eq!(p[0]["routing_key"], "R0UT1NG-KEY");
+    assert_eq!(p[0]["dedup_key"], "fp-al-9");
+    assert_eq!(p[0]["payload"]["severity"], "critical");
+    assert_eq!(p[0]["payload"]["source"], "10.0.0.7:8000");
+
+    notifier.notify(&alert("al-9", AlertState::Resolved));
+    let two = |b: &[serde_json::Value]| b.len() == 2;
+    let s = slack
+        .wait_for("slack resolved", Duration::from_secs(10), two)
+        .await;
+    teams
+        .wait_for("teams resolved", Duration::from_secs(10), two)
+        .await;
+    let p = pd
+        .wait_for("pagerduty resolve", Duration::from_secs(10), two)
+        .await;
+    assert!(
+        s[1]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("[RESOLVED:critical]"),
+        "{}",
+        s[1]
+    );
+    assert_eq!(
+        (&p[1]["event_action"], &p[1]["dedup_key"]),
+        (&serde_json::json!("resolve"), &serde_json::json!("fp-al-9"))
+    );
+    // Nothing more arrives (no pending, no snapshot repeat).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        (
+            slack.bodies().len(),
+            teams.bodies().len(),
+            pd.bodies().len()
+        ),
+        (2, 2, 2)
+    );
+    stop_tx.send(true).unwrap();
+    for t in tasks {
+        let _ = t.await;
     }
 }

@@ -20,6 +20,9 @@ pub(crate) enum Kind {
     Alertmanager,
     Webhook {
         headers: Vec<(http::HeaderName, http::HeaderValue)>,
+        format: super::WebhookFormat,
+        /// PagerDuty's integration key (`format: pagerduty`).
+        routing_key: String,
     },
 }
 
@@ -117,20 +120,31 @@ impl Worker {
 
     /// Whether `alerts` make a request at all (the body itself is rendered per attempt).
     fn sends(&self, alerts: &[Arc<Alert>]) -> bool {
-        match self.kind {
+        match &self.kind {
             Kind::Alertmanager => alerts.iter().any(|a| payload::am_sends(a)),
-            Kind::Webhook { .. } => !alerts.is_empty(),
+            Kind::Webhook { format, .. } => alerts.iter().any(|a| format.sends(a)),
         }
     }
 
     /// The body for `alerts`, rendered afresh (a retried firing alert carries a fresh endsAt);
     /// None when there is nothing to send.
     fn body(&self, alerts: &[Arc<Alert>]) -> Option<Vec<u8>> {
-        match self.kind {
+        match &self.kind {
             Kind::Alertmanager => payload::am_body(alerts, &self.render, now_ms()),
-            Kind::Webhook { .. } => alerts
+            Kind::Webhook {
+                format: super::WebhookFormat::Tokenwatch,
+                ..
+            } => alerts
                 .first()
                 .map(|a| payload::webhook_body(a, &self.render, now_ms())),
+            Kind::Webhook {
+                format,
+                routing_key,
+                ..
+            } => alerts.first().filter(|a| format.sends(a)).map(|a| {
+                serde_json::to_vec(&super::chat::body(*format, a, &self.render, routing_key))
+                    .unwrap_or_default()
+            }),
         }
     }
 }
@@ -159,7 +173,7 @@ impl Deliver for Worker {
                 http::header::USER_AGENT,
                 concat!("tokenwatch/", env!("CARGO_PKG_VERSION")),
             );
-        if let Kind::Webhook { headers } = &self.kind {
+        if let Kind::Webhook { headers, .. } = &self.kind {
             for (k, v) in headers {
                 b = b.header(k, v);
             }
@@ -211,6 +225,8 @@ mod tests {
             Kind::Alertmanager,
             Kind::Webhook {
                 headers: Vec::new(),
+                format: super::super::WebhookFormat::Tokenwatch,
+                routing_key: String::new(),
             },
         ] {
             let (url, script) = conformance::endpoint().await;
