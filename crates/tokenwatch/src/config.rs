@@ -401,8 +401,8 @@ impl Config {
     /// The effective configuration for snapshots, as JSON, secrets redacted: the tenant salt, the
     /// headers of alert receivers, OTLP export, remote write and the aggregator link
     /// (`Authorization` goes there),
-    /// credentials and query strings in their URLs, and a webhook's whole path (Slack, Teams
-    /// and Discord webhooks carry their token in it).
+    /// credentials and query strings in their URLs, a webhook's whole path (Slack, Teams and
+    /// Discord webhooks carry their token in it) and its PagerDuty routing key.
     pub fn redacted_json(&self) -> serde_json::Value {
         let mut c = self.clone();
         if !c.proxy.tenant_salt.is_empty() {
@@ -424,6 +424,9 @@ impl Config {
         }
         for w in &mut c.alerting.delivery.webhooks {
             w.url = redact_url(&w.url, false);
+            if w.routing_key.is_some() {
+                w.routing_key = Some("<redacted>".into());
+            }
         }
         let urls = c
             .alerting
@@ -1131,14 +1134,16 @@ mod tests {
     #[test]
     fn the_snapshot_configuration_is_json_with_its_secrets_redacted() {
         let c = Config::from_yaml(
-            "proxy:\n  tenant_salt: pepper\nalerting:\n  delivery:\n    webhooks:\n      - {url: 'http://127.0.0.1:2/h', headers: {Authorization: 'Bearer w'}}\nexport:\n  otlp: {endpoint: 'http://127.0.0.1:4318', headers: {Authorization: 'Bearer o'}}\n  remote_write:\n    - {url: 'http://127.0.0.1:9090/api/v1/write', headers: {Authorization: 'Bearer r'}}\nstore:\n  raw_retention: 36h\naggregator: {endpoint: 'http://127.0.0.1:4318', headers: {Authorization: 'Bearer g'}}\n",
+            "proxy:\n  tenant_salt: pepper\nalerting:\n  delivery:\n    webhooks:\n      - {url: 'http://127.0.0.1:2/h', headers: {Authorization: 'Bearer w'}}\n      - {url: 'https://events.example/v2/enqueue', format: pagerduty, routing_key: 'pd-k3y'}\nexport:\n  otlp: {endpoint: 'http://127.0.0.1:4318', headers: {Authorization: 'Bearer o'}}\n  remote_write:\n    - {url: 'http://127.0.0.1:9090/api/v1/write', headers: {Authorization: 'Bearer r'}}\nstore:\n  raw_retention: 36h\naggregator: {endpoint: 'http://127.0.0.1:4318', headers: {Authorization: 'Bearer g'}}\n",
             "t.yaml",
         )
         .unwrap();
         let v = c.redacted_json();
         assert_eq!(v["format"], "json");
         let text = v.to_string();
-        for secret in ["pepper", "Bearer w", "Bearer o", "Bearer r", "Bearer g"] {
+        for secret in [
+            "pepper", "Bearer w", "Bearer o", "Bearer r", "Bearer g", "pd-k3y",
+        ] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
         assert_eq!(v["config"]["store"]["raw_retention"], "36h");
