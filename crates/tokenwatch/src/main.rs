@@ -291,7 +291,7 @@ impl RunArgs {
             if let Some(file) = &self.upstream_ca_file {
                 let tls = UpstreamTlsConfig {
                     ca_file: Some(file.clone()),
-                    server_name: None,
+                    ..Default::default()
                 };
                 tokenwatch::kernel::tls::UpstreamTls::new(Some(&tls))
                     .map_err(|e| anyhow::anyhow!("--upstream-ca-file: {e}"))?;
@@ -307,7 +307,7 @@ impl RunArgs {
                 instance: None,
                 tls: self.upstream_ca_file.map(|f| UpstreamTlsConfig {
                     ca_file: Some(f),
-                    server_name: None,
+                    ..Default::default()
                 }),
             });
         }

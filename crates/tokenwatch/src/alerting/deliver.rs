@@ -613,7 +613,7 @@ mod tests {
         // https is reached with TLS; a CA file that cannot be read is named by its key.
         let missing = Some(UpstreamTlsConfig {
             ca_file: Some("/nonexistent/ca.pem".into()),
-            server_name: None,
+            ..Default::default()
         });
         let c = DeliveryConfig {
             alertmanagers: vec!["https://am:9093".into()],

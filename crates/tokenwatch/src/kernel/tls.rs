@@ -1,5 +1,6 @@
 // TLS to https:// upstreams: rustls (ring provider) trusting the system's roots plus an optional
-// per-upstream CA file, SNI from the URL host or `server_name`, ALPN h2 + http/1.1, clear errors.
+// per-upstream CA file, SNI from the URL host or `server_name`, an optional client certificate
+// (mutual TLS), ALPN h2 + http/1.1, clear errors.
 
 use bytes::Bytes;
 use http::Uri;
@@ -11,7 +12,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Builder, Client};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{CertificateError, ClientConfig, RootCertStore};
 use serde::Deserialize;
 use std::future::Future;
@@ -46,6 +47,12 @@ pub enum TlsSetupError {
     },
     #[error("{name:?} is not a valid DNS name or IP address")]
     ServerName { name: String },
+    #[error("cannot read the client certificate file {file}: {message}")]
+    ClientCert { file: String, message: String },
+    #[error("cannot read the client key file {file}: {message}")]
+    ClientKey { file: String, message: String },
+    #[error("cert_file and key_file go together: {missing} is missing")]
+    ClientPair { missing: &'static str },
     #[error("cannot set up TLS: {0}")]
     Rustls(#[from] rustls::Error),
 }
@@ -55,6 +62,9 @@ impl TlsSetupError {
     pub fn key(&self) -> &'static str {
         match self {
             TlsSetupError::ServerName { .. } => "server_name",
+            TlsSetupError::ClientCert { .. } => "cert_file",
+            TlsSetupError::ClientKey { .. } => "key_file",
+            TlsSetupError::ClientPair { missing } => missing,
             TlsSetupError::Rustls(_) => "",
             _ => "ca_file",
         }
@@ -83,10 +93,13 @@ impl UpstreamTls {
             None => None,
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = ClientConfig::builder_with_provider(provider)
+        let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+            .with_root_certificates(roots);
+        let config = match client_identity(cfg)? {
+            Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
+            None => builder.with_no_client_auth(),
+        };
         Ok(UpstreamTls {
             config,
             server_name,
@@ -165,6 +178,46 @@ fn add_ca_file(roots: &mut RootCertStore, file: &Path) -> Result<(), TlsSetupErr
         return Err(TlsSetupError::NoCertificate { file: name });
     }
     Ok(())
+}
+
+/// The client certificate chain and key of `cert_file` and `key_file` (PEM), when both are set.
+type ClientIdentity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+fn client_identity(
+    cfg: Option<&UpstreamTlsConfig>,
+) -> Result<Option<ClientIdentity>, TlsSetupError> {
+    let (cert, key) = match cfg.map(|c| (c.cert_file.as_deref(), c.key_file.as_deref())) {
+        Some((Some(c), Some(k))) => (c, k),
+        Some((Some(_), None)) => {
+            return Err(TlsSetupError::ClientPair {
+                missing: "key_file",
+            });
+        }
+        Some((None, Some(_))) => {
+            return Err(TlsSetupError::ClientPair {
+                missing: "cert_file",
+            });
+        }
+        _ => return Ok(None),
+    };
+    let cert_name = cert.display().to_string();
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TlsSetupError::ClientCert {
+            file: cert_name.clone(),
+            message: e.to_string(),
+        })?;
+    if chain.is_empty() {
+        return Err(TlsSetupError::ClientCert {
+            file: cert_name,
+            message: "no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsSetupError::ClientKey {
+        file: key.display().to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(Some((chain, key)))
 }
 
 /// A failed TLS handshake, naming the server and the cause as rustls reports it.
@@ -259,6 +312,12 @@ pub struct UpstreamTlsConfig {
     /// Name sent in SNI and checked against the certificate [default: the URL's host].
     #[serde(default)]
     pub server_name: Option<String>,
+    /// PEM certificate (chain) tokenwatch presents when the endpoint asks for one (mutual TLS),
+    /// with `key_file`, its PEM private key (PKCS#8, PKCS#1 or SEC1).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }
 
 #[cfg(test)]
@@ -270,6 +329,7 @@ mod tests {
         UpstreamTls::new(Some(&UpstreamTlsConfig {
             ca_file: ca.map(PathBuf::from),
             server_name: name.map(str::to_string),
+            ..Default::default()
         }))
     }
 
@@ -308,6 +368,162 @@ mod tests {
         assert!(tls(None, Some("api.example.com")).is_ok());
         assert!(tls(None, Some("10.0.0.1")).is_ok());
         assert!(UpstreamTls::new(None).is_ok());
+    }
+
+    /// A test CA and a certificate it signs for `localhost` (PEM certificate, PEM key).
+    fn ca_and_leaf(
+        cn: &str,
+    ) -> (
+        rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+        String,
+        String,
+    ) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+        let ca = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+            .unwrap();
+        let (cert, key) = leaf(&ca, cn);
+        (ca, cert, key)
+    }
+
+    fn leaf(ca: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>, cn: &str) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let cert = params.signed_by(&key, ca).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// An https server on loopback that requires a client certificate signed by `client_ca`
+    /// and answers every request 200 with the client's certificate count.
+    async fn mtls_server(
+        cert_pem: &str,
+        key_pem: &str,
+        client_ca_pem: &str,
+    ) -> std::net::SocketAddr {
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
+        let mut roots = RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(client_ca_pem.as_bytes()) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut buf = [0u8; 4096];
+                    let _ = tls.read(&mut buf).await;
+                    let _ = tls
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                        )
+                        .await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_is_presented_to_an_endpoint_that_requires_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (server_ca, server_cert, server_key) = ca_and_leaf("server");
+        let (client_ca, client_cert, client_key) = ca_and_leaf("tokenwatch");
+        let addr = mtls_server(&server_cert, &server_key, &client_ca.pem()).await;
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let ca_file = write("ca.pem", &server_ca.pem());
+        let (cert_file, key_file) = (write("c.pem", &client_cert), write("k.pem", &client_key));
+        let get = |tls: UpstreamTls| async move {
+            let client = tls.client(
+                &Client::builder(hyper_util::rt::TokioExecutor::new()),
+                Duration::from_secs(5),
+            );
+            let uri: Uri = format!("https://localhost:{}/", addr.port())
+                .parse()
+                .unwrap();
+            client.get(uri).await.map(|r| r.status().as_u16())
+        };
+        let with = UpstreamTls::new(Some(&UpstreamTlsConfig {
+            ca_file: Some(ca_file.clone()),
+            cert_file: Some(cert_file.clone()),
+            key_file: Some(key_file.clone()),
+            ..Default::default()
+        }))
+        .unwrap();
+        assert_eq!(get(with).await.unwrap(), 200);
+        // Without one, the server refuses the handshake.
+        let without = UpstreamTls::new(Some(&UpstreamTlsConfig {
+            ca_file: Some(ca_file.clone()),
+            ..Default::default()
+        }))
+        .unwrap();
+        assert!(get(without).await.is_err());
+        // One signed by another CA is refused too.
+        let (other_ca, _, _) = ca_and_leaf("other");
+        let (other_cert, other_key) = leaf(&other_ca, "stranger");
+        let stranger = UpstreamTls::new(Some(&UpstreamTlsConfig {
+            ca_file: Some(ca_file),
+            cert_file: Some(write("oc.pem", &other_cert)),
+            key_file: Some(write("ok.pem", &other_key)),
+            ..Default::default()
+        }))
+        .unwrap();
+        assert!(get(stranger).await.is_err());
+    }
+
+    #[test]
+    fn client_certificate_errors_name_their_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "nothing here\n").unwrap();
+        let cfg = |cert: Option<&Path>, key: Option<&Path>| UpstreamTlsConfig {
+            cert_file: cert.map(PathBuf::from),
+            key_file: key.map(PathBuf::from),
+            ..Default::default()
+        };
+        let e = UpstreamTls::new(Some(&cfg(Some(&junk), None))).unwrap_err();
+        assert_eq!(e.key(), "key_file", "{e}");
+        let e = UpstreamTls::new(Some(&cfg(None, Some(&junk)))).unwrap_err();
+        assert_eq!(e.key(), "cert_file", "{e}");
+        let e = UpstreamTls::new(Some(&cfg(Some(&junk), Some(&junk)))).unwrap_err();
+        assert_eq!(e.key(), "cert_file", "{e}");
+        assert!(e.to_string().contains("junk.pem"), "{e}");
+        let (_, cert, _) = ca_and_leaf("x");
+        let good = dir.path().join("c.pem");
+        std::fs::write(&good, cert).unwrap();
+        let e = UpstreamTls::new(Some(&cfg(Some(&good), Some(&junk)))).unwrap_err();
+        assert_eq!(e.key(), "key_file", "{e}");
     }
 
     #[test]

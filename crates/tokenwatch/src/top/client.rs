@@ -89,7 +89,7 @@ impl ApiClient {
             Some("https") => Some(
                 UpstreamTls::new(Some(&UpstreamTlsConfig {
                     ca_file: ca_file.map(Path::to_path_buf),
-                    server_name: None,
+                    ..Default::default()
                 }))
                 .map_err(|e| ClientError::Tls(e.to_string()))?,
             ),

@@ -609,7 +609,7 @@ async fn https_receivers_trusted_by_their_own_ca_get_alerts_and_an_untrusted_one
     let hook_tls = tls_front(chain, key, authority(&hook_url)).await;
     let trusted = Some(tokenwatch::config::UpstreamTlsConfig {
         ca_file: Some(ca_file.clone()),
-        server_name: None,
+        ..Default::default()
     });
     let metrics = Arc::new(Metrics::new());
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -344,7 +344,7 @@ mod tests {
         let mut missing = up("https://h:1", &["a"]);
         missing.tls = Some(crate::kernel::tls::UpstreamTlsConfig {
             ca_file: Some("/nonexistent/ca.pem".into()),
-            server_name: None,
+            ..Default::default()
         });
         let e = Router::new(&[up("http://127.0.0.1:1", &[]), missing]).unwrap_err();
         assert!(
