@@ -231,25 +231,39 @@ impl TextCapture {
     pub fn finish(&self, raw: &RawText) -> CapturedText {
         let prompt = extract::prompt(&raw.request);
         let completion = completion_text(raw);
-        let (prompt, prompt_cut) = cut(prompt, self.max_bytes);
-        let (completion, completion_cut) = cut(completion, self.max_bytes);
+        // Masked before the final cut, so that a value the cut crosses (an e-mail address, a
+        // card number) is never kept in part: the text is first cut `MASK_MARGIN` bytes past
+        // the limit (a huge text is not masked whole), masked, then cut at the limit — a value
+        // crossing the first cut lies wholly beyond the limit. Counts include what the margin
+        // held.
+        let (prompt, prompt_cut) = cut(prompt, self.max_bytes + MASK_MARGIN);
+        let (completion, completion_cut) = cut(completion, self.max_bytes + MASK_MARGIN);
         let p = self.masker.mask(&prompt);
         let c = self.masker.mask(&completion);
+        let (prompt, prompt_cut_masked) = cut(p.text, self.max_bytes);
+        let (completion, completion_cut_masked) = cut(c.text, self.max_bytes);
         let mut masked = p.counts;
         for (kind, n) in c.counts {
             *masked.entry(kind).or_insert(0) += n;
         }
         CapturedText {
             region: raw.region.clone(),
-            prompt: p.text,
-            completion: c.text,
+            prompt,
+            completion,
             masked,
-            truncated: prompt_cut || completion_cut || raw.response_cut(),
+            truncated: prompt_cut
+                || completion_cut
+                || prompt_cut_masked
+                || completion_cut_masked
+                || raw.response_cut(),
         }
     }
 }
 
 /// `s` cut to at most `max` bytes at a character boundary; true when it was cut.
+/// Bytes past `capture.max_bytes` masked before the final cut (longer than any value masked).
+const MASK_MARGIN: usize = 1024;
+
 pub(crate) fn cut(mut s: String, max: usize) -> (String, bool) {
     if s.len() <= max {
         return (s, false);
@@ -353,10 +367,34 @@ mod tests {
         assert_eq!(t.masked.get("email"), Some(&2));
         assert_eq!(t.masked.get("card"), Some(&1));
         assert!(t.truncated, "the completion was over 60 bytes");
-        assert!(
-            t.completion.len() <= 60 + 24,
-            "cut before masking: {}",
-            t.completion
-        );
+        assert!(t.completion.len() <= 60, "{}", t.completion);
+    }
+
+    #[test]
+    fn a_value_crossing_the_cut_is_masked_not_kept_in_part() {
+        let cfg = CaptureConfig {
+            max_bytes: 40,
+            ..CaptureConfig::default()
+        };
+        let capture = TextCapture::new(&cfg, b"key").unwrap();
+        // "user: " + 28 bytes, then the address across byte 40, and a card number across it in
+        // the completion.
+        let req = br#"{"messages":[{"role":"user","content":"please write back to me at judy.pii@example.org today"}]}"#;
+        let mut raw = RawText::new(StreamFormat::OpenAi, "eu".into(), Bytes::from_static(req));
+        raw.event_stream = true;
+        raw.push(&Bytes::from_static(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"Charged to the card 4111 1111 1111 1111 just now\"}}]}\n\n",
+        ));
+        let t = capture.finish(&raw);
+        for partial in ["judy", "pii@", "4111", "1111"] {
+            assert!(
+                !t.prompt.contains(partial) && !t.completion.contains(partial),
+                "{partial}: {:?} / {:?}",
+                t.prompt,
+                t.completion
+            );
+        }
+        assert!(t.prompt.len() <= 40 && t.completion.len() <= 40, "{t:?}");
+        assert!(t.truncated);
     }
 }
