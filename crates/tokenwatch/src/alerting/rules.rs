@@ -5,7 +5,7 @@
 pub mod spec;
 mod template;
 
-pub use template::{render, render_url, url_component};
+pub use template::{render, render_url};
 
 use crate::alerting::detectors::{self, Detector, EvalCtx, RuleInput};
 use crate::kernel::duration::HumanDuration;

@@ -9,7 +9,7 @@
 // picks from and the act stage changes on canary rollback, the action port through which a
 // detector's decision reaches the act stage, the span attributes a proxy replica ships its
 // request records (and, ahead of them, first tokens) in (written by the pipeline, read back by the OTLP receiver), the model aliases every source's model ids are
-// resolved through, what the proxy keeps of a request's text for capture, and the test-only failpoints of debug builds. The clock and the record and signal types are in the `tokenwatch-core` crate.
+// resolved through, what the proxy keeps of a request's text for capture, the percent-encoding of values put in URLs, and the test-only failpoints of debug builds. The clock and the record and signal types are in the `tokenwatch-core` crate.
 
 pub mod actions;
 pub mod delivery;
@@ -28,3 +28,4 @@ pub mod splits;
 pub mod stream_format;
 pub mod telemetry;
 pub mod tls;
+pub mod url;

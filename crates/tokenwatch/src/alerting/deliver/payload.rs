@@ -68,7 +68,7 @@ pub(crate) fn sanitize_name(name: &str) -> String {
 pub(crate) fn alert_url(external_url: &str, id: &str) -> String {
     format!(
         "{external_url}/api/v1/alerts/{}",
-        crate::alerting::rules::url_component(id)
+        crate::kernel::url::component(id)
     )
 }
 
@@ -76,7 +76,7 @@ pub(crate) fn alert_url(external_url: &str, id: &str) -> String {
 pub(crate) fn ui_url(external_url: &str, id: &str) -> String {
     format!(
         "{external_url}/#/alerts/{}",
-        crate::alerting::rules::url_component(id)
+        crate::kernel::url::component(id)
     )
 }
 

@@ -50,19 +50,9 @@ pub fn render_url(
     labels: &BTreeMap<String, String>,
     event: Option<&AnomalyEvent>,
 ) -> String {
-    render_escaped(tpl, rule, labels, event, |v| url_component(&v))
-}
-
-/// Characters kept as they are in a URL component: RFC 3986's unreserved ones.
-const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
-/// `v` percent-encoded as one URL path segment or query value.
-pub fn url_component(v: &str) -> String {
-    percent_encoding::utf8_percent_encode(v, UNRESERVED).to_string()
+    render_escaped(tpl, rule, labels, event, |v| {
+        crate::kernel::url::component(&v)
+    })
 }
 
 fn render_escaped(
