@@ -145,11 +145,8 @@ pub(crate) fn body(
             })
         }
         WebhookFormat::Pagerduty => {
-            let severity = match alert.severity {
-                Severity::Critical => "critical",
-                Severity::Warning => "warning",
-                Severity::Info => "info",
-            };
+            // tokenwatch's severities are three of PagerDuty's four, by the same names.
+            let severity = alert.severity.name();
             let mut links = vec![json!({"href": url, "text": "Open in tokenwatch"})];
             if let Some(r) = runbook {
                 links.push(json!({"href": r, "text": "Runbook"}));
