@@ -155,12 +155,14 @@ async fn stream(proxy: SocketAddr, tokens: u32, i: usize) -> Seen {
         .filter(|d| *d != "[DONE]")
         .map(|d| serde_json::from_str(d).expect("every event is whole JSON"))
         .collect();
+    // Token events: every delta with content but the role preamble. A token's text may be
+    // empty (the simulator, like vLLM, sends some empty chunks), so a one-token answer can
+    // carry no text at all.
     let content = events
         .iter()
         .filter(|v| {
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .is_some_and(|c| !c.is_empty())
+            let delta = &v["choices"][0]["delta"];
+            delta["content"].is_string() && delta.get("role").is_none()
         })
         .count();
     assert!(text.trim_end().ends_with("data: [DONE]"), "cut: {text}");

@@ -309,12 +309,13 @@ async fn stream(
         .filter(|d| *d != "[DONE]")
         .filter_map(|d| serde_json::from_str(d).ok())
         .collect();
+    // Token events: every delta with content but the role preamble (a token's text may be
+    // empty, as vLLM sends some).
     let content = events
         .iter()
         .filter(|v| {
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .is_some_and(|c| !c.is_empty())
+            let delta = &v["choices"][0]["delta"];
+            delta["content"].is_string() && delta.get("role").is_none()
         })
         .count();
     let finished = events
