@@ -47,13 +47,16 @@ pub struct ReplicaShiftParams {
     /// median `location_ratio` × its usual ratio (and at least `location_min_sigmas` of its
     /// spread) sees a replica that slows every request alike, which the tail test (its own
     /// median moves) does not. A slot counts with at least `location_min_count` observations a
-    /// minute (pro rata) on each side; the test runs once the baseline holds
-    /// `location_min_minutes` minutes of such slots. No single slot pages.
+    /// minute (pro rata) on each side; a slot short of them (a replica at under a request a
+    /// second) is pooled with the slots after it, up to `location_max_pool_s`, and the pool
+    /// counts as one sample. The test runs once the baseline holds `location_min_minutes`
+    /// minutes of such samples. No single sample pages, nor one minute's.
     pub location_ratio: f64,
     pub location_min_sigmas: f64,
     pub location_min_count: f64,
     pub location_min_minutes: usize,
     pub location_step_s: f64,
+    pub location_max_pool_s: f64,
     /// When the model's own test alarms while no replica's does, the replica that carries at
     /// least this share of the alarm's excess events (slow or failed requests beyond what the
     /// reference rate expects, since the change point), at a rate whose lower confidence bound
@@ -116,6 +119,7 @@ impl Default for ReplicaShiftParams {
             location_min_count: 50.0,
             location_min_minutes: 20,
             location_step_s: 30.0,
+            location_max_pool_s: 300.0,
             attribute_share: 2.0 / 3.0,
             attribute_z: 3.0,
             attribute_wait_s: 30.0,
@@ -200,6 +204,12 @@ impl Validate for ReplicaShiftParams {
             [10.0, 15.0, 20.0, 30.0, 60.0].contains(&self.location_step_s),
             "location_step_s",
             "must be 10, 15, 20, 30 or 60 (a whole number of slots a minute)",
+        )?;
+        check(
+            self.location_max_pool_s.is_finite()
+                && self.location_max_pool_s >= self.location_step_s,
+            "location_max_pool_s",
+            "must be ≥ location_step_s",
         )?;
         check(
             self.attribute_share.is_finite()
@@ -309,6 +319,11 @@ impl ReplicaShiftParams {
     /// The location test's slot length (ms) …
     pub fn location_step_ms(&self) -> i64 {
         (self.location_step_s * 1000.0) as i64
+    }
+
+    /// … the most slots one pooled sample spans …
+    pub fn location_max_pool_slots(&self) -> usize {
+        ((self.location_max_pool_s / self.location_step_s).floor() as usize).max(1)
     }
 
     /// … and how many slots a minute holds.

@@ -157,8 +157,45 @@ struct Slot {
     latency: BTreeMap<String, CumulativeHistogram>,
     /// The location test has read this slot …
     located: bool,
-    /// … and found these logs of the replica's median over its peers' median, per signal.
-    log_ratio: BTreeMap<String, f64>,
+    /// … and found these logs of the replica's median over its peers' median, per signal, from
+    /// this slot and the next `slots − 1` pooled with it (where one slot held too few).
+    log_ratio: BTreeMap<String, (f64, usize)>,
+}
+
+/// Consecutive slots of one signal pooled until both the replica and its peers hold enough
+/// observations for a median (a replica at under a request a second).
+#[derive(Debug, Clone)]
+struct Pool {
+    start: i64,
+    slots: usize,
+    own: Option<CumulativeHistogram>,
+    peers: Option<CumulativeHistogram>,
+}
+
+impl Pool {
+    fn new(start: i64) -> Pool {
+        Pool {
+            start,
+            slots: 0,
+            own: None,
+            peers: None,
+        }
+    }
+
+    fn add(&mut self, own: Option<&CumulativeHistogram>, peers: Option<&CumulativeHistogram>) {
+        let add = |into: &mut Option<CumulativeHistogram>, h: Option<&CumulativeHistogram>| {
+            // A histogram of another layout (the runtime restarted with new buckets) starts
+            // the pool's afresh, as `merge` does.
+            if let Some(h) = h
+                && !into.as_mut().is_some_and(|acc| acc.add(h))
+            {
+                *into = Some(h.clone());
+            }
+        };
+        add(&mut self.own, own);
+        add(&mut self.peers, peers);
+        self.slots += 1;
+    }
 }
 
 impl Minute {
@@ -284,6 +321,16 @@ struct Shift {
     overdispersion: f64,
 }
 
+/// What a replica's clean samples of one signal give its location test.
+#[derive(Debug, Clone, Copy)]
+struct LocationBaseline {
+    /// Mean and spread of the log median ratio …
+    mean: f64,
+    sigma: f64,
+    /// … and the slots a sample usually spans.
+    slots: usize,
+}
+
 /// A replica's location test of one signal: a Gaussian CUSUM on the minutes' log median ratio
 /// against its peers, and what it last compared, for the alert's evidence.
 #[derive(Debug, Default, Clone)]
@@ -304,17 +351,26 @@ struct Location {
 }
 
 impl Location {
-    /// One slot's log ratio `r` (the slot began at `start`) against the baseline's mean `mu`
-    /// and spread `sigma`.
-    fn update(&mut self, start: i64, r: f64, (mu, sigma): (f64, f64), h: f64, p: &Params) {
+    /// One sample's log ratio `r` (its first slot began at `start`; it spans `slots`) against
+    /// the baseline's mean `mu` and spread `sigma`.
+    fn update(
+        &mut self,
+        (start, slots): (i64, usize),
+        r: f64,
+        base: LocationBaseline,
+        h: f64,
+        p: &Params,
+    ) {
+        let (mu, sigma) = (base.mean, base.sigma);
         let design = (p.location_ratio.ln() / sigma).max(p.location_min_sigmas);
         let z = (r - mu) / sigma;
         if self.s <= 0.0 {
             self.since = start;
         }
-        // One slot adds at most about a third of the threshold: no single slot (one stalled batch),
-        // nor one bad minute, pages.
-        let llr = seq::gaussian_llr(z, design).min(seq::sample_cap(h, 3));
+        // One slot adds at most about a third of the threshold, a pooled sample of two slots or
+        // more a half: no single sample (one stalled batch), nor one bad minute, pages.
+        let samples = if slots >= 2 { 2 } else { 3 };
+        let llr = seq::gaussian_llr(z, design).min(seq::sample_cap(h, samples));
         self.s = (self.s + llr).clamp(0.0, 1.5 * h);
         self.alarmed = if self.alarmed {
             self.s > 0.0
@@ -336,8 +392,10 @@ type Params = det::ReplicaShiftParams;
 struct Series {
     minutes: VecDeque<Minute>,
     tests: BTreeMap<TestKey, Shift>,
-    /// A replica's location tests, per signal.
+    /// A replica's location tests, per signal …
     location: BTreeMap<String, Location>,
+    /// … and the slots each is pooling.
+    pools: BTreeMap<String, Pool>,
     alarmed_since: Option<i64>,
     last_seen: i64,
 }
@@ -453,30 +511,39 @@ impl Series {
         self.tests.values().any(|t| t.cusum.alarmed()) || self.location.values().any(|l| l.alarmed)
     }
 
-    /// The mean and spread of a signal's log median ratio over the slots of the clean minutes
-    /// starting in `[from, to)`, once they hold `location_min_minutes` minutes' worth. The
-    /// spread is the larger of the standard deviation and the scaled median absolute deviation,
-    /// and at least `MIN_LOG_RATIO_SPREAD`.
+    /// The mean and spread of a signal's log median ratio over the samples of the clean minutes
+    /// starting in `[from, to)`, once they span `location_min_minutes` minutes' worth of slots,
+    /// and the slots a sample usually spans (its median). The spread is the larger of the
+    /// standard deviation and the scaled median absolute deviation, and at least
+    /// `MIN_LOG_RATIO_SPREAD`.
     fn location_baseline(
         &self,
         signal: &str,
         from: i64,
         to: i64,
         p: &Params,
-    ) -> Option<(f64, f64)> {
-        let v: Vec<f64> = self
+    ) -> Option<LocationBaseline> {
+        let samples: Vec<(f64, usize)> = self
             .minutes
             .iter()
             .filter(|m| m.start >= from && m.start < to && !m.alarmed)
             .flat_map(|m| m.slots.iter())
             .filter_map(|s| s.log_ratio.get(signal).copied())
             .collect();
-        if v.len() < p.location_min_minutes * p.location_slots_per_minute() {
+        let slots: usize = samples.iter().map(|(_, n)| n).sum();
+        if slots < p.location_min_minutes * p.location_slots_per_minute() {
             return None;
         }
+        let v: Vec<f64> = samples.iter().map(|(r, _)| *r).collect();
         let (mean, sd) = seq::mean_sd(&v)?;
         let (_, mad_sigma) = det::robust::median_mad_sigma(&v)?;
-        Some((mean, sd.max(mad_sigma).max(MIN_LOG_RATIO_SPREAD)))
+        let mut spans: Vec<usize> = samples.iter().map(|(_, n)| *n).collect();
+        spans.sort_unstable();
+        Some(LocationBaseline {
+            mean,
+            sigma: sd.max(mad_sigma).max(MIN_LOG_RATIO_SPREAD),
+            slots: spans[spans.len() / 2],
+        })
     }
 
     /// Leaves the minutes from the one holding `since` (an alarm's estimated change point) on
@@ -735,9 +802,18 @@ fn geometric_within_bucket(value: f64, lower: f64, upper: f64) -> f64 {
 }
 
 /// A replica's location tests over its slots settled by `now` and not yet read: each slot's
-/// log median ratio against its peers' merged distribution of the same slot, into the signal's
-/// CUSUM against the replica's clean baseline slots (threshold `h`).
-fn locate(st: &mut ModelState, instance: &str, now: i64, baseline: (i64, i64), h: f64, p: &Params) {
+/// histograms, and its peers' merged ones of the same slot, join the signal's pool; once both
+/// sides of the pool hold enough observations, the log of its median ratio is one sample of the
+/// signal's CUSUM against the replica's clean baseline samples. At the usual rates a pool is
+/// one slot; the threshold spends the false-alarm budget at the rate samples usually come.
+fn locate(
+    st: &mut ModelState,
+    instance: &str,
+    now: i64,
+    baseline: (i64, i64),
+    budget: &Budget,
+    p: &Params,
+) {
     if !p.runs("latency") || st.instances.len() < 2 {
         return;
     }
@@ -755,15 +831,9 @@ fn locate(st: &mut ModelState, instance: &str, now: i64, baseline: (i64, i64), h
     if due.is_empty() {
         return;
     }
-    // Each slot counts with `location_min_count` observations a minute's worth on each side.
-    let min_count = p.location_min_count / p.location_slots_per_minute() as f64;
-    let median = |h: Option<&CumulativeHistogram>| {
-        h.filter(|h| h.count >= min_count)
-            .and_then(|h| h.quantile(0.5))
-            .map(|q| geometric_within_bucket(q.value, q.bucket_lower, q.bucket_upper))
-            .filter(|v| v.is_finite() && *v > 0.0)
-    };
-    let mut found: Vec<(i64, String, f64)> = Vec::new();
+    // Each slot's histograms, the replica's and its peers' merged, per signal.
+    type Sides = (Option<CumulativeHistogram>, Option<CumulativeHistogram>);
+    let mut slots: Vec<(i64, BTreeMap<String, Sides>)> = Vec::new();
     for &start in &due {
         let mine = inst.slot_at(start, step_ms);
         let mut peers: BTreeMap<String, CumulativeHistogram> = BTreeMap::new();
@@ -774,35 +844,69 @@ fn locate(st: &mut ModelState, instance: &str, now: i64, baseline: (i64, i64), h
                 }
             }
         }
-        for sig in &p.signals {
-            let own = median(mine.and_then(|m| m.latency.get(sig)));
-            if let (Some(a), Some(b)) = (own, median(peers.get(sig))) {
-                found.push((start, sig.clone(), (a / b).ln()));
-            }
-        }
+        let sides = p
+            .signals
+            .iter()
+            .map(|sig| {
+                let own = mine.and_then(|m| m.latency.get(sig)).cloned();
+                (sig.clone(), (own, peers.remove(sig)))
+            })
+            .collect();
+        slots.push((start, sides));
     }
     let Some(inst) = st.instances.get_mut(instance) else {
         return;
     };
-    for &start in &due {
+    // A pool counts with `location_min_count` observations a minute's worth per slot on each
+    // side.
+    let min_count = p.location_min_count / p.location_slots_per_minute() as f64;
+    let median = |h: Option<&CumulativeHistogram>| {
+        h.filter(|h| h.count >= min_count)
+            .and_then(|h| h.quantile(0.5))
+            .map(|q| geometric_within_bucket(q.value, q.bucket_lower, q.bucket_upper))
+            .filter(|v| v.is_finite() && *v > 0.0)
+    };
+    for (start, sides) in slots {
         if let Some(m) = inst.minute_holding(start) {
             m.slot(start, step_ms).located = true;
         }
-    }
-    for (start, sig, r) in found {
-        if let Some(m) = inst.minute_holding(start) {
-            m.slot(start, step_ms).log_ratio.insert(sig.clone(), r);
-        }
-        let Some(base) = inst.location_baseline(&sig, baseline.0, baseline.1, p) else {
-            continue;
-        };
-        let l = inst.location.entry(sig).or_default();
-        let was = l.alarmed;
-        l.update(start, r, base, h, p);
-        if !was && l.alarmed {
-            // The minutes since the change point stay out of the baseline.
-            let since = l.since;
-            inst.exclude_since(since);
+        for (sig, (own, peers)) in sides {
+            let pool = inst
+                .pools
+                .entry(sig.clone())
+                .or_insert_with(|| Pool::new(start));
+            pool.add(own.as_ref(), peers.as_ref());
+            let ratio = match (median(pool.own.as_ref()), median(pool.peers.as_ref())) {
+                (Some(a), Some(b)) => Some((a / b).ln()),
+                _ => None,
+            };
+            let (first, spans) = (pool.start, pool.slots);
+            if ratio.is_some() || spans >= p.location_max_pool_slots() {
+                // Read, or too sparse to read within the longest pool: the next slot starts a
+                // new one.
+                inst.pools.remove(&sig);
+            }
+            let Some(r) = ratio else {
+                continue;
+            };
+            if let Some(m) = inst.minute_holding(first) {
+                m.slot(first, step_ms)
+                    .log_ratio
+                    .insert(sig.clone(), (r, spans));
+            }
+            let Some(base) = inst.location_baseline(&sig, baseline.0, baseline.1, p) else {
+                continue;
+            };
+            let sample_s = base.slots as f64 * p.location_step_s;
+            let h = seq::cusum_threshold(budget.period_s, 1.0 / sample_s, budget.tests);
+            let l = inst.location.entry(sig).or_default();
+            let was = l.alarmed;
+            l.update((first, spans), r, base, h, p);
+            if !was && l.alarmed {
+                // The minutes since the change point stay out of the baseline.
+                let since = l.since;
+                inst.exclude_since(since);
+            }
         }
     }
 }
@@ -866,8 +970,7 @@ impl ReplicaShift {
                 merge(&mut slot.latency, sig, h);
             }
         }
-        let h = seq::cusum_threshold(budget.period_s, 1.0 / p.location_step_s, budget.tests);
-        locate(st, &c.instance, now, baseline, h, p);
+        locate(st, &c.instance, now, baseline, &budget, p);
 
         // The model as a whole: latency against its own recent distribution.
         let replica_alarmed = st.instances.values().any(Series::alarmed);
@@ -1107,15 +1210,16 @@ impl ReplicaShift {
             .unwrap_or_default()
     }
 
-    /// A replica's (slot start, log median ratio against its peers) of `signal`.
-    fn slot_log_ratios(&self, model: &str, instance: &str, signal: &str) -> Vec<(i64, f64)> {
+    /// A replica's (first slot's start, log median ratio against its peers, slots pooled) of
+    /// `signal`.
+    fn slot_log_ratios(&self, model: &str, instance: &str, signal: &str) -> Vec<(i64, f64, usize)> {
         let step_ms = self.params.location_step_ms();
         self.series(model, Some(instance))
             .map(|s| {
                 s.minutes
                     .iter()
                     .flat_map(|m| m.slots(step_ms))
-                    .filter_map(|(at, slot)| slot.log_ratio.get(signal).map(|r| (at, *r)))
+                    .filter_map(|(at, slot)| slot.log_ratio.get(signal).map(|(r, n)| (at, *r, *n)))
                     .collect()
             })
             .unwrap_or_default()
@@ -1160,6 +1264,18 @@ impl ReplicaShift {
                         t.design,
                         t.overdispersion,
                         share_since(s, k, None)
+                    );
+                }
+                for (sig, l) in &s.location {
+                    out += &format!(
+                        "  {i} location {sig} s={:.2} h={:.2} ratio={:.2} usual={:.2} sigma={:.3} design={:.2} pooling={:?}\n",
+                        l.s,
+                        l.threshold,
+                        l.ratio,
+                        l.usual,
+                        l.sigma,
+                        l.design,
+                        s.pools.get(sig).map(|p| p.slots)
                     );
                 }
             }
