@@ -381,7 +381,9 @@ impl RecordSink for MetricsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::telemetry::{TOKEN_USAGE_BUCKETS, operation_name, provider_name};
+    use crate::kernel::telemetry::{
+        DURATION_BUCKETS, TOKEN_USAGE_BUCKETS, operation_name, provider_name,
+    };
     use std::collections::BTreeMap;
     use tokenwatch_core::model::{ErrorClass, SeriesLabels};
     use tokenwatch_core::signals::SignalBoard;
@@ -396,6 +398,7 @@ mod tests {
                 ..Default::default()
             },
             endpoint: "/v1/chat/completions".into(),
+            stream: true,
             status: 200,
             first_token_s: Some(0.2),
             end_s: 1.0,
@@ -528,6 +531,8 @@ mod tests {
             "gen_ai_client_operation_duration_seconds_count",
             "gen_ai_server_time_to_first_token_seconds_count",
             "gen_ai_server_time_per_output_token_seconds_count",
+            "gen_ai_client_operation_time_to_first_chunk_seconds_count",
+            "gen_ai_client_operation_time_per_output_chunk_seconds_count",
         ] {
             assert_eq!(models(&text, family), ["m2"], "{family}: {text}");
         }
@@ -722,6 +727,73 @@ mod tests {
         assert_eq!(
             samples(&text, "gen_ai_server_time_to_first_token_seconds_count")[0].1,
             1.0
+        );
+    }
+
+    #[test]
+    fn streams_give_the_clients_chunk_histograms_with_the_conventions_buckets() {
+        // A stream of four chunks (first at 0.2 s, then gaps of 0.05, 0.3 and 1.5 s), one cut
+        // after two chunks, and a call that did not stream.
+        let mut whole = record();
+        whole.stream = true;
+        whole.chunk_offsets_us = vec![200_000, 250_000, 550_000, 2_050_000];
+        let mut cut = record();
+        cut.stream = true;
+        cut.error_class = Some(ErrorClass::UpstreamReset);
+        cut.chunk_offsets_us = vec![200_000, 230_000];
+        let mut unary = record();
+        unary.stream = false;
+        let text = encode(&[whole, cut, unary], false);
+        for family in [
+            "gen_ai_client_operation_time_to_first_chunk_seconds",
+            "gen_ai_client_operation_time_per_output_chunk_seconds",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {family} histogram")),
+                "{text}"
+            );
+            let bounds: Vec<f64> = samples(&text, &format!("{family}_bucket"))
+                .iter()
+                .filter_map(|(l, _)| l["le"].parse().ok())
+                .filter(|b: &f64| b.is_finite())
+                .collect();
+            assert_eq!(bounds, DURATION_BUCKETS.to_vec(), "{family}");
+        }
+        let one = |name: &str| {
+            let v = samples(&text, name);
+            assert_eq!(v.len(), 1, "{name}: {text}");
+            v[0].1
+        };
+        // Both streams had a first chunk; the unary call is in neither family.
+        assert_eq!(
+            one("gen_ai_client_operation_time_to_first_chunk_seconds_count"),
+            2.0
+        );
+        assert!(
+            (one("gen_ai_client_operation_time_to_first_chunk_seconds_sum") - 0.4).abs() < 1e-9
+        );
+        // One observation per chunk after the first: 3 + 1.
+        assert_eq!(
+            one("gen_ai_client_operation_time_per_output_chunk_seconds_count"),
+            4.0
+        );
+        assert!(
+            (one("gen_ai_client_operation_time_per_output_chunk_seconds_sum") - 1.88).abs() < 1e-9
+        );
+        let le = |bound: &str| {
+            samples(
+                &text,
+                "gen_ai_client_operation_time_per_output_chunk_seconds_bucket",
+            )
+            .into_iter()
+            .find(|(l, _)| l["le"].parse::<f64>().ok() == bound.parse::<f64>().ok())
+            .map(|(_, v)| v)
+            .unwrap()
+        };
+        // 0.03 and 0.05 by 0.08; 0.3 by 0.32; 1.5 by 2.56.
+        assert_eq!(
+            (le("0.08"), le("0.32"), le("1.28"), le("2.56")),
+            (2.0, 3.0, 3.0, 4.0)
         );
     }
 

@@ -31,8 +31,9 @@ const TTFT_BUCKETS: [f64; 16] = [
 const TPOT_BUCKETS: [f64; 13] = [
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 ];
-/// Buckets recommended for `gen_ai.server.request.duration` and `gen_ai.client.operation.duration`.
-const DURATION_BUCKETS: [f64; 14] = [
+/// Buckets recommended for `gen_ai.server.request.duration` and `gen_ai.client.operation.duration`,
+/// and for the client's `time_to_first_chunk` and `time_per_output_chunk`.
+pub const DURATION_BUCKETS: [f64; 14] = [
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 ];
 /// Buckets recommended for `gen_ai.client.token.usage` (powers of 4).
@@ -313,6 +314,10 @@ pub struct Metrics {
     pub tpot: HistFamily<RequestLabels>,
     pub duration: HistFamily<OutcomeLabels>,
     pub operation_duration: HistFamily<OutcomeLabels>,
+    /// `gen_ai.client.operation.time_to_first_chunk` and `time_per_output_chunk`: the streams
+    /// as the proxy, the upstream's client, received them (one gap per chunk after the first).
+    pub first_chunk: HistFamily<RequestLabels>,
+    pub per_chunk: HistFamily<RequestLabels>,
     pub tokens: HistFamily<TokenLabels>,
     pub requests: Family<OutcomeLabels, Counter>,
     /// `export.prometheus.tenant_label`: request series carry `tenant`.
@@ -507,6 +512,8 @@ struct RequestBudgets {
     tpot: SeriesBudget,
     duration: SeriesBudget,
     operation_duration: SeriesBudget,
+    first_chunk: SeriesBudget,
+    per_chunk: SeriesBudget,
     tokens: SeriesBudget,
     requests: SeriesBudget,
 }
@@ -575,6 +582,18 @@ impl Metrics {
             "gen_ai_client_operation_duration_seconds",
             "The whole call to the model as the proxy, the upstream's client, measured it (error_type on failures)",
             operation_duration.clone(),
+        );
+        let first_chunk: HistFamily<RequestLabels> = Family::new_with_constructor(duration_hist);
+        registry.register(
+            "gen_ai_client_operation_time_to_first_chunk_seconds",
+            "Time from a streamed request's arrival to the first content-bearing chunk the proxy received",
+            first_chunk.clone(),
+        );
+        let per_chunk: HistFamily<RequestLabels> = Family::new_with_constructor(duration_hist);
+        registry.register(
+            "gen_ai_client_operation_time_per_output_chunk_seconds",
+            "Time between a streamed response's consecutive content-bearing chunks, one observation per chunk after the first",
+            per_chunk.clone(),
         );
         let tokens: HistFamily<TokenLabels> = Family::new_with_constructor(token_usage_hist);
         registry.register(
@@ -694,6 +713,14 @@ impl Metrics {
                 "gen_ai_client_operation_duration_seconds",
                 &overflow,
             ),
+            first_chunk: SeriesBudget::new(
+                "gen_ai_client_operation_time_to_first_chunk_seconds",
+                &overflow,
+            ),
+            per_chunk: SeriesBudget::new(
+                "gen_ai_client_operation_time_per_output_chunk_seconds",
+                &overflow,
+            ),
             tokens: SeriesBudget::new("gen_ai_client_token_usage", &overflow),
             requests: SeriesBudget::new("tokenwatch_requests", &overflow),
         };
@@ -715,6 +742,8 @@ impl Metrics {
             tpot,
             duration,
             operation_duration,
+            first_chunk,
+            per_chunk,
             tokens,
             requests,
             tenant_label: AtomicBool::new(false),
@@ -755,6 +784,8 @@ impl Metrics {
         for (req, seen) in self.idle.take_idle(now_ms) {
             b.ttft.remove(&self.ttft, &req);
             b.tpot.remove(&self.tpot, &req);
+            b.first_chunk.remove(&self.first_chunk, &req);
+            b.per_chunk.remove(&self.per_chunk, &req);
             for kind in ["input", "output"] {
                 let t = TokenLabels {
                     request: req.clone(),
@@ -864,6 +895,28 @@ impl Metrics {
                     .with(&self.tpot, max, req.clone(), RequestLabels::folded, |h| {
                         h.observe(t)
                     });
+            }
+        }
+        // The client's chunk metrics: streamed calls only, whatever their outcome (a stream cut
+        // after its first chunk still had one).
+        if r.stream
+            && let Some(t) = r.first_token_s
+        {
+            kept |= b.first_chunk.with(
+                &self.first_chunk,
+                max,
+                req.clone(),
+                RequestLabels::folded,
+                |h| h.observe(t),
+            );
+            if r.chunk_offsets_us.len() > 1 {
+                kept |= b.per_chunk.with(
+                    &self.per_chunk,
+                    max,
+                    req.clone(),
+                    RequestLabels::folded,
+                    |h| r.gaps_s().for_each(|g| h.observe(g)),
+                );
             }
         }
         for (kind, n) in [("input", r.prompt_tokens), ("output", r.output_tokens)] {

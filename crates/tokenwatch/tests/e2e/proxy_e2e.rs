@@ -199,6 +199,34 @@ async fn openai_client_through_proxy_gives_correct_timing_and_records() {
         .filter_map(|r| r["output_tokens"].as_u64())
         .sum();
     assert_eq!(usage_sum, recorded as f64, "{metrics}");
+    // The client's chunk histograms: a first chunk per streamed call, and one gap per content
+    // chunk after the first — as many as the stored records' chunk times give.
+    let count_of = |family: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!("{family}_count{{"))
+                    && l.contains("gen_ai_request_model=\"m-fast\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        count_of("gen_ai_client_operation_time_to_first_chunk_seconds"),
+        6.0,
+        "{metrics}"
+    );
+    let gaps: usize = recs
+        .iter()
+        .filter_map(|r| r["chunk_offsets_us"].as_array())
+        .map(|a| a.len().saturating_sub(1))
+        .sum();
+    assert!(gaps >= 6, "the streams had several chunks each: {gaps}");
+    assert_eq!(
+        count_of("gen_ai_client_operation_time_per_output_chunk_seconds"),
+        gaps as f64,
+        "{metrics}"
+    );
     let mut child = Command::new(promtool())
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
