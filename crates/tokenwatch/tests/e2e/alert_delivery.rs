@@ -400,6 +400,7 @@ async fn webhooks_get_documented_body_with_retries_and_isolation() {
     // A receiver that accepts connections and never answers, and one that refuses them.
     let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let slow_url = format!("http://{}/hook", black_hole.local_addr().unwrap());
+    // An address nobody listens on: that receiver's connections are refused.
     let dead: SocketAddr = common::free_addr();
     let metrics = Arc::new(Metrics::new());
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -200,30 +200,7 @@ fn check_config_reports_file_and_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_runs_traffic_switches_a_fault_and_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let (api, proxy) = (free_addr(), free_addr());
-    let data = dir.path().join("demo-data");
-    let mut demo = Proc::start(
-        "demo",
-        &[
-            "demo",
-            "--listen",
-            &api.to_string(),
-            "--proxy-listen",
-            &proxy.to_string(),
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--fault-after",
-            "2s",
-            "--rps",
-            "20",
-            "--otlp-grpc-listen",
-            &free_addr().to_string(),
-            "--otlp-http-listen",
-            &free_addr().to_string(),
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &demo).await;
+    let (mut demo, api, _) = start_demo(dir.path(), &["--fault-after", "2s", "--rps", "20"]).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let l = get(&format!(

@@ -105,6 +105,8 @@ fn durations_in_prometheus_syntax_are_checked() {
 #[tokio::test]
 async fn run_reads_tokenwatch_config_and_logs_json_lines() {
     let dir = tempfile::tempdir().unwrap();
+    // A fixed address, not port 0: the test checks that the file's `listen` is what it binds
+    // and logs.
     let api = free_addr();
     let file = dir.path().join("tw.yaml");
     std::fs::write(

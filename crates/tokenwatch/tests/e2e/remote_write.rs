@@ -29,6 +29,8 @@ fn tool(name: &str, package: &str) -> PathBuf {
     found.unwrap_or_else(|| panic!("{name} is not installed — run the README's test command (scripts/test.sh), which installs Debian's `{package}` package"))
 }
 
+// Receivers listen on an address chosen before they start (`free_addr`): neither Prometheus nor
+// VictoriaMetrics reports a port it picked.
 impl Receiver {
     /// Prometheus accepting remote write at `/api/v1/write`.
     async fn prometheus(dir: &Path, addr: SocketAddr) -> Receiver {
@@ -310,6 +312,8 @@ async fn series_arrive_queryable_with_their_labels(prom: &Receiver, dir: &Path) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_endpoint_is_retried_without_slowing_the_proxy_and_catches_up() {
+    // tokenwatch writes to this address while nothing listens there; Prometheus comes up on it
+    // later, so it is chosen before either starts.
     let prom_addr = free_addr();
     let write_url = format!("http://{prom_addr}/api/v1/write");
     let stack = Stack::start(
