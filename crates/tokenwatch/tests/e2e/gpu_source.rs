@@ -157,9 +157,20 @@ async fn replayed_leak_shows_in_gpus_and_signals_with_containers() {
             "missing {name}: {first}"
         );
     }
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let second = json_of(&url).await;
-    let v2 = used(&second).unwrap();
+    // The next reading that differs (a 200 ms replay interval).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let v2 = loop {
+        let second = json_of(&url).await;
+        let v2 = used(&second).unwrap();
+        if v2 != v1 {
+            break v2;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gpu_memory_used_bytes of {LEAKY_GPU} still {v1} after 10 s: {second}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let grown_mib = (v2 - v1) / MIB;
     assert!(
         grown_mib >= 256.0 && grown_mib % 256.0 == 0.0,

@@ -435,6 +435,48 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The sum of every sample of the metric `name` (any labels) in Prometheus text.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls the Prometheus text at `url` every 100 ms until the sum of the metric `name`'s samples
+/// satisfies `check`; returns that sum, or fails after `secs` with the metric's lines and the
+/// tail of `proc_`'s log.
+pub async fn wait_metric_sum(
+    url: &str,
+    name: &str,
+    secs: u64,
+    proc_: &Proc,
+    check: impl Fn(f64) -> bool,
+) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let text = get(url).await.body;
+        let v = metric_sum(&text, name);
+        if check(v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} at {url} never matched within {secs} s (now {v}):\n{}\n{} log:\n{}",
+            text.lines()
+                .filter(|l| l.starts_with(name))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            proc_.name,
+            proc_.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `tokenwatch sim` on a port it picks (port 0, read from its start line) with `args` after
 /// `--listen`; waits until it serves `/v1/models` and returns (process, address).
 pub async fn start_sim(dir: &Path, args: &[&str]) -> (Proc, SocketAddr) {
