@@ -236,6 +236,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("  SLOs:       http://{api}/api/v1/slos  (error budget and burn rate per model)");
     println!("  alerts:     http://{api}/api/v1/alerts");
     println!("  data dir:   {}", data_dir.display());
+    // Every address bound, as `run`'s start line names them (what port 0 picked).
+    println!("  listening:  {}", app.listening_line());
     println!(
         "\n  fault {:?} switches on for {first} in {:?}. Ctrl-C stops.\n",
         args.fault, args.fault_after

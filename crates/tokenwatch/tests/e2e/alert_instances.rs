@@ -64,17 +64,21 @@ async fn an_alert_two_instances_fire_is_one_incident_in_alertmanager_and_the_sto
                 # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"dual\"} 0\n";
     let target = MetricsTarget::start(move || body.to_string()).await;
     let target_url = format!("http://{}/metrics", target.addr);
+    // An upstream nobody listens on: no request goes through the proxies.
     let upstream = format!("http://{}", free_addr());
 
     let mut instances = Vec::new();
     for _ in 0..2 {
         let dir = tempfile::tempdir().unwrap();
         let cfg = write_config(dir.path(), &target_url, &am.url);
-        let (api, proxy) = (free_addr(), free_addr());
+        // The API on a fixed port: the instances are told apart by their alerts'
+        // generatorURL, which is built from the configured `listen` (port 0 would give
+        // `http://127.0.0.1:0` to both). The proxy picks its own.
+        let api = free_addr();
         let tw = start_tokenwatch(
             dir.path(),
             api,
-            proxy,
+            any_addr(),
             &upstream,
             &["--config", &cfg, "--clickhouse-url", &ch_url],
         );

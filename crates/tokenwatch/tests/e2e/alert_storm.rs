@@ -31,8 +31,7 @@ async fn a_storm_of_models_over_one_rule_is_the_cap_and_one_folded_alert() {
             target.addr
         ),
     );
-    let api = free_addr();
-    let tw = start_collector(dir.path(), api, &["-c", &config.to_string_lossy()]).await;
+    let (tw, api) = start_collector(dir.path(), &["-c", &config.to_string_lossy()]).await;
 
     // Wait until the storm has fired: CAP alerts and the folded one.
     let deadline = Instant::now() + Duration::from_secs(40);

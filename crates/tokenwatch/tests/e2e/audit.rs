@@ -6,7 +6,7 @@ use crate::auth_support;
 use crate::common;
 
 use auth_support::{ADMIN, INGEST, READ, READ2, UNKNOWN, call};
-use common::{Proc, free_addr, metric_value, start_collector, write_auth_files};
+use common::{Proc, metric_value, start_collector, write_auth_files};
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -76,9 +76,8 @@ async fn requests_refusals_and_reloads_are_audited_without_any_token() {
         dir.path(),
         &format!("# who\nread {READ} grafana\nadmin {ADMIN}\ningest {INGEST}\n"),
     );
-    let api = free_addr();
     let audit = dir.path().join("data").join("audit");
-    let mut tw = start_collector(dir.path(), api, &["-c", &file.to_string_lossy()]).await;
+    let (mut tw, api) = start_collector(dir.path(), &["-c", &file.to_string_lossy()]).await;
 
     let base = format!("http://{api}");
     let cases: [Case; 6] = [
@@ -264,8 +263,7 @@ async fn without_tokens_callers_are_anonymous_and_expired_files_go_at_start() {
     let (old, recent) = (audit.join(name(40)), audit.join(name(5)));
     std::fs::write(&old, "{\"ts\":\"old\"}\n").unwrap();
     std::fs::write(&recent, "{\"ts\":\"recent\"}\n").unwrap();
-    let api = free_addr();
-    let mut tw = start_collector(dir.path(), api, &[]).await;
+    let (mut tw, api) = start_collector(dir.path(), &[]).await;
     assert!(
         !old.exists(),
         "a file of 40 days ago survived the 30d retention"
@@ -300,9 +298,8 @@ async fn a_flood_of_refused_requests_is_folded_into_one_line_with_a_count() {
     const FLOOD: usize = 5000;
     let dir = tempfile::tempdir().unwrap();
     let (_, file) = write_auth_files(dir.path(), &format!("read {READ} grafana\n"));
-    let api = free_addr();
     let audit = dir.path().join("data").join("audit");
-    let mut tw = start_collector(dir.path(), api, &["-c", &file.to_string_lossy()]).await;
+    let (mut tw, api) = start_collector(dir.path(), &["-c", &file.to_string_lossy()]).await;
     let base = format!("http://{api}");
     let fleet = format!("{base}/api/v1/fleet");
     assert_eq!(call("GET", &fleet, None, Some(READ)).await.status, 200);

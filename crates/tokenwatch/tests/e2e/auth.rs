@@ -8,8 +8,7 @@ use crate::common;
 
 use auth_support::*;
 use common::{
-    BIN, free_addr, metric_value, python, send, start_collector, start_otlp_collector,
-    write_auth_files,
+    ANY, BIN, metric_value, python, send, start_collector, start_otlp_collector, write_auth_files,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -79,15 +78,14 @@ fn off_loopback_without_tokens_is_refused_by_check_config_and_run() {
     );
     assert!(!out.contains(ADMIN) && !out.contains(READ), "{out}");
 
-    // `run` refuses before it opens anything: no data directory, nothing bound.
-    let api = free_addr();
+    // `run` refuses before it opens anything: no data directory, nothing bound (so port 0).
     let data = dir.path().join("data");
-    let public = format!("0.0.0.0:{}", api.port());
+    let public = "0.0.0.0:0";
     let out = Command::new(BIN)
         .args([
             "run",
             "--listen",
-            &public,
+            public,
             "--no-otlp",
             "--data-dir",
             data.to_str().unwrap(),
@@ -109,7 +107,7 @@ fn off_loopback_without_tokens_is_refused_by_check_config_and_run() {
         .args([
             "run",
             "--listen",
-            &api.to_string(),
+            ANY,
             "--no-otlp",
             "--data-dir",
             data.to_str().unwrap(),
@@ -128,7 +126,6 @@ fn off_loopback_without_tokens_is_refused_by_check_config_and_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flags_override_the_file_and_the_opt_out_is_a_warning_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let api = free_addr();
     let file = dir.path().join("tw.yaml");
     // The file alone listens off loopback; `--listen` replaces that before validation.
     std::fs::write(
@@ -136,7 +133,7 @@ async fn flags_override_the_file_and_the_opt_out_is_a_warning_at_start() {
         "listen: 0.0.0.0:9464\nauth:\n  allow_unauthenticated: true\n",
     )
     .unwrap();
-    let mut tw = start_collector(dir.path(), api, &["-c", &file.to_string_lossy()]).await;
+    let (mut tw, api) = start_collector(dir.path(), &["-c", &file.to_string_lossy()]).await;
     assert!(
         tw.log().contains("auth.allow_unauthenticated is true"),
         "{}",
@@ -160,8 +157,7 @@ async fn roles_guard_the_api_metrics_otlp_and_embeddings_and_tokens_rotate() {
         dir.path(),
         &format!("# who\nread {READ}\n\ningest {INGEST}\nadmin {ADMIN}\n"),
     );
-    let api = free_addr();
-    let (mut tw, grpc, http) = start_otlp_collector(dir.path(), api, &file).await;
+    let (mut tw, api, grpc, http) = start_otlp_collector(dir.path(), &file).await;
 
     let mut failures: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     let mut otlp_traces = route(
@@ -351,13 +347,8 @@ async fn ui_asks_once_for_a_token_and_keeps_it_for_the_session() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, format!("read {READ}\ningest {INGEST}\n")).unwrap();
-    let api = free_addr();
-    let mut tw = start_collector(
-        dir.path(),
-        api,
-        &["--auth-tokens", &tokens.to_string_lossy()],
-    )
-    .await;
+    let (mut tw, api) =
+        start_collector(dir.path(), &["--auth-tokens", &tokens.to_string_lossy()]).await;
     let out = Command::new("node")
         .current_dir(&ui)
         .args([

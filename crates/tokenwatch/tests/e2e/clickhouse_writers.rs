@@ -33,15 +33,12 @@ async fn two_proxies_of_one_upstream_instance_add_up_in_the_shared_store() {
     let b_dir = tempfile::tempdir().unwrap();
     let b_cfg = b_dir.path().join("tw.yaml");
     std::fs::write(&b_cfg, "store:\n  writer_id: proxy-b\n").unwrap();
-    let (b_api, b_proxy) = (free_addr(), free_addr());
-    let b_tw = start_tokenwatch(
+    let (b_tw, b_api, b_proxy) = run_tokenwatch(
         b_dir.path(),
-        b_api,
-        b_proxy,
         &format!("http://{}", a.sim_addr),
         &["--clickhouse-url", &url, "-c", b_cfg.to_str().unwrap()],
-    );
-    wait_ready(&format!("http://{b_api}/readyz"), &b_tw).await;
+    )
+    .await;
 
     let kept = std::fs::read_to_string(a.data_dir().join("writer_id")).unwrap();
     let a_writer = kept.trim().to_string();

@@ -4,8 +4,8 @@
 use crate::common;
 
 use common::{
-    Proc, Reply, free_addr, get, metric_value, send, start_collector, start_sim, stored_record,
-    wait_ready,
+    Proc, Reply, any_addr, free_addr, get, metric_value, ready_on, send, start_collector,
+    start_sim, stored_record,
 };
 use http_body_util::{BodyExt, Full};
 use std::net::SocketAddr;
@@ -128,16 +128,18 @@ async fn reload_swaps_routes_and_rules_without_dropping_a_held_stream() {
     let (_sim1, sim1) = start_sim(dir.path(), &sim1_args).await;
     let (_sim2, sim2) =
         start_sim(dir.path(), &["--model", MODEL, "--instance-name", "sim-2"]).await;
-    let (api, proxy) = (free_addr(), free_addr());
+    // The file's listeners are port 0 (`any`), every version of it; the test reads the bound
+    // addresses back.
+    let any = any_addr();
     let data = dir.path().join("data");
     let file = dir.path().join("tw.yaml");
-    std::fs::write(&file, config(api, proxy, &data, sim1, &scrape(&[sim1]))).unwrap();
+    std::fs::write(&file, config(any, any, &data, sim1, &scrape(&[sim1]))).unwrap();
     let tw = Proc::start(
         "tokenwatch",
         &["run", "-c", file.to_str().unwrap()],
         dir.path(),
     );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (api, proxy) = ready_on(&tw).await;
     let sim1_target = (format!("http://{sim1}/metrics"), "up".to_string());
     let deadline = Instant::now() + Duration::from_secs(15);
     while targets(api).await != [sim1_target.clone()] {
@@ -178,7 +180,7 @@ async fn reload_swaps_routes_and_rules_without_dropping_a_held_stream() {
     // Route the model to sim 2, add a rule and a scrape target; SIGHUP (the test owns the
     // child's pid).
     let with_probe = format!("{PROBE_RULE}{}", scrape(&[sim1, sim2]));
-    std::fs::write(&file, config(api, proxy, &data, sim2, &with_probe)).unwrap();
+    std::fs::write(&file, config(any, any, &data, sim2, &with_probe)).unwrap();
     let status = std::process::Command::new("kill")
         .args(["-HUP", &tw.child.id().to_string()])
         .status()
@@ -275,7 +277,7 @@ async fn reload_swaps_routes_and_rules_without_dropping_a_held_stream() {
     );
 
     // A bad file: 400 naming the key, nothing applied (the rule and sim 2 stay).
-    let bad = config(api, proxy, &data, sim1, &with_probe)
+    let bad = config(any, any, &data, sim1, &with_probe)
         .replace(&format!("http://{sim1}"), "ftp://nowhere");
     std::fs::write(&file, bad).unwrap();
     let r = post_reload(api, None).await;
@@ -305,7 +307,8 @@ async fn reload_swaps_routes_and_rules_without_dropping_a_held_stream() {
 
     // A new `listen` waits for a restart; the rule's removal, sim 1 and the removal of sim 2's
     // target apply now.
-    let moved = config(free_addr(), proxy, &data, sim1, &scrape(&[sim1]));
+    // Another `listen` (a free port, never bound: the change only waits for a restart).
+    let moved = config(free_addr(), any, &data, sim1, &scrape(&[sim1]));
     std::fs::write(&file, moved).unwrap();
     let r = post_reload(api, None).await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -346,8 +349,7 @@ async fn reload_needs_admin_is_audited_and_needs_a_file() {
     let file = dir.path().join("tw.yaml");
     let yaml = |extra: &str| format!("auth:\n  tokens_file: {}\n{extra}", tokens.display());
     std::fs::write(&file, yaml("")).unwrap();
-    let api = free_addr();
-    let tw = start_collector(dir.path(), api, &["-c", file.to_str().unwrap()]).await;
+    let (tw, api) = start_collector(dir.path(), &["-c", file.to_str().unwrap()]).await;
 
     std::fs::write(&file, yaml("slos: []\n")).unwrap();
     let r = post_reload(api, Some(VIEWER)).await;
@@ -408,8 +410,7 @@ async fn reload_needs_admin_is_audited_and_needs_a_file() {
 
     // Started from flags alone: nothing to reload.
     let dir2 = tempfile::tempdir().unwrap();
-    let api2 = free_addr();
-    let _flags_only = start_collector(dir2.path(), api2, &[]).await;
+    let (_flags_only, api2) = start_collector(dir2.path(), &[]).await;
     let r = post_reload(api2, None).await;
     assert_eq!(r.status, 409, "{}", r.body);
     assert!(
@@ -472,13 +473,15 @@ async fn a_proxy_replica_reloads_its_routes_on_sighup_without_cutting_a_held_str
         ],
     )
     .await;
-    let (api, proxy, aggregator) = (free_addr(), free_addr(), free_addr());
+    // Listeners on port 0 (read back below); the aggregator's address is one nobody listens
+    // on: what the replica ships is not looked at here.
+    let (any, aggregator) = (any_addr(), free_addr());
     let data = dir.path().join("data");
     let file = dir.path().join("tw.yaml");
     let write = |models: &str, extra: &str| {
         std::fs::write(
             &file,
-            replica_config(api, proxy, &data, sim, models, aggregator, extra),
+            replica_config(any, any, &data, sim, models, aggregator, extra),
         )
         .unwrap()
     };
@@ -488,7 +491,7 @@ async fn a_proxy_replica_reloads_its_routes_on_sighup_without_cutting_a_held_str
         &["run", "-c", file.to_str().unwrap()],
         dir.path(),
     );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (api, proxy) = ready_on(&tw).await;
     assert_eq!(chat_status(proxy, "model-a").await, 200);
     let refused = chat_status(proxy, "model-b").await;
     assert_ne!(refused, 200, "model-b has no route yet");

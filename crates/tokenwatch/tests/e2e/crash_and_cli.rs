@@ -7,6 +7,16 @@ use common::*;
 use std::process::Command;
 use std::time::Duration;
 
+/// Waits until the stack's simulator has generated a token: a stream is under way through the
+/// proxy (nothing else sends it requests).
+async fn stream_started(stack: &Stack) {
+    let url = format!("http://{}/metrics", stack.sim_addr);
+    wait_metric_sum(&url, "vllm:generation_tokens_total", 20, &stack.sim, |n| {
+        n > 0.0
+    })
+    .await;
+}
+
 const CHAT: &str = r#"{"model":"m1","messages":[{"role":"user","content":"hi there"}],"stream":true,"max_tokens":6}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,30 +210,7 @@ fn check_config_reports_file_and_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_runs_traffic_switches_a_fault_and_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let (api, proxy) = (free_addr(), free_addr());
-    let data = dir.path().join("demo-data");
-    let mut demo = Proc::start(
-        "demo",
-        &[
-            "demo",
-            "--listen",
-            &api.to_string(),
-            "--proxy-listen",
-            &proxy.to_string(),
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--fault-after",
-            "2s",
-            "--rps",
-            "20",
-            "--otlp-grpc-listen",
-            &free_addr().to_string(),
-            "--otlp-http-listen",
-            &free_addr().to_string(),
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &demo).await;
+    let (mut demo, api, _) = start_demo(dir.path(), &["--fault-after", "2s", "--rps", "20"]).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let l = get(&format!(
@@ -291,8 +278,9 @@ async fn sigterm_during_a_stalled_stream_stops_at_the_drain_timeout_or_a_second_
         let stalled = tokio::spawn(async move {
             send("POST", &url, Some(CHAT), &[("x-request-id", "stalled")]).await
         });
-        // The stream has started and stalls mid-way (the simulator pauses it for 10 minutes).
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The stream has started (the simulator has generated its first tokens) and stalls
+        // mid-way (the simulator pauses it for 10 minutes).
+        stream_started(&stack).await;
         assert!(!stalled.is_finished(), "the stalled stream ended early");
         let began = std::time::Instant::now();
         stack.tw.send_term();
@@ -342,11 +330,18 @@ async fn sigterm_lets_a_stream_in_flight_finish_and_serves_new_requests_during_t
         let url = url.clone();
         tokio::spawn(async move { send("POST", &url, Some(long), &[]).await })
     };
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stream_started(&stack).await;
     let began = std::time::Instant::now();
     stack.tw.send_term();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let ready = get(&format!("http://{}/readyz", stack.api)).await;
+    // `/readyz` answers 503 at once (well within the 2 s delay).
+    let deadline = began + Duration::from_secs(1);
+    let ready = loop {
+        let r = get(&format!("http://{}/readyz", stack.api)).await;
+        if r.status == 503 || std::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(ready.status, 503, "{}", ready.body);
     assert!(ready.body.contains("draining"), "{}", ready.body);
     // Within the delay: a new request is served in full.

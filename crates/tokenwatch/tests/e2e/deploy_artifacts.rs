@@ -11,7 +11,7 @@
 
 use crate::common;
 
-use common::{BIN, free_addr, get, start_collector};
+use common::{ANY, BIN, get, start_collector};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -194,8 +194,7 @@ async fn dockerfile_healthcheck_probes_healthz() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let api = free_addr();
-    let mut tw = start_collector(dir.path(), api, &[]).await;
+    let (mut tw, api) = start_collector(dir.path(), &[]).await;
     let script = script.replace("/9464", &format!("/{}", api.port()));
     let probe = || run(Command::new("bash").arg("-c").arg(&script));
     let o = probe();
@@ -804,13 +803,12 @@ async fn the_collector_only_layout_validates_and_runs_without_a_proxy() {
         "read 0123456789abcdef0123456789abcdef prometheus\n",
     )
     .unwrap();
-    let (api, grpc, http) = (free_addr(), free_addr(), free_addr());
     let local = yaml
         .replace("/etc/tokenwatch/", &format!("{root}/etc/"))
         .replace("/var/lib/tokenwatch", &format!("{root}/data"))
-        .replace("0.0.0.0:9464", &api.to_string())
-        .replace("0.0.0.0:4317", &grpc.to_string())
-        .replace("0.0.0.0:4318", &http.to_string());
+        .replace("0.0.0.0:9464", ANY)
+        .replace("0.0.0.0:4317", ANY)
+        .replace("0.0.0.0:4318", ANY);
     assert!(!local.contains("0.0.0.0"), "{local}");
     let file = tmp.path().join("tokenwatch.yaml");
     std::fs::write(&file, &local).unwrap();
@@ -829,7 +827,7 @@ async fn the_collector_only_layout_validates_and_runs_without_a_proxy() {
         &["run", "--config", &file.to_string_lossy()],
         tmp.path(),
     );
-    common::wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (api, _) = common::ready_on(&tw).await;
     let ready = get(&format!("http://{api}/readyz")).await.json();
     assert!(
         ready["components"]["proxy"]

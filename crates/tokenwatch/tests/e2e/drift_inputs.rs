@@ -5,7 +5,7 @@
 use crate::common;
 
 use common::otlp::{attr, numbered_chat_span, span_id, str_attr};
-use common::{Proc, Reply, assert_partial, free_addr, get, now_ms, send, wait_ready};
+use common::{ANY, Proc, Reply, assert_partial, get, now_ms, ready_on, send, start_sim};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -52,45 +52,31 @@ impl Tw {
         let cfg = dir.path().join("tokenwatch.yaml");
         std::fs::write(&cfg, CONFIG).unwrap();
         let c = cfg.display().to_string();
-        let (api, proxy, sim_addr) = (free_addr(), free_addr(), free_addr());
-        let sim_proc = if sim {
-            let sa = sim_addr.to_string();
-            let p = Proc::start(
-                "sim",
-                &["sim", "--listen", &sa, "--ttft-ms", "2", "--itl-ms", "1"],
-                dir.path(),
-            );
-            wait_ready(&format!("http://{sim_addr}/v1/models"), &p).await;
-            Some(p)
+        let (sim_proc, upstream) = if sim {
+            let (p, addr) = start_sim(dir.path(), &["--ttft-ms", "2", "--itl-ms", "1"]).await;
+            (Some(p), format!("http://{addr}"))
         } else {
-            None
+            (None, String::new())
         };
-        let otlp_http = free_addr();
-        let (a, p, oh, og) = (
-            api.to_string(),
-            proxy.to_string(),
-            otlp_http.to_string(),
-            free_addr().to_string(),
-        );
         let data = dir.path().join("data").to_string_lossy().into_owned();
-        let upstream = format!("http://{sim_addr}");
+        // Every listener on a port it picks; without a simulator there is no proxy.
         let mut args = vec![
             "run",
             "--config",
             &c,
             "--listen",
-            &a,
+            ANY,
             "--data-dir",
             &data,
             "--otlp-http-listen",
-            &oh,
+            ANY,
             "--otlp-grpc-listen",
-            &og,
+            ANY,
         ];
         if sim {
             args.extend([
                 "--proxy-listen",
-                &p,
+                ANY,
                 "--upstream",
                 &upstream,
                 "--upstream-runtime",
@@ -98,7 +84,8 @@ impl Tw {
             ]);
         }
         let proc_ = Proc::start("tokenwatch", &args, dir.path());
-        wait_ready(&format!("http://{api}/readyz"), &proc_).await;
+        let otlp_http = proc_.listening().await["otlp_http"];
+        let (api, proxy) = ready_on(&proc_).await;
         Tw {
             proc_,
             api,

@@ -18,15 +18,11 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `tokenwatch run` without an upstream, on free ports, with `config` as its configuration file.
-fn start(dir: &Path, api: std::net::SocketAddr, config: &str) -> Proc {
+/// `tokenwatch run` without an upstream, on ports it picks, with `config` as its configuration
+/// file, once ready: (process, API address).
+async fn start(dir: &Path, config: &str) -> (Proc, std::net::SocketAddr) {
     let cfg_path = dir.join("tokenwatch.yaml");
     std::fs::write(&cfg_path, config).unwrap();
-    let (a, og, oh) = (
-        api.to_string(),
-        free_addr().to_string(),
-        free_addr().to_string(),
-    );
     let (data, cfg) = (
         dir.join("data").to_string_lossy().into_owned(),
         cfg_path.to_string_lossy().into_owned(),
@@ -36,15 +32,17 @@ fn start(dir: &Path, api: std::net::SocketAddr, config: &str) -> Proc {
         "-c",
         &cfg,
         "--listen",
-        &a,
+        ANY,
         "--data-dir",
         &data,
         "--otlp-grpc-listen",
-        &og,
+        ANY,
         "--otlp-http-listen",
-        &oh,
+        ANY,
     ];
-    Proc::start("tokenwatch", &args, dir)
+    let tw = Proc::start("tokenwatch", &args, dir);
+    let (api, _) = ready_on(&tw).await;
+    (tw, api)
 }
 
 async fn json_of(url: &str) -> Value {
@@ -63,14 +61,12 @@ fn signal<'a>(signals: &'a Value, name: &str, device: &str) -> Option<&'a Value>
 #[tokio::test]
 async fn replayed_leak_shows_in_gpus_and_signals_with_containers() {
     let dir = tempfile::tempdir().unwrap();
-    let api = free_addr();
     let config = format!(
         "gpu:\n  replay: {}\n  interval: 200ms\n  proc_root: {}\n  instance: node-a\n  device_models:\n    \"0\": leaky-model\n",
         fixture("gpu-leak-replay.jsonl").display(),
         fixture("gpu-leak-proc").display()
     );
-    let mut tw = start(dir.path(), api, &config);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (mut tw, api) = start(dir.path(), &config).await;
 
     let ready = json_of(&format!("http://{api}/readyz")).await;
     assert_eq!(ready["components"]["gpu"], "ok", "{ready}");
@@ -161,9 +157,20 @@ async fn replayed_leak_shows_in_gpus_and_signals_with_containers() {
             "missing {name}: {first}"
         );
     }
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let second = json_of(&url).await;
-    let v2 = used(&second).unwrap();
+    // The next reading that differs (a 200 ms replay interval).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let v2 = loop {
+        let second = json_of(&url).await;
+        let v2 = used(&second).unwrap();
+        if v2 != v1 {
+            break v2;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gpu_memory_used_bytes of {LEAKY_GPU} still {v1} after 10 s: {second}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let grown_mib = (v2 - v1) / MIB;
     assert!(
         grown_mib >= 256.0 && grown_mib % 256.0 == 0.0,
@@ -209,9 +216,7 @@ async fn without_nvml_the_source_is_disabled_and_nothing_else_changes() {
     // Default configuration: on a machine without NVML the source disables itself. (On a GPU
     // machine the same test checks that the real devices are read instead.)
     let dir = tempfile::tempdir().unwrap();
-    let api = free_addr();
-    let mut tw = start(dir.path(), api, "");
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (mut tw, api) = start(dir.path(), "").await;
     let gpus = json_of(&format!("http://{api}/api/v1/gpus")).await;
     let ready = json_of(&format!("http://{api}/readyz")).await;
     assert_eq!(ready["ready"], true, "{ready}");
@@ -231,13 +236,11 @@ async fn without_nvml_the_source_is_disabled_and_nothing_else_changes() {
 
     // An explicit library path that does not exist gives the same answer on any machine.
     let dir = tempfile::tempdir().unwrap();
-    let api = free_addr();
-    let mut tw = start(
+    let (mut tw, api) = start(
         dir.path(),
-        api,
         "gpu:\n  nvml_library: /nonexistent/libnvidia-ml.so.1\n",
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    )
+    .await;
     let gpus = json_of(&format!("http://{api}/api/v1/gpus")).await;
     let ready = json_of(&format!("http://{api}/readyz")).await;
     assert!(

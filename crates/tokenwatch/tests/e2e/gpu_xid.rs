@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use common::{Proc, free_addr, get, send, start_sim, start_tokenwatch, wait_ready};
+use common::{Proc, get, run_tokenwatch, send, start_sim};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -83,16 +83,9 @@ async fn an_xid_error_is_the_root_cause_of_the_error_burst_it_causes() {
         ),
     )
     .unwrap();
-    let (api, proxy) = (free_addr(), free_addr());
     let c = cfg.display().to_string();
-    let tw = start_tokenwatch(
-        dir.path(),
-        api,
-        proxy,
-        &format!("http://{sim}"),
-        &["--config", &c],
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api, proxy) =
+        run_tokenwatch(dir.path(), &format!("http://{sim}"), &["--config", &c]).await;
 
     // The scraped GPU is listed with the pod holding it and its profiling ratios.
     let gpus_url = format!("http://{api}/api/v1/gpus");

@@ -9,7 +9,7 @@
 use crate::common;
 
 use common::prometheus::Prometheus;
-use common::{BIN, Proc, free_addr, get, start_demo_with_leak};
+use common::{BIN, Proc, get, start_demo_with_leak};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -381,12 +381,10 @@ fn export_writes_to_stdout_or_a_file_and_refuses_unknown_formats() {
 async fn collector_only_the_fleet_and_latency_panels_have_data_from_the_runtime() {
     let dir = tempfile::tempdir().unwrap();
     let (_sim, sim) = common::start_sim(dir.path(), &[]).await;
-    let api = free_addr();
     let config = common::write_config(dir.path(), "scrape:\n  interval: 1s\n  timeout: 1s\n");
     let scrape = format!("http://{sim}/metrics");
-    let tw = common::start_collector(
+    let (tw, api) = common::start_collector(
         dir.path(),
-        api,
         &["-c", &config.to_string_lossy(), "--scrape", &scrape],
     )
     .await;

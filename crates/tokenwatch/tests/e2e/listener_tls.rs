@@ -45,29 +45,19 @@ async fn start() -> TlsStack {
     let first = pki.leaf("tokenwatch first");
     install(&first, &cert, &key);
 
-    let sim_addr = free_addr();
-    let sa = sim_addr.to_string();
-    let sim_args = [
-        "sim",
-        "--listen",
-        &sa,
-        "--model",
-        "m-tls",
-        "--ttft-ms",
-        "20",
-        "--itl-ms",
-        "5",
-    ];
-    let sim = Proc::start("sim", &sim_args, dir.path());
-    wait_ready(&format!("http://{sim_addr}/v1/models"), &sim).await;
+    let (sim, sim_addr) = start_sim(
+        dir.path(),
+        &["--model", "m-tls", "--ttft-ms", "20", "--itl-ms", "5"],
+    )
+    .await;
 
-    let (api, proxy, grpc, otlp_http) = (free_addr(), free_addr(), free_addr(), free_addr());
+    // Every listener on a port it picks, read back from the start line.
     let config = dir.path().join("tokenwatch.yaml");
     let yaml = format!(
-        "listen: {api}\ndata_dir: {data}\n\
+        "listen: {ANY}\ndata_dir: {data}\n\
          tls:\n  cert_file: {cert}\n  key_file: {key}\n  reload_interval: 500ms\n\
-         proxy:\n  listen: {proxy}\n  upstreams:\n    - url: http://{sim_addr}\n      runtime: sim\n\
-         otlp:\n  grpc_listen: {grpc}\n  http_listen: {otlp_http}\n",
+         proxy:\n  listen: {ANY}\n  upstreams:\n    - url: http://{sim_addr}\n      runtime: sim\n\
+         otlp:\n  grpc_listen: {ANY}\n  http_listen: {ANY}\n",
         data = dir.path().join("data").display(),
         cert = cert.display(),
         key = key.display(),
@@ -75,6 +65,13 @@ async fn start() -> TlsStack {
     std::fs::write(&config, yaml).unwrap();
     let cfg = config.to_string_lossy().into_owned();
     let tw = Proc::start("tokenwatch", &["run", "--config", &cfg], dir.path());
+    let bound = tw.listening().await;
+    let (api, proxy, grpc, otlp_http) = (
+        bound["api"],
+        bound["proxy"],
+        bound["otlp_grpc"],
+        bound["otlp_http"],
+    );
     wait_tls_ready(api, &ca_pem, &tw).await;
     let ca_file = ca.to_string_lossy().into_owned();
     TlsStack {
@@ -376,13 +373,7 @@ fn missing_or_bad_tls_files_are_refused_naming_key_and_file() {
     let file = dir.path().join("case0.yaml");
     let data = dir.path().join("data");
     let out = Command::new(BIN)
-        .args([
-            "run",
-            "--no-otlp",
-            "--listen",
-            &free_addr().to_string(),
-            "--data-dir",
-        ])
+        .args(["run", "--no-otlp", "--listen", ANY, "--data-dir"])
         .arg(&data)
         .arg("--config")
         .arg(&file)
@@ -397,14 +388,8 @@ fn missing_or_bad_tls_files_are_refused_naming_key_and_file() {
     // The flags set the shared pair: both are needed, and their files are checked the same way.
     let run_with = |flags: &[&std::path::Path]| {
         let mut cmd = Command::new(BIN);
-        cmd.args([
-            "run",
-            "--no-otlp",
-            "--listen",
-            &free_addr().to_string(),
-            "--data-dir",
-        ])
-        .arg(&data);
+        cmd.args(["run", "--no-otlp", "--listen", ANY, "--data-dir"])
+            .arg(&data);
         for (flag, file) in ["--tls-cert", "--tls-key"].iter().zip(flags) {
             cmd.arg(flag).arg(file);
         }

@@ -93,9 +93,15 @@ fn a_missing_model_dir_fails_startup_naming_key_and_path() {
             missing.display()
         ),
     );
-    let (api, proxy) = (free_addr(), free_addr());
     let cfg = config.to_string_lossy().into_owned();
-    let mut tw = start_tokenwatch(dir.path(), api, proxy, "http://127.0.0.1:9", &["-c", &cfg]);
+    // It refuses to start: nothing is ever bound, port 0 will do.
+    let mut tw = start_tokenwatch(
+        dir.path(),
+        any_addr(),
+        any_addr(),
+        "http://127.0.0.1:9",
+        &["-c", &cfg],
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(s) = tw.child.try_wait().unwrap() {

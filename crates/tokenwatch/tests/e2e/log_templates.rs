@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::{Proc, free_addr, get, send, start_sim, start_tokenwatch, wait_ready};
+use common::{Proc, get, run_tokenwatch, send, start_sim};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -77,11 +77,10 @@ async fn wait_templates(
     }
 }
 
-fn start(dir: &Path, sim: SocketAddr, cfg: &Path) -> (Proc, SocketAddr, SocketAddr) {
-    let (api, proxy) = (free_addr(), free_addr());
+/// tokenwatch with `cfg` proxying `sim`, on ports it picks, once ready: (process, API, proxy).
+async fn start(dir: &Path, sim: SocketAddr, cfg: &Path) -> (Proc, SocketAddr, SocketAddr) {
     let c = cfg.display().to_string();
-    let tw = start_tokenwatch(dir, api, proxy, &format!("http://{sim}"), &["--config", &c]);
-    (tw, api, proxy)
+    run_tokenwatch(dir, &format!("http://{sim}"), &["--config", &c]).await
 }
 
 #[tokio::test]
@@ -97,8 +96,7 @@ async fn vllm_log_templates_are_stable_across_restarts_and_a_cuda_oom_is_the_roo
     append(&log, &(lines[..first_part].join("\n") + "\n"));
 
     // First run: the first part of the log is mined.
-    let (mut tw, api, _) = start(dir.path(), sim, &cfg);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (mut tw, api, _) = start(dir.path(), sim, &cfg).await;
     let before = wait_templates(api, &tw, "the first part mined", |r| {
         total(r) == first_part as u64
     })
@@ -182,8 +180,7 @@ async fn vllm_log_templates_are_stable_across_restarts_and_a_cuda_oom_is_the_roo
     // Restart: the rest of the log was written while tokenwatch was down.
     assert!(tw.terminate().success(), "{}", tw.log());
     append(&log, &(lines[first_part..].join("\n") + "\n"));
-    let (tw, api, proxy) = start(dir.path(), sim, &cfg);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api, proxy) = start(dir.path(), sim, &cfg).await;
     let after = wait_templates(api, &tw, "the whole log mined", |r| {
         total(r) >= lines.len() as u64
     })

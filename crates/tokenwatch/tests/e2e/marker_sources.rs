@@ -6,8 +6,8 @@ use crate::common;
 use common::metrics_target::MetricsTarget;
 use common::otlp::{chat_span, post_resource_spans, str_attr};
 use common::{
-    free_addr, get, now_ms, now_ns, start_collector, start_otlp_collector_with, stored_record,
-    wait_markers, write_config,
+    get, now_ms, now_ns, start_collector, start_otlp_collector_with, stored_record, wait_markers,
+    write_config,
 };
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -105,8 +105,7 @@ async fn a_scraped_model_version_change_makes_a_scrape_marker() {
             target.addr
         ),
     );
-    let api = free_addr();
-    let tw = start_collector(dir.path(), api, &["-c", config.to_str().unwrap()]).await;
+    let (tw, api) = start_collector(dir.path(), &["-c", config.to_str().unwrap()]).await;
     // The first version is learnt, not a change.
     let deadline = Instant::now() + Duration::from_secs(20);
     while target.hits() < 3 {

@@ -105,6 +105,8 @@ fn durations_in_prometheus_syntax_are_checked() {
 #[tokio::test]
 async fn run_reads_tokenwatch_config_and_logs_json_lines() {
     let dir = tempfile::tempdir().unwrap();
+    // A fixed address, not port 0: the test checks that the file's `listen` is what it binds
+    // and logs.
     let api = free_addr();
     let file = dir.path().join("tw.yaml");
     std::fs::write(
@@ -140,7 +142,18 @@ async fn run_reads_tokenwatch_config_and_logs_json_lines() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Its start line written (it may follow the first answer of /readyz).
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("\"tokenwatch running\"") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no start line in the log:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let _ = child.0.kill();
     let _ = child.0.wait();
 

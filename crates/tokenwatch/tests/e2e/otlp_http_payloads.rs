@@ -4,12 +4,11 @@
 use crate::common;
 
 use bytes::Bytes;
-use common::{Proc, free_addr, get, wait_ready};
+use common::{ANY, Proc, get, wait_ready};
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use http_body_util::{BodyExt, Full};
 use std::io::Write;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 struct Reply {
@@ -85,25 +84,24 @@ fn json_traces(now_ns: u128) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn otlp_http_json_partial_success_and_malformed_payloads() {
     let dir = tempfile::tempdir().unwrap();
-    let (api, grpc, http): (SocketAddr, SocketAddr, SocketAddr) =
-        (free_addr(), free_addr(), free_addr());
     let data = dir.path().join("data").to_string_lossy().into_owned();
-    let (a, g, h) = (api.to_string(), grpc.to_string(), http.to_string());
     let tw = Proc::start(
         "tokenwatch",
         &[
             "run",
             "--listen",
-            &a,
+            ANY,
             "--data-dir",
             &data,
             "--otlp-grpc-listen",
-            &g,
+            ANY,
             "--otlp-http-listen",
-            &h,
+            ANY,
         ],
         dir.path(),
     );
+    let bound = tw.listening().await;
+    let (api, http) = (bound["api"], bound["otlp_http"]);
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
     let traces = format!("http://{http}/v1/traces");
     let now_ns = std::time::SystemTime::now()

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::{Proc, free_addr, get, python, wait_ready};
+use common::{ANY, Proc, get, python, wait_ready};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -21,24 +21,24 @@ struct Collector {
     dir: tempfile::TempDir,
 }
 
-/// `tokenwatch run` without an upstream: collector-only, OTLP on free ports.
+/// `tokenwatch run` without an upstream: collector-only, API and OTLP on ports it picks.
 async fn start_collector() -> Collector {
     let dir = tempfile::tempdir().unwrap();
-    let (api, grpc, http) = (free_addr(), free_addr(), free_addr());
     let data = dir.path().join("data").to_string_lossy().into_owned();
-    let (a, g, h) = (api.to_string(), grpc.to_string(), http.to_string());
     let args = [
         "run",
         "--listen",
-        &a,
+        ANY,
         "--data-dir",
         &data,
         "--otlp-grpc-listen",
-        &g,
+        ANY,
         "--otlp-http-listen",
-        &h,
+        ANY,
     ];
     let tw = Proc::start("tokenwatch", &args, dir.path());
+    let bound = tw.listening().await;
+    let (api, grpc, http) = (bound["api"], bound["otlp_grpc"], bound["otlp_http"]);
     wait_ready(&format!("http://{api}/readyz"), &tw).await;
     Collector {
         tw,

@@ -80,22 +80,13 @@ async fn start_relay(sim: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     (addr, seen)
 }
 
-/// tokenwatch with a proxy in front of `upstream`, its OTLP receivers on the returned
-/// (gRPC, HTTP) addresses and the configuration file `config`.
+/// tokenwatch with a proxy in front of `upstream` and the configuration file `config`, every
+/// listener on a port it picks, once ready: (process, API, proxy, OTLP/HTTP addresses).
 async fn start_proxying(
     dir: &Path,
-    api: SocketAddr,
-    proxy: SocketAddr,
     upstream: &str,
     config: &Path,
-) -> (Proc, SocketAddr) {
-    let otlp_http = free_addr();
-    let (a, p, g, h) = (
-        api.to_string(),
-        proxy.to_string(),
-        free_addr().to_string(),
-        otlp_http.to_string(),
-    );
+) -> (Proc, SocketAddr, SocketAddr, SocketAddr) {
     let (d, c) = (
         dir.join("data").to_string_lossy().into_owned(),
         config.to_string_lossy().into_owned(),
@@ -105,9 +96,9 @@ async fn start_proxying(
         "-c",
         &c,
         "--listen",
-        &a,
+        ANY,
         "--proxy-listen",
-        &p,
+        ANY,
         "--upstream",
         upstream,
         "--upstream-runtime",
@@ -115,13 +106,14 @@ async fn start_proxying(
         "--data-dir",
         &d,
         "--otlp-grpc-listen",
-        &g,
+        ANY,
         "--otlp-http-listen",
-        &h,
+        ANY,
     ];
     let tw = Proc::start("tokenwatch", &args, dir);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
-    (tw, otlp_http)
+    let otlp_http = tw.listening().await["otlp_http"];
+    let (api, proxy) = ready_on(&tw).await;
+    (tw, api, proxy, otlp_http)
 }
 
 fn kv(key: &str, v: &str) -> KeyValue {
@@ -224,9 +216,8 @@ async fn proxy_span_is_exported_and_parents_the_server_span(protocol: &str) {
     std::fs::create_dir_all(&recv_dir).unwrap();
     let recv_cfg = recv_dir.join("tw.yaml");
     std::fs::write(&recv_cfg, "otlp:\n  enabled: true\n").unwrap();
-    let recv_api = free_addr();
-    let (receiver, recv_grpc, recv_http) =
-        start_otlp_collector(&recv_dir, recv_api, &recv_cfg).await;
+    let (receiver, recv_api, recv_grpc, recv_http) =
+        start_otlp_collector(&recv_dir, &recv_cfg).await;
 
     let (sim, sim_addr) = start_sim(
         dir.path(),
@@ -249,15 +240,8 @@ async fn proxy_span_is_exported_and_parents_the_server_span(protocol: &str) {
         ),
     )
     .unwrap();
-    let (api, proxy) = (free_addr(), free_addr());
-    let (tw, otlp_http) = start_proxying(
-        dir.path(),
-        api,
-        proxy,
-        &format!("http://{relay_addr}"),
-        &cfg,
-    )
-    .await;
+    let (tw, api, proxy, otlp_http) =
+        start_proxying(dir.path(), &format!("http://{relay_addr}"), &cfg).await;
 
     let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/traced_client.py");
@@ -491,15 +475,8 @@ async fn without_a_caller_trace_the_proxy_span_is_the_root() {
         "traces:\n  components:\n    - component: gateway\n      service: tokenwatch\n",
     )
     .unwrap();
-    let (api, proxy) = (free_addr(), free_addr());
-    let (tw, _) = start_proxying(
-        dir.path(),
-        api,
-        proxy,
-        &format!("http://{relay_addr}"),
-        &cfg,
-    )
-    .await;
+    let (tw, api, proxy, _) =
+        start_proxying(dir.path(), &format!("http://{relay_addr}"), &cfg).await;
     let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
     let r = send(
         "POST",

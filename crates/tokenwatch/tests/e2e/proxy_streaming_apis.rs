@@ -363,9 +363,7 @@ async fn canned_upstream() -> SocketAddr {
 async fn error_events_are_recorded_and_bytes_pass_untouched() {
     let upstream = canned_upstream().await;
     let dir = tempfile::tempdir().unwrap();
-    let (api, proxy) = (free_addr(), free_addr());
-    let mut tw = start_tokenwatch(dir.path(), api, proxy, &format!("http://{upstream}"), &[]);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (mut tw, api, proxy) = run_tokenwatch(dir.path(), &format!("http://{upstream}"), &[]).await;
 
     let cases: [(&str, &str, &str, &[&str]); 3] = [
         (

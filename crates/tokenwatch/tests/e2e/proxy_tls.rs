@@ -236,16 +236,13 @@ async fn https_upstreams_with_sni_alpn_and_a_configured_ca() {
          \x20   - url: https://localhost:{p1}\n      models: [m-h1]\n      tls:\n        ca_file: {ca}\n"
     );
     let cfg_path = write(dir.path(), "tokenwatch.yaml", &cfg);
-    let (api, proxy) = (free_addr(), free_addr());
     let upstream = format!("https://localhost:{p2}");
-    let tw = start_tokenwatch(
+    let (tw, api, proxy) = run_tokenwatch(
         dir.path(),
-        api,
-        proxy,
         &upstream,
         &["-c", &cfg_path, "--upstream-ca-file", &ca],
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    )
+    .await;
     let url = format!("http://{proxy}/v1/chat/completions");
 
     // A streamed chat completion over TLS (the catch-all --upstream with --upstream-ca-file).

@@ -29,6 +29,8 @@ fn tool(name: &str, package: &str) -> PathBuf {
     found.unwrap_or_else(|| panic!("{name} is not installed — run the README's test command (scripts/test.sh), which installs Debian's `{package}` package"))
 }
 
+// Receivers listen on an address chosen before they start (`free_addr`): neither Prometheus nor
+// VictoriaMetrics reports a port it picked.
 impl Receiver {
     /// Prometheus accepting remote write at `/api/v1/write`.
     async fn prometheus(dir: &Path, addr: SocketAddr) -> Receiver {
@@ -285,17 +287,22 @@ async fn series_arrive_queryable_with_their_labels(prom: &Receiver, dir: &Path) 
     .await;
     let url = format!("url=\"{}/api/v1/write\"", prom.url);
     let before = sum_of(&metrics, "tokenwatch_remote_write_samples_total", &[&url]);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let after_text = get(&format!("http://{}/metrics", stack.api)).await.body;
-    let after = sum_of(
-        &after_text,
-        "tokenwatch_remote_write_samples_total",
-        &[&url],
-    );
-    assert!(
-        after > before && before > 0.0,
-        "samples sent keep growing: {before} -> {after}"
-    );
+    assert!(before > 0.0, "{metrics}");
+    // Samples sent keep growing: the next write (every second) is counted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after_text = loop {
+        let text = get(&format!("http://{}/metrics", stack.api)).await.body;
+        let after = sum_of(&text, "tokenwatch_remote_write_samples_total", &[&url]);
+        if after > before {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "samples sent did not grow in 10 s: {before} -> {after}\n{}",
+            tw_log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(
         sum_of(&after_text, "tokenwatch_remote_write_dropped_total", &[]),
         0.0,
@@ -310,6 +317,8 @@ async fn series_arrive_queryable_with_their_labels(prom: &Receiver, dir: &Path) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_endpoint_is_retried_without_slowing_the_proxy_and_catches_up() {
+    // tokenwatch writes to this address while nothing listens there; Prometheus comes up on it
+    // later, so it is chosen before either starts.
     let prom_addr = free_addr();
     let write_url = format!("http://{prom_addr}/api/v1/write");
     let stack = Stack::start(

@@ -68,23 +68,21 @@ fn assert_names(body: &str, key: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heads_and_bodies_over_their_limits_are_refused_named_and_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let sim_addr = free_addr();
-    let sa = sim_addr.to_string();
-    let sim = Proc::start("sim", &["sim", "--listen", &sa], dir.path());
-    wait_ready(&format!("http://{sim_addr}/v1/models"), &sim).await;
+    let (sim, sim_addr) = start_sim(dir.path(), &[]).await;
 
-    let (api, proxy, otlp_http, otlp_grpc) = (free_addr(), free_addr(), free_addr(), free_addr());
+    // Every listener on a port it picks, read back from the start line.
     let config = dir.path().join("tokenwatch.yaml");
     let yaml = format!(
-        "listen: {api}\ndata_dir: {data}\nlimits:\n  max_header_bytes: 65536\n  max_headers: 100\n\
-         proxy:\n  listen: {proxy}\n  max_request_body_bytes: {PROXY_BODY_LIMIT}\n  upstreams:\n    - url: http://{sim_addr}\n      runtime: sim\n\
-         otlp:\n  http_listen: {otlp_http}\n  grpc_listen: {otlp_grpc}\n  max_request_bytes: 4096\n",
+        "listen: {ANY}\ndata_dir: {data}\nlimits:\n  max_header_bytes: 65536\n  max_headers: 100\n\
+         proxy:\n  listen: {ANY}\n  max_request_body_bytes: {PROXY_BODY_LIMIT}\n  upstreams:\n    - url: http://{sim_addr}\n      runtime: sim\n\
+         otlp:\n  http_listen: {ANY}\n  grpc_listen: {ANY}\n  max_request_bytes: 4096\n",
         data = dir.path().join("data").display()
     );
     std::fs::write(&config, yaml).unwrap();
     let cfg = config.to_string_lossy().into_owned();
     let tw = Proc::start("tokenwatch", &["run", "--config", &cfg], dir.path());
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let otlp_http = tw.listening().await["otlp_http"];
+    let (api, proxy) = ready_on(&tw).await;
 
     // Headers over limits.max_header_bytes: 431 naming the key, on each listener; and the
     // listener still answers a normal request afterwards.
@@ -208,12 +206,11 @@ fn closed_within(s: &mut TcpStream, within: Duration) -> Result<Duration, String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_slow_and_surplus_connections_are_closed_and_counted_while_requests_are_served() {
     let dir = tempfile::tempdir().unwrap();
-    let api = free_addr();
     let config = dir.path().join("tokenwatch.yaml");
     std::fs::write(
         &config,
         format!(
-            "listen: {api}\ndata_dir: {data}\nlimits:\n  header_read_timeout: 2s\n  max_connections: 8\n",
+            "listen: {ANY}\ndata_dir: {data}\nlimits:\n  header_read_timeout: 2s\n  max_connections: 8\n",
             data = dir.path().join("data").display()
         ),
     )
@@ -224,7 +221,7 @@ async fn silent_slow_and_surplus_connections_are_closed_and_counted_while_reques
         &["run", "--config", &cfg, "--no-otlp"],
         dir.path(),
     );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (api, _) = ready_on(&tw).await;
 
     let checks = tokio::task::spawn_blocking(move || -> Result<(), String> {
         // The readiness check's connection holds its place until the server has seen it close.

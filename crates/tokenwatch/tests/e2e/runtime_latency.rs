@@ -173,10 +173,8 @@ async fn collector_only_latency_and_fleet_come_from_the_runtime_histograms() {
          burn_windows: {fast_long: 20s, fast_short: 10s, slow_long: 60s, slow_short: 15s}\n",
     );
     let url = format!("http://{}/metrics", target.addr);
-    let api = free_addr();
-    let tw = start_collector(
+    let (tw, api) = start_collector(
         dir.path(),
-        api,
         &["-c", &config.to_string_lossy(), "--scrape", &url],
     )
     .await;
@@ -507,16 +505,9 @@ const SIM_MODEL: &str = "sim-llama-8b";
 async fn where_proxy_and_runtime_both_see_a_model_the_fleet_shows_both_and_their_difference() {
     let dir = tempfile::tempdir().unwrap();
     let (_sim, sim) = start_sim(dir.path(), &[]).await;
-    let (api, proxy) = (free_addr(), free_addr());
     let scrape = format!("http://{sim}/metrics");
-    let tw = start_tokenwatch(
-        dir.path(),
-        api,
-        proxy,
-        &format!("http://{sim}"),
-        &["--scrape", &scrape],
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api, proxy) =
+        run_tokenwatch(dir.path(), &format!("http://{sim}"), &["--scrape", &scrape]).await;
     let body = serde_json::json!({
         "model": SIM_MODEL,
         "stream": true,
@@ -608,11 +599,9 @@ async fn compare_around_a_marker_answers_from_the_runtime_for_a_model_no_record_
     .await;
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "scrape:\n  interval: 1s\n  timeout: 1s\n");
-    let api = free_addr();
     let url = format!("http://{}/metrics", target.addr);
-    let _tw = start_collector(
+    let (_tw, api) = start_collector(
         dir.path(),
-        api,
         &["-c", &config.to_string_lossy(), "--scrape", &url],
     )
     .await;

@@ -341,6 +341,7 @@ async fn bad_targets_do_not_disturb_a_good_one() {
     })))
     .await;
     let hang = FakeTarget::start(Behaviour::Hang).await;
+    // An address nobody listens on: its scrapes are refused.
     let refused = free_addr();
     let dir = tempfile::tempdir().unwrap();
     // The bad targets come from a file_sd file, which is then edited while running.

@@ -118,14 +118,13 @@ async fn two_shards_split_targets_as_hashmod_and_share_fleet_and_alertmanager() 
     let mut sims = Vec::new();
     let mut urls = Vec::new();
     for i in 0..3 {
-        let addr = free_addr();
-        let a = addr.to_string();
         let model = format!("sim-model-{i}");
         let p = Proc::start(
             &format!("sim{i}"),
-            &["sim", "--listen", &a, "--model", &model],
+            &["sim", "--listen", ANY, "--model", &model],
             sim_dir.path(),
         );
+        let addr = p.sim_listening().await;
         wait_ready(&format!("http://{addr}/v1/models"), &p).await;
         urls.push(format!("http://{addr}/metrics"));
         sims.push((addr, p));
@@ -150,11 +149,14 @@ async fn two_shards_split_targets_as_hashmod_and_share_fleet_and_alertmanager() 
     // Shard 0 alone first: it scrapes its share, and nothing of shard 1 is touched.
     let dir0 = tempfile::tempdir().unwrap();
     let cfg0 = write_config(dir0.path(), &urls, None, &am.url);
-    let (api0, proxy0) = (free_addr(), free_addr());
+    // Each shard's API on a fixed port: an alert names its sender by generatorURL, built from
+    // the configured `listen` (port 0 would give `http://127.0.0.1:0` to both shards). The
+    // proxies pick their own ports.
+    let api0 = free_addr();
     let tw0 = start_tokenwatch(
         dir0.path(),
         api0,
-        proxy0,
+        any_addr(),
         &upstream,
         &[
             "--config",
@@ -189,11 +191,11 @@ async fn two_shards_split_targets_as_hashmod_and_share_fleet_and_alertmanager() 
     // Shard 1 from the configuration file, the same targets and the same ClickHouse.
     let dir1 = tempfile::tempdir().unwrap();
     let cfg1 = write_config(dir1.path(), &urls, Some("{index: 1, count: 2}"), &am.url);
-    let (api1, proxy1) = (free_addr(), free_addr());
+    let api1 = free_addr();
     let tw1 = start_tokenwatch(
         dir1.path(),
         api1,
-        proxy1,
+        any_addr(),
         &upstream,
         &["--config", &cfg1, "--clickhouse-url", &ch_url],
     );

@@ -153,8 +153,7 @@ async fn error_traces_stay_complete_to_the_root_and_ordinary_wide_traces_are_thi
         "otlp:\n  enabled: true\ntraces:\n  sampling:\n    enabled: true\n    decision_delay: 300ms\n    warmup_spans: 20\n",
     )
     .unwrap();
-    let api = free_addr();
-    let (tw, _grpc, otlp_http) = start_otlp_collector(dir.path(), api, &cfg).await;
+    let (tw, api, _grpc, otlp_http) = start_otlp_collector(dir.path(), &cfg).await;
 
     // Warm-up: every component sees enough ordinary spans for its median and P95.
     let warm: Vec<String> = (0..30).map(|n| trace_id(0x01, n)).collect();

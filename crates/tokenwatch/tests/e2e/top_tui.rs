@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use common::{BIN, Proc, free_addr, send, wait_ready};
+use common::{BIN, free_addr, send, start_demo};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -176,36 +176,7 @@ fn has_numbers(screen: &str, model: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_shows_the_demo_fleet_sorts_filters_and_quits() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (api, proxy, grpc, http) = (free_addr(), free_addr(), free_addr(), free_addr());
-    let data = dir.path().join("data").to_string_lossy().into_owned();
-    let (a, p, g, h) = (
-        api.to_string(),
-        proxy.to_string(),
-        grpc.to_string(),
-        http.to_string(),
-    );
-    let demo = Proc::start(
-        "demo",
-        &[
-            "demo",
-            "--listen",
-            &a,
-            "--proxy-listen",
-            &p,
-            "--otlp-grpc-listen",
-            &g,
-            "--otlp-http-listen",
-            &h,
-            "--data-dir",
-            &data,
-            "--fault-after",
-            "1h",
-            "--rps",
-            "10",
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{api}/readyz"), &demo).await;
+    let (demo, api, _) = start_demo(dir.path(), &["--fault-after", "1h", "--rps", "10"]).await;
     // Wait until the API itself reports traffic for both models, so the screen has numbers to show.
     let url = format!("http://{api}/api/v1/fleet?window=1m");
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -297,6 +268,7 @@ async fn top_shows_the_demo_fleet_sorts_filters_and_quits() {
 #[test]
 fn top_without_a_server_reports_the_error_and_keeps_running() {
     let dir = tempfile::tempdir().expect("tempdir");
+    // An address nobody listens on: top cannot reach it.
     let addr = free_addr();
     let tmux = Tmux::start(
         dir.path(),

@@ -205,10 +205,8 @@ async fn gpu_history_groups_device_series_and_processes() {
         fixtures.join("gpu-leak-proc").display()
     );
     std::fs::write(&cfg_path, config).unwrap();
-    let (api, proxy) = (free_addr(), free_addr());
     let cfg = cfg_path.to_string_lossy().into_owned();
-    let tw = start_tokenwatch(dir.path(), api, proxy, "http://127.0.0.1:9", &["-c", &cfg]);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (_tw, api, _proxy) = run_tokenwatch(dir.path(), "http://127.0.0.1:9", &["-c", &cfg]).await;
 
     let hist = wait_for(
         &format!("http://{api}/api/v1/gpus/history?range=5m"),

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use crate::common::{
-    Proc, free_addr, get, send, start_otlp_collector, start_tokenwatch, wait_ready,
+    Proc, any_addr, get, ready_on, send, start_otlp_collector, start_sim, start_tokenwatch,
 };
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -29,48 +29,44 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// The simulator with `sim_args`, tokenwatch proxying it with `config` (YAML).
+    /// The simulator with `sim_args`, tokenwatch proxying it with `config` (YAML), each on
+    /// ports it picks.
     pub async fn with_sim(sim_args: &[&str], config: &str) -> Stack {
         let dir = tempfile::tempdir().unwrap();
-        let sim = free_addr();
-        let sa = sim.to_string();
-        let mut args = vec!["sim", "--listen", &sa];
-        args.extend_from_slice(sim_args);
-        let sim_proc = Proc::start("sim", &args, dir.path());
-        wait_ready(&format!("http://{sim}/v1/models"), &sim_proc).await;
+        let (sim_proc, sim) = start_sim(dir.path(), sim_args).await;
         let cfg = write_config(dir.path(), config);
-        let (api, proxy) = (free_addr(), free_addr());
         let tw = start_tokenwatch(
             dir.path(),
-            api,
-            proxy,
+            any_addr(),
+            any_addr(),
             &format!("http://{sim}"),
             &["--config", &cfg],
         );
-        wait_ready(&format!("http://{api}/readyz"), &tw).await;
+        let bound = tw.listening().await;
+        let (api, proxy) = ready_on(&tw).await;
         Stack {
             sim_proc: Some(sim_proc),
             tw,
             sim: Some(sim),
             api,
             proxy,
-            otlp_http: free_addr(),
+            otlp_http: bound["otlp_http"],
             dir,
         }
     }
 
-    /// tokenwatch alone (no upstream): for GPU replays and OTLP input.
+    /// tokenwatch alone (no upstream): for GPU replays and OTLP input. Its `proxy` is port 0:
+    /// a collector has none.
     pub async fn collector(config: &str) -> Stack {
         let dir = tempfile::tempdir().unwrap();
         let cfg = write_config(dir.path(), config);
-        let api = free_addr();
-        let (tw, _grpc, http) = start_otlp_collector(dir.path(), api, Path::new(&cfg)).await;
+        let (tw, api, _grpc, http) = start_otlp_collector(dir.path(), Path::new(&cfg)).await;
         Stack {
             sim_proc: None,
             tw,
             sim: None,
             api,
-            proxy: free_addr(),
+            proxy: any_addr(),
             otlp_http: http,
             dir,
         }

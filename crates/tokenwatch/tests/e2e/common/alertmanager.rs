@@ -40,6 +40,7 @@ impl Alertmanager {
         );
         let cfg = dir.join("alertmanager.yml");
         std::fs::write(&cfg, config).unwrap();
+        // Alertmanager cannot report a port it picked: its address is chosen here.
         let addr = free_addr();
         let log = dir.join("alertmanager.log");
         let out = std::fs::File::create(&log).unwrap();

@@ -7,6 +7,7 @@ pub use tokenwatch_store::testing::ClickHouseServer;
 /// Start a server; panics with its log (or the missing chdb virtualenv) when it does not come up.
 pub fn start_clickhouse() -> ClickHouseServer {
     let mut last = String::new();
+    // The server (clickhouse-chdb) is given its ports and cannot report ones it picked.
     for _ in 0..3 {
         match ClickHouseServer::try_start(super::free_addr(), super::free_addr()) {
             Ok(server) => return server,

@@ -20,7 +20,21 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tokenwatch");
 
-/// A loopback address free now, for a child process to bind. Ports come from below the
+/// Loopback port 0: the listener picks a free port itself, and the test reads what it bound
+/// from the start line ([`Proc::listening`], [`Proc::sim_listening`]). Every listener of the
+/// process under test is started this way unless its address must be known before it starts.
+pub const ANY: &str = "127.0.0.1:0";
+
+/// [`ANY`] as an address.
+pub fn any_addr() -> SocketAddr {
+    ANY.parse().unwrap()
+}
+
+/// A loopback address free now, for a child process to bind, for the few cases where the
+/// address must be known before the process starts (otherwise use port 0, [`ANY`]): a peer's
+/// address written into another process's configuration, a program that cannot report the
+/// port it bound (Prometheus, Alertmanager, ClickHouse, HAProxy), a restart on the same port,
+/// or an address nobody listens on. Ports come from below the
 /// kernel's ephemeral range (32768–60999 on Linux): a port taken from `bind(:0)` and released
 /// can be reused as the source port of any outgoing connection (a scrape, an HTTP client)
 /// before the child binds it, which failed CI with "Address already in use". Ports below
@@ -94,6 +108,12 @@ impl Proc {
     pub async fn listening(&self) -> std::collections::BTreeMap<String, SocketAddr> {
         self.logged_addresses("tokenwatch running", "listening=")
             .await
+    }
+
+    /// The addresses `tokenwatch demo` bound, by listener name (as [`Proc::listening`]), from
+    /// the line `  listening:  api=ADDR proxy=ADDR …` it prints.
+    pub async fn demo_listening(&self) -> std::collections::BTreeMap<String, SocketAddr> {
+        self.logged_addresses("  listening:  ", "listening:").await
     }
 
     /// The simulator's bound address, from its line `simulator listening addr=ADDR …`.
@@ -415,6 +435,48 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The sum of every sample of the metric `name` (any labels) in Prometheus text.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls the Prometheus text at `url` every 100 ms until the sum of the metric `name`'s samples
+/// satisfies `check`; returns that sum, or fails after `secs` with the metric's lines and the
+/// tail of `proc_`'s log.
+pub async fn wait_metric_sum(
+    url: &str,
+    name: &str,
+    secs: u64,
+    proc_: &Proc,
+    check: impl Fn(f64) -> bool,
+) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let text = get(url).await.body;
+        let v = metric_sum(&text, name);
+        if check(v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} at {url} never matched within {secs} s (now {v}):\n{}\n{} log:\n{}",
+            text.lines()
+                .filter(|l| l.starts_with(name))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            proc_.name,
+            proc_.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `tokenwatch sim` on a port it picks (port 0, read from its start line) with `args` after
 /// `--listen`; waits until it serves `/v1/models` and returns (process, address).
 pub async fn start_sim(dir: &Path, args: &[&str]) -> (Proc, SocketAddr) {
@@ -512,6 +574,9 @@ impl Stack {
     }
 }
 
+/// `tokenwatch run` proxying `upstream` with its API on `api` and its proxy on `proxy` (either
+/// may be port 0, [`ANY`]), OTLP on ports it picks, data under `dir/data` and `extra` arguments
+/// after; returns at once (see [`run_tokenwatch`] for a started one on ports it picks).
 pub fn start_tokenwatch(
     dir: &Path,
     api: SocketAddr,
@@ -521,7 +586,8 @@ pub fn start_tokenwatch(
 ) -> Proc {
     let data = dir.join("data");
     let (a, p) = (api.to_string(), proxy.to_string());
-    let (og, oh) = (free_addr().to_string(), free_addr().to_string());
+    // OTLP on ports it picks: a test that sends OTLP reads them from `listening()`.
+    let (og, oh) = (ANY.to_string(), ANY.to_string());
     let data = data.to_string_lossy().into_owned();
     let mut args = vec![
         "run",
@@ -542,6 +608,27 @@ pub fn start_tokenwatch(
     ];
     args.extend_from_slice(extra);
     Proc::start("tokenwatch", &args, dir)
+}
+
+/// [`start_tokenwatch`] on ports it picks (port 0, read from its start line), once ready;
+/// returns (process, API address, proxy address).
+pub async fn run_tokenwatch(
+    dir: &Path,
+    upstream: &str,
+    extra: &[&str],
+) -> (Proc, SocketAddr, SocketAddr) {
+    let tw = start_tokenwatch(dir, any_addr(), any_addr(), upstream, extra);
+    let (api, proxy) = ready_on(&tw).await;
+    (tw, api, proxy)
+}
+
+/// The API and proxy addresses tokenwatch bound (from its start line), once `/readyz` answers
+/// 200. A process without a proxy (collector-only) gives [`ANY`] for it: nothing listens there.
+pub async fn ready_on(tw: &Proc) -> (SocketAddr, SocketAddr) {
+    let bound = tw.listening().await;
+    let api = bound["api"];
+    wait_ready(&format!("http://{api}/readyz"), tw).await;
+    (api, bound.get("proxy").copied().unwrap_or_else(any_addr))
 }
 
 /// `tokenwatch run -c config` on ports it picks (API, proxy, OTLP: port 0, read from its start
@@ -567,9 +654,7 @@ pub async fn run_with_config(dir: &Path, config: &Path) -> (Proc, SocketAddr, So
         ],
         dir,
     );
-    let bound = tw.listening().await;
-    let (api, proxy) = (bound["api"], bound["proxy"]);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (api, proxy) = ready_on(&tw).await;
     (tw, api, proxy)
 }
 
@@ -604,86 +689,85 @@ pub fn write_auth_files(dir: &Path, tokens: &str) -> (PathBuf, PathBuf) {
     (tokens_file, config)
 }
 
-/// Start a collector-only tokenwatch (API on `api`, no proxy, no OTLP) with its data under
-/// `dir/data`, `extra` arguments appended (`-c FILE`, `--auth-tokens FILE` …), and wait until
-/// it is ready.
-pub async fn start_collector(dir: &Path, api: SocketAddr, extra: &[&str]) -> Proc {
+/// Start a collector-only tokenwatch (API on a port it picks, no proxy, no OTLP) with its data
+/// under `dir/data`, `extra` arguments appended (`-c FILE`, `--auth-tokens FILE` …), and wait
+/// until it is ready; returns (process, API address).
+pub async fn start_collector(dir: &Path, extra: &[&str]) -> (Proc, SocketAddr) {
+    let tw = spawn_collector(dir, any_addr(), extra);
+    let (api, _) = ready_on(&tw).await;
+    (tw, api)
+}
+
+/// [`start_collector`] with its API on `api`, returning at once: for a test that restarts it
+/// on the same port or must know the address before it starts.
+pub fn spawn_collector(dir: &Path, api: SocketAddr, extra: &[&str]) -> Proc {
     let (a, d) = (
         api.to_string(),
         dir.join("data").to_string_lossy().into_owned(),
     );
     let mut args = vec!["run", "--listen", &a, "--no-otlp", "--data-dir", &d];
     args.extend_from_slice(extra);
-    let tw = Proc::start("tokenwatch", &args, dir);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
-    tw
+    Proc::start("tokenwatch", &args, dir)
 }
 
-/// A collector with OTLP receivers: tokenwatch `run -c config` with its API on `api` (port 0:
-/// any), OTLP/gRPC and OTLP/HTTP on ports it picks and data under `dir/data`; waits until ready
-/// and returns (process, OTLP/gRPC address, OTLP/HTTP address) as it bound them.
+/// A collector with OTLP receivers: tokenwatch `run -c config` with its API, OTLP/gRPC and
+/// OTLP/HTTP on ports it picks and data under `dir/data`; waits until ready and returns
+/// (process, API address, OTLP/gRPC address, OTLP/HTTP address) as it bound them.
 pub async fn start_otlp_collector(
     dir: &Path,
-    api: SocketAddr,
     config: &Path,
-) -> (Proc, SocketAddr, SocketAddr) {
-    let (a, g, h, c) = (
-        api.to_string(),
-        "127.0.0.1:0".to_string(),
-        "127.0.0.1:0".to_string(),
-        config.to_string_lossy().into_owned(),
-    );
+) -> (Proc, SocketAddr, SocketAddr, SocketAddr) {
+    let c = config.to_string_lossy().into_owned();
     let d = dir.join("data").to_string_lossy().into_owned();
     let args = [
         "run",
         "-c",
         &c,
         "--listen",
-        &a,
+        ANY,
         "--data-dir",
         &d,
         "--otlp-grpc-listen",
-        &g,
+        ANY,
         "--otlp-http-listen",
-        &h,
+        ANY,
     ];
     let tw = Proc::start("tokenwatch", &args, dir);
     let bound = tw.listening().await;
     wait_ready(&format!("http://{}/readyz", bound["api"]), &tw).await;
-    (tw, bound["otlp_grpc"], bound["otlp_http"])
+    (tw, bound["api"], bound["otlp_grpc"], bound["otlp_http"])
 }
 
-/// [`start_otlp_collector`] with `yaml` written to `dir/tw.yaml` and its API on a free port;
-/// returns (process, API address, OTLP/HTTP address).
+/// [`start_otlp_collector`] with `yaml` written to `dir/tw.yaml`; returns (process, API
+/// address, OTLP/HTTP address).
 pub async fn start_otlp_collector_with(dir: &Path, yaml: &str) -> (Proc, SocketAddr, SocketAddr) {
     let config = write_config(dir, yaml);
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let (tw, _grpc, _http) = start_otlp_collector(dir, any, &config).await;
-    let bound = tw.listening().await;
-    (tw, bound["api"], bound["otlp_http"])
+    let (tw, api, _grpc, http) = start_otlp_collector(dir, &config).await;
+    (tw, api, http)
 }
 
-/// `tokenwatch demo` with its data under `dir/data`, every listener on a free port and `extra`
-/// arguments after; waits until ready and returns (process, API address, OTLP/HTTP address).
+/// `tokenwatch demo` with its data under `dir/data`, every listener on a port it picks (port 0,
+/// read from its `listening:` line) and `extra` arguments after; waits until ready and returns
+/// (process, API address, OTLP/HTTP address).
 pub async fn start_demo(dir: &Path, extra: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
-    let (api, otlp_http) = (free_addr(), free_addr());
-    let addrs = [api, free_addr(), free_addr(), otlp_http].map(|a| a.to_string());
     let data = dir.join("data").display().to_string();
     let mut args = vec![
         "demo",
         "--listen",
-        &addrs[0],
+        ANY,
         "--proxy-listen",
-        &addrs[1],
+        ANY,
         "--otlp-grpc-listen",
-        &addrs[2],
+        ANY,
         "--otlp-http-listen",
-        &addrs[3],
+        ANY,
         "--data-dir",
         &data,
     ];
     args.extend_from_slice(extra);
     let demo = Proc::start("demo", &args, dir);
+    let bound = demo.demo_listening().await;
+    let (api, otlp_http) = (bound["api"], bound["otlp_http"]);
     wait_ready(&format!("http://{api}/readyz"), &demo).await;
     (demo, api, otlp_http)
 }

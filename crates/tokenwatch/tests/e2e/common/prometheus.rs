@@ -30,6 +30,7 @@ impl Prometheus {
         );
         let cfg = dir.join("prometheus.yml");
         std::fs::write(&cfg, config).unwrap();
+        // Prometheus cannot report a port it picked: its address is chosen here.
         let addr = free_addr();
         let log = dir.join("prometheus.log");
         let out = std::fs::File::create(&log).unwrap();

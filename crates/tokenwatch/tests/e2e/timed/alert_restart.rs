@@ -6,7 +6,7 @@ use crate::alerting_support;
 use crate::common;
 
 use alerting_support::{FAST, Hook, Traffic};
-use common::{Proc, free_addr, get, send, start_tokenwatch, wait_ready};
+use common::{Proc, free_addr, get, send, start_sim, start_tokenwatch, wait_ready};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -77,12 +77,7 @@ where
 async fn firing_alert_survives_restart_without_renotifying_then_resolves_and_stays_listed() {
     let (hook, hook_url) = Hook::serve().await;
     let dir = tempfile::tempdir().unwrap();
-    let sim = free_addr();
-    let sa = sim.to_string();
-    let mut sim_args = vec!["sim", "--listen", &sa];
-    sim_args.extend_from_slice(FAST);
-    let _sim = Proc::start("sim", &sim_args, dir.path());
-    wait_ready(&format!("http://{sim}/v1/models"), &_sim).await;
+    let (_sim, sim) = start_sim(dir.path(), FAST).await;
     // A resolve delay longer than a restart plus the burst window refilling, so the alert stays
     // firing across the restart while the fault lasts.
     let cfg = dir.path().join("tokenwatch.yaml");
@@ -97,6 +92,7 @@ async fn firing_alert_survives_restart_without_renotifying_then_resolves_and_sta
         config: cfg.display().to_string(),
         dir,
         sim,
+        // Fixed ports: tokenwatch is restarted on the same ones while the traffic goes on.
         api: free_addr(),
         proxy: free_addr(),
     };

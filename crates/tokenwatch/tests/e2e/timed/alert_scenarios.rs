@@ -5,7 +5,7 @@ use crate::alerting_support;
 use crate::common;
 
 use alerting_support::{FAST, MODEL, Traffic};
-use common::{Proc, free_addr, get, send, start_tokenwatch, wait_ready};
+use common::{ANY, Proc, get, run_tokenwatch, send, start_sim, wait_ready};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -45,24 +45,16 @@ struct Scenario {
 impl Scenario {
     async fn start(sim_args: &[&str]) -> Scenario {
         let dir = tempfile::tempdir().unwrap();
-        let sim = free_addr();
-        let sa = sim.to_string();
-        let mut args = vec!["sim", "--listen", &sa];
-        args.extend_from_slice(sim_args);
-        let sim_proc = Proc::start("sim", &args, dir.path());
-        wait_ready(&format!("http://{sim}/v1/models"), &sim_proc).await;
+        let (sim_proc, sim) = start_sim(dir.path(), sim_args).await;
         let cfg = dir.path().join("tokenwatch.yaml");
         std::fs::write(&cfg, CONFIG).unwrap();
-        let (api, proxy) = (free_addr(), free_addr());
         let (c, scrape) = (cfg.display().to_string(), format!("http://{sim}/metrics"));
-        let tw = start_tokenwatch(
+        let (tw, api, proxy) = run_tokenwatch(
             dir.path(),
-            api,
-            proxy,
             &format!("http://{sim}"),
             &["--config", &c, "--scrape", &scrape],
-        );
-        wait_ready(&format!("http://{api}/readyz"), &tw).await;
+        )
+        .await;
         Scenario {
             _sim: sim_proc,
             tw,
@@ -240,11 +232,10 @@ async fn start_pool(sim_args: &[&str]) -> (Scenario, Proc) {
     let dir = tempfile::tempdir().unwrap();
     let mut sims = Vec::new();
     for name in ["sim-a", "sim-b"] {
-        let addr = free_addr();
-        let sa = addr.to_string();
-        let mut args = vec!["sim", "--listen", &sa, "--instance-name", name];
+        let mut args = vec!["sim", "--listen", ANY, "--instance-name", name];
         args.extend_from_slice(sim_args);
         let p = Proc::start(name, &args, dir.path());
+        let addr = p.sim_listening().await;
         wait_ready(&format!("http://{addr}/v1/models"), &p).await;
         sims.push((addr, p));
     }
@@ -257,12 +248,10 @@ async fn start_pool(sim_args: &[&str]) -> (Scenario, Proc) {
     cfg.push_str(LENGTH_CONFIG);
     let path = dir.path().join("tokenwatch.yaml");
     std::fs::write(&path, cfg).unwrap();
-    let (api, proxy) = (free_addr(), free_addr());
     let (b, a) = (sims.pop().unwrap(), sims.pop().unwrap());
     let c = path.display().to_string();
     let upstream = format!("http://{}", a.0);
-    let tw = start_tokenwatch(dir.path(), api, proxy, &upstream, &["--config", &c]);
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api, proxy) = run_tokenwatch(dir.path(), &upstream, &["--config", &c]).await;
     let s = Scenario {
         _sim: a.1,
         tw,

@@ -88,9 +88,7 @@ async fn streams_flow_untouched_while_analysis_threads_panic_and_the_failure_sho
         &["--model", &models, "--ttft-ms", "40", "--itl-ms", "10"],
     )
     .await;
-    let (api, proxy) = (free_addr(), free_addr());
-    let (a, p, u) = (api.to_string(), proxy.to_string(), format!("http://{sim}"));
-    let (og, oh) = (free_addr().to_string(), free_addr().to_string());
+    let u = format!("http://{sim}");
     let data = d.join("data").to_string_lossy().into_owned();
     let failpoints = format!("pipeline:{PANIC_PIPELINE},alerting:{PANIC_ALERTING}");
     let mut tw = Proc::start_with_env(
@@ -98,9 +96,9 @@ async fn streams_flow_untouched_while_analysis_threads_panic_and_the_failure_sho
         &[
             "run",
             "--listen",
-            &a,
+            ANY,
             "--proxy-listen",
-            &p,
+            ANY,
             "--upstream",
             &u,
             "--upstream-runtime",
@@ -108,14 +106,14 @@ async fn streams_flow_untouched_while_analysis_threads_panic_and_the_failure_sho
             "--data-dir",
             &data,
             "--otlp-grpc-listen",
-            &og,
+            ANY,
             "--otlp-http-listen",
-            &oh,
+            ANY,
         ],
         d,
         &[("TOKENWATCH_TEST_PANIC", &failpoints)],
     );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (api, proxy) = ready_on(&tw).await;
     let ready = get(&format!("http://{api}/readyz")).await.json();
     assert_eq!(ready["components"]["pipeline"], "ok", "{ready}");
     assert_eq!(ready["components"]["alerting"], "ok", "{ready}");

@@ -7,7 +7,7 @@ use crate::alerting_support;
 use crate::common;
 
 use alerting_support::{Req, Stack, Traffic, prompt};
-use common::{Proc, free_addr, get, start_sim, wait_ready};
+use common::{ANY, Proc, free_addr, get, ready_on, start_sim};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,7 +37,9 @@ async fn behind_a_proxy_replica_a_ttft_spike_alerts_before_any_slowed_stream_has
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (sim_proc, sim) = start_sim(d, SIM).await;
-    let (api, otlp, replica_api, proxy) = (free_addr(), free_addr(), free_addr(), free_addr());
+    // The aggregator's OTLP address is in the configuration both processes read, so it is
+    // picked before either starts; every other listener picks its own port.
+    let otlp = free_addr();
     let cfg = d.join("tw.yaml");
     std::fs::write(
         &cfg,
@@ -59,11 +61,11 @@ async fn behind_a_proxy_replica_a_ttft_spike_alerts_before_any_slowed_stream_has
             "--role".into(),
             "aggregator".into(),
             "--listen".into(),
-            api.to_string(),
+            ANY.into(),
             "--otlp-http-listen".into(),
             otlp.to_string(),
             "--otlp-grpc-listen".into(),
-            free_addr().to_string(),
+            ANY.into(),
         ],
     );
     let replica = run(
@@ -72,17 +74,17 @@ async fn behind_a_proxy_replica_a_ttft_spike_alerts_before_any_slowed_stream_has
             "--role".into(),
             "proxy".into(),
             "--listen".into(),
-            replica_api.to_string(),
+            ANY.into(),
             "--proxy-listen".into(),
-            proxy.to_string(),
+            ANY.into(),
             "--upstream".into(),
             format!("http://{sim}"),
             "--upstream-runtime".into(),
             "sim".into(),
         ],
     );
-    wait_ready(&format!("http://{api}/readyz"), &aggregator).await;
-    wait_ready(&format!("http://{replica_api}/readyz"), &replica).await;
+    let (api, _) = ready_on(&aggregator).await;
+    let (replica_api, proxy) = ready_on(&replica).await;
     let s = Stack {
         sim_proc: Some(sim_proc),
         tw: aggregator,

@@ -8,9 +8,7 @@
 
 use crate::common;
 
-use common::{
-    Proc, alerts, chat_traffic, free_addr, send, start_collector, start_sim, write_config,
-};
+use common::{Proc, alerts, chat_traffic, send, start_collector, start_sim, write_config};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -96,9 +94,8 @@ async fn a_gpu_leak_and_its_replicas_symptoms_are_one_incident_across_label_sets
     - {{url: 'http://{b}/dcgm/metrics'}}
 "
     );
-    let api = free_addr();
     let cfg = write_config(dir.path(), &config);
-    let tw = start_collector(dir.path(), api, &["-c", &cfg.to_string_lossy()]).await;
+    let (tw, api) = start_collector(dir.path(), &["-c", &cfg.to_string_lossy()]).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
@@ -246,9 +243,8 @@ alerting:
       params: {{block_s: 5, min_baseline_blocks: 6, test_s: 60}}
 "
     );
-    let api = free_addr();
     let cfg = write_config(dir.path(), &config);
-    let tw = start_collector(dir.path(), api, &["-c", &cfg.to_string_lossy()]).await;
+    let (tw, api) = start_collector(dir.path(), &["-c", &cfg.to_string_lossy()]).await;
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     // One client (~8 req/s): the KV blocks its requests keep add ~16 MiB/s, so no 2-s reading

@@ -27,20 +27,33 @@ fn s(a: impl ToString) -> String {
     a.to_string()
 }
 
-/// An aggregator (`role: aggregator`) on `api`, receiving OTLP/HTTP on `otlp`.
-fn start_aggregator(dir: &Path, config: &Path, api: SocketAddr, otlp: SocketAddr) -> Proc {
-    start_aggregator_on(dir, config, api, otlp, free_addr())
+// The aggregator's OTLP address is named in the replicas' configuration (`aggregator.endpoint`),
+// so it is chosen before the processes start (`free_addr`); so is the aggregator's API where a
+// test restarts it on the same ports. Every other listener picks its own port (port 0) and is
+// read back from the start line.
+
+/// An aggregator (`role: aggregator`) with its API on `api` (port 0 or a fixed address),
+/// receiving OTLP/HTTP on `otlp` and OTLP/gRPC on a port it picks; returns (process, API
+/// address as bound).
+async fn start_aggregator(
+    dir: &Path,
+    config: &Path,
+    api: SocketAddr,
+    otlp: SocketAddr,
+) -> (Proc, SocketAddr) {
+    start_aggregator_on(dir, config, api, otlp, any_addr()).await
 }
 
-/// An aggregator on `api` receiving OTLP/HTTP on `http` and OTLP/gRPC on `grpc`.
-fn start_aggregator_on(
+/// An aggregator on `api` receiving OTLP/HTTP on `http` and OTLP/gRPC on `grpc`; returns
+/// (process, API address as bound).
+async fn start_aggregator_on(
     dir: &Path,
     config: &Path,
     api: SocketAddr,
     http: SocketAddr,
     grpc: SocketAddr,
-) -> Proc {
-    run(
+) -> (Proc, SocketAddr) {
+    let p = run(
         dir,
         "aggregator",
         &[
@@ -55,18 +68,20 @@ fn start_aggregator_on(
             s("--otlp-grpc-listen"),
             s(grpc),
         ],
-    )
+    );
+    let api = p.listening().await["api"];
+    (p, api)
 }
 
-/// A proxy replica (`role: proxy`) forwarding to `upstream`, shipping to `otlp`.
-fn start_replica(
+/// A proxy replica (`role: proxy`) forwarding to `upstream`, shipping to `otlp`, its API and
+/// proxy on ports it picks; returns (process, API address, proxy address) once bound.
+async fn start_replica(
     dir: &Path,
     name: &str,
     config: &Path,
     upstream: &str,
     otlp: SocketAddr,
 ) -> (Proc, SocketAddr, SocketAddr) {
-    let (api, proxy) = (free_addr(), free_addr());
     let p = run(
         dir,
         name,
@@ -76,9 +91,9 @@ fn start_replica(
             s("--role"),
             s("proxy"),
             s("--listen"),
-            s(api),
+            s(ANY),
             s("--proxy-listen"),
-            s(proxy),
+            s(ANY),
             s("--upstream"),
             s(upstream),
             s("--upstream-runtime"),
@@ -87,6 +102,8 @@ fn start_replica(
             format!("http://{otlp}"),
         ],
     );
+    let bound = p.listening().await;
+    let (api, proxy) = (bound["api"], bound["proxy"]);
     (p, api, proxy)
 }
 
@@ -284,7 +301,7 @@ async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (_sim, sim) = start_sim(d, &["--ttft-ms", "120", "--itl-ms", "12"]).await;
-    let (agg_api, agg_otlp) = (free_addr(), free_addr());
+    let agg_otlp = free_addr();
     // One file for every role, as one ConfigMap would be; the alert fires on every request.
     let config = write_config(
         d,
@@ -293,7 +310,6 @@ async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
         ),
     );
     // The reference: one `role: all` process that sees every request (the replicas' upstream).
-    let (one_api, one_proxy) = (free_addr(), free_addr());
     let one = run(
         d,
         "one",
@@ -301,20 +317,22 @@ async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
             s("-c"),
             s(config.display()),
             s("--listen"),
-            s(one_api),
+            s(ANY),
             s("--proxy-listen"),
-            s(one_proxy),
+            s(ANY),
             s("--upstream"),
             format!("http://{sim}"),
             s("--upstream-runtime"),
             s("sim"),
             s("--otlp-grpc-listen"),
-            s(free_addr()),
+            s(ANY),
             s("--otlp-http-listen"),
-            s(free_addr()),
+            s(ANY),
         ],
     );
-    let aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    let bound = one.listening().await;
+    let (one_api, one_proxy) = (bound["api"], bound["proxy"]);
+    let (aggregator, agg_api) = start_aggregator(d, &config, any_addr(), agg_otlp).await;
     let mut replicas = Vec::new();
     for i in 0..3 {
         let (p, api, proxy) = start_replica(
@@ -323,7 +341,8 @@ async fn three_replicas_and_one_proxy_see_the_same_percentiles_and_alert() {
             &config,
             &format!("http://{one_proxy}"),
             agg_otlp,
-        );
+        )
+        .await;
         replicas.push((p, api, proxy));
     }
     wait_ready(&format!("http://{one_api}/readyz"), &one).await;
@@ -448,6 +467,7 @@ async fn a_replica_fails_open_while_its_aggregator_is_killed_and_delivers_after(
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (_sim, sim) = start_sim(d, &["--ttft-ms", "40", "--itl-ms", "10"]).await;
+    // The aggregator is killed and comes back on the same ports.
     let (agg_api, agg_otlp) = (free_addr(), free_addr());
     let config = write_config(
         d,
@@ -455,9 +475,9 @@ async fn a_replica_fails_open_while_its_aggregator_is_killed_and_delivers_after(
             "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_otlp}\n  timeout: 1s\n  buffer: {{flush_interval: 50ms}}\n  retry: {{max_backoff: 300ms}}\n"
         ),
     );
-    let mut aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    let (mut aggregator, _) = start_aggregator(d, &config, agg_api, agg_otlp).await;
     let (replica, api, proxy) =
-        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_otlp);
+        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_otlp).await;
     wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
     wait_ready(&format!("http://{api}/readyz"), &replica).await;
 
@@ -487,7 +507,7 @@ async fn a_replica_fails_open_while_its_aggregator_is_killed_and_delivers_after(
     println!("{}", assert_fails_open(&up, &down, "killed"));
 
     // The aggregator returns (same ports, same data): the buffer arrives, nothing lost.
-    let aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    let (aggregator, _) = start_aggregator(d, &config, agg_api, agg_otlp).await;
     wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
     ids.extend(down.iter().map(|s| s.request_id.clone()));
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -531,7 +551,7 @@ async fn a_replica_counts_exactly_what_a_full_buffer_drops() {
         ),
     );
     let (replica, api, proxy) =
-        start_replica(d, "replica", &config, &format!("http://{sim}"), nowhere);
+        start_replica(d, "replica", &config, &format!("http://{sim}"), nowhere).await;
     wait_ready(&format!("http://{api}/readyz"), &replica).await;
     let n = 20;
     let seen = traffic(&[proxy], n, 2, 4).await;
@@ -569,7 +589,7 @@ async fn a_replica_fails_open_while_its_aggregator_is_stalled_and_each_record_co
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (_sim, sim) = start_sim(d, &["--ttft-ms", "40", "--itl-ms", "10"]).await;
-    let (agg_api, agg_otlp) = (free_addr(), free_addr());
+    let agg_otlp = free_addr();
     // Attempts time out after 300 ms: a stalled aggregator receives each batch several times.
     let config = write_config(
         d,
@@ -577,9 +597,9 @@ async fn a_replica_fails_open_while_its_aggregator_is_stalled_and_each_record_co
             "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_otlp}\n  timeout: 300ms\n  buffer: {{flush_interval: 50ms}}\n  retry: {{min_backoff: 50ms, max_backoff: 200ms}}\n"
         ),
     );
-    let aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    let (aggregator, agg_api) = start_aggregator(d, &config, any_addr(), agg_otlp).await;
     let (replica, api, proxy) =
-        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_otlp);
+        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_otlp).await;
     wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
     wait_ready(&format!("http://{api}/readyz"), &replica).await;
 
@@ -605,15 +625,17 @@ async fn a_replica_fails_open_while_its_aggregator_is_stalled_and_each_record_co
     };
     signal("-STOP");
     let stalled = traffic(&[proxy], n, workers, tokens).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let m = get(&format!("http://{api}/metrics")).await.body;
-    let failures = metric(&m, "tokenwatch_ship_failures_total");
+    // Attempts time out (300 ms each) while it is stalled: wait for two to be counted.
+    let failures = wait_metric_sum(
+        &format!("http://{api}/metrics"),
+        "tokenwatch_ship_failures_total",
+        15,
+        &replica,
+        |f| f >= 2.0,
+    )
+    .await;
     signal("-CONT");
     println!("{}", assert_fails_open(&up, &stalled, "stalled"));
-    assert!(
-        failures >= 2.0,
-        "attempts time out while it is stalled: {failures}"
-    );
 
     // Resumed: it reads every attempt it was sent; each record is stored once.
     ids.extend(stalled.iter().map(|s| s.request_id.clone()));
@@ -650,7 +672,7 @@ async fn a_replica_ships_over_grpc_and_sends_what_it_holds_when_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (_sim, sim) = start_sim(d, &["--ttft-ms", "20", "--itl-ms", "5"]).await;
-    let (agg_api, agg_grpc) = (free_addr(), free_addr());
+    let agg_grpc = free_addr();
     // A long flush interval: the records are still buffered when the replica is stopped.
     let config = write_config(
         d,
@@ -658,9 +680,10 @@ async fn a_replica_ships_over_grpc_and_sends_what_it_holds_when_stopped() {
             "proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_grpc}\n  protocol: grpc\n  buffer: {{flush_interval: 1m}}\nshutdown:\n  delay: 0s\n"
         ),
     );
-    let aggregator = start_aggregator_on(d, &config, agg_api, free_addr(), agg_grpc);
+    let (aggregator, agg_api) =
+        start_aggregator_on(d, &config, any_addr(), any_addr(), agg_grpc).await;
     let (replica, api, proxy) =
-        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_grpc);
+        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_grpc).await;
     wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
     wait_ready(&format!("http://{api}/readyz"), &replica).await;
     let seen = traffic(&[proxy], 12, 3, 10).await;
@@ -725,14 +748,15 @@ async fn benchmark_aggregator_killed_under_load() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (_sim, sim) = start_sim(d, &["--ttft-ms", "40", "--itl-ms", "10"]).await;
+    // The aggregator is killed and comes back on the same ports.
     let (agg_api, agg_otlp) = (free_addr(), free_addr());
     let config = write_config(
         d,
         &format!("proxy:\n  tenant_salt: {SALT}\naggregator:\n  endpoint: http://{agg_otlp}\n"),
     );
-    let mut aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    let (mut aggregator, _) = start_aggregator(d, &config, agg_api, agg_otlp).await;
     let (replica, api, proxy) =
-        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_otlp);
+        start_replica(d, "replica", &config, &format!("http://{sim}"), agg_otlp).await;
     wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
     wait_ready(&format!("http://{api}/readyz"), &replica).await;
 
@@ -746,7 +770,7 @@ async fn benchmark_aggregator_killed_under_load() {
     let mut m = get(&format!("http://{api}/metrics")).await.body;
     let buffered_at_return = metric(&m, "tokenwatch_ship_buffered_records");
     let back_at = t0.elapsed();
-    let aggregator = start_aggregator(d, &config, agg_api, agg_otlp);
+    let (aggregator, _) = start_aggregator(d, &config, agg_api, agg_otlp).await;
     wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
     tokio::time::sleep(Duration::from_secs(20)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -834,7 +858,7 @@ async fn a_replica_ships_with_its_ingest_token_to_an_aggregator_with_tokens_on()
         format!("ingest {ingest} proxies\nread {read} reader\n"),
     )
     .unwrap();
-    let (agg_api, agg_otlp) = (free_addr(), free_addr());
+    let agg_otlp = free_addr();
     let agg_config = d.join("aggregator.yaml");
     std::fs::write(
         &agg_config,
@@ -852,14 +876,15 @@ async fn a_replica_ships_with_its_ingest_token_to_an_aggregator_with_tokens_on()
         .unwrap();
         path
     };
-    let aggregator = start_aggregator(d, &agg_config, agg_api, agg_otlp);
+    let (aggregator, agg_api) = start_aggregator(d, &agg_config, any_addr(), agg_otlp).await;
     let (good, good_api, good_proxy) = start_replica(
         d,
         "replica-ingest",
         &replica_config(ingest),
         &format!("http://{sim}"),
         agg_otlp,
-    );
+    )
+    .await;
     // A read token may not ingest: that replica's records are refused, and counted.
     let (bad, bad_api, bad_proxy) = start_replica(
         d,
@@ -867,7 +892,8 @@ async fn a_replica_ships_with_its_ingest_token_to_an_aggregator_with_tokens_on()
         &replica_config(read),
         &format!("http://{sim}"),
         agg_otlp,
-    );
+    )
+    .await;
     wait_ready(&format!("http://{agg_api}/readyz"), &aggregator).await;
     wait_ready(&format!("http://{good_api}/readyz"), &good).await;
     wait_ready(&format!("http://{bad_api}/readyz"), &bad).await;

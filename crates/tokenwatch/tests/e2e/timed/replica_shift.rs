@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use common::{Proc, alerts, chat_traffic, free_addr, send, start_sim, wait_ready};
+use common::{ANY, Proc, alerts, chat_traffic, ready_on, send, start_sim};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -59,10 +59,8 @@ async fn a_slow_tenth_of_one_replicas_requests_is_alerted_naming_that_replica_wi
     let (_b, b) = start_sim(&db, &sim_args("replica-b", "2")).await;
     let cfg = dir.path().join("tw.yaml");
     std::fs::write(&cfg, CONFIG).unwrap();
-    let api = free_addr();
-    let (c, l, d) = (
+    let (c, d) = (
         cfg.to_string_lossy().into_owned(),
-        api.to_string(),
         dir.path().join("data").to_string_lossy().into_owned(),
     );
     let (ma, mb) = (format!("http://{a}/metrics"), format!("http://{b}/metrics"));
@@ -73,7 +71,7 @@ async fn a_slow_tenth_of_one_replicas_requests_is_alerted_naming_that_replica_wi
             "-c",
             &c,
             "--listen",
-            &l,
+            ANY,
             "--data-dir",
             &d,
             "--no-otlp",
@@ -84,7 +82,7 @@ async fn a_slow_tenth_of_one_replicas_requests_is_alerted_naming_that_replica_wi
         ],
         dir.path(),
     );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (api, _) = ready_on(&tw).await;
 
     // Clients call each replica directly: no proxy sees a request.
     let stop = Arc::new(AtomicBool::new(false));

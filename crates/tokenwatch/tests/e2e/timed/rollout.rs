@@ -48,6 +48,7 @@ impl HaProxy {
     /// check, back after two good ones; connect failures retried on the other server
     /// (`option redispatch`); timeouts far above one stream's gaps.
     fn start(dir: &Path, servers: &[(String, SocketAddr, SocketAddr)]) -> HaProxy {
+        // HAProxy cannot report a port it picked: its listeners are chosen here.
         let (frontend, stats) = (free_addr(), free_addr());
         let mut cfg = format!(
             "global\n  maxconn 2000\n\
@@ -202,6 +203,8 @@ impl Replica {
         upstream: SocketAddr,
         otlp: SocketAddr,
     ) -> Self {
+        // Fixed ports: HAProxy's configuration names them, and each replica is started again
+        // on the same ones.
         let (api, proxy) = (free_addr(), free_addr());
         let args = vec![
             s("-c"),
@@ -417,7 +420,8 @@ async fn rolling_restart_under_load(tokens: u32, workers: usize) -> Outcome {
         ],
     )
     .await;
-    let (agg_api, agg_otlp) = (free_addr(), free_addr());
+    // The aggregator's OTLP address is in the replicas' configuration: chosen before they start.
+    let agg_otlp = free_addr();
     let drain_timeout = stream_len * 2 + Duration::from_secs(30);
     let config = write_config(
         d,
@@ -435,13 +439,14 @@ async fn rolling_restart_under_load(tokens: u32, workers: usize) -> Outcome {
             s("--role"),
             s("aggregator"),
             s("--listen"),
-            s(agg_api),
+            s(ANY),
             s("--otlp-http-listen"),
             s(agg_otlp),
             s("--otlp-grpc-listen"),
-            s(free_addr()),
+            s(ANY),
         ],
     );
+    let agg_api = aggregator.listening().await["api"];
     let mut replicas: Vec<Replica> = ["a", "b"]
         .iter()
         .map(|n| Replica::start(d, &format!("replica-{n}"), &config, sim, agg_otlp))

@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use common::{Proc, alerts, free_addr, get, send, start_tokenwatch, wait_ready};
+use common::{alerts, get, run_tokenwatch, send, start_sim};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -39,27 +39,11 @@ fn start_load(proxy: SocketAddr, period: Duration) -> tokio::task::JoinHandle<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_leak_pages_on_default_rules_within_75s_at_3_rps() {
     let dir = tempfile::tempdir().unwrap();
-    let sim = free_addr();
-    let sa = sim.to_string();
-    let sim_proc = Proc::start(
-        "sim",
-        &[
-            "sim", "--listen", &sa, "--model", MODEL, "--fault", "kv_leak",
-        ],
-        dir.path(),
-    );
-    wait_ready(&format!("http://{sim}/v1/models"), &sim_proc).await;
-    let (api, proxy) = (free_addr(), free_addr());
+    let (_sim_proc, sim) = start_sim(dir.path(), &["--model", MODEL, "--fault", "kv_leak"]).await;
     let scrape = format!("http://{sim}/metrics");
     // No --config: default scrape interval (5 s), default rules, default detector parameters.
-    let tw = start_tokenwatch(
-        dir.path(),
-        api,
-        proxy,
-        &format!("http://{sim}"),
-        &["--scrape", &scrape],
-    );
-    wait_ready(&format!("http://{api}/readyz"), &tw).await;
+    let (tw, api, proxy) =
+        run_tokenwatch(dir.path(), &format!("http://{sim}"), &["--scrape", &scrape]).await;
 
     let load = start_load(proxy, Duration::from_millis(333));
     let start = Instant::now();
