@@ -214,8 +214,15 @@ impl RunningApp {
             splits.clone(),
             Some(metrics.as_ref()),
         ));
+        // The API binds before the engine starts: alert links (an empty
+        // `alerting.delivery.external_url`) name the address it bound, port 0 included.
+        let listener = bind(cfg.listen, "listen / --listen").await?;
+        let api_addr = listener.local_addr()?;
         let alerting = crate::alerting::engine::start_from_config(
-            cfg.engine_sections(),
+            crate::alerting::engine::EngineSections {
+                listen: api_addr,
+                ..cfg.engine_sections()
+            },
             signals.clone(),
             store.clone(),
             aggregator.clone(),
@@ -416,8 +423,6 @@ impl RunningApp {
             &metrics,
         ));
         servers.extend(crate::reload::spawn_sighup(reloader.clone(), stop.clone()));
-        let listener = bind(cfg.listen, "listen / --listen").await?;
-        let api_addr = listener.local_addr()?;
         let alerts = alerting.book.clone();
         let slos = alerting.slos.clone();
         let scaling = alerting.scaling.clone();

@@ -71,18 +71,14 @@ async fn an_alert_two_instances_fire_is_one_incident_in_alertmanager_and_the_sto
     for _ in 0..2 {
         let dir = tempfile::tempdir().unwrap();
         let cfg = write_config(dir.path(), &target_url, &am.url);
-        // The API on a fixed port: the instances are told apart by their alerts'
-        // generatorURL, which is built from the configured `listen` (port 0 would give
-        // `http://127.0.0.1:0` to both). The proxy picks its own.
-        let api = free_addr();
-        let tw = start_tokenwatch(
+        // Each on ports it picks: the instances are told apart by their alerts'
+        // generatorURL, built from the address the API bound.
+        let (tw, api, _) = run_tokenwatch(
             dir.path(),
-            api,
-            any_addr(),
             &upstream,
             &["--config", &cfg, "--clickhouse-url", &ch_url],
-        );
-        wait_ready(&format!("http://{api}/readyz"), &tw).await;
+        )
+        .await;
         instances.push((dir, api, tw));
     }
 

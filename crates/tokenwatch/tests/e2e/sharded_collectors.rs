@@ -149,14 +149,10 @@ async fn two_shards_split_targets_as_hashmod_and_share_fleet_and_alertmanager() 
     // Shard 0 alone first: it scrapes its share, and nothing of shard 1 is touched.
     let dir0 = tempfile::tempdir().unwrap();
     let cfg0 = write_config(dir0.path(), &urls, None, &am.url);
-    // Each shard's API on a fixed port: an alert names its sender by generatorURL, built from
-    // the configured `listen` (port 0 would give `http://127.0.0.1:0` to both shards). The
-    // proxies pick their own ports.
-    let api0 = free_addr();
-    let tw0 = start_tokenwatch(
+    // Each shard on ports it picks: an alert names its sender by generatorURL, built from the
+    // address its API bound.
+    let (tw0, api0, _) = run_tokenwatch(
         dir0.path(),
-        api0,
-        any_addr(),
         &upstream,
         &[
             "--config",
@@ -166,8 +162,8 @@ async fn two_shards_split_targets_as_hashmod_and_share_fleet_and_alertmanager() 
             "--shard",
             "0/2",
         ],
-    );
-    wait_ready(&format!("http://{api0}/readyz"), &tw0).await;
+    )
+    .await;
     let st0 = wait_all_up(api0, &expected[0], &tw0).await;
     assert_eq!(
         other_shards(&st0),
@@ -191,15 +187,12 @@ async fn two_shards_split_targets_as_hashmod_and_share_fleet_and_alertmanager() 
     // Shard 1 from the configuration file, the same targets and the same ClickHouse.
     let dir1 = tempfile::tempdir().unwrap();
     let cfg1 = write_config(dir1.path(), &urls, Some("{index: 1, count: 2}"), &am.url);
-    let api1 = free_addr();
-    let tw1 = start_tokenwatch(
+    let (tw1, api1, _) = run_tokenwatch(
         dir1.path(),
-        api1,
-        any_addr(),
         &upstream,
         &["--config", &cfg1, "--clickhouse-url", &ch_url],
-    );
-    wait_ready(&format!("http://{api1}/readyz"), &tw1).await;
+    )
+    .await;
     let st1 = wait_all_up(api1, &expected[1], &tw1).await;
     assert_eq!(
         other_shards(&st1),

@@ -1270,7 +1270,7 @@ pub struct EngineSections<'a> {
     pub slos: &'a Option<Vec<crate::alerting::slo::SloConfig>>,
     pub scaling: &'a crate::alerting::slo::scaling::ScalingConfig,
     pub traces: &'a crate::pipeline::trace_components::TracesConfig,
-    /// The API's listen address: receivers' links when `delivery.external_url` is empty.
+    /// The API's bound address: receivers' links when `delivery.external_url` is empty.
     pub listen: std::net::SocketAddr,
     /// Where snapshots are written, and how long they are kept (the raw-record retention).
     pub data_dir: std::path::PathBuf,
