@@ -652,6 +652,21 @@ fn a_replica_drifting_a_fifth_slower_than_its_peers_is_no_page() {
     }
 }
 
+/// Every request of one replica ×2 for 10 minutes (a throttled GPU).
+fn every_request_twofold(seed: u64, scrape_s: i64) -> Scenario {
+    Scenario {
+        fault_s: 600,
+        ..replica_fault(
+            seed,
+            scrape_s,
+            Fault::Latency {
+                factor: 2.0,
+                share: 1.0,
+            },
+        )
+    }
+}
+
 #[test]
 fn a_replica_slowing_every_request_twofold_is_paged_by_its_median_against_its_peers() {
     // A throttled GPU: every request of one replica ×2. Its tail against its own median does not
@@ -660,15 +675,7 @@ fn a_replica_slowing_every_request_twofold_is_paged_by_its_median_against_its_pe
         let sc = Scenario {
             replicas: 3,
             rate: 10.0,
-            fault_s: 600,
-            ..replica_fault(
-                seed,
-                scrape_s,
-                Fault::Latency {
-                    factor: 2.0,
-                    share: 1.0,
-                },
-            )
+            ..every_request_twofold(seed, scrape_s)
         };
         let o = scenario(&sc);
         assert!(o.before.is_empty(), "seed {seed}: {:?}", o.before);
@@ -696,16 +703,8 @@ fn a_replica_slowing_every_request_twofold_at_half_a_request_a_second_is_paged()
         let scrape_s = [2, 5, 10, 15, 30][seed as usize % 5];
         let sc = Scenario {
             rate: 0.5,
-            fault_s: 600,
             params: "{signals: [ttft]}",
-            ..replica_fault(
-                seed,
-                scrape_s,
-                Fault::Latency {
-                    factor: 2.0,
-                    share: 1.0,
-                },
-            )
+            ..every_request_twofold(seed, scrape_s)
         };
         let o = scenario(&sc);
         assert!(o.before.is_empty(), "seed {seed}: {:?}", o.before);
