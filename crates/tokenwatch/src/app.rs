@@ -271,26 +271,34 @@ impl RunningApp {
             sinks.push(Box::new(sink));
         }
         sinks.push(Box::new(markers));
-        let text_capture = if cfg.capture.text {
+        let capture_key = if cfg.capture.text || cfg.capture.mask.telemetry {
             let key =
                 proxy::identity::load_or_create_secret(&cfg.data_dir, crate::capture::KEY_FILE)
                     .with_context(|| {
                         format!("creating the capture key in {}", cfg.data_dir.display())
                     })?;
-            tracing::info!(
-                "text capture is on: prompts and completions are stored, masked (capture.text)"
-            );
-            Some(
-                crate::capture::TextCapture::new(&cfg.capture, &key)
-                    .context("starting text capture")?,
-            )
+            Some(key)
         } else {
             None
         };
-        let telemetry_text = match &text_capture {
-            Some(c) => crate::capture::telemetry::TelemetryText::masking(c.masker()),
-            None => crate::capture::telemetry::TelemetryText::dropping(),
+        let text_capture = match (&capture_key, cfg.capture.text) {
+            (Some(key), true) => {
+                tracing::info!(
+                    "text capture is on: prompts and completions are stored, masked (capture.text)"
+                );
+                Some(
+                    crate::capture::TextCapture::new(&cfg.capture, key)
+                        .context("starting text capture")?,
+                )
+            }
+            _ => None,
         };
+        let telemetry_text = crate::capture::telemetry_text(
+            &cfg.capture,
+            text_capture.as_ref(),
+            capture_key.as_deref(),
+        )
+        .context("starting the masking of received telemetry")?;
         let model_aliases: crate::kernel::models::SharedAliases = Arc::new(
             cfg.models
                 .aliases()
@@ -341,7 +349,10 @@ impl RunningApp {
             &cfg.sources,
             &cfg.data_dir,
             &cfg.runtime,
-            alerting.events.clone(),
+            crate::logs::MinerLinks {
+                inbox: alerting.events.clone(),
+                masker: telemetry_text.others_masker(),
+            },
             &metrics,
             stop.clone(),
         )?;

@@ -81,6 +81,16 @@ pub struct MaskConfig {
     /// the list replaces the defaults (`NationalIdPattern::defaults`): US SSN, UK National
     /// Insurance number, Brazilian CPF.
     pub national_ids: Vec<NationalIdPattern>,
+    /// Mask personal data in the free text of received telemetry — span names, span status
+    /// messages, log bodies, tailed log lines and every string attribute whose key is not in
+    /// `verbatim_attributes` — whether or not `capture.text` is on (prompt and completion
+    /// attributes are dropped while it is off, masked while it is on). Default on.
+    pub telemetry: bool,
+    /// Attribute keys whose values are stored as sent: identifiers and enumerations of the
+    /// OpenTelemetry conventions (`gen_ai.request.model`, `http.route`, `service.name` …). A
+    /// trailing `*` makes a prefix (`k8s.*`). Setting the list replaces the defaults
+    /// (`default_verbatim_attributes`).
+    pub verbatim_attributes: Vec<String>,
 }
 
 impl Default for MaskConfig {
@@ -88,14 +98,85 @@ impl Default for MaskConfig {
         MaskConfig {
             kinds: PiiKind::ALL.to_vec(),
             national_ids: NationalIdPattern::defaults(),
+            telemetry: true,
+            verbatim_attributes: default_verbatim_attributes(),
         }
     }
 }
 
+/// Attribute keys kept verbatim by default: what the OpenTelemetry conventions (GenAI, HTTP,
+/// RPC, resource, exceptions' type) and the instrumentations tokenwatch reads (OpenInference,
+/// OpenLLMetry, tokenwatch's own shipped records) use for names, ids, enumerations and counts.
+/// Prompt and completion attributes are content whatever this list says.
+pub fn default_verbatim_attributes() -> Vec<String> {
+    [
+        "gen_ai.*",
+        "llm.model_name",
+        "llm.provider",
+        "llm.system",
+        "llm.token_count.*",
+        "llm.invocation_parameters",
+        "openinference.span.kind",
+        "traceloop.span.kind",
+        "traceloop.workflow.name",
+        "traceloop.entity.name",
+        "tokenwatch.*",
+        "service.*",
+        "telemetry.*",
+        "otel.*",
+        "event.name",
+        "error.type",
+        "exception.type",
+        "http.request.method",
+        "http.response.status_code",
+        "http.route",
+        "http.method",
+        "http.status_code",
+        "url.scheme",
+        "server.address",
+        "server.port",
+        "network.*",
+        "rpc.*",
+        "db.system",
+        "db.system.name",
+        "db.operation.name",
+        "messaging.system",
+        "k8s.*",
+        "container.*",
+        "host.name",
+        "host.arch",
+        "os.*",
+        "process.runtime.*",
+        "deployment.environment",
+        "deployment.environment.name",
+        "cloud.*",
+        "code.*",
+        "thread.*",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
 impl MaskConfig {
-    /// Checks the national id names and patterns as `Masker::new` does, without a key.
+    /// Checks the national id names and patterns as `Masker::new` does, without a key, and the
+    /// verbatim attribute keys.
     pub fn validate(&self) -> Result<(), MaskError> {
-        compile_national_ids(&self.national_ids).map(|_| ())
+        compile_national_ids(&self.national_ids)?;
+        for (i, key) in self.verbatim_attributes.iter().enumerate() {
+            let path = format!("capture.mask.verbatim_attributes[{i}]");
+            let stem = key.strip_suffix('*').unwrap_or(key);
+            if stem.is_empty() {
+                let m = "must name a key or a key prefix (to store every attribute verbatim, \
+                         set capture.mask.telemetry: false)";
+                return Err(MaskError::invalid(path, m));
+            }
+            if stem.contains('*') || key.chars().any(char::is_whitespace) {
+                let m = format!("`{key}`: a key, or a prefix ending in one `*`, without spaces");
+                return Err(MaskError::invalid(path, m));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -230,6 +311,9 @@ pub struct Masker {
     national: Vec<National>,
     /// Tokens of the enabled labels, left alone; `None` when nothing is masked.
     protected: Option<Regex>,
+    /// Every enabled pattern needs a digit, `@` or `:` in the text (the built-in kinds and the
+    /// default national ids do): `mask_free_text` passes over text without one unscanned.
+    needs_mark: bool,
 }
 
 struct National {
@@ -396,7 +480,10 @@ impl Masker {
             Some(re)
         };
 
+        let needs_mark =
+            !on(PiiKind::NationalId) || cfg.national_ids == NationalIdPattern::defaults();
         Ok(Masker {
+            needs_mark,
             mac,
             email: on(PiiKind::Email),
             phone: on(PiiKind::Phone),
@@ -425,6 +512,22 @@ impl Masker {
             text: current.unwrap_or_else(|| text.to_owned()),
             counts,
         }
+    }
+
+    /// Free text of received telemetry (a span name, an attribute value, a log line): the text
+    /// masked, or None when nothing in it is personal data. Text with no digit, `@` or `:` is not
+    /// scanned when no enabled pattern could match it (most names and messages), so the common
+    /// case costs one pass over the bytes.
+    pub fn mask_free_text(&self, text: &str) -> Option<String> {
+        if self.needs_mark
+            && !text
+                .bytes()
+                .any(|b| b.is_ascii_digit() || b == b'@' || b == b':')
+        {
+            return None;
+        }
+        let m = self.mask(text);
+        (m.total() > 0).then_some(m.text)
     }
 
     fn label(&self, label: Label) -> &str {

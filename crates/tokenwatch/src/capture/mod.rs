@@ -64,8 +64,8 @@ impl CaptureConfig {
             }
         }
         self.embeddings.validate()?;
-        match mask::Masker::new(&self.mask, b"check") {
-            Ok(_) => Ok(()),
+        match self.mask.validate() {
+            Ok(()) => Ok(()),
             Err(mask::MaskError::Invalid { path, message }) => Err((path, message)),
             Err(e) => Err(("capture.mask".into(), e.to_string())),
         }
@@ -201,6 +201,30 @@ impl RetentionConfig {
         }
         Ok(())
     }
+}
+
+/// What becomes of text in received telemetry: content masked with the capture's masker while
+/// `capture.text` is on (else dropped), other free text masked while `capture.mask.telemetry` is
+/// on (with the same key: a value gives the same token in captured text and in spans).
+pub fn telemetry_text(
+    cfg: &CaptureConfig,
+    capture: Option<&TextCapture>,
+    key: Option<&[u8]>,
+) -> Result<telemetry::TelemetryText, mask::MaskError> {
+    let text = match capture {
+        Some(c) => telemetry::TelemetryText::masking(c.masker()),
+        None => telemetry::TelemetryText::dropping(),
+    };
+    if !cfg.mask.telemetry {
+        return Ok(text);
+    }
+    let masker = match (capture, key) {
+        (Some(c), _) => c.masker(),
+        (None, Some(key)) => std::sync::Arc::new(mask::Masker::new(&cfg.mask, key)?),
+        (None, None) => return Err(mask::MaskError::EmptyKey),
+    };
+    let verbatim = telemetry::Verbatim::new(&cfg.mask.verbatim_attributes);
+    Ok(text.masking_others(masker, verbatim))
 }
 
 /// The completion text of the response the proxy kept, unmasked (for local embeddings, and

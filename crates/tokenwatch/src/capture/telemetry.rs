@@ -1,14 +1,17 @@
-// Prompt and completion text that OpenTelemetry instrumentations put in span attributes and log
-// bodies: dropped before storage while text capture is off, masked like captured text when on.
+// Text in received telemetry before storage: prompt and completion text that OpenTelemetry
+// instrumentations put in span attributes and log bodies — dropped while text capture is off,
+// masked like captured text when on — and every other free text (span names, status messages,
+// log bodies, attribute values not kept verbatim), masked while `capture.mask.telemetry` is on.
+// The OTLP mapping asks, attribute by attribute, what becomes of a value (`attribute`).
 
 use super::mask::Masker;
-use serde_json::{Map, Value};
 use std::sync::Arc;
 
 /// Attribute keys that carry prompt or completion text: the GenAI semantic conventions
 /// (`gen_ai.input.messages` …), their older indexed form (`gen_ai.prompt.0.content`),
-/// OpenInference (`llm.input_messages.0.message.content`, `input.value`).
-const CONTENT_KEYS: [&str; 8] = [
+/// OpenInference (`llm.input_messages.0.message.content`, `input.value`), OpenLLMetry
+/// (`traceloop.entity.input`).
+const CONTENT_KEYS: [&str; 10] = [
     "gen_ai.input.messages",
     "gen_ai.output.messages",
     "gen_ai.system_instructions",
@@ -17,6 +20,8 @@ const CONTENT_KEYS: [&str; 8] = [
     "llm.prompts",
     "input.value",
     "output.value",
+    "traceloop.entity.input",
+    "traceloop.entity.output",
 ];
 const CONTENT_PREFIXES: [&str; 5] = [
     "gen_ai.prompt.",
@@ -40,96 +45,144 @@ pub fn is_content_event(name: &str) -> bool {
             || name.ends_with(".operation.details"))
 }
 
-/// What happens to text found in received telemetry: dropped (capture off) or masked.
+/// What happens to text found in received telemetry before it is stored: prompt and completion
+/// text dropped (capture off) or masked (capture on); every other free text — span names, status
+/// messages, log bodies, attribute values whose keys are not kept verbatim — masked while
+/// `capture.mask.telemetry` is on.
 #[derive(Clone, Default)]
 pub struct TelemetryText {
-    masker: Option<Arc<Masker>>,
+    /// Capture is on: content is masked with it; None: content is dropped.
+    content: Option<Arc<Masker>>,
+    /// `capture.mask.telemetry`: other free text is masked with it.
+    others: Option<Arc<OtherText>>,
+}
+
+struct OtherText {
+    masker: Arc<Masker>,
+    verbatim: Verbatim,
+}
+
+/// Attribute keys stored as sent (`capture.mask.verbatim_attributes`).
+#[derive(Debug, Clone, Default)]
+pub struct Verbatim {
+    keys: std::collections::HashSet<String>,
+    prefixes: Vec<String>,
+}
+
+impl Verbatim {
+    /// From the configured list (checked by `MaskConfig::validate`): `key`, or `prefix*`.
+    pub fn new(list: &[String]) -> Verbatim {
+        let mut v = Verbatim::default();
+        for k in list {
+            match k.strip_suffix('*') {
+                Some(prefix) => v.prefixes.push(prefix.to_string()),
+                None => {
+                    v.keys.insert(k.clone());
+                }
+            }
+        }
+        v
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.keys.contains(key) || self.prefixes.iter().any(|p| key.starts_with(p.as_str()))
+    }
+}
+
+/// What becomes of one attribute's value.
+#[derive(Clone, Copy)]
+pub enum AttributeText<'a> {
+    /// Stored as sent.
+    Keep,
+    /// Not stored (content while capture is off).
+    Drop,
+    /// Every string inside it masked.
+    Mask(&'a Masker),
 }
 
 impl TelemetryText {
-    /// Capture is off: content attributes and content event bodies are not stored.
+    /// Capture is off and other text is not masked: content attributes and content event
+    /// bodies are not stored, everything else is stored as sent.
     pub fn dropping() -> TelemetryText {
-        TelemetryText { masker: None }
+        TelemetryText::default()
     }
 
-    /// Capture is on: their text is stored with personal data masked.
+    /// Capture is on: content is stored with personal data masked.
     pub fn masking(masker: Arc<Masker>) -> TelemetryText {
         TelemetryText {
-            masker: Some(masker),
+            content: Some(masker),
+            others: None,
         }
     }
 
-    /// A stored attributes object (JSON text) with its content attributes dropped or masked;
-    /// anything that is not a JSON object comes back unchanged.
-    pub fn attributes(&self, json: String) -> String {
-        // Most spans carry no content: skip the parse unless a content key can be in there.
-        let maybe = CONTENT_KEYS
-            .iter()
-            .chain(CONTENT_PREFIXES.iter())
-            .any(|k| json.contains(k));
-        if !maybe {
-            return json;
-        }
-        let Ok(Value::Object(attrs)) = serde_json::from_str::<Value>(&json) else {
-            return json;
-        };
-        let mut out = Map::with_capacity(attrs.len());
-        for (key, value) in attrs {
-            match (&self.masker, is_content_key(&key)) {
-                (_, false) => {
-                    out.insert(key, value);
-                }
-                (Some(m), true) => {
-                    out.insert(key, mask_value(m, value));
-                }
-                (None, true) => {}
-            }
-        }
-        Value::Object(out).to_string()
+    /// Other free text masked too (`capture.mask.telemetry`), attributes under `verbatim` kept.
+    pub fn masking_others(mut self, masker: Arc<Masker>, verbatim: Verbatim) -> TelemetryText {
+        self.others = Some(Arc::new(OtherText { masker, verbatim }));
+        self
     }
 
-    /// A log record's body, given its attributes (JSON text): a content event's body dropped
-    /// (empty) or masked; any other body unchanged.
-    pub fn log_body(&self, attributes_json: &str, body: String) -> String {
-        if body.is_empty() || !attributes_json.contains("gen_ai.") {
+    /// The masker of other free text, when it is masked (tailed log lines use it too).
+    pub fn others_masker(&self) -> Option<Arc<Masker>> {
+        self.others.as_ref().map(|o| o.masker.clone())
+    }
+
+    /// What becomes of the value of attribute `key`.
+    pub fn attribute(&self, key: &str) -> AttributeText<'_> {
+        if is_content_key(key) {
+            return match &self.content {
+                Some(m) => AttributeText::Mask(m),
+                None => AttributeText::Drop,
+            };
+        }
+        match &self.others {
+            Some(o) if !o.verbatim.contains(key) => AttributeText::Mask(&o.masker),
+            _ => AttributeText::Keep,
+        }
+    }
+
+    /// Free text other than content (a span name, a status message, a log body): masked when
+    /// other text is masked, else as it came.
+    pub fn free_text(&self, text: String) -> String {
+        match &self.others {
+            Some(o) => o.masker.mask_free_text(&text).unwrap_or(text),
+            None => text,
+        }
+    }
+
+    /// A log record's body, given its `event.name`: a content event's body dropped (empty) or
+    /// masked as content; any other body as free text.
+    pub fn log_body(&self, event_name: Option<&str>, body: String) -> String {
+        if body.is_empty() {
             return body;
         }
-        let event = serde_json::from_str::<Value>(attributes_json)
-            .ok()
-            .and_then(|v| {
-                v.get("event.name")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            });
-        match (event.as_deref().is_some_and(is_content_event), &self.masker) {
-            (false, _) => body,
+        match (event_name.is_some_and(is_content_event), &self.content) {
+            (false, _) => self.free_text(body),
             (true, Some(m)) => m.mask(&body).text,
             (true, None) => String::new(),
         }
     }
 }
 
-/// Every string inside `v` masked (keys kept).
-fn mask_value(m: &Masker, v: Value) -> Value {
-    match v {
-        Value::String(s) => Value::String(m.mask(&s).text),
-        Value::Array(items) => Value::Array(items.into_iter().map(|x| mask_value(m, x)).collect()),
-        Value::Object(o) => {
-            Value::Object(o.into_iter().map(|(k, x)| (k, mask_value(m, x))).collect())
-        }
-        other => other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::mask::MaskConfig;
-
-    const ATTRS: &str = r#"{"gen_ai.operation.name":"chat","gen_ai.request.model":"m","gen_ai.input.messages":"[{\"role\":\"user\",\"parts\":[{\"type\":\"text\",\"content\":\"mail ann@example.org\"}]}]","gen_ai.prompt.0.content":"call +44 20 7946 0958","llm.input_messages.0.message.content":"ann@example.org","gen_ai.usage.input_tokens":12}"#;
+    use crate::capture::mask::{MaskConfig, default_verbatim_attributes};
 
     fn masker() -> Arc<Masker> {
         Arc::new(Masker::new(&MaskConfig::default(), b"k").unwrap())
+    }
+
+    fn others() -> TelemetryText {
+        TelemetryText::dropping()
+            .masking_others(masker(), Verbatim::new(&default_verbatim_attributes()))
+    }
+
+    fn decision(t: &TelemetryText, key: &str) -> &'static str {
+        match t.attribute(key) {
+            AttributeText::Keep => "keep",
+            AttributeText::Drop => "drop",
+            AttributeText::Mask(_) => "mask",
+        }
     }
 
     #[test]
@@ -139,6 +192,7 @@ mod tests {
             "gen_ai.prompt.3.content",
             "llm.output_messages.0.message.content",
             "input.value",
+            "traceloop.entity.input",
         ] {
             assert!(is_content_key(k), "{k}");
         }
@@ -155,59 +209,75 @@ mod tests {
     }
 
     #[test]
-    fn dropped_when_capture_is_off() {
-        let out: Value =
-            serde_json::from_str(&TelemetryText::dropping().attributes(ATTRS.into())).unwrap();
-        let keys: Vec<&str> = out
-            .as_object()
-            .unwrap()
-            .keys()
-            .map(String::as_str)
-            .collect();
-        assert_eq!(keys.len(), 3, "{out}");
-        assert_eq!(out["gen_ai.usage.input_tokens"], 12);
-        assert_eq!(out["gen_ai.request.model"], "m");
-        let plain = r#"{"http.route":"/x"}"#.to_string();
-        assert_eq!(TelemetryText::dropping().attributes(plain.clone()), plain);
+    fn what_becomes_of_each_attribute() {
+        // Capture off, other text stored as sent: content dropped, the rest kept.
+        let plain = TelemetryText::dropping();
+        assert_eq!(decision(&plain, "gen_ai.input.messages"), "drop");
+        assert_eq!(decision(&plain, "user.email"), "keep");
+        // Capture on: content masked.
+        let capture = TelemetryText::masking(masker());
+        assert_eq!(decision(&capture, "gen_ai.prompt.0.content"), "mask");
+        assert_eq!(decision(&capture, "user.email"), "keep");
+        // Other text masked: everything not kept verbatim is masked; content still dropped.
+        let t = others();
+        for k in [
+            "user.email",
+            "traceloop.association.properties.user",
+            "client.address",
+        ] {
+            assert_eq!(decision(&t, k), "mask", "{k}");
+        }
+        for k in [
+            "gen_ai.request.model",
+            "gen_ai.usage.input_tokens",
+            "http.route",
+            "server.address",
+            "k8s.pod.name",
+            "tokenwatch.request_id",
+        ] {
+            assert_eq!(decision(&t, k), "keep", "{k}");
+        }
+        assert_eq!(decision(&t, "traceloop.entity.output"), "drop");
+        let both = TelemetryText::masking(masker()).masking_others(
+            masker(),
+            Verbatim::new(&["a.*".to_string(), "b".to_string()]),
+        );
+        assert_eq!(decision(&both, "gen_ai.input.messages"), "mask");
+        assert_eq!(decision(&both, "a.x"), "keep");
+        assert_eq!(decision(&both, "b"), "keep");
+        assert_eq!(decision(&both, "bb"), "mask");
     }
 
     #[test]
-    fn masked_when_capture_is_on() {
-        let text = TelemetryText::masking(masker()).attributes(ATTRS.into());
+    fn free_text_is_masked_only_when_asked() {
+        let name = "lookup ann@example.org from 10.1.2.3".to_string();
+        assert_eq!(TelemetryText::dropping().free_text(name.clone()), name);
+        let masked = others().free_text(name);
         assert!(
-            !text.contains("ann@example.org") && !text.contains("7946"),
-            "{text}"
+            masked.starts_with("lookup [email:") && masked.contains(" from [ipv4:"),
+            "{masked}"
         );
-        let out: Value = serde_json::from_str(&text).unwrap();
-        assert!(
-            out["gen_ai.input.messages"]
-                .as_str()
-                .unwrap()
-                .contains("mail [email:"),
-            "{out}"
-        );
-        assert!(
-            out["gen_ai.prompt.0.content"]
-                .as_str()
-                .unwrap()
-                .starts_with("call [phone:"),
-            "{out}"
-        );
-        assert_eq!(out["gen_ai.usage.input_tokens"], 12);
+        assert_eq!(others().free_text("chat gpt-4o".into()), "chat gpt-4o");
     }
 
     #[test]
-    fn content_event_bodies() {
-        let user = r#"{"event.name":"gen_ai.user.message","gen_ai.system":"openai"}"#;
-        let other = r#"{"event.name":"gen_ai.evaluation.result"}"#;
+    fn log_bodies() {
         let body = "write to ann@example.org".to_string();
-        assert_eq!(TelemetryText::dropping().log_body(user, body.clone()), "");
-        assert_eq!(
-            TelemetryText::dropping().log_body(other, body.clone()),
-            body
-        );
-        assert_eq!(TelemetryText::dropping().log_body("{}", body.clone()), body);
-        let masked = TelemetryText::masking(masker()).log_body(user, body);
+        let user = Some("gen_ai.user.message");
+        let other = Some("gen_ai.evaluation.result");
+        let plain = TelemetryText::dropping();
+        assert_eq!(plain.log_body(user, body.clone()), "");
+        assert_eq!(plain.log_body(other, body.clone()), body);
+        assert_eq!(plain.log_body(None, body.clone()), body);
+        let masked = TelemetryText::masking(masker()).log_body(user, body.clone());
         assert!(masked.starts_with("write to [email:"), "{masked}");
+        // Other text masked: a plain log line too; a content event still dropped without capture.
+        let t = others();
+        let masked = t.log_body(None, "card 4111 1111 1111 1111 declined".into());
+        assert!(
+            masked.starts_with("card [card:") && masked.ends_with("] declined"),
+            "{masked}"
+        );
+        assert_eq!(t.log_body(user, body), "");
     }
 }

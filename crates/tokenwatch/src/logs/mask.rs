@@ -1,8 +1,12 @@
 // Masking before template mining: every whitespace token whose core is a variable (number,
-// hex, UUID, id, path, IP, duration, percentage, timestamp) becomes a typed field `<KIND>`.
+// hex, UUID, id, path, IP, duration, percentage, timestamp) becomes a typed field `<KIND>`, and so
+// does each token that replaced personal data before mining (`[email:9f8e…]`, capture::mask):
+// `<IP>` for addresses (with a port glued on, as an address with a port would be), `<PII>` else.
 
+use regex::Regex;
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::LazyLock;
 
 /// Tokens mined per line at most; the rest of a longer line is left out.
 pub const MAX_TOKENS: usize = 200;
@@ -22,6 +26,8 @@ pub enum FieldKind {
     Duration,
     Percent,
     Timestamp,
+    /// Personal data replaced by a keyed token before mining (e-mail, phone, card, national id).
+    Pii,
 }
 
 impl FieldKind {
@@ -37,6 +43,7 @@ impl FieldKind {
             FieldKind::Duration => "<DUR>",
             FieldKind::Percent => "<PCT>",
             FieldKind::Timestamp => "<TS>",
+            FieldKind::Pii => "<PII>",
         }
     }
 }
@@ -62,7 +69,41 @@ pub fn mask(text: &str) -> Masked {
     out
 }
 
+/// A token of `capture::mask`: `[<label>:<16 lowercase hex>]`.
+static PII_TOKEN: LazyLock<Regex> = LazyLock::new(|| {
+    // A constant pattern, exercised by the unit tests below.
+    Regex::new(r"\[([a-z0-9_]{1,32}):[0-9a-f]{16}\](:[0-9]{1,5}\b)?").expect("pattern compiles")
+});
+
 fn mask_token(raw: &str, fields: &mut Vec<(FieldKind, String)>) -> String {
+    if raw.contains('[') && PII_TOKEN.is_match(raw) {
+        // Each masked value is a field; the text around it is masked as a token of its own.
+        let mut out = String::with_capacity(raw.len());
+        let mut pos = 0;
+        for m in PII_TOKEN.captures_iter(raw) {
+            let (Some(all), Some(label)) = (m.get(0), m.get(1)) else {
+                continue;
+            };
+            if all.start() > pos {
+                out.push_str(&mask_plain_token(&raw[pos..all.start()], fields));
+            }
+            let kind = match label.as_str() {
+                "ipv4" | "ipv6" => FieldKind::Ip,
+                _ => FieldKind::Pii,
+            };
+            fields.push((kind, all.as_str().to_string()));
+            out.push_str(kind.placeholder());
+            pos = all.end();
+        }
+        if pos < raw.len() {
+            out.push_str(&mask_plain_token(&raw[pos..], fields));
+        }
+        return out;
+    }
+    mask_plain_token(raw, fields)
+}
+
+fn mask_plain_token(raw: &str, fields: &mut Vec<(FieldKind, String)>) -> String {
     let start = raw.len() - raw.trim_start_matches(LEADING).len();
     let (prefix, rest) = raw.split_at(start);
     let core = rest.trim_end_matches(TRAILING);
@@ -318,6 +359,30 @@ mod tests {
 
     fn m(s: &str) -> String {
         mask(s).tokens.join(" ")
+    }
+
+    #[test]
+    fn personal_data_tokens_are_fields() {
+        // Lines masked for personal data (capture::mask) before mining: each token is a field,
+        // so two addresses give one template and no address reaches an example.
+        let a = mask("login from [ipv4:0a1b2c3d4e5f6071]:51234 user=[email:9f8e7d6c5b4a3921], ok");
+        let b = mask("login from [ipv4:1b2c3d4e5f607182]:443 user=[email:8e7d6c5b4a3921ab], ok");
+        assert_eq!(a.tokens, b.tokens);
+        assert_eq!(a.tokens.join(" "), "login from <IP> user=<PII>, ok");
+        assert_eq!(
+            a.fields,
+            vec![
+                (FieldKind::Ip, "[ipv4:0a1b2c3d4e5f6071]:51234".to_string()),
+                (FieldKind::Pii, "[email:9f8e7d6c5b4a3921]".to_string()),
+            ]
+        );
+        let c = mask("(card=[card:00112233445566aa]) [phone:0011223344556677][x] 12");
+        assert_eq!(c.tokens.join(" "), "(card=<PII>) <PII>[x] <NUM>");
+        // Not a token: brackets around other text stay as they were.
+        assert_eq!(
+            mask("[metrics.py:345]").tokens.join(" "),
+            "[metrics.py:<NUM>]"
+        );
     }
 
     #[test]

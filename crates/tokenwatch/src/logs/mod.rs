@@ -517,6 +517,13 @@ pub fn save_state(path: &Path, state: &SavedState) -> Result<(), StateError> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
+/// What the miner's thread is given besides configuration: where its anomaly events go, and the
+/// masker of personal data in tailed lines (`capture.mask.telemetry`; None: lines mined as read).
+pub struct MinerLinks {
+    pub inbox: EventInbox,
+    pub masker: Option<Arc<crate::capture::mask::Masker>>,
+}
+
 /// Load the saved state (under `data_dir`), start the miner's thread (the `sources.files`,
 /// OTLP lines, evaluation, saving; at the analysis priority of `runtime`) and build the API
 /// routes. A missing or unreadable state starts empty (the reason is logged).
@@ -525,10 +532,11 @@ pub fn start(
     sources: &SourcesConfig,
     data_dir: &Path,
     runtime: &crate::runtimes::RuntimeConfig,
-    inbox: EventInbox,
+    links: MinerLinks,
     metrics: &Metrics,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Started> {
+    let MinerLinks { inbox, masker } = links;
     let now = tokenwatch_core::clock::now_unix_ms();
     let path = state_path(data_dir);
     let (miner, files) = match load_state(&path) {
@@ -583,6 +591,7 @@ pub fn start(
         rx,
         inbox,
         metrics: m,
+        masker,
         state_path: path,
         poll: logs.poll_interval.0,
         stop: stop.clone(),
@@ -628,6 +637,9 @@ struct Worker {
     rx: FeedReceiver,
     inbox: EventInbox,
     metrics: LogMetrics,
+    /// Personal data in tailed lines is masked with it before mining (`capture.mask.telemetry`),
+    /// so templates, their examples and field values never hold it. OTLP lines come masked.
+    masker: Option<Arc<crate::capture::mask::Masker>>,
     state_path: PathBuf,
     poll: Duration,
     stop: watch::Receiver<bool>,
@@ -727,6 +739,8 @@ impl Worker {
             let mut miner = self.miner.lock().unwrap_or_else(|p| p.into_inner());
             for l in &lines {
                 let (severity, text) = parse_line(l);
+                let masked = self.masker.as_ref().and_then(|m| m.mask_free_text(text));
+                let text = masked.as_deref().unwrap_or(text);
                 miner.observe(
                     &LogLine {
                         text,
@@ -811,7 +825,10 @@ mod tests {
             &cfg.sources,
             &cfg.data_dir,
             &cfg.runtime,
-            EventInbox::default(),
+            MinerLinks {
+                inbox: EventInbox::default(),
+                masker: None,
+            },
             &Metrics::new(),
             stop,
         )

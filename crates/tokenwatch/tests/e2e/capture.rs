@@ -266,3 +266,155 @@ async fn prompt_text_in_received_spans_and_logs_is_dropped_or_masked() {
     drop(tw);
     assert!(!bytes_contain(&dir_bytes(&on.path().join("data")), EMAIL));
 }
+
+/// A span and a plain log record whose free text holds personal data outside the prompt
+/// attributes (span name, status message, `user.email`, `client.address`, OpenLLMetry's entity
+/// input, the log's body), plus a tailed log line; returns (the stored span, the stored log's
+/// body, the log templates' JSON) once all are stored and mined.
+async fn send_personal_data(
+    api: SocketAddr,
+    otlp: SocketAddr,
+    tw: &Proc,
+    log_file: &std::path::Path,
+) -> (Value, String, String) {
+    let trace = "7c9f0008a9149214e37ac744924fd71e";
+    let now = now_ns();
+    let s = |v: &str| serde_json::json!({"stringValue": v});
+    let attr = |k: &str, v: Value| serde_json::json!({"key": k, "value": v});
+    let span = serde_json::json!({"resourceSpans": [{
+        "resource": {"attributes": [attr("service.name", s("billing"))]},
+        "scopeSpans": [{"spans": [{
+        "traceId": trace, "spanId": "bff19b7ec3c1b175", "name": format!("lookup {EMAIL}"), "kind": 1,
+        "startTimeUnixNano": (now - 1_000_000_000).to_string(), "endTimeUnixNano": now.to_string(),
+        "status": {"code": 2, "message": format!("card {CARD} declined")},
+        "attributes": [attr("user.email", s(EMAIL)),
+                       attr("client.address", s("203.0.113.7")),
+                       attr("server.address", s("10.0.0.7")),
+                       attr("traceloop.entity.input", s(&format!("{{\"to\": \"{EMAIL}\"}}"))),
+                       attr("http.route", s("/customers/{id}"))]}]}]}]});
+    let log = serde_json::json!({"resourceLogs": [{
+        "resource": {"attributes": [attr("service.name", s("billing"))]},
+        "scopeLogs": [{"logRecords": [{
+        "timeUnixNano": now.to_string(), "traceId": trace, "spanId": "bff19b7ec3c1b175",
+        "severityNumber": 17, "severityText": "ERROR",
+        "body": s(&format!("login failed from 203.0.113.7 for {EMAIL}"))}]}]}]});
+    for (path, body) in [("traces", span), ("logs", log)] {
+        let r = send(
+            "POST",
+            &format!("http://{otlp}/v1/{path}"),
+            Some(&body.to_string()),
+            &[],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+    }
+    std::fs::write(
+        log_file,
+        format!("ERROR 12-07 10:00:01 payment failed for card {CARD} from 198.51.100.23\n"),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let t = get(&format!("http://{api}/api/v1/traces/{trace}"))
+            .await
+            .json();
+        let templates = get(&format!("http://{api}/api/v1/logs/templates?limit=100"))
+            .await
+            .body;
+        if let (Some(span), Some(log)) = (t["spans"].get(0), t["logs"].get(0))
+            && templates.contains("payment failed")
+            && templates.contains("login failed")
+        {
+            return (
+                span.clone(),
+                log["body"].as_str().unwrap_or("").to_string(),
+                templates,
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "trace or templates never stored: {t}\n{templates}\n{}",
+            tw.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn personal_data_in_other_telemetry_text_is_masked_with_capture_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_file = dir.path().join("app.log");
+    std::fs::write(&log_file, "").unwrap();
+    let yaml = format!(
+        "sources:\n  files:\n    - path: {}\n      runtime: app\n      instance: billing-1\n\
+         logs:\n  poll_interval: 100ms\n",
+        log_file.display()
+    );
+    let (tw, api, otlp) = start_otlp_collector_with(dir.path(), &yaml).await;
+    let (span, body, templates) = send_personal_data(api, otlp, &tw, &log_file).await;
+    let name = span["name"].as_str().unwrap();
+    assert!(name.starts_with("lookup [email:"), "{span}");
+    let status = span["status_message"].as_str().unwrap();
+    assert!(
+        status.starts_with("card [card:") && status.ends_with("] declined"),
+        "{span}"
+    );
+    let attrs = &span["attributes"];
+    assert!(
+        attrs["user.email"].as_str().unwrap().starts_with("[email:"),
+        "{attrs}"
+    );
+    assert!(
+        attrs["client.address"]
+            .as_str()
+            .unwrap()
+            .starts_with("[ipv4:"),
+        "{attrs}"
+    );
+    assert_eq!(
+        attrs["server.address"], "10.0.0.7",
+        "kept verbatim: {attrs}"
+    );
+    assert_eq!(attrs["http.route"], "/customers/{id}", "{attrs}");
+    assert!(
+        attrs.get("traceloop.entity.input").is_none(),
+        "an entity's input is a prompt: dropped with capture off: {attrs}"
+    );
+    // The same address gives the same token in the span name and in the attribute.
+    assert_eq!(token(name, "email"), attrs["user.email"].as_str().unwrap());
+    assert!(
+        body.starts_with("login failed from [ipv4:") && body.contains(" for [email:"),
+        "{body}"
+    );
+    for raw in [
+        EMAIL,
+        "203.0.113.7",
+        "198.51.100.23",
+        "4111 1111",
+        "4111111111111111",
+    ] {
+        assert!(
+            !templates.contains(raw),
+            "{raw} in the templates: {templates}"
+        );
+        assert!(
+            !span.to_string().contains(raw) && !body.contains(raw),
+            "{raw}"
+        );
+    }
+    // One template per line shape: the tokens are typed fields.
+    assert!(
+        templates.contains("login failed from <IP> for <PII>")
+            && templates.contains("payment failed for card <PII> from <IP>"),
+        "{templates}"
+    );
+    drop(tw);
+    let data = dir_bytes(&dir.path().join("data"));
+    for raw in [EMAIL, "203.0.113.7", "198.51.100.23", "4111 1111 1111 1111"] {
+        assert!(
+            !bytes_contain(&data, raw),
+            "{raw} reached the data directory"
+        );
+    }
+}

@@ -434,7 +434,10 @@ mod tests {
                 span: b.build_shipped(r).unwrap(),
             })
             .collect();
-        let batch = map_traces(&super::super::request_of(spans), true);
+        let batch = map_traces(
+            &super::super::request_of(spans),
+            Some(&crate::capture::telemetry::TelemetryText::dropping()),
+        );
         assert_eq!(batch.rejected, 0, "{:?}", batch.first_error);
         assert_eq!(batch.first_error, None);
         // The stored span rows keep the GenAI attributes, not the chunk times.
@@ -491,7 +494,10 @@ mod tests {
                 span: b.build_shipped(&r).unwrap(),
             },
         ];
-        let batch = map_traces(&super::super::request_of(spans), true);
+        let batch = map_traces(
+            &super::super::request_of(spans),
+            Some(&crate::capture::telemetry::TelemetryText::dropping()),
+        );
         assert_eq!((batch.accepted, batch.rejected), (2, 0));
         assert_eq!(batch.first_tokens, vec![f]);
         assert_eq!(batch.records.len(), 1);

@@ -1,6 +1,9 @@
 // OTLP attribute helpers: typed reads of `AnyValue`s (numbers sent as strings or doubles
-// included), attribute sets rendered as JSON objects, and trace/span ids checked and hex-encoded.
+// included), attribute sets rendered as JSON objects (as stored: content dropped or masked, other
+// text masked, by `TelemetryText`), and trace/span ids checked and hex-encoded.
 
+use crate::capture::mask::Masker;
+use crate::capture::telemetry::{AttributeText, TelemetryText};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
 use std::borrow::Cow;
 
@@ -86,10 +89,39 @@ pub fn to_json(v: Option<&AnyValue>) -> serde_json::Value {
     }
 }
 
-/// An attribute list as a JSON object text, written directly (no intermediate JSON tree).
+/// An attribute list as a JSON object text, written directly (no intermediate JSON tree), as
+/// received (for what is not stored: `to_stored_json_object` for what is).
 pub fn to_json_object(attrs: &[KeyValue]) -> String {
     let mut out = Vec::with_capacity(32 * attrs.len() + 2);
-    write_object(&mut out, attrs);
+    write_object(&mut out, attrs, None);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// An attribute list as the JSON object text that is stored: each attribute's value as `text`
+/// decides — kept, left out, or with every string in it masked.
+pub fn to_stored_json_object(attrs: &[KeyValue], text: &TelemetryText) -> String {
+    let mut out = Vec::with_capacity(32 * attrs.len() + 2);
+    out.push(b'{');
+    let mut first = true;
+    for kv in attrs {
+        let mask = match text.attribute(&kv.key) {
+            AttributeText::Drop => continue,
+            AttributeText::Keep => None,
+            AttributeText::Mask(m) => Some(m),
+        };
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        write_str(&mut out, &kv.key);
+        out.push(b':');
+        write_value(
+            &mut out,
+            kv.value.as_ref().and_then(|v| v.value.as_ref()),
+            mask,
+        );
+    }
+    out.push(b'}');
     String::from_utf8(out).unwrap_or_default()
 }
 
@@ -98,7 +130,15 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     let _ = serde_json::to_writer(&mut *out, s);
 }
 
-fn write_object(out: &mut Vec<u8>, attrs: &[KeyValue]) {
+/// A string value, masked when `mask` is given.
+fn write_text(out: &mut Vec<u8>, s: &str, mask: Option<&Masker>) {
+    match mask.and_then(|m| m.mask_free_text(s)) {
+        Some(masked) => write_str(out, &masked),
+        None => write_str(out, s),
+    }
+}
+
+fn write_object(out: &mut Vec<u8>, attrs: &[KeyValue], mask: Option<&Masker>) {
     out.push(b'{');
     for (i, kv) in attrs.iter().enumerate() {
         if i > 0 {
@@ -106,15 +146,16 @@ fn write_object(out: &mut Vec<u8>, attrs: &[KeyValue]) {
         }
         write_str(out, &kv.key);
         out.push(b':');
-        write_value(out, kv.value.as_ref().and_then(|v| v.value.as_ref()));
+        write_value(out, kv.value.as_ref().and_then(|v| v.value.as_ref()), mask);
     }
     out.push(b'}');
 }
 
-fn write_value(out: &mut Vec<u8>, v: Option<&Value>) {
+/// A value as JSON; with `mask`, every string in it masked (keys of nested lists kept).
+fn write_value(out: &mut Vec<u8>, v: Option<&Value>, mask: Option<&Masker>) {
     use std::io::Write as _;
     match v {
-        Some(Value::StringValue(s)) => write_str(out, s),
+        Some(Value::StringValue(s)) => write_text(out, s, mask),
         Some(Value::BoolValue(b)) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         Some(Value::IntValue(i)) => {
             let _ = write!(out, "{i}");
@@ -128,11 +169,11 @@ fn write_value(out: &mut Vec<u8>, v: Option<&Value>) {
                 if i > 0 {
                     out.push(b',');
                 }
-                write_value(out, x.value.as_ref());
+                write_value(out, x.value.as_ref(), mask);
             }
             out.push(b']');
         }
-        Some(Value::KvlistValue(kv)) => write_object(out, &kv.values),
+        Some(Value::KvlistValue(kv)) => write_object(out, &kv.values, mask),
         Some(Value::BytesValue(b)) => {
             out.push(b'"');
             out.extend_from_slice(hex::encode(b).as_bytes());
@@ -222,6 +263,56 @@ mod tests {
             }],
         });
         assert_eq!(first_str(&arr).as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn stored_attributes_drop_content_and_mask_the_rest_but_verbatim_keys() {
+        use crate::capture::mask::{MaskConfig, default_verbatim_attributes};
+        use crate::capture::telemetry::Verbatim;
+        use opentelemetry_proto::tonic::common::v1::KeyValueList;
+        let masker = std::sync::Arc::new(Masker::new(&MaskConfig::default(), b"k").unwrap());
+        let text = TelemetryText::dropping()
+            .masking_others(masker, Verbatim::new(&default_verbatim_attributes()));
+        let s = |v: &str| Value::StringValue(v.into());
+        let attrs = vec![
+            kv("gen_ai.request.model", s("qwen3-8b")),
+            kv("gen_ai.input.messages", s("hi, I am ann@example.org")),
+            kv("user.email", s("ann@example.org")),
+            kv("server.address", s("10.0.0.7")),
+            kv("gen_ai.usage.input_tokens", Value::IntValue(12)),
+            kv(
+                "app.user",
+                Value::KvlistValue(KeyValueList {
+                    values: vec![
+                        kv("phone", s("+44 20 7946 0958")),
+                        kv("n", Value::IntValue(3)),
+                    ],
+                }),
+            ),
+            kv("note", s("no personal data here")),
+        ];
+        let out = to_stored_json_object(&attrs, &text);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["gen_ai.request.model"], "qwen3-8b");
+        assert!(v.get("gen_ai.input.messages").is_none(), "{out}");
+        assert!(
+            v["user.email"].as_str().unwrap().starts_with("[email:"),
+            "{out}"
+        );
+        assert_eq!(v["server.address"], "10.0.0.7");
+        assert_eq!(v["gen_ai.usage.input_tokens"], 12);
+        assert!(
+            v["app.user"]["phone"]
+                .as_str()
+                .unwrap()
+                .starts_with("[phone:"),
+            "{out}"
+        );
+        assert_eq!(v["app.user"]["n"], 3);
+        assert_eq!(v["note"], "no personal data here");
+        assert!(!out.contains("ann@") && !out.contains("7946"), "{out}");
+        // As received, nothing changes.
+        assert!(to_json_object(&attrs).contains("ann@example.org"));
     }
 
     #[test]

@@ -41,6 +41,7 @@
 
 use super::attrs::{self, as_f64, as_str, as_u64, first_str, value_of};
 use super::http_children::HttpChildren;
+use crate::capture::telemetry::TelemetryText;
 use crate::kernel::{shipped_first_token, shipped_record};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
@@ -324,17 +325,18 @@ fn prefix_key_of(v: &Value) -> Result<u64, String> {
     }
 }
 
-/// Map one export request. `want_rows` false skips building the stored span rows (benchmarks).
-/// Only this request's HTTP client spans are known (`map_traces_with` for the receiver's).
-pub fn map_traces(req: &ExportTraceServiceRequest, want_rows: bool) -> TraceBatch {
-    map_traces_with(req, want_rows, &HttpChildren::default())
+/// Map one export request. `rows`: build the stored span rows with their text as it says (None
+/// skips them: benchmarks of the records alone). Only this request's HTTP client spans are
+/// known (`map_traces_with` for the receiver's).
+pub fn map_traces(req: &ExportTraceServiceRequest, rows: Option<&TelemetryText>) -> TraceBatch {
+    map_traces_with(req, rows, &HttpChildren::default())
 }
 
 /// Map one export request, `children` holding the HTTP client spans received before (and taking
 /// this request's).
 pub fn map_traces_with(
     req: &ExportTraceServiceRequest,
-    want_rows: bool,
+    rows: Option<&TelemetryText>,
     children: &HttpChildren,
 ) -> TraceBatch {
     children.note(req);
@@ -364,7 +366,7 @@ pub fn map_traces_with(
                     }
                     continue;
                 }
-                match map_span(span, &res, want_rows, children) {
+                match map_span(span, &res, rows, children) {
                     Ok((record, row, warning)) => {
                         out.accepted += 1;
                         let (scores, score_warning) = super::span_scores::of(&span.attributes);
@@ -412,7 +414,7 @@ type Mapped = (Option<RequestRecord>, Option<SpanRow>, Option<String>);
 fn map_span(
     span: &Span,
     res: &ResourceInfo<'_>,
-    want_rows: bool,
+    rows: Option<&TelemetryText>,
     children: &HttpChildren,
 ) -> Result<Mapped, attrs::IdError> {
     let trace_id = attrs::trace_id(&span.trace_id)?;
@@ -442,18 +444,18 @@ fn map_span(
     } else {
         None
     };
-    let row = want_rows.then(|| {
+    let row = rows.map(|text| {
         let status = span.status.as_ref();
         SpanRow {
             trace_id,
             span_id,
             parent_span_id: parent,
-            name: span.name.clone(),
+            name: text.free_text(span.name.clone()),
             kind: span.kind,
             start_unix_nano: nanos(span.start_time_unix_nano),
             end_unix_nano: nanos(span.end_time_unix_nano),
             status_code: status.map(|s| s.code).unwrap_or(0),
-            status_message: status.map(|s| s.message.clone()).unwrap_or_default(),
+            status_message: text.free_text(status.map(|s| s.message.clone()).unwrap_or_default()),
             service_name: res.service_name.to_string(),
             // The embedding and a shipped record's chunk times are kept on the record; stored
             // twice they would dominate the span row.
@@ -466,9 +468,9 @@ fn map_span(
                     })
                     .cloned()
                     .collect();
-                attrs::to_json_object(&kept)
+                attrs::to_stored_json_object(&kept, text)
             } else {
-                attrs::to_json_object(&span.attributes)
+                attrs::to_stored_json_object(&span.attributes, text)
             },
             events_count: u32::try_from(span.events.len()).unwrap_or(u32::MAX),
         }
@@ -721,7 +723,10 @@ mod tests {
 
     #[test]
     fn genai_span_becomes_a_record() {
-        let b = map_traces(&request(vec![genai_span()]), true);
+        let b = map_traces(
+            &request(vec![genai_span()]),
+            Some(&TelemetryText::dropping()),
+        );
         assert_eq!((b.accepted, b.rejected), (1, 0));
         let r = &b.records[0];
         // The requested model is the id (as the proxy and the runtime name it).
@@ -772,7 +777,7 @@ mod tests {
             .retain(|kv| kv.key != "gen_ai.response.time_to_first_chunk");
         span.attributes.extend(attributes);
         span.events = events.into_iter().map(|(n, t)| event(n, t)).collect();
-        let b = map_traces(&request(vec![span]), false);
+        let b = map_traces(&request(vec![span]), None);
         assert_eq!(b.records.len(), 1);
         b.records[0].clone()
     }
@@ -896,29 +901,29 @@ mod tests {
             vec![child(start + 12_000_000), span.clone()],
             vec![span.clone(), child(start + 12_000_000)],
         ] {
-            let b = map_traces(&request(spans), false);
+            let b = map_traces(&request(spans), None);
             assert_eq!(b.records.len(), 1, "the HTTP span is no record");
             assert!((first(&b) - 0.054).abs() < 1e-9, "{}", first(&b));
         }
         // In an earlier export to the receiver (SimpleSpanProcessor: one span per export).
         let children = HttpChildren::default();
-        let b = map_traces_with(&request(vec![child(start + 12_000_000)]), false, &children);
+        let b = map_traces_with(&request(vec![child(start + 12_000_000)]), None, &children);
         assert!(b.records.is_empty());
-        let b = map_traces_with(&request(vec![span.clone()]), false, &children);
+        let b = map_traces_with(&request(vec![span.clone()]), None, &children);
         assert!((first(&b) - 0.054).abs() < 1e-9, "{}", first(&b));
         assert!(children.is_empty(), "taken by its parent");
         // No child received, or one ending outside the span: OpenLIT's own figure.
-        let b = map_traces_with(&request(vec![span.clone()]), false, &children);
+        let b = map_traces_with(&request(vec![span.clone()]), None, &children);
         assert_eq!(first(&b), 0.042);
         let late = child(span.end_time_unix_nano + 1);
-        let b = map_traces(&request(vec![late, span.clone()]), false);
+        let b = map_traces(&request(vec![late, span.clone()]), None);
         assert_eq!(first(&b), 0.042);
         // An instrumentation's own client-side first chunk time is taken as it is.
         let mut oi = genai_span();
         oi.span_id = vec![0x05; 8];
         let mut c = child(start + 12_000_000);
         c.parent_span_id = oi.span_id.clone();
-        let b = map_traces(&request(vec![c, oi]), false);
+        let b = map_traces(&request(vec![c, oi]), None);
         assert_eq!(first(&b), 0.25);
     }
 
@@ -945,7 +950,10 @@ mod tests {
         int_key
             .attributes
             .push(kv(PREFIX_HASH_ATTR, Value::IntValue(-1)));
-        let b = map_traces(&request(vec![span, int_key]), true);
+        let b = map_traces(
+            &request(vec![span, int_key]),
+            Some(&TelemetryText::dropping()),
+        );
         assert_eq!(
             (b.accepted, b.rejected, b.first_error.as_deref()),
             (2, 0, None)
@@ -989,7 +997,7 @@ mod tests {
                 "tokenwatch.prompt.prefix_hash \"not-hex\" is not 1 to 16 hex digits",
             ),
         ] {
-            let b = map_traces(&request(vec![span]), true);
+            let b = map_traces(&request(vec![span]), Some(&TelemetryText::dropping()));
             assert_eq!((b.accepted, b.rejected, b.records.len()), (1, 0, 1));
             let msg = b.first_error.unwrap_or_default();
             assert!(msg.contains(want) && msg.ends_with("(ignored)"), "{msg}");
@@ -1004,7 +1012,7 @@ mod tests {
             name: "bad".into(),
             ..Default::default()
         };
-        let b = map_traces(&request(vec![warn, bad]), true);
+        let b = map_traces(&request(vec![warn, bad]), Some(&TelemetryText::dropping()));
         assert!(b.first_error.unwrap_or_default().contains("trace_id"));
     }
 
@@ -1053,7 +1061,10 @@ mod tests {
             kv("llm.token_count.total", Value::IntValue(25)),
         ]);
         both.span_id = vec![0x07; 8];
-        let b = map_traces(&request(vec![llm, embedding, both]), true);
+        let b = map_traces(
+            &request(vec![llm, embedding, both]),
+            Some(&TelemetryText::dropping()),
+        );
         assert_eq!((b.accepted, b.rejected, b.records.len()), (3, 0, 3));
         let r = &b.records[0];
         assert_eq!(r.labels.model_id, "gpt-4o-2024-08-06");
@@ -1094,7 +1105,10 @@ mod tests {
         tool.span_id = vec![0x08; 8];
         let mut bare = span_with(vec![kv("llm.model_name", s("gpt-4o"))]);
         bare.span_id = vec![0x09; 8];
-        let b = map_traces(&request(vec![chain, tool, bare]), true);
+        let b = map_traces(
+            &request(vec![chain, tool, bare]),
+            Some(&TelemetryText::dropping()),
+        );
         assert_eq!((b.accepted, b.spans.len()), (3, 3));
         // Only the span naming a model without a kind is taken for an LLM call.
         assert_eq!(b.records.len(), 1);
@@ -1124,7 +1138,10 @@ mod tests {
             name: "bad".into(),
             ..Default::default()
         };
-        let b = map_traces(&request(vec![err, plain, bad]), true);
+        let b = map_traces(
+            &request(vec![err, plain, bad]),
+            Some(&TelemetryText::dropping()),
+        );
         assert_eq!(
             (b.accepted, b.rejected, b.records.len(), b.spans.len()),
             (2, 1, 1, 2)

@@ -306,21 +306,19 @@ impl Ingest {
         req: ExportTraceServiceRequest,
         t: Transport,
     ) -> Result<Accepted, Refused> {
-        let batch = genai::map_traces_with(&req, true, &self.http_children);
+        let batch = genai::map_traces_with(&req, Some(&self.text), &self.http_children);
         drop(req);
         let spans = batch.spans;
         let n_spans = spans.len();
         let mut dropped_spans = 0u64;
         if n_spans > 0 {
-            let text = self.text.clone();
             let export = self.span_export.clone();
             let writer = self.writer.clone();
-            // Masking is CPU work over every attribute: off the async workers.
-            let queued = tokio::task::spawn_blocking(move || {
-                queue_spans(spans, &text, &writer, export.as_ref())
-            })
-            .await
-            .map_err(|e| Refused::Unavailable(format!("processing spans: {e}")))?;
+            // Copying the exported spans is CPU work over every attribute: off the async workers.
+            let queued =
+                tokio::task::spawn_blocking(move || queue_spans(spans, &writer, export.as_ref()))
+                    .await
+                    .map_err(|e| Refused::Unavailable(format!("processing spans: {e}")))?;
             if queued == 0 {
                 self.stats.rejected("traces", "queue_full", batch.accepted);
                 return Err(Refused::Busy(
@@ -429,20 +427,18 @@ impl Ingest {
         req: ExportLogsServiceRequest,
         t: Transport,
     ) -> Result<Accepted, Refused> {
-        let batch = logs::map_logs(&req);
+        let batch = logs::map_logs(&req, &self.text);
         drop(req);
         let rows = batch.rows;
         let n_rows = rows.len();
         let mut dropped = 0u64;
         if n_rows > 0 {
-            let text = self.text.clone();
             let feed = self.log_feed.clone();
             let writer = self.writer.clone();
-            let queued = tokio::task::spawn_blocking(move || {
-                queue_logs(rows, &text, &writer, feed.as_ref())
-            })
-            .await
-            .map_err(|e| Refused::Unavailable(format!("processing log records: {e}")))?;
+            let queued =
+                tokio::task::spawn_blocking(move || queue_logs(rows, &writer, feed.as_ref()))
+                    .await
+                    .map_err(|e| Refused::Unavailable(format!("processing log records: {e}")))?;
             if queued == 0 {
                 self.stats.rejected("logs", "queue_full", batch.accepted);
                 return Err(Refused::Busy(
@@ -470,17 +466,13 @@ impl Ingest {
     }
 }
 
-/// Masks the spans' text and queues them for the store; the ones queued (the first ones) are
-/// exported too. Returns how many were queued.
+/// Queues the spans (their text already dropped or masked) for the store; the ones queued (the
+/// first ones) are exported too. Returns how many were queued.
 fn queue_spans(
-    mut spans: Vec<tokenwatch_store::SpanRow>,
-    text: &TelemetryText,
+    spans: Vec<tokenwatch_store::SpanRow>,
     writer: &StoreRows,
     export: Option<&crate::kernel::spans::SpanExport>,
 ) -> usize {
-    for s in &mut spans {
-        s.attributes_json = text.attributes(std::mem::take(&mut s.attributes_json));
-    }
     match export {
         Some(export) => {
             let queued = writer.spans(spans.clone());
@@ -491,18 +483,13 @@ fn queue_spans(
     }
 }
 
-/// Masks the log records' text and queues them for the store; the ones queued (the first
-/// ones) are mined into templates too. Returns how many were queued.
+/// Queues the log records (their text already dropped or masked) for the store; the ones
+/// queued (the first ones) are mined into templates too. Returns how many were queued.
 fn queue_logs(
-    mut rows: Vec<tokenwatch_store::LogRow>,
-    text: &TelemetryText,
+    rows: Vec<tokenwatch_store::LogRow>,
     writer: &StoreRows,
     feed: Option<&crate::logs::LogFeed>,
 ) -> usize {
-    for r in &mut rows {
-        r.body = text.log_body(&r.attributes_json, std::mem::take(&mut r.body));
-        r.attributes_json = text.attributes(std::mem::take(&mut r.attributes_json));
-    }
     match feed {
         Some(_) => {
             let queued = writer.logs(rows.clone());

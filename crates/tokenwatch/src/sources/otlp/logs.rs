@@ -1,7 +1,9 @@
-// Logs in: each OTLP log record becomes a stored `LogRow` (body as text, ids as hex); records
-// whose trace or span id has the wrong length are rejected and counted.
+// Logs in: each OTLP log record becomes a stored `LogRow` (body as text, ids as hex, its text
+// dropped or masked as `TelemetryText` says); records whose trace or span id has the wrong length
+// are rejected and counted.
 
 use super::attrs::{self, value_of};
+use crate::capture::telemetry::TelemetryText;
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use tokenwatch_store::LogRow;
@@ -24,7 +26,8 @@ fn optional_id(bytes: &[u8], len: usize, what: &str) -> Result<String, String> {
     }
 }
 
-pub fn map_logs(req: &ExportLogsServiceRequest) -> LogsBatch {
+/// Map one export request into stored log rows, their text as `text` says.
+pub fn map_logs(req: &ExportLogsServiceRequest, text: &TelemetryText) -> LogsBatch {
     let mut out = LogsBatch::default();
     for rl in &req.resource_logs {
         let res = rl
@@ -68,16 +71,22 @@ pub fn map_logs(req: &ExportLogsServiceRequest) -> LogsBatch {
                         ..Default::default()
                     });
                 }
+                let event = attributes
+                    .iter()
+                    .find(|kv| kv.key == "event.name")
+                    .and_then(value_of)
+                    .and_then(attrs::as_str);
+                let body = text.log_body(event.as_deref(), attrs::body_text(l.body.as_ref()));
                 out.accepted += 1;
                 out.rows.push(LogRow {
                     time_unix_nano: i64::try_from(time).unwrap_or(i64::MAX),
                     severity_number: l.severity_number,
                     severity_text: l.severity_text.clone(),
-                    body: attrs::body_text(l.body.as_ref()),
+                    body,
                     trace_id,
                     span_id,
                     service_name: service_name.clone(),
-                    attributes_json: attrs::to_json_object(&attributes),
+                    attributes_json: attrs::to_stored_json_object(&attributes, text),
                 });
             }
         }
@@ -125,7 +134,9 @@ mod tests {
                 ..Default::default()
             }],
         };
-        let b = map_logs(&req);
+        // Capture on: the content event's body is stored (masked; nothing personal in it).
+        let masker = crate::capture::mask::Masker::new(&Default::default(), b"k").unwrap();
+        let b = map_logs(&req, &TelemetryText::masking(std::sync::Arc::new(masker)));
         assert_eq!((b.accepted, b.rejected), (1, 1));
         assert!(
             b.first_error

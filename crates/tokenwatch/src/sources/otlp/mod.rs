@@ -99,7 +99,10 @@ pub fn decode_and_map(
         SignalKind::Traces => {
             let req: t::ExportTraceServiceRequest =
                 codec::decode(bytes, enc, "ExportTraceServiceRequest")?;
-            let b = genai::map_traces(&req, true);
+            let b = genai::map_traces(
+                &req,
+                Some(&crate::capture::telemetry::TelemetryText::dropping()),
+            );
             b.records.len() + b.spans.len()
         }
         SignalKind::Metrics => {
@@ -110,7 +113,9 @@ pub fn decode_and_map(
         SignalKind::Logs => {
             let req: l::ExportLogsServiceRequest =
                 codec::decode(bytes, enc, "ExportLogsServiceRequest")?;
-            logs::map_logs(&req).rows.len()
+            logs::map_logs(&req, &crate::capture::telemetry::TelemetryText::dropping())
+                .rows
+                .len()
         }
     })
 }
