@@ -316,6 +316,14 @@ impl RunningApp {
                 thread_priority: analysis_priority,
                 text_capture,
                 model_aliases: model_aliases.clone(),
+                model_admission: Some(crate::kernel::models::ModelAdmission::new(
+                    &cfg.models,
+                    cfg.proxy
+                        .upstreams
+                        .iter()
+                        .flat_map(|u| u.models.iter().cloned())
+                        .chain(cfg.proxy.routes.iter().map(|r| r.model.clone())),
+                )),
                 health: Some(components.clone()),
             },
             Some(aggregator.clone()),

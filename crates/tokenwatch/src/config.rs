@@ -688,6 +688,9 @@ impl Config {
         self.models
             .aliases()
             .map_err(|(path, message)| invalid(path, message))?;
+        self.models
+            .validate_admission()
+            .map_err(|(path, message)| invalid(path, message))?;
         let listener_certs = self
             .listener_certs()
             .map_err(|e| invalid(e.key, e.message))?;

@@ -89,6 +89,8 @@ impl RunningApp {
                 thread_priority: analysis_priority,
                 text_capture: None,
                 model_aliases,
+                // The aggregator admits model ids, for every replica at once.
+                model_admission: None,
                 health: Some(components.clone()),
             },
             None,

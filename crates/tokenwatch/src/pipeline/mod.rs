@@ -67,6 +67,9 @@ pub struct PipelineConfig {
     /// Other ids of a model (`models.aliases`): records and first tokens naming one are
     /// counted under the model's id.
     pub model_aliases: crate::kernel::models::SharedAliases,
+    /// Model ids beyond `models.max_unlisted` are counted as `__other__` (after the aliases).
+    /// None: every id is counted as itself (unit tests, proxy replicas: their aggregator admits).
+    pub model_admission: Option<crate::kernel::models::ModelAdmission>,
     /// Where the pipeline's status shows (`/readyz`'s `pipeline`): `ok`, or the panics it
     /// caught (`supervise`). None: nowhere (unit tests).
     pub health: Option<crate::sources::Components>,
@@ -96,8 +99,13 @@ impl Pipeline {
         let handle = tokio::runtime::Handle::current();
         let close = Arc::new(AtomicBool::new(false));
         let watch = supervise::PanicWatch::new("pipeline", cfg.health.clone(), &metrics);
+        let admission = AdmissionMetrics::default();
+        if cfg.model_admission.is_some() {
+            admission.register(&metrics);
+        }
         let worker = Worker {
             cfg,
+            admission,
             aggregator,
             sinks,
             metrics,
@@ -153,8 +161,31 @@ impl Pipeline {
     }
 }
 
+/// How model admission went (`models.max_unlisted`).
+#[derive(Clone, Default)]
+struct AdmissionMetrics {
+    folded: prometheus_client::metrics::counter::Counter,
+    admitted: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl AdmissionMetrics {
+    fn register(&self, metrics: &Metrics) {
+        metrics.register(
+            "tokenwatch_models_folded",
+            "Records and first tokens counted under model __other__: their model id is listed by no upstream and the unlisted ids already counted fill models.max_unlisted",
+            self.folded.clone(),
+        );
+        metrics.register(
+            "tokenwatch_models_unlisted_admitted",
+            "Model ids counted as themselves that no upstream lists (at most models.max_unlisted)",
+            self.admitted.clone(),
+        );
+    }
+}
+
 struct Worker {
     cfg: PipelineConfig,
+    admission: AdmissionMetrics,
     aggregator: Option<Arc<Mutex<Aggregator>>>,
     sinks: Vec<Box<dyn RecordSink>>,
     metrics: Arc<Metrics>,
@@ -287,11 +318,17 @@ impl Worker {
 
     /// Masks captured text, then hands the records to the aggregator and every sink.
     fn process(&mut self, queued: &mut Vec<Queued>) {
+        let now_ms = tokenwatch_core::clock::now_unix_ms();
         let batch: Vec<RequestRecord> = queued
             .drain(..)
             .map(|q| {
                 let (mut record, raw) = q.into_parts();
                 self.cfg.model_aliases.apply(&mut record.labels.model_id);
+                if let Some(a) = &mut self.cfg.model_admission
+                    && !a.admit(&mut record.labels.model_id, now_ms)
+                {
+                    self.admission.folded.inc();
+                }
                 crate::kernel::failpoint::panic_on_model("pipeline", &record.labels.model_id);
                 if let (Some(raw), Some(capture)) = (raw, &self.cfg.text_capture) {
                     record.text = Some(Box::new(capture.finish(&raw)));
@@ -313,6 +350,9 @@ impl Worker {
                 .set(agg.refused_series() as i64);
         }
         self.metrics.pipeline_records.inc_by(batch.len() as u64);
+        if let Some(a) = &self.cfg.model_admission {
+            self.admission.admitted.set(a.admitted() as i64);
+        }
         for sink in &mut self.sinks {
             if let Err(e) = sink.consume_shared(&batch) {
                 tracing::warn!(sink = sink.name(), error = %e, "sink failed on a batch");
@@ -321,8 +361,17 @@ impl Worker {
     }
 
     fn process_first_tokens(&mut self, firsts: &mut [FirstToken]) {
+        let now_ms = tokenwatch_core::clock::now_unix_ms();
         for f in firsts.iter_mut() {
             self.cfg.model_aliases.apply(&mut f.model_id);
+            if let Some(a) = &mut self.cfg.model_admission
+                && !a.admit(&mut f.model_id, now_ms)
+            {
+                self.admission.folded.inc();
+            }
+        }
+        if let Some(a) = &self.cfg.model_admission {
+            self.admission.admitted.set(a.admitted() as i64);
         }
         for sink in &mut self.sinks {
             if let Err(e) = sink.consume_first_tokens(firsts) {
@@ -401,6 +450,7 @@ mod tests {
             thread_priority: Default::default(),
             text_capture: None,
             model_aliases: Default::default(),
+            model_admission: None,
             health: None,
         };
         let agg = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default())));
@@ -489,6 +539,7 @@ mod tests {
             thread_priority: Default::default(),
             text_capture: None,
             model_aliases: Default::default(),
+            model_admission: None,
             health: Some(components.clone()),
         };
         let (pipeline, queue) = Pipeline::start(

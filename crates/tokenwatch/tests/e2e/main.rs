@@ -28,6 +28,7 @@ mod feedback_scores;
 mod gpu_source;
 mod gpu_xid;
 mod grafana_dashboard;
+mod hostile_input;
 mod latency_sources;
 mod listener_tls;
 mod local_embeddings;

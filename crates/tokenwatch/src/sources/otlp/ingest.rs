@@ -542,6 +542,7 @@ mod tests {
                 thread_priority: Default::default(),
                 text_capture: None,
                 model_aliases: Default::default(),
+                model_admission: None,
                 health: None,
             },
             Some(Arc::new(Mutex::new(Aggregator::new(
