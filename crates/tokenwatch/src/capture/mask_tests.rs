@@ -642,3 +642,46 @@ proptest! {
         prop_assert!(twice.counts.is_empty(), "input {:?}", text);
     }
 }
+
+proptest! {
+    /// The free-text shortcut skips only text the full scan leaves unchanged.
+    #[test]
+    fn free_text_shortcut_never_skips_what_masking_finds(
+        parts in proptest::collection::vec(fragment(), 0..12),
+        filler in "[a-z .-]{0,12}",
+    ) {
+        let m = masker();
+        let text = format!("{filler}{}", parts.concat());
+        let full = m.mask(&text);
+        let free = m.mask_free_text(&text);
+        if full.total() > 0 {
+            prop_assert_eq!(free.as_deref(), Some(full.text.as_str()), "input {:?}", text);
+        } else {
+            prop_assert_eq!(free, None, "input {:?}", text);
+        }
+    }
+}
+
+#[test]
+fn free_text_shortcut_passes_over_names_and_scans_what_could_hold_data() {
+    let m = masker();
+    for plain in [
+        "chat llama-3-8b",
+        "GET /v1/models",
+        "retry 3 of 5",
+        "v1.2.3",
+    ] {
+        assert_eq!(m.mask_free_text(plain), None, "{plain}");
+    }
+    for (text, kind) in [
+        ("from 10.1.2.3", "[ipv4:"),
+        ("mail a@b.example", "[email:"),
+        ("ip fe80::1:2", "[ipv6:"),
+        ("call +44 20 7946 0958", "[phone:"),
+        ("ssn 123-45-6789", "[us_ssn:"),
+        ("nino AB 12 34 56 C", "[uk_nino:"),
+    ] {
+        let masked = m.mask_free_text(text).unwrap_or_default();
+        assert!(masked.contains(kind), "{text}: {masked:?}");
+    }
+}

@@ -4,6 +4,7 @@
 
 use crate::common;
 
+use common::otlp::post_otlp_json;
 use common::*;
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -201,17 +202,8 @@ async fn send_content(api: SocketAddr, otlp: SocketAddr, tw: &Proc) -> (Value, S
     let log = serde_json::json!({"resourceLogs": [{"scopeLogs": [{"logRecords": [{
         "timeUnixNano": now.to_string(), "traceId": trace, "spanId": "aee19b7ec3c1b174", "eventName": "gen_ai.user.message",
         "body": {"stringValue": format!("mail {EMAIL}")}}]}]}]});
-    for (path, body) in [("traces", span), ("logs", log)] {
-        let r = send(
-            "POST",
-            &format!("http://{otlp}/v1/{path}"),
-            Some(&body.to_string()),
-            &[],
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200, "{path}: {}", r.body);
-    }
+    post_otlp_json(otlp, "traces", &span).await;
+    post_otlp_json(otlp, "logs", &log).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let t = get(&format!("http://{api}/api/v1/traces/{trace}"))
@@ -298,17 +290,8 @@ async fn send_personal_data(
         "timeUnixNano": now.to_string(), "traceId": trace, "spanId": "bff19b7ec3c1b175",
         "severityNumber": 17, "severityText": "ERROR",
         "body": s(&format!("login failed from 203.0.113.7 for {EMAIL}"))}]}]}]});
-    for (path, body) in [("traces", span), ("logs", log)] {
-        let r = send(
-            "POST",
-            &format!("http://{otlp}/v1/{path}"),
-            Some(&body.to_string()),
-            &[],
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200, "{path}: {}", r.body);
-    }
+    post_otlp_json(otlp, "traces", &span).await;
+    post_otlp_json(otlp, "logs", &log).await;
     std::fs::write(
         log_file,
         format!("ERROR 12-07 10:00:01 payment failed for card {CARD} from 198.51.100.23\n"),

@@ -46,15 +46,6 @@ fn memory_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-fn chat(model: &str) -> String {
-    serde_json::json!({
-        "model": model,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 2,
-    })
-    .to_string()
-}
-
 /// Run `n` jobs on `clients` concurrent tasks; `job(i)` is one request. Returns how many jobs'
 /// requests got an answer (any status).
 async fn concurrently<F, Fut>(n: usize, clients: usize, job: F) -> usize
@@ -160,7 +151,7 @@ impl Bounds {
         let started = Instant::now();
         let r = post(
             &format!("http://{}/v1/chat/completions", self.proxy),
-            &chat("sim-llama-8b"),
+            &short_chat("sim-llama-8b"),
         )
         .await;
         let took = started.elapsed();
@@ -239,7 +230,7 @@ async fn hostile_input_leaves_memory_series_and_answers_bounded() {
 
     // Idle: a few normal requests served and counted, then the size to compare against.
     for _ in 0..5 {
-        let r = post(&proxy_url, &chat("sim-llama-8b")).await;
+        let r = post(&proxy_url, &short_chat("sim-llama-8b")).await;
         assert_eq!(r.status, 200, "{}", r.body);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -265,7 +256,7 @@ async fn hostile_input_leaves_memory_series_and_answers_bounded() {
     let answered = {
         let (names, url) = (names.clone(), proxy_url.clone());
         concurrently(names.len(), 32, move |i| {
-            let (body, url) = (chat(&names[i]), url.clone());
+            let (body, url) = (short_chat(&names[i]), url.clone());
             async move { send("POST", &url, Some(&body), &[]).await.is_ok() }
         })
         .await

@@ -18,15 +18,6 @@ const LONG_MODELS: usize = 20;
 /// (unbounded, the same traffic produced 426 MB).
 const MAX_REQUEST_FAMILY_BYTES: usize = 3 * 1024 * 1024;
 
-fn chat(model: &str) -> String {
-    serde_json::json!({
-        "model": model,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 2,
-    })
-    .to_string()
-}
-
 /// The bytes of the request families' samples in `text` (the series this budget bounds).
 fn request_family_bytes(text: &str) -> usize {
     text.lines()
@@ -56,7 +47,7 @@ async fn random_and_long_model_names_stay_within_the_series_budget() {
     let proxy = format!("http://{}/v1/chat/completions", stack.proxy);
     let metrics = format!("http://{}/metrics", stack.api);
 
-    let first = post(&proxy, &chat("sim-llama-8b")).await;
+    let first = post(&proxy, &short_chat("sim-llama-8b")).await;
     assert_eq!(first.status, 200, "{}", first.body);
     let normal = "tokenwatch_requests_total{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"sim\",gen_ai_request_model=\"sim-llama-8b\"";
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -90,7 +81,10 @@ async fn random_and_long_model_names_stay_within_the_series_budget() {
                 let Some(name) = names.get(i) else {
                     return answered;
                 };
-                if send("POST", &proxy, Some(&chat(name)), &[]).await.is_ok() {
+                if send("POST", &proxy, Some(&short_chat(name)), &[])
+                    .await
+                    .is_ok()
+                {
                     answered += 1;
                 }
             }
@@ -169,7 +163,7 @@ async fn random_and_long_model_names_stay_within_the_series_budget() {
     assert!((1..=6).contains(&warnings), "{warnings} warnings");
 
     // A normal request is still served, and counted under its own model.
-    let again = post(&proxy, &chat("sim-llama-8b")).await;
+    let again = post(&proxy, &short_chat("sim-llama-8b")).await;
     assert_eq!(again.status, 200, "{}", again.body);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -204,10 +198,10 @@ async fn models_no_upstream_routes_are_counted_under_other() {
     let proxy = format!("http://{proxy}/v1/chat/completions");
     const UNKNOWN: usize = 300;
     for i in 0..UNKNOWN {
-        let r = post(&proxy, &chat(&format!("unknown-{i}"))).await;
+        let r = post(&proxy, &short_chat(&format!("unknown-{i}"))).await;
         assert_eq!(r.status, 502, "{}", r.body);
     }
-    let ok = post(&proxy, &chat("sim-llama-8b")).await;
+    let ok = post(&proxy, &short_chat("sim-llama-8b")).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
 
     // No route, no runtime: the provider reads `openai`, the API the proxy speaks.
@@ -290,7 +284,7 @@ async fn idle_model_series_leave_and_make_room_for_new_ones() {
     // The simulator serves one model and answers 404 for the others: they are counted all the
     // same, under their own names (error_type 404).
     for model in ["old-0", "old-1", "old-2"] {
-        let r = post(&proxy, &chat(model)).await;
+        let r = post(&proxy, &short_chat(model)).await;
         assert_eq!(r.status, 404, "{}", r.body);
     }
     wait_for(vec!["old-0", "old-1", "old-2"]).await;
@@ -298,7 +292,7 @@ async fn idle_model_series_leave_and_make_room_for_new_ones() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     wait_for(vec![]).await;
     // … and a new model has a series of its own.
-    let r = post(&proxy, &chat("new-0")).await;
+    let r = post(&proxy, &short_chat("new-0")).await;
     assert_eq!(r.status, 404, "{}", r.body);
     let m = wait_for(vec!["new-0"]).await;
     assert_eq!(requests_overflow(&m), 0.0, "{m}");

@@ -253,6 +253,16 @@ pub async fn send(
     })
 }
 
+/// A short chat request body naming `model` (two tokens asked for).
+pub fn short_chat(model: &str) -> String {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    })
+    .to_string()
+}
+
 pub async fn get(url: &str) -> Reply {
     send("GET", url, None, &[])
         .await

@@ -75,15 +75,20 @@ pub async fn post_resource_spans(
         "resource": {"attributes": resource},
         "scopeSpans": [{"scope": {"name": "test"}, "spans": spans}]
     }]});
+    post_otlp_json(otlp_http, "traces", &body).await
+}
+
+/// POSTs an OTLP/HTTP JSON export of `signal` (`traces`, `metrics`, `logs`); asserts 200.
+pub async fn post_otlp_json(otlp_http: SocketAddr, signal: &str, body: &Value) -> Reply {
     let r = send(
         "POST",
-        &format!("http://{otlp_http}/v1/traces"),
+        &format!("http://{otlp_http}/v1/{signal}"),
         Some(&body.to_string()),
         &[],
     )
     .await
     .unwrap_or_else(|e| panic!("POST {e}"));
-    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.status, 200, "{signal}: {}", r.body);
     r
 }
 
