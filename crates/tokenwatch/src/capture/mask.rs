@@ -66,6 +66,10 @@ use std::sync::LazyLock;
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// Any token the masker writes, `[<label>:<16 lowercase hex>]`, the label its first group: for
+/// readers of masked text (the log miner types these as fields).
+pub const TOKEN_PATTERN: &str = r"\[([a-z0-9_]{1,32}):[0-9a-f]{16}\]";
+
 /// Masking passes over one text at most (see the module comment).
 const MAX_PASSES: usize = 8;
 /// Longest national id name (it labels tokens).

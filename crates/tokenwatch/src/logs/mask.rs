@@ -69,10 +69,11 @@ pub fn mask(text: &str) -> Masked {
     out
 }
 
-/// A token of `capture::mask`: `[<label>:<16 lowercase hex>]`.
+/// A token of `capture::mask` (`[<label>:<16 lowercase hex>]`), with a port glued on.
 static PII_TOKEN: LazyLock<Regex> = LazyLock::new(|| {
     // A constant pattern, exercised by the unit tests below.
-    Regex::new(r"\[([a-z0-9_]{1,32}):[0-9a-f]{16}\](:[0-9]{1,5}\b)?").expect("pattern compiles")
+    let pattern = format!(r"{}(:[0-9]{{1,5}}\b)?", crate::capture::mask::TOKEN_PATTERN);
+    Regex::new(&pattern).expect("pattern compiles")
 });
 
 fn mask_token(raw: &str, fields: &mut Vec<(FieldKind, String)>) -> String {

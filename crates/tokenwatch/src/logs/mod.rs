@@ -735,16 +735,25 @@ impl Worker {
             if lines.is_empty() {
                 continue;
             }
+            // Masked before the miner is locked: the API's readers do not wait on the scans.
+            let parsed: Vec<(Severity, std::borrow::Cow<'_, str>)> = lines
+                .iter()
+                .map(|l| {
+                    let (severity, text) = parse_line(l);
+                    let text = match self.masker.as_ref().and_then(|m| m.mask_free_text(text)) {
+                        Some(masked) => std::borrow::Cow::Owned(masked),
+                        None => std::borrow::Cow::Borrowed(text),
+                    };
+                    (severity, text)
+                })
+                .collect();
             let now = tokenwatch_core::clock::now_unix_ms();
             let mut miner = self.miner.lock().unwrap_or_else(|p| p.into_inner());
-            for l in &lines {
-                let (severity, text) = parse_line(l);
-                let masked = self.masker.as_ref().and_then(|m| m.mask_free_text(text));
-                let text = masked.as_deref().unwrap_or(text);
+            for (severity, text) in &parsed {
                 miner.observe(
                     &LogLine {
                         text,
-                        severity,
+                        severity: *severity,
                         runtime,
                         instance,
                     },

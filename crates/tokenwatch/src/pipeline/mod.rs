@@ -99,10 +99,11 @@ impl Pipeline {
         let handle = tokio::runtime::Handle::current();
         let close = Arc::new(AtomicBool::new(false));
         let watch = supervise::PanicWatch::new("pipeline", cfg.health.clone(), &metrics);
-        let admission = AdmissionMetrics::default();
-        if cfg.model_admission.is_some() {
-            admission.register(&metrics);
-        }
+        let mut cfg = cfg;
+        let admission = cfg
+            .model_admission
+            .take()
+            .map(|rule| Admission::new(rule, &metrics));
         let worker = Worker {
             cfg,
             admission,
@@ -161,31 +162,46 @@ impl Pipeline {
     }
 }
 
-/// How model admission went (`models.max_unlisted`).
-#[derive(Clone, Default)]
-struct AdmissionMetrics {
+/// Model admission (`models.max_unlisted`) on the pipeline thread, and how it went.
+struct Admission {
+    rule: crate::kernel::models::ModelAdmission,
     folded: prometheus_client::metrics::counter::Counter,
     admitted: prometheus_client::metrics::gauge::Gauge,
 }
 
-impl AdmissionMetrics {
-    fn register(&self, metrics: &Metrics) {
+impl Admission {
+    fn new(rule: crate::kernel::models::ModelAdmission, metrics: &Metrics) -> Admission {
+        let a = Admission {
+            rule,
+            folded: Default::default(),
+            admitted: Default::default(),
+        };
         metrics.register(
             "tokenwatch_models_folded",
             "Records and first tokens counted under model __other__: their model id is listed by no upstream and the unlisted ids already counted fill models.max_unlisted",
-            self.folded.clone(),
+            a.folded.clone(),
         );
         metrics.register(
             "tokenwatch_models_unlisted_admitted",
             "Model ids counted as themselves that no upstream lists (at most models.max_unlisted)",
-            self.admitted.clone(),
+            a.admitted.clone(),
         );
+        a
+    }
+
+    /// Admits `id` or renames it `__other__` (counted), and shows how many ids are admitted.
+    fn admit(&mut self, id: &mut String, now_ms: i64) {
+        if !self.rule.admit(id, now_ms) {
+            self.folded.inc();
+        }
+        self.admitted.set(self.rule.admitted() as i64);
     }
 }
 
 struct Worker {
     cfg: PipelineConfig,
-    admission: AdmissionMetrics,
+    /// `cfg.model_admission`, taken out at start.
+    admission: Option<Admission>,
     aggregator: Option<Arc<Mutex<Aggregator>>>,
     sinks: Vec<Box<dyn RecordSink>>,
     metrics: Arc<Metrics>,
@@ -324,10 +340,8 @@ impl Worker {
             .map(|q| {
                 let (mut record, raw) = q.into_parts();
                 self.cfg.model_aliases.apply(&mut record.labels.model_id);
-                if let Some(a) = &mut self.cfg.model_admission
-                    && !a.admit(&mut record.labels.model_id, now_ms)
-                {
-                    self.admission.folded.inc();
+                if let Some(a) = &mut self.admission {
+                    a.admit(&mut record.labels.model_id, now_ms);
                 }
                 crate::kernel::failpoint::panic_on_model("pipeline", &record.labels.model_id);
                 if let (Some(raw), Some(capture)) = (raw, &self.cfg.text_capture) {
@@ -350,9 +364,6 @@ impl Worker {
                 .set(agg.refused_series() as i64);
         }
         self.metrics.pipeline_records.inc_by(batch.len() as u64);
-        if let Some(a) = &self.cfg.model_admission {
-            self.admission.admitted.set(a.admitted() as i64);
-        }
         for sink in &mut self.sinks {
             if let Err(e) = sink.consume_shared(&batch) {
                 tracing::warn!(sink = sink.name(), error = %e, "sink failed on a batch");
@@ -364,14 +375,9 @@ impl Worker {
         let now_ms = tokenwatch_core::clock::now_unix_ms();
         for f in firsts.iter_mut() {
             self.cfg.model_aliases.apply(&mut f.model_id);
-            if let Some(a) = &mut self.cfg.model_admission
-                && !a.admit(&mut f.model_id, now_ms)
-            {
-                self.admission.folded.inc();
+            if let Some(a) = &mut self.admission {
+                a.admit(&mut f.model_id, now_ms);
             }
-        }
-        if let Some(a) = &self.cfg.model_admission {
-            self.admission.admitted.set(a.admitted() as i64);
         }
         for sink in &mut self.sinks {
             if let Err(e) = sink.consume_first_tokens(firsts) {

@@ -17,7 +17,6 @@ use crate::common;
 
 use common::*;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Peak resident memory allowed during one attack over the process's size before it.
@@ -44,36 +43,6 @@ fn memory_kib(pid: u32) -> (u64, u64) {
             .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
     };
     (field("VmRSS:"), field("VmHWM:"))
-}
-
-/// Run `n` jobs on `clients` concurrent tasks; `job(i)` is one request. Returns how many jobs'
-/// requests got an answer (any status).
-async fn concurrently<F, Fut>(n: usize, clients: usize, job: F) -> usize
-where
-    F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
-{
-    let job = Arc::new(job);
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (job, next) = (job.clone(), next.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut answered = 0;
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
-                    return answered;
-                }
-                answered += usize::from(job(i).await);
-            }
-        }));
-    }
-    let mut answered = 0;
-    for t in tasks {
-        answered += t.await.unwrap();
-    }
-    answered
 }
 
 /// The five metric families with the most bytes in a scrape: (name, bytes, series).

@@ -70,30 +70,14 @@ async fn random_and_long_model_names_stay_within_the_series_budget() {
         .collect();
     names.extend((0..LONG_MODELS).map(|i| format!("{i}{}", "x".repeat(256 * 1024))));
     let names = std::sync::Arc::new(names);
-    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..32 {
-        let (names, next, proxy) = (names.clone(), next.clone(), proxy.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut answered = 0usize;
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(name) = names.get(i) else {
-                    return answered;
-                };
-                if send("POST", &proxy, Some(&short_chat(name)), &[])
-                    .await
-                    .is_ok()
-                {
-                    answered += 1;
-                }
-            }
-        }));
-    }
-    let mut answered = 0;
-    for t in tasks {
-        answered += t.await.unwrap();
-    }
+    let answered = {
+        let (names, proxy) = (names.clone(), proxy.clone());
+        concurrently(names.len(), 32, move |i| {
+            let (body, proxy) = (short_chat(&names[i]), proxy.clone());
+            async move { send("POST", &proxy, Some(&body), &[]).await.is_ok() }
+        })
+        .await
+    };
     assert_eq!(answered, RANDOM_MODELS + LONG_MODELS);
 
     // Every request past the budget ends in the overflow counter once the pipeline carried it.

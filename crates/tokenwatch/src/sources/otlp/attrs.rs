@@ -93,7 +93,7 @@ pub fn to_json(v: Option<&AnyValue>) -> serde_json::Value {
 /// received (for what is not stored: `to_stored_json_object` for what is).
 pub fn to_json_object(attrs: &[KeyValue]) -> String {
     let mut out = Vec::with_capacity(32 * attrs.len() + 2);
-    write_object(&mut out, attrs, None);
+    write_object(&mut out, attrs, &|_| AttributeText::Keep);
     String::from_utf8(out).unwrap_or_default()
 }
 
@@ -101,27 +101,7 @@ pub fn to_json_object(attrs: &[KeyValue]) -> String {
 /// decides — kept, left out, or with every string in it masked.
 pub fn to_stored_json_object(attrs: &[KeyValue], text: &TelemetryText) -> String {
     let mut out = Vec::with_capacity(32 * attrs.len() + 2);
-    out.push(b'{');
-    let mut first = true;
-    for kv in attrs {
-        let mask = match text.attribute(&kv.key) {
-            AttributeText::Drop => continue,
-            AttributeText::Keep => None,
-            AttributeText::Mask(m) => Some(m),
-        };
-        if !first {
-            out.push(b',');
-        }
-        first = false;
-        write_str(&mut out, &kv.key);
-        out.push(b':');
-        write_value(
-            &mut out,
-            kv.value.as_ref().and_then(|v| v.value.as_ref()),
-            mask,
-        );
-    }
-    out.push(b'}');
+    write_object(&mut out, attrs, &|key| text.attribute(key));
     String::from_utf8(out).unwrap_or_default()
 }
 
@@ -138,12 +118,25 @@ fn write_text(out: &mut Vec<u8>, s: &str, mask: Option<&Masker>) {
     }
 }
 
-fn write_object(out: &mut Vec<u8>, attrs: &[KeyValue], mask: Option<&Masker>) {
+/// An object, each attribute's value as `decide` says for its key: left out, as sent, or with
+/// every string in it masked.
+fn write_object<'m>(
+    out: &mut Vec<u8>,
+    attrs: &[KeyValue],
+    decide: &dyn Fn(&str) -> AttributeText<'m>,
+) {
     out.push(b'{');
-    for (i, kv) in attrs.iter().enumerate() {
-        if i > 0 {
+    let mut first = true;
+    for kv in attrs {
+        let mask = match decide(&kv.key) {
+            AttributeText::Drop => continue,
+            AttributeText::Keep => None,
+            AttributeText::Mask(m) => Some(m),
+        };
+        if !first {
             out.push(b',');
         }
+        first = false;
         write_str(out, &kv.key);
         out.push(b':');
         write_value(out, kv.value.as_ref().and_then(|v| v.value.as_ref()), mask);
@@ -173,7 +166,11 @@ fn write_value(out: &mut Vec<u8>, v: Option<&Value>, mask: Option<&Masker>) {
             }
             out.push(b']');
         }
-        Some(Value::KvlistValue(kv)) => write_object(out, &kv.values, mask),
+        Some(Value::KvlistValue(kv)) => {
+            // A nested list: its values are treated as the attribute that holds it.
+            let inner = |_: &str| mask.map_or(AttributeText::Keep, AttributeText::Mask);
+            write_object(out, &kv.values, &inner);
+        }
         Some(Value::BytesValue(b)) => {
             out.push(b'"');
             out.extend_from_slice(hex::encode(b).as_bytes());

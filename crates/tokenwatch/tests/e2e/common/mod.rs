@@ -253,6 +253,36 @@ pub async fn send(
     })
 }
 
+/// Run `n` jobs on `clients` concurrent tasks; `job(i)` is one request. Returns how many jobs'
+/// requests got an answer (any status).
+pub async fn concurrently<F, Fut>(n: usize, clients: usize, job: F) -> usize
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let job = std::sync::Arc::new(job);
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (job, next) = (job.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut answered = 0;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return answered;
+                }
+                answered += usize::from(job(i).await);
+            }
+        }));
+    }
+    let mut answered = 0;
+    for t in tasks {
+        answered += t.await.unwrap();
+    }
+    answered
+}
+
 /// A short chat request body naming `model` (two tokens asked for).
 pub fn short_chat(model: &str) -> String {
     serde_json::json!({
