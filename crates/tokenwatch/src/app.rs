@@ -324,6 +324,9 @@ impl RunningApp {
                         .flat_map(|u| u.models.iter().cloned())
                         .chain(cfg.proxy.routes.iter().map(|r| r.model.clone())),
                 )),
+                record_identity: Some(crate::pipeline::RecordIdentityConfig::new(
+                    telemetry_text.others_masker(),
+                )),
                 health: Some(components.clone()),
             },
             Some(aggregator.clone()),

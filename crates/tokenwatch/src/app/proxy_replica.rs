@@ -91,6 +91,7 @@ impl RunningApp {
                 model_aliases,
                 // The aggregator admits model ids, for every replica at once.
                 model_admission: None,
+                record_identity: None,
                 health: Some(components.clone()),
             },
             None,
