@@ -58,6 +58,8 @@ pub enum StoreBackendKind {
 
 /// Which backend keeps tokenwatch's data.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// One value, built once at start: a box would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum StoreBackend {
     /// The embedded SQLite file `<data_dir>/tokenwatch.db`.
     Sqlite { data_dir: PathBuf },

@@ -303,6 +303,11 @@ pub struct ClickHouseStoreConfig {
     /// Retention by the tables' `TTL`, run by the server in its merges (true), or by tokenwatch
     /// dropping day partitions and deleting regional text on its retention tick (false).
     pub ttl: bool,
+    /// A cluster named in the servers' `remote_servers`: tables are created `ON CLUSTER` as
+    /// `Replicated*MergeTree` tables (`<table>_local`, Keeper path
+    /// `/clickhouse/tables/{shard}/{database}/{table}`, replica `{replica}`: the servers' macros)
+    /// behind `Distributed` tables of the names tokenwatch reads and writes. Unset: one node.
+    pub cluster: Option<String>,
 }
 
 impl Default for ClickHouseStoreConfig {
@@ -317,6 +322,7 @@ impl Default for ClickHouseStoreConfig {
             ca_file: None,
             retry_for: HumanDuration(d.retry_for),
             ttl: d.ttl,
+            cluster: d.cluster,
         }
     }
 }
@@ -339,6 +345,7 @@ impl StoreConfig {
                     ca_file: c.ca_file.clone(),
                     retry_for: c.retry_for.0,
                     ttl: c.ttl,
+                    cluster: c.cluster.clone(),
                     ..Default::default()
                 })
             }

@@ -47,6 +47,8 @@ pub(crate) struct Client {
     retry_for: Duration,
     /// `clickhouse URL (database NAME)`, for error messages.
     label: String,
+    /// One node or a cluster: how schema statements are written (`cluster`).
+    layout: super::cluster::Layout,
 }
 
 impl std::fmt::Debug for Client {
@@ -86,6 +88,7 @@ impl Client {
                 cfg.url
             )));
         }
+        let layout = super::cluster::Layout::new(cfg.cluster.as_deref())?;
         if !valid_identifier(&cfg.database) {
             return Err(StoreError::Config(format!(
                 "clickhouse database {:?}: letters, digits and _ only, not starting with a digit",
@@ -123,7 +126,26 @@ impl Client {
             database: cfg.database.clone(),
             auth,
             retry_for: cfg.retry_for,
+            layout,
         })
+    }
+
+    pub(crate) fn layout(&self) -> &super::cluster::Layout {
+        &self.layout
+    }
+
+    /// Runs a schema or retention statement written for one server in this layout's form
+    /// (`cluster::Layout::statements`: on a cluster, `ON CLUSTER` against the local tables).
+    pub(crate) fn ddl(
+        &self,
+        op: &'static str,
+        sql: &str,
+        in_database: bool,
+    ) -> Result<(), StoreError> {
+        for st in self.layout.statements(sql)? {
+            self.query(op, &st, in_database)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn label(&self) -> &str {

@@ -3,6 +3,7 @@
 // table TTLs (or, with `ttl` off, by dropping day partitions).
 
 pub(crate) mod client;
+mod cluster;
 mod insert;
 mod markers;
 mod query;
@@ -52,6 +53,10 @@ pub struct ClickHouseConfig {
     /// merges); false: none, and `apply_retention` drops day partitions and deletes text at the
     /// time it is given (what a test with its own clock needs).
     pub ttl: bool,
+    /// A cluster of the server's configuration (`remote_servers`): tables are created
+    /// `ON CLUSTER` as `Replicated*` tables behind `Distributed` ones (`cluster`). None: one
+    /// node.
+    pub cluster: Option<String>,
 }
 
 impl Default for ClickHouseConfig {
@@ -67,6 +72,7 @@ impl Default for ClickHouseConfig {
             timeout: Duration::from_secs(30),
             writer_id: String::new(),
             ttl: true,
+            cluster: None,
         }
     }
 }
@@ -84,6 +90,7 @@ impl std::fmt::Debug for ClickHouseConfig {
             .field("timeout", &self.timeout)
             .field("writer_id", &self.writer_id)
             .field("ttl", &self.ttl)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -353,8 +360,9 @@ impl Store for ClickHouseStore {
             c,
             "reading the size on disk",
             &format!(
-                "SELECT toUInt64(sum(bytes_on_disk)) FROM system.parts WHERE database = {} \
+                "SELECT toUInt64(sum(bytes_on_disk)) FROM {} WHERE database = {} \
                  AND active",
+                c.layout().system("parts"),
                 p.str(db)
             ),
             &p,

@@ -57,10 +57,11 @@ pub(crate) fn drop_old_partitions(
     let db = client.database();
     let mut p = Params::default();
     let sql = format!(
-        "SELECT DISTINCT partition FROM system.parts WHERE database = {} AND table = {} \
+        "SELECT DISTINCT partition FROM {} WHERE database = {} AND table = {} \
          AND active FORMAT TSV",
+        client.layout().system("parts"),
         p.str(db),
-        p.str(t.table)
+        p.str(&client.layout().local(t.table))
     );
     let body = client.query_with(op, &sql, &p, false)?;
     let text = String::from_utf8_lossy(&body);
@@ -81,7 +82,7 @@ pub(crate) fn drop_old_partitions(
                 .replace("{cond}", &cond);
             deleted += scalar_u64(client, op, &sql, &Params::default())?;
         }
-        client.query(
+        client.ddl(
             op,
             &format!("ALTER TABLE {db}.{} DROP PARTITION {p}", t.table),
             true,
@@ -145,7 +146,7 @@ pub(crate) fn delete_region_text(
     if n == 0 {
         return Ok(0);
     }
-    client.query(
+    client.ddl(
         op,
         &format!("ALTER TABLE {db}.{TEXT} DELETE WHERE {cond}"),
         true,
@@ -153,10 +154,11 @@ pub(crate) fn delete_region_text(
     let deadline = Instant::now() + MUTATION_WAIT;
     let mut p = Params::default();
     let pending = format!(
-        "SELECT count() FROM system.mutations WHERE database = {} AND table = {} \
+        "SELECT count() FROM {} WHERE database = {} AND table = {} \
          AND is_done = 0",
+        client.layout().system("mutations"),
         p.str(db),
-        p.str(TEXT)
+        p.str(&client.layout().local(TEXT))
     );
     while scalar_u64(client, op, &pending, &p)? > 0 {
         if Instant::now() > deadline {

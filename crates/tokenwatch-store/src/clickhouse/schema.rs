@@ -534,17 +534,14 @@ pub(crate) fn migrate(client: &Client) -> Result<(), StoreError> {
 /// As `migrate`, applying only the migrations up to `version` (tests build older schemas).
 pub(crate) fn migrate_up_to(client: &Client, version: u32) -> Result<(), StoreError> {
     let db = client.database();
-    client.query(
+    client.ddl(
         "creating the database",
         &format!("CREATE DATABASE IF NOT EXISTS {db}"),
         false,
     )?;
-    client.query(
+    client.ddl(
         "creating schema_migrations",
-        &format!(
-            "CREATE TABLE IF NOT EXISTS {db}.schema_migrations \
-             (version UInt32, name String, applied_unix_ms Int64) ENGINE = MergeTree ORDER BY version"
-        ),
+        &schema_migrations_table(db),
         true,
     )?;
     let applied = applied_versions(client)?;
@@ -566,9 +563,13 @@ pub(crate) fn migrate_up_to(client: &Client, version: u32) -> Result<(), StoreEr
             name: m.name,
             source: Box::new(e),
         };
-        for st in m.statements {
+        for st in m
+            .statements
+            .iter()
+            .filter(|st| runs_in(client.layout(), m.version, st))
+        {
             client
-                .query("migration", &st.replace("{db}", db), true)
+                .ddl("migration", &st.replace("{db}", db), true)
                 .map_err(fail)?;
         }
         let mut w = Writer::default();
@@ -586,6 +587,28 @@ pub(crate) fn migrate_up_to(client: &Client, version: u32) -> Result<(), StoreEr
         tracing::info!(database = %client.label(), version = m.version, name = m.name, "applied migration");
     }
     Ok(())
+}
+
+/// The table recording applied migrations.
+pub(crate) fn schema_migrations_table(db: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {db}.schema_migrations \
+         (version UInt32, name String, applied_unix_ms Int64) ENGINE = MergeTree ORDER BY version"
+    )
+}
+
+/// The first version a cluster's database runs: the tables before it never existed on a
+/// cluster (tokenwatch created replicated tables from version 6 on), so version 6's copies from
+/// them and version 7's drops of them are recorded without running.
+const FIRST_CLUSTER_VERSION: u32 = 6;
+const DROPS_OLD_TABLES: u32 = 7;
+
+/// Whether statement `st` of migration `version` runs in `layout`.
+pub(crate) fn runs_in(layout: &super::cluster::Layout, version: u32, st: &str) -> bool {
+    layout.cluster().is_none()
+        || (version >= FIRST_CLUSTER_VERSION
+            && version != DROPS_OLD_TABLES
+            && !(version == FIRST_CLUSTER_VERSION && st.starts_with("INSERT INTO")))
 }
 
 /// The `TTL` each version-6 table should carry for these retentions, as the server prints it
@@ -655,9 +678,11 @@ fn current_ttl(create: &str) -> &str {
 pub(crate) fn apply_ttl(client: &Client, opts: &StoreOptions, ttl: bool) -> Result<(), StoreError> {
     let db = client.database();
     let mut params = Params::default();
+    let layout = client.layout();
     let sql = format!(
-        "SELECT name, create_table_query FROM system.tables WHERE database = {} \
+        "SELECT name, create_table_query FROM {} WHERE database = {} \
          FORMAT RowBinary",
+        layout.system("tables"),
         params.str(db)
     );
     let body = client.query_with("reading the tables' TTL", &sql, &params, false)?;
@@ -676,7 +701,9 @@ pub(crate) fn apply_ttl(client: &Client, opts: &StoreOptions, ttl: bool) -> Resu
         current.insert(row.0, row.1);
     }
     for (table, want) in ttl_clauses(opts) {
-        let have = current.get(table).map_or("", |c| current_ttl(c));
+        let have = current
+            .get(&layout.local(table))
+            .map_or("", |c| current_ttl(c));
         let sql = if ttl && have != want {
             format!("ALTER TABLE {db}.{table} MODIFY TTL {want}")
         } else if !ttl && !have.is_empty() {
@@ -684,7 +711,7 @@ pub(crate) fn apply_ttl(client: &Client, opts: &StoreOptions, ttl: bool) -> Resu
         } else {
             continue;
         };
-        client.query("setting the tables' TTL", &sql, true)?;
+        client.ddl("setting the tables' TTL", &sql, true)?;
         tracing::info!(database = %client.label(), table, ttl = %want, enabled = ttl, "changed table TTL");
     }
     Ok(())

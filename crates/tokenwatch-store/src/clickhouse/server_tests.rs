@@ -900,3 +900,62 @@ fn bench_record(i: u64) -> RequestRecord {
         ..Default::default()
     }
 }
+
+/// Every statement a cluster deployment sends (`store.clickhouse.cluster`) is accepted by the
+/// current engine's parser: the database, the migrations table, each migration a cluster runs,
+/// each table's TTL, a partition drop and the regional text deletion. (No cluster runs here: the
+/// statements are parsed with `formatQuery`, and their one-node forms run in every other test.)
+#[test]
+fn every_cluster_statement_parses_on_the_current_engine() {
+    let server = ClickHouseServer::start();
+    let store = open(&server, "tw");
+    let layout = cluster::Layout::new(Some("tw_cluster")).unwrap();
+    let db = "tw";
+    let mut written = vec![
+        format!("CREATE DATABASE IF NOT EXISTS {db}"),
+        schema::schema_migrations_table(db),
+    ];
+    for m in schema::MIGRATIONS {
+        for st in m.statements {
+            if schema::runs_in(&layout, m.version, st) {
+                written.push(st.replace("{db}", db));
+            }
+        }
+    }
+    let mut opts = conformance::options();
+    opts.text_retention = [("eu".to_string(), std::time::Duration::from_secs(86_400))].into();
+    for (table, ttl) in schema::ttl_clauses(&opts) {
+        written.push(format!("ALTER TABLE {db}.{table} MODIFY TTL {ttl}"));
+    }
+    written.push(format!(
+        "ALTER TABLE {db}.{} DROP PARTITION 20261201",
+        schema::RECORDS
+    ));
+    written.push(format!(
+        "ALTER TABLE {db}.{} DELETE WHERE (region = 'eu' AND arrival_unix_ms < \
+         fromUnixTimestamp64Milli(0, 'UTC'))",
+        schema::TEXT
+    ));
+    let mut sent = 0;
+    for sql in &written {
+        for st in layout.statements(sql).unwrap() {
+            assert!(st.contains(" ON CLUSTER tw_cluster"), "{st}");
+            let mut p = Params::default();
+            let check = format!("SELECT formatQuery({}) FORMAT TSV", p.str(&st));
+            let formatted = store
+                .client
+                .query_with("parsing a cluster statement", &check, &p, false)
+                .unwrap_or_else(|e| panic!("{st}\n{e}"));
+            assert!(!formatted.is_empty(), "{st}");
+            sent += 1;
+        }
+    }
+    // The version-6 tables each as a replicated local table and a distributed one.
+    let distributed = written
+        .iter()
+        .flat_map(|sql| layout.statements(sql).unwrap())
+        .filter(|st| st.contains("ENGINE = Distributed(tw_cluster, tw, "))
+        .count();
+    assert_eq!(distributed, 11, "one distributed table per version-6 table");
+    assert!(sent > 30, "{sent}");
+}
