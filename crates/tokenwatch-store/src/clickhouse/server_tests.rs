@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::testing::ClickHouseServer;
-use crate::{RecordQuery, conformance};
+use crate::{RecordQuery, RollupQuery, conformance};
 use std::sync::Arc;
 
 fn open(server: &ClickHouseServer, db: &str) -> ClickHouseStore {
@@ -958,4 +958,145 @@ fn every_cluster_statement_parses_on_the_current_engine() {
         .count();
     assert_eq!(distributed, 11, "one distributed table per version-6 table");
     assert!(sent > 30, "{sent}");
+}
+
+/// The API's reads at scale (issue 32): `TW_QUERY_RECORDS` records (10 million by default)
+/// over 7 days and a week of per-minute roll-ups of 8 models, stored through the store; then
+/// a request by id (`GET /api/v1/requests/{id}`) against the same lookup with the skip indexes
+/// off, and 7 days of one model's TTFT roll-ups (`/api/v1/latency?window=7d&source=store`)
+/// against the same percentiles computed from the raw records. Prints a table (release:
+/// `cargo test --release -p tokenwatch-store --lib reads_at_ten_million -- --ignored --nocapture`).
+#[test]
+#[ignore = "benchmark: minutes"]
+fn reads_at_ten_million_records() {
+    use std::time::Instant;
+    use tokenwatch_core::model::LatencyMetric;
+    let n: u64 = std::env::var("TW_QUERY_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000_000);
+    let server = ClickHouseServer::start();
+    let store = open(&server, "big");
+    const WEEK_MS: i64 = 7 * 86_400_000;
+    let start = 1_800_000_000_000i64;
+    let t0 = Instant::now();
+    let batch = 16_384u64;
+    let mut i = 0;
+    while i < n {
+        let rows: Vec<RequestRecord> = (i..(i + batch).min(n))
+            .map(|k| RequestRecord {
+                arrival_unix_ms: start + (k as i128 * WEEK_MS as i128 / n as i128) as i64,
+                first_token_s: Some(0.05 + (k % 1000) as f64 / 2000.0),
+                ..bench_record(k)
+            })
+            .collect();
+        store.insert_records(&rows).unwrap();
+        i += batch;
+    }
+    let insert_s = t0.elapsed().as_secs_f64();
+    let minutes = WEEK_MS / 60_000;
+    let sketch: Vec<u8> = (0..240u32).map(|b| (b * 37 % 251) as u8).collect();
+    let mut rollups = Vec::new();
+    for m in 0..minutes {
+        for model in 0..8 {
+            rollups.push(crate::RollupRow {
+                sketch: sketch.clone(),
+                ..conformance::rollup(
+                    &format!("model-{model}"),
+                    LatencyMetric::Ttft,
+                    start + m * 60_000,
+                    (n / minutes as u64 / 8).max(1),
+                )
+            });
+        }
+        if rollups.len() >= 16_384 {
+            store.insert_rollups(&rollups).unwrap();
+            rollups.clear();
+        }
+    }
+    store.insert_rollups(&rollups).unwrap();
+    server.query("OPTIMIZE TABLE big.records_v6 FINAL");
+    let median_ms = |f: &mut dyn FnMut()| {
+        let mut v: Vec<f64> = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[2]
+    };
+    let estimate = |sql: &str| -> u64 {
+        server
+            .query(&format!("EXPLAIN ESTIMATE {sql} FORMAT TSV"))
+            .lines()
+            .filter_map(|l| l.split('\t').nth(3)?.parse::<u64>().ok())
+            .sum()
+    };
+    let id = format!("req-{:012}", n * 2 / 3);
+    let by_id = RecordQuery {
+        request_id: Some(id.clone()),
+        limit: 1,
+        with_text: true,
+        ..RecordQuery::default()
+    };
+    assert_eq!(store.query_records(&by_id).unwrap().len(), 1);
+    let lookup_ms = median_ms(&mut || {
+        store.query_records(&by_id).unwrap();
+    });
+    let lookup_sql =
+        format!("SELECT request_id, end_s FROM big.records_v6 WHERE request_id = '{id}'");
+    let indexed_ms = median_ms(&mut || {
+        server.query(&format!("{lookup_sql} FORMAT TSV"));
+    });
+    let no_index = format!("{lookup_sql} SETTINGS use_skip_indexes = 0");
+    let scan_ms = median_ms(&mut || {
+        server.query(&format!("{no_index} FORMAT TSV"));
+    });
+    let (read, read_scan) = (estimate(&lookup_sql), estimate(&no_index));
+    let week = RollupQuery {
+        model: Some("model-3".into()),
+        metric: Some(LatencyMetric::Ttft),
+        from_unix_ms: start,
+        to_unix_ms: start + WEEK_MS,
+    };
+    let got = store.query_rollups(&week).unwrap();
+    assert_eq!(got.len() as i64, minutes);
+    let rollup_ms = median_ms(&mut || {
+        store.query_rollups(&week).unwrap();
+    });
+    let raw = format!(
+        "SELECT quantiles(0.5, 0.9, 0.99)(first_token_s) FROM big.records_v6 \
+         WHERE model_id = 'model-3' AND arrival_unix_ms >= fromUnixTimestamp64Milli({start}, 'UTC') \
+         AND arrival_unix_ms < fromUnixTimestamp64Milli({}, 'UTC')",
+        start + WEEK_MS
+    );
+    let raw_ms = median_ms(&mut || {
+        server.query(&format!("{raw} FORMAT TSV"));
+    });
+    let disk = server.query(
+        "SELECT sum(rows), sum(bytes_on_disk) FROM system.parts WHERE database = 'big' \
+         AND table = 'records_v6' AND active FORMAT TSV",
+    );
+    println!(
+        "{n} records inserted through the store in {insert_s:.0} s ({:.0} rec/s); records_v6 rows, bytes on disk: {}",
+        n as f64 / insert_s,
+        disk.trim()
+    );
+    println!(
+        "| read | tokenwatch ms (median of 5) | rows read | baseline | baseline ms | baseline rows read | ratio (time) |"
+    );
+    println!("|---|---:|---:|---|---:|---:|---:|");
+    println!(
+        "| request by id (the SQL; the store's whole call with text and embeddings: {lookup_ms:.1} ms) | {indexed_ms:.1} | {read} | the same lookup, skip indexes off | {scan_ms:.1} | {read_scan} | {:.3} |",
+        indexed_ms / scan_ms
+    );
+    println!(
+        "| 7 days of one model's TTFT | {rollup_ms:.1} | {} roll-ups | percentiles from the raw records | {raw_ms:.1} | {} | {:.3} |",
+        minutes,
+        estimate(&raw),
+        rollup_ms / raw_ms
+    );
+    assert!(read * 100 <= n, "a lookup reads {read} of {n} rows");
 }
