@@ -99,6 +99,9 @@ pub fn full_record() -> RequestRecord {
         prompt_tokens: Some(900),
         output_tokens: Some(4),
         reasoning_tokens: Some(3),
+        cached_input_tokens: Some(600),
+        // Not a sum of binary fractions: the backends must keep every bit of an f64.
+        cost_usd: Some(0.001_234_567_89),
         tokens_from_usage: true,
         finish_reason: "stop".into(),
         status: 200,

@@ -558,6 +558,14 @@ pub(crate) mod bench_support {
             &create.replace("{db}", client.database()),
             true,
         )?;
+        for table in ["records_v6", "records"] {
+            for alter in schema::RECORDS_COST_COLUMNS {
+                let sql = alter
+                    .replace("{db}.records_v6", &format!("{{db}}.{table}"))
+                    .replace("{db}", client.database());
+                client.query("benchmark table", &sql, true)?;
+            }
+        }
         Ok(())
     }
 }

@@ -148,6 +148,8 @@ fn record_from(r: &mut Reader<'_>) -> Result<RequestRecord, String> {
         };
         let embedding = r.array_f32()?;
         let prefix_key = r.nullable(Reader::u64)?;
+        let cached_input_tokens = r.nullable(Reader::u64)?;
+        let cost_usd = r.nullable(Reader::f64)?;
         Ok(RequestRecord {
             request_id: String::new(),
             trace_id,
@@ -165,6 +167,8 @@ fn record_from(r: &mut Reader<'_>) -> Result<RequestRecord, String> {
             prompt_tokens,
             output_tokens,
             reasoning_tokens,
+            cached_input_tokens,
+            cost_usd,
             tokens_from_usage,
             finish_reason,
             status,

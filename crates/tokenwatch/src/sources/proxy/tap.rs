@@ -191,6 +191,7 @@ fn take_observed(r: &mut RequestRecord, seen: &mut Observed, from_usage: bool) {
     r.prompt_tokens = seen.prompt_tokens;
     r.output_tokens = seen.completion_tokens;
     r.reasoning_tokens = seen.reasoning_tokens;
+    r.cached_input_tokens = seen.cached_input_tokens;
     r.tokens_from_usage = from_usage;
     r.finish_reason = seen.finish_reason.take().unwrap_or_default();
     if let Some(m) = seen.model.take() {
