@@ -85,6 +85,10 @@ pub struct Config {
     pub logs: crate::logs::LogsConfig,
     /// Other ids a model goes by (`aliases`), counted under its one id.
     pub models: crate::kernel::models::ModelsConfig,
+    /// The price table: USD per million input, cached input, output and reasoning tokens per
+    /// model, with per-upstream overrides, inline or from `pricing.file`; each record's
+    /// `cost_usd` and the spend series come from it. Never fetched at run time.
+    pub pricing: crate::pipeline::pricing::PricingConfig,
     /// How the request path drains on SIGTERM/SIGINT (`delay`, `drain_timeout`).
     pub shutdown: ShutdownConfig,
     /// Which part of tokenwatch this process runs: `all` (default: proxy and analysis in one
@@ -187,6 +191,7 @@ impl Default for Config {
             sources: Default::default(),
             logs: Default::default(),
             models: Default::default(),
+            pricing: Default::default(),
             shutdown: Default::default(),
             role: Role::All,
             aggregator: None,
@@ -691,6 +696,8 @@ impl Config {
         self.models
             .validate_admission()
             .map_err(|(path, message)| invalid(path, message))?;
+        crate::pipeline::pricing::PriceTable::load(&self.pricing, &self.proxy.upstreams)
+            .map_err(|e| invalid(e.path, e.message))?;
         let listener_certs = self
             .listener_certs()
             .map_err(|e| invalid(e.key, e.message))?;

@@ -1,7 +1,8 @@
 // The pipeline between sources and everything downstream: a bounded telemetry queue that
 // never blocks a request, and one thread that resolves each record's model id through the
-// configured aliases, then aggregates, stores and exports each batch.
+// configured aliases, prices it (`pricing`), then aggregates, stores and exports each batch.
 
+pub mod pricing;
 pub mod proxy_span;
 pub mod span_sampler;
 mod store_sink;
@@ -70,6 +71,9 @@ pub struct PipelineConfig {
     /// Model ids beyond `models.max_unlisted` are counted as `__other__` (after the aliases).
     /// None: every id is counted as itself (unit tests, proxy replicas: their aggregator admits).
     pub model_admission: Option<crate::kernel::models::ModelAdmission>,
+    /// The price table (`pricing`) each record's `cost_usd` comes from; empty: no record is
+    /// priced (and none counted as unpriced).
+    pub prices: Arc<pricing::PriceTable>,
     /// Where the pipeline's status shows (`/readyz`'s `pipeline`): `ok`, or the panics it
     /// caught (`supervise`). None: nowhere (unit tests).
     pub health: Option<crate::sources::Components>,
@@ -104,9 +108,12 @@ impl Pipeline {
             .model_admission
             .take()
             .map(|rule| Admission::new(rule, &metrics));
+        let pricer =
+            (!cfg.prices.is_empty()).then(|| pricing::Pricer::new(cfg.prices.clone(), &metrics));
         let worker = Worker {
             cfg,
             admission,
+            pricer,
             aggregator,
             sinks,
             metrics,
@@ -202,6 +209,8 @@ struct Worker {
     cfg: PipelineConfig,
     /// `cfg.model_admission`, taken out at start.
     admission: Option<Admission>,
+    /// Puts `cost_usd` on records; None when the price table is empty.
+    pricer: Option<pricing::Pricer>,
     aggregator: Option<Arc<Mutex<Aggregator>>>,
     sinks: Vec<Box<dyn RecordSink>>,
     metrics: Arc<Metrics>,
@@ -344,6 +353,9 @@ impl Worker {
                     a.admit(&mut record.labels.model_id, now_ms);
                 }
                 crate::kernel::failpoint::panic_on_model("pipeline", &record.labels.model_id);
+                if let Some(p) = &self.pricer {
+                    p.price(&mut record);
+                }
                 if let (Some(raw), Some(capture)) = (raw, &self.cfg.text_capture) {
                     record.text = Some(Box::new(capture.finish(&raw)));
                 }
@@ -457,6 +469,7 @@ mod tests {
             text_capture: None,
             model_aliases: Default::default(),
             model_admission: None,
+            prices: Default::default(),
             health: None,
         };
         let agg = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default())));
@@ -546,6 +559,7 @@ mod tests {
             text_capture: None,
             model_aliases: Default::default(),
             model_admission: None,
+            prices: Default::default(),
             health: Some(components.clone()),
         };
         let (pipeline, queue) = Pipeline::start(

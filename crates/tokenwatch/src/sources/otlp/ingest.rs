@@ -543,6 +543,7 @@ mod tests {
                 text_capture: None,
                 model_aliases: Default::default(),
                 model_admission: None,
+                prices: Default::default(),
                 health: None,
             },
             Some(Arc::new(Mutex::new(Aggregator::new(
