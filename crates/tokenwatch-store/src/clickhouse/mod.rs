@@ -500,6 +500,10 @@ impl Store for ClickHouseStore {
         markers::query(&self.client, q)
     }
 
+    fn query_spend(&self, q: &crate::SpendQuery) -> Result<Vec<crate::SpendRow>, StoreError> {
+        query::spend(&self.client, q)
+    }
+
     fn insert_scores(&self, rows: &[crate::ScoreRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
