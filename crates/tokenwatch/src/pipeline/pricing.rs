@@ -433,6 +433,25 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_sample_loads() {
+        let cfg = PricingConfig {
+            file: Some(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/pricing.example.yaml"),
+            ),
+            ..Default::default()
+        };
+        let t = PriceTable::load(&cfg, &[]).unwrap();
+        let gpt = t.rates("any", "gpt-4o").unwrap();
+        assert_eq!(
+            (gpt.input, gpt.cached_input, gpt.output, gpt.reasoning),
+            (2.5, 1.25, 10.0, 10.0)
+        );
+        let llama = "meta-llama/Llama-3.1-8B-Instruct";
+        assert_eq!(t.rates("gpu-h100-pool", llama).map(|r| r.input), Some(0.08));
+        assert_eq!(t.rates("elsewhere", llama).map(|r| r.input), Some(0.05));
+    }
+
+    #[test]
     fn bad_prices_are_refused_by_key_path() {
         for (bad, field) in [
             (price(f64::NAN, None, 1.0, None), "input"),

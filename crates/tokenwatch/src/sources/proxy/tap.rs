@@ -44,7 +44,8 @@ impl InFlight {
 }
 
 enum Mode {
-    Sse(SseObserver),
+    /// Boxed: the observer is far larger than the other modes.
+    Sse(Box<SseObserver>),
     Json(StreamFormat, Vec<u8>),
     Opaque,
 }
@@ -76,7 +77,7 @@ impl TapBody {
         slots: [Option<Slot>; 2],
     ) -> TapBody {
         let mode = if event_stream {
-            Mode::Sse(SseObserver::new(format))
+            Mode::Sse(Box::new(SseObserver::new(format)))
         } else if json {
             Mode::Json(format, Vec::new())
         } else {
