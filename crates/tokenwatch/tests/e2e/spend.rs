@@ -2,7 +2,8 @@
 // through the proxy (a prompt read from the simulator's prefix cache the second time, reasoning
 // tokens, three tenants, a model the table leaves out) gives the same spend, to the cent, in the
 // stored records (`cost_usd`), on `/metrics` (`tokenwatch_spend_usd_total`) and from
-// `GET /api/v1/spend`; the unpriced model's requests are counted, at no cost.
+// `GET /api/v1/spend` (which the UI's spend page shows); the unpriced model's requests are
+// counted, at no cost.
 
 use crate::common;
 
@@ -246,4 +247,11 @@ async fn one_traffic_gives_one_spend_in_the_records_the_metrics_and_the_api() {
     );
     let bad = get(&format!("http://{api}/api/v1/spend?by=instance")).await;
     assert_eq!(bad.status, 400, "{}", bad.body);
+
+    // The UI's spend page is served, linked, and reads the same endpoint.
+    let page = get(&format!("http://{api}/ui/pages/spend.js")).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("'/api/v1/spend'"), "{}", page.body);
+    let index = get(&format!("http://{api}/")).await;
+    assert!(index.body.contains("href=\"#/spend\""), "{}", index.body);
 }
