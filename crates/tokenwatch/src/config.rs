@@ -58,6 +58,9 @@ pub struct Config {
     pub alerting: crate::alerting::rules::AlertingConfig,
     /// SLOs with error budgets and burn alerts; absent: the spec's defaults (`crate::alerting::slo`).
     pub slos: Option<Vec<crate::alerting::slo::SloConfig>>,
+    /// Spend budgets: a daily or monthly amount in US dollars per model, tenant or both, with
+    /// burn alerts (`budget_burn`) and gauges; counted from the price table's costs (`pricing`).
+    pub budgets: Vec<crate::alerting::budget::BudgetConfig>,
     /// The autoscaling recommendation and the eviction trigger (spec section 6).
     pub scaling: crate::alerting::slo::scaling::ScalingConfig,
     /// Threads: the proxy's own runtime, the analysis threads' priority.
@@ -178,6 +181,7 @@ impl Default for Config {
             signals: SignalsConfig::default(),
             alerting: Default::default(),
             slos: None,
+            budgets: Vec::new(),
             scaling: Default::default(),
             runtime: Default::default(),
             auth: Default::default(),
@@ -460,6 +464,7 @@ impl Config {
             alerting: &self.alerting,
             slos: &self.slos,
             scaling: &self.scaling,
+            budgets: &self.budgets,
             traces: &self.traces,
             listen: self.listen,
             data_dir: self.data_dir.clone(),
@@ -698,6 +703,8 @@ impl Config {
             .map_err(|(path, message)| invalid(path, message))?;
         crate::pipeline::pricing::PriceTable::load(&self.pricing, &self.proxy.upstreams)
             .map_err(|e| invalid(e.path, e.message))?;
+        crate::alerting::budget::validate(&self.budgets)
+            .map_err(|(path, message)| invalid(path, message))?;
         let listener_certs = self
             .listener_certs()
             .map_err(|e| invalid(e.key, e.message))?;

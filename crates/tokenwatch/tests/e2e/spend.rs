@@ -3,7 +3,8 @@
 // tokens, three tenants, a model the table leaves out) gives the same spend, to the cent, in the
 // stored records (`cost_usd`), on `/metrics` (`tokenwatch_spend_usd_total`) and from
 // `GET /api/v1/spend` (which the UI's spend page shows); the unpriced model's requests are
-// counted, at no cost.
+// counted, at no cost. A budget the traffic overspends pages (`budget_burn`) and its gauges
+// show the same spend, again after a restart (seeded from the stored records).
 
 use crate::common;
 
@@ -21,6 +22,9 @@ pricing:
   models:
     m-a: {input: 3000, cached_input: 300, output: 15000}
     m-b: {input: 500, output: 1500, reasoning: 4000}
+budgets:
+  - {name: acme-monthly, amount_usd: 0.5, tenant: acme}
+  - {name: everything, amount_usd: 100000}
 ";
 
 /// (input, cached input, output, reasoning) USD per million tokens, as in `CONFIG`.
@@ -69,25 +73,25 @@ fn cents(usd: f64) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_traffic_gives_one_spend_in_the_records_the_metrics_and_the_api() {
-    let stack = Stack::start_with_config(
-        &[
-            "--model",
-            "m-a",
-            "--model",
-            "m-b",
-            "--model",
-            "m-free",
-            "--ttft-ms",
-            "5",
-            "--itl-ms",
-            "1",
-            "--reasoning-tokens",
-            "3",
-            "--enable-prompt-tokens-details",
-        ],
-        CONFIG,
-    )
-    .await;
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = write_config(config_dir.path(), CONFIG);
+    let config = config.to_string_lossy().into_owned();
+    let sim_args = [
+        "--model",
+        "m-a",
+        "--model",
+        "m-b",
+        "--model",
+        "m-free",
+        "--ttft-ms",
+        "5",
+        "--itl-ms",
+        "1",
+        "--reasoning-tokens",
+        "3",
+        "--enable-prompt-tokens-details",
+    ];
+    let mut stack = Stack::start_restartable(&sim_args, &["-c", &config]).await;
     let (proxy, api) = (stack.proxy, stack.api);
     let long_prompt = "Summarise the quarterly report on inference spend. ".repeat(24);
     let acme = ("x-tenant-id", "acme");
@@ -254,4 +258,74 @@ async fn one_traffic_gives_one_spend_in_the_records_the_metrics_and_the_api() {
     assert!(page.body.contains("'/api/v1/spend'"), "{}", page.body);
     let index = get(&format!("http://{api}/")).await;
     assert!(index.body.contains("href=\"#/spend\""), "{}", index.body);
+
+    // Budgets: acme's $0.50 is overspent and pages, saying so; the fleet-wide one is not.
+    let acme = by_tenant["acme"];
+    assert!(acme > 0.5, "the traffic overspends acme's budget: {acme}");
+    let spent_series = "tokenwatch_budget_spent_usd{budget=\"acme-monthly\",period=\"monthly\"}";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let alert = loop {
+        let found = alerts(api)
+            .await
+            .into_iter()
+            .find(|a| a["rule"] == "budget_burn" && a["labels"]["budget"] == "acme-monthly");
+        if let Some(a) = found {
+            break a;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no budget alert; log:\n{}",
+            stack.tw.log_tail(40)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let text = serde_json::to_string(&alert).unwrap();
+    assert!(text.contains("budget acme-monthly is spent"), "{text}");
+    assert!(
+        alerts(api)
+            .await
+            .iter()
+            .all(|a| a["labels"]["budget"] != "everything"),
+        "a budget on pace does not page"
+    );
+    // The engine counts records as they reach it: wait for the last of them.
+    let everything = "tokenwatch_budget_spent_usd{budget=\"everything\",period=\"monthly\"}";
+    let text = wait_series_cents(&metrics_url, everything, cents(total), &stack.tw).await;
+    assert_eq!(
+        metric_value(&text, spent_series).map(cents),
+        Some(cents(acme)),
+        "{text}"
+    );
+    let exhaustion =
+        "tokenwatch_budget_time_to_exhaustion_seconds{budget=\"acme-monthly\",period=\"monthly\"}";
+    assert_eq!(metric_value(&text, exhaustion), Some(0.0), "{text}");
+
+    // After a restart the period's spend is read back from the stored records.
+    assert!(stack.tw.terminate().success(), "{}", stack.tw.log());
+    stack.restart_tokenwatch();
+    wait_ready(&format!("http://{api}/readyz"), &stack.tw).await;
+    let text = wait_series_cents(&metrics_url, everything, cents(total), &stack.tw).await;
+    assert_eq!(
+        metric_value(&text, spent_series).map(cents),
+        Some(cents(acme)),
+        "{text}"
+    );
+}
+
+/// Polls `/metrics` until `series` reads `want` cents (30 s at most); returns the exposition.
+async fn wait_series_cents(url: &str, series: &str, want: i64, tw: &Proc) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let text = get(url).await.body;
+        let got = metric_value(&text, series).map(cents);
+        if got == Some(want) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{series} reads {got:?} cents, not {want}; log:\n{}",
+            tw.log_tail(40)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
