@@ -299,6 +299,8 @@ async fn one_traffic_gives_one_spend_in_the_records_the_metrics_and_the_api() {
     let exhaustion =
         "tokenwatch_budget_time_to_exhaustion_seconds{budget=\"acme-monthly\",period=\"monthly\"}";
     assert_eq!(metric_value(&text, exhaustion), Some(0.0), "{text}");
+    // The spend, unpriced and budget families are well-formed exposition.
+    promtool_check_metrics(&text);
 
     // After a restart the period's spend is read back from the stored records.
     assert!(stack.tw.terminate().success(), "{}", stack.tw.log());
@@ -328,4 +330,29 @@ async fn wait_series_cents(url: &str, series: &str, want: i64, tw: &Proc) -> Str
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+}
+
+/// `promtool check metrics` accepts `text`.
+fn promtool_check_metrics(text: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
