@@ -467,6 +467,7 @@ impl RunningApp {
             slos,
             scaling,
             trace_components,
+            budgets: Arc::new(cfg.budgets.clone()),
         });
         let mut app = api_router(api);
         for routes in source_routes {

@@ -275,38 +275,7 @@ impl BudgetTracker {
                     .filter(|(m, _)| *m + BUCKET_MS > now_ms - window_ms && *m >= period.0)
                     .map(|(_, usd)| usd)
                     .sum();
-                let window_s = window_ms as f64 / 1000.0;
-                let rate = recent / window_s;
-                let remaining = b.cfg.amount_usd - spent;
-                let left_s = ((period.1 - now_ms) as f64 / 1000.0).max(0.0);
-                let (burn_rate, exhaustion) = if remaining <= 0.0 {
-                    (f64::INFINITY, Some(0.0))
-                } else if rate > 0.0 {
-                    (rate * left_s / remaining, Some(remaining / rate))
-                } else {
-                    (0.0, None)
-                };
-                let mut labels = BTreeMap::from([("budget".to_string(), b.cfg.name.clone())]);
-                if let Some(m) = &b.cfg.model {
-                    labels.insert("model_id".into(), m.clone());
-                }
-                if let Some(t) = &b.cfg.tenant {
-                    labels.insert("tenant".into(), t.clone());
-                }
-                BudgetStatus {
-                    name: b.cfg.name.clone(),
-                    period: b.cfg.period,
-                    amount_usd: b.cfg.amount_usd,
-                    spent_usd: spent,
-                    remaining_usd: remaining,
-                    period_start_ms: period.0,
-                    period_end_ms: period.1,
-                    burn_usd_per_s: rate,
-                    burn_window_s: window_s,
-                    burn_rate,
-                    time_to_exhaustion_s: exhaustion,
-                    labels,
-                }
+                status(&b.cfg, period, spent, recent, now_ms)
             })
             .collect()
     }
@@ -319,6 +288,71 @@ impl BudgetTracker {
             }
         }
     }
+}
+
+/// A budget's status from what its period has spent so far and what its burn window spent.
+fn status(
+    cfg: &BudgetConfig,
+    period: (i64, i64),
+    spent: f64,
+    recent_usd: f64,
+    now_ms: i64,
+) -> BudgetStatus {
+    let window_s = cfg.burn_window.0.as_millis() as f64 / 1000.0;
+    let rate = recent_usd / window_s;
+    let remaining = cfg.amount_usd - spent;
+    let left_s = ((period.1 - now_ms) as f64 / 1000.0).max(0.0);
+    let (burn_rate, exhaustion) = if remaining <= 0.0 {
+        (f64::INFINITY, Some(0.0))
+    } else if rate > 0.0 {
+        (rate * left_s / remaining, Some(remaining / rate))
+    } else {
+        (0.0, None)
+    };
+    let mut labels = BTreeMap::from([("budget".to_string(), cfg.name.clone())]);
+    if let Some(m) = &cfg.model {
+        labels.insert("model_id".into(), m.clone());
+    }
+    if let Some(t) = &cfg.tenant {
+        labels.insert("tenant".into(), t.clone());
+    }
+    BudgetStatus {
+        name: cfg.name.clone(),
+        period: cfg.period,
+        amount_usd: cfg.amount_usd,
+        spent_usd: spent,
+        remaining_usd: remaining,
+        period_start_ms: period.0,
+        period_end_ms: period.1,
+        burn_usd_per_s: rate,
+        burn_window_s: window_s,
+        burn_rate,
+        time_to_exhaustion_s: exhaustion,
+        labels,
+    }
+}
+
+/// A budget's status read from the stored records alone (the API's): its period's spend and its
+/// burn window's, from `spend(since, until)`.
+pub fn status_from_spend<E>(
+    cfg: &BudgetConfig,
+    now_ms: i64,
+    mut spend: impl FnMut(i64, i64) -> Result<Vec<SpendRow>, E>,
+) -> Result<BudgetStatus, E> {
+    let period = cfg.period.bounds(now_ms);
+    let covered = |rows: Vec<SpendRow>| -> f64 {
+        rows.iter()
+            .filter(|r| {
+                cfg.model.as_deref().is_none_or(|m| m == r.model)
+                    && cfg.tenant.as_deref().is_none_or(|t| t == r.tenant)
+            })
+            .map(|r| r.cost_usd)
+            .sum()
+    };
+    let spent = covered(spend(period.0, now_ms)?);
+    let window_start = (now_ms - cfg.burn_window.0.as_millis() as i64).max(period.0);
+    let recent = covered(spend(window_start, now_ms)?);
+    Ok(status(cfg, period, spent, recent, now_ms))
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -521,6 +555,48 @@ mod tests {
         .unwrap();
         assert_eq!(asked, [(ms("2026-12-01T00:00:00Z"), now)]);
         assert_eq!(t.statuses(now)[0].spent_usd, 3.5);
+    }
+
+    #[test]
+    fn the_store_gives_the_same_status_as_the_counts() {
+        let mut b = budget("acme", BudgetPeriod::Daily, 100.0);
+        b.tenant = Some("acme".into());
+        let noon = ms("2026-12-08T12:00:00Z");
+        let row = |cost_usd: f64| SpendRow {
+            model: "m".into(),
+            tenant: "acme".into(),
+            cost_usd,
+            requests: 1,
+            priced_requests: 1,
+        };
+        // $60 in the last hour, $10 earlier in the day.
+        let mut asked = Vec::new();
+        let from_store = status_from_spend::<()>(&b, noon, |since, until| {
+            asked.push((since, until));
+            Ok(if since == ms("2026-12-08T00:00:00Z") {
+                vec![row(70.0)]
+            } else {
+                vec![row(60.0)]
+            })
+        })
+        .unwrap();
+        assert_eq!(
+            asked,
+            [(ms("2026-12-08T00:00:00Z"), noon), (noon - 3_600_000, noon)]
+        );
+        let mut t = BudgetTracker::new(&[b], noon);
+        t.observe("m", "acme", noon - 6 * 3_600_000, 10.0);
+        for k in 0..60 {
+            t.observe("m", "acme", noon - 3_600_000 + k * 60_000 + 1, 1.0);
+        }
+        let counted = &t.statuses(noon)[0];
+        assert_eq!(
+            (from_store.spent_usd, from_store.remaining_usd),
+            (70.0, 30.0)
+        );
+        assert_eq!((counted.spent_usd, counted.remaining_usd), (70.0, 30.0));
+        assert!((from_store.burn_usd_per_s - counted.burn_usd_per_s).abs() < 1e-12);
+        assert!((from_store.time_to_exhaustion_s.unwrap() - 1800.0).abs() < 1e-6);
     }
 
     #[test]

@@ -256,6 +256,7 @@ async fn one_traffic_gives_one_spend_in_the_records_the_metrics_and_the_api() {
     let page = get(&format!("http://{api}/ui/pages/spend.js")).await;
     assert_eq!(page.status, 200, "{}", page.body);
     assert!(page.body.contains("'/api/v1/spend'"), "{}", page.body);
+    assert!(page.body.contains("'/api/v1/budgets'"), "{}", page.body);
     let index = get(&format!("http://{api}/")).await;
     assert!(index.body.contains("href=\"#/spend\""), "{}", index.body);
 
@@ -301,6 +302,29 @@ async fn one_traffic_gives_one_spend_in_the_records_the_metrics_and_the_api() {
     assert_eq!(metric_value(&text, exhaustion), Some(0.0), "{text}");
     // The spend, unpriced and budget families are well-formed exposition.
     promtool_check_metrics(&text);
+    // The API reads the budgets from the stored records: the same spend.
+    let budgets = get(&format!("http://{api}/api/v1/budgets")).await.json();
+    let acme_budget = budgets["budgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "acme-monthly")
+        .cloned()
+        .unwrap_or_else(|| panic!("{budgets}"));
+    assert_eq!(
+        cents(acme_budget["spent_usd"].as_f64().unwrap()),
+        cents(acme),
+        "{acme_budget}"
+    );
+    assert_eq!(
+        (
+            &acme_budget["tenant"],
+            &acme_budget["spent"],
+            &acme_budget["time_to_exhaustion_s"]
+        ),
+        (&json!("acme"), &json!(true), &json!(0.0)),
+        "{acme_budget}"
+    );
 
     // After a restart the period's spend is read back from the stored records.
     assert!(stack.tw.terminate().success(), "{}", stack.tw.log());
