@@ -380,3 +380,37 @@ fn promtool_check_metrics(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_prices_its_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let (demo, api, _) = start_demo(dir.path(), &["--rps", "20"]).await;
+    let spend = wait_metric_sum(
+        &format!("http://{api}/metrics"),
+        "tokenwatch_spend_usd_total",
+        30,
+        &demo,
+        |v| v > 0.0,
+    )
+    .await;
+    assert!(spend > 0.0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let v = get(&format!("http://{api}/api/v1/spend?by=model"))
+            .await
+            .json();
+        let priced: Vec<&str> = v["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["cost_usd"].as_f64().is_some_and(|c| c > 0.0))
+            .filter_map(|g| g["model"].as_str())
+            .collect();
+        if priced == ["llama-3.1-8b-instruct", "qwen2.5-14b-instruct"] {
+            assert_eq!(v["unpriced_requests"], 0, "{v}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{v}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
