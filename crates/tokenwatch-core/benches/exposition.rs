@@ -1,5 +1,6 @@
 // Exposition parsing throughput: the real vLLM and dcgm-exporter samples scaled to ~10,000 series,
-// our parser against a naive lines()+split tokenizer in the same run. `cargo bench --bench exposition`.
+// our parser against the `prometheus-parse` crate and a naive lines()+split tokenizer in the same
+// run. `cargo bench --bench exposition`.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -113,25 +114,34 @@ fn round(bytes: usize, f: &mut impl FnMut() -> usize) -> f64 {
     (bytes as f64 * iterations as f64) / start.elapsed().as_secs_f64() / 1e6
 }
 
-/// Median and best MB/s over [`ROUNDS`] rounds, ours and baseline interleaved so that
-/// background load hits both alike.
-fn measure(
+/// Median and best MB/s over [`ROUNDS`] rounds of each parser, the parsers interleaved so that
+/// background load hits all alike.
+fn measure<const N: usize>(
     bytes: usize,
-    mut ours: impl FnMut() -> usize,
-    mut base: impl FnMut() -> usize,
-) -> [(f64, f64); 2] {
+    mut parsers: [&mut dyn FnMut() -> usize; N],
+) -> [(f64, f64); N] {
     for _ in 0..3 {
-        black_box((ours(), base()));
+        for f in parsers.iter_mut() {
+            black_box(f());
+        }
     }
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut rates: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
     for _ in 0..ROUNDS {
-        a.push(round(bytes, &mut ours));
-        b.push(round(bytes, &mut base));
+        for (f, r) in parsers.iter_mut().zip(rates.iter_mut()) {
+            r.push(round(bytes, f));
+        }
     }
-    [a, b].map(|mut v| {
+    rates.map(|mut v| {
         v.sort_by(f64::total_cmp);
         (v[v.len() / 2], v[v.len() - 1])
     })
+}
+
+/// The `prometheus-parse` crate as its users call it: lines as owned strings into
+/// `Scrape::parse`; returns the samples it kept.
+fn crate_parse(text: &str) -> usize {
+    let lines = text.lines().map(|l| Ok(l.to_owned()));
+    prometheus_parse::Scrape::parse(lines).map_or(0, |s| s.samples.len())
 }
 
 fn main() {
@@ -146,8 +156,16 @@ fn main() {
         load.join(" ")
     );
     println!(
-        "{:<6} {:>7} {:>9} {:>18} {:>18} {:>14} {:>7}",
-        "input", "series", "bytes", "ours MB/s", "naive MB/s", "ours series/s", "ratio"
+        "{:<6} {:>7} {:>9} {:>18} {:>22} {:>18} {:>14} {:>9} {:>9}",
+        "input",
+        "series",
+        "bytes",
+        "ours MB/s",
+        "prometheus-parse MB/s",
+        "naive MB/s",
+        "ours series/s",
+        "vs crate",
+        "vs naive"
     );
     for (label, file) in [("vllm", "vllm-metrics.txt"), ("dcgm", "dcgm-exporter.txt")] {
         if filter.as_deref().is_some_and(|f| !label.contains(f)) {
@@ -158,17 +176,25 @@ fn main() {
         let parsed_series: usize = parsed.iter().map(|f| f.samples.len()).sum();
         assert_eq!(parsed_series, series);
         assert_eq!(naive(&text).len(), series);
-        let [(ours, ours_best), (base, base_best)] = measure(
+        // The crate keeps every sample line it can read (a histogram's buckets folded into one
+        // sample per series), so its count differs; it must read the input.
+        assert!(crate_parse(&text) > 0, "prometheus-parse read no sample");
+        let [(ours, ours_best), (krate, krate_best), (base, base_best)] = measure(
             text.len(),
-            || parse(black_box(&text), Format::PrometheusText).map_or(0, |f| f.len()),
-            || naive(black_box(&text)).len(),
+            [
+                &mut || parse(black_box(&text), Format::PrometheusText).map_or(0, |f| f.len()),
+                &mut || crate_parse(black_box(&text)),
+                &mut || naive(black_box(&text)).len(),
+            ],
         );
         let series_per_s = ours * 1e6 / text.len() as f64 * series as f64;
         println!(
-            "{label:<6} {series:>7} {:>9} {:>18} {:>18} {series_per_s:>14.0} {:>6.2}x",
+            "{label:<6} {series:>7} {:>9} {:>18} {:>22} {:>18} {series_per_s:>14.0} {:>8.2}x {:>8.2}x",
             text.len(),
             format!("{ours:.1} ({ours_best:.1})"),
+            format!("{krate:.1} ({krate_best:.1})"),
             format!("{base:.1} ({base_best:.1})"),
+            ours / krate,
             ours / base
         );
     }

@@ -238,12 +238,40 @@ fn blocks_and_bound_by_hand() {
     );
 }
 
+/// The noise of the growth from one reading to the next in healthy `readings`, read as the
+/// detector reads its blocks' (median and 90th percentile of the size, the floor): the σ of the
+/// bound, which tests every reading.
+fn reading_noise(readings: &[(i64, f64)], p: &GpuLeakParams) -> f64 {
+    let mut sizes: Vec<f64> = readings
+        .windows(2)
+        .map(|w| (w[1].1 - w[0].1).abs())
+        .collect();
+    sizes.sort_by(f64::total_cmp);
+    let median = sizes[sizes.len() / 2];
+    let p90 = sizes[(sizes.len() * 9 / 10).min(sizes.len() - 1)];
+    (MAD_TO_SIGMA * median)
+        .max(p90 / Z_90_OF_ABS)
+        .max(p.noise_floor_bytes)
+}
+
 /// Power curves against the bound and false pages on random healthy GPUs (release:
 /// `cargo test --release -p tokenwatch-detect --lib leak_power_curves -- --ignored --nocapture`).
 #[test]
 #[ignore = "benchmark: minutes in debug builds"]
 fn leak_power_curves() {
-    let p = GpuLeakParams::default();
+    let mut p = GpuLeakParams::default();
+    if let Some(v) = std::env::var("TW_LEAK_FAST_BLOCK_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        p.fast_block_s = v;
+    }
+    if let Some(v) = std::env::var("TW_LEAK_STEP_RATIO")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        p.step_ratio = v;
+    }
     let mut rng = Rng(2026);
     let draw = |rng: &mut Rng| Shape {
         jitter_mib: 1.0 + rng.unit() * 40.0,
@@ -279,10 +307,10 @@ fn leak_power_curves() {
                     .iter()
                     .position(|(t, _)| *t as f64 >= at * 1000.0)
                     .unwrap();
-                if let Some((end, f)) = first_page(&mem, from, &p) {
+                if let Some((end, _)) = first_page(&mem, from, &p) {
                     paged += 1;
                     let d = (mem[end].0 - mem[from].0) as f64 / 1000.0;
-                    let sigma = f.evidence["noise_sigma_bytes"].as_f64().unwrap();
+                    let sigma = reading_noise(&mem[from.saturating_sub(HISTORY)..from], &p);
                     let b = leak_bound_s(rate_mib * MIB, sigma, scrape_s, &p);
                     delays.push(d);
                     bounds.push(b);
@@ -311,7 +339,11 @@ fn leak_power_curves() {
         within.0, within.1
     );
     let (mut false_pages, mut hours) = (0, 0.0);
-    for k in 0..40 {
+    let gpus: usize = std::env::var("TW_LEAK_HEALTHY_GPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    for k in 0..gpus {
         let shape = draw(&mut rng);
         let scrape_s = [1.0, 5.0, 15.0, 30.0][k % 4];
         let mem = shaped(5000 + k as u64, shape, scrape_s, 2.0, None);
@@ -330,4 +362,65 @@ fn leak_power_curves() {
         }
     }
     println!("healthy: {false_pages} GPUs with a false page in {hours} GPU-hours");
+}
+
+#[test]
+fn a_fast_leak_at_a_fast_scrape_pages_in_a_few_short_blocks() {
+    // 10-s blocks alone took two to three blocks, 20–30 s; the 3-s blocks beside them page in
+    // about three of theirs.
+    let p = GpuLeakParams::default();
+    let at = 5400.0;
+    for (i, kind) in [Healthy::Flat, Healthy::Swinging].into_iter().enumerate() {
+        let mem = memory(40 + i as u64, kind, 1.0, 1.6, Some((100.0 * MIB, at)));
+        let from = mem
+            .iter()
+            .position(|(t, _)| *t as f64 >= at * 1000.0)
+            .unwrap();
+        let (end, f) = first_page(&mem, from, &p)
+            .unwrap_or_else(|| panic!("{kind:?}: a 100 MiB/s leak never paged"));
+        let delay = (mem[end].0 - mem[from].0) as f64 / 1000.0;
+        assert!(delay <= 12.0, "{kind:?}: {delay} s: {}", f.summary);
+        assert_eq!(f.evidence["block_s"], 3.0, "{kind:?}");
+    }
+}
+
+#[test]
+fn a_step_of_memory_beside_noisy_blocks_does_not_page() {
+    // An hour of a quiet GPU read every second, then an adapter loaded (+1 GiB in one reading)
+    // between two bumps of the batch that each move a 3-s block by ~5σ: the bumps and the step
+    // together reach the threshold, but a leak would not put nearly all of it in one block.
+    let p = GpuLeakParams::default();
+    let mut rng = Rng(7);
+    let mut mem: Vec<(i64, f64)> = (0..4200)
+        .map(|i| {
+            let v = 20.0 * GIB + (rng.unit() - 0.5) * 6.0 * MIB;
+            (i * 1000, v)
+        })
+        .collect();
+    for (i, reading) in mem.iter_mut().enumerate() {
+        let t = i as f64;
+        if t >= 3997.0 {
+            reading.1 += 40.0 * MIB;
+        }
+        if t >= 4000.0 {
+            reading.1 += GIB;
+        }
+        if t >= 4003.0 {
+            reading.1 += 40.0 * MIB;
+        }
+    }
+    if let Some((end, f)) = first_page(&mem, 3600, &p) {
+        panic!(
+            "paged at {} s: {}\n{:#?}",
+            mem[end].0 / 1000,
+            f.summary,
+            f.evidence
+        );
+    }
+    // Without the step rule the same readings page: the case is one the rule decides.
+    let without = GpuLeakParams {
+        step_ratio: f64::INFINITY,
+        ..p
+    };
+    assert!(first_page(&mem, 3600, &without).is_some());
 }

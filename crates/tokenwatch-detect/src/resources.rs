@@ -31,6 +31,14 @@ pub struct GpuLeakParams {
     /// Memory is read in blocks of at least this many seconds (one scrape when longer): the
     /// growth of each block is one sample of the test.
     pub block_s: f64,
+    /// A second, shorter block length tested beside `block_s` while readings come faster than
+    /// `block_s` (the false-page budget split between the two): a fast leak pages after two or
+    /// three of these instead of two or three long blocks. 0 turns it off.
+    pub fast_block_s: f64,
+    /// A paging run with one block holding more than this many times the growth of any other
+    /// (and 1.5× the design) is a step of memory (an adapter loaded), not a leak's steady climb:
+    /// it must page without that block.
+    pub step_ratio: f64,
     /// The growth per block the test is designed for: `shift_sigmas` × the GPU's healthy block
     /// noise (robust spread of its blocks' growth around none over `baseline_s`, at least
     /// `noise_floor_bytes`), and at least `design_bytes_per_s` over the block — growth under
@@ -60,6 +68,8 @@ impl Default for GpuLeakParams {
             min_slope_bytes_per_s: MIB,
             false_page_days: 30.0,
             block_s: 10.0,
+            fast_block_s: 3.0,
+            step_ratio: 3.0,
             shift_sigmas: 3.0,
             design_bytes_per_s: 8.0 * MIB,
             noise_floor_bytes: 8.0 * MIB,
@@ -102,6 +112,12 @@ impl Validate for GpuLeakParams {
             "must be > 0",
         )?;
         check(positive(self.block_s), "block_s", "must be > 0 seconds")?;
+        check(
+            self.fast_block_s.is_finite() && self.fast_block_s >= 0.0,
+            "fast_block_s",
+            "must be ≥ 0 seconds (0: off)",
+        )?;
+        check(self.step_ratio >= 1.0, "step_ratio", "must be ≥ 1")?;
         check(positive(self.shift_sigmas), "shift_sigmas", "must be > 0")?;
         check(
             positive(self.design_bytes_per_s),

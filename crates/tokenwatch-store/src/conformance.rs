@@ -236,6 +236,24 @@ pub fn record_order_and_limits(store: &dyn Store) {
             .is_empty()
     );
     assert_eq!(all(store).len(), 5);
+    // Records sharing a request id (a caller reused it): the oldest first, so a later record
+    // cannot shadow the first one's answer to a lookup by id.
+    let mut later = rec("dup", "b", 300);
+    later.labels.tenant = "second".into();
+    let mut first = rec("dup", "a", 120);
+    first.labels.tenant = "first".into();
+    store.insert_records(&[later, first]).unwrap();
+    let by_id = RecordQuery {
+        request_id: Some("dup".into()),
+        limit: 1,
+        ..RecordQuery::default()
+    };
+    let got = store.query_records(&by_id).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].labels.tenant, "first",
+        "the oldest record of an id answers"
+    );
 }
 
 /// Tenant, outcome (ok, error, one class), minimum end-to-end time, request id, trace id,

@@ -170,7 +170,9 @@ pub struct RecordQuery {
     pub since_unix_ms: Option<i64>,
     /// Exact tenant (the header value or its salted hash, as recorded).
     pub tenant: Option<String>,
-    /// Exact request id.
+    /// Exact request id. Records are then answered oldest first (newest first otherwise): of
+    /// records sharing an id — a caller's reuse older than the pipeline remembers — the first
+    /// keeps answering a lookup by it.
     pub request_id: Option<String>,
     /// Exact W3C trace id (32 hex digits).
     pub trace_id: Option<String>,

@@ -268,8 +268,13 @@ impl Store for SqliteStore {
             conds.push("request_id IN (SELECT request_id FROM annotations)");
         }
         params.push(Value::Integer(i64::try_from(q.limit).unwrap_or(i64::MAX)));
+        let order = if q.request_id.is_some() {
+            "ASC"
+        } else {
+            "DESC"
+        };
         let sql = format!(
-            "SELECT id, {} FROM records{} ORDER BY arrival_unix_ms DESC, id DESC LIMIT ?",
+            "SELECT id, {} FROM records{} ORDER BY arrival_unix_ms {order}, id {order} LIMIT ?",
             *RECORD_SELECT,
             where_clause(&conds)
         );

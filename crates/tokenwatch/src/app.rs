@@ -329,6 +329,9 @@ impl RunningApp {
                         .chain(cfg.proxy.routes.iter().map(|r| r.model.clone())),
                 )),
                 prices,
+                record_identity: Some(crate::pipeline::RecordIdentityConfig::new(
+                    telemetry_text.others_masker(),
+                )),
                 health: Some(components.clone()),
             },
             Some(aggregator.clone()),

@@ -1,5 +1,7 @@
 // Prometheus text (0.0.4) and OpenMetrics exposition parsing into borrowed metric families.
-// Our own parser: speed is a product target (≥ 200 MB/s per core) and the crates are slow.
+// Our own parser: speed is a product target (≥ 200 MB/s per core) and the crates are slow —
+// `prometheus-parse` 0.2.5, measured in the same run by the exposition benchmark, reads the
+// vLLM sample at 0.43–0.48× and the dcgm-exporter sample at 0.06–0.07× this parser's rate.
 
 use std::borrow::Cow;
 

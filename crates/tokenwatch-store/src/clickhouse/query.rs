@@ -91,9 +91,15 @@ pub(crate) fn records(client: &Client, q: &RecordQuery) -> Result<Vec<RequestRec
             "request_id IN (SELECT request_id FROM {db}.{ANNOTATIONS})"
         ));
     }
+    // Oldest first for a request id (`RecordQuery::request_id`), newest first otherwise.
+    let order = if q.request_id.is_some() {
+        "ASC"
+    } else {
+        "DESC"
+    };
     let sql = format!(
-        "SELECT {RECORD_COLUMNS} FROM {db}.{RECORDS}{} ORDER BY arrival_unix_ms DESC, seq DESC \
-         LIMIT {} FORMAT RowBinary",
+        "SELECT {RECORD_COLUMNS} FROM {db}.{RECORDS}{} ORDER BY arrival_unix_ms {order}, \
+         seq {order} LIMIT {} FORMAT RowBinary",
         where_clause(&conds),
         p.u64(u64::try_from(q.limit).unwrap_or(u64::MAX))
     );

@@ -93,6 +93,7 @@ impl RunningApp {
                 model_admission: None,
                 // The aggregator prices the records.
                 prices: Default::default(),
+                record_identity: None,
                 health: Some(components.clone()),
             },
             None,

@@ -1,7 +1,9 @@
 // The pipeline between sources and everything downstream: a bounded telemetry queue that
-// never blocks a request, and one thread that resolves each record's model id through the
-// configured aliases, prices it (`pricing`), then aggregates, stores and exports each batch.
+// never blocks a request, and one thread that settles each record's identity (masked labels, a
+// unique request id), resolves its model id through the configured aliases and admission, prices
+// it (`pricing`), then aggregates, stores and exports each batch.
 
+mod labels;
 pub mod pricing;
 pub mod proxy_span;
 pub mod span_sampler;
@@ -74,9 +76,30 @@ pub struct PipelineConfig {
     /// The price table (`pricing`) each record's `cost_usd` comes from; empty: no record is
     /// priced (and none counted as unpriced).
     pub prices: Arc<pricing::PriceTable>,
+    /// Label values and request ids masked (`capture.mask.telemetry`) and request ids made
+    /// unique among this many recent ones (`labels::RecordIdentity`). None: records keep them as
+    /// sent (unit tests, proxy replicas: their aggregator settles them).
+    pub record_identity: Option<RecordIdentityConfig>,
     /// Where the pipeline's status shows (`/readyz`'s `pipeline`): `ok`, or the panics it
     /// caught (`supervise`). None: nowhere (unit tests).
     pub health: Option<crate::sources::Components>,
+}
+
+/// How records' label values and request ids are settled (`labels::RecordIdentity`).
+pub struct RecordIdentityConfig {
+    /// The masker of received free text, while `capture.mask.telemetry` is on.
+    pub masker: Option<Arc<crate::capture::mask::Masker>>,
+    /// Request ids remembered to catch a reuse.
+    pub recent_ids: usize,
+}
+
+impl RecordIdentityConfig {
+    pub fn new(masker: Option<Arc<crate::capture::mask::Masker>>) -> RecordIdentityConfig {
+        RecordIdentityConfig {
+            masker,
+            recent_ids: labels::DEFAULT_RECENT_IDS,
+        }
+    }
 }
 
 /// Handle to the running pipeline thread.
@@ -108,11 +131,16 @@ impl Pipeline {
             .model_admission
             .take()
             .map(|rule| Admission::new(rule, &metrics));
+        let identity = cfg
+            .record_identity
+            .take()
+            .map(|c| labels::RecordIdentity::new(c.masker, c.recent_ids, &metrics));
         let pricer =
             (!cfg.prices.is_empty()).then(|| pricing::Pricer::new(cfg.prices.clone(), &metrics));
         let worker = Worker {
             cfg,
             admission,
+            identity,
             pricer,
             aggregator,
             sinks,
@@ -211,6 +239,8 @@ struct Worker {
     admission: Option<Admission>,
     /// Puts `cost_usd` on records; None when the price table is empty.
     pricer: Option<pricing::Pricer>,
+    /// `cfg.record_identity`, taken out at start.
+    identity: Option<labels::RecordIdentity>,
     aggregator: Option<Arc<Mutex<Aggregator>>>,
     sinks: Vec<Box<dyn RecordSink>>,
     metrics: Arc<Metrics>,
@@ -348,6 +378,9 @@ impl Worker {
             .drain(..)
             .map(|q| {
                 let (mut record, raw) = q.into_parts();
+                if let Some(identity) = &mut self.identity {
+                    identity.settle(&mut record);
+                }
                 self.cfg.model_aliases.apply(&mut record.labels.model_id);
                 if let Some(a) = &mut self.admission {
                     a.admit(&mut record.labels.model_id, now_ms);
@@ -386,6 +419,9 @@ impl Worker {
     fn process_first_tokens(&mut self, firsts: &mut [FirstToken]) {
         let now_ms = tokenwatch_core::clock::now_unix_ms();
         for f in firsts.iter_mut() {
+            if let Some(identity) = &mut self.identity {
+                identity.settle_first(f);
+            }
             self.cfg.model_aliases.apply(&mut f.model_id);
             if let Some(a) = &mut self.admission {
                 a.admit(&mut f.model_id, now_ms);
@@ -470,6 +506,7 @@ mod tests {
             model_aliases: Default::default(),
             model_admission: None,
             prices: Default::default(),
+            record_identity: None,
             health: None,
         };
         let agg = Arc::new(Mutex::new(Aggregator::new(AggregatorConfig::default())));
@@ -560,6 +597,7 @@ mod tests {
             model_aliases: Default::default(),
             model_admission: None,
             prices: Default::default(),
+            record_identity: None,
             health: Some(components.clone()),
         };
         let (pipeline, queue) = Pipeline::start(

@@ -401,3 +401,130 @@ async fn personal_data_in_other_telemetry_text_is_masked_with_capture_off() {
         );
     }
 }
+
+/// The request's own labels come from the caller too: a model named with an address, a tenant
+/// header holding an email, an `x-request-id` holding one. With masking on (the default) none
+/// reaches `/metrics`, the API or the data directory, and each is masked the same way every time
+/// (one tenant stays one tenant). A request id a second caller reuses does not take over the
+/// first caller's record: the first keeps the id, the second is stored as `<id>~<8 hex>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn personal_data_in_request_labels_is_masked_and_a_reused_request_id_keeps_its_first_record()
+{
+    let model = "support-bot 10.1.2.3";
+    let mut stack =
+        Stack::start_with_config(&["--model", model, "--ttft-ms", "5", "--itl-ms", "1"], "").await;
+    let body = serde_json::json!({
+        "model": model, "stream": true, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    // The id is the address itself: stored as the same token as the tenant.
+    chat_answer(
+        stack.proxy,
+        &body,
+        &[("x-request-id", EMAIL), ("x-tenant-id", EMAIL)],
+    )
+    .await;
+    // The same id twice, from two tenants: the first caller's record must answer a lookup.
+    let plain = serde_json::json!({
+        "model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+    });
+    chat_answer(
+        stack.proxy,
+        &plain,
+        &[("x-request-id", "shared-id"), ("x-tenant-id", "first")],
+    )
+    .await;
+    chat_answer(
+        stack.proxy,
+        &plain,
+        &[("x-request-id", "shared-id"), ("x-tenant-id", "second")],
+    )
+    .await;
+
+    let masked_id = token_of_email(&stack).await;
+    let r = stored_record(stack.api, &masked_id, &stack.tw).await;
+    assert!(
+        r["model_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("support-bot [ipv4:"),
+        "{r}"
+    );
+    assert!(r["tenant"].as_str().unwrap().starts_with("[email:"), "{r}");
+    assert_eq!(r["tenant"], r["request_id"], "one address, one token: {r}");
+    let first = stored_record(stack.api, "shared-id", &stack.tw).await;
+    assert_eq!(first["tenant"], "first", "{first}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let second = loop {
+        let list = get(&format!(
+            "http://{}/api/v1/requests?tenant=second&limit=5",
+            stack.api
+        ))
+        .await
+        .json();
+        if let Some(r) = list["requests"].as_array().and_then(|a| a.first()) {
+            break r.clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "{list}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let id = second["request_id"].as_str().unwrap();
+    assert!(
+        id.starts_with("shared-id~") && id.len() == "shared-id~".len() + 8,
+        "{id}"
+    );
+    let metrics = get(&format!("http://{}/metrics", stack.api)).await.body;
+    assert!(
+        metric_sum(&metrics, "tokenwatch_request_ids_reused_total") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        metric_sum(&metrics, "tokenwatch_record_labels_masked_total") >= 3.0,
+        "{metrics}"
+    );
+    let requests = get(&format!("http://{}/api/v1/requests?limit=50", stack.api))
+        .await
+        .body;
+    for raw in [EMAIL, "10.1.2.3"] {
+        assert!(!metrics.contains(raw), "{raw} on /metrics:\n{metrics}");
+        assert!(!requests.contains(raw), "{raw} in the API: {requests}");
+    }
+    stack.tw.terminate();
+    let data = dir_bytes(&stack.data_dir());
+    for raw in [EMAIL, "10.1.2.3"] {
+        assert!(
+            !bytes_contain(&data, raw),
+            "{raw} reached the data directory"
+        );
+    }
+}
+
+/// The masked form of `EMAIL` as this stack's key writes it: read back from the tenant of the
+/// stored records (the only email the test sends).
+async fn token_of_email(stack: &Stack) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let list = get(&format!("http://{}/api/v1/requests?limit=50", stack.api))
+            .await
+            .json();
+        if let Some(t) = list["requests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|r| {
+                r["tenant"]
+                    .as_str()
+                    .filter(|t| t.starts_with("[email:"))
+                    .map(String::from)
+            })
+        {
+            return t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no masked tenant: {list}\n{}",
+            stack.tw.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

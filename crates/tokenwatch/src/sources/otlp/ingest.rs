@@ -544,6 +544,7 @@ mod tests {
                 model_aliases: Default::default(),
                 model_admission: None,
                 prices: Default::default(),
+                record_identity: None,
                 health: None,
             },
             Some(Arc::new(Mutex::new(Aggregator::new(
