@@ -275,6 +275,15 @@ pub struct RequestRecord {
     /// (`completion_tokens_details.reasoning_tokens` / `output_tokens_details.reasoning_tokens`).
     #[serde(default)]
     pub reasoning_tokens: Option<u64>,
+    /// Of `prompt_tokens`, the tokens the upstream read from its prompt cache, when it reported
+    /// them (`prompt_tokens_details.cached_tokens`, `input_tokens_details.cached_tokens`,
+    /// Anthropic's `cache_read_input_tokens`, GenAI `gen_ai.usage.cache_read.input_tokens`).
+    #[serde(default)]
+    pub cached_input_tokens: Option<u64>,
+    /// What the request cost in US dollars at the configured price table (`pricing`), set by
+    /// the pipeline; None when its model (or upstream) has no price.
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
     /// True when token counts came from `usage`; false when counted from chunks.
     pub tokens_from_usage: bool,
     pub finish_reason: String,

@@ -38,6 +38,11 @@ pub struct SimArgs {
     /// waits the whole time to first token for its headers.
     #[arg(long)]
     pub stream_headers_at_first_token: bool,
+    /// Report the prompt tokens found in the prefix cache in chat and completions usage
+    /// (`prompt_tokens_details.cached_tokens`), as vLLM's `--enable-prompt-tokens-details` does;
+    /// without it `prompt_tokens_details` is null.
+    #[arg(long)]
+    pub enable_prompt_tokens_details: bool,
     /// Seed of the random generators (output lengths, fault draws, token text).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,

@@ -65,6 +65,7 @@ pub async fn serve(
             field: args.reasoning_field,
         },
         args.stream_headers_at_first_token,
+        args.enable_prompt_tokens_details,
     );
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, models = %models.join(","), "simulator listening");

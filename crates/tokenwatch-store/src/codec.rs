@@ -13,7 +13,7 @@ pub(crate) const RECORD_COLUMNS: &str = "request_id, trace_id, model_id, runtime
     tenant, ab_group, model_version, prompt_version, endpoint, stream, arrival_unix_ms, \
     upstream_headers_s, first_token_s, end_s, queue_s, chunk_offsets_us, gap_count, gap_mean_s, \
     gap_max_s, prompt_tokens, output_tokens, tokens_from_usage, finish_reason, status, error_class, \
-    embedding, prefix_key, reasoning_tokens";
+    embedding, prefix_key, reasoning_tokens, cached_input_tokens, cost_usd";
 
 /// `RECORD_COLUMNS` for reading: a record without its own embedding takes the latest one posted
 /// for its request id (`POST /api/v1/embeddings`, table `embeddings`), whichever arrived first.
@@ -111,6 +111,11 @@ pub(crate) fn record_params(r: &RequestRecord) -> Result<Vec<Value>, String> {
         r.prefix_key
             .map_or(Value::Null, |k| Value::Integer(k as i64)),
         int(opt_u64_to_i64(r.reasoning_tokens, "reasoning_tokens")?),
+        int(opt_u64_to_i64(
+            r.cached_input_tokens,
+            "cached_input_tokens",
+        )?),
+        r.cost_usd.map_or(Value::Null, Value::Real),
     ])
 }
 
@@ -207,6 +212,8 @@ pub(crate) fn record_from_row(row: &Row<'_>, path: &Path) -> Result<RequestRecor
     };
     let prefix_key = rd.get::<Option<i64>>(28)?.map(|k| k as u64);
     let reasoning_tokens = rd.get_u64(29)?;
+    let cached_input_tokens = rd.get_u64(30)?;
+    let cost_usd: Option<f64> = rd.get(31)?;
     Ok(RequestRecord {
         request_id,
         trace_id: rd.get(2)?,
@@ -236,6 +243,8 @@ pub(crate) fn record_from_row(row: &Row<'_>, path: &Path) -> Result<RequestRecor
         prompt_tokens: rd.get_u64(21)?,
         output_tokens: rd.get_u64(22)?,
         reasoning_tokens,
+        cached_input_tokens,
+        cost_usd,
         tokens_from_usage: rd.get(23)?,
         finish_reason: rd.get(24)?,
         status: u16::try_from(status)

@@ -7,7 +7,7 @@
 use crate::{
     AnnotationRow, EmbeddingRow, LogQuery, LogRow, MarkerQuery, MarkerRow, RecordOutcome,
     RecordQuery, RetentionReport, RollupQuery, RollupRow, ScoreRow, ScrapeTargetRow, SpanQuery,
-    SpanRow, Store, StoreOptions,
+    SpanRow, SpendQuery, SpendRow, Store, StoreOptions,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,6 +41,7 @@ pub const CHECKS: &[Check] = &[
     ("scrape_targets", scrape_targets),
     ("markers", markers),
     ("scores", scores),
+    ("spend", spend),
     ("retention", retention),
     ("stats", stats),
 ];
@@ -99,6 +100,9 @@ pub fn full_record() -> RequestRecord {
         prompt_tokens: Some(900),
         output_tokens: Some(4),
         reasoning_tokens: Some(3),
+        cached_input_tokens: Some(600),
+        // Not a sum of binary fractions: the backends must keep every bit of an f64.
+        cost_usd: Some(0.001_234_567_89),
         tokens_from_usage: true,
         finish_reason: "stop".into(),
         status: 200,
@@ -662,6 +666,54 @@ pub fn scores(store: &dyn Store) {
 }
 
 /// An alert with a last event and an incident.
+/// `query_spend`: costs summed per model and tenant within the arrival range, unpriced records
+/// counted as requests at no cost, groups ordered by model then tenant.
+pub fn spend(store: &dyn Store) {
+    let costed = |id: &str, model: &str, tenant: &str, at: i64, cost: Option<f64>| {
+        let mut r = rec(id, model, NOW + at);
+        r.labels.tenant = tenant.into();
+        r.cost_usd = cost;
+        r
+    };
+    store
+        .insert_records(&[
+            costed("a", "m1", "t1", 0, Some(0.125)),
+            costed("b", "m1", "t1", MIN, Some(0.25)),
+            costed("c", "m1", "t2", MIN, Some(1.5)),
+            costed("d", "m2", "t1", 2 * MIN, None),
+            costed("e", "m2", "t1", 3 * MIN, Some(0.0)),
+            // Outside the range on either side.
+            costed("early", "m1", "t1", -1, Some(100.0)),
+            costed("late", "m1", "t1", 10 * MIN, Some(100.0)),
+        ])
+        .unwrap();
+    let row =
+        |model: &str, tenant: &str, cost_usd: f64, requests: u64, priced_requests: u64| SpendRow {
+            model: model.into(),
+            tenant: tenant.into(),
+            cost_usd,
+            requests,
+            priced_requests,
+        };
+    let q = SpendQuery {
+        since_unix_ms: NOW,
+        until_unix_ms: NOW + 10 * MIN,
+    };
+    assert_eq!(
+        store.query_spend(&q).unwrap(),
+        [
+            row("m1", "t1", 0.375, 2, 2),
+            row("m1", "t2", 1.5, 1, 1),
+            row("m2", "t1", 0.0, 2, 1),
+        ]
+    );
+    let empty = SpendQuery {
+        since_unix_ms: NOW + 20 * MIN,
+        until_unix_ms: NOW + 30 * MIN,
+    };
+    assert_eq!(store.query_spend(&empty).unwrap(), []);
+}
+
 pub fn alert(id: &str, state: AlertState, active_at: i64, resolved_at: Option<i64>) -> Alert {
     Alert {
         id: id.into(),

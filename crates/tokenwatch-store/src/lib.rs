@@ -12,6 +12,7 @@ mod schema;
 mod scores;
 mod scrape_targets;
 mod span_attrs;
+mod spend;
 mod sqlite;
 mod telemetry;
 mod text;
@@ -30,6 +31,7 @@ pub use error::{BackendError, StoreError};
 pub use markers::{MarkerQuery, MarkerRow};
 pub use scores::ScoreRow;
 pub use scrape_targets::ScrapeTargetRow;
+pub use spend::{SpendQuery, SpendRow};
 pub use sqlite::SqliteStore;
 pub use telemetry::{LogQuery, LogRow, SpanQuery, SpanRow};
 pub use text::DEFAULT_REGION;
@@ -144,6 +146,9 @@ pub trait Store: Send + Sync + 'static {
         request_ids: &[String],
         trace_ids: &[String],
     ) -> Result<Vec<ScoreRow>, StoreError>;
+    /// The records' cost (`cost_usd`) summed per model and tenant over an arrival range,
+    /// ordered by model, then tenant.
+    fn query_spend(&self, q: &SpendQuery) -> Result<Vec<SpendRow>, StoreError>;
 }
 
 /// A storage-level roll-up: one minute of one latency sketch for one series and context bucket.

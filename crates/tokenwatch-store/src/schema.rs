@@ -254,6 +254,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         // the file (SchemaTooNew) instead of failing on the first compact row.
         sql: "SELECT 1;",
     },
+    Migration {
+        version: 14,
+        name: "cached input tokens and request cost",
+        sql: "
+        ALTER TABLE records ADD COLUMN cached_input_tokens INTEGER;
+        ALTER TABLE records ADD COLUMN cost_usd REAL;
+        ",
+    },
 ];
 
 /// The highest schema version this build knows.

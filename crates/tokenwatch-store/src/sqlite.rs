@@ -494,6 +494,10 @@ impl Store for SqliteStore {
         markers::query(&lock(&self.read), q).map_err(self.err("query_markers"))
     }
 
+    fn query_spend(&self, q: &crate::SpendQuery) -> Result<Vec<crate::SpendRow>, StoreError> {
+        crate::spend::query(&lock(&self.read), q).map_err(self.err("query_spend"))
+    }
+
     fn stats(&self) -> Result<StoreStats, StoreError> {
         let (records, rollups) = {
             let conn = lock(&self.read);

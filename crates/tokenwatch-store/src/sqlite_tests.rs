@@ -141,6 +141,42 @@ fn migration_7_adds_reasoning_tokens_to_an_existing_database() {
 }
 
 #[test]
+fn migration_14_adds_cached_tokens_and_cost_to_an_existing_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = RequestRecord {
+        cached_input_tokens: None,
+        cost_usd: None,
+        ..full_record()
+    };
+    {
+        // A database as schema version 13 left it: neither column.
+        let store = open(dir.path());
+        store.insert_records(std::slice::from_ref(&old)).unwrap();
+        lock(&store.write)
+            .execute_batch(
+                "ALTER TABLE records DROP COLUMN cached_input_tokens;
+                 ALTER TABLE records DROP COLUMN cost_usd;
+                 DELETE FROM schema_migrations WHERE version = 14;",
+            )
+            .unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(
+        all(&store),
+        [old],
+        "rows from before the migration: unknown"
+    );
+    let newer = RequestRecord {
+        cached_input_tokens: Some(128),
+        cost_usd: Some(0.0425),
+        ..rec("newer", "m", 6)
+    };
+    store.insert_records(std::slice::from_ref(&newer)).unwrap();
+    let got = all(&store);
+    assert_eq!(got.iter().find(|r| r.request_id == "newer"), Some(&newer));
+}
+
+#[test]
 fn stats_and_data_dir_creation() {
     let dir = tempfile::tempdir().unwrap();
     let nested = dir.path().join("a/b");

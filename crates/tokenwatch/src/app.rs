@@ -307,6 +307,10 @@ impl RunningApp {
         if !model_aliases.is_empty() {
             tracing::info!(aliases = ?cfg.models.aliases, "model aliases: these ids are counted under their model's");
         }
+        let prices = Arc::new(
+            crate::pipeline::pricing::PriceTable::load(&cfg.pricing, &cfg.proxy.upstreams)
+                .map_err(|e| anyhow::anyhow!("configuration {e}"))?,
+        );
         let (pipeline, queue) = Pipeline::start(
             PipelineConfig {
                 queue_capacity: cfg.telemetry.queue_capacity,
@@ -324,6 +328,7 @@ impl RunningApp {
                         .flat_map(|u| u.models.iter().cloned())
                         .chain(cfg.proxy.routes.iter().map(|r| r.model.clone())),
                 )),
+                prices,
                 record_identity: Some(crate::pipeline::RecordIdentityConfig::new(
                     telemetry_text.others_masker(),
                 )),
@@ -465,6 +470,7 @@ impl RunningApp {
             slos,
             scaling,
             trace_components,
+            budgets: Arc::new(cfg.budgets.clone()),
         });
         let mut app = api_router(api);
         for routes in source_routes {

@@ -58,6 +58,9 @@ pub struct Config {
     pub alerting: crate::alerting::rules::AlertingConfig,
     /// SLOs with error budgets and burn alerts; absent: the spec's defaults (`crate::alerting::slo`).
     pub slos: Option<Vec<crate::alerting::slo::SloConfig>>,
+    /// Spend budgets: a daily or monthly amount in US dollars per model, tenant or both, with
+    /// burn alerts (`budget_burn`) and gauges; counted from the price table's costs (`pricing`).
+    pub budgets: Vec<crate::alerting::budget::BudgetConfig>,
     /// The autoscaling recommendation and the eviction trigger (spec section 6).
     pub scaling: crate::alerting::slo::scaling::ScalingConfig,
     /// Threads: the proxy's own runtime, the analysis threads' priority.
@@ -85,6 +88,10 @@ pub struct Config {
     pub logs: crate::logs::LogsConfig,
     /// Other ids a model goes by (`aliases`), counted under its one id.
     pub models: crate::kernel::models::ModelsConfig,
+    /// The price table: USD per million input, cached input, output and reasoning tokens per
+    /// model, with per-upstream overrides, inline or from `pricing.file`; each record's
+    /// `cost_usd` and the spend series come from it. Never fetched at run time.
+    pub pricing: crate::pipeline::pricing::PricingConfig,
     /// How the request path drains on SIGTERM/SIGINT (`delay`, `drain_timeout`).
     pub shutdown: ShutdownConfig,
     /// Which part of tokenwatch this process runs: `all` (default: proxy and analysis in one
@@ -174,6 +181,7 @@ impl Default for Config {
             signals: SignalsConfig::default(),
             alerting: Default::default(),
             slos: None,
+            budgets: Vec::new(),
             scaling: Default::default(),
             runtime: Default::default(),
             auth: Default::default(),
@@ -187,6 +195,7 @@ impl Default for Config {
             sources: Default::default(),
             logs: Default::default(),
             models: Default::default(),
+            pricing: Default::default(),
             shutdown: Default::default(),
             role: Role::All,
             aggregator: None,
@@ -462,6 +471,7 @@ impl Config {
             alerting: &self.alerting,
             slos: &self.slos,
             scaling: &self.scaling,
+            budgets: &self.budgets,
             traces: &self.traces,
             listen: self.listen,
             data_dir: self.data_dir.clone(),
@@ -697,6 +707,10 @@ impl Config {
             .map_err(|(path, message)| invalid(path, message))?;
         self.models
             .validate_admission()
+            .map_err(|(path, message)| invalid(path, message))?;
+        crate::pipeline::pricing::PriceTable::load(&self.pricing, &self.proxy.upstreams)
+            .map_err(|e| invalid(e.path, e.message))?;
+        crate::alerting::budget::validate(&self.budgets)
             .map_err(|(path, message)| invalid(path, message))?;
         let listener_certs = self
             .listener_certs()

@@ -189,6 +189,18 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             tls: None,
         })
         .collect();
+    // Demo prices (an in-house cost per million tokens, made up), so the Spend page has figures.
+    for (model, _, _) in FLEET {
+        cfg.pricing.models.insert(
+            model.to_string(),
+            crate::pipeline::pricing::ModelPrice {
+                input: 0.20,
+                cached_input: Some(0.05),
+                output: 0.80,
+                reasoning: None,
+            },
+        );
+    }
     // Also scrape each simulator's vLLM-style /metrics, so runtime-side signals (KV cache,
     // queue, GPU memory following the leak) show up next to what the proxy measures.
     cfg.scrape.targets = sims

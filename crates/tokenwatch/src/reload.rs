@@ -36,8 +36,10 @@ pub const RELOADABLE: [&str; 5] = [
 /// What a proxy replica (`role: proxy`) does not read: the aggregator's sections. A change there
 /// is neither applied nor a restart's (restarting the replica would not apply it either): a
 /// replica's reload reports it in `not_used`, so that one file can serve every role.
-pub const NOT_USED_BY_REPLICAS: [&str; 16] = [
+pub const NOT_USED_BY_REPLICAS: [&str; 18] = [
     "store",
+    "pricing",
+    "budgets",
     "aggregation",
     "scrape",
     "otlp",

@@ -65,7 +65,10 @@ async fn handle(
         },
     )
     .await?;
-    let ctx = ChunkCtx::new(endpoint, &generation.model);
+    let mut ctx = ChunkCtx::new(endpoint, &generation.model);
+    if app.prompt_tokens_details() {
+        ctx.cached_tokens = Some(generation.cached_tokens);
+    }
     let key = reasoning.field.key();
     let mut response = if req.stream {
         let enc = VllmEncoder {

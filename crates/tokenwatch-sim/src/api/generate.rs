@@ -31,6 +31,8 @@ pub struct GenRequest {
 pub struct Generation {
     pub rx: UnboundedReceiver<SeqEvent>,
     pub queue_time: Duration,
+    /// Prompt tokens the engine found in its prefix cache.
+    pub cached_tokens: u32,
     pub model: String,
 }
 
@@ -68,10 +70,14 @@ pub async fn start(app: &AppState, req: GenRequest) -> Result<Generation, ApiErr
         .map_err(|e| ApiError::unavailable(e.to_string()))?;
     loop {
         match rx.recv().await {
-            Some(SeqEvent::Scheduled { queue_time }) => {
+            Some(SeqEvent::Scheduled {
+                queue_time,
+                cached_tokens,
+            }) => {
                 return Ok(Generation {
                     rx,
                     queue_time,
+                    cached_tokens,
                     model: engine.model().to_string(),
                 });
             }

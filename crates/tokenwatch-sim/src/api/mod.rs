@@ -51,6 +51,9 @@ struct Inner {
     reasoning: Reasoning,
     /// Streams' headers wait for their first token (`--stream-headers-at-first-token`).
     headers_at_first_token: bool,
+    /// Chat and completions usage names the cached prompt tokens
+    /// (`--enable-prompt-tokens-details`).
+    prompt_tokens_details: bool,
     started_unix: u64,
 }
 
@@ -62,6 +65,7 @@ impl AppState {
         gpu_name: String,
         reasoning: Reasoning,
         headers_at_first_token: bool,
+        prompt_tokens_details: bool,
     ) -> Self {
         let started_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -75,6 +79,7 @@ impl AppState {
                 gpu_name,
                 reasoning,
                 headers_at_first_token,
+                prompt_tokens_details,
                 started_unix,
             }),
         }
@@ -90,6 +95,11 @@ impl AppState {
 
     pub fn reasoning(&self) -> Reasoning {
         self.inner.reasoning
+    }
+
+    /// Whether chat and completions usage names the prompt tokens read from the prefix cache.
+    pub fn prompt_tokens_details(&self) -> bool {
+        self.inner.prompt_tokens_details
     }
 
     /// Whether a stream's response headers wait for its first token.

@@ -30,6 +30,9 @@ pub struct ChunkCtx {
     pub id: String,
     pub model: String,
     pub created: u64,
+    /// `usage.prompt_tokens_details.cached_tokens` (vLLM's `--enable-prompt-tokens-details`);
+    /// None: `prompt_tokens_details` is null, or absent from streamed usage.
+    pub cached_tokens: Option<u32>,
 }
 
 impl ChunkCtx {
@@ -46,6 +49,7 @@ impl ChunkCtx {
             endpoint,
             id: format!("{prefix}{:016x}", rand::random::<u64>()),
             model: model.to_string(),
+            cached_tokens: None,
             created,
         }
     }
@@ -102,11 +106,16 @@ impl ChunkCtx {
             Endpoint::Chat => "chat.completion.chunk",
             Endpoint::Completion => "text_completion",
         };
-        let details = if reasoning > 0 {
+        let mut details = if reasoning > 0 {
             format!(r#","completion_tokens_details":{{"reasoning_tokens":{reasoning}}}"#)
         } else {
             String::new()
         };
+        if let Some(cached) = self.cached_tokens {
+            details.push_str(&format!(
+                r#","prompt_tokens_details":{{"cached_tokens":{cached}}}"#
+            ));
+        }
         frame(&format!(
             r#"{{{},"choices":[],"usage":{{"prompt_tokens":{prompt},"total_tokens":{},"completion_tokens":{completion}{details}}},"system_fingerprint":{}}}"#,
             self.head(object),
@@ -130,6 +139,9 @@ impl ChunkCtx {
             "completion_tokens": usage.completion,
             "prompt_tokens_details": null,
         });
+        if let Some(cached) = self.cached_tokens {
+            usage_json["prompt_tokens_details"] = json!({ "cached_tokens": cached });
+        }
         if usage.reasoning > 0 {
             usage_json["completion_tokens_details"] =
                 json!({ "reasoning_tokens": usage.reasoning });
@@ -190,6 +202,7 @@ mod tests {
             id: "chatcmpl-8cafd02b14aedd00".into(),
             model: "tinyllama".into(),
             created: 1796202257,
+            cached_tokens: None,
         }
     }
 
@@ -304,6 +317,28 @@ mod tests {
         let full = c.full_response("a", ("reasoning", ""), FinishReason::Stop, plain);
         assert!(full["choices"][0]["message"]["reasoning"].is_null());
         assert!(full["usage"].get("completion_tokens_details").is_none());
+    }
+
+    #[test]
+    fn cached_prompt_tokens_only_with_prompt_tokens_details() {
+        let mut c = ctx(Endpoint::Chat);
+        let usage = Usage {
+            prompt: 40,
+            completion: 9,
+            reasoning: 0,
+        };
+        let streamed = parse(c.usage_chunk(40, 9, 0).trim());
+        assert!(streamed["usage"].get("prompt_tokens_details").is_none());
+        let full = c.full_response("a", ("reasoning", ""), FinishReason::Stop, usage);
+        assert!(full["usage"]["prompt_tokens_details"].is_null());
+        c.cached_tokens = Some(32);
+        let streamed = parse(c.usage_chunk(40, 9, 0).trim());
+        assert_eq!(
+            streamed["usage"]["prompt_tokens_details"]["cached_tokens"],
+            32
+        );
+        let full = c.full_response("a", ("reasoning", ""), FinishReason::Stop, usage);
+        assert_eq!(full["usage"]["prompt_tokens_details"]["cached_tokens"], 32);
     }
 
     #[test]

@@ -247,7 +247,10 @@ impl EngineCore {
                 st.prefix_hits += u64::from(cached);
                 let queue_time = now.saturating_duration_since(seq.arrival);
                 st.queue.observe(queue_time.as_secs_f64());
-                seq.send(SeqEvent::Scheduled { queue_time });
+                seq.send(SeqEvent::Scheduled {
+                    queue_time,
+                    cached_tokens: cached,
+                });
             }
             let prefill_ms = f64::from(compute) * self.cfg.prefill_ms_per_token;
             if decoding {

@@ -120,7 +120,8 @@ fn idle_engine_parks_and_ttft_is_base() {
     assert_eq!(
         ev[0],
         SeqEvent::Scheduled {
-            queue_time: Duration::ZERO
+            queue_time: Duration::ZERO,
+            cached_tokens: 0,
         }
     );
     assert_eq!(ev.len(), 1 + 3 + 1);
@@ -167,7 +168,7 @@ fn queue_forms_beyond_max_num_seqs() {
     let queue_times: Vec<Duration> = rxs
         .iter_mut()
         .map(|rx| match drain(rx).first() {
-            Some(SeqEvent::Scheduled { queue_time }) => *queue_time,
+            Some(SeqEvent::Scheduled { queue_time, .. }) => *queue_time,
             other => panic!("first event {other:?}"),
         })
         .collect();

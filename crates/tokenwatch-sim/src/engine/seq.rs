@@ -34,6 +34,8 @@ pub enum SeqEvent {
     },
     Scheduled {
         queue_time: Duration,
+        /// Prompt tokens found in the prefix cache (not computed again).
+        cached_tokens: u32,
     },
     Token {
         text: String,

@@ -10,7 +10,7 @@ pub(crate) const RECORD_COLUMNS: &str = "seq, request_id, trace_id, model_id, ru
     instance, tenant, ab_group, model_version, prompt_version, endpoint, stream, arrival_unix_ms, \
     upstream_headers_s, first_token_s, end_s, queue_s, chunk_offsets_us, gap_count, gap_mean_s, \
     gap_max_s, prompt_tokens, output_tokens, reasoning_tokens, tokens_from_usage, finish_reason, \
-    status, error_class, embedding, prefix_key";
+    status, error_class, embedding, prefix_key, cached_input_tokens, cost_usd";
 pub(crate) const TEXT_COLUMNS: &str =
     "seq, request_id, arrival_unix_ms, region, prompt, completion, masked, truncated";
 pub(crate) const ROLLUP_COLUMNS: &str = "model_id, runtime, instance, tenant, ab_group, \
@@ -60,6 +60,8 @@ pub(crate) fn records(rows: &[RequestRecord], seq: u64) -> Vec<u8> {
         w.nullable(r.error_class.map(|c| c.name()), |w, s| w.str(s));
         w.array_f32(&r.embedding);
         w.nullable(r.prefix_key, Writer::u64);
+        w.nullable(r.cached_input_tokens, Writer::u64);
+        w.nullable(r.cost_usd, Writer::f64);
     }
     w.buf
 }

@@ -508,6 +508,10 @@ impl Store for ClickHouseStore {
         markers::query(&self.client, q)
     }
 
+    fn query_spend(&self, q: &crate::SpendQuery) -> Result<Vec<crate::SpendRow>, StoreError> {
+        query::spend(&self.client, q)
+    }
+
     fn insert_scores(&self, rows: &[crate::ScoreRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
@@ -566,6 +570,14 @@ pub(crate) mod bench_support {
             &create.replace("{db}", client.database()),
             true,
         )?;
+        for table in ["records_v6", "records"] {
+            for alter in schema::RECORDS_COST_COLUMNS {
+                let sql = alter
+                    .replace("{db}.records_v6", &format!("{{db}}.{table}"))
+                    .replace("{db}", client.database());
+                client.query("benchmark table", &sql, true)?;
+            }
+        }
         Ok(())
     }
 }

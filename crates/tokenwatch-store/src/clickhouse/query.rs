@@ -12,7 +12,7 @@ use crate::clickhouse::schema::{
 };
 use crate::{
     AnnotationRow, LogQuery, LogRow, RecordOutcome, RecordQuery, RollupQuery, RollupRow, SpanQuery,
-    SpanRow, StoreError,
+    SpanRow, SpendQuery, SpendRow, StoreError,
 };
 use std::collections::{BTreeMap, HashMap};
 use tokenwatch_core::alert::Alert;
@@ -112,6 +112,30 @@ pub(crate) fn records(client: &Client, q: &RecordQuery) -> Result<Vec<RequestRec
     Ok(out)
 }
 
+/// `Store::query_spend`: unpriced records (NULL cost) count as 0 and are left out of
+/// `priced_requests`.
+pub(crate) fn spend(client: &Client, q: &SpendQuery) -> Result<Vec<SpendRow>, StoreError> {
+    let db = client.database();
+    let mut p = Params::default();
+    let sql = format!(
+        "SELECT model_id, tenant, sum(ifNull(cost_usd, 0)), count(), count(cost_usd) \
+         FROM {db}.{RECORDS} WHERE arrival_unix_ms >= {} AND arrival_unix_ms < {} \
+         GROUP BY model_id, tenant ORDER BY model_id, tenant FORMAT RowBinary",
+        p.ms(q.since_unix_ms),
+        p.ms(q.until_unix_ms),
+    );
+    let body = client.query_with("query_spend", &sql, &p, true)?;
+    decode(client, RECORDS, &body, |r| {
+        Ok(SpendRow {
+            model: r.string()?,
+            tenant: r.string()?,
+            cost_usd: r.f64()?,
+            requests: r.u64()?,
+            priced_requests: r.u64()?,
+        })
+    })
+}
+
 fn record_from(r: &mut Reader<'_>) -> Result<RequestRecord, String> {
     let _seq = r.u64()?;
     let request_id = r.string()?;
@@ -154,6 +178,8 @@ fn record_from(r: &mut Reader<'_>) -> Result<RequestRecord, String> {
         };
         let embedding = r.array_f32()?;
         let prefix_key = r.nullable(Reader::u64)?;
+        let cached_input_tokens = r.nullable(Reader::u64)?;
+        let cost_usd = r.nullable(Reader::f64)?;
         Ok(RequestRecord {
             request_id: String::new(),
             trace_id,
@@ -171,6 +197,8 @@ fn record_from(r: &mut Reader<'_>) -> Result<RequestRecord, String> {
             prompt_tokens,
             output_tokens,
             reasoning_tokens,
+            cached_input_tokens,
+            cost_usd,
             tokens_from_usage,
             finish_reason,
             status,

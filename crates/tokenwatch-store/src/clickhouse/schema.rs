@@ -518,6 +518,20 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             "DROP TABLE IF EXISTS {db}.scores",
         ],
     },
+    Migration {
+        version: 8,
+        name: "cached input tokens and request cost",
+        statements: RECORDS_COST_COLUMNS,
+    },
+];
+
+/// Migration 8's columns of the records table (the store-insert benchmark adds them to its
+/// version-5 table too, so both take the same RowBinary rows).
+pub(crate) const RECORDS_COST_COLUMNS: &[&str] = &[
+    "ALTER TABLE {db}.records_v6 ADD COLUMN IF NOT EXISTS cached_input_tokens \
+     Nullable(UInt64) CODEC(T64, ZSTD(1))",
+    "ALTER TABLE {db}.records_v6 ADD COLUMN IF NOT EXISTS cost_usd Nullable(Float64) \
+     CODEC(ZSTD(1))",
 ];
 
 /// The highest schema version this build knows.
@@ -781,8 +795,10 @@ mod tests {
                 let copy = st.starts_with("INSERT INTO {db}.rollups_v2 ")
                     || (st.starts_with("INSERT INTO {db}.") && st.contains(" WHERE seq NOT IN "));
                 let drop = st.starts_with("DROP TABLE IF EXISTS {db}.");
+                let add_column = st.starts_with("ALTER TABLE {db}.")
+                    && st.contains(" ADD COLUMN IF NOT EXISTS ");
                 assert!(
-                    copy || drop || st.contains("IF NOT EXISTS {db}."),
+                    copy || drop || add_column || st.contains("IF NOT EXISTS {db}."),
                     "not idempotent: {st}"
                 );
             }

@@ -3,6 +3,7 @@
 // rules export.
 
 pub mod api;
+pub mod budget;
 pub mod deliver;
 pub mod detectors;
 pub mod engine;

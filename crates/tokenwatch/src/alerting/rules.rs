@@ -272,6 +272,11 @@ pub const DEFAULT_RULES_YAML: &str = r#"
   params: {condition: slow}
   severity: warning
   summary: "SLO {{ labels.slo }} of {{ labels.model_id }}: error budget eroding — ticket"
+- name: budget_burn
+  detector: budget_burn
+  group_by: [budget]
+  severity: critical
+  summary: "{{ summary }}"
 - name: error_burst
   detector: error_burst
   group_by: [model_id, instance]

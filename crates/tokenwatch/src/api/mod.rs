@@ -1,6 +1,7 @@
 // The HTTP API on the API port: `/api/v1/*` JSON queries, `/metrics`, `/healthz`, `/readyz`.
 // Every query parameter is checked; unknown names or values get a 400 that says what is allowed.
 
+mod budgets;
 mod fleet;
 mod gpu_history;
 pub mod health;
@@ -10,6 +11,7 @@ mod requests;
 pub mod routes;
 mod scaling;
 mod slos;
+mod spend;
 pub mod timeline;
 mod traces;
 
@@ -49,6 +51,8 @@ pub struct ApiState {
     pub scaling: Arc<crate::alerting::slo::scaling::ScalingBook>,
     /// Span → component rules for per-trace self time (`traces.components`).
     pub trace_components: Arc<crate::pipeline::trace_components::ComponentMap>,
+    /// The spend budgets (`budgets:`), answered from the store.
+    pub budgets: Arc<Vec<crate::alerting::budget::BudgetConfig>>,
 }
 
 pub fn router(state: Arc<ApiState>) -> axum::Router {
@@ -65,6 +69,8 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/api/v1/gpus/history", get(gpu_history::gpu_history))
         .route("/api/v1/signals", get(signals))
         .route("/api/v1/slos", get(slos::list))
+        .route("/api/v1/spend", get(spend::spend))
+        .route("/api/v1/budgets", get(budgets::list))
         .route("/api/v1/scaling", get(scaling::all))
         .route("/api/v1/scaling/{model}", get(scaling::one))
         .route("/api/v1/markers", get(markers::list).post(markers::create))
@@ -85,7 +91,7 @@ impl IntoResponse for ParamError {
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     let msg = format!(
-        "no such endpoint {}; available: /, /api/v1/fleet, /api/v1/timeseries, /api/v1/latency, /api/v1/requests, /api/v1/requests/{{id}}, /api/v1/traces/{{trace_id}}, /api/v1/signals, /api/v1/alerts, /api/v1/rules, /api/v1/slos, /api/v1/scaling/{{model}}, /api/v1/markers, /api/v1/compare?marker={{id}}, /api/v1/logs/templates, /api/v1/gpus/history, /api/v1/targets, /api/v1/gpus, /metrics, /healthz, /readyz",
+        "no such endpoint {}; available: /, /api/v1/fleet, /api/v1/timeseries, /api/v1/latency, /api/v1/requests, /api/v1/requests/{{id}}, /api/v1/traces/{{trace_id}}, /api/v1/signals, /api/v1/alerts, /api/v1/rules, /api/v1/slos, /api/v1/spend, /api/v1/budgets, /api/v1/scaling/{{model}}, /api/v1/markers, /api/v1/compare?marker={{id}}, /api/v1/logs/templates, /api/v1/gpus/history, /api/v1/targets, /api/v1/gpus, /metrics, /healthz, /readyz",
         uri.path()
     );
     (StatusCode::NOT_FOUND, Json(json!({ "error": msg }))).into_response()

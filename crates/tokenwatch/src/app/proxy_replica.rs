@@ -91,6 +91,8 @@ impl RunningApp {
                 model_aliases,
                 // The aggregator admits model ids, for every replica at once.
                 model_admission: None,
+                // The aggregator prices the records.
+                prices: Default::default(),
                 record_identity: None,
                 health: Some(components.clone()),
             },

@@ -405,6 +405,7 @@ mod tests {
             output_tokens: Some(10),
             prompt_tokens: Some(300),
             chunk_offsets_us: vec![200_000, 1_000_000],
+            cost_usd: Some(0.25),
             ..Default::default()
         }
     }
@@ -507,7 +508,7 @@ mod tests {
             let mut r = with_model(model);
             r.status = 500;
             r.error_class = Some(tokenwatch_core::model::ErrorClass::Upstream5xx);
-            (r.prompt_tokens, r.output_tokens) = (None, None);
+            (r.prompt_tokens, r.output_tokens, r.cost_usd) = (None, None, None);
             r
         };
         // m0 (a success and a failure) and m1 last seen two hours ago, m2 ten minutes ago.
@@ -533,6 +534,7 @@ mod tests {
             "gen_ai_server_time_per_output_token_seconds_count",
             "gen_ai_client_operation_time_to_first_chunk_seconds_count",
             "gen_ai_client_operation_time_per_output_chunk_seconds_count",
+            "tokenwatch_spend_usd_total",
         ] {
             assert_eq!(models(&text, family), ["m2"], "{family}: {text}");
         }
@@ -611,6 +613,14 @@ mod tests {
         }
         assert_eq!(other["gen_ai_operation_name"], "chat");
         assert_eq!(overflow(&text, "tokenwatch_requests"), 7.0, "{text}");
+        assert_eq!(overflow(&text, "tokenwatch_spend_usd"), 7.0, "{text}");
+        let spend = samples(&text, "tokenwatch_spend_usd_total");
+        assert_eq!(spend.len(), 4, "{text}");
+        assert_eq!(
+            spend.iter().map(|(_, v)| v).sum::<f64>(),
+            11.0 * 0.25,
+            "every request's cost is counted, folded or not: {text}"
+        );
         assert_eq!(
             overflow(&text, "gen_ai_server_time_to_first_token_seconds"),
             7.0
@@ -677,6 +687,32 @@ mod tests {
     }
 
     #[test]
+    fn spend_sums_the_priced_requests_and_leaves_the_unpriced_out() {
+        let mut cheap = record();
+        cheap.cost_usd = Some(0.1);
+        let mut unpriced = record();
+        unpriced.cost_usd = None;
+        let text = encode(&[record(), cheap.clone(), cheap, unpriced], false);
+        let spend = samples(&text, "tokenwatch_spend_usd_total");
+        assert_eq!(spend.len(), 1, "{text}");
+        assert!((spend[0].1 - 0.45).abs() < 1e-12, "{text}");
+        assert_eq!(spend[0].0["gen_ai_request_model"], "m1");
+        assert!(!spend[0].0.contains_key("tenant"), "{text}");
+        let none = encode(&[unpriced_only()], false);
+        assert!(
+            samples(&none, "tokenwatch_spend_usd_total").is_empty(),
+            "{none}"
+        );
+    }
+
+    fn unpriced_only() -> RequestRecord {
+        RequestRecord {
+            cost_usd: None,
+            ..record()
+        }
+    }
+
+    #[test]
     fn tenant_label_when_opted_in() {
         let text = encode(&[record()], true);
         for name in [
@@ -684,6 +720,7 @@ mod tests {
             "gen_ai_server_request_duration_seconds_count",
             "gen_ai_client_token_usage_count",
             "tokenwatch_requests_total",
+            "tokenwatch_spend_usd_total",
         ] {
             let s = samples(&text, name);
             assert!(!s.is_empty(), "{name}: {text}");

@@ -19,7 +19,7 @@ use prometheus_client::registry::Registry;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use tokenwatch_core::model::ErrorClass;
 use tokenwatch_core::model::RequestRecord;
 
@@ -320,6 +320,9 @@ pub struct Metrics {
     pub per_chunk: HistFamily<RequestLabels>,
     pub tokens: HistFamily<TokenLabels>,
     pub requests: Family<OutcomeLabels, Counter>,
+    /// `tokenwatch_spend_usd_total`: what the priced requests cost (`pricing`), by the request
+    /// labels (`tenant` with `export.prometheus.tenant_label`).
+    pub spend: Family<RequestLabels, Counter<f64, AtomicU64>>,
     /// `export.prometheus.tenant_label`: request series carry `tenant`.
     tenant_label: AtomicBool,
     pub queue_depth: Gauge,
@@ -516,6 +519,7 @@ struct RequestBudgets {
     per_chunk: SeriesBudget,
     tokens: SeriesBudget,
     requests: SeriesBudget,
+    spend: SeriesBudget,
 }
 
 /// Labels of `tokenwatch_metrics_series_overflow`: the family's metric name.
@@ -606,6 +610,12 @@ impl Metrics {
             "tokenwatch_requests",
             "Requests seen by tokenwatch, with the request histograms' labels (error_type on failures)",
             requests.clone(),
+        );
+        let spend = Family::<RequestLabels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "tokenwatch_spend_usd",
+            "What requests cost in US dollars at the configured price table (pricing), with the request histograms' labels; requests of models it does not price are left out (tokenwatch_unpriced_requests_total counts them)",
+            spend.clone(),
         );
 
         let queue_depth = Gauge::default();
@@ -723,6 +733,7 @@ impl Metrics {
             ),
             tokens: SeriesBudget::new("gen_ai_client_token_usage", &overflow),
             requests: SeriesBudget::new("tokenwatch_requests", &overflow),
+            spend: SeriesBudget::new("tokenwatch_spend_usd", &overflow),
         };
         let build_info = Family::<BuildLabels, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
         registry.register(
@@ -746,6 +757,7 @@ impl Metrics {
             per_chunk,
             tokens,
             requests,
+            spend,
             tenant_label: AtomicBool::new(false),
             queue_depth,
             queue_capacity,
@@ -786,6 +798,7 @@ impl Metrics {
             b.tpot.remove(&self.tpot, &req);
             b.first_chunk.remove(&self.first_chunk, &req);
             b.per_chunk.remove(&self.per_chunk, &req);
+            b.spend.remove(&self.spend, &req);
             for kind in ["input", "output"] {
                 let t = TokenLabels {
                     request: req.clone(),
@@ -931,6 +944,13 @@ impl Metrics {
                         h.observe(n as f64)
                     });
             }
+        }
+        if let Some(cost) = r.cost_usd {
+            kept |= b
+                .spend
+                .with(&self.spend, max, req.clone(), RequestLabels::folded, |c| {
+                    c.inc_by(cost);
+                });
         }
         let req_seen = req.clone();
         let mut outcome = OutcomeLabels::of(r, req);

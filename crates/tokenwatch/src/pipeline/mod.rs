@@ -1,9 +1,10 @@
 // The pipeline between sources and everything downstream: a bounded telemetry queue that
 // never blocks a request, and one thread that settles each record's identity (masked labels, a
-// unique request id), resolves its model id through the configured aliases and admission, then
-// aggregates, stores and exports each batch.
+// unique request id), resolves its model id through the configured aliases and admission, prices
+// it (`pricing`), then aggregates, stores and exports each batch.
 
 mod labels;
+pub mod pricing;
 pub mod proxy_span;
 pub mod span_sampler;
 mod store_sink;
@@ -72,6 +73,9 @@ pub struct PipelineConfig {
     /// Model ids beyond `models.max_unlisted` are counted as `__other__` (after the aliases).
     /// None: every id is counted as itself (unit tests, proxy replicas: their aggregator admits).
     pub model_admission: Option<crate::kernel::models::ModelAdmission>,
+    /// The price table (`pricing`) each record's `cost_usd` comes from; empty: no record is
+    /// priced (and none counted as unpriced).
+    pub prices: Arc<pricing::PriceTable>,
     /// Label values and request ids masked (`capture.mask.telemetry`) and request ids made
     /// unique among this many recent ones (`labels::RecordIdentity`). None: records keep them as
     /// sent (unit tests, proxy replicas: their aggregator settles them).
@@ -131,10 +135,13 @@ impl Pipeline {
             .record_identity
             .take()
             .map(|c| labels::RecordIdentity::new(c.masker, c.recent_ids, &metrics));
+        let pricer =
+            (!cfg.prices.is_empty()).then(|| pricing::Pricer::new(cfg.prices.clone(), &metrics));
         let worker = Worker {
             cfg,
             admission,
             identity,
+            pricer,
             aggregator,
             sinks,
             metrics,
@@ -230,6 +237,8 @@ struct Worker {
     cfg: PipelineConfig,
     /// `cfg.model_admission`, taken out at start.
     admission: Option<Admission>,
+    /// Puts `cost_usd` on records; None when the price table is empty.
+    pricer: Option<pricing::Pricer>,
     /// `cfg.record_identity`, taken out at start.
     identity: Option<labels::RecordIdentity>,
     aggregator: Option<Arc<Mutex<Aggregator>>>,
@@ -377,6 +386,9 @@ impl Worker {
                     a.admit(&mut record.labels.model_id, now_ms);
                 }
                 crate::kernel::failpoint::panic_on_model("pipeline", &record.labels.model_id);
+                if let Some(p) = &self.pricer {
+                    p.price(&mut record);
+                }
                 if let (Some(raw), Some(capture)) = (raw, &self.cfg.text_capture) {
                     record.text = Some(Box::new(capture.finish(&raw)));
                 }
@@ -493,6 +505,7 @@ mod tests {
             text_capture: None,
             model_aliases: Default::default(),
             model_admission: None,
+            prices: Default::default(),
             record_identity: None,
             health: None,
         };
@@ -583,6 +596,7 @@ mod tests {
             text_capture: None,
             model_aliases: Default::default(),
             model_admission: None,
+            prices: Default::default(),
             record_identity: None,
             health: Some(components.clone()),
         };

@@ -228,6 +228,12 @@ impl ProxySpanBuilder {
                 Attr::Int(saturating_i64(n)),
             );
         }
+        if let Some(n) = r.cached_input_tokens {
+            f(
+                "gen_ai.usage.cache_read.input_tokens",
+                Attr::Int(saturating_i64(n)),
+            );
+        }
         if !r.finish_reason.is_empty() {
             f(
                 "gen_ai.response.finish_reasons",

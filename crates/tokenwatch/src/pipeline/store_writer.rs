@@ -806,6 +806,12 @@ mod tests {
         ) -> Result<Vec<tokenwatch_store::MarkerRow>, StoreError> {
             self.inner().query_markers(q)
         }
+        fn query_spend(
+            &self,
+            q: &tokenwatch_store::SpendQuery,
+        ) -> Result<Vec<tokenwatch_store::SpendRow>, StoreError> {
+            self.inner().query_spend(q)
+        }
     }
 
     fn sqlite() -> (tempfile::TempDir, Arc<dyn Store>) {

@@ -113,6 +113,7 @@ mod tests {
             "pages/requests.js",
             "pages/request.js",
             "pages/gpus.js",
+            "pages/spend.js",
             "vendor/uPlot.iife.min.js",
             "vendor/uPlot.min.css",
             "vendor/uPlot.LICENSE",

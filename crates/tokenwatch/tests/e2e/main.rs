@@ -51,6 +51,7 @@ mod runtime_latency;
 mod scrape_e2e;
 mod sharded_collectors;
 mod span_sampling;
+mod spend;
 mod timed;
 mod top_tui;
 mod ui_api;

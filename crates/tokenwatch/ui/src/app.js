@@ -14,6 +14,7 @@ import gpus from './pages/gpus.js';
 import trace from './pages/trace.js';
 import compare from './pages/compare.js';
 import slos from './pages/slos.js';
+import spend from './pages/spend.js';
 
 const POLL_MS = 2000;
 
@@ -28,6 +29,7 @@ const ROUTES = [
   [/^\/traces\/(.+)$/, trace],
   [/^\/compare\/?$/, compare],
   [/^\/slos\/?$/, slos],
+  [/^\/spend\/?$/, spend],
 ];
 
 const view = document.getElementById('view');

@@ -8,6 +8,7 @@
 mod ab_regression;
 mod absolute_latency;
 mod batch_jitter;
+mod budget_burn;
 mod cache_pollution;
 mod call_chain_convergence;
 mod canary_rollback;
@@ -33,6 +34,7 @@ mod triple_signal_health;
 pub use ab_regression::AbRegression;
 pub use absolute_latency::AbsoluteLatency;
 pub use batch_jitter::BatchJitter;
+pub use budget_burn::BudgetBurn;
 pub use cache_pollution::CachePollution;
 pub use call_chain_convergence::{CallChainConvergence, CallChainParams};
 pub use canary_rollback::CanaryRollback;
@@ -169,6 +171,7 @@ pub const REGISTRY: &[Registration] = &[
     register::<DriftVote>(),
     register::<CachePollution>(),
     register::<SloBurn>(),
+    register::<BudgetBurn>(),
     register::<ErrorBurst>(),
     register::<ReplicaShift>(),
     register::<BatchJitter>(),

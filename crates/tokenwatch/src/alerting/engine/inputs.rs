@@ -30,6 +30,8 @@ pub struct Inputs {
     awaiting_record: HashMap<Label, HashSet<u64>>,
     /// The SLOs' counts (`crate::alerting::slo`), fed by every ingested record.
     slos: crate::alerting::slo::tracker::SloTracker,
+    /// The spend budgets (`crate::alerting::budget`), fed by every ingested record's cost.
+    budgets: crate::alerting::budget::BudgetTracker,
     embeddings: HashMap<String, EmbeddingSamples>,
     prefixes: HashMap<String, PrefixLog>,
     /// Feedback and evaluation scores joined to their requests.
@@ -83,6 +85,7 @@ impl Inputs {
             first_tokens: HashMap::new(),
             awaiting_record: HashMap::new(),
             slos: Default::default(),
+            budgets: Default::default(),
             embeddings: HashMap::new(),
             prefixes: HashMap::new(),
             // Request and trace ids of the last 100,000 records (about 7 MB) join scores.
@@ -128,6 +131,15 @@ impl Inputs {
     }
 
     /// The SLOs' latest statuses (refreshed by `prune`).
+    pub fn with_budgets(mut self, budgets: crate::alerting::budget::BudgetTracker) -> Inputs {
+        self.budgets = budgets;
+        self
+    }
+
+    pub fn budgets(&self) -> &crate::alerting::budget::BudgetTracker {
+        &self.budgets
+    }
+
     pub fn slos(&self) -> &crate::alerting::slo::tracker::SloTracker {
         &self.slos
     }
@@ -245,6 +257,12 @@ impl Inputs {
         let mut tenant = std::mem::take(&mut r.tenant);
         self.labels.intern(&mut tenant);
         self.slos.observe(&r, &tenant);
+        self.budgets.observe(
+            r.model.as_str(),
+            tenant.as_str(),
+            r.at_ms,
+            f64::from(r.cost_usd),
+        );
         let model = r.model.clone();
         r.seq = self.pushed_to(&model).records;
         let hard_cap = self.hard_cap();
@@ -375,6 +393,7 @@ impl Inputs {
             shrink_set(ids);
         }
         self.slos.prune(now);
+        self.budgets.publish(now);
         let keep_embeddings = self.embedding_retention_ms.unwrap_or(0);
         self.embeddings
             .retain(|_, e| !e.prune(now, keep_embeddings));

@@ -187,6 +187,8 @@ fn retentions(rules: &[Rule]) -> (i64, Option<i64>) {
 
 /// What the engine needs from the rest of the process.
 pub struct EngineDeps {
+    /// The spend budgets (`budgets:`), seeded and publishing; empty by default.
+    pub budgets: crate::alerting::budget::BudgetTracker,
     pub signals: SharedSignals,
     pub store: Arc<dyn Store>,
     pub metrics: Arc<Metrics>,
@@ -296,6 +298,7 @@ pub fn start_with_slos(
             .with_total_budget(cfg.max_records)
             .with_embedding_retention(embedding_retention)
             .with_slos(slo_tracker)
+            .with_budgets(deps.budgets)
             .with_score_metrics(scores::ScoreMetrics::register(&deps.metrics)),
         windows: Default::default(),
         scaler,
@@ -1269,6 +1272,8 @@ pub struct EngineSections<'a> {
     /// `slos:` as configured (None: the spec's defaults).
     pub slos: &'a Option<Vec<crate::alerting::slo::SloConfig>>,
     pub scaling: &'a crate::alerting::slo::scaling::ScalingConfig,
+    /// `budgets:` as configured.
+    pub budgets: &'a [crate::alerting::budget::BudgetConfig],
     pub traces: &'a crate::pipeline::trace_components::TracesConfig,
     /// The API's bound address: receivers' links when `delivery.external_url` is empty.
     pub listen: std::net::SocketAddr,
@@ -1297,6 +1302,31 @@ impl Default for RouteHandles {
 }
 
 /// Compile the rules, start the notifier and the engine (when `alerting.enabled`); the engine's
+/// The budgets of `budgets:` with what the stored records of their current periods spent, and
+/// their gauges; a store that cannot answer leaves them counting from zero (logged).
+fn start_budgets(
+    budgets: &[crate::alerting::budget::BudgetConfig],
+    store: &dyn Store,
+    metrics: &Metrics,
+) -> crate::alerting::budget::BudgetTracker {
+    let now = tokenwatch_core::clock::now_unix_ms();
+    if budgets.is_empty() {
+        return Default::default();
+    }
+    let mut tracker = crate::alerting::budget::BudgetTracker::new(budgets, now).publishing(metrics);
+    let seeded = tracker.seed(now, |since_unix_ms, until_unix_ms| {
+        store.query_spend(&tokenwatch_store::SpendQuery {
+            since_unix_ms,
+            until_unix_ms,
+        })
+    });
+    if let Err(e) = seeded {
+        tracing::warn!(error = %e, "budgets: the stored spend of the current period could not be read; counting from now");
+    }
+    tracker.publish(now);
+    tracker
+}
+
 /// status shows in `health` (`/readyz`'s `alerting`).
 #[allow(clippy::too_many_arguments)]
 pub fn start_from_config(
@@ -1336,10 +1366,12 @@ pub fn start_from_config(
         retention: cfg.raw_retention,
     });
     tracing::info!(rules = rules.len(), receivers = ?notifier.receiver_names(), "alerting enabled");
+    let budgets = start_budgets(cfg.budgets, store.as_ref(), &metrics);
     let started = start_with_slos(
         a,
         rules,
         EngineDeps {
+            budgets,
             signals,
             store: store.clone(),
             metrics,

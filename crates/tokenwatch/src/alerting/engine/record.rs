@@ -167,6 +167,9 @@ pub struct Rec {
     pub headers: Option<f64>,
     pub prompt_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
+    /// The request's cost (`cost_usd`), for the budgets; 0 when unpriced. An f32 (7 significant
+    /// digits: well under a cent on any budget) fits beside the flags without growing `Rec`.
+    pub cost_usd: f32,
     pub ok: bool,
     /// Counts against the success-rate SLO (client 4xx and cancelled requests do not).
     pub server_failure: bool,
@@ -206,6 +209,7 @@ impl Rec {
             headers: r.upstream_headers_s,
             prompt_tokens: r.prompt_tokens,
             output_tokens: r.output_tokens,
+            cost_usd: r.cost_usd.unwrap_or(0.0) as f32,
             ok: r.is_success(),
             server_failure: r.is_server_failure(),
             finish_reason: Label::new(&r.finish_reason),

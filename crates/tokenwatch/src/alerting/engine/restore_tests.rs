@@ -48,6 +48,7 @@ pub(super) fn start_default_on(
         &cfg,
         rules,
         EngineDeps {
+            budgets: Default::default(),
             signals: Arc::new(std::sync::RwLock::new(board)),
             store: store.clone(),
             metrics: Arc::new(Metrics::new()),

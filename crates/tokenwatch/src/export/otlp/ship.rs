@@ -406,6 +406,7 @@ mod tests {
             prompt_tokens: Some(700),
             output_tokens: Some(40),
             reasoning_tokens: Some(8),
+            cached_input_tokens: Some(512),
             tokens_from_usage: false,
             finish_reason: "length".into(),
             status: 200,

@@ -121,6 +121,8 @@ struct GenAi<'a> {
     output_tokens: Option<&'a Value>,
     /// Reasoning tokens, included in `output_tokens` (semantic conventions v1.37+).
     reasoning_tokens: Option<&'a Value>,
+    /// Input tokens read from the provider's prompt cache, included in `input_tokens`.
+    cached_input_tokens: Option<&'a Value>,
     finish_reasons: Option<&'a Value>,
     time_to_first_chunk: Option<&'a Value>,
     server_address: Option<&'a Value>,
@@ -160,6 +162,7 @@ struct OpenInference<'a> {
     prompt_tokens: Option<&'a Value>,
     completion_tokens: Option<&'a Value>,
     reasoning_tokens: Option<&'a Value>,
+    cached_input_tokens: Option<&'a Value>,
     total_tokens: Option<&'a Value>,
     /// `llm.invocation_parameters`: the call's parameters as JSON text (`"stream": true`).
     invocation_parameters: Option<&'a Value>,
@@ -219,6 +222,11 @@ impl<'a> GenAi<'a> {
                     &mut g.output_tokens
                 }
                 "gen_ai.usage.reasoning.output_tokens" => &mut g.reasoning_tokens,
+                "gen_ai.usage.cache_read.input_tokens" => &mut g.cached_input_tokens,
+                // An older name: used only when the current one is absent.
+                "gen_ai.usage.cached_input_tokens" if g.cached_input_tokens.is_none() => {
+                    &mut g.cached_input_tokens
+                }
                 "gen_ai.response.finish_reasons" => &mut g.finish_reasons,
                 "gen_ai.response.time_to_first_chunk" => &mut g.time_to_first_chunk,
                 "server.address" => &mut g.server_address,
@@ -246,6 +254,7 @@ impl<'a> GenAi<'a> {
                 "llm.token_count.prompt" => &mut g.oi.prompt_tokens,
                 "llm.token_count.completion" => &mut g.oi.completion_tokens,
                 "llm.token_count.completion_details.reasoning" => &mut g.oi.reasoning_tokens,
+                "llm.token_count.prompt_details.cache_read" => &mut g.oi.cached_input_tokens,
                 "llm.token_count.total" => &mut g.oi.total_tokens,
                 "llm.invocation_parameters" => &mut g.oi.invocation_parameters,
                 _ => continue,
@@ -275,6 +284,7 @@ impl<'a> GenAi<'a> {
         self.input_tokens = self.input_tokens.or(oi.prompt_tokens);
         self.output_tokens = self.output_tokens.or(oi.completion_tokens);
         self.reasoning_tokens = self.reasoning_tokens.or(oi.reasoning_tokens);
+        self.cached_input_tokens = self.cached_input_tokens.or(oi.cached_input_tokens);
         self.total_tokens = oi.total_tokens;
         self.invocation_stream = oi
             .invocation_parameters
@@ -587,6 +597,8 @@ fn record_of(
         prompt_tokens,
         output_tokens,
         reasoning_tokens: g.reasoning_tokens.and_then(as_u64),
+        cached_input_tokens: g.cached_input_tokens.and_then(as_u64),
+        cost_usd: None,
         finish_reason: g
             .finish_reasons
             .and_then(first_str)
@@ -682,6 +694,7 @@ mod tests {
                 kv("gen_ai.usage.input_tokens", Value::IntValue(100)),
                 kv("gen_ai.usage.completion_tokens", Value::IntValue(20)),
                 kv("gen_ai.usage.reasoning.output_tokens", Value::IntValue(12)),
+                kv("gen_ai.usage.cache_read.input_tokens", Value::IntValue(64)),
                 kv(
                     "gen_ai.response.finish_reasons",
                     Value::ArrayValue(ArrayValue {
@@ -746,6 +759,7 @@ mod tests {
             (Some(100), Some(20), true)
         );
         assert_eq!(r.reasoning_tokens, Some(12));
+        assert_eq!(r.cached_input_tokens, Some(64));
         assert_eq!(r.finish_reason, "stop");
         assert_eq!((r.status, r.error_class), (200, None));
         assert_eq!(r.endpoint, "chat");

@@ -543,6 +543,7 @@ mod tests {
                 text_capture: None,
                 model_aliases: Default::default(),
                 model_admission: None,
+                prices: Default::default(),
                 record_identity: None,
                 health: None,
             },

@@ -67,6 +67,8 @@ pub struct Observed {
     pub completion_tokens: Option<u64>,
     /// Of `completion_tokens`, the reasoning tokens, when the upstream reported them.
     pub reasoning_tokens: Option<u64>,
+    /// Of `prompt_tokens`, the tokens read from the upstream's prompt cache, when it reported them.
+    pub cached_input_tokens: Option<u64>,
     /// Normalised to chat's `finish_reason` values (`stop`, `length`, `tool_calls` …).
     pub finish_reason: Option<String>,
     pub model: Option<String>,
@@ -337,6 +339,13 @@ impl<'de> de::Deserialize<'de> for AnyText {
 #[derive(serde::Deserialize)]
 struct ReasoningDetails {
     reasoning_tokens: Option<u64>,
+}
+
+/// Counts that are reported as `{"cached_tokens": n, …}` under a usage object
+/// (`prompt_tokens_details` in chat, `input_tokens_details` in Responses).
+#[derive(serde::Deserialize)]
+struct CachedDetails {
+    cached_tokens: Option<u64>,
 }
 
 #[cfg(test)]

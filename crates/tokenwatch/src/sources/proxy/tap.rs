@@ -44,7 +44,8 @@ impl InFlight {
 }
 
 enum Mode {
-    Sse(SseObserver),
+    /// Boxed: the observer is far larger than the other modes.
+    Sse(Box<SseObserver>),
     Json(StreamFormat, Vec<u8>),
     Opaque,
 }
@@ -76,7 +77,7 @@ impl TapBody {
         slots: [Option<Slot>; 2],
     ) -> TapBody {
         let mode = if event_stream {
-            Mode::Sse(SseObserver::new(format))
+            Mode::Sse(Box::new(SseObserver::new(format)))
         } else if json {
             Mode::Json(format, Vec::new())
         } else {
@@ -191,6 +192,7 @@ fn take_observed(r: &mut RequestRecord, seen: &mut Observed, from_usage: bool) {
     r.prompt_tokens = seen.prompt_tokens;
     r.output_tokens = seen.completion_tokens;
     r.reasoning_tokens = seen.reasoning_tokens;
+    r.cached_input_tokens = seen.cached_input_tokens;
     r.tokens_from_usage = from_usage;
     r.finish_reason = seen.finish_reason.take().unwrap_or_default();
     if let Some(m) = seen.model.take() {

@@ -114,6 +114,9 @@ pub(super) fn event(
                 if let Some(p) = m.usage.as_ref().and_then(Usage::prompt_tokens) {
                     seen.prompt_tokens = Some(p);
                 }
+                if let Some(c) = m.usage.as_ref().and_then(|u| u.cache_read_input_tokens) {
+                    seen.cached_input_tokens = Some(c);
+                }
             }
         }
         "message_delta" => {
@@ -123,6 +126,7 @@ pub(super) fn event(
             if let Some(u) = ev.usage {
                 seen.prompt_tokens = u.prompt_tokens().or(seen.prompt_tokens);
                 seen.completion_tokens = u.output_tokens.or(seen.completion_tokens);
+                seen.cached_input_tokens = u.cache_read_input_tokens.or(seen.cached_input_tokens);
             }
         }
         "message_stop" => seen.done = true,
@@ -139,6 +143,7 @@ pub(super) fn json_body(body: &[u8]) -> Option<Observed> {
     Some(Observed {
         prompt_tokens: usage.and_then(Usage::prompt_tokens),
         completion_tokens: usage.and_then(|u| u.output_tokens),
+        cached_input_tokens: usage.and_then(|u| u.cache_read_input_tokens),
         finish_reason: m.stop_reason.as_deref().map(finish_reason),
         model: m.model,
         ..Observed::default()

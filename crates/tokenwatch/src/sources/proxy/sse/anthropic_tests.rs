@@ -175,3 +175,14 @@ proptest! {
         prop_assert!(o.malformed.is_none());
     }
 }
+
+#[test]
+fn cache_reads_are_the_cached_input_tokens() {
+    assert_eq!(run(STREAM).seen.cached_input_tokens, Some(100));
+    let body = br#"{"model":"claude-haiku-4-5","stop_reason":"end_turn","usage":{"input_tokens":9,"cache_creation_input_tokens":5,"cache_read_input_tokens":3,"output_tokens":16}}"#;
+    let o = StreamFormat::Anthropic.json_body(body).unwrap();
+    assert_eq!(
+        (o.prompt_tokens, o.cached_input_tokens),
+        (Some(17), Some(3))
+    );
+}

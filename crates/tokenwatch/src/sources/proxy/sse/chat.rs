@@ -1,7 +1,7 @@
 // The OpenAI chat/completions vocabulary: `choices` chunks ending with `data: [DONE]`, and
 // the non-streaming body; content is `delta.content`, reasoning, tool calls or `text`.
 
-use super::{HasText, Observed, ReasoningDetails, is_done_sentinel};
+use super::{CachedDetails, HasText, Observed, ReasoningDetails, is_done_sentinel};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
@@ -40,6 +40,7 @@ struct Usage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     completion_tokens_details: Option<ReasoningDetails>,
+    prompt_tokens_details: Option<CachedDetails>,
 }
 
 impl Usage {
@@ -51,6 +52,9 @@ impl Usage {
             .and_then(|d| d.reasoning_tokens)
         {
             seen.reasoning_tokens = Some(r);
+        }
+        if let Some(c) = self.prompt_tokens_details.and_then(|d| d.cached_tokens) {
+            seen.cached_input_tokens = Some(c);
         }
     }
 }

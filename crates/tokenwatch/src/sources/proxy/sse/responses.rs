@@ -1,7 +1,7 @@
 // The OpenAI Responses API vocabulary (`/v1/responses`): typed `response.*` stream events and
 // the response object, read into `Observed` with status mapped to chat's finish reasons.
 
-use super::{AnyText, Observed, ReasoningDetails, event_kind, typed_event};
+use super::{AnyText, CachedDetails, Observed, ReasoningDetails, event_kind, typed_event};
 use serde::Deserialize;
 use std::borrow::Cow;
 
@@ -61,6 +61,7 @@ struct Usage {
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
     output_tokens_details: Option<ReasoningDetails>,
+    input_tokens_details: Option<CachedDetails>,
 }
 
 /// `status` (and `incomplete_details.reason`) in chat's finish_reason vocabulary:
@@ -96,6 +97,9 @@ impl Response {
             seen.completion_tokens = u.output_tokens.or(seen.completion_tokens);
             if let Some(r) = u.output_tokens_details.and_then(|d| d.reasoning_tokens) {
                 seen.reasoning_tokens = Some(r);
+            }
+            if let Some(c) = u.input_tokens_details.and_then(|d| d.cached_tokens) {
+                seen.cached_input_tokens = Some(c);
             }
         }
         if let Some(status) = self

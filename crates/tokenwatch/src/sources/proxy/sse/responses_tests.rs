@@ -230,3 +230,14 @@ proptest! {
         prop_assert!(o.malformed.is_none());
     }
 }
+
+#[test]
+fn cached_input_tokens_streamed_and_unary() {
+    assert_eq!(run(STREAM).seen.cached_input_tokens, Some(0));
+    let body = br#"{"status":"completed","model":"gpt-4.1","output":[],"usage":{"input_tokens":2000,"input_tokens_details":{"cached_tokens":1536},"output_tokens":2}}"#;
+    let o = StreamFormat::Responses.json_body(body).unwrap();
+    assert_eq!(
+        (o.prompt_tokens, o.cached_input_tokens),
+        (Some(2000), Some(1536))
+    );
+}

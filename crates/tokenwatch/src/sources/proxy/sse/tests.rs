@@ -226,3 +226,22 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn cached_prompt_tokens_streamed_and_unary() {
+    let stream = concat!(
+        "data: {\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":2006,\"completion_tokens\":300,\"prompt_tokens_details\":{\"cached_tokens\":1920,\"audio_tokens\":0}}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let o = run(stream.as_bytes());
+    assert_eq!(
+        (o.seen.prompt_tokens, o.seen.cached_input_tokens),
+        (Some(2006), Some(1920))
+    );
+    let body = br#"{"model":"m","choices":[{"finish_reason":"stop"}],"usage":{"prompt_tokens":50,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":32}}}"#;
+    let o = StreamFormat::OpenAi.json_body(body).unwrap();
+    assert_eq!(o.cached_input_tokens, Some(32));
+    let o = run(CHAT_REASONING.as_bytes());
+    assert_eq!(o.seen.cached_input_tokens, None, "not reported: unknown");
+}
