@@ -3,14 +3,15 @@
 // response's model name from the upstream, which may echo the request's), so
 // personal data in them is masked like other received free text (`capture.mask.telemetry`), and
 // a request id a caller reuses cannot make two records one (the second becomes `<id>~<8 hex>`;
-// annotations, captured text and scores hang on the id). Runs on the pipeline thread, where
+// annotations, captured text and scores hang on the id) — while the same record received again
+// (a retried OTLP export or posted batch: same id, trace, arrival and model) is kept once. Runs on the pipeline thread, where
 // every source's records pass (proxy, replicas' shipped records, OTLP, posted records), before
 // aliases and admission, so /metrics, the store and the detectors only ever see the result.
 
 use crate::capture::mask::Masker;
 use crate::kernel::telemetry::Metrics;
 use prometheus_client::metrics::counter::Counter;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use tokenwatch_core::model::{FirstToken, RequestRecord};
@@ -29,12 +30,14 @@ pub struct RecordIdentity {
     recent: RecentIds,
     masked: Counter,
     reused: Counter,
+    repeated: Counter,
 }
 
 impl RecordIdentity {
     pub fn new(masker: Option<Arc<Masker>>, recent_ids: usize, metrics: &Metrics) -> Self {
         let masked = Counter::default();
         let reused = Counter::default();
+        let repeated = Counter::default();
         metrics.register(
             "tokenwatch_record_labels_masked",
             "Label values and request ids of records (model, response model, tenant, A/B group, model and prompt version, request id) in which personal data was masked (capture.mask.telemetry)",
@@ -45,16 +48,23 @@ impl RecordIdentity {
             "Records whose request id an earlier record already had: stored as <id>~<8 hex> so that the first keeps its id",
             reused.clone(),
         );
+        metrics.register(
+            "tokenwatch_records_repeated",
+            "Records received again (same request id, trace, arrival and model as one among the recent: a retried export or batch) and kept once",
+            repeated.clone(),
+        );
         RecordIdentity {
             masker,
             recent: RecentIds::new(recent_ids),
             masked,
             reused,
+            repeated,
         }
     }
 
-    /// Masks the record's labels and request id, then makes its id unique among the recent.
-    pub fn settle(&mut self, record: &mut RequestRecord) {
+    /// Masks the record's labels and request id, then makes its id unique among the recent;
+    /// false when the record is one already received (drop it).
+    pub fn settle(&mut self, record: &mut RequestRecord) -> bool {
         if let Some(m) = &self.masker {
             let labels = &mut record.labels;
             let n = [
@@ -72,11 +82,23 @@ impl RecordIdentity {
             .count();
             self.masked.inc_by(n as u64);
         }
-        if !record.request_id.is_empty() && !self.recent.insert(&record.request_id) {
-            self.reused.inc();
-            record.request_id = reissued(&record.request_id);
-            self.recent.insert(&record.request_id);
+        if record.request_id.is_empty() {
+            return true;
         }
+        let fingerprint = self.recent.fingerprint(record);
+        match self.recent.insert(&record.request_id, fingerprint) {
+            Seen::New => {}
+            Seen::Same => {
+                self.repeated.inc();
+                return false;
+            }
+            Seen::Other => {
+                self.reused.inc();
+                record.request_id = reissued(&record.request_id);
+                self.recent.insert(&record.request_id, fingerprint);
+            }
+        }
+        true
     }
 
     /// A first token's model and request id, masked as its record's will be (the early copy
@@ -114,12 +136,22 @@ fn reissued(id: &str) -> String {
     format!("{}~{tag:08x}", &id[..end])
 }
 
-/// The last `capacity` request ids, as 64-bit hashes (randomly keyed, so ids cannot be chosen
-/// to collide), oldest forgotten first.
+/// Whether a request id was among the recent.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    New,
+    /// With the same record (fingerprint).
+    Same,
+    /// With another record.
+    Other,
+}
+
+/// The last `capacity` request ids with their record's fingerprint, as 64-bit hashes (randomly
+/// keyed, so ids cannot be chosen to collide), oldest forgotten first.
 struct RecentIds {
     capacity: usize,
     hasher: std::collections::hash_map::RandomState,
-    set: HashSet<u64>,
+    ids: HashMap<u64, u64>,
     order: VecDeque<u64>,
 }
 
@@ -128,29 +160,50 @@ impl RecentIds {
         RecentIds {
             capacity,
             hasher: Default::default(),
-            set: HashSet::with_capacity(capacity.min(DEFAULT_RECENT_IDS)),
+            ids: HashMap::with_capacity(capacity.min(DEFAULT_RECENT_IDS)),
             order: VecDeque::with_capacity(capacity.min(DEFAULT_RECENT_IDS)),
         }
     }
 
-    /// Remembers `id`; false when it is already remembered.
-    fn insert(&mut self, id: &str) -> bool {
-        if self.capacity == 0 {
-            return true;
-        }
+    fn hash(&self, parts: &[&[u8]]) -> u64 {
         let mut h = self.hasher.build_hasher();
-        h.write(id.as_bytes());
-        let key = h.finish();
-        if !self.set.insert(key) {
-            return false;
+        for p in parts {
+            h.write(p);
+            h.write_u8(0xff);
         }
+        h.finish()
+    }
+
+    /// What makes a record the same one received again: trace, arrival and model.
+    fn fingerprint(&self, r: &RequestRecord) -> u64 {
+        self.hash(&[
+            r.trace_id.as_bytes(),
+            &r.arrival_unix_ms.to_le_bytes(),
+            r.labels.model_id.as_bytes(),
+        ])
+    }
+
+    /// Remembers `id` with `fingerprint` unless it is remembered already.
+    fn insert(&mut self, id: &str, fingerprint: u64) -> Seen {
+        if self.capacity == 0 {
+            return Seen::New;
+        }
+        let key = self.hash(&[id.as_bytes()]);
+        if let Some(&seen) = self.ids.get(&key) {
+            return if seen == fingerprint {
+                Seen::Same
+            } else {
+                Seen::Other
+            };
+        }
+        self.ids.insert(key, fingerprint);
         self.order.push_back(key);
         if self.order.len() > self.capacity
             && let Some(old) = self.order.pop_front()
         {
-            self.set.remove(&old);
+            self.ids.remove(&old);
         }
-        true
+        Seen::New
     }
 }
 
@@ -168,6 +221,7 @@ mod tests {
     fn record(id: &str, model: &str, tenant: &str) -> RequestRecord {
         let mut r = RequestRecord {
             request_id: id.into(),
+            trace_id: format!("trace-of-{tenant}"),
             ..Default::default()
         };
         r.labels.model_id = model.into();
@@ -231,9 +285,7 @@ mod tests {
         let mut first = record("abc", "m", "t1");
         let mut second = record("abc", "m", "t2");
         let mut third = record("abc", "m", "t2");
-        ids.settle(&mut first);
-        ids.settle(&mut second);
-        ids.settle(&mut third);
+        assert!(ids.settle(&mut first) && ids.settle(&mut second) && ids.settle(&mut third));
         assert_eq!(first.request_id, "abc");
         assert!(
             second.request_id.starts_with("abc~"),
@@ -250,7 +302,7 @@ mod tests {
         // A long id stays within the proxy's 128 bytes, cut on a character boundary.
         let long = format!("{}é{}", "x".repeat(118), "y".repeat(9));
         let mut a = record(&long, "m", "t");
-        let mut b = record(&long, "m", "t");
+        let mut b = record(&long, "m", "u");
         ids.settle(&mut a);
         ids.settle(&mut b);
         assert_eq!(a.request_id, long);
@@ -259,15 +311,42 @@ mod tests {
     }
 
     #[test]
+    fn the_same_record_received_again_is_kept_once() {
+        let (mut ids, metrics) = identity(false, 4);
+        let mut first = record("span-1", "m", "t1");
+        let mut again = first.clone();
+        assert!(ids.settle(&mut first));
+        assert!(!ids.settle(&mut again), "a retried export is dropped");
+        // The same id with another arrival is another record.
+        let mut later = RequestRecord {
+            arrival_unix_ms: 5,
+            ..record("span-1", "m", "t1")
+        };
+        assert!(ids.settle(&mut later));
+        assert!(later.request_id.starts_with("span-1~"));
+        let text = metrics.encode();
+        assert!(
+            text.contains("tokenwatch_records_repeated_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tokenwatch_request_ids_reused_total 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn ids_are_forgotten_oldest_first_beyond_the_bound() {
         let mut recent = RecentIds::new(3);
         for id in ["a", "b", "c", "d"] {
-            assert!(recent.insert(id));
+            assert_eq!(recent.insert(id, 1), Seen::New);
         }
-        assert!(recent.insert("a"), "the oldest was forgotten");
-        assert!(!recent.insert("d"));
-        assert!(recent.set.len() <= 3 && recent.order.len() <= 3);
+        assert_eq!(recent.insert("a", 2), Seen::New, "the oldest was forgotten");
+        assert_eq!(recent.insert("d", 1), Seen::Same);
+        assert_eq!(recent.insert("d", 2), Seen::Other);
+        assert!(recent.ids.len() <= 3 && recent.order.len() <= 3);
         let mut off = RecentIds::new(0);
-        assert!(off.insert("a") && off.insert("a"));
+        assert_eq!(off.insert("a", 1), Seen::New);
+        assert_eq!(off.insert("a", 1), Seen::New);
     }
 }

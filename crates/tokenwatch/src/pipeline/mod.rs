@@ -376,10 +376,12 @@ impl Worker {
         let now_ms = tokenwatch_core::clock::now_unix_ms();
         let batch: Vec<RequestRecord> = queued
             .drain(..)
-            .map(|q| {
+            .filter_map(|q| {
                 let (mut record, raw) = q.into_parts();
-                if let Some(identity) = &mut self.identity {
-                    identity.settle(&mut record);
+                if let Some(identity) = &mut self.identity
+                    && !identity.settle(&mut record)
+                {
+                    return None;
                 }
                 self.cfg.model_aliases.apply(&mut record.labels.model_id);
                 if let Some(a) = &mut self.admission {
@@ -392,7 +394,7 @@ impl Worker {
                 if let (Some(raw), Some(capture)) = (raw, &self.cfg.text_capture) {
                     record.text = Some(Box::new(capture.finish(&raw)));
                 }
-                record
+                Some(record)
             })
             .collect();
         let batch = Arc::new(batch);

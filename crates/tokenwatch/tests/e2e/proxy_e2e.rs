@@ -227,28 +227,7 @@ async fn openai_client_through_proxy_gives_correct_timing_and_records() {
         gaps as f64,
         "{metrics}"
     );
-    let mut child = Command::new(promtool())
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(metrics.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed ({:?}): {}{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_check_metrics(&metrics);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -188,30 +188,6 @@ fn target<'a>(targets: &'a Value, url: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{url} not in {targets:#}"))
 }
 
-fn promtool_check(metrics: &str) {
-    use std::io::Write;
-    let mut child = std::process::Command::new(promtool())
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(metrics.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_vllm_and_dcgm_samples_become_signals() {
     let vllm = FakeTarget::start(vllm_target_behaviour()).await;
@@ -330,7 +306,7 @@ async fn real_vllm_and_dcgm_samples_become_signals() {
     );
     let ready = json(&format!("http://{api}/readyz")).await;
     assert!(ready.to_string().contains("collector-only"), "{ready}");
-    promtool_check(&metrics);
+    promtool_check_metrics(&metrics);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -430,7 +406,7 @@ async fn bad_targets_do_not_disturb_a_good_one() {
         Some(0.0),
         "{metrics}"
     );
-    promtool_check(&metrics);
+    promtool_check_metrics(&metrics);
 
     // Edit the file: the hanging and refused targets leave, without a restart.
     std::fs::write(&sd, group(&[garbage.addr.to_string()])).unwrap();

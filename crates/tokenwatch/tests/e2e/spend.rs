@@ -356,31 +356,6 @@ async fn wait_series_cents(url: &str, series: &str, want: i64, tw: &Proc) -> Str
     }
 }
 
-/// `promtool check metrics` accepts `text`.
-fn promtool_check_metrics(text: &str) {
-    use std::io::Write;
-    let mut child = std::process::Command::new(promtool())
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_prices_its_fleet() {
     let dir = tempfile::tempdir().unwrap();

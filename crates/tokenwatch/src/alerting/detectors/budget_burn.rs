@@ -144,13 +144,11 @@ impl Detector for BudgetBurn {
 #[cfg(test)]
 mod tests {
     use crate::alerting::budget::{BudgetConfig, BudgetPeriod, BudgetTracker};
-    use crate::alerting::engine::eval::EvalCtx;
     use crate::alerting::engine::inputs::Inputs;
     use crate::alerting::engine::record::Rec;
     use crate::alerting::rules::{RuleConfig, compile_rule};
     use crate::kernel::duration::HumanDuration;
     use std::time::Duration;
-    use tokenwatch_core::signals::SignalBoard;
 
     const HOUR: i64 = 3_600_000;
     /// 2026-12-08T00:00:00Z.
@@ -161,22 +159,7 @@ mod tests {
         inputs: &Inputs,
         now: i64,
     ) -> Vec<tokenwatch_core::alert::AnomalyEvent> {
-        let cfg: RuleConfig = serde_saphyr::from_str(rule_yaml).unwrap();
-        let mut rule = compile_rule("alerting.rules[0]", &cfg).unwrap();
-        let board = SignalBoard::default();
-        let models = Default::default();
-        let cx = EvalCtx {
-            splits: &Default::default(),
-            actions: &crate::kernel::actions::NoActions,
-            inputs,
-            windows: &Default::default(),
-            board: &board,
-            new_records: &[],
-            spans: &[],
-            semantic_drift_models: &models,
-            now,
-        };
-        rule.evaluate(&cx)
+        super::super::events_of_rule(rule_yaml, inputs, now)
     }
 
     fn inputs(amount: f64, cost_per_minute: f32, minutes: i64, now: i64) -> Inputs {

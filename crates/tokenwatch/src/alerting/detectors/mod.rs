@@ -365,6 +365,32 @@ impl Periodic {
     }
 }
 
+/// The events one rule raises on given inputs (detector unit tests that read the engine's
+/// inputs rather than signals or records).
+#[cfg(test)]
+pub(crate) fn events_of_rule(
+    rule_yaml: &str,
+    inputs: &crate::alerting::engine::inputs::Inputs,
+    now: i64,
+) -> Vec<tokenwatch_core::alert::AnomalyEvent> {
+    let cfg: RuleConfig = serde_saphyr::from_str(rule_yaml).unwrap();
+    let mut rule = crate::alerting::rules::compile_rule("alerting.rules[0]", &cfg).unwrap();
+    let board = tokenwatch_core::signals::SignalBoard::default();
+    let models = Default::default();
+    let cx = crate::alerting::engine::eval::EvalCtx {
+        splits: &Default::default(),
+        actions: &crate::kernel::actions::NoActions,
+        inputs,
+        windows: &Default::default(),
+        board: &board,
+        new_records: &[],
+        spans: &[],
+        semantic_drift_models: &models,
+        now,
+    };
+    rule.evaluate(&cx)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -185,14 +185,12 @@ impl Detector for SloBurn {
 
 #[cfg(test)]
 mod tests {
-    use crate::alerting::engine::eval::EvalCtx;
     use crate::alerting::engine::inputs::Inputs;
     use crate::alerting::engine::record::Rec;
     use crate::alerting::rules::{RuleConfig, compile_rule};
     use crate::alerting::slo::{BurnWindowsConfig, Objective, SloConfig, tracker::SloTracker};
     use crate::kernel::duration::HumanDuration;
     use std::time::Duration;
-    use tokenwatch_core::signals::SignalBoard;
 
     fn slo(objective: Objective) -> SloConfig {
         let s = |n| HumanDuration(Duration::from_secs(n));
@@ -213,22 +211,7 @@ mod tests {
         inputs: &Inputs,
         now: i64,
     ) -> Vec<tokenwatch_core::alert::AnomalyEvent> {
-        let cfg: RuleConfig = serde_saphyr::from_str(rule_yaml).unwrap();
-        let mut rule = compile_rule("alerting.rules[0]", &cfg).unwrap();
-        let board = SignalBoard::default();
-        let models = Default::default();
-        let cx = EvalCtx {
-            splits: &Default::default(),
-            actions: &crate::kernel::actions::NoActions,
-            inputs,
-            windows: &Default::default(),
-            board: &board,
-            new_records: &[],
-            spans: &[],
-            semantic_drift_models: &models,
-            now,
-        };
-        rule.evaluate(&cx)
+        super::super::events_of_rule(rule_yaml, inputs, now)
     }
 
     #[test]

@@ -844,6 +844,32 @@ pub fn promtool() -> PathBuf {
     found.expect("promtool is not installed — run the README's test command (scripts/test.sh), which installs Debian's `prometheus` package")
 }
 
+/// `promtool check metrics` accepts `text` (a `/metrics` scrape); fails with what it said.
+pub fn promtool_check_metrics(text: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed ({:?}): {}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Chat requests for `model` through the proxy from `workers` clients until `stop`; `done`
 /// counts the answered ones. A failed send waits 50 ms before the next.
 pub fn chat_traffic(
