@@ -3,11 +3,10 @@
 // time to exhaustion (the figures the `budget_burn` alert and the `tokenwatch_budget_*` gauges
 // show, read from the store instead of the alert engine's counts).
 
-use super::ApiState;
+use super::{ApiState, internal_error, rfc3339_ms};
 use crate::alerting::budget::{BudgetStatus, status_from_spend};
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -19,12 +18,6 @@ fn finite(v: Option<f64>) -> Value {
         .map_or(Value::Null, |x| json!(x))
 }
 
-fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-        .unwrap_or_default()
-}
-
 fn one(s: &BudgetStatus) -> Value {
     json!({
         "name": s.name,
@@ -34,8 +27,8 @@ fn one(s: &BudgetStatus) -> Value {
         "amount_usd": s.amount_usd,
         "spent_usd": s.spent_usd,
         "remaining_usd": s.remaining_usd,
-        "period_start": rfc3339(s.period_start_ms),
-        "period_end": rfc3339(s.period_end_ms),
+        "period_start": rfc3339_ms(s.period_start_ms),
+        "period_end": rfc3339_ms(s.period_end_ms),
         "burn_window_s": s.burn_window_s,
         "burn_usd_per_hour": s.burn_usd_per_s * 3600.0,
         "burn_rate": finite(Some(s.burn_rate)),
@@ -61,20 +54,13 @@ pub(super) async fn list(State(st): State<Arc<ApiState>>) -> Response {
             .collect::<Result<Vec<_>, _>>()
     })
     .await;
-    let error = |e: String| {
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Json(json!({ "error": e })),
-        )
-            .into_response()
-    };
     match found {
         Ok(Ok(statuses)) => Json(json!({
             "currency": "USD",
             "budgets": statuses.iter().map(one).collect::<Vec<_>>(),
         }))
         .into_response(),
-        Ok(Err(e)) => error(e.to_string()),
-        Err(e) => error(e.to_string()),
+        Ok(Err(e)) => internal_error(e.to_string()),
+        Err(e) => internal_error(e.to_string()),
     }
 }

@@ -30,6 +30,23 @@ use tokenwatch_core::aggregate::Aggregator;
 use tokenwatch_core::signals::SharedSignals;
 use tokenwatch_store::Store;
 
+/// A 500 answer naming what failed (a store error, a blocking task that did not finish).
+fn internal_error(e: String) -> Response {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Json(json!({ "error": e })),
+    )
+        .into_response()
+}
+
+/// Unix milliseconds as RFC 3339 UTC with milliseconds (`2026-12-02T10:00:00.000Z`); "" for a
+/// time chrono cannot hold.
+fn rfc3339_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
 pub struct ApiState {
     pub aggregator: Arc<Mutex<Aggregator>>,
     pub store: Arc<dyn Store>,

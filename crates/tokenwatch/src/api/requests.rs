@@ -162,13 +162,7 @@ pub(super) async fn list(
     })
 }
 
-fn internal_error(e: String) -> Response {
-    (
-        StatusCode::INTERNAL_SERVER_ERROR,
-        Json(json!({ "error": e })),
-    )
-        .into_response()
-}
+use super::internal_error;
 
 pub(super) async fn one(State(st): State<Arc<ApiState>>, Path(id): Path<String>) -> Response {
     let query = RecordQuery {

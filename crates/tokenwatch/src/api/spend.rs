@@ -3,7 +3,7 @@
 // tenant header's value or `key-<hash>` of the API key), or per both, with the requests of
 // models the table leaves out counted (`unpriced_requests`, at no cost).
 
-use super::ApiState;
+use super::{ApiState, internal_error, rfc3339_ms};
 use crate::kernel::params::{ParamError, Params};
 use axum::Json;
 use axum::extract::{RawQuery, State};
@@ -92,15 +92,10 @@ fn answer(by: By, since_ms: i64, until_ms: i64, rows: &[SpendRow]) -> serde_json
             serde_json::Value::Object(g)
         })
         .collect();
-    let rfc3339 = |ms: i64| {
-        chrono::DateTime::from_timestamp_millis(ms)
-            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .unwrap_or_default()
-    };
     json!({
         "by": by.name(),
-        "since": rfc3339(since_ms),
-        "until": rfc3339(until_ms),
+        "since": rfc3339_ms(since_ms),
+        "until": rfc3339_ms(until_ms),
         "currency": "USD",
         "cost_usd": total.cost_usd,
         "requests": total.requests,
@@ -149,14 +144,6 @@ pub(super) async fn spend(
         Ok(Err(e)) => internal_error(e.to_string()),
         Err(e) => internal_error(e.to_string()),
     })
-}
-
-fn internal_error(e: String) -> Response {
-    (
-        StatusCode::INTERNAL_SERVER_ERROR,
-        Json(json!({ "error": e })),
-    )
-        .into_response()
 }
 
 #[cfg(test)]

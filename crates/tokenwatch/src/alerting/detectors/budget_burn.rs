@@ -154,13 +154,7 @@ mod tests {
     /// 2026-12-08T00:00:00Z.
     const DAY_START: i64 = 1_796_688_000_000;
 
-    fn events(
-        rule_yaml: &str,
-        inputs: &Inputs,
-        now: i64,
-    ) -> Vec<tokenwatch_core::alert::AnomalyEvent> {
-        super::super::events_of_rule(rule_yaml, inputs, now)
-    }
+    use super::super::events_of_rule as events;
 
     fn inputs(amount: f64, cost_per_minute: f32, minutes: i64, now: i64) -> Inputs {
         let budget = BudgetConfig {

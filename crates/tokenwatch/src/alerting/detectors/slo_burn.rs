@@ -206,13 +206,7 @@ mod tests {
         }
     }
 
-    fn events(
-        rule_yaml: &str,
-        inputs: &Inputs,
-        now: i64,
-    ) -> Vec<tokenwatch_core::alert::AnomalyEvent> {
-        super::super::events_of_rule(rule_yaml, inputs, now)
-    }
+    use super::super::events_of_rule as events;
 
     #[test]
     fn each_slo_series_pages_or_tickets_once() {
